@@ -1,0 +1,103 @@
+"""The `autotune` command line (typer). Each command lives in ``autotune/commands/<name>.py``.
+
+Exit codes: 0 success, 2 bad input (one line naming the file, field and what was wrong), 1 the work
+itself failed, 130 interrupted. ``AUTOTUNE_DEBUG=1`` shows tracebacks. With ``--json`` an error
+is also printed on stdout as ``{"error": {"kind", "message", "source", "field"}}``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+import click
+import typer
+
+# typer >= 0.2x vendors its own click (typer._click) and its own Exit/Abort; older ones use click's.
+_EXIT: tuple[type[BaseException], ...] = (click.exceptions.Exit, typer.Exit)
+_ABORT: tuple[type[BaseException], ...] = (click.exceptions.Abort, getattr(typer, "Abort", click.exceptions.Abort))
+_USAGE: tuple[type[BaseException], ...] = (click.ClickException,)
+try:
+    from typer._click import exceptions as _tclick
+
+    _USAGE += (_tclick.ClickException,)
+    _NO_ARGS: tuple[type[BaseException], ...] = (_tclick.NoArgsIsHelpError,)
+except ImportError:  # pragma: no cover
+    _NO_ARGS = ()
+
+from autotune import __version__
+from autotune.commands import apply, dashboard, estimate, models, profile, search, trial, tune, validate
+from autotune.commands.common import emit_json, err_console
+from autotune.errors import AutotuneError, InputError
+
+app = typer.Typer(
+    name="autotune",
+    help="Find the fastest way to train a large language model on your cluster: profile the devices and "
+         "links, search TP/PP/DP/CP/HP plans with uneven splits, prove the best with real runs, export them.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+_EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+for _mod in (profile, search, estimate, trial, validate, apply, dashboard, tune):
+    _name = _mod.__name__.rsplit(".", 1)[1]
+    if hasattr(_mod, "app"):  # a command group (e.g. `profile list`)
+        app.add_typer(_mod.app, name=_name, help=_mod.HELP)
+    else:
+        app.command(_name, help=_mod.HELP,
+                    context_settings=_EXTRA if getattr(_mod, "PLACEHOLDER", False) else None)(_mod.command)
+app.add_typer(models.app, name="models")
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"autotune {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
+    pass
+
+
+def _fail(exc: AutotuneError | None, message: str, code: int, kind: str) -> None:
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    if "--json" in sys.argv[1:]:
+        emit_json({"error": {"kind": kind, "message": getattr(exc, "message", message),
+                             "source": getattr(exc, "source", None), "field": getattr(exc, "field", None)}})
+    sys.exit(code)
+
+
+def main() -> None:
+    debug = os.environ.get("AUTOTUNE_DEBUG") == "1"
+    try:
+        app(standalone_mode=False)
+    except _EXIT as e:
+        sys.exit(getattr(e, "exit_code", 0))
+    except _NO_ARGS:  # bare `autotune`: the help was shown
+        sys.exit(0)
+    except _ABORT:
+        _fail(None, "interrupted", 130, "interrupted")
+    except _USAGE as e:  # usage errors: bad option, missing argument
+        _fail(InputError(e.format_message()), e.format_message().replace("\n", " "), e.exit_code, "input")
+    except AutotuneError as e:
+        if debug:
+            traceback.print_exc()
+        _fail(e, str(e).replace("\n", " "), e.exit_code, e.kind)
+    except KeyboardInterrupt:
+        _fail(None, "interrupted", 130, "interrupted")
+    except Exception as e:  # noqa: BLE001 - one clean line unless debugging
+        if debug:
+            traceback.print_exc()
+        _fail(None, f"internal error: {type(e).__name__}: {e} (AUTOTUNE_DEBUG=1 shows the traceback)".replace(
+            "\n", " "), 1, "internal")
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

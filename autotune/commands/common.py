@@ -1,0 +1,71 @@
+"""Options shared by several commands (declared once as ``Annotated`` aliases) and output helpers.
+
+``--json`` commands print exactly one JSON object on stdout through ``emit_json``; everything for
+people (tables, progress) goes through ``console`` / ``err_console``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+DEFAULT_STORAGE = "sqlite:///results/autotune.db"
+
+# Wide enough for plan tables when output is piped (rich falls back to 80 columns there).
+console = Console(width=None if sys.stdout.isatty() else 160)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout and nothing else there.")]
+StorageOpt = Annotated[str, typer.Option("--storage", help="SQLAlchemy/Optuna storage URL (PostgreSQL for many "
+                                                          "workers, or a journal file path ending in .log).")]
+ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Model preset name (see `autotune models`) or a "
+                                                            "YAML/JSON model file.")]
+ClusterOpt = Annotated[str, typer.Option("--cluster", "-c", help="Cluster file (YAML/JSON), `local` (this machine) "
+                                                                "or `local:N` (N local workers).")]
+SeqLenOpt = Annotated[int, typer.Option("--seq-len", "-s", help="Sequence length in tokens.", min=1)]
+GlobalBatchOpt = Annotated[int, typer.Option("--global-batch", "-b", help="Global batch in sequences.", min=1)]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Random seed.")]
+PlanOpt = Annotated[str, typer.Option("--plan", "-p", help="Plan JSON file, or inline degrees such as "
+                                                          "`dp=2,pp=2,tp=2` (with optional mbs=, schedule=, ...).")]
+EmulateOpt = Annotated[list[str] | None, typer.Option(
+    "--emulate-slowdown", help="RANK=FACTOR: make that rank behave as a device FACTOR times slower "
+                               "(emulated heterogeneity; labelled as emulated everywhere). Repeatable.")]
+
+
+def _clean(obj: Any) -> Any:
+    """JSON has no inf/nan: write them as null so every consumer can parse the output."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def emit_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(_clean(obj), indent=2, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def parse_emulation(items: list[str] | None) -> dict[int, float]:
+    """``["1=2.0"]`` -> {1: 2.0}; bad items are input errors naming the option."""
+    from autotune.errors import InputError
+
+    out: dict[int, float] = {}
+    for item in items or []:
+        rank, sep, factor = item.partition("=")
+        try:
+            r, f = int(rank), float(factor)
+        except ValueError:
+            r, f = -1, 0.0
+        if not sep or r < 0 or not (f >= 1.0 and math.isfinite(f)):
+            raise InputError(f"expected RANK=FACTOR with RANK >= 0 and FACTOR >= 1, got {item!r}",
+                             field="--emulate-slowdown")
+        out[r] = f
+    return out

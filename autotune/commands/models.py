@@ -1,0 +1,58 @@
+"""`autotune models`: list presets, `autotune models show NAME`."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from autotune.commands.common import JsonOpt, console, emit_json
+from autotune.specs.model import PRESETS, load_model
+from autotune.units import fmt_count
+
+app = typer.Typer(help="List the built-in model presets, or show one (or a model file).",
+                  invoke_without_command=True, no_args_is_help=False)
+
+
+@app.callback()
+def list_models(ctx: typer.Context, json_: JsonOpt = False) -> None:
+    """List presets with their parameter counts."""
+    if ctx.invoked_subcommand is not None:
+        return
+    rows = [{"name": m.name, "params": m.param_count(), "layers": m.layers, "hidden": m.hidden, "heads": m.heads,
+             "kv_heads": m.kv_heads, "ffn_hidden": m.ffn_hidden, "vocab": m.vocab, "activation": m.activation}
+            for m in PRESETS.values()]
+    if json_:
+        emit_json({"models": rows})
+        return
+    t = Table(title="Model presets")
+    for col in ("name", "params", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "activation"):
+        t.add_column(col, justify="left" if col in ("name", "activation") else "right")
+    for r in rows:
+        t.add_row(*[fmt_count(r[c]) if c == "params" else str(r[c]) for c in
+                    ("name", "params", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "activation")])
+    console.print(t)
+
+
+@app.command("show")
+def show(name: Annotated[str, typer.Argument(help="Preset name or model file.")], json_: JsonOpt = False) -> None:
+    """Show one model: its fields, parameter count and training FLOPs per token."""
+    m = load_model(name)
+    d = m.summary()
+    d["flops_per_token"] = {str(s): m.model_flops_per_token(s) for s in (2048, 8192, 131072)}
+    if json_:
+        emit_json({"model": d})
+        return
+    t = Table(title=f"{m.name}", show_header=False)
+    t.add_column("field")
+    t.add_column("value")
+    for k, v in d.items():
+        if k == "flops_per_token":
+            for s, f in v.items():
+                t.add_row(f"train FLOPs/token @ seq {s}", f"{f:.4g}")
+        elif k == "params":
+            t.add_row("params", f"{fmt_count(v)} ({v:,})")
+        else:
+            t.add_row(k, str(v))
+    console.print(t)

@@ -1,0 +1,551 @@
+"""The Plan: the one object every stage passes on (sampled, estimated, run, stored, exported, shown).
+
+Mesh layout. Ranks are the linearised coordinates of a 5-D mesh in ``MESH_ORDER``
+(``pp`` outermost, ``tp`` innermost), as torchtitan orders ``ParallelDims``: consecutive ranks
+share a tp group (so tp stays inside a node under the default placement) and each pipeline stage
+owns a contiguous block of ranks (so a stage can sit on one device type)::
+
+    rank = (((pp_i * dp + dp_i) * cp + cp_i) * hp + hp_i) * tp + tp_i
+
+``placement[rank]`` says which physical device (node, local index) holds that rank.
+
+Shares (uneven splits). Along each dimension the share at index i is the same for every coordinate
+of the other dimensions, so the runtime can execute it:
+
+* ``layers``:  ``pp * virtual_stages`` entries in model order (virtual stage j lives on pp rank
+  ``j % pp``), each >= 1, summing to the model's layers;
+* ``tokens``:  ``cp`` entries summing to the sequence length; with ``cp_layout = "zigzag"`` each CP
+  rank holds two chunks (front and mirrored back) so causal work balances; inside a CP shard the
+  Ulysses (hp) ranks split the tokens evenly;
+* ``heads``:   ``hp`` entries summing to ``heads / tp`` (the query heads of one tp rank);
+* ``samples``: ``dp`` entries summing to the global batch; replica i runs ``samples[i] /
+  micro_batch_size`` micro-batches. ``num_microbatches`` is the largest replica's count (every
+  replica's count under even shares), as Megatron counts micro-batches per replica.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import InputError, suggest
+from autotune.specs import fields as F
+
+SCHEMA_VERSION = 1
+DIMS = ("dp", "pp", "cp", "hp", "tp")
+MESH_ORDER = ("pp", "dp", "cp", "hp", "tp")
+SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
+RECOMPUTE = ("none", "selective", "full")
+CP_LAYOUTS = ("zigzag", "contiguous")
+DTYPES = ("bf16", "fp16", "fp32")
+SCHEMA_PATH = Path(__file__).parent / "schema" / "plan.schema.json"
+
+
+class PlanError(InputError):
+    """A plan that does not fit the model or the cluster; the message names every factor that is off."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Degrees:
+    """Parallel degrees; their product is the number of devices."""
+
+    dp: int = 1
+    """Data-parallel replicas."""
+    pp: int = 1
+    """Pipeline stages (physical; virtual stages are ``Plan.virtual_stages``)."""
+    cp: int = 1
+    """Context-parallel (ring attention) shards of the sequence."""
+    hp: int = 1
+    """Head-parallel (Ulysses all-to-all) ranks."""
+    tp: int = 1
+    """Tensor-parallel (Megatron) ranks."""
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.pp * self.cp * self.hp * self.tp
+
+    def product_text(self) -> str:
+        return "*".join(f"{d}({getattr(self, d)})" for d in DIMS)
+
+    def to_dict(self) -> dict[str, int]:
+        return {d: getattr(self, d) for d in DIMS}
+
+    def inline(self) -> str:
+        return ",".join(f"{d}={getattr(self, d)}" for d in DIMS if getattr(self, d) != 1) or "dp=1"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Shares:
+    """Uneven splits along each dimension (None: not resolved yet, even split by default)."""
+
+    layers: tuple[int, ...] | None = None
+    tokens: tuple[int, ...] | None = None
+    heads: tuple[int, ...] | None = None
+    samples: tuple[int, ...] | None = None
+
+    def to_dict(self) -> dict[str, list[int] | None]:
+        return {k: (list(v) if v is not None else None) for k, v in dataclasses.asdict(self).items()}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Placement:
+    """Mesh rank ``rank`` runs on device ``device`` of node ``node`` (global node index)."""
+
+    rank: int
+    node: int
+    device: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Workload:
+    """What the plan is for; recorded when a plan is resolved against a model and a cluster."""
+
+    model: str
+    seq_len: int
+    global_batch: int
+    cluster: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """A parallel training plan. Build from JSON with ``Plan.from_dict``; fill defaults with ``resolve``."""
+
+    degrees: Degrees = field(default_factory=Degrees)
+    micro_batch_size: int = 1
+    """Samples per micro-batch."""
+    num_microbatches: int | None = None
+    """Micro-batches of the largest DP replica per step (None: as many as the batch allows)."""
+    schedule: str = "1f1b"
+    """Pipeline schedule: gpipe, 1f1b, interleaved_1f1b."""
+    virtual_stages: int = 1
+    """Model chunks per pipeline rank (> 1 only with interleaved_1f1b)."""
+    recompute: str = "none"
+    """Activation recomputation: none, selective (attention core), full (whole blocks)."""
+    zero_stage: int = 0
+    """Optimizer-state sharding over DP: 0 none, 1 optimizer states (Megatron distributed optimizer),
+    2 + gradients, 3 + parameters (FSDP)."""
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism with tp: norms/dropout sharded along the sequence."""
+    cp_layout: str = "zigzag"
+    """CP shard placement: zigzag (load-balanced causal) or contiguous."""
+    dtype: str = "bf16"
+    """Compute dtype (fp32 for bit-comparable CPU trials)."""
+    shares: Shares = field(default_factory=Shares)
+    placement: tuple[Placement, ...] | None = None
+    workload: Workload | None = None
+    predicted: dict[str, Any] | None = None
+    measured: dict[str, Any] | None = None
+    provenance: dict[str, Any] | None = None
+    schema_version: int = SCHEMA_VERSION
+
+    # ---- mesh arithmetic ----------------------------------------------------------------------
+    @property
+    def world(self) -> int:
+        return self.degrees.world
+
+    def mesh_shape(self) -> tuple[int, ...]:
+        return tuple(getattr(self.degrees, d) for d in MESH_ORDER)
+
+    def coords(self, rank: int) -> dict[str, int]:
+        """Mesh coordinate of ``rank`` as {dim: index}."""
+        out: dict[str, int] = {}
+        for d in reversed(MESH_ORDER):
+            n = getattr(self.degrees, d)
+            out[d] = rank % n
+            rank //= n
+        return {d: out[d] for d in MESH_ORDER}
+
+    def rank_of(self, **coords: int) -> int:
+        r = 0
+        for d in MESH_ORDER:
+            r = r * getattr(self.degrees, d) + coords.get(d, 0)
+        return r
+
+    def group_ranks(self, dim: str, rank: int) -> list[int]:
+        """Ranks of the ``dim`` group that contains ``rank``, in index order."""
+        c = self.coords(rank)
+        return [self.rank_of(**{**c, dim: i}) for i in range(getattr(self.degrees, dim))]
+
+    def all_groups(self, dim: str) -> list[list[int]]:
+        seen, groups = set(), []
+        for r in range(self.world):
+            g = self.group_ranks(dim, r)
+            if g[0] not in seen:
+                seen.add(g[0])
+                groups.append(g)
+        return groups
+
+    def device_index(self, rank: int, cluster: Any) -> int:
+        """Flattened cluster device index (ClusterSpec.devices) that runs ``rank``."""
+        if self.placement is None:
+            return rank
+        p = self.placement[rank]
+        for d in cluster.devices:
+            if d.node == p.node and d.local == p.device:
+                return d.index
+        raise PlanError(f"placement[{rank}] names node {p.node} device {p.device}, not in the cluster",
+                        field="placement")
+
+    def microbatches_of_replica(self, dp_index: int) -> int:
+        assert self.shares.samples is not None, "resolve the plan first"
+        return self.shares.samples[dp_index] // self.micro_batch_size
+
+    def layers_of_stage(self, pp_index: int) -> list[int]:
+        """Layer counts of the virtual stages on pp rank ``pp_index`` (one entry per chunk)."""
+        assert self.shares.layers is not None, "resolve the plan first"
+        return [self.shares.layers[j] for j in range(pp_index, len(self.shares.layers), self.degrees.pp)]
+
+    def is_even(self) -> bool:
+        """True when every resolved share is an even split (the Megatron/torchtitan baseline shape)."""
+        for v in (self.shares.layers, self.shares.heads, self.shares.samples):
+            if v is not None and max(v) - min(v) > 1:
+                return False
+        t = self.shares.tokens
+        if t is not None and max(t) != min(t):
+            return False
+        return True
+
+    def replace(self, **kw: Any) -> Plan:
+        return dataclasses.replace(self, **kw)
+
+    # ---- defaults and validation --------------------------------------------------------------
+    def token_granule(self) -> int:
+        """Each CP shard must divide by this: zigzag halves it, the hp ranks split each half evenly,
+        and with sequence parallelism the tp ranks split each hp rank's tokens again."""
+        zigzag = 2 if self.cp_layout == "zigzag" and self.degrees.cp > 1 else 1
+        sp = self.degrees.tp if self.sequence_parallel else 1
+        return zigzag * self.degrees.hp * sp
+
+    def resolve(self, model: Any, cluster: Any, seq_len: int, global_batch: int) -> Plan:
+        """Fill what a hand-written plan left out (even shares, node-order placement, micro-batch
+        count) and validate against the model and cluster; raises PlanError naming every problem."""
+        d = self.degrees
+        problems = _check_basic(self, model, cluster, seq_len, global_batch)
+        if problems:
+            raise PlanError("; ".join(problems), field="plan")
+        sh = self.shares
+        layers = sh.layers or tuple(even_split(model.layers, d.pp * self.virtual_stages))
+        heads = sh.heads or tuple(even_split(model.heads // d.tp, d.hp))
+        g = self.token_granule()
+        tokens = sh.tokens
+        if tokens is None:  # even in units of the granule; an indivisible length is reported below
+            tokens = tuple(x * g for x in even_split(seq_len // g, d.cp)) if seq_len % g == 0 else tuple(
+                even_split(seq_len, d.cp))
+        mbs = self.micro_batch_size
+        samples = sh.samples
+        if samples is None:
+            if global_batch % mbs == 0:
+                samples = tuple(x * mbs for x in even_split(global_batch // mbs, d.dp))
+            else:
+                samples = tuple(even_split(global_batch, d.dp))
+        placement = self.placement or tuple(
+            Placement(rank=r, node=cluster.devices[r].node, device=cluster.devices[r].local)
+            for r in range(min(d.world, cluster.num_devices)))
+        nmb = self.num_microbatches
+        if nmb is None and all(s % mbs == 0 for s in samples):
+            nmb = max(samples) // mbs
+        plan = self.replace(
+            shares=Shares(layers=tuple(layers), tokens=tuple(tokens), heads=tuple(heads), samples=tuple(samples)),
+            placement=tuple(placement), num_microbatches=nmb,
+            workload=Workload(model=model.name, seq_len=seq_len, global_batch=global_batch,
+                              cluster=getattr(cluster, "name", "")))
+        problems = _check_resolved(plan, model, cluster, seq_len, global_batch)
+        if problems:
+            raise PlanError("; ".join(problems), field="plan")
+        return plan
+
+    # ---- JSON ---------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": self.schema_version,
+            "degrees": self.degrees.to_dict(),
+            "micro_batch_size": self.micro_batch_size,
+            "num_microbatches": self.num_microbatches,
+            "schedule": self.schedule,
+            "virtual_stages": self.virtual_stages,
+            "recompute": self.recompute,
+            "zero_stage": self.zero_stage,
+            "sequence_parallel": self.sequence_parallel,
+            "cp_layout": self.cp_layout,
+            "dtype": self.dtype,
+            "shares": self.shares.to_dict(),
+            "placement": ([dataclasses.asdict(p) for p in self.placement] if self.placement is not None else None),
+            "workload": dataclasses.asdict(self.workload) if self.workload else None,
+            "predicted": self.predicted,
+            "measured": self.measured,
+            "provenance": self.provenance,
+        }
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_dict(cls, d: Any, source: str | None = None) -> Plan:
+        try:
+            return _plan_from_dict(d)
+        except InputError as e:
+            raise PlanError(e.message, source=source or e.source, field=e.field) from None
+
+    @classmethod
+    def from_json(cls, text: str, source: str | None = None) -> Plan:
+        try:
+            data = json.loads(text)
+        except (json.JSONDecodeError, RecursionError) as exc:
+            raise PlanError(f"does not parse as JSON: {exc}", source=source) from None
+        return cls.from_dict(data, source=source)
+
+
+def even_split(total: int, parts: int) -> list[int]:
+    """``total`` into ``parts`` integers differing by at most one, larger ones first."""
+    q, r = divmod(total, parts)
+    return [q + (1 if i < r else 0) for i in range(parts)]
+
+
+# ---- validation ---------------------------------------------------------------------------------
+def _check_basic(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: int) -> list[str]:
+    """What can be checked before defaults are filled in."""
+    d, p = plan.degrees, []
+    world = cluster.num_devices
+    if d.world != world:
+        p.append(f"degrees: {d.product_text()} = {d.world} != devices({world})")
+    if model.heads % d.tp:
+        p.append(f"degrees.tp: heads({model.heads}) not divisible by tp({d.tp})")
+    if model.kv_heads % d.tp:
+        p.append(f"degrees.tp: kv_heads({model.kv_heads}) not divisible by tp({d.tp})")
+    if d.hp > model.heads // max(d.tp, 1):
+        p.append(f"degrees.hp: hp({d.hp}) > heads per tp rank({model.heads // max(d.tp, 1)})")
+    if d.pp * plan.virtual_stages > model.layers:
+        p.append(f"degrees.pp: pp({d.pp})*virtual_stages({plan.virtual_stages}) > layers({model.layers}): "
+                 "a stage would have no layers")
+    if d.dp > global_batch:
+        p.append(f"degrees.dp: dp({d.dp}) > global_batch({global_batch})")
+    if seq_len < 1:
+        p.append(f"seq_len: must be positive, got {seq_len}")
+    if d.cp * d.hp > seq_len:
+        p.append(f"degrees.cp: cp({d.cp})*hp({d.hp}) > seq_len({seq_len})")
+    if plan.schedule == "interleaved_1f1b" and plan.virtual_stages < 2:
+        p.append("virtual_stages: interleaved_1f1b needs virtual_stages >= 2")
+    if plan.schedule != "interleaved_1f1b" and plan.virtual_stages != 1:
+        p.append(f"virtual_stages: {plan.schedule} runs one stage per rank, got virtual_stages({plan.virtual_stages})")
+    if plan.schedule == "interleaved_1f1b" and d.pp < 2:
+        p.append("schedule: interleaved_1f1b needs pp >= 2")
+    if plan.dtype not in {k for dev in cluster.device_types() for k in dev.peak_flops}:
+        p.append(f"dtype: no device in the cluster supports {plan.dtype}")
+    return p
+
+
+def _check_shares(name: str, values: tuple[int, ...] | None, n: int, total: int, what: str,
+                  multiple: int = 1, minimum: int = 1) -> list[str]:
+    if values is None:
+        return [f"shares.{name}: missing"]
+    p = []
+    if len(values) != n:
+        p.append(f"shares.{name}: {len(values)} entries, expected {n} ({what})")
+    if any(v < minimum for v in values):
+        p.append(f"shares.{name}: every entry must be >= {minimum}, got {list(values)}")
+    if sum(values) != total:
+        p.append(f"shares.{name}: {list(values)} adds up to {sum(values)}, expected {total}")
+    if multiple > 1 and any(v % multiple for v in values):
+        p.append(f"shares.{name}: every entry must be a multiple of {multiple}, got {list(values)}")
+    return p
+
+
+def _check_resolved(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: int) -> list[str]:
+    d, sh, p = plan.degrees, plan.shares, []
+    p += _check_shares("layers", sh.layers, d.pp * plan.virtual_stages, model.layers,
+                       "pp*virtual_stages stages; a stage with no layers is not allowed")
+    p += _check_shares("tokens", sh.tokens, d.cp, seq_len, "cp shards", multiple=plan.token_granule())
+    p += _check_shares("heads", sh.heads, d.hp, model.heads // d.tp, "hp ranks, of the heads of one tp rank")
+    mbs = plan.micro_batch_size
+    p += _check_shares("samples", sh.samples, d.dp, global_batch, "dp replicas", multiple=mbs, minimum=mbs)
+    if sh.samples is not None and not any("shares.samples" in x for x in p):
+        counts = [s // mbs for s in sh.samples]
+        if plan.num_microbatches != max(counts):
+            p.append(f"num_microbatches: {plan.num_microbatches} but the largest replica runs "
+                     f"samples({max(sh.samples)})/micro_batch_size({mbs}) = {max(counts)}")
+        if plan.schedule in ("1f1b", "interleaved_1f1b") and d.pp > 1 and min(counts) < d.pp:
+            p.append(f"num_microbatches: {plan.schedule} needs at least pp({d.pp}) micro-batches per replica, "
+                     f"a replica has {min(counts)}")
+        if plan.schedule == "interleaved_1f1b" and any(c % d.pp for c in counts):
+            p.append(f"num_microbatches: interleaved_1f1b needs micro-batches per replica divisible by pp({d.pp}), "
+                     f"got {counts}")
+    # placement: a permutation of the cluster's devices, tp groups inside one node
+    pl = plan.placement or ()
+    if len(pl) != d.world:
+        p.append(f"placement: {len(pl)} entries, expected {d.world}")
+    else:
+        valid = {(dev.node, dev.local) for dev in cluster.devices}
+        seen: set[tuple[int, int]] = set()
+        for i, e in enumerate(pl):
+            if e.rank != i:
+                p.append(f"placement[{i}].rank: expected {i}, got {e.rank}")
+                break
+            key = (e.node, e.device)
+            if key not in valid:
+                p.append(f"placement[{i}]: node {e.node} device {e.device} is not in the cluster")
+                break
+            if key in seen:
+                p.append(f"placement[{i}]: node {e.node} device {e.device} is used twice")
+                break
+            seen.add(key)
+        else:
+            if d.tp > 1:
+                for g in plan.all_groups("tp"):
+                    nodes = {pl[r].node for r in g}
+                    if len(nodes) > 1:
+                        p.append(f"degrees.tp: tp group of ranks {g} crosses nodes {sorted(nodes)}; "
+                                 "tp must stay inside a node")
+                        break
+    return p
+
+
+def validate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: int) -> Plan:
+    """Resolve and validate; returns the resolved plan or raises PlanError."""
+    return plan.resolve(model, cluster, seq_len, global_batch)
+
+
+# ---- parsing ------------------------------------------------------------------------------------
+_PLAN_KEYS = {f.name for f in dataclasses.fields(Plan)}
+
+
+def _int_list(v: Any, field: str) -> tuple[int, ...] | None:
+    if v is None:
+        return None
+    if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+        raise InputError(f"expected a list of integers, got {v!r}", field=field)
+    return tuple(v)
+
+
+def _plan_from_dict(d: Any) -> Plan:
+    if not isinstance(d, dict):
+        raise InputError(f"a plan must be a JSON object, got {type(d).__name__}")
+    F.reject_unknown(d, _PLAN_KEYS, None)
+    sv = d.get("schema_version", SCHEMA_VERSION)
+    if sv != SCHEMA_VERSION:
+        raise InputError(f"schema_version {sv!r} is not supported (this autotune reads {SCHEMA_VERSION})",
+                         field="schema_version")
+    deg = d.get("degrees")
+    if not isinstance(deg, dict):
+        raise InputError("missing required field (a mapping of dp, pp, cp, hp, tp)", field="degrees")
+    F.reject_unknown(deg, set(DIMS), "degrees")
+    degrees = Degrees(**{k: F.get_int(deg, k, f"degrees.{k}", default=1) for k in DIMS})
+    sh = d.get("shares") or {}
+    if not isinstance(sh, dict):
+        raise InputError(f"expected a mapping, got {sh!r}", field="shares")
+    F.reject_unknown(sh, {"layers", "tokens", "heads", "samples"}, "shares")
+    shares = Shares(**{k: _int_list(sh.get(k), f"shares.{k}") for k in ("layers", "tokens", "heads", "samples")})
+    placement = None
+    if d.get("placement") is not None:
+        pl = d["placement"]
+        if not isinstance(pl, list):
+            raise InputError("expected a list of {rank, node, device}", field="placement")
+        items = []
+        for i, e in enumerate(pl):
+            if not isinstance(e, dict):
+                raise InputError(f"expected a mapping, got {e!r}", field=f"placement[{i}]")
+            F.reject_unknown(e, {"rank", "node", "device"}, f"placement[{i}]")
+            items.append(Placement(rank=F.get_int(e, "rank", f"placement[{i}].rank", minimum=0),
+                                   node=F.get_int(e, "node", f"placement[{i}].node", minimum=0),
+                                   device=F.get_int(e, "device", f"placement[{i}].device", minimum=0)))
+        placement = tuple(sorted(items, key=lambda x: x.rank))
+    workload = None
+    if d.get("workload") is not None:
+        w = d["workload"]
+        if not isinstance(w, dict):
+            raise InputError(f"expected a mapping, got {w!r}", field="workload")
+        F.reject_unknown(w, {"model", "seq_len", "global_batch", "cluster"}, "workload")
+        workload = Workload(model=F.get_str(w, "model", "workload.model"),
+                            seq_len=F.get_int(w, "seq_len", "workload.seq_len"),
+                            global_batch=F.get_int(w, "global_batch", "workload.global_batch"),
+                            cluster=str(w.get("cluster") or ""))
+    nmb = d.get("num_microbatches")
+    for key in ("predicted", "measured", "provenance"):
+        if d.get(key) is not None and not isinstance(d[key], dict):
+            raise InputError(f"expected a mapping or null, got {d[key]!r}", field=key)
+    zero = F.get_int(d, "zero_stage", "zero_stage", default=0, minimum=0)
+    if zero > 3:
+        raise InputError(f"must be 0, 1, 2 or 3, got {zero}", field="zero_stage")
+    return Plan(
+        degrees=degrees,
+        micro_batch_size=F.get_int(d, "micro_batch_size", "micro_batch_size", default=1),
+        num_microbatches=None if nmb is None else F.get_int(d, "num_microbatches", "num_microbatches"),
+        schedule=F.get_str(d, "schedule", "schedule", default="1f1b", choices=SCHEDULES),
+        virtual_stages=F.get_int(d, "virtual_stages", "virtual_stages", default=1),
+        recompute=F.get_str(d, "recompute", "recompute", default="none", choices=RECOMPUTE),
+        zero_stage=zero,
+        sequence_parallel=F.get_bool(d, "sequence_parallel", "sequence_parallel", default=False),
+        cp_layout=F.get_str(d, "cp_layout", "cp_layout", default="zigzag", choices=CP_LAYOUTS),
+        dtype=F.get_str(d, "dtype", "dtype", default="bf16", choices=DTYPES),
+        shares=shares, placement=placement, workload=workload,
+        predicted=d.get("predicted"), measured=d.get("measured"), provenance=d.get("provenance"),
+    )
+
+
+_INLINE_ALIASES = {"mbs": "micro_batch_size", "nmb": "num_microbatches", "vpp": "virtual_stages",
+                   "zero": "zero_stage", "sp": "sequence_parallel"}
+
+
+def parse_inline(text: str) -> Plan:
+    """``dp=32,pp=2,tp=8`` (plus optional ``mbs=2,schedule=gpipe,recompute=full,zero=1,sp=1``)."""
+    degrees: dict[str, Any] = {}
+    rest: dict[str, Any] = {}
+    for part in text.split(","):
+        if not part.strip():
+            continue
+        key, sep, value = part.partition("=")
+        key = key.strip()
+        if not sep:
+            raise PlanError(f"bad inline plan item {part!r}; write key=value, e.g. dp=2,pp=2", field="plan")
+        key = _INLINE_ALIASES.get(key, key)
+        value = value.strip()
+        if key in DIMS:
+            if not value.isdigit():
+                raise PlanError(f"expected a positive integer, got {value!r}", field=f"degrees.{key}")
+            degrees[key] = int(value)
+        elif key in ("micro_batch_size", "num_microbatches", "virtual_stages", "zero_stage"):
+            if not value.isdigit():
+                raise PlanError(f"expected an integer, got {value!r}", field=key)
+            rest[key] = int(value)
+        elif key == "sequence_parallel":
+            rest[key] = value.lower() in ("1", "true", "yes", "on")
+        elif key in ("schedule", "recompute", "cp_layout", "dtype"):
+            rest[key] = value
+        else:
+            raise PlanError(f"unknown inline plan key {key!r}" + suggest(key, [*DIMS, *_INLINE_ALIASES,
+                                                                               "schedule", "recompute",
+                                                                               "cp_layout", "dtype"]),
+                            field="plan")
+    return Plan.from_dict({"degrees": degrees, **rest}, source="--plan")
+
+
+def load_plan(path_or_inline: str | Path) -> Plan:
+    """A plan JSON file, or an inline ``dp=2,pp=2`` string."""
+    s = str(path_or_inline)
+    p = Path(s)
+    if "=" in s and not p.exists():
+        return parse_inline(s)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise PlanError("plan file not found", source=s) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PlanError(f"cannot read plan file: {exc}", source=s) from None
+    plan = Plan.from_json(text, source=s)
+    check_schema(plan.to_dict(), source=s)
+    return plan
+
+
+def check_schema(d: dict[str, Any], source: str | None = None) -> None:
+    """Validate a plan dict against the shipped JSON Schema (autotune/schema/plan.schema.json)."""
+    import jsonschema
+
+    schema = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+    errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(d), key=lambda e: list(e.path))
+    if errors:
+        e = errors[0]
+        where = ".".join(str(x) for x in e.path) or None
+        raise PlanError(f"does not match the plan schema: {e.message}", source=source, field=where)
