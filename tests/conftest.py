@@ -1,0 +1,27 @@
+"""Shared test setup: run from a temp dir so no test writes into the checkout's results/."""
+
+import os
+
+import pytest
+
+
+def pytest_collection_modifyitems(config, items):
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except Exception:  # noqa: BLE001
+        has_cuda = False
+    if not has_cuda:
+        skip = pytest.mark.skip(reason="needs a CUDA device")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
+
+
+@pytest.fixture
+def in_tmp(tmp_path, monkeypatch):
+    """Run the test with the working directory in a fresh temp dir (results/ lands there)."""
+    monkeypatch.chdir(tmp_path)
+    os.makedirs("results", exist_ok=True)
+    return tmp_path

@@ -1,0 +1,108 @@
+import itertools
+import json
+
+import pytest
+
+from autotune.errors import InputError
+from autotune.plan import MESH_ORDER, Plan, PlanError, check_schema, even_split, load_plan, parse_inline
+from autotune.specs import load_model
+from autotune.specs.cluster import cluster_from_dict, local_cluster
+
+TINY = load_model("tiny")
+
+
+def two_nodes(dpn=4):
+    return cluster_from_dict({"nodes": [{"count": 2, "devices_per_node": dpn, "device": "A100-80GB"}]})
+
+
+def test_hand_written_degrees_only_gets_design_defaults():
+    c = local_cluster(8)
+    p = Plan.from_dict({"degrees": {"dp": 2, "pp": 2, "cp": 2}}).resolve(TINY, c, seq_len=64, global_batch=8)
+    assert p.shares.layers == (2, 2)
+    assert p.shares.tokens == (32, 32)
+    assert p.shares.heads == (8,)
+    assert p.shares.samples == (4, 4)
+    assert p.num_microbatches == 4 and p.micro_batch_size == 1 and p.schedule == "1f1b"
+    assert [(x.node, x.device) for x in p.placement] == [(0, i) for i in range(8)]
+    assert p.workload.model == "tiny"
+
+
+def test_json_round_trip_and_schema():
+    c = local_cluster(4)
+    p = parse_inline("pp=2,hp=2").resolve(TINY, c, 64, 4).replace(
+        predicted={"step_time_s": 1.0, "tokens_per_s": 256.0, "mfu": 0.1, "memory_bytes": [1, 2, 3, 4],
+                   "feasible": True})
+    again = Plan.from_json(p.to_json())
+    assert again == p
+    check_schema(json.loads(p.to_json()))
+
+
+def test_mesh_coordinates_are_a_bijection_with_tp_innermost():
+    p = parse_inline("dp=2,pp=2,cp=2,hp=1,tp=2")
+    ranks = [p.rank_of(**p.coords(r)) for r in range(p.world)]
+    assert ranks == list(range(16))
+    assert p.group_ranks("tp", 5) == [4, 5]
+    assert p.group_ranks("pp", 1) == [1, 9]
+    assert MESH_ORDER[0] == "pp"
+    for dim in ("dp", "pp", "cp", "hp", "tp"):
+        groups = p.all_groups(dim)
+        assert sorted(itertools.chain(*groups)) == list(range(16))
+
+
+def test_world_mismatch_names_every_factor():
+    with pytest.raises(PlanError, match=r"dp\(2\)\*pp\(2\)\*cp\(2\)\*hp\(1\)\*tp\(2\) = 16 != devices\(8\)"):
+        parse_inline("dp=2,pp=2,cp=2,tp=2").resolve(TINY, local_cluster(8), 64, 8)
+
+
+@pytest.mark.parametrize("plan,match", [
+    ({"degrees": {"tp": 3}}, "heads"),
+    ({"degrees": {"pp": 2}, "shares": {"layers": [4, 0]}}, "layers"),
+    ({"degrees": {"pp": 2}, "shares": {"layers": [2, 1]}}, "adds up"),
+    ({"degrees": {"cp": 3}, "shares": {"tokens": [21, 21, 22]}}, "multiple of 2"),
+    ({"degrees": {"hp": 3}, "shares": {"heads": [4, 2, 1]}}, "heads"),
+    ({"degrees": {"dp": 3}, "shares": {"samples": [1, 1, 1]}}, "samples"),
+])
+def test_bad_shares_are_refused(plan, match):
+    n = 1
+    for v in plan["degrees"].values():
+        n *= v
+    with pytest.raises(PlanError, match=match):
+        Plan.from_dict(plan).resolve(TINY, local_cluster(n), 64, 4)
+
+
+def test_tp_crossing_a_node_is_refused():
+    c = two_nodes(dpn=2)
+    bad = [{"rank": r, "node": n, "device": d} for r, (n, d) in enumerate([(0, 0), (1, 0), (0, 1), (1, 1)])]
+    with pytest.raises(PlanError, match="crosses nodes"):
+        Plan.from_dict({"degrees": {"dp": 2, "tp": 2}, "placement": bad}).resolve(TINY, c, 64, 4)
+    Plan.from_dict({"degrees": {"dp": 2, "tp": 2}}).resolve(TINY, c, 64, 4)  # node order is fine
+
+
+def test_uneven_shares_accepted():
+    c = local_cluster(4)
+    p = Plan.from_dict({"degrees": {"pp": 2, "cp": 2}, "shares": {"layers": [1, 3], "tokens": [40, 24]}})
+    r = p.resolve(TINY, c, 64, 4)
+    assert r.shares.layers == (1, 3) and not r.is_even()
+
+
+def test_1f1b_needs_enough_microbatches():
+    with pytest.raises(PlanError, match="micro-batches"):
+        parse_inline("pp=4").resolve(TINY, local_cluster(4), 64, 2)
+    parse_inline("pp=4,schedule=gpipe").resolve(TINY, local_cluster(4), 64, 2)
+
+
+def test_inline_and_file_loading(tmp_path):
+    assert parse_inline("dp=2,tp=4,mbs=2,schedule=gpipe").micro_batch_size == 2
+    with pytest.raises(InputError, match="unknown inline plan key"):
+        parse_inline("dq=2")
+    f = tmp_path / "p.json"
+    f.write_text(json.dumps({"schema_version": 2, "degrees": {"dp": 1}}))
+    with pytest.raises(PlanError, match="schema_version"):
+        load_plan(f)
+    f.write_text("{not json")
+    with pytest.raises(PlanError, match="does not parse"):
+        load_plan(f)
+
+
+def test_even_split():
+    assert even_split(10, 3) == [4, 3, 3] and sum(even_split(127, 8)) == 127
