@@ -1,0 +1,226 @@
+"""Launch a world of local worker processes and bring back their results or the first failure.
+
+Local launch uses ``torch.multiprocessing`` (spawn) on a free port, retried on a port clash (as
+nanotron's test helper does); the same ``worker_entry`` runs under torchrun (``python -m
+autotune.runtime.worker``), so a multi-node trial needs no other code. Every failure ends every
+process of the launch: an exception in a rank is written to ``DIR/failure-RANK.pt`` and the rank
+exits at once; the launcher then kills the rest after a short grace, or kills all at the timeout.
+Children also watch their parent and exit if it disappears, so nothing is orphaned.
+
+Failures are classified ``oom`` (torch.OutOfMemoryError, MemoryError, "out of memory", or a rank
+killed by SIGKILL without a word, which is what the kernel's OOM killer does), ``timeout`` and
+``error``; the reported one is the earliest by wall clock (later ones are usually "Connection closed
+by peer" echoes of it).
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+PORT_CLASH = ("address already in use", "eaddrinuse", "errno 98")
+GRACE_S = 3.0
+
+
+@dataclass
+class LaunchResult:
+    results: list[Any] | None
+    """Per-rank return values of the target (None when the launch failed)."""
+    failure: dict[str, Any] | None = None
+    """{"kind": oom|error|timeout, "rank": int|None, "message": str}"""
+    wall_s: float = 0.0
+    attempts: int = 1
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def classify(exc: BaseException) -> str:
+    import torch
+
+    text = str(exc).lower()
+    if isinstance(exc, (MemoryError, torch.OutOfMemoryError)) or "out of memory" in text:
+        return "oom"
+    return "error"
+
+
+def _watch_parent(parent: int) -> None:
+    """Exit when the launching process is gone (its pid is no longer our parent)."""
+    def loop() -> None:
+        while True:
+            if os.getppid() != parent:
+                os._exit(3)
+            time.sleep(1.0)
+    threading.Thread(target=loop, daemon=True).start()
+
+
+def resolve_target(target: str):
+    mod, _, fn = target.partition(":")
+    return getattr(importlib.import_module(mod), fn)
+
+
+def worker_entry(local_rank: int, job_path: str, out_dir: str, *, rank: int, world: int,
+                 init_from_env: bool = False, parent: int | None = None) -> None:
+    """Body of every rank: init the group, run the target, write the result, exit cleanly."""
+    if parent is not None:
+        _watch_parent(parent)
+    out = Path(out_dir)
+    try:
+        import torch
+        import torch.distributed as dist
+
+        job = torch.load(job_path, weights_only=False)
+        device = _pick_device(job.get("device", "auto"), local_rank)
+        from autotune.runtime.mesh import backend_for
+
+        timeout = datetime.timedelta(seconds=float(job.get("pg_timeout_s", 600)))
+        if init_from_env:
+            dist.init_process_group(backend_for(device), timeout=timeout)
+        else:
+            dist.init_process_group(backend_for(device), rank=rank, world_size=world, timeout=timeout,
+                                    init_method=f"tcp://127.0.0.1:{job['port']}")
+        result = resolve_target(job["target"])(job["payload"], rank, world, device)
+        torch.save(result, out / f"result-{rank}.pt")
+        # clean exit (shared/torch-cpu-facts.md): barrier, destroy, os._exit
+        dist.barrier()
+        dist.destroy_process_group()
+    except BaseException as exc:  # noqa: BLE001 - every failure becomes a result
+        try:
+            import torch
+
+            kind = classify(exc)
+            msg = f"{type(exc).__name__}: {exc}".strip().splitlines()
+            torch.save({"kind": kind, "rank": rank, "message": msg[0][:500] if msg else type(exc).__name__,
+                        "time": time.time(), "traceback": traceback.format_exc()[-4000:]},
+                       out / f"failure-{rank}.pt")
+        finally:
+            os._exit(1)
+    os._exit(0)
+
+
+def _pick_device(device: str, local_rank: int):
+    import torch
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def _spawn_main(local_rank: int, world: int, job_path: str, out_dir: str, parent: int, threads: int) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    import torch
+
+    torch.set_num_threads(threads)
+    worker_entry(local_rank, job_path, out_dir, rank=local_rank, world=world, parent=parent)
+
+
+def launch(target: str, payload: Any, world: int, *, timeout_s: float = 300.0, device: str = "auto",
+           threads: int | None = None, retries: int = 3) -> LaunchResult:
+    """Run ``target(payload, rank, world, device)`` on ``world`` local processes."""
+    import torch
+    import torch.multiprocessing as mp
+
+    threads = threads or max(1, (os.cpu_count() or 1) // world)
+    t_start = time.perf_counter()
+    last: LaunchResult | None = None
+    for attempt in range(1, retries + 1):
+        tmp = Path(tempfile.mkdtemp(prefix="autotune-trial-"))
+        try:
+            job = {"target": target, "payload": payload, "port": free_port(), "device": device,
+                   "pg_timeout_s": timeout_s}
+            job_path = tmp / "job.pt"
+            torch.save(job, job_path)
+            ctx = mp.get_context("spawn")
+            procs = [ctx.Process(target=_spawn_main, args=(r, world, str(job_path), str(tmp), os.getpid(), threads),
+                                 daemon=False) for r in range(world)]
+            for p in procs:
+                p.start()
+            last = _supervise(procs, tmp, world, timeout_s)
+            last.attempts = attempt
+            if last.failure is None or not any(s in last.failure["message"].lower() for s in PORT_CLASH):
+                break
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    assert last is not None
+    last.wall_s = time.perf_counter() - t_start
+    return last
+
+
+def _supervise(procs, tmp: Path, world: int, timeout_s: float) -> LaunchResult:
+    import torch
+
+    deadline = time.monotonic() + timeout_s
+    failed_at: float | None = None
+    timed_out = False
+    while True:
+        alive = [p for p in procs if p.exitcode is None]
+        if not alive:
+            break
+        bad = any(p.exitcode not in (None, 0) for p in procs) or any(tmp.glob("failure-*.pt"))
+        now = time.monotonic()
+        if bad and failed_at is None:
+            failed_at = now
+        if failed_at is not None and now - failed_at > GRACE_S:
+            break
+        if now > deadline:
+            timed_out = True
+            break
+        time.sleep(0.05)
+    for p in procs:  # end every process of the trial
+        if p.exitcode is None:
+            with _suppress():
+                os.kill(p.pid, signal.SIGKILL)
+    for p in procs:
+        p.join(timeout=10)
+    failures = []
+    for f in tmp.glob("failure-*.pt"):
+        with _suppress():
+            failures.append(torch.load(f, weights_only=False))
+    if failures:
+        first = min(failures, key=lambda x: x["time"])
+        return LaunchResult(results=None, failure={k: first[k] for k in ("kind", "rank", "message")},
+                            extra={"traceback": first.get("traceback", "")})
+    if timed_out:
+        return LaunchResult(results=None, failure={"kind": "timeout", "rank": None,
+                                                   "message": f"the trial did not finish within {timeout_s:g} s"})
+    for r, p in enumerate(procs):
+        if p.exitcode not in (0, None) and not (tmp / f"result-{r}.pt").exists():
+            sig = -p.exitcode if p.exitcode < 0 else None
+            kind = "oom" if sig == signal.SIGKILL else "error"
+            why = f"killed by signal {sig}" + (" (likely the out-of-memory killer)" if kind == "oom" else "") \
+                if sig else f"exited with code {p.exitcode}"
+            return LaunchResult(results=None, failure={"kind": kind, "rank": r, "message": f"rank {r} {why}"})
+    results = []
+    for r in range(world):
+        path = tmp / f"result-{r}.pt"
+        if not path.exists():
+            return LaunchResult(results=None, failure={"kind": "error", "rank": r,
+                                                       "message": f"rank {r} exited without a result"})
+        results.append(torch.load(path, weights_only=False))
+    return LaunchResult(results=results)
+
+
+class _suppress:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return True

@@ -1,0 +1,239 @@
+"""A Llama-style decoder built from a ModelSpec, split by the plan's layout (tp, sp, cp/hp, pp).
+
+RMSNorm (Zhang & Sennrich 2019), rotary embeddings (Su et al. 2021, rotate-half form as in Llama)
+applied at each token's *global* position, GQA attention through ``scaled_dot_product_attention``
+(or the CP/HP ``sharded_attention``), SwiGLU MLP (Shazeer 2020), LM head and cross-entropy.
+
+Every layout builds the same weights: each parameter is drawn at its full shape from a generator
+seeded by (seed, parameter name) and the rank keeps its shard, so a tp=2 run and the single-process
+reference start from identical numbers. Parameter names are global (``layers.7.attn.wq.weight``)
+whichever stage holds the layer, so a run's final weights can be compared name by name.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from autotune.runtime.mesh import Axis
+from autotune.runtime.tensor import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    enter_parallel,
+    vocab_parallel_cross_entropy,
+)
+from autotune.specs.model import ModelSpec
+
+INIT_STD = 0.02
+ROPE_THETA = 10000.0
+NORM_EPS = 1e-5
+
+
+@dataclass
+class Layout:
+    """How this rank's piece of the model is split."""
+
+    tp: Axis
+    sp: bool = False
+    """Sequence parallelism: hidden states between blocks hold S_local / tp tokens."""
+    attn_ctx: Any = None
+    """AttentionContext for cp/hp (None: plain causal SDPA over the whole sequence)."""
+    positions: torch.Tensor | None = None
+    """Global positions of this rank's tokens (LongTensor [S_local]); None: 0..S-1."""
+    recompute: str = "none"
+
+
+def unsharded_layout() -> Layout:
+    return Layout(tp=Axis(size=1, index=0, ranks=[0], group=None))
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + NORM_EPS)
+        return (y * self.weight.float()).to(x.dtype)
+
+
+def rotary(positions: torch.Tensor, head_dim: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin ``[S, D]`` for the given global positions (theta_i = 10000^(-2i/D), Su et al. eq. 15)."""
+    inv = 1.0 / (ROPE_THETA ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device=positions.device)
+                                / head_dim))
+    ang = positions.to(torch.float64)[:, None] * inv[None, :]
+    ang = torch.cat([ang, ang], dim=-1)
+    return ang.cos().to(dtype), ang.sin().to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x ``[B, H, S, D]``; rotate-half form."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: Any) -> torch.Tensor:
+    """Causal attention over global positions: plain SDPA when the sequence is whole on this rank,
+    the CP ring / Ulysses ``sharded_attention`` otherwise."""
+    if ctx is None:
+        rep = q.shape[1] // k.shape[1]
+        if rep > 1:  # GQA: each kv head serves ``rep`` consecutive query heads
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    from autotune.runtime.attention import sharded_attention
+
+    return sharded_attention(q, k, v, ctx)
+
+
+class Attention(nn.Module):
+    def __init__(self, spec: ModelSpec, layout: Layout):
+        super().__init__()
+        h, d = spec.hidden, spec.head_dim
+        tp, sp = layout.tp, layout.sp
+        self.layout, self.head_dim = layout, d
+        self.heads = spec.heads // tp.size
+        self.kv_heads = spec.kv_heads // tp.size
+        self.wq = ColumnParallelLinear(h, spec.heads * d, tp, sp, gather_input=False)
+        self.wk = ColumnParallelLinear(h, spec.kv_heads * d, tp, sp, gather_input=False)
+        self.wv = ColumnParallelLinear(h, spec.kv_heads * d, tp, sp, gather_input=False)
+        self.wo = RowParallelLinear(spec.heads * d, h, tp, sp)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = enter_parallel(x, self.layout.tp, self.layout.sp)  # one f for q, k and v
+        b, s, _ = x.shape
+        q = self.wq(x).view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if self.layout.recompute == "selective":  # Korthikanti et al.: recompute the attention core only
+            o = checkpoint(attention_core, q, k, v, self.layout.attn_ctx, use_reentrant=False)
+        else:
+            o = attention_core(q, k, v, self.layout.attn_ctx)
+        o = o.transpose(1, 2).reshape(b, s, self.heads * self.head_dim)
+        return self.wo(o)
+
+
+class MLP(nn.Module):
+    def __init__(self, spec: ModelSpec, layout: Layout):
+        super().__init__()
+        h, f = spec.hidden, spec.ffn_hidden
+        tp, sp = layout.tp, layout.sp
+        self.layout = layout
+        self.swiglu = spec.activation == "swiglu"
+        self.w1 = ColumnParallelLinear(h, f, tp, sp, gather_input=False)
+        if self.swiglu:
+            self.w3 = ColumnParallelLinear(h, f, tp, sp, gather_input=False)
+        self.w2 = RowParallelLinear(f, h, tp, sp)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = enter_parallel(x, self.layout.tp, self.layout.sp)
+        a = F.silu(self.w1(x)) * self.w3(x) if self.swiglu else F.gelu(self.w1(x))
+        return self.w2(a)
+
+
+class Block(nn.Module):
+    def __init__(self, spec: ModelSpec, layout: Layout):
+        super().__init__()
+        self.layout = layout
+        self.attn_norm = RMSNorm(spec.hidden)
+        self.attn = Attention(spec, layout)
+        self.mlp_norm = RMSNorm(spec.hidden)
+        self.mlp = MLP(spec, layout)
+
+    def _forward(self, x, cos, sin):
+        x = x + self.attn(self.attn_norm(x), cos, sin)
+        return x + self.mlp(self.mlp_norm(x))
+
+    def forward(self, x, cos, sin):
+        if self.layout.recompute == "full":  # recompute the whole block in backward
+            return checkpoint(self._forward, x, cos, sin, use_reentrant=False)
+        return self._forward(x, cos, sin)
+
+
+class StageModel(nn.Module):
+    """The layers ``layer_ids`` of the decoder, with the embedding if ``first`` and the final norm and
+    LM head if ``last``. Input: token ids ``[B, S_local]`` (first) or hidden ``[B, S_local/sp, H]``;
+    output: hidden, or vocabulary-parallel logits ``[B, S_local, V/tp]`` (last)."""
+
+    def __init__(self, spec: ModelSpec, layout: Layout, layer_ids: list[int], first: bool, last: bool,
+                 seq_len: int):
+        super().__init__()
+        self.spec, self.layout, self.first, self.last = spec, layout, first, last
+        tp, sp = layout.tp, layout.sp
+        if first:
+            self.embed = VocabParallelEmbedding(spec.vocab, spec.hidden, tp, sp)
+        self.layers = nn.ModuleDict({str(i): Block(spec, layout) for i in layer_ids})
+        if last:
+            self.norm = RMSNorm(spec.hidden)
+            if not spec.tied_embeddings:
+                self.head = ColumnParallelLinear(spec.hidden, spec.vocab, tp, sp)
+            self.vocab_start = tp.index * (spec.vocab // tp.size)
+        positions = layout.positions if layout.positions is not None else torch.arange(seq_len)
+        cos, sin = rotary(positions, spec.head_dim, torch.float32)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.first:
+            x = self.embed(x)
+        cos, sin = self.cos.to(x.dtype), self.sin.to(x.dtype)
+        for block in self.layers.values():
+            x = block(x, cos, sin)
+        if self.last:
+            x = self.norm(x)
+            if self.spec.tied_embeddings:
+                x = F.linear(enter_parallel(x, self.layout.tp, self.layout.sp), self.embed.weight)
+            else:
+                x = self.head(x)
+        return x
+
+    def token_losses(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Per-token cross-entropy ``[B, S_local]`` in fp32 (identical on every tp rank)."""
+        return vocab_parallel_cross_entropy(logits, target, self.vocab_start, self.layout.tp)
+
+
+def full_shape(module: nn.Module, name: str, p: torch.Tensor, spec: ModelSpec) -> tuple[int, ...]:
+    """Shape of parameter ``p`` in the unsharded model."""
+    shard = getattr(module, "shard", None)
+    if shard is None:
+        return tuple(p.shape)
+    dim, _ = shard
+    shape = list(p.shape)
+    shape[dim] *= module.axis.size
+    return tuple(shape)
+
+
+def init_weights(model: nn.Module, spec: ModelSpec, seed: int) -> None:
+    """Deterministic init independent of the layout: N(0, 0.02) matrices, ones for norms, each drawn
+    whole from its own generator (seed, crc32(name)) and sliced to this rank's shard."""
+    with torch.no_grad():
+        for mname, module in model.named_modules():
+            for pname, p in module.named_parameters(recurse=False):
+                name = f"{mname}.{pname}" if mname else pname
+                if isinstance(module, RMSNorm):
+                    p.fill_(1.0)
+                    continue
+                g = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+                full = torch.empty(full_shape(module, pname, p, spec)).normal_(0.0, INIT_STD, generator=g)
+                shard = getattr(module, "shard", None)
+                if shard is not None:
+                    dim, off = shard
+                    full = full.narrow(dim, off, p.shape[dim])
+                p.copy_(full.to(p.dtype))
+
+
+def shard_info(model: nn.Module) -> dict[str, tuple[int, int] | None]:
+    """{parameter name: (dim, offset) of its shard in the full tensor, or None when whole}."""
+    out: dict[str, tuple[int, int] | None] = {}
+    for mname, module in model.named_modules():
+        for pname, _ in module.named_parameters(recurse=False):
+            out[f"{mname}.{pname}" if mname else pname] = getattr(module, "shard", None)
+    return out

@@ -1,0 +1,407 @@
+"""One rank of a trial: build its part of the plan, warm up, measure steps, report.
+
+Measurement (per measured step, every rank):
+
+* step time: from a barrier before the step to the end of a barrier after it (all ranks agree);
+* ``comm_s``: wall time inside torch.distributed calls (collectives, pipeline p2p waits), patched in
+  this process only (``CommClock``);
+* ``compute_s``: wall time of forward/backward chunks and the optimizer step minus the communication
+  inside them, plus the emulated slowdown (a rank emulated ``F`` times slower stays busy
+  ``(F-1) x`` its measured compute after every chunk, as ``profilers.emulation`` does);
+* ``idle_s``: waiting at the end-of-step barrier for slower ranks (load imbalance).
+
+What none of the three covers is Python glue of the schedules; ``coverage`` reports the share covered.
+Peak memory: CUDA ``max_memory_allocated``; CPU the process high-water mark ``VmHWM`` after
+resetting it through ``/proc/self/clear_refs`` (tracemalloc does not see torch's allocations).
+
+Entry points: ``train(...)`` (one plan inside an initialised process group, many per launch in the
+tests) and ``python -m autotune.runtime.worker --job JOB --out DIR`` under torchrun.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from autotune.plan import Plan
+from autotune.runtime import data as D
+from autotune.runtime.mesh import Mesh, build_mesh
+from autotune.runtime.model import Layout, RMSNorm, init_weights, shard_info
+from autotune.runtime.pipeline import build_schedule, build_stage_models
+from autotune.specs.model import ModelSpec
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+LR = 1e-3
+WEIGHT_DECAY = 0.01
+_COMM_FUNCS = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single", "reduce_scatter",
+               "reduce_scatter_tensor", "reduce_scatter_single",
+               "all_to_all_single", "all_to_all", "broadcast", "batch_isend_irecv", "send", "recv", "barrier")
+
+
+class CommClock:
+    """Accumulates time inside communication calls and inside compute regions of one process."""
+
+    def __init__(self) -> None:
+        self.comm = 0.0
+        self.compute = 0.0
+        self.emulated = 0.0
+        self.idle = 0.0
+        self.slowdown = 1.0
+        self._in_comm = False
+        self._region_comm = 0.0
+        self._in_region = False
+
+    def reset(self) -> None:
+        self.comm = self.compute = self.emulated = self.idle = 0.0
+
+    def wrap(self, fn):
+        @functools.wraps(fn)
+        def timed(*a, **k):
+            if self._in_comm:
+                return fn(*a, **k)
+            self._in_comm = True
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                dt = time.perf_counter() - t
+                self._in_comm = False
+                self.comm += dt
+                if self._in_region:
+                    self._region_comm += dt
+        return timed
+
+    @contextlib.contextmanager
+    def compute_region(self):
+        """Compute with the communication inside it taken out; then the emulated slowdown."""
+        if self._in_region:  # nested (a chunk inside a timed step part): the outer region counts
+            yield
+            return
+        self._in_region, self._region_comm = True, 0.0
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            pure = max(0.0, time.perf_counter() - t - self._region_comm)
+            self._in_region = False
+            self.compute += pure
+            if self.slowdown > 1.0:
+                extra = (self.slowdown - 1.0) * pure
+                emulate_busy(extra)
+                self.emulated += extra
+
+
+def emulate_busy(seconds: float) -> None:
+    """Stand still for ``seconds`` as a slower device would still be computing; the profiler's
+    ``profilers.emulation`` is used when it exists so trial and profile emulate alike."""
+    try:
+        from profilers import emulation  # type: ignore[import-not-found]
+
+        fn = getattr(emulation, "emulate_delay", None) or getattr(emulation, "sleep_for", None)
+    except ImportError:
+        fn = None
+    if fn is not None:
+        fn(seconds)
+    elif seconds > 0:
+        time.sleep(seconds)
+
+
+_CLOCK = CommClock()
+_INSTALLED = False
+
+
+def clock() -> CommClock:
+    """The process's clock (timing wrappers are installed by ``install_comm_timing``)."""
+    return _CLOCK
+
+
+def install_comm_timing() -> None:
+    """Wrap torch.distributed's communication calls with the clock (worker processes only)."""
+    global _INSTALLED
+    if _INSTALLED:
+        return
+    _INSTALLED = True
+    for name in _COMM_FUNCS:
+        if hasattr(dist, name):
+            setattr(dist, name, _CLOCK.wrap(getattr(dist, name)))
+    try:  # the pipeline schedules wait for their p2p batches here
+        from torch.distributed.pipelining import schedules
+
+        schedules._wait_batch_p2p = _CLOCK.wrap(schedules._wait_batch_p2p)
+    except (ImportError, AttributeError):
+        pass
+
+
+# ---- memory -------------------------------------------------------------------------------------
+def reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    with contextlib.suppress(OSError):
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+
+
+def peak_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+# ---- attention context --------------------------------------------------------------------------
+def attention_context(plan: Plan, mesh: Mesh) -> Any:
+    """The CP/HP AttentionContext of this rank (None when the sequence is whole: plain SDPA)."""
+    if plan.degrees.cp == 1 and plan.degrees.hp == 1:
+        return None
+    from autotune.runtime.attention import AttentionContext
+
+    cp, hp = mesh["cp"], mesh["hp"]
+    return AttentionContext(
+        cp_group=cp.group, cp_ranks=cp.ranks, cp_index=cp.index, cp_tokens=list(plan.shares.tokens),
+        cp_layout=plan.cp_layout,
+        hp_group=hp.group, hp_ranks=hp.ranks, hp_index=hp.index, hp_heads=list(plan.shares.heads))
+
+
+def local_positions(ctx: Any, seq_len: int) -> torch.Tensor | None:
+    if ctx is None:
+        return None
+    from autotune.runtime.attention import local_token_positions
+
+    return local_token_positions(ctx, seq_len)
+
+
+# ---- one rank's training ------------------------------------------------------------------------
+class RankTrainer:
+    """This rank's model chunks, optimizer and (with pp > 1) pipeline schedule."""
+
+    def __init__(self, plan: Plan, spec: ModelSpec, mesh: Mesh, seq_len: int, global_batch: int, seed: int):
+        self.plan, self.spec, self.mesh, self.seq_len, self.global_batch, self.seed = (
+            plan, spec, mesh, seq_len, global_batch, seed)
+        self.device = mesh.device
+        self.dtype = DTYPES[plan.dtype]
+        tp = mesh["tp"]
+        self.sp = plan.sequence_parallel and tp.size > 1
+        self.ctx = attention_context(plan, mesh)
+        self.positions = local_positions(self.ctx, seq_len)
+        local_tokens = seq_len if self.positions is None else int(self.positions.numel())
+        self.local_tokens = local_tokens
+        layout = Layout(tp=tp, sp=self.sp, attn_ctx=self.ctx,
+                        positions=None if self.positions is None else self.positions.to(self.device),
+                        recompute=plan.recompute)
+        self.stages = build_stage_models(spec, plan, mesh, layout, seq_len)
+        for _, m in self.stages:
+            init_weights(m, spec, seed)
+            m.to(device=self.device, dtype=self.dtype)
+        self.params = [p for _, m in self.stages for p in m.parameters()]
+        # with sequence parallelism the norms of the tp ranks saw different tokens: sum their gradients
+        self.tp_replicated = [p for _, m in self.stages for mod in m.modules() if isinstance(mod, RMSNorm)
+                              for p in mod.parameters()] if self.sp else []
+        self.opt = torch.optim.AdamW(self.params, lr=LR, weight_decay=WEIGHT_DECAY)
+        self.dp_index = mesh["dp"].index
+        self.n_micro = plan.microbatches_of_replica(self.dp_index)
+        self.total_tokens = global_batch * seq_len
+        last = [m for j, m in self.stages if m.last]
+        self.last = last[0] if last else None
+        self.first = any(m.first for _, m in self.stages)
+        self.schedule = None
+        if plan.degrees.pp > 1:
+            hidden_tokens = local_tokens // tp.size if self.sp else local_tokens
+            self.schedule, self.pstages = build_schedule(
+                plan, mesh, self.stages, self.n_micro, plan.micro_batch_size, local_tokens, hidden_tokens,
+                self.dtype, self._loss)
+            clk = clock()
+            for st in self.pstages:  # time every chunk as a compute region
+                for meth in ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk"):
+                    if hasattr(st, meth):
+                        setattr(st, meth, _timed_region(clk, getattr(st, meth)))
+
+    def _loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Sum of this micro-batch's token losses over the global token count (exact weighted mean)."""
+        return self.last.token_losses(logits, target).sum() / self.total_tokens
+
+    def step(self, step_index: int) -> float:
+        """One optimizer step; returns this rank's contribution to the global mean loss."""
+        clk = clock()
+        tokens = D.synthetic_tokens(self.seed, self.spec.vocab, self.global_batch, self.seq_len, step_index)
+        inputs, targets = D.local_batch(tokens, self.plan, self.dp_index, self.positions)
+        inputs, targets = inputs.to(self.device), targets.to(self.device)
+        for p in self.params:
+            p.grad = None
+        contribution = 0.0
+        if self.schedule is None:
+            model = self.stages[0][1]
+            for x, y in zip(D.split_microbatches(inputs, self.n_micro), D.split_microbatches(targets, self.n_micro),
+                            strict=True):
+                with clk.compute_region():
+                    loss = self._loss(model(x), y)
+                    loss.backward()
+                contribution += float(loss.detach())
+        else:
+            losses: list[torch.Tensor] = []
+            args = (inputs,) if self.first else ()
+            self.schedule.step(*args, target=targets if self.last is not None else None,
+                               losses=losses if self.last is not None else None)
+            contribution = float(sum(float(x.detach()) for x in losses))
+        self._reduce_gradients()
+        with clk.compute_region():
+            self.opt.step()
+        # every tp rank holds the same loss: count it once
+        return contribution if (self.last is not None and self.mesh["tp"].index == 0) else 0.0
+
+    def _reduce_gradients(self) -> None:
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        tp = self.mesh["tp"]
+        if self.tp_replicated and tp.group is not None:
+            flat = torch.cat([p.grad.reshape(-1) for p in self.tp_replicated])
+            dist.all_reduce(flat, group=tp.group)
+            _unflatten(flat, [p.grad for p in self.tp_replicated])
+        g = self.mesh.grad
+        if g is not None and g.group is not None:
+            grads = [p.grad for p in self.params]
+            flat = torch.cat([x.reshape(-1) for x in grads])
+            dist.all_reduce(flat, group=g.group)  # SUM: each replica's loss is already / global tokens
+            _unflatten(flat, grads)
+
+    def export_state(self) -> dict[str, tuple[torch.Tensor, tuple[int, int] | None]]:
+        """{name: (local tensor, (dim, offset) in the full tensor or None)} for comparisons."""
+        out = {}
+        for _, m in self.stages:
+            info = shard_info(m)
+            for name, p in m.named_parameters():
+                out[name] = (p.detach().float().cpu().clone(), info[name])
+        return out
+
+
+def _unflatten(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
+    off = 0
+    for t in tensors:
+        n = t.numel()
+        t.copy_(flat[off:off + n].view_as(t))
+        off += n
+
+
+def _timed_region(clk: CommClock, fn):
+    @functools.wraps(fn)
+    def run(*a, **k):
+        with clk.compute_region():
+            return fn(*a, **k)
+    return run
+
+
+def train(plan: Plan, spec: ModelSpec, seq_len: int, global_batch: int, *, steps: int, warmup: int, seed: int,
+          device: torch.device, emulate_slowdown: dict[int, float] | None = None, export_state: bool = False,
+          timeout_s: float | None = None) -> dict[str, Any]:
+    """Run one resolved plan on the initialised default process group; returns this rank's report."""
+    rank = dist.get_rank()
+    install_comm_timing()
+    clk = clock()
+    clk.slowdown = float((emulate_slowdown or {}).get(rank, 1.0))
+    mesh = build_mesh(plan, rank, device, timeout_s=timeout_s)
+    trainer = RankTrainer(plan, spec, mesh, seq_len, global_batch, seed)
+    losses, times, splits = [], [], []
+    reset_peak_memory(device)
+    for i in range(warmup + steps):
+        dist.barrier()
+        clk.reset()
+        t0 = time.perf_counter()
+        contribution = trainer.step(i)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t_idle = time.perf_counter()
+        comm_before = clk.comm
+        dist.barrier()
+        t1 = time.perf_counter()
+        clk.comm = comm_before  # the end barrier is waiting, not communication
+        idle = t1 - t_idle
+        loss = torch.tensor([contribution], dtype=torch.float64)
+        dist.all_reduce(loss)  # outside the timed step
+        losses.append(float(loss.item()))
+        if i >= warmup:
+            times.append(t1 - t0)
+            splits.append({"compute_s": clk.compute + clk.emulated, "comm_s": clk.comm, "idle_s": idle,
+                           "emulated_s": clk.emulated})
+    report: dict[str, Any] = {
+        "rank": rank, "losses": losses, "step_times": times,
+        "peak_memory_bytes": peak_memory(device),
+        "time_split": _median_split(splits, times, rank),
+        "local_tokens": trainer.local_tokens,
+    }
+    if export_state:
+        report["state"] = trainer.export_state()
+    return report
+
+
+def _median_split(splits: list[dict[str, float]], times: list[float], rank: int) -> dict[str, float]:
+    if not splits:
+        return {"rank": rank, "compute_s": 0.0, "comm_s": 0.0, "idle_s": 0.0, "emulated_s": 0.0, "coverage": 0.0}
+    out: dict[str, Any] = {"rank": rank}
+    for k in ("compute_s", "comm_s", "idle_s", "emulated_s"):
+        out[k] = statistics.median(s[k] for s in splits)
+    covered = [(s["compute_s"] + s["comm_s"] + s["idle_s"]) / t for s, t in zip(splits, times, strict=True) if t > 0]
+    out["coverage"] = statistics.median(covered) if covered else 0.0
+    return out
+
+
+def reference_run(spec: ModelSpec, seq_len: int, global_batch: int, *, steps: int, seed: int,
+                  dtype: str = "fp32", micro_batch_size: int = 1) -> dict[str, Any]:
+    """The single-process training every plan must reproduce: same data, same init, same AdamW."""
+    from autotune.plan import Degrees, Shares
+    from autotune.runtime.mesh import single_process_mesh
+
+    plan = Plan(degrees=Degrees(), dtype=dtype, micro_batch_size=micro_batch_size,
+                num_microbatches=global_batch // micro_batch_size,
+                shares=Shares(layers=(spec.layers,), tokens=(seq_len,), heads=(spec.heads,),
+                              samples=(global_batch,)))
+    trainer = RankTrainer(plan, spec, single_process_mesh(plan, torch.device("cpu")), seq_len, global_batch, seed)
+    losses = [trainer.step(i) for i in range(steps)]
+    return {"losses": losses, "state": {k: v[0] for k, v in trainer.export_state().items()}}
+
+
+def trial_job(payload: dict[str, Any], rank: int, world: int, device: torch.device) -> dict[str, Any]:
+    """Launcher target for `autotune trial`: one plan."""
+    from autotune.specs.model import model_from_dict
+
+    plan = Plan.from_dict(payload["plan"])
+    spec = model_from_dict(payload["model"])
+    emulate = {int(k): float(v) for k, v in (payload.get("emulate_slowdown") or {}).items()}
+    return train(plan, spec, payload["seq_len"], payload["global_batch"], steps=payload["steps"],
+                 warmup=payload["warmup"], seed=payload["seed"], device=device, emulate_slowdown=emulate,
+                 timeout_s=payload.get("timeout_s"))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """torchrun entry: ``torchrun --nproc-per-node N -m autotune.runtime.worker --job JOB --out DIR``."""
+    from autotune.runtime.launcher import worker_entry
+
+    ap = argparse.ArgumentParser(prog="autotune.runtime.worker")
+    ap.add_argument("--job", required=True, help="job file written by the launcher (torch.save)")
+    ap.add_argument("--out", required=True, help="directory for per-rank results")
+    args = ap.parse_args(argv)
+    env = os.environ
+    worker_entry(int(env.get("LOCAL_RANK", env.get("RANK", "0"))), args.job, args.out,
+                 rank=int(env["RANK"]), world=int(env["WORLD_SIZE"]), init_from_env=True)
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()
