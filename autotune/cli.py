@@ -11,20 +11,29 @@ import os
 import sys
 import traceback
 
-import click
 import typer
 
-# typer >= 0.2x vendors its own click (typer._click) and its own Exit/Abort; older ones use click's.
-_EXIT: tuple[type[BaseException], ...] = (click.exceptions.Exit, typer.Exit)
-_ABORT: tuple[type[BaseException], ...] = (click.exceptions.Abort, getattr(typer, "Abort", click.exceptions.Abort))
-_USAGE: tuple[type[BaseException], ...] = (click.ClickException,)
+# typer >= 0.2x vendors its own click (typer._click, no click dependency) with its own Exit/Abort;
+# older typer releases raise click's. Catch whichever exist.
+_EXIT: tuple[type[BaseException], ...] = (typer.Exit,)
+_ABORT: tuple[type[BaseException], ...] = (typer.Abort,)
+_USAGE: tuple[type[BaseException], ...] = ()
+_NO_ARGS: tuple[type[BaseException], ...] = ()
 try:
     from typer._click import exceptions as _tclick
 
     _USAGE += (_tclick.ClickException,)
-    _NO_ARGS: tuple[type[BaseException], ...] = (_tclick.NoArgsIsHelpError,)
-except ImportError:  # pragma: no cover
-    _NO_ARGS = ()
+    _NO_ARGS += (_tclick.NoArgsIsHelpError,)
+except ImportError:  # pragma: no cover - older typer
+    pass
+try:
+    import click
+
+    _EXIT += (click.exceptions.Exit,)
+    _ABORT += (click.exceptions.Abort,)
+    _USAGE += (click.ClickException,)
+except ImportError:
+    pass
 
 from autotune import __version__
 from autotune.commands import apply, dashboard, estimate, models, profile, search, trial, tune, validate
