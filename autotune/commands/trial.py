@@ -1,18 +1,79 @@
-"""`autotune trial`: not built yet (issue #5)."""
+"""`autotune trial`: run a plan for real on local processes (torch.distributed) and measure it."""
 
 from __future__ import annotations
 
-import typer
+from typing import Annotated
 
+import typer
+from rich.table import Table
+
+from autotune.commands.common import (
+    EmulateOpt,
+    GlobalBatchOpt,
+    JsonOpt,
+    ModelOpt,
+    PlanOpt,
+    SeedOpt,
+    SeqLenOpt,
+    console,
+    emit_json,
+    err_console,
+    parse_emulation,
+)
 from autotune.errors import WorkError
+from autotune.units import fmt_bytes, fmt_time
 
 HELP = "Run a plan for real on local processes (torch.distributed) and measure it."
 
 
-def command(ctx: typer.Context) -> None:
+def command(
+    plan: PlanOpt,
+    model: ModelOpt,
+    seq_len: SeqLenOpt,
+    global_batch: GlobalBatchOpt,
+    steps: Annotated[int, typer.Option("--steps", help="Measured steps.", min=1)] = 5,
+    warmup: Annotated[int, typer.Option("--warmup", help="Warm-up steps before measuring.", min=0)] = 2,
+    seed: SeedOpt = 0,
+    emulate_slowdown: EmulateOpt = None,
+    nproc: Annotated[int | None, typer.Option("--nproc", help="Processes to run; must equal the plan's "
+                                                              "world (default: the plan's world).", min=1)] = None,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds before every process is killed.",
+                                           min=1)] = 600.0,
+    device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
+    json_: JsonOpt = False,
+) -> None:
     """Run a plan for real on local processes (torch.distributed) and measure it."""
-    raise WorkError("`autotune trial` is not built yet (issue #5)")
+    from autotune.plan import load_plan
+    from autotune.runtime.trial import run_trial
+
+    emulate = parse_emulation(emulate_slowdown)
+    p = load_plan(plan)
+    if not json_:
+        err_console.print(f"running {p.degrees.inline()} on {p.world} local processes ...", highlight=False)
+    result = run_trial(p, model, seq_len, global_batch, steps=steps, warmup=warmup, seed=seed,
+                       emulate_slowdown=emulate, timeout_s=timeout, device=device, nproc=nproc)
+    out = result.to_dict()
+    if json_:
+        emit_json(out)
+    else:
+        _show(out)
+    if result.failure is not None:
+        f = result.failure
+        raise WorkError(f"trial failed ({f['kind']}) on rank {f['rank']}: {f['message']}")
 
 
-command.__doc__ = HELP
-PLACEHOLDER = True
+def _show(out: dict) -> None:
+    m = out["measured"]
+    if m is None:
+        return
+    emu = m.get("emulated_slowdown")
+    console.print(f"step time {fmt_time(m['step_time_s'])}, {m['tokens_per_s']:,.0f} tokens/s"
+                  + (f"  [yellow](emulated slowdown {emu})[/]" if emu else ""), highlight=False)
+    t = Table(title="per rank")
+    for col in ("rank", "peak memory", "compute", "comm", "idle", "coverage"):
+        t.add_column(col, justify="right")
+    for mem, s in zip(m["peak_memory_bytes"], m["time_split"], strict=True):
+        t.add_row(str(s["rank"]), fmt_bytes(mem), fmt_time(s["compute_s"]), fmt_time(s["comm_s"]),
+                  fmt_time(s["idle_s"]), f"{100 * s['coverage']:.0f}%")
+    console.print(t)
+    console.print("losses: " + ", ".join(f"{x:.4f}" for x in out["losses"]), highlight=False)

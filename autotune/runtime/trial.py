@@ -1,0 +1,192 @@
+"""``run_trial``: run a plan for real on local processes and measure it (docs/contracts.md "Runtime").
+
+Everything the runtime cannot take is refused *before* any process starts (an ``InputError``, exit
+2 in the CLI): a world that does not match the processes asked for or the machine, shares the model
+cannot take, a model feature the runtime does not build, a model too large for the device. A run
+that starts and fails is a result: ``TrialResult.failure`` = {"kind": oom|error|timeout, "rank",
+"message"}.
+
+Aggregation: a step's time is the same on every rank (it ends at a barrier); ``step_time_s`` is the
+median over measured steps of the slowest rank's time, ``tokens_per_s`` = global tokens / that.
+``losses`` holds the global mean loss of every step, warm-up steps first (the training is the
+same whatever the plan, so they are comparable across plans).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from autotune.errors import InputError
+from autotune.plan import Plan, PlanError
+from autotune.specs.model import ModelSpec, load_model
+
+DEFAULT_TIMEOUT_S = 600.0
+BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+@dataclass
+class TrialResult:
+    plan: dict[str, Any]
+    measured: dict[str, Any] | None
+    losses: list[float] = field(default_factory=list)
+    failure: dict[str, Any] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"plan": self.plan, "measured": self.measured, "losses": self.losses, "failure": self.failure}
+
+
+def _device_kind(device: str) -> str:
+    if device not in ("auto", "cpu", "cuda"):
+        raise InputError(f"must be auto, cpu or cuda, got {device!r}", field="device")
+    if device == "cpu":
+        return "cpu"
+    import torch
+
+    if torch.cuda.is_available():
+        return "cuda"
+    if device == "cuda":
+        raise InputError("no CUDA device is visible", field="device")
+    return "cpu"
+
+
+def check_runtime_support(plan: Plan, spec: ModelSpec) -> None:
+    """What this runtime builds (beyond what Plan.resolve already checks); raises PlanError."""
+    p, d = [], plan.degrees
+    if spec.bias:
+        p.append(f"model {spec.name}: linear biases are not built by the runtime (bias: true)")
+    if spec.position != "rope":
+        p.append(f"model {spec.name}: the runtime builds rotary positions only (position: {spec.position})")
+    if spec.norm != "rmsnorm":
+        p.append(f"model {spec.name}: the runtime builds RMSNorm only (norm: {spec.norm})")
+    if spec.head_dim % 2:
+        p.append(f"model {spec.name}: rotary embeddings need an even head_dim, got {spec.head_dim}")
+    if spec.tied_embeddings and d.pp > 1:
+        p.append("degrees.pp: tied embeddings need the embedding and head on one stage (pp = 1)")
+    if spec.vocab % d.tp:
+        p.append(f"degrees.tp: vocab({spec.vocab}) not divisible by tp({d.tp})")
+    if spec.ffn_hidden % d.tp:
+        p.append(f"degrees.tp: ffn_hidden({spec.ffn_hidden}) not divisible by tp({d.tp})")
+    if plan.zero_stage > 0:
+        p.append(f"zero_stage: the runtime keeps whole optimizer states (zero_stage 0), got {plan.zero_stage}")
+    if plan.micro_batch_size < 1:
+        p.append("micro_batch_size: must be >= 1")
+    if p:
+        raise PlanError("; ".join(p), field="plan")
+
+
+def rank_state_bytes(plan: Plan, spec: ModelSpec, seq_len: int) -> float:
+    """Largest per-rank memory the trial needs, roughly: weights + grads + AdamW's two moments in the
+    plan's dtype, plus activations of one micro-batch per layer in flight (Korthikanti et al. 2022:
+    ``s*b*h*(34 + 5*a*s/h)`` bytes per layer at 2-byte precision, without recomputation)."""
+    d, nb = plan.degrees, BYTES[plan.dtype]
+    tokens = max(plan.shares.tokens) // d.hp
+    b, h, a = plan.micro_batch_size, spec.hidden, spec.heads
+    worst = 0.0
+    for pp_i in range(d.pp):
+        layers = sum(plan.layers_of_stage(pp_i))
+        params = layers * spec.layer_params() / d.tp
+        if pp_i == 0:
+            params += spec.embedding_params() / d.tp
+        if pp_i == d.pp - 1:
+            params += spec.head_params() / d.tp
+        act_layer = tokens * b * h * (34 + 5 * a * tokens / h) / d.tp * (nb / 2)
+        in_flight = min(d.pp - pp_i, plan.num_microbatches or 1) if plan.schedule != "gpipe" else (
+            plan.num_microbatches or 1)
+        act = layers * act_layer * in_flight * (0.1 if plan.recompute == "full" else 1.0)
+        worst = max(worst, params * (nb * 2 + 8) + act)  # AdamW moments kept in fp32-sized slots
+    return worst
+
+
+def _device_memory(kind: str, world: int) -> float:
+    if kind == "cuda":
+        import torch
+
+        return float(min(torch.cuda.get_device_properties(i).total_memory for i in range(world)))
+    from autotune.specs.catalogue import local_cpu
+
+    return float(local_cpu(world).memory_bytes)
+
+
+def prepare(plan: Plan | dict[str, Any], model: ModelSpec | str, seq_len: int, global_batch: int, *,
+            nproc: int | None = None, device: str = "auto") -> tuple[Plan, ModelSpec, str]:
+    """Resolve and check a plan for a local trial; raises InputError before anything starts."""
+    from autotune.specs.cluster import load_cluster
+
+    spec = model if isinstance(model, ModelSpec) else load_model(model)
+    if isinstance(plan, dict):
+        plan = Plan.from_dict(plan)
+    kind = _device_kind(device)
+    world = plan.world
+    if nproc is not None and nproc != world:
+        raise PlanError(f"degrees: {plan.degrees.product_text()} = {world} != --nproc({nproc})", field="plan")
+    if kind == "cuda":
+        import torch
+
+        n = torch.cuda.device_count()
+        if world > n:
+            raise PlanError(f"degrees: {plan.degrees.product_text()} = {world} > visible GPUs({n})", field="plan")
+    else:
+        limit = max(64, 8 * (os.cpu_count() or 1))
+        if world > limit:
+            raise PlanError(f"degrees: world {world} > {limit} local processes this machine can host",
+                            field="plan")
+    # placement names physical devices of the cluster the plan was made for; locally rank r is process r
+    local = plan.replace(placement=None)
+    resolved = local.resolve(spec, load_cluster(f"local:{world}"), seq_len, global_batch)
+    check_runtime_support(resolved, spec)
+    need, have = rank_state_bytes(resolved, spec, seq_len), _device_memory(kind, world)
+    if need > have:
+        from autotune.units import fmt_bytes
+
+        raise PlanError(f"model {spec.name} needs about {fmt_bytes(need)} on its busiest rank "
+                        f"(weights, gradients, AdamW states, activations) > {fmt_bytes(have)} per "
+                        f"{'GPU' if kind == 'cuda' else 'local worker'}", field="plan")
+    return resolved, spec, kind
+
+
+def run_trial(plan: Plan | dict[str, Any], model: ModelSpec | str, seq_len: int, global_batch: int, *,
+              steps: int = 5, warmup: int = 2, seed: int = 0, emulate_slowdown: dict[int, float] | None = None,
+              timeout_s: float = DEFAULT_TIMEOUT_S, device: str = "auto", nproc: int | None = None) -> TrialResult:
+    """Launch ``plan`` on local processes, train ``warmup + steps`` steps, measure the last ``steps``."""
+    from autotune.runtime.launcher import launch
+
+    if steps < 1:
+        raise InputError(f"must be >= 1, got {steps}", field="steps")
+    if warmup < 0:
+        raise InputError(f"must be >= 0, got {warmup}", field="warmup")
+    resolved, spec, kind = prepare(plan, model, seq_len, global_batch, nproc=nproc, device=device)
+    emulate = {int(r): float(f) for r, f in (emulate_slowdown or {}).items()}
+    for r, f in emulate.items():
+        if not 0 <= r < resolved.world:
+            raise InputError(f"rank {r} is not in the plan's world 0..{resolved.world - 1}", field="--emulate-slowdown")
+        if not (f >= 1.0 and math.isfinite(f)):
+            raise InputError(f"factor must be >= 1, got {f}", field="--emulate-slowdown")
+    payload = {"plan": resolved.to_dict(), "model": spec.to_dict(), "seq_len": seq_len,
+               "global_batch": global_batch, "steps": steps, "warmup": warmup, "seed": seed,
+               "emulate_slowdown": emulate, "timeout_s": timeout_s}
+    res = launch("autotune.runtime.worker:trial_job", payload, resolved.world, timeout_s=timeout_s, device=kind)
+    if res.failure is not None:
+        return TrialResult(plan=resolved.to_dict(), measured=None, losses=[], failure=res.failure)
+    reports = sorted(res.results, key=lambda r: r["rank"])
+    per_step = [max(r["step_times"][i] for r in reports) for i in range(steps)]
+    step_time = statistics.median(per_step)
+    measured = {
+        "step_time_s": step_time,
+        "tokens_per_s": global_batch * seq_len / step_time if step_time > 0 else 0.0,
+        "peak_memory_bytes": [r["peak_memory_bytes"] for r in reports],
+        "time_split": [r["time_split"] for r in reports],
+        "step_times_s": per_step,
+        "steps": steps, "warmup": warmup, "seed": seed, "device": kind,
+        "emulated_slowdown": {str(k): v for k, v in emulate.items()} or None,
+        "launch_wall_s": res.wall_s,
+    }
+    return TrialResult(plan=resolved.replace(measured=measured).to_dict(), measured=measured,
+                       losses=reports[0]["losses"], failure=None)
