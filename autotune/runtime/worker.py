@@ -389,6 +389,21 @@ def trial_job(payload: dict[str, Any], rank: int, world: int, device: torch.devi
                  timeout_s=payload.get("timeout_s"))
 
 
+def plans_job(payload: dict[str, Any], rank: int, world: int, device: torch.device) -> list[dict[str, Any]]:
+    """Launcher target that runs many plans in one launch (the equivalence tests): fresh groups per
+    plan, losses and final weights of each (a plan that raises ends the launch with its message)."""
+    from autotune.specs.model import model_from_dict
+
+    spec = model_from_dict(payload["model"])
+    out = []
+    for item in payload["plans"]:
+        plan = Plan.from_dict(item)
+        out.append(train(plan, spec, payload["seq_len"], payload["global_batch"], steps=payload["steps"],
+                         warmup=0, seed=payload["seed"], device=device, export_state=True,
+                         timeout_s=payload.get("timeout_s")))
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     """torchrun entry: ``torchrun --nproc-per-node N -m autotune.runtime.worker --job JOB --out DIR``."""
     from autotune.runtime.launcher import worker_entry
