@@ -1,18 +1,160 @@
-"""`autotune apply`: not built yet (issue #7)."""
+"""`autotune apply`: export a study's best plan (or a plan file) for a framework, or launch it.
+
+    autotune apply (--study NAME | --plan plan.json) [--format json|megatron|torchtitan|deepspeed|accelerate]
+                   [-o FILE] [--launch [--dry-run]] [--model M --seq-len S --global-batch B]
+                   [--cluster C] [--storage URL] [--json]
+
+A plan the target cannot express is refused (exit 2) with every reason and the nearest plan the
+target can express, priced by the cost model; nothing is written then. ``-o`` writes all or nothing
+(temp file, checked, renamed).
+"""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+from typing import Annotated
+
 import typer
 
-from autotune.errors import WorkError
+from autotune.commands.common import (
+    DEFAULT_STORAGE,
+    JsonOpt,
+    StorageOpt,
+    console,
+    emit_json,
+    err_console,
+)
+from autotune.errors import InputError
+from autotune.export import FORMATS, ExportRefused, export, exporter, write_atomic
+from autotune.export import launch as L
+from autotune.export.common import ExportContext, describe, predict, predicted_text
+from autotune.export.source import from_plan_file, from_study
+from autotune.plan import Plan
 
 HELP = "Export a plan for Megatron, torchtitan, DeepSpeed, Accelerate or JSON, or launch it."
 
 
-def command(ctx: typer.Context) -> None:
+def _tag(ctx: ExportContext) -> str:
+    raw = f"{ctx.study}-t{ctx.trial}" if ctx.study else Path(ctx.source).stem or "plan"
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", raw)
+
+
+def _with_prediction(plan: Plan, ctx: ExportContext) -> Plan:
+    """A plan without ``predicted`` (hand-written) gets one from the cost model when it is there."""
+    if plan.predicted:
+        return plan
+    try:
+        priced, _ = predict(plan, ctx)
+    except InputError:
+        return plan
+    return priced
+
+
+def _launch(plan: Plan, ctx: ExportContext, dry_run: bool, steps: int, json_: bool) -> None:
+    base = Path("results") / "launch" / _tag(ctx)
+    job, out = base / "job.pt", base / "out"
+    cmds = L.commands(plan, ctx, job, out)
+    if not dry_run and len(cmds) > 1:
+        raise InputError(f"the plan spans {len(cmds)} nodes; autotune runs single-node launches only. "
+                         "Use --dry-run to print the command for each node and run them there", field="--launch")
+    if dry_run:
+        try:
+            from autotune.runtime.trial import check_runtime_support
+
+            check_runtime_support(plan, ctx.model)
+        except ImportError:
+            pass
+        run_plan = plan
+    else:
+        run_plan = L.check_runnable(plan, ctx)
+    L.write_job(job, run_plan, ctx, steps=steps)
+    shown = [c.shell() for c in cmds]
+    if not json_:
+        for c in cmds:
+            prefix = f"# node {c.node} (node-rank {c.node_rank})\n" if len(cmds) > 1 else ""
+            console.print(prefix + c.shell(), highlight=False, soft_wrap=True)
+    if dry_run:
+        if json_:
+            emit_json({"commands": shown, "job": str(job), "out": str(out), "ran": False,
+                       "plan": plan.to_dict()})
+        else:
+            err_console.print(f"dry run: job written to {job}; nothing started", highlight=False)
+        return
+    summary = L.run(cmds[0], out, world=plan.world, seq_len=ctx.seq_len, global_batch=ctx.global_batch,
+                    steps=steps, timeout_s=600.0)
+    if json_:
+        emit_json({"commands": shown, "job": str(job), "out": str(out), "ran": True, "measured": summary,
+                   "plan": plan.to_dict()})
+    else:
+        console.print(f"ran {plan.world} ranks: {summary['step_time_s']:.4g} s/step, "
+                      f"{summary['tokens_per_s']:.4g} tokens/s, final loss {summary['losses'][-1]:.4f}",
+                      highlight=False)
+
+
+def command(
+    study: Annotated[str | None, typer.Option("--study", help="Study name: export its best trial "
+                                              "(the best measured one once validated).")] = None,
+    plan_file: Annotated[str | None, typer.Option("--plan", "-p", help="Plan JSON file to export.")] = None,
+    fmt: Annotated[str, typer.Option("--format", "-f", help="Target: " + ", ".join(FORMATS) + ".")] = "json",
+    output: Annotated[str | None, typer.Option("--output", "-o", help="Write to FILE (all or nothing); "
+                                               "default: print.")] = None,
+    launch: Annotated[bool, typer.Option("--launch", help="Run the plan with autotune's runtime under "
+                                         "torchrun (prints the command first).")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="With --launch: only print the command.")] = False,
+    steps: Annotated[int, typer.Option("--steps", help="With --launch: measured steps.", min=1)] = 5,
+    model: Annotated[str | None, typer.Option("--model", "-m", help="With --plan: the model it is for "
+                                              "(unless the file records it).")] = None,
+    seq_len: Annotated[int | None, typer.Option("--seq-len", "-s", help="With --plan: sequence length.",
+                                                min=1)] = None,
+    global_batch: Annotated[int | None, typer.Option("--global-batch", "-b", help="With --plan: global batch.",
+                                                     min=1)] = None,
+    cluster: Annotated[str | None, typer.Option("--cluster", "-c", help="Cluster file, `local` or `local:N` "
+                                                "(default: what the study or plan records).")] = None,
+    storage: StorageOpt = DEFAULT_STORAGE,
+    json_: JsonOpt = False,
+) -> None:
     """Export a plan for Megatron, torchtitan, DeepSpeed, Accelerate or JSON, or launch it."""
-    raise WorkError("`autotune apply` is not built yet (issue #7)")
+    if (study is None) == (plan_file is None):
+        raise InputError("give exactly one of --study NAME or --plan FILE", field="--study/--plan")
+    if dry_run and not launch:
+        raise InputError("--dry-run only goes with --launch", field="--dry-run")
+    mod = exporter(fmt)
+    if study is not None:
+        for opt, v in (("--model", model), ("--seq-len", seq_len), ("--global-batch", global_batch)):
+            if v is not None:
+                raise InputError("the study records what its plans are for; drop it or use --plan", field=opt)
+        plan, ctx = from_study(study, storage, cluster)
+    else:
+        assert plan_file is not None
+        plan, ctx = from_plan_file(plan_file, model, seq_len, global_batch, cluster, storage)
+    plan = plan.resolve(ctx.model, ctx.cluster, ctx.seq_len, ctx.global_batch)
+    if launch:
+        _launch(plan, ctx, dry_run, steps, json_)
+        return
+    plan = _with_prediction(plan, ctx)
+    try:
+        result = export(plan, ctx, fmt)
+    except ExportRefused as e:
+        if json_:
+            err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+            emit_json({"error": {"kind": "input", "message": e.message, "source": e.source, "field": e.field},
+                       "refused": e.to_dict()})
+            raise typer.Exit(2) from None
+        raise
+    written = None
+    if output:
+        check = getattr(mod, "check_file", None)
+        written = str(write_atomic(output, result.text, check=check))
+    if json_:
+        emit_json({"format": fmt, "output": written, "content": result.data, "plan": plan.to_dict(),
+                   "text": None if written else result.text})
+        return
+    if written:
+        err_console.print(f"wrote {written} ({fmt}) for {describe(plan)}; {predicted_text(plan.predicted)}",
+                          highlight=False, soft_wrap=True)
+    else:
+        typer.echo(result.text, nl=False)
 
 
 command.__doc__ = HELP
-PLACEHOLDER = True

@@ -1,0 +1,136 @@
+"""Hugging Face Accelerate ``ParallelismConfig`` fields for a plan (accelerate/parallelism_config.py).
+
+* ``dp_replicate_size`` / ``dp_shard_size``: ``zero_stage`` 0 -> replicate (DDP), 2/3 -> shard
+  (FSDP2, with ``reshard_after_forward`` false for 2, true for 3);
+* ``tp_size``; ``cp_size`` (torch ring CP); ``sp_size`` with ``sp_backend "accelerate"`` (Ulysses);
+* ``total_size`` = dp_replicate x dp_shard x tp x cp x sp must equal the number of processes;
+* ``Accelerator(gradient_accumulation_steps=..., mixed_precision=...)`` and the per-device batch.
+
+Accelerate cannot express: pipeline parallelism, cp and sp together (its ParallelismConfig rejects
+it), tp or cp with pure replication (rejected too), ZeRO-1 alone, uneven shares, selective
+recomputation (FSDP's activation_checkpointing is whole blocks), Megatron sequence parallelism.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from autotune.export.common import (
+    Collected,
+    Export,
+    ExportContext,
+    even_everything,
+    even_share_reasons,
+    fold,
+    placement_reasons,
+    provenance,
+)
+from autotune.plan import Plan
+
+NAME = "accelerate"
+SUFFIX = ".json"
+
+WHY = {
+    "layers": "Accelerate has no pipeline stages",
+    "tokens": "Accelerate shards the sequence evenly (cp or sp)",
+    "heads": "Accelerate splits heads evenly",
+    "samples": "Accelerate gives every data-parallel rank the same per-device batch",
+}
+
+
+def reasons(plan: Plan, ctx: ExportContext) -> list[str]:
+    d = plan.degrees
+    r = Collected(even_share_reasons(plan, NAME, ("tokens", "heads", "samples"), WHY))
+    r.add(d.pp > 1, f"pp({d.pp}): Accelerate's ParallelismConfig has no pipeline parallelism")
+    r.add(d.cp > 1 and d.hp > 1, f"cp({d.cp}) with hp({d.hp}): Accelerate's context parallelism (cp_size) and "
+          "Ulysses (sp_size) are mutually exclusive")
+    r.add(d.cp > 1 and plan.cp_layout == "contiguous",
+          "cp_layout contiguous: Accelerate's torch context parallelism load-balances causal shards")
+    r.add(plan.zero_stage == 0 and d.dp > 1 and (d.tp > 1 or d.cp > 1),
+          f"zero_stage 0 with dp({d.dp}) and tp/cp: Accelerate rejects tp or cp with pure replication "
+          "(dp_replicate_size > 1, dp_shard_size == 1)")
+    r.add(plan.zero_stage == 1, "zero_stage 1: Accelerate's FSDP2 shards parameters too; there is no "
+          "optimizer-state-only sharding")
+    r.add(plan.recompute == "selective", "recompute selective: FSDP activation_checkpointing recomputes "
+          "whole blocks")
+    r.add(plan.sequence_parallel and d.tp > 1, "sequence_parallel: Accelerate's tensor parallelism has no "
+          "Megatron sequence parallelism")
+    r.items += placement_reasons(plan)
+    return r.items
+
+
+def candidates(plan: Plan, ctx: ExportContext) -> list[Plan]:
+    d = plan.degrees
+    zero = {1: 2}.get(plan.zero_stage, plan.zero_stage)
+    base = even_everything(plan).replace(
+        schedule="1f1b", virtual_stages=1, cp_layout="zigzag", sequence_parallel=False,
+        recompute="full" if plan.recompute == "selective" else plan.recompute)
+    starts = [base]
+    if d.pp > 1:
+        starts = [fold(base, "pp", "dp")]
+    if d.cp > 1 and d.hp > 1:
+        starts = [fold(p, "hp", "cp") for p in starts] + [fold(p, "cp", "hp") for p in starts]
+    out = []
+    for p in starts:
+        z = zero
+        if z == 0 and p.degrees.dp > 1 and (p.degrees.tp > 1 or p.degrees.cp > 1):
+            z = 3
+        out.append(p.replace(zero_stage=z))
+    if plan.recompute == "selective":
+        out += [p.replace(recompute="none") for p in out]
+    return out
+
+
+def config(plan: Plan, ctx: ExportContext) -> dict[str, Any]:
+    d = plan.degrees
+    shard = plan.zero_stage >= 2
+    pc: dict[str, Any] = {
+        "dp_replicate_size": 1 if shard else d.dp,
+        "dp_shard_size": d.dp if shard else 1,
+        "tp_size": d.tp,
+        "cp_size": d.cp,
+        "sp_size": d.hp,
+    }
+    if d.hp > 1:
+        pc["sp_backend"] = "accelerate"
+    fsdp = None
+    if shard:
+        fsdp = {"fsdp_version": 2, "reshard_after_forward": plan.zero_stage == 3,
+                "activation_checkpointing": plan.recompute == "full"}
+    return {
+        "parallelism_config": pc,
+        "accelerator": {"mixed_precision": {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[plan.dtype],
+                        "gradient_accumulation_steps": plan.num_microbatches},
+        "fsdp_plugin": fsdp,
+        "per_device_train_batch_size": plan.micro_batch_size,
+    }
+
+
+def total_size(pc: dict[str, Any]) -> int:
+    """ParallelismConfig.total_size: the product of all sizes (must equal num_processes)."""
+    return pc["dp_replicate_size"] * pc["dp_shard_size"] * pc["tp_size"] * pc["cp_size"] * pc["sp_size"]
+
+
+def snippet(cfg: dict[str, Any]) -> str:
+    pc = ", ".join(f"{k}={v!r}" for k, v in cfg["parallelism_config"].items())
+    acc = cfg["accelerator"]
+    lines = ["from accelerate import Accelerator", "from accelerate.parallelism_config import ParallelismConfig"]
+    if cfg["fsdp_plugin"]:
+        f = cfg["fsdp_plugin"]
+        lines.append("from accelerate.utils import FullyShardedDataParallelPlugin")
+        lines.append(f"fsdp = FullyShardedDataParallelPlugin(fsdp_version=2, reshard_after_forward="
+                     f"{f['reshard_after_forward']}, activation_checkpointing={f['activation_checkpointing']})")
+    lines.append(f"pc = ParallelismConfig({pc})")
+    lines.append(f"accelerator = Accelerator(parallelism_config=pc, mixed_precision={acc['mixed_precision']!r}, "
+                 f"gradient_accumulation_steps={acc['gradient_accumulation_steps']}"
+                 + (", fsdp_plugin=fsdp" if cfg["fsdp_plugin"] else "") + ")")
+    lines.append(f"# per-device batch: {cfg['per_device_train_batch_size']}")
+    return "\n".join(lines)
+
+
+def render(plan: Plan, ctx: ExportContext) -> Export:
+    cfg = config(plan, ctx)
+    prov = provenance(plan, ctx)
+    out = {**cfg, "python": snippet(cfg), "world_size": plan.world, "provenance": prov}
+    return Export(format=NAME, text=json.dumps(out, indent=2) + "\n", data=out, suffix=SUFFIX)

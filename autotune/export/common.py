@@ -1,0 +1,358 @@
+"""What every exporter shares: the export context, the refusal error, the nearest expressible plan,
+provenance and the all-or-nothing file write.
+
+A target framework expresses only some plans (Megatron splits the sequence into equal chunks,
+torchtitan has no Ulysses, Accelerate no pipeline ...). An exporter never flattens a plan silently:
+``reasons(plan, ctx)`` lists every feature the target cannot express, and ``candidates(plan)``
+proposes the plans closest to it that the target can (even shares, one dimension folded into
+another, the nearest schedule). ``nearest_expressible`` resolves those candidates, keeps the ones
+the target accepts, prices them with the cost model and returns the fastest, so the refusal can say
+what the user loses by choosing this framework.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import tempfile
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from autotune import __version__
+from autotune.errors import InputError
+from autotune.plan import DIMS, Degrees, Plan, Shares
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExportContext:
+    """What a plan is for and where it came from; every exporter reads the same one."""
+
+    model: Any
+    """ModelSpec the plan trains."""
+    cluster: Any
+    """ClusterSpec the plan runs on (prices the nearest plan; places ranks for launch)."""
+    seq_len: int
+    global_batch: int
+    study: str | None = None
+    trial: int | None = None
+    storage: str | None = None
+    source: str = ""
+    """Where the plan was read from (``study NAME`` or a plan file path)."""
+    calibration: dict[str, Any] | None = None
+    """The study's fitted calibration (``validate``), passed to the cost model."""
+    cluster_digest: str = ""
+    cluster_assumed: bool = False
+    """True when no cluster was given and ``local:WORLD`` stands in (provenance says so)."""
+
+
+@dataclass(frozen=True)
+class Export:
+    """One exporter's output: the file text and the same content as data (for --json and tests)."""
+
+    format: str
+    text: str
+    data: Any
+    suffix: str
+
+
+class Exporter(Protocol):
+    NAME: str
+    SUFFIX: str
+
+    def reasons(self, plan: Plan, ctx: ExportContext) -> list[str]: ...
+    def candidates(self, plan: Plan, ctx: ExportContext) -> list[Plan]: ...
+    def render(self, plan: Plan, ctx: ExportContext) -> Export: ...
+
+
+class ExportRefused(InputError):
+    """The target cannot express the plan. Carries every reason and the nearest plan it can express
+    (resolved, with ``predicted`` from the cost model when that is available)."""
+
+    def __init__(self, target: str, reasons: list[str], nearest: Plan | None, note: str = ""):
+        self.target = target
+        self.reasons = list(reasons)
+        self.nearest = nearest
+        self.note = note
+        msg = f"{target} cannot express this plan: " + "; ".join(self.reasons)
+        if nearest is not None:
+            msg += f". Nearest plan {target} can express: {describe(nearest)}"
+            msg += f" ({predicted_text(nearest.predicted)})" if nearest.predicted else f" ({note or 'no cost'})"
+        else:
+            msg += f". No nearby plan is expressible in {target}" + (f" ({note})" if note else "")
+        super().__init__(msg, field="--format")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"target": self.target, "reasons": self.reasons,
+                "nearest": self.nearest.to_dict() if self.nearest is not None else None,
+                "note": self.note or None}
+
+
+# ---- describing plans ---------------------------------------------------------------------------
+def describe(plan: Plan) -> str:
+    """``dp=2,pp=2,tp=2 mbs=1 1f1b layers=[16,16]`` — enough to tell two plans apart on one line."""
+    parts = [plan.degrees.inline(), f"mbs={plan.micro_batch_size}", plan.schedule]
+    if plan.virtual_stages > 1:
+        parts.append(f"vpp={plan.virtual_stages}")
+    if plan.recompute != "none":
+        parts.append(f"recompute={plan.recompute}")
+    if plan.zero_stage:
+        parts.append(f"zero={plan.zero_stage}")
+    if plan.sequence_parallel:
+        parts.append("sp")
+    if plan.degrees.cp > 1:
+        parts.append(f"cp_layout={plan.cp_layout}")
+    sh = plan.shares
+    for name in ("layers", "tokens", "heads", "samples"):
+        v = getattr(sh, name)
+        if v is not None and len(v) > 1:
+            parts.append(f"{name}={list(v)}")
+    return " ".join(parts)
+
+
+def predicted_text(p: dict[str, Any] | None) -> str:
+    if not p:
+        return "no prediction"
+    out = []
+    if p.get("step_time_s") is not None:
+        out.append(f"predicted {p['step_time_s']:.4g} s/step")
+    if p.get("tokens_per_s") is not None:
+        out.append(f"{p['tokens_per_s']:.4g} tokens/s")
+    if p.get("feasible") is False:
+        out.append("infeasible: " + str(p.get("infeasible_reason") or "?"))
+    return ", ".join(out) or "no prediction"
+
+
+# ---- share rules every exporter uses ------------------------------------------------------------
+def uneven(values: tuple[int, ...] | None) -> bool:
+    return values is not None and len(set(values)) > 1
+
+
+def even_share_reasons(plan: Plan, target: str, dims: Iterable[str], why: dict[str, str]) -> list[str]:
+    """One reason per uneven share in ``dims`` (layers, tokens, heads, samples)."""
+    out = []
+    for name in dims:
+        v = getattr(plan.shares, name)
+        if uneven(v):
+            out.append(f"shares.{name} {list(v)} is uneven: {why[name]}")
+    return out
+
+
+def with_even(plan: Plan, *names: str) -> Plan:
+    """The plan with the named shares dropped (``resolve`` splits them evenly again)."""
+    sh = dataclasses.asdict(plan.shares)
+    for n in names:
+        sh[n] = None
+    out = plan.replace(shares=Shares(**sh), predicted=None, measured=None)
+    if "samples" in names:
+        out = out.replace(num_microbatches=None)  # re-counted from the new samples
+    return out
+
+
+def fold(plan: Plan, src: str, dst: str) -> Plan:
+    """Move degree ``src`` into ``dst`` (dst *= src, src = 1); the shares of both are re-split."""
+    deg = plan.degrees.to_dict()
+    deg[dst] *= deg[src]
+    deg[src] = 1
+    names = {"pp": "layers", "cp": "tokens", "hp": "heads", "dp": "samples", "tp": None}
+    drop = [n for n in (names[src], names[dst]) if n]
+    if "tp" in (src, dst):
+        drop.append("heads")  # heads are counted per tp rank
+    out = with_even(plan, *drop).replace(degrees=Degrees(**deg))
+    if src == "pp":
+        out = out.replace(schedule="1f1b", virtual_stages=1)
+    return out
+
+
+def even_everything(plan: Plan) -> Plan:
+    return with_even(plan, "layers", "tokens", "heads", "samples")
+
+
+# ---- nearest expressible plan -------------------------------------------------------------------
+def predict(plan: Plan, ctx: ExportContext) -> tuple[Plan, str]:
+    """``plan`` with ``predicted`` from the cost model, or unchanged and a note saying why not."""
+    try:
+        from autotune.cost import estimate  # the cost model (issue 3); imported lazily
+    except ImportError:
+        return plan, "cost model (autotune.cost) not available in this build"
+    if ctx.cluster_assumed:
+        note = f"priced on an assumed local:{plan.world} cluster; pass --cluster for real figures"
+    else:
+        note = ""
+    est = estimate(plan, ctx.model, ctx.cluster, ctx.seq_len, ctx.global_batch, calibration=ctx.calibration)
+    return est.plan.replace(predicted=est.predicted), note
+
+
+def nearest_expressible(exporter: Exporter, plan: Plan, ctx: ExportContext,
+                        price: Callable[[Plan, ExportContext], tuple[Plan, str]] = predict) -> tuple[Plan | None, str]:
+    """The fastest (by predicted tokens/s, else the first) candidate that resolves and that the
+    target accepts; ``None`` when no candidate does."""
+    seen: set[str] = set()
+    accepted: list[Plan] = []
+    for cand in exporter.candidates(plan, ctx):
+        for c in (cand, cand.replace(placement=None)):
+            try:
+                r = c.resolve(ctx.model, ctx.cluster, ctx.seq_len, ctx.global_batch)
+            except InputError:
+                continue
+            key = r.to_json(indent=None)
+            if key in seen:
+                break
+            seen.add(key)
+            if not exporter.reasons(r, ctx):
+                accepted.append(r)
+            break
+    if not accepted:
+        return None, "no candidate resolved against the model and cluster"
+    priced, notes = [], ""
+    for r in accepted[:8]:  # the closest few; pricing is cheap but not free
+        try:
+            p, note = price(r, ctx)
+        except InputError as e:
+            p, note = r, f"cost model refused it: {e}"
+        notes = notes or note
+        priced.append(p)
+    with_cost = [p for p in priced if p.predicted and p.predicted.get("tokens_per_s") is not None]
+    if with_cost:
+        feasible = [p for p in with_cost if p.predicted.get("feasible", True)] or with_cost
+        return max(feasible, key=lambda p: p.predicted["tokens_per_s"]), notes
+    return priced[0], notes
+
+
+def refuse_or_pass(exporter: Exporter, plan: Plan, ctx: ExportContext) -> None:
+    reasons = exporter.reasons(plan, ctx)
+    if reasons:
+        nearest, note = nearest_expressible(exporter, plan, ctx)
+        raise ExportRefused(exporter.NAME, reasons, nearest, note)
+
+
+# ---- placement under torchrun -------------------------------------------------------------------
+def node_blocks(plan: Plan) -> tuple[list[tuple[int, list[int]]], str | None]:
+    """torchrun gives node ``k`` the ranks ``[k*n, (k+1)*n)``. Returns, in node-rank order,
+    ``(physical node, [local device of each local rank])``, or a reason why the plan's placement
+    cannot be launched that way."""
+    pl = plan.placement
+    if pl is None:
+        return [], "the plan has no placement (resolve it first)"
+    by_node: dict[int, list[int]] = {}
+    order: list[int] = []
+    for e in pl:
+        if e.node not in by_node:
+            by_node[e.node] = []
+            order.append(e.node)
+        by_node[e.node].append(e.rank)
+    sizes = {len(v) for v in by_node.values()}
+    if len(sizes) > 1:
+        return [], (f"placement uses {sorted(len(by_node[n]) for n in order)} devices on its nodes; "
+                    "torchrun runs the same --nproc-per-node on every node")
+    n = sizes.pop()
+    blocks = []
+    for k, node in enumerate(order):
+        ranks = by_node[node]
+        if ranks != list(range(k * n, (k + 1) * n)):
+            return [], (f"placement puts ranks {ranks} on node {node}; torchrun gives each node a contiguous "
+                        f"block of {n} ranks")
+        blocks.append((node, [pl[r].device for r in ranks]))
+    return blocks, None
+
+
+def placement_reasons(plan: Plan) -> list[str]:
+    _, why = node_blocks(plan)
+    return [why] if why else []
+
+
+# ---- provenance ---------------------------------------------------------------------------------
+def profile_ids(cluster: Any) -> list[str]:
+    """Profile ids of the cluster's measured devices (``device: profile:ID`` in the cluster file)."""
+    out: list[str] = []
+    for g in getattr(cluster, "groups", ()):
+        name = getattr(g.device, "name", "")
+        pid = None
+        if name.startswith("profile:"):
+            pid = name.split(":", 1)[1]
+        elif getattr(g.device, "provenance", "") == "measured":
+            pid = str((g.device.profile or {}).get("id", name))
+        if pid and pid not in out:
+            out.append(pid)
+    return out
+
+
+def provenance(plan: Plan, ctx: ExportContext) -> dict[str, Any]:
+    cl = ctx.cluster
+    prev = dict(plan.provenance or {})
+    prov = {
+        "tool": "autotune",
+        "version": __version__,
+        "exported_at": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "model": ctx.model.name,
+        "seq_len": ctx.seq_len,
+        "global_batch": ctx.global_batch,
+        "cluster": getattr(cl, "name", ""),
+        "cluster_digest": ctx.cluster_digest or getattr(cl, "digest", "") or None,
+        "cluster_assumed": ctx.cluster_assumed,
+        "profile_ids": profile_ids(cl),
+        "study": ctx.study,
+        "trial": ctx.trial,
+        "source": ctx.source,
+        "measured": plan.measured is not None,
+    }
+    if prev:
+        prov["previous"] = {k: v for k, v in prev.items() if k != "previous"}
+    return prov
+
+
+def comment_lines(prov: dict[str, Any], prefix: str = "# ") -> list[str]:
+    keys = ("version", "model", "seq_len", "global_batch", "cluster", "cluster_digest", "profile_ids", "study",
+            "trial", "source", "exported_at")
+    return [f"{prefix}autotune {prov['version']} export"] + [
+        f"{prefix}  {k}: {prov.get(k)}" for k in keys[1:] if prov.get(k) not in (None, "", [])]
+
+
+# ---- all-or-nothing output ----------------------------------------------------------------------
+def write_atomic(path: str | Path, text: str, *, check: Callable[[Path], None] | None = None) -> Path:
+    """Write ``text`` to a temp file beside ``path``, run ``check`` on it, then rename it into
+    place; on any failure nothing is left at ``path`` (and an old file there is kept)."""
+    p = Path(path)
+    where = "-o"
+    if p.is_dir():
+        raise InputError(f"{p} is a directory; give a file name", field=where)
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        raise InputError(f"cannot write {p}: folder {parent} does not exist", field=where)
+    tmp: str | None = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        if check is not None:
+            check(Path(tmp))
+        os.replace(tmp, p)
+        tmp = None
+    except OSError as exc:
+        raise InputError(f"cannot write {p}: {exc.strerror or exc}", field=where) from None
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+    return p
+
+
+@dataclass
+class Collected:
+    """Reasons gathered by an exporter's checks (small helper so each check reads as one line)."""
+
+    items: list[str] = field(default_factory=list)
+
+    def add(self, cond: bool, text: str) -> None:
+        if cond:
+            self.items.append(text)
+
+
+def degrees_text(d: Degrees) -> str:
+    return "*".join(f"{k}({getattr(d, k)})" for k in DIMS)

@@ -1,0 +1,135 @@
+"""DeepSpeed config JSON for a plan (keys from deepspeed/runtime/config.py and its tutorials).
+
+* batch: ``train_batch_size`` = ``train_micro_batch_size_per_gpu`` x
+  ``gradient_accumulation_steps`` x data-parallel size, where DeepSpeed's data-parallel size is
+  world / (pp x tp x sequence_parallel_size);
+* ``zero_optimization.stage`` = ``zero_stage``; ``bf16`` / ``fp16`` ``enabled``;
+* Ulysses (hp) -> ``sequence_parallel_size``; tensor parallel -> ``tensor_parallel.autotp_size``;
+* pipeline -> ``pipeline.stages`` and the partition: ``PipelineModule(partition_method="uniform")``
+  over the transformer blocks, which gives the first ``layers % pp`` stages one extra layer
+  (deepspeed.runtime.utils.partition_uniform) — so that is the only uneven split it can express;
+* full recomputation -> ``activation_checkpointing`` and ``pipeline.activation_checkpoint_interval 1``.
+
+DeepSpeed cannot express: ring context parallelism (cp), uneven token/head/sample shares, layer
+splits other than uniform, schedules other than its 1F1B pipeline schedule, ZeRO-2/3 with pipeline
+parallelism (its pipeline engine asserts stage <= 1), selective recomputation, Megatron sequence
+parallelism.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from autotune.export.common import (
+    Collected,
+    Export,
+    ExportContext,
+    even_everything,
+    even_share_reasons,
+    fold,
+    placement_reasons,
+    provenance,
+    with_even,
+)
+from autotune.plan import Plan, even_split
+
+NAME = "deepspeed"
+SUFFIX = ".json"
+
+WHY = {
+    "tokens": "DeepSpeed-Ulysses shards the sequence evenly",
+    "heads": "DeepSpeed-Ulysses splits heads evenly over sequence_parallel_size ranks",
+    "samples": "DeepSpeed gives every data-parallel rank train_micro_batch_size_per_gpu x accumulation samples",
+}
+
+
+def uniform_parts(layers: int, pp: int) -> list[int]:
+    """deepspeed.runtime.utils.partition_uniform: chunk = n // p, the first n % p parts one more."""
+    return even_split(layers, pp)
+
+
+def reasons(plan: Plan, ctx: ExportContext) -> list[str]:
+    d = plan.degrees
+    r = Collected(even_share_reasons(plan, NAME, ("tokens", "heads", "samples"), WHY))
+    r.add(d.cp > 1, f"cp({d.cp}): DeepSpeed has no ring (context-parallel) attention; its sequence parallelism "
+          "is Ulysses (sequence_parallel_size)")
+    lay = plan.shares.layers
+    r.add(d.pp > 1 and lay is not None and list(lay) != uniform_parts(ctx.model.layers, d.pp),
+          f"shares.layers {list(lay or ())}: DeepSpeed's PipelineModule partitions uniformly "
+          f"({uniform_parts(ctx.model.layers, d.pp)}) or by parameters, not by an explicit list")
+    r.add(d.pp > 1 and plan.schedule != "1f1b", f"schedule {plan.schedule}: DeepSpeed's pipeline engine runs "
+          "its own 1F1B schedule (TrainSchedule), one stage per rank")
+    r.add(d.pp > 1 and plan.zero_stage >= 2, f"zero_stage {plan.zero_stage} with pp({d.pp}): DeepSpeed's "
+          "pipeline engine supports ZeRO stage 0 or 1 only")
+    r.add(plan.recompute == "selective", "recompute selective: DeepSpeed checkpoints whole layers "
+          "(activation_checkpointing), not the attention core alone")
+    r.add(plan.sequence_parallel and d.tp > 1, "sequence_parallel: DeepSpeed AutoTP has no Megatron "
+          "sequence parallelism for norms and dropout")
+    r.add(d.hp > 1 and (ctx.model.heads // d.tp) % d.hp != 0,
+          f"heads per tp rank ({ctx.model.heads // d.tp}) not divisible by sequence_parallel_size({d.hp})")
+    r.items += placement_reasons(plan)
+    return r.items
+
+
+def candidates(plan: Plan, ctx: ExportContext) -> list[Plan]:
+    d = plan.degrees
+    base = even_everything(plan).replace(
+        schedule="1f1b", virtual_stages=1,
+        zero_stage=min(plan.zero_stage, 1) if d.pp > 1 else plan.zero_stage,
+        recompute="full" if plan.recompute == "selective" else plan.recompute,
+        sequence_parallel=False)
+    out = [base]
+    if d.cp > 1:
+        out = [fold(base, "cp", "hp"), fold(base, "cp", "dp")]
+    out += [with_even(p, "layers") for p in out]
+    if plan.recompute == "selective":
+        out += [p.replace(recompute="none") for p in out]
+    return out
+
+
+def config(plan: Plan, ctx: ExportContext) -> dict[str, Any]:
+    d = plan.degrees
+    cfg: dict[str, Any] = {
+        "train_batch_size": ctx.global_batch,
+        "train_micro_batch_size_per_gpu": plan.micro_batch_size,
+        "gradient_accumulation_steps": plan.num_microbatches,
+        "zero_optimization": {"stage": plan.zero_stage},
+        "bf16": {"enabled": plan.dtype == "bf16"},
+        "fp16": {"enabled": plan.dtype == "fp16"},
+    }
+    if d.hp > 1:
+        cfg["sequence_parallel_size"] = d.hp
+    if d.tp > 1:
+        cfg["tensor_parallel"] = {"autotp_size": d.tp}
+    if d.pp > 1:
+        cfg["pipeline"] = {"stages": d.pp, "partition": "uniform",
+                           "activation_checkpoint_interval": 1 if plan.recompute == "full" else 0}
+    if plan.recompute == "full":
+        cfg["activation_checkpointing"] = {"partition_activations": d.tp > 1, "contiguous_memory_optimization": False}
+    return cfg
+
+
+def data_parallel_size(cfg: dict[str, Any], world: int) -> int:
+    """DeepSpeed's arithmetic: dp = world / (pp * tp * sp)."""
+    pp = cfg.get("pipeline", {}).get("stages", 1)
+    tp = cfg.get("tensor_parallel", {}).get("autotp_size", 1)
+    sp = cfg.get("sequence_parallel_size", 1)
+    return world // (pp * tp * sp)
+
+
+def render(plan: Plan, ctx: ExportContext) -> Export:
+    cfg = config(plan, ctx)
+    prov = provenance(plan, ctx)
+    partition = None
+    if plan.degrees.pp > 1:
+        lay = list(plan.shares.layers or ())
+        bounds = [0]
+        for n in lay:
+            bounds.append(bounds[-1] + n)
+        partition = {"partition_method": "uniform", "num_stages": plan.degrees.pp, "layers_per_stage": lay,
+                     "parts": bounds}
+    out = dict(cfg)
+    out["autotune"] = {"provenance": prov, "pipeline_module": partition, "world_size": plan.world}
+    return Export(format=NAME, text=json.dumps(out, indent=2) + "\n",
+                  data={"config": cfg, "pipeline_module": partition, "provenance": prov}, suffix=SUFFIX)

@@ -1,0 +1,230 @@
+"""Megatron-LM / Megatron Core (``pretrain_gpt.py``) arguments for a plan.
+
+Mapping (argument names from megatron/training/arguments.py):
+
+* ``tp`` -> ``--tensor-model-parallel-size``, ``pp`` -> ``--pipeline-model-parallel-size``;
+* ``cp`` and ``hp`` are both sequence sharding to Megatron: ``--context-parallel-size cp*hp`` with
+  ``--cp-comm-type p2p`` (ring, cp only), ``a2a`` (Ulysses, hp only) or ``a2a+p2p`` with
+  ``--hierarchical-context-parallel-sizes hp cp`` (the first, inner level is all-to-all over
+  adjacent ranks; our mesh puts hp inside cp, as Megatron's ``tp-cp-ep-dp-pp`` order does);
+* layers: even stages need nothing; otherwise ``--decoder-first-pipeline-num-layers`` /
+  ``--decoder-last-pipeline-num-layers`` when only the end stages differ, else
+  ``--pipeline-model-parallel-layout`` (stages in layer order separated by ``|``, ``E`` embedding,
+  ``t`` one decoder layer, ``L`` loss; stage j on pp rank ``j % pp``, virtual stage ``j // pp``,
+  as megatron/core/transformer/pipeline_parallel_layer_layout.py reads it);
+* virtual stages: ``--num-layers-per-virtual-pipeline-stage`` when every virtual stage is equal;
+* batch: ``--micro-batch-size``, ``--global-batch-size`` (Megatron derives micro-batches per
+  replica as global / (micro * dp));
+* ``recompute`` -> ``--recompute-granularity selective|full`` (full with ``--recompute-method
+  uniform --recompute-num-layers 1``); ``zero_stage`` 1 -> ``--use-distributed-optimizer``;
+  ``sequence_parallel`` -> ``--sequence-parallel``.
+
+Megatron cannot express: uneven token, head or sample shares (CP cuts the sequence into 2*cp equal
+chunks, heads split evenly over tp and the a2a group, every DP rank takes global/dp samples), a
+contiguous CP layout (its causal CP always load-balances), GPipe (1F1B only), ZeRO-2/3 through
+these flags.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from typing import Any
+
+from autotune.export.common import (
+    Collected,
+    Export,
+    ExportContext,
+    comment_lines,
+    even_everything,
+    even_share_reasons,
+    fold,
+    placement_reasons,
+    provenance,
+    with_even,
+)
+from autotune.plan import Plan
+
+NAME = "megatron"
+SUFFIX = ".sh"
+
+WHY = {
+    "tokens": "Megatron context parallelism cuts the sequence into 2*cp equal chunks",
+    "heads": "Megatron splits attention heads evenly over tp and the a2a (Ulysses) group",
+    "samples": "Megatron gives every data-parallel rank global_batch/dp samples",
+}
+
+
+def reasons(plan: Plan, ctx: ExportContext) -> list[str]:
+    r = Collected(even_share_reasons(plan, NAME, ("tokens", "heads", "samples"), WHY))
+    d = plan.degrees
+    r.add(d.cp > 1 and plan.cp_layout == "contiguous",
+          "cp_layout contiguous: Megatron's causal context parallelism always uses the load-balanced "
+          "(zigzag) chunk order")
+    r.add(d.pp > 1 and plan.schedule == "gpipe", "schedule gpipe: Megatron pipelines run 1F1B "
+          "(interleaved with virtual stages), there is no GPipe schedule")
+    r.add(plan.zero_stage >= 2, f"zero_stage {plan.zero_stage}: Megatron's distributed optimizer "
+          "(--use-distributed-optimizer) shards optimizer states only (ZeRO-1)")
+    r.add(d.hp > 1 and (ctx.model.heads // d.tp) % d.hp != 0,
+          f"heads per tp rank ({ctx.model.heads // d.tp}) not divisible by hp({d.hp})")
+    r.items += placement_reasons(plan)
+    return r.items
+
+
+def candidates(plan: Plan, ctx: ExportContext) -> list[Plan]:
+    base = with_even(plan, "tokens", "heads", "samples").replace(
+        cp_layout="zigzag", schedule="1f1b" if plan.schedule == "gpipe" else plan.schedule,
+        zero_stage=min(plan.zero_stage, 1))
+    out = [base, even_everything(base)]
+    if plan.degrees.hp > 1:
+        out += [fold(base, "hp", "cp"), fold(base, "hp", "dp")]
+    return out
+
+
+# ---- layer assignment ----------------------------------------------------------------------------
+def layout_string(layers: tuple[int, ...]) -> str:
+    """``Et*3|t*4|t*4|t*3L``: stages in layer order; embedding on the first, loss on the last."""
+    stages = []
+    for j, n in enumerate(layers):
+        s = ("E" if j == 0 else "") + (f"t*{n}" if n > 1 else "t" * n) + ("L" if j == len(layers) - 1 else "")
+        stages.append(s)
+    return "|".join(stages)
+
+
+def parse_layout(text: str) -> list[list[str]]:
+    """The layout string back to per-stage layer letters (Megatron's own unrolling rules)."""
+    s = text.replace(",", "")
+    s = re.sub(r"\(([^)]+)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), s)
+    s = re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), s)
+    return [list(stage) for stage in s.split("|")]
+
+
+def layer_args(plan: Plan) -> list[str]:
+    layers = plan.shares.layers
+    assert layers is not None
+    pp, v = plan.degrees.pp, plan.virtual_stages
+    if pp == 1:
+        return []
+    if len(set(layers)) == 1:
+        return ["--num-layers-per-virtual-pipeline-stage", str(layers[0])] if v > 1 else []
+    if v == 1 and (pp == 2 or len(set(layers[1:-1])) == 1):
+        # only the end stages differ: the first/last-stage flags (older Megatron versions too);
+        # Megatron spreads what is left evenly over the stages without a flag
+        if pp == 2:
+            return ["--decoder-first-pipeline-num-layers", str(layers[0])]
+        args = []
+        if layers[0] != layers[1]:
+            args += ["--decoder-first-pipeline-num-layers", str(layers[0])]
+        if layers[-1] != layers[1]:
+            args += ["--decoder-last-pipeline-num-layers", str(layers[-1])]
+        return args
+    return ["--pipeline-model-parallel-layout", layout_string(layers)]
+
+
+def layers_per_stage(args: list[str], num_layers: int, pp: int) -> list[int]:
+    """Megatron's reading of the layer arguments: decoder layers of each (virtual) stage in layer
+    order. Used by the tests to check every layer is assigned exactly once."""
+    a = {args[i]: args[i + 1] for i in range(len(args) - 1) if args[i].startswith("--")}
+    if "--pipeline-model-parallel-layout" in a:
+        return [st.count("t") for st in parse_layout(a["--pipeline-model-parallel-layout"])]
+    if "--num-layers-per-virtual-pipeline-stage" in a:
+        n = int(a["--num-layers-per-virtual-pipeline-stage"])
+        return [n] * (num_layers // n)
+    first = a.get("--decoder-first-pipeline-num-layers")
+    last = a.get("--decoder-last-pipeline-num-layers")
+    if first is None and last is None:
+        return [num_layers // pp] * pp
+    rest = num_layers - int(first or 0) - int(last or 0)
+    middle = pp - (first is not None) - (last is not None)
+    per = rest // middle if middle else 0
+    out = [per] * pp
+    if first is not None:
+        out[0] = int(first)
+    if last is not None:
+        out[-1] = int(last)
+    return out
+
+
+# ---- the arguments -------------------------------------------------------------------------------
+def arguments(plan: Plan, ctx: ExportContext) -> list[str]:
+    m, d = ctx.model, plan.degrees
+    a: list[str] = [
+        "--tensor-model-parallel-size", str(d.tp),
+        "--pipeline-model-parallel-size", str(d.pp),
+    ]
+    seq_par = d.cp * d.hp
+    if seq_par > 1:
+        a += ["--context-parallel-size", str(seq_par)]
+        if d.cp > 1 and d.hp > 1:
+            a += ["--cp-comm-type", "a2a+p2p", "--hierarchical-context-parallel-sizes", str(d.hp), str(d.cp)]
+        else:
+            a += ["--cp-comm-type", "a2a" if d.hp > 1 else "p2p"]
+    a += layer_args(plan)
+    a += ["--micro-batch-size", str(plan.micro_batch_size), "--global-batch-size", str(ctx.global_batch)]
+    if plan.recompute == "selective":
+        a += ["--recompute-granularity", "selective"]
+    elif plan.recompute == "full":
+        a += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    if plan.zero_stage == 1:
+        a.append("--use-distributed-optimizer")
+    if plan.sequence_parallel and d.tp > 1:
+        a.append("--sequence-parallel")
+    if plan.dtype == "bf16":
+        a.append("--bf16")
+    elif plan.dtype == "fp16":
+        a.append("--fp16")
+    # model shape
+    a += ["--num-layers", str(m.layers), "--hidden-size", str(m.hidden), "--ffn-hidden-size", str(m.ffn_hidden),
+          "--num-attention-heads", str(m.heads), "--seq-length", str(ctx.seq_len),
+          "--max-position-embeddings", str(max(ctx.seq_len, m.max_positions or 0)),
+          "--vocab-size", str(m.vocab)]
+    if m.kv_heads < m.heads:
+        a += ["--group-query-attention", "--num-query-groups", str(m.kv_heads)]
+    if m.activation == "swiglu":
+        a.append("--swiglu")
+    a += ["--normalization", "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm"]
+    a += ["--position-embedding-type", "rope" if m.position == "rope" else "learned_absolute"]
+    if not m.tied_embeddings:
+        a.append("--untie-embeddings-and-output-weights")
+    if not m.bias:
+        a.append("--disable-bias-linear")
+    return a
+
+
+def world_of(args: list[str], world: int) -> dict[str, int]:
+    """Megatron's own arithmetic on the arguments: dp = world / (tp * pp * cp) and micro-batches
+    per replica = global / (micro * dp)."""
+    a = {args[i]: args[i + 1] for i in range(len(args) - 1) if args[i].startswith("--")}
+    tp, pp = int(a["--tensor-model-parallel-size"]), int(a["--pipeline-model-parallel-size"])
+    cp = int(a.get("--context-parallel-size", 1))
+    dp = world // (tp * pp * cp)
+    mbs, gb = int(a["--micro-batch-size"]), int(a["--global-batch-size"])
+    return {"tp": tp, "pp": pp, "cp": cp, "dp": dp, "num_microbatches": gb // (mbs * dp),
+            "remainder": gb % (mbs * dp) + world % (tp * pp * cp)}
+
+
+def render(plan: Plan, ctx: ExportContext) -> Export:
+    args = arguments(plan, ctx)
+    prov = provenance(plan, ctx)
+    lines = ["#!/usr/bin/env bash", "# Megatron-LM / Megatron Core arguments for pretrain_gpt.py"]
+    lines += comment_lines(prov)
+    lines.append(f"# world size {plan.world} = {plan.degrees.product_text()}; ranks in Megatron's "
+                 "tp-cp-ep-dp-pp order")
+    lines.append("MEGATRON_PARALLEL_ARGS=(")
+    i = 0
+    while i < len(args):
+        j = i + 1
+        while j < len(args) and not args[j].startswith("--"):
+            j += 1
+        lines.append("  " + " ".join(shlex.quote(x) for x in args[i:j]))
+        i = j
+    lines.append(")")
+    lines.append('# torchrun ... pretrain_gpt.py "${MEGATRON_PARALLEL_ARGS[@]}" <data, tokenizer and optimizer args>')
+    data: dict[str, Any] = {"args": args, "provenance": prov}
+    return Export(format=NAME, text="\n".join(lines) + "\n", data=data, suffix=SUFFIX)
+
+
+def parse_script(text: str) -> list[str]:
+    """The argument list back out of a rendered script (tests read the file the user gets)."""
+    body = text.split("MEGATRON_PARALLEL_ARGS=(", 1)[1].split("\n)", 1)[0]
+    return shlex.split(body)

@@ -1,0 +1,171 @@
+"""Where ``apply`` gets its plan: the best trial of a study, or a plan file (with what it is for).
+
+Study (docs/contracts.md, "Study"): the study's ``best_measured_trial`` when ``validate`` set one,
+else the completed feasible trial with the highest value (predicted tokens/s). Feasible: every
+constraint <= 0 and no ``infeasible_reason``. The model, sequence length, batch and cluster come
+from the study's user attributes. ``autotune.study.open_study`` is used when it exists; otherwise
+the study is opened with Optuna directly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import InputError
+from autotune.export.common import ExportContext
+from autotune.plan import Plan, load_plan
+from autotune.specs.cluster import cluster_from_dict, load_cluster
+from autotune.specs.model import load_model, model_from_dict
+
+
+def _check_storage(storage: str) -> None:
+    """Optuna creates an empty SQLite file for a path that does not exist; refuse that instead."""
+    if storage.startswith("sqlite:///"):
+        path = storage[len("sqlite:///"):]
+        if path and path != ":memory:" and not Path(path).exists():
+            raise InputError(f"no such database file {path!r}; run `autotune search` first or pass --storage",
+                             field="--storage")
+
+
+def open_study(name: str, storage: str) -> Any:
+    _check_storage(storage)
+    try:
+        from autotune.study import open_study as _open  # issue 6, when present
+    except ImportError:
+        _open = None
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        if _open is not None:
+            return _open(name, storage)
+        return optuna.load_study(study_name=name, storage=storage)
+    except KeyError:
+        try:
+            names = optuna.get_all_study_names(storage=storage)
+        except Exception:  # noqa: BLE001 - only for the hint
+            names = []
+        from autotune.errors import suggest
+
+        raise InputError(f"no study named {name!r} in {storage}" + (suggest(name, names) if names else
+                                                                    " (the storage holds no study)"),
+                         field="--study") from None
+
+
+def _feasible(t: Any) -> bool:
+    cons = getattr(t, "constraints", None) or t.system_attrs.get("constraints") or []
+    if any(c > 0 for c in cons):
+        return False
+    return not t.user_attrs.get("infeasible_reason") and "plan" in t.user_attrs
+
+
+def best_trial(study: Any) -> Any:
+    import optuna
+
+    by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
+    measured = study.user_attrs.get("best_measured_trial")
+    if measured is not None:
+        t = by_number.get(int(measured))
+        if t is not None and "plan" in t.user_attrs:
+            return t
+    done = [t for t in by_number.values() if t.state == optuna.trial.TrialState.COMPLETE]
+    if not done:
+        raise InputError(f"study {study.study_name!r} has no completed trial; run `autotune search` on it first",
+                         field="--study")
+    ok = [t for t in done if _feasible(t) and t.value is not None]
+    if not ok:
+        raise InputError(f"study {study.study_name!r} has {len(done)} completed trials but none is feasible",
+                         field="--study")
+    return max(ok, key=lambda t: (t.value, -t.number))
+
+
+def _cluster_from_record(name: str, spec: dict[str, Any] | None, digest: str, storage: str) -> Any:
+    if name == "local" or name.startswith("local:"):
+        return load_cluster(name)
+    if not spec:
+        raise InputError(f"the study records cluster {name!r} without its spec; pass its file with --cluster",
+                         field="--cluster")
+    d = {"name": spec.get("name", name),
+         "nodes": [{k: n[k] for k in ("count", "devices_per_node", "device", "intra_node") if k in n}
+                   for n in spec.get("nodes", [])],
+         "inter_node": spec.get("inter_node"),
+         "overrides": spec.get("overrides") or []}
+    try:
+        return cluster_from_dict(d, source=f"study cluster {name}", storage=storage, digest=digest)
+    except InputError as e:
+        raise InputError(f"cannot rebuild the study's cluster ({e}); pass its file with --cluster",
+                         field="--cluster") from None
+
+
+def from_study(name: str, storage: str, cluster_opt: str | None) -> tuple[Plan, ExportContext]:
+    study = open_study(name, storage)
+    ua = study.user_attrs
+    t = best_trial(study)
+    plan = Plan.from_dict(t.user_attrs["plan"], source=f"study {name} trial {t.number}")
+    if plan.measured is None and t.user_attrs.get("measured"):
+        plan = plan.replace(measured=t.user_attrs["measured"])
+    if ua.get("model_spec"):
+        model = model_from_dict(dict(ua["model_spec"]), source=f"study {name}")
+    elif ua.get("model"):
+        model = load_model(ua["model"])
+    else:
+        raise InputError(f"study {name!r} does not record its model (user attr model/model_spec)", field="--study")
+    for key in ("seq_len", "global_batch"):
+        if not isinstance(ua.get(key), int):
+            raise InputError(f"study {name!r} does not record {key}", field="--study")
+    digest = str(ua.get("cluster_digest") or "")
+    if cluster_opt:
+        cluster = load_cluster(cluster_opt, storage=storage)
+    else:
+        cluster = _cluster_from_record(str(ua.get("cluster") or ""), ua.get("cluster_spec"), digest, storage)
+    ctx = ExportContext(model=model, cluster=cluster, seq_len=ua["seq_len"], global_batch=ua["global_batch"],
+                        study=name, trial=t.number, storage=storage, source=f"study {name}",
+                        calibration=ua.get("calibration"), cluster_digest=digest or cluster.digest)
+    return plan, ctx
+
+
+def from_plan_file(path: str, model_opt: str | None, seq_len: int | None, global_batch: int | None,
+                   cluster_opt: str | None, storage: str) -> tuple[Plan, ExportContext]:
+    """A plan file; --model/--seq-len/--global-batch say what it is for unless it records them (and
+    must agree with what it records)."""
+    plan = load_plan(path)
+    w = plan.workload
+    model_name = model_opt or (w.model if w else None)
+    if model_name is None:
+        raise InputError("the plan does not record its model; pass --model", field="--model")
+    model = load_model(model_name)
+    if w is not None and w.model and w.model != model.name:
+        raise InputError(f"the plan is for model {w.model!r}, not {model.name!r}", source=path, field="workload.model")
+    prov_model = (plan.provenance or {}).get("model")
+    if prov_model and prov_model != model.name:
+        raise InputError(f"the plan is for model {prov_model!r}, not {model.name!r}", source=path,
+                         field="provenance.model")
+    vals: dict[str, int] = {}
+    for key, opt in (("seq_len", seq_len), ("global_batch", global_batch)):
+        recorded = getattr(w, key) if w is not None else None
+        if opt is not None and recorded is not None and opt != recorded:
+            raise InputError(f"the plan records {key} {recorded}, not {opt}", source=path, field=f"workload.{key}")
+        v = opt if opt is not None else recorded
+        if v is None:
+            raise InputError(f"the plan does not record {key}; pass --{key.replace('_', '-')}",
+                             field=f"--{key.replace('_', '-')}")
+        vals[key] = v
+    assumed = False
+    if cluster_opt:
+        cluster = load_cluster(cluster_opt, storage=storage)
+    elif w is not None and w.cluster and not w.cluster.startswith("local"):
+        if Path(w.cluster).exists():
+            cluster = load_cluster(w.cluster, storage=storage)
+        else:
+            raise InputError(f"the plan was made for cluster {w.cluster!r}; pass its file with --cluster",
+                             field="--cluster")
+    elif w is not None and w.cluster.startswith("local:"):
+        cluster = load_cluster(w.cluster)
+    else:  # a hand-written plan, or one made for `local`: this machine's workers, one per rank
+        cluster, assumed = load_cluster(f"local:{plan.world}"), not (w is not None and w.cluster)
+    ctx = ExportContext(model=model, cluster=cluster, seq_len=vals["seq_len"], global_batch=vals["global_batch"],
+                        source=str(path), cluster_digest=cluster.digest, cluster_assumed=assumed,
+                        study=(plan.provenance or {}).get("study"), trial=(plan.provenance or {}).get("trial"),
+                        storage=storage)
+    return plan, ctx

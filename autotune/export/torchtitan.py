@@ -1,0 +1,160 @@
+"""torchtitan job-config TOML for a plan (keys from torchtitan/config/job_config.py).
+
+* ``[parallelism]``: ``data_parallel_replicate_degree`` / ``data_parallel_shard_degree`` (DDP,
+  FSDP or HSDP by ``zero_stage``: 0 -> replicate, 3 -> shard, 2 -> shard with
+  ``fsdp_reshard_after_forward = "never"``, i.e. parameters stay gathered through backward as in
+  ZeRO-2), ``tensor_parallel_degree``, ``pipeline_parallel_degree``, ``context_parallel_degree``,
+  ``pipeline_parallel_schedule`` (GPipe, 1F1B, Interleaved1F1B), ``pipeline_parallel_microbatch_size``
+  and ``module_fqns_per_model_part`` (one list of module names per (virtual) stage, so uneven
+  stages are exact; stage j runs on pp rank ``j % pp`` for looped schedules);
+* ``[training]``: ``local_batch_size`` (per DP rank), ``global_batch_size`` (accumulation when it
+  exceeds local x dp), ``seq_len``, ``mixed_precision_param``;
+* ``[activation_checkpoint]``: ``mode`` none|selective|full (selective per op).
+
+torchtitan cannot express: Ulysses (hp), uneven token/head/sample shares, a contiguous CP layout
+(its causal CP load-balances), ZeRO-1 alone, DDP together with another parallelism, tensor
+parallelism without sequence parallelism (its TP plan always shards norms along the sequence).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from autotune.export.common import (
+    Collected,
+    Export,
+    ExportContext,
+    comment_lines,
+    even_everything,
+    even_share_reasons,
+    fold,
+    placement_reasons,
+    provenance,
+    with_even,
+)
+from autotune.plan import Plan
+
+NAME = "torchtitan"
+SUFFIX = ".toml"
+
+SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B"}
+PRECISION = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+WHY = {
+    "tokens": "torchtitan context parallelism shards the sequence evenly",
+    "heads": "torchtitan splits heads evenly over tensor-parallel ranks",
+    "samples": "torchtitan gives every data-parallel rank local_batch_size samples",
+}
+
+
+def reasons(plan: Plan, ctx: ExportContext) -> list[str]:
+    d = plan.degrees
+    r = Collected(even_share_reasons(plan, NAME, ("tokens", "heads", "samples"), WHY))
+    r.add(d.hp > 1, f"hp({d.hp}): torchtitan has no Ulysses (all-to-all head) parallelism; its context "
+          "parallelism is ring attention")
+    r.add(d.cp > 1 and plan.cp_layout == "contiguous",
+          "cp_layout contiguous: torchtitan's causal context parallelism always load-balances the shards")
+    r.add(plan.zero_stage == 1, "zero_stage 1: torchtitan shards with FSDP2 (parameters too); there is no "
+          "optimizer-state-only sharding")
+    others = [k for k in ("pp", "cp", "tp") if getattr(d, k) > 1]
+    r.add(plan.zero_stage == 0 and d.dp > 1 and bool(others),
+          f"zero_stage 0 with dp({d.dp}) and {', '.join(others)}: torchtitan's DDP does not compose with other "
+          "parallelisms (use FSDP/HSDP)")
+    r.add(d.tp > 1 and not plan.sequence_parallel,
+          "sequence_parallel false with tp: torchtitan's tensor-parallel plan always shards norms along the sequence")
+    r.items += placement_reasons(plan)
+    return r.items
+
+
+def candidates(plan: Plan, ctx: ExportContext) -> list[Plan]:
+    d = plan.degrees
+    zero = plan.zero_stage
+    if zero == 1:
+        zero = 2
+    if zero == 0 and d.dp > 1 and (d.pp > 1 or d.cp > 1 or d.tp > 1 or d.hp > 1):
+        zero = 3
+    base = with_even(plan, "tokens", "heads", "samples").replace(
+        cp_layout="zigzag", zero_stage=zero, sequence_parallel=plan.sequence_parallel or d.tp > 1)
+    out = [base, even_everything(base)]
+    if d.hp > 1:
+        out = [fold(base, "hp", "cp"), fold(base, "hp", "dp"), fold(base, "hp", "tp")]
+        out = [p.replace(sequence_parallel=p.degrees.tp > 1 or p.sequence_parallel) for p in out]
+    return out
+
+
+def module_parts(plan: Plan, ctx: ExportContext) -> list[list[str]]:
+    """Module names per (virtual) stage in model order; embeddings first, final norm and output last."""
+    layers = plan.shares.layers
+    assert layers is not None
+    parts, start = [], 0
+    for j, n in enumerate(layers):
+        names = [f"layers.{i}" for i in range(start, start + n)]
+        start += n
+        if j == 0:
+            names.insert(0, "tok_embeddings")
+        if j == len(layers) - 1:
+            names += ["norm", "output"]
+        parts.append(names)
+    return parts
+
+
+def config(plan: Plan, ctx: ExportContext) -> dict[str, dict[str, Any]]:
+    d = plan.degrees
+    shard = d.dp if plan.zero_stage >= 2 else 1
+    replicate = 1 if plan.zero_stage >= 2 else d.dp
+    par: dict[str, Any] = {
+        "data_parallel_replicate_degree": replicate,
+        "data_parallel_shard_degree": shard,
+        "tensor_parallel_degree": d.tp,
+        "pipeline_parallel_degree": d.pp,
+        "context_parallel_degree": d.cp,
+    }
+    if plan.zero_stage == 2:
+        par["fsdp_reshard_after_forward"] = "never"
+    elif plan.zero_stage == 3:
+        par["fsdp_reshard_after_forward"] = "always"
+    local = ctx.global_batch // d.dp
+    if d.pp > 1:
+        par["pipeline_parallel_schedule"] = SCHEDULES[plan.schedule]
+        par["pipeline_parallel_microbatch_size"] = plan.micro_batch_size
+        par["module_fqns_per_model_part"] = module_parts(plan, ctx)
+        local_batch = local  # the schedule splits it into local / microbatch_size micro-batches
+    else:
+        local_batch = plan.micro_batch_size  # micro-batches become gradient accumulation steps
+    ac = {"none": {"mode": "none"}, "selective": {"mode": "selective", "selective_ac_option": "op"},
+          "full": {"mode": "full"}}[plan.recompute]
+    return {
+        "parallelism": par,
+        "training": {"local_batch_size": local_batch, "global_batch_size": ctx.global_batch,
+                     "seq_len": ctx.seq_len, "mixed_precision_param": PRECISION[plan.dtype]},
+        "activation_checkpoint": ac,
+    }
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)  # a TOML basic string is a JSON string for these characters
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(f"no TOML form for {type(v).__name__}")
+
+
+def to_toml(cfg: dict[str, dict[str, Any]], header: list[str]) -> str:
+    lines = list(header)
+    for section, keys in cfg.items():
+        lines += ["", f"[{section}]"]
+        lines += [f"{k} = {_toml_value(v)}" for k, v in keys.items()]
+    return "\n".join(lines) + "\n"
+
+
+def render(plan: Plan, ctx: ExportContext) -> Export:
+    cfg = config(plan, ctx)
+    prov = provenance(plan, ctx)
+    header = ["# torchtitan job config: merge these sections into your train config TOML"]
+    header += comment_lines(prov)
+    header.append(f"# world size {plan.world} = {plan.degrees.product_text()} (NGPU={plan.world})")
+    return Export(format=NAME, text=to_toml(cfg, header), data={"config": cfg, "provenance": prov}, suffix=SUFFIX)
