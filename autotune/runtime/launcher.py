@@ -155,6 +155,7 @@ def launch(target: str, payload: Any, world: int, *, timeout_s: float = 300.0, d
                 p.start()
             last = _supervise(procs, tmp, world, timeout_s)
             last.attempts = attempt
+            last.extra["pids"] = [p.pid for p in procs]
             if last.failure is None or not any(s in last.failure["message"].lower() for s in PORT_CLASH):
                 break
         finally:

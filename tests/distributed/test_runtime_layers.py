@@ -1,0 +1,65 @@
+"""Tensor-parallel layers against the unsharded computation, and the launcher's failure handling."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+
+from autotune.runtime.launcher import launch
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_tp_layers_match_unsharded(world):
+    res = launch("_runtime_targets:tp_layers", {}, world, timeout_s=120, device="cpu")
+    assert res.failure is None, res.extra.get("traceback")
+    for rank_result in res.results:
+        for name, err in rank_result.items():
+            assert err < 1e-4, (name, err)
+
+
+def _gone(pids):
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        return False
+    return True
+
+
+@pytest.mark.parametrize("kind", ["error", "oom"])
+def test_a_failing_rank_is_classified_and_ends_every_process(kind):
+    res = launch("_runtime_targets:fail_on", {"rank": 1, "kind": kind}, 3, timeout_s=60, device="cpu")
+    assert res.results is None
+    assert res.failure["kind"] == kind and res.failure["rank"] == 1
+    assert ("boom" if kind == "error" else "out of memory") in res.failure["message"]
+    assert _gone(res.extra["pids"])
+
+
+def test_a_hang_times_out_and_leaves_no_process():
+    res = launch("_runtime_targets:hang", {}, 2, timeout_s=8, device="cpu")
+    assert res.failure["kind"] == "timeout"
+    assert _gone(res.extra["pids"])
+
+
+def test_port_clash_is_retried(monkeypatch):
+    """The first port offered is taken by someone else: the launch retries on another."""
+    import autotune.runtime.launcher as L
+
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    ports = iter([busy.getsockname()[1]])
+    real = L.free_port
+    monkeypatch.setattr(L, "free_port", lambda: next(ports, None) or real())
+    try:
+        res = launch("_runtime_targets:ok", {}, 2, timeout_s=60, device="cpu")
+    finally:
+        busy.close()
+    assert res.failure is None, res.failure
+    assert res.attempts == 2
+    assert [r["sum"] for r in res.results] == [1.0, 1.0]
