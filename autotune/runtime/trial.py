@@ -74,8 +74,8 @@ def check_runtime_support(plan: Plan, spec: ModelSpec) -> None:
         p.append(f"degrees.tp: vocab({spec.vocab}) not divisible by tp({d.tp})")
     if spec.ffn_hidden % d.tp:
         p.append(f"degrees.tp: ffn_hidden({spec.ffn_hidden}) not divisible by tp({d.tp})")
-    if plan.zero_stage > 0:
-        p.append(f"zero_stage: the runtime keeps whole optimizer states (zero_stage 0), got {plan.zero_stage}")
+    if plan.zero_stage > 1:
+        p.append(f"zero_stage: the runtime shards optimizer states only (zero_stage 0 or 1), got {plan.zero_stage}")
     if plan.micro_batch_size < 1:
         p.append("micro_batch_size: must be >= 1")
     if p:
@@ -101,7 +101,8 @@ def rank_state_bytes(plan: Plan, spec: ModelSpec, seq_len: int) -> float:
         in_flight = min(d.pp - pp_i, plan.num_microbatches or 1) if plan.schedule != "gpipe" else (
             plan.num_microbatches or 1)
         act = layers * act_layer * in_flight * (0.1 if plan.recompute == "full" else 1.0)
-        worst = max(worst, params * (nb * 2 + 8) + act)  # AdamW moments kept in fp32-sized slots
+        shard = (d.dp * d.cp * d.hp) if plan.zero_stage >= 1 else 1
+        worst = max(worst, params * (nb * 2 + 2 * nb / shard) + act)  # weights, grads, AdamW's 2 moments
     return worst
 
 

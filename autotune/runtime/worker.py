@@ -36,12 +36,11 @@ from autotune.plan import Plan
 from autotune.runtime import data as D
 from autotune.runtime.mesh import Mesh, build_mesh
 from autotune.runtime.model import Layout, RMSNorm, init_weights, shard_info
+from autotune.runtime.optimizer import LR, WEIGHT_DECAY, TrainOptimizer  # noqa: F401 - re-exported
 from autotune.runtime.pipeline import build_schedule, build_stage_models
 from autotune.specs.model import ModelSpec
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-LR = 1e-3
-WEIGHT_DECAY = 0.01
 _COMM_FUNCS = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single", "reduce_scatter",
                "reduce_scatter_tensor", "reduce_scatter_single",
                "all_to_all_single", "all_to_all", "broadcast", "batch_isend_irecv", "send", "recv", "barrier")
@@ -214,7 +213,7 @@ class RankTrainer:
         # with sequence parallelism the norms of the tp ranks saw different tokens: sum their gradients
         self.tp_replicated = [p for _, m in self.stages for mod in m.modules() if isinstance(mod, RMSNorm)
                               for p in mod.parameters()] if self.sp else []
-        self.opt = torch.optim.AdamW(self.params, lr=LR, weight_decay=WEIGHT_DECAY)
+        self.opt = TrainOptimizer(self.params, mesh.grad, plan.zero_stage)
         self.dp_index = mesh["dp"].index
         self.n_micro = plan.microbatches_of_replica(self.dp_index)
         self.total_tokens = global_batch * seq_len
@@ -260,27 +259,20 @@ class RankTrainer:
             self.schedule.step(*args, target=targets if self.last is not None else None,
                                losses=losses if self.last is not None else None)
             contribution = float(sum(float(x.detach()) for x in losses))
-        self._reduce_gradients()
-        with clk.compute_region():
-            self.opt.step()
+        self._reduce_tp_replicated()
+        self.opt.reduce_and_step(clk.compute_region)
         # every tp rank holds the same loss: count it once
         return contribution if (self.last is not None and self.mesh["tp"].index == 0) else 0.0
 
-    def _reduce_gradients(self) -> None:
-        for p in self.params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
+    def _reduce_tp_replicated(self) -> None:
         tp = self.mesh["tp"]
         if self.tp_replicated and tp.group is not None:
+            for p in self.tp_replicated:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
             flat = torch.cat([p.grad.reshape(-1) for p in self.tp_replicated])
             dist.all_reduce(flat, group=tp.group)
             _unflatten(flat, [p.grad for p in self.tp_replicated])
-        g = self.mesh.grad
-        if g is not None and g.group is not None:
-            grads = [p.grad for p in self.params]
-            flat = torch.cat([x.reshape(-1) for x in grads])
-            dist.all_reduce(flat, group=g.group)  # SUM: each replica's loss is already / global tokens
-            _unflatten(flat, grads)
 
     def export_state(self) -> dict[str, tuple[torch.Tensor, tuple[int, int] | None]]:
         """{name: (local tensor, (dim, offset) in the full tensor or None)} for comparisons."""
