@@ -44,6 +44,35 @@ class LaunchResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def write_job(path: str | Path, target: str, payload: Any, *, device: str = "auto",
+              pg_timeout_s: float = 600.0) -> Path:
+    """A job file for torchrun: ``torchrun --nnodes N --nproc-per-node G ... -m autotune.runtime.worker
+    --job JOB --out DIR`` runs ``target(payload, rank, world, device)`` on every rank and writes
+    ``DIR/result-RANK.pt`` (or ``DIR/failure-RANK.pt``); ``read_results(DIR, world)`` collects them."""
+    import torch
+
+    path = Path(path)
+    torch.save({"target": target, "payload": payload, "port": None, "device": device,
+                "pg_timeout_s": pg_timeout_s}, path)
+    return path
+
+
+def read_results(out_dir: str | Path, world: int) -> LaunchResult:
+    """Results (or the earliest failure) a torchrun launch left in ``out_dir``."""
+    import torch
+
+    out = Path(out_dir)
+    failures = [torch.load(f, weights_only=False) for f in out.glob("failure-*.pt")]
+    if failures:
+        first = min(failures, key=lambda x: x["time"])
+        return LaunchResult(results=None, failure={k: first[k] for k in ("kind", "rank", "message")})
+    missing = [r for r in range(world) if not (out / f"result-{r}.pt").exists()]
+    if missing:
+        return LaunchResult(results=None, failure={"kind": "error", "rank": missing[0],
+                                                   "message": f"rank {missing[0]} left no result"})
+    return LaunchResult(results=[torch.load(out / f"result-{r}.pt", weights_only=False) for r in range(world)])
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

@@ -63,3 +63,27 @@ def test_port_clash_is_retried(monkeypatch):
     assert res.failure is None, res.failure
     assert res.attempts == 2
     assert [r["sum"] for r in res.results] == [1.0, 1.0]
+
+
+def test_the_same_worker_runs_under_torchrun(tmp_path):
+    """torchrun-compatible entry: a job file, `-m autotune.runtime.worker`, results per rank."""
+    import subprocess
+    import sys
+
+    from autotune.plan import Plan
+    from autotune.runtime.launcher import read_results, write_job
+    from autotune.specs import load_model
+
+    spec = load_model("tiny")
+    plan = Plan.from_dict({"degrees": {"dp": 2}, "dtype": "fp32"}).resolve(
+        spec, __import__("autotune.specs", fromlist=["local_cluster"]).local_cluster(2), 32, 4)
+    payload = {"plan": plan.to_dict(), "model": spec.to_dict(), "seq_len": 32, "global_batch": 4, "steps": 1,
+               "warmup": 0, "seed": 0}
+    job = write_job(tmp_path / "job.pt", "autotune.runtime.worker:trial_job", payload, device="cpu")
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                        "-m", "autotune.runtime.worker", "--job", str(job), "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = read_results(tmp_path, 2)
+    assert res.failure is None
+    assert res.results[0]["losses"] == res.results[1]["losses"]
