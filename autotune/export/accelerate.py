@@ -2,7 +2,7 @@
 
 * ``dp_replicate_size`` / ``dp_shard_size``: ``zero_stage`` 0 -> replicate (DDP), 2/3 -> shard
   (FSDP2, with ``reshard_after_forward`` false for 2, true for 3);
-* ``tp_size``; ``cp_size`` (torch ring CP); ``sp_size`` with ``sp_backend "accelerate"`` (Ulysses);
+* ``tp_size``; ``cp_size`` (torch ring CP); ``sp_size`` with ``sp_backend "deepspeed"`` (Ulysses/ALST);
 * ``total_size`` = dp_replicate x dp_shard x tp x cp x sp must equal the number of processes;
 * ``Accelerator(gradient_accumulation_steps=..., mixed_precision=...)`` and the per-device batch.
 
@@ -93,7 +93,9 @@ def config(plan: Plan, ctx: ExportContext) -> dict[str, Any]:
         "sp_size": d.hp,
     }
     if d.hp > 1:
-        pc["sp_backend"] = "accelerate"
+        # "deepspeed" (ALST/Ulysses under the DeepSpeed engine) is the one value every Accelerate with
+        # sp_size accepts (1.16 accepts only it; later versions add a native "accelerate" backend)
+        pc["sp_backend"] = "deepspeed"
     fsdp = None
     if shard:
         fsdp = {"fsdp_version": 2, "reshard_after_forward": plan.zero_stage == 3,

@@ -1,0 +1,53 @@
+"""The nearest expressible plan: the fastest accepted candidate, priced by the cost model."""
+
+import pytest
+
+from autotune.export import ExportRefused, export
+from autotune.export import torchtitan as T
+from autotune.export.common import ExportContext, fold, nearest_expressible
+from autotune.plan import Degrees, Plan, Shares
+from autotune.specs.cluster import load_cluster
+from autotune.specs.model import PRESETS
+
+
+def ctx_for():
+    return ExportContext(model=PRESETS["small"], cluster=load_cluster("local:8"), seq_len=256, global_batch=16)
+
+
+def test_fastest_accepted_candidate_wins_under_a_given_price():
+    ctx = ctx_for()
+    plan = Plan(degrees=Degrees(hp=2, dp=4), zero_stage=3).resolve(ctx.model, ctx.cluster, 256, 16)
+    # price: pretend more data parallelism is faster, so hp folded into dp must win over hp -> cp
+    def price(p, _ctx):
+        return p.replace(predicted={"tokens_per_s": float(p.degrees.dp), "step_time_s": 1.0 / p.degrees.dp,
+                                    "feasible": True}), ""
+    near, _ = nearest_expressible(T, plan, ctx, price=price)
+    assert near.degrees == Degrees(dp=8)
+    accepted = []
+    for c in T.candidates(plan, ctx):
+        try:
+            r = c.resolve(ctx.model, ctx.cluster, 256, 16)
+        except Exception:  # noqa: BLE001
+            continue
+        if not T.reasons(r, ctx):
+            accepted.append(r)
+    assert near.predicted["tokens_per_s"] == max(p.degrees.dp for p in accepted)
+
+
+def test_fold_keeps_world_and_resets_shares():
+    ctx = ctx_for()
+    plan = Plan(degrees=Degrees(pp=2, dp=4), shares=Shares(layers=(3, 5))).resolve(ctx.model, ctx.cluster, 256, 16)
+    f = fold(plan, "pp", "dp").resolve(ctx.model, ctx.cluster, 256, 16)
+    assert f.world == plan.world and f.degrees.pp == 1 and f.shares.layers == (8,)
+
+
+def test_refusal_prices_the_nearest_plan_with_the_cost_model():
+    cost = pytest.importorskip("autotune.cost", reason="cost model (issue 3) not built yet: pricing not checked")
+    ctx = ctx_for()
+    plan = Plan(degrees=Degrees(cp=2, dp=4), shares=Shares(tokens=(160, 96))).resolve(ctx.model, ctx.cluster, 256, 16)
+    with pytest.raises(ExportRefused) as e:
+        export(plan, ctx, "megatron")
+    near = e.value.nearest
+    ref = cost.estimate(near.replace(predicted=None), ctx.model, ctx.cluster, 256, 16)
+    assert near.predicted["tokens_per_s"] == pytest.approx(ref.predicted["tokens_per_s"])
+    assert "tokens/s" in str(e.value)
