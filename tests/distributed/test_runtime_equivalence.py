@@ -117,7 +117,26 @@ def cases(world: int) -> list[tuple[str, dict]]:
     return out
 
 
-CASES = {w: cases(w) for w in (2, 4)}
+def sample_of_8() -> list[tuple[str, dict]]:
+    """World 8 (8 processes on a small machine): a few mixed plans, not every factorisation."""
+    base = {"dtype": "fp32"}
+    picks = [
+        ("dp2,pp2,tp2-uneven", dict(base, degrees={"dp": 2, "pp": 2, "tp": 2},
+                                    shares={"layers": [3, 5], "samples": [6, 2]})),
+        ("dp4,pp2-interleaved-zero1", dict(base, degrees={"dp": 4, "pp": 2}, schedule="interleaved_1f1b",
+                                            virtual_stages=2, zero_stage=1)),
+        ("pp4,tp2-sp-recompute", dict(base, degrees={"pp": 4, "tp": 2}, sequence_parallel=True,
+                                      recompute="full", shares={"layers": [1, 2, 2, 3]})),
+    ]
+    if HAVE_SHARDED_ATTENTION:
+        picks.append(("cp2,hp2,tp2-uneven", dict(base, degrees={"cp": 2, "hp": 2, "tp": 2},
+                                                 shares={"tokens": [12, 20], "heads": [1, 3]})))
+        picks.append(("dp2,cp2,pp2-uneven", dict(base, degrees={"dp": 2, "cp": 2, "pp": 2},
+                                                 shares={"tokens": [20, 12], "samples": [2, 6]})))
+    return [(f"w8-{n}", item) for n, item in picks]
+
+
+CASES = {2: cases(2), 4: cases(4), 8: sample_of_8()}
 _RUNS: dict[int, dict[str, dict]] = {}
 
 
@@ -170,6 +189,11 @@ def test_world2_matches_single_process(name):
 @pytest.mark.parametrize("name", [n for n, _ in CASES[4]])
 def test_world4_matches_single_process(name):
     check_against_reference(run_world(4)[name])
+
+
+@pytest.mark.parametrize("name", [n for n, _ in CASES[8]])
+def test_world8_sample_matches_single_process(name):
+    check_against_reference(run_world(8)[name])
 
 
 def test_uneven_variants_are_really_uneven():
