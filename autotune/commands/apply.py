@@ -12,6 +12,7 @@ target can express, priced by the cost model; nothing is written then. ``-o`` wr
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -140,7 +141,7 @@ def command(
             err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
             emit_json({"error": {"kind": "input", "message": e.message, "source": e.source, "field": e.field},
                        "refused": e.to_dict()})
-            raise typer.Exit(2) from None
+            sys.exit(2)  # not typer.Exit: click returns its code in non-standalone mode and cli.main drops it
         raise
     written = None
     if output:

@@ -55,7 +55,8 @@ def open_study(name: str, storage: str) -> Any:
 
 def _feasible(t: Any) -> bool:
     cons = getattr(t, "constraints", None) or t.system_attrs.get("constraints") or []
-    if any(c > 0 for c in cons):
+    values = cons.values() if isinstance(cons, dict) else cons  # optuna 5: {name: value}; 4: [values]
+    if any(c > 0 for c in values):
         return False
     return not t.user_attrs.get("infeasible_reason") and "plan" in t.user_attrs
 
