@@ -67,6 +67,11 @@ def reasons(plan: Plan, ctx: ExportContext) -> list[str]:
           "(--use-distributed-optimizer) shards optimizer states only (ZeRO-1)")
     r.add(d.hp > 1 and (ctx.model.heads // d.tp) % d.hp != 0,
           f"heads per tp rank ({ctx.model.heads // d.tp}) not divisible by hp({d.hp})")
+    chunks = 2 * d.cp * d.hp * (d.tp if plan.sequence_parallel else 1)
+    r.add(d.cp * d.hp > 1 and ctx.seq_len % chunks != 0,
+          f"seq_len {ctx.seq_len} not divisible by 2*context-parallel-size({d.cp * d.hp})"
+          + ("*tp" if plan.sequence_parallel and d.tp > 1 else "") + f" = {chunks}: Megatron cuts every "
+          "sequence into 2*cp load-balanced chunks, whatever --cp-comm-type")
     r.items += placement_reasons(plan)
     return r.items
 

@@ -144,3 +144,14 @@ def test_first_last_flags_only_when_middle_stages_are_equal():
     assert "--pipeline-model-parallel-layout" not in f
     plan = resolved(ctx, degrees=Degrees(pp=4, dp=2), shares=Shares(layers=(2, 1, 3, 2)))
     assert "--pipeline-model-parallel-layout" in flags(M.arguments(plan, ctx))
+
+
+def test_sequence_must_cut_into_two_chunks_per_cp_rank():
+    ctx = ctx_for(seq=258)  # 258 = 2 * 129: hp=2 alone splits it, Megatron's 2*cp chunks do not
+    plan = resolved(ctx, degrees=Degrees(hp=2, dp=4))
+    with pytest.raises(ExportRefused) as e:
+        export(plan, ctx, "megatron")
+    assert any("2*context-parallel-size(2)" in r for r in e.value.reasons)
+    near = e.value.nearest
+    assert near is None or ctx.seq_len % (2 * near.degrees.cp * near.degrees.hp) == 0 or \
+        near.degrees.cp * near.degrees.hp == 1
