@@ -58,6 +58,9 @@ class CommClock:
         self._in_comm = False
         self._region_comm = 0.0
         self._in_region = False
+        self.sync = _no_sync
+        """On CUDA, ``torch.cuda.synchronize``: kernels and NCCL calls are asynchronous, so a region
+        or a communication call is timed to its completion (slower, but the split is then honest)."""
 
     def reset(self) -> None:
         self.comm = self.compute = self.emulated = self.idle = 0.0
@@ -68,10 +71,12 @@ class CommClock:
             if self._in_comm:
                 return fn(*a, **k)
             self._in_comm = True
+            self.sync()
             t = time.perf_counter()
             try:
                 return fn(*a, **k)
             finally:
+                self.sync()
                 dt = time.perf_counter() - t
                 self._in_comm = False
                 self.comm += dt
@@ -90,6 +95,7 @@ class CommClock:
         try:
             yield
         finally:
+            self.sync()
             pure = max(0.0, time.perf_counter() - t - self._region_comm)
             self._in_region = False
             self.compute += pure
@@ -97,6 +103,10 @@ class CommClock:
                 extra = (self.slowdown - 1.0) * pure
                 emulate_busy(extra)
                 self.emulated += extra
+
+
+def _no_sync() -> None:
+    return None
 
 
 def emulate_busy(seconds: float) -> None:
@@ -200,6 +210,8 @@ class RankTrainer:
         self.sp = plan.sequence_parallel and tp.size > 1
         self.ctx = attention_context(plan, mesh)
         self.positions = local_positions(self.ctx, seq_len)
+        if self.positions is not None:  # the data are sliced on the host
+            self.positions = self.positions.cpu()
         local_tokens = seq_len if self.positions is None else int(self.positions.numel())
         self.local_tokens = local_tokens
         layout = Layout(tp=tp, sp=self.sp, attn_ctx=self.ctx,
@@ -308,6 +320,7 @@ def train(plan: Plan, spec: ModelSpec, seq_len: int, global_batch: int, *, steps
     install_comm_timing()
     clk = clock()
     clk.slowdown = float((emulate_slowdown or {}).get(rank, 1.0))
+    clk.sync = functools.partial(torch.cuda.synchronize, device) if device.type == "cuda" else _no_sync
     mesh = build_mesh(plan, rank, device, timeout_s=timeout_s)
     trainer = RankTrainer(plan, spec, mesh, seq_len, global_batch, seed)
     losses, times, splits = [], [], []
@@ -325,7 +338,7 @@ def train(plan: Plan, spec: ModelSpec, seq_len: int, global_batch: int, *, steps
         t1 = time.perf_counter()
         clk.comm = comm_before  # the end barrier is waiting, not communication
         idle = t1 - t_idle
-        loss = torch.tensor([contribution], dtype=torch.float64)
+        loss = torch.tensor([contribution], dtype=torch.float64, device=device)  # NCCL needs device tensors
         dist.all_reduce(loss)  # outside the timed step
         losses.append(float(loss.item()))
         if i >= warmup:
