@@ -1,7 +1,8 @@
 """Hugging Face Accelerate ``ParallelismConfig`` fields for a plan (accelerate/parallelism_config.py).
 
 * ``dp_replicate_size`` / ``dp_shard_size``: ``zero_stage`` 0 -> replicate (DDP), 2/3 -> shard
-  (FSDP2, with ``reshard_after_forward`` false for 2, true for 3);
+  (FSDP2, with ``reshard_after_forward`` false for 2, true for 3); a Ulysses plan (hp) runs under the
+  DeepSpeed engine instead (Accelerate 1.16 runs sp only there), ZeRO from ``DeepSpeedPlugin``;
 * ``tp_size``; ``cp_size`` (torch ring CP); ``sp_size`` with ``sp_backend "deepspeed"`` (Ulysses/ALST);
 * ``total_size`` = dp_replicate x dp_shard x tp x cp x sp must equal the number of processes;
 * ``Accelerator(gradient_accumulation_steps=..., mixed_precision=...)`` and the per-device batch.
@@ -50,8 +51,8 @@ def reasons(plan: Plan, ctx: ExportContext) -> list[str]:
     r.add(plan.zero_stage == 0 and d.dp > 1 and (d.tp > 1 or d.cp > 1),
           f"zero_stage 0 with dp({d.dp}) and tp/cp: Accelerate rejects tp or cp with pure replication "
           "(dp_replicate_size > 1, dp_shard_size == 1)")
-    r.add(plan.zero_stage == 1, "zero_stage 1: Accelerate's FSDP2 shards parameters too; there is no "
-          "optimizer-state-only sharding")
+    r.add(plan.zero_stage == 1 and d.hp == 1, "zero_stage 1: Accelerate's FSDP2 shards parameters too; there "
+          "is no optimizer-state-only sharding (only Ulysses plans run under the DeepSpeed engine here)")
     r.add(plan.recompute == "selective", "recompute selective: FSDP activation_checkpointing recomputes "
           "whole blocks")
     r.add(plan.sequence_parallel and d.tp > 1, "sequence_parallel: Accelerate's tensor parallelism has no "
@@ -62,7 +63,7 @@ def reasons(plan: Plan, ctx: ExportContext) -> list[str]:
 
 def candidates(plan: Plan, ctx: ExportContext) -> list[Plan]:
     d = plan.degrees
-    zero = {1: 2}.get(plan.zero_stage, plan.zero_stage)
+    zero = plan.zero_stage if d.hp > 1 else {1: 2}.get(plan.zero_stage, plan.zero_stage)
     base = even_everything(plan).replace(
         schedule="1f1b", virtual_stages=1, cp_layout="zigzag", sequence_parallel=False,
         recompute="full" if plan.recompute == "selective" else plan.recompute)
@@ -84,10 +85,14 @@ def candidates(plan: Plan, ctx: ExportContext) -> list[Plan]:
 
 def config(plan: Plan, ctx: ExportContext) -> dict[str, Any]:
     d = plan.degrees
-    shard = plan.zero_stage >= 2
+    # Ulysses (sp_size) runs under the DeepSpeed engine (ALST): ZeRO comes from the DeepSpeed plugin
+    # and DeepSpeed owns the data-parallel groups; otherwise FSDP2 shards for ZeRO 2/3
+    deepspeed_engine = d.hp > 1
+    shard = plan.zero_stage >= 2 and not deepspeed_engine
     pc: dict[str, Any] = {
-        "dp_replicate_size": 1 if shard else d.dp,
-        "dp_shard_size": d.dp if shard else 1,
+        # under DeepSpeed, ZeRO partitions over all data-parallel ranks: they are the shard axis
+        "dp_replicate_size": 1 if shard or deepspeed_engine else d.dp,
+        "dp_shard_size": d.dp if shard or deepspeed_engine else 1,
         "tp_size": d.tp,
         "cp_size": d.cp,
         "sp_size": d.hp,
@@ -96,7 +101,9 @@ def config(plan: Plan, ctx: ExportContext) -> dict[str, Any]:
         # "deepspeed" (ALST/Ulysses under the DeepSpeed engine) is the one value every Accelerate with
         # sp_size accepts (1.16 accepts only it; later versions add a native "accelerate" backend)
         pc["sp_backend"] = "deepspeed"
-    fsdp = None
+    fsdp = ds = None
+    if deepspeed_engine:
+        ds = {"zero_stage": plan.zero_stage, "gradient_accumulation_steps": plan.num_microbatches}
     if shard:
         fsdp = {"fsdp_version": 2, "reshard_after_forward": plan.zero_stage == 3,
                 "activation_checkpointing": plan.recompute == "full"}
@@ -105,6 +112,7 @@ def config(plan: Plan, ctx: ExportContext) -> dict[str, Any]:
         "accelerator": {"mixed_precision": {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[plan.dtype],
                         "gradient_accumulation_steps": plan.num_microbatches},
         "fsdp_plugin": fsdp,
+        "deepspeed_plugin": ds,
         "per_device_train_batch_size": plan.micro_batch_size,
     }
 
@@ -123,10 +131,16 @@ def snippet(cfg: dict[str, Any]) -> str:
         lines.append("from accelerate.utils import FullyShardedDataParallelPlugin")
         lines.append(f"fsdp = FullyShardedDataParallelPlugin(fsdp_version=2, reshard_after_forward="
                      f"{f['reshard_after_forward']}, activation_checkpointing={f['activation_checkpointing']})")
+    if cfg["deepspeed_plugin"]:
+        z = cfg["deepspeed_plugin"]["zero_stage"]
+        lines.append("from accelerate.utils import DeepSpeedPlugin")
+        lines.append(f"ds = DeepSpeedPlugin(zero_stage={z}, gradient_accumulation_steps="
+                     f"{cfg['deepspeed_plugin']['gradient_accumulation_steps']})")
     lines.append(f"pc = ParallelismConfig({pc})")
     lines.append(f"accelerator = Accelerator(parallelism_config=pc, mixed_precision={acc['mixed_precision']!r}, "
                  f"gradient_accumulation_steps={acc['gradient_accumulation_steps']}"
-                 + (", fsdp_plugin=fsdp" if cfg["fsdp_plugin"] else "") + ")")
+                 + (", fsdp_plugin=fsdp" if cfg["fsdp_plugin"] else "")
+                 + (", deepspeed_plugin=ds" if cfg["deepspeed_plugin"] else "") + ")")
     lines.append(f"# per-device batch: {cfg['per_device_train_batch_size']}")
     return "\n".join(lines)
 

@@ -67,6 +67,10 @@ def reasons(plan: Plan, ctx: ExportContext) -> list[str]:
           "(--use-distributed-optimizer) shards optimizer states only (ZeRO-1)")
     r.add(d.hp > 1 and (ctx.model.heads // d.tp) % d.hp != 0,
           f"heads per tp rank ({ctx.model.heads // d.tp}) not divisible by hp({d.hp})")
+    # Transformer Engine's a2a context parallelism splits query heads and KV groups over the a2a ranks
+    r.add(d.hp > 1 and (ctx.model.kv_heads // d.tp) % d.hp != 0,
+          f"kv heads per tp rank ({ctx.model.kv_heads // d.tp}) not divisible by hp({d.hp}): Megatron's a2a "
+          "(Transformer Engine) splits KV groups over the all-to-all ranks")
     chunks = 2 * d.cp * d.hp * (d.tp if plan.sequence_parallel else 1)
     r.add(d.cp * d.hp > 1 and ctx.seq_len % chunks != 0,
           f"seq_len {ctx.seq_len} not divisible by 2*context-parallel-size({d.cp * d.hp})"
