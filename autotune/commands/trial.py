@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated
 
 import typer
@@ -59,7 +60,11 @@ def command(
         _show(out)
     if result.failure is not None:
         f = result.failure
-        raise WorkError(f"trial failed ({f['kind']}) on rank {f['rank']}: {f['message']}")
+        message = f"trial failed ({f['kind']}) on rank {f['rank']}: {f['message']}"
+        if json_:  # the result above is the one JSON object; the reason goes to stderr
+            err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+            sys.exit(1)
+        raise WorkError(message)
 
 
 def _show(out: dict) -> None:

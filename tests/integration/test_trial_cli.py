@@ -38,3 +38,11 @@ def test_trial_bad_input_is_one_line_exit_2(in_tmp):
             "--emulate-slowdown", "x=2", "--json")
     assert r.returncode == 2
     assert json.loads(r.stdout)["error"]["field"] == "--emulate-slowdown"
+
+
+def test_trial_timeout_is_a_result_exit_1(in_tmp):
+    r = run("--plan", "dp=2", "--model", "tiny", "--seq-len", "32", "--global-batch", "4", "--timeout", "1",
+            "--json")
+    assert r.returncode == 1, r.stderr
+    out = json.loads(r.stdout)  # exactly one object: the result with its failure
+    assert out["failure"]["kind"] == "timeout" and out["measured"] is None
