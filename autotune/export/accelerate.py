@@ -24,6 +24,7 @@ from autotune.export.common import (
     even_everything,
     even_share_reasons,
     fold,
+    node_order,
     placement_reasons,
     provenance,
 )
@@ -148,5 +149,5 @@ def snippet(cfg: dict[str, Any]) -> str:
 def render(plan: Plan, ctx: ExportContext) -> Export:
     cfg = config(plan, ctx)
     prov = provenance(plan, ctx)
-    out = {**cfg, "python": snippet(cfg), "world_size": plan.world, "provenance": prov}
+    out = {**cfg, "python": snippet(cfg), "world_size": plan.world, "nodes": node_order(plan), "provenance": prov}
     return Export(format=NAME, text=json.dumps(out, indent=2) + "\n", data=out, suffix=SUFFIX)

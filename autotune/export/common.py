@@ -258,6 +258,21 @@ def node_blocks(plan: Plan) -> tuple[list[tuple[int, list[int]]], str | None]:
     return blocks, None
 
 
+def node_order(plan: Plan) -> list[dict[str, Any]]:
+    """Per torchrun node-rank: the physical node and the devices in local-rank order (the
+    placement the exported config relies on; pass these as --node-rank and CUDA_VISIBLE_DEVICES)."""
+    blocks, _ = node_blocks(plan)
+    return [{"node_rank": k, "node": node, "devices": devs} for k, (node, devs) in enumerate(blocks)]
+
+
+def placement_comment(plan: Plan, prefix: str = "# ") -> list[str]:
+    order = node_order(plan)
+    if len(order) == 1 and order[0]["devices"] == list(range(len(order[0]["devices"]))):
+        return []
+    return [f"{prefix}placement: launch node-rank {o['node_rank']} on cluster node {o['node']} with "
+            f"CUDA_VISIBLE_DEVICES={','.join(map(str, o['devices']))}" for o in order]
+
+
 def placement_reasons(plan: Plan) -> list[str]:
     _, why = node_blocks(plan)
     return [why] if why else []

@@ -28,6 +28,7 @@ from autotune.export.common import (
     even_everything,
     even_share_reasons,
     fold,
+    node_order,
     placement_reasons,
     provenance,
     with_even,
@@ -130,6 +131,7 @@ def render(plan: Plan, ctx: ExportContext) -> Export:
         partition = {"partition_method": "uniform", "num_stages": plan.degrees.pp, "layers_per_stage": lay,
                      "parts": bounds}
     out = dict(cfg)
-    out["autotune"] = {"provenance": prov, "pipeline_module": partition, "world_size": plan.world}
+    out["autotune"] = {"provenance": prov, "pipeline_module": partition, "world_size": plan.world,
+                       "nodes": node_order(plan)}
     return Export(format=NAME, text=json.dumps(out, indent=2) + "\n",
                   data={"config": cfg, "pipeline_module": partition, "provenance": prov}, suffix=SUFFIX)

@@ -39,6 +39,7 @@ from autotune.export.common import (
     even_everything,
     even_share_reasons,
     fold,
+    placement_comment,
     placement_reasons,
     provenance,
     with_even,
@@ -219,6 +220,7 @@ def render(plan: Plan, ctx: ExportContext) -> Export:
     lines += comment_lines(prov)
     lines.append(f"# world size {plan.world} = {plan.degrees.product_text()}; ranks in Megatron's "
                  "tp-cp-ep-dp-pp order")
+    lines += placement_comment(plan)
     lines.append("MEGATRON_PARALLEL_ARGS=(")
     i = 0
     while i < len(args):

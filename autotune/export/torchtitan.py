@@ -29,6 +29,7 @@ from autotune.export.common import (
     even_everything,
     even_share_reasons,
     fold,
+    placement_comment,
     placement_reasons,
     provenance,
     with_even,
@@ -157,4 +158,5 @@ def render(plan: Plan, ctx: ExportContext) -> Export:
     header = ["# torchtitan job config: merge these sections into your train config TOML"]
     header += comment_lines(prov)
     header.append(f"# world size {plan.world} = {plan.degrees.product_text()} (NGPU={plan.world})")
+    header += placement_comment(plan)
     return Export(format=NAME, text=to_toml(cfg, header), data={"config": cfg, "provenance": prov}, suffix=SUFFIX)

@@ -1,6 +1,8 @@
 """torchrun commands: rank blocks per node as torchrun assigns them (node-rank k holds ranks
 [k*n, (k+1)*n)), CUDA_VISIBLE_DEVICES from the placement, refusal of placements torchrun cannot realise."""
 
+import json
+
 import pytest
 import yaml
 
@@ -57,3 +59,20 @@ def test_interleaved_nodes_are_refused(tmp_path):
     plan = Plan(degrees=Degrees(dp=8), placement=tuple(pl)).resolve(ctx.model, cl, 256, 16)
     with pytest.raises(InputError, match="contiguous"):
         L.commands(plan, ctx, "job.pt", "out")
+
+
+def test_exported_configs_name_the_node_order_launch_uses(tmp_path):
+    from autotune.export import export
+
+    cl = gpu_cluster(tmp_path)
+    ctx = ExportContext(model=PRESETS["small"], cluster=cl, seq_len=256, global_batch=16)
+    pl = [Placement(rank=r, node=1, device=r) for r in range(4)] + [
+        Placement(rank=r, node=0, device=r - 4) for r in range(4, 8)]
+    plan = Plan(degrees=Degrees(pp=2, dp=4), zero_stage=1, placement=tuple(pl)).resolve(ctx.model, cl, 256, 16)
+    text = export(plan, ctx, "megatron").text
+    cmds = L.commands(plan, ctx, "job.pt", "out", master_addr="h")
+    for c in cmds:
+        assert (f"node-rank {c.node_rank} on cluster node {c.node} with "
+                f"CUDA_VISIBLE_DEVICES={c.env['CUDA_VISIBLE_DEVICES']}") in text
+    ds = json.loads(export(plan, ctx, "deepspeed").text)
+    assert [n["node"] for n in ds["autotune"]["nodes"]] == [c.node for c in cmds] == [1, 0]
