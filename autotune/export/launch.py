@@ -8,9 +8,8 @@ gets ``--node-rank k`` and, on GPUs, ``CUDA_VISIBLE_DEVICES`` listing the placed
 rank order (the worker binds local rank j to visible device j). A placement that does not give
 every node a contiguous block of ranks cannot be launched this way and is refused.
 
-The job file is what the runtime's launcher writes for ``mp.spawn`` (autotune/runtime/launcher.py:
-target, payload, device, process-group timeout); under torchrun the worker initialises the process
-group from torchrun's environment instead of the job's port.
+The job file and the results are the runtime's (``autotune.runtime.launcher.write_job`` /
+``read_results``); under torchrun the worker initialises the process group from torchrun's environment.
 """
 
 from __future__ import annotations
@@ -87,13 +86,13 @@ def payload(plan: Plan, ctx: ExportContext, *, steps: int, warmup: int, seed: in
 
 def write_job(path: Path, plan: Plan, ctx: ExportContext, *, steps: int = 5, warmup: int = 2, seed: int = 0,
               timeout_s: float = 600.0, device: str = "auto") -> None:
-    import torch  # the runtime half; imported only when launching
+    """The runtime's torchrun job file (``autotune.runtime.launcher.write_job``), written all or nothing."""
+    from autotune.runtime.launcher import write_job as runtime_write_job  # the runtime half: imports torch
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    job = {"target": TRIAL_TARGET, "device": device, "pg_timeout_s": timeout_s,
-           "payload": payload(plan, ctx, steps=steps, warmup=warmup, seed=seed, timeout_s=timeout_s)}
     tmp = path.with_name(path.name + ".tmp")
-    torch.save(job, tmp)
+    runtime_write_job(tmp, TRIAL_TARGET, payload(plan, ctx, steps=steps, warmup=warmup, seed=seed,
+                                                 timeout_s=timeout_s), device=device, pg_timeout_s=timeout_s)
     os.replace(tmp, path)
 
 
@@ -112,7 +111,7 @@ def run(cmd: NodeCommand, out: Path, *, world: int, seq_len: int, global_batch: 
         timeout_s: float) -> dict[str, Any]:
     """Run one node's command here and summarise the ranks' reports as ``trial`` does (step time:
     median over measured steps of the slowest rank's time)."""
-    import torch
+    from autotune.runtime.launcher import read_results
 
     out.mkdir(parents=True, exist_ok=True)
     for f in list(out.glob("result-*.pt")) + list(out.glob("failure-*.pt")):
@@ -122,17 +121,14 @@ def run(cmd: NodeCommand, out: Path, *, world: int, seq_len: int, global_batch: 
         proc = subprocess.run(cmd.argv, env=env, capture_output=True, text=True, timeout=timeout_s + 60)
     except subprocess.TimeoutExpired:
         raise WorkError(f"torchrun did not finish within {timeout_s + 60:g} s") from None
-    failures = [torch.load(f, weights_only=False) for f in out.glob("failure-*.pt")]
-    if failures:
-        first = min(failures, key=lambda x: x.get("time", 0))
-        raise WorkError(f"rank {first['rank']} failed ({first['kind']}): {first['message']}")
-    reports = []
-    for r in range(world):
-        f = out / f"result-{r}.pt"
-        if not f.exists():
-            tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-1:] or ["no output"]
-            raise WorkError(f"torchrun exited with code {proc.returncode} and rank {r} left no result: {tail[0]}")
-        reports.append(torch.load(f, weights_only=False))
+    res = read_results(out, world)
+    if res.failure is not None:
+        f = res.failure
+        tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-1:] or ["no output"]
+        raise WorkError(f"torchrun exited with code {proc.returncode}; rank {f['rank']} failed ({f['kind']}): "
+                        f"{f['message']}" + ("" if f["kind"] != "error" or "left no result" not in f["message"]
+                                             else f"; last line: {tail[0]}"))
+    reports = sorted(res.results or [], key=lambda r: r["rank"])
     per_step = [max(rep["step_times"][i] for rep in reports) for i in range(steps)]
     step = statistics.median(per_step)
     return {"returncode": proc.returncode, "step_time_s": step,

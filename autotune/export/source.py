@@ -62,7 +62,14 @@ def _feasible(t: Any) -> bool:
 
 
 def best_trial(study: Any) -> Any:
+    """``best_measured_trial`` when set, else the best feasible completed trial (autotune.study's
+    ``best_feasible`` when that module is there, the same rule written here otherwise)."""
     import optuna
+
+    try:
+        from autotune.study import best_feasible
+    except ImportError:
+        best_feasible = None
 
     by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
     measured = study.user_attrs.get("best_measured_trial")
@@ -74,11 +81,15 @@ def best_trial(study: Any) -> Any:
     if not done:
         raise InputError(f"study {study.study_name!r} has no completed trial; run `autotune search` on it first",
                          field="--study")
-    ok = [t for t in done if _feasible(t) and t.value is not None]
-    if not ok:
+    if best_feasible is not None:
+        best = best_feasible(study)
+    else:
+        ok = [t for t in done if _feasible(t) and t.value is not None]
+        best = max(ok, key=lambda t: (t.value, -t.number)) if ok else None
+    if best is None:
         raise InputError(f"study {study.study_name!r} has {len(done)} completed trials but none is feasible",
                          field="--study")
-    return max(ok, key=lambda t: (t.value, -t.number))
+    return best
 
 
 def _cluster_from_record(name: str, spec: dict[str, Any] | None, digest: str, storage: str) -> Any:
