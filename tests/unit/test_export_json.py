@@ -78,3 +78,27 @@ def test_unwritable_folder(tmp_path):
         assert list(ro.iterdir()) == []
     finally:
         ro.chmod(0o700)
+
+
+def test_provenance_names_profiles_and_the_cluster_file_digest(tmp_path):
+    import dataclasses
+    import hashlib
+
+    import yaml
+
+    from autotune.specs.catalogue import CATALOGUE
+
+    data = {"name": "measured", "nodes": [{"count": 1, "devices_per_node": 4, "device": "profile:7"},
+                                          {"count": 1, "devices_per_node": 4, "device": "H100-SXM"}]}
+    f = tmp_path / "c.yaml"
+    f.write_text(yaml.safe_dump(data))
+
+    def resolver(ref, storage):
+        return dataclasses.replace(CATALOGUE["A100-80GB"], name=ref, provenance="measured")
+
+    cl = load_cluster(str(f), resolve_profile=resolver)
+    ctx = ExportContext(model=PRESETS["small"], cluster=cl, seq_len=256, global_batch=16, cluster_digest=cl.digest)
+    plan = Plan(degrees=Degrees(dp=8)).resolve(ctx.model, cl, 256, 16)
+    prov = json.loads(export(plan, ctx, "json").text)["provenance"]
+    assert prov["profile_ids"] == ["7"]
+    assert prov["cluster_digest"] == hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
