@@ -92,6 +92,8 @@ def variants(deg: dict[str, int]) -> list[dict]:
         out.append(dict(base, sequence_parallel=True, shares=uneven, _id="sp"))
     if deg["cp"] > 1:
         out.append(dict(base, cp_layout="contiguous", _id="cp-contiguous"))
+    if BATCH // deg["dp"] // 2 >= deg["pp"]:  # two samples per micro-batch
+        out.append(dict(base, micro_batch_size=2, _id="mbs2"))
     if deg["dp"] * deg["cp"] * deg["hp"] > 1:  # ZeRO-1 shards AdamW states over the gradient group
         out.append(dict(base, zero_stage=1, shares=uneven, _id="zero1-uneven" if uneven else "zero1"))
     return out
