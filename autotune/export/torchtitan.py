@@ -13,7 +13,7 @@
 
 torchtitan cannot express: Ulysses (hp), uneven token/head/sample shares, a contiguous CP layout
 (its causal CP load-balances), ZeRO-1 alone, DDP together with another parallelism, tensor
-parallelism without sequence parallelism (its TP plan always shards norms along the sequence).
+parallelism without sequence parallelism (its TP plan always shards norms along the sequence), fp16.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ NAME = "torchtitan"
 SUFFIX = ".toml"
 
 SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B"}
-PRECISION = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+PRECISION = {"bf16": "bfloat16", "fp32": "float32"}  # Training.mixed_precision_param
 WHY = {
     "tokens": "torchtitan context parallelism shards the sequence evenly",
     "heads": "torchtitan splits heads evenly over tensor-parallel ranks",
@@ -63,6 +63,7 @@ def reasons(plan: Plan, ctx: ExportContext) -> list[str]:
           "parallelisms (use FSDP/HSDP)")
     r.add(d.tp > 1 and not plan.sequence_parallel,
           "sequence_parallel false with tp: torchtitan's tensor-parallel plan always shards norms along the sequence")
+    r.add(plan.dtype == "fp16", "dtype fp16: torchtitan's training.mixed_precision_param is bfloat16 or float32")
     r.items += placement_reasons(plan)
     return r.items
 
@@ -75,7 +76,8 @@ def candidates(plan: Plan, ctx: ExportContext) -> list[Plan]:
     if zero == 0 and d.dp > 1 and (d.pp > 1 or d.cp > 1 or d.tp > 1 or d.hp > 1):
         zero = 3
     base = with_even(plan, "tokens", "heads", "samples").replace(
-        cp_layout="zigzag", zero_stage=zero, sequence_parallel=plan.sequence_parallel or d.tp > 1)
+        cp_layout="zigzag", zero_stage=zero, sequence_parallel=plan.sequence_parallel or d.tp > 1,
+        dtype="bf16" if plan.dtype == "fp16" else plan.dtype)
     out = [base, even_everything(base)]
     if d.hp > 1:
         out = [fold(base, "hp", "cp"), fold(base, "hp", "dp"), fold(base, "hp", "tp")]

@@ -110,3 +110,11 @@ def test_ddp_with_tp_and_zero1_are_refused():
     with pytest.raises(ExportRefused) as e:
         export(plan, ctx, "torchtitan")
     assert e.value.nearest.zero_stage == 2
+
+
+def test_fp16_is_refused_nearest_bf16():
+    ctx = ctx_for()
+    plan = resolved(ctx, degrees=Degrees(dp=8), zero_stage=3, dtype="fp16")
+    with pytest.raises(ExportRefused) as e:
+        export(plan, ctx, "torchtitan")
+    assert e.value.nearest.dtype == "bf16"
