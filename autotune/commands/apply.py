@@ -120,6 +120,9 @@ def command(
         raise InputError("give exactly one of --study NAME or --plan FILE", field="--study/--plan")
     if dry_run and not launch:
         raise InputError("--dry-run only goes with --launch", field="--dry-run")
+    if launch and (output or fmt != "json"):
+        raise InputError("--launch runs the plan with autotune's own runtime; it writes no export "
+                         "(drop -o/--format, or export without --launch)", field="--launch")
     mod = exporter(fmt)
     if study is not None:
         for opt, v in (("--model", model), ("--seq-len", seq_len), ("--global-batch", global_batch)):
