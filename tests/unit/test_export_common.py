@@ -51,3 +51,39 @@ def test_refusal_prices_the_nearest_plan_with_the_cost_model():
     ref = cost.estimate(near.replace(predicted=None), ctx.model, ctx.cluster, 256, 16)
     assert near.predicted["tokens_per_s"] == pytest.approx(ref.predicted["tokens_per_s"])
     assert "tokens/s" in str(e.value)
+
+
+def test_predict_calls_the_cost_model_contract(monkeypatch):
+    """Plumbing only (the figures are the stub's): estimate(plan, model, cluster, seq, batch,
+    calibration=) is called with the study's calibration and its Estimate.plan/.predicted come back."""
+    import sys
+    import types
+
+    from autotune.export.common import predict
+
+    calls = []
+
+    class Est:
+        def __init__(self, plan):
+            self.plan = plan
+            self.predicted = {"step_time_s": 2.0, "tokens_per_s": 2048.0, "feasible": True}
+
+    def estimate(plan, model, cluster, seq_len, global_batch, *, calibration=None):
+        calls.append((model.name, cluster.num_devices, seq_len, global_batch, calibration))
+        return Est(plan)
+
+    if "autotune.cost" not in sys.modules:
+        stub = types.ModuleType("autotune.cost")
+        stub.estimate = estimate
+        monkeypatch.setitem(sys.modules, "autotune.cost", stub)
+    else:
+        monkeypatch.setattr(sys.modules["autotune.cost"], "estimate", estimate)
+    cal = {"local": {"compute": 1.5, "comm": 1.0}}
+    ctx = ExportContext(model=PRESETS["small"], cluster=load_cluster("local:8"), seq_len=256, global_batch=16,
+                        calibration=cal)
+    plan = Plan(degrees=Degrees(cp=2, dp=4), shares=Shares(tokens=(160, 96))).resolve(ctx.model, ctx.cluster, 256, 16)
+    priced, _ = predict(plan, ctx)
+    assert priced.predicted["tokens_per_s"] == 2048.0 and calls[0] == ("small", 8, 256, 16, cal)
+    with pytest.raises(ExportRefused) as e:
+        export(plan, ctx, "megatron")
+    assert "predicted 2 s/step, 2048 tokens/s" in str(e.value)
