@@ -1,0 +1,188 @@
+"""The report's plotly figures, one function per chart. Each returns a figure, or a text saying why
+there is nothing to draw (no measured trial yet, no timeline), which the report shows instead."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import plotly.graph_objects as go
+
+from autotune.dashboard.data import DIMS, StudyView, TrialRow
+from autotune.dashboard.timeline import KINDS, Timeline, time_by_kind
+
+Chart = tuple[str, str, "go.Figure | str"]
+"""(id, title, figure or the reason there is none)."""
+
+COLOURS = {"fwd": "#4C78A8", "bwd": "#F58518", "comm": "#54A24B", "bubble": "#E45756", "idle": "#BAB0AC"}
+GiB = 1024 ** 3
+
+
+def _layout(fig: go.Figure, title: str, **kw: Any) -> go.Figure:
+    fig.update_layout(title=title, template="plotly_white", margin=kw.pop("margin", {"l": 60, "r": 20, "t": 50, "b": 50}),
+                      height=kw.pop("height", 420), legend={"orientation": "h", "y": -0.2}, **kw)
+    return fig
+
+
+def history(view: StudyView) -> go.Figure | str:
+    """Predicted tokens/s per trial (infeasible trials at their predicted value, greyed), measured
+    points where validated, and the best feasible prediction so far."""
+    rows = sorted((r for r in view.rows if r.state == "COMPLETE"), key=lambda r: r.number)
+    if not rows:
+        return "no completed trial yet"
+    fig = go.Figure()
+    ok = [r for r in rows if r.feasible]
+    bad = [r for r in rows if not r.feasible]
+    hover = "trial %{x}<br>%{y:,.0f} tok/s<br>%{text}<extra></extra>"
+    fig.add_trace(go.Scatter(x=[r.number for r in ok], y=[r.predicted_tps for r in ok], mode="markers",
+                             name="predicted (feasible)", text=[r.degrees_text() for r in ok], hovertemplate=hover,
+                             marker={"color": "#4C78A8", "size": 7}))
+    if bad:
+        fig.add_trace(go.Scatter(x=[r.number for r in bad], y=[r.predicted_tps or 0 for r in bad], mode="markers",
+                                 name="infeasible", text=[f"{r.degrees_text()}: {r.reason}" for r in bad],
+                                 hovertemplate=hover, marker={"color": "#BAB0AC", "symbol": "x", "size": 7}))
+    meas = [r for r in rows if r.measured_tps is not None]
+    if meas:
+        fig.add_trace(go.Scatter(x=[r.number for r in meas], y=[r.measured_tps for r in meas], mode="markers",
+                                 name="measured", text=[r.degrees_text() for r in meas], hovertemplate=hover,
+                                 marker={"color": "#F58518", "symbol": "diamond", "size": 9}))
+    best, xs, ys = None, [], []
+    for r in rows:
+        if r.feasible and r.predicted_tps is not None and (best is None or r.predicted_tps > best):
+            best = r.predicted_tps
+        if best is not None:
+            xs.append(r.number)
+            ys.append(best)
+    fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name="best so far", line={"shape": "hv", "color": "#E45756"}))
+    return _layout(fig, "", xaxis_title="trial", yaxis_title="tokens/s")
+
+
+def parallel_degrees(view: StudyView) -> go.Figure | str:
+    rows = [r for r in view.rows if r.state == "COMPLETE" and r.degrees]
+    if not rows:
+        return "no completed trial with a plan yet"
+    dims = [{"label": d, "values": [r.degrees[d] for r in rows]} for d in DIMS]
+    dims.append({"label": "micro-batches", "values": [(r.plan or {}).get("num_microbatches") or 0 for r in rows]})
+    dims.append({"label": "pred. tok/s", "values": [r.predicted_tps or 0 for r in rows]})
+    dims.append({"label": "feasible", "values": [1 if r.feasible else 0 for r in rows],
+                 "tickvals": [0, 1], "ticktext": ["no", "yes"]})
+    fig = go.Figure(go.Parcoords(dimensions=dims, line={"color": [r.predicted_tps or 0 for r in rows],
+                                                        "colorscale": "Viridis", "showscale": True,
+                                                        "colorbar": {"title": {"text": "tok/s"}}}))
+    return _layout(fig, "", height=460, margin={"l": 60, "r": 60, "t": 60, "b": 30})
+
+
+def predicted_vs_measured(view: StudyView) -> go.Figure | str:
+    rows = [r for r in view.rows if r.measured_tps is not None and r.predicted_tps is not None]
+    if not rows:
+        return "no trial has been measured yet (run `autotune validate` on the study)"
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.6, 0.4],
+                        subplot_titles=("measured against predicted", "prediction error per trial"))
+    lo = min(min(r.measured_tps for r in rows), min(r.predicted_tps for r in rows)) * 0.9
+    hi = max(max(r.measured_tps for r in rows), max(r.predicted_tps for r in rows)) * 1.1
+    fig.add_trace(go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", name="exact", line={"dash": "dot", "color": "#888"}),
+                  row=1, col=1)
+    fig.add_trace(go.Scatter(x=[r.predicted_tps for r in rows], y=[r.measured_tps for r in rows], mode="markers+text",
+                             name="trial", text=[f"#{r.number}" for r in rows], textposition="top center",
+                             customdata=[[r.degrees_text(), f"{r.error:+.1%}"] for r in rows],
+                             hovertemplate="predicted %{x:,.0f}<br>measured %{y:,.0f}<br>%{customdata[0]}"
+                                           "<br>error %{customdata[1]}<extra></extra>",
+                             marker={"size": 10, "color": [abs(r.error) for r in rows], "colorscale": "OrRd",
+                                     "cmin": 0, "cmax": max(0.3, max(abs(r.error) for r in rows))}),
+                  row=1, col=1)
+    fig.add_trace(go.Bar(x=[f"#{r.number}" for r in rows], y=[r.error * 100 for r in rows], name="error %",
+                         marker={"color": ["#E45756" if r.error > 0 else "#4C78A8" for r in rows]},
+                         hovertemplate="%{x}: %{y:+.1f}%<extra></extra>"), row=1, col=2)
+    fig.update_xaxes(title_text="predicted tokens/s", row=1, col=1)
+    fig.update_yaxes(title_text="measured tokens/s", row=1, col=1)
+    fig.update_yaxes(title_text="(predicted - measured) / measured, %", row=1, col=2)
+    return _layout(fig, "", showlegend=False)
+
+
+def gantt(tl: Timeline | None, why: str | None, row: TrialRow | None) -> go.Figure | str:
+    """One horizontal bar per event: y = stage (and rank when several ranks of a stage are listed),
+    x from start to end, one trace per kind so the legend names them."""
+    if tl is None:
+        return f"no timeline: {why}"
+    ranks_per_stage: dict[int, set] = {}
+    for e in tl.events:
+        ranks_per_stage.setdefault(int(e["stage"]), set()).add(e.get("rank"))
+    multi = any(len(v) > 1 for v in ranks_per_stage.values())
+
+    def label(e: dict[str, Any]) -> str:
+        return f"stage {int(e['stage'])} rank {e.get('rank')}" if multi else f"stage {int(e['stage'])}"
+
+    order = sorted({(int(e["stage"]), str(e.get("rank")), label(e)) for e in tl.events})
+    fig = go.Figure()
+    kinds = [k for k in KINDS if any(e["kind"] == k for e in tl.events)]
+    kinds += sorted({e["kind"] for e in tl.events} - set(KINDS))
+    for kind in kinds:
+        ev = [e for e in tl.events if e["kind"] == kind]
+        fig.add_trace(go.Bar(
+            orientation="h", name=kind, y=[label(e) for e in ev], base=[float(e["start"]) * 1e3 for e in ev],
+            x=[(float(e["end"]) - float(e["start"])) * 1e3 for e in ev],
+            text=[str(e.get("microbatch", "")) if e.get("microbatch") is not None else "" for e in ev],
+            textposition="inside", insidetextanchor="middle", marker={"color": COLOURS.get(kind, "#999")},
+            customdata=[[e.get("microbatch"), float(e["start"]) * 1e3, float(e["end"]) * 1e3] for e in ev],
+            hovertemplate=f"{kind} mb %{{customdata[0]}}<br>%{{customdata[1]:.3f}}–%{{customdata[2]:.3f}} ms"
+                          "<extra>%{y}</extra>"))
+    fig.update_yaxes(categoryorder="array", categoryarray=[o[2] for o in reversed(order)], title_text="")
+    src = "stored with the trial" if tl.source == "study" else "recomputed with autotune.cost.estimate"
+    sub = f"trial #{row.number} {row.degrees_text()}, {(row.plan or {}).get('schedule', '')}; {src}" if row else src
+    return _layout(fig, sub, barmode="overlay", xaxis_title="time in the step (ms)",
+                   height=max(260, 60 + 40 * len(order)), bargap=0.25, title_font_size=13)
+
+
+def memory(row: TrialRow | None) -> go.Figure | str:
+    if row is None:
+        return "no feasible plan"
+    if not row.memory_bytes and not row.measured_memory_bytes:
+        return "the best plan records no per-device memory"
+    n = max(len(row.memory_bytes), len(row.measured_memory_bytes), len(row.capacity_bytes))
+    ranks = [f"rank {i}" for i in range(n)]
+    fig = go.Figure()
+    if row.memory_bytes:
+        fig.add_trace(go.Bar(x=ranks, y=[m / GiB for m in row.memory_bytes], name="predicted",
+                             marker={"color": "#4C78A8"}, hovertemplate="%{x}: %{y:.2f} GiB<extra>predicted</extra>"))
+    if row.measured_memory_bytes:
+        fig.add_trace(go.Bar(x=ranks, y=[m / GiB for m in row.measured_memory_bytes], name="measured peak",
+                             marker={"color": "#F58518"}, hovertemplate="%{x}: %{y:.2f} GiB<extra>measured</extra>"))
+    if row.capacity_bytes:
+        fig.add_trace(go.Scatter(x=ranks, y=[c / GiB for c in row.capacity_bytes], name="capacity",
+                                 mode="lines+markers", line={"color": "#E45756", "shape": "hvh"},
+                                 hovertemplate="%{x}: %{y:.2f} GiB<extra>capacity</extra>"))
+    return _layout(fig, f"trial #{row.number} {row.degrees_text()}", barmode="group", yaxis_title="GiB",
+                   title_font_size=13)
+
+
+def breakdown(best: tuple[TrialRow | None, Timeline | None, str | None],
+              even: tuple[TrialRow | None, Timeline | None, str | None]) -> go.Figure | str:
+    """Stacked seconds of fwd/bwd/comm/bubble/idle per stage for the best plan and the best
+    even-split plan, side by side, from their simulated timelines."""
+    groups = []
+    notes = []
+    for tag, (row, tl, why) in (("best", best), ("even", even)):
+        if row is None:
+            notes.append(f"{tag}: no feasible {'even-split ' if tag == 'even' else ''}plan")
+        elif tl is None:
+            notes.append(f"{tag} #{row.number}: no timeline ({why})")
+        else:
+            groups.append((f"{tag} #{row.number} {row.degrees_text()}", time_by_kind(tl)))
+        if tag == "best" and row is not None and even[0] is row:
+            notes.append("the best plan is itself an even split")
+            break
+    if not groups:
+        return "no timeline: " + "; ".join(notes)
+    fig = go.Figure()
+    xs_outer, xs_inner = [], []
+    for name, per in groups:
+        for s in per:
+            xs_outer.append(name)
+            xs_inner.append(f"stage {s}")
+    for kind in (*KINDS, "idle"):
+        ys = [per[s][kind] * 1e3 for _, per in groups for s in per]
+        if any(ys):
+            fig.add_trace(go.Bar(x=[xs_outer, xs_inner], y=ys, name=kind, marker={"color": COLOURS[kind]},
+                                 hovertemplate="%{x}: %{y:.3f} ms<extra>" + kind + "</extra>"))
+    return _layout(fig, "; ".join(notes), barmode="stack", yaxis_title="ms per step", title_font_size=13)

@@ -1,0 +1,100 @@
+"""What a study was made for (model, cluster, sequence length, batch), rebuilt from its user attrs.
+
+The dashboard needs it for two things only: device capacities when a stored prediction lacks
+``capacity_bytes``, and recomputing a pipeline timeline through ``autotune.cost.estimate`` when a
+trial's ``breakdown`` has none. Both are optional, so every failure here is remembered as a reason
+(shown in the report) instead of raised.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Any
+
+from autotune.errors import AutotuneError
+
+
+class StudyContext:
+    def __init__(self, user_attrs: dict[str, Any], storage: str | None = None):
+        self.ua = user_attrs
+        self.storage = storage
+        self.problem: str | None = None
+        """Why the model or cluster could not be rebuilt (None when both were)."""
+
+    @cached_property
+    def model(self) -> Any:
+        from autotune.specs.model import load_model, model_from_dict
+
+        try:
+            if isinstance(self.ua.get("model_spec"), dict):
+                return model_from_dict(dict(self.ua["model_spec"]), source="study model_spec")
+            if self.ua.get("model"):
+                return load_model(str(self.ua["model"]))
+        except AutotuneError as e:
+            self.problem = f"the study's model cannot be rebuilt: {e}"
+            return None
+        self.problem = "the study records no model"
+        return None
+
+    @cached_property
+    def cluster(self) -> Any:
+        from autotune.specs.cluster import cluster_from_dict, load_cluster
+
+        name = str(self.ua.get("cluster") or "")
+        spec = self.ua.get("cluster_spec")
+        try:
+            if isinstance(spec, dict) and spec.get("nodes"):
+                # ClusterSpec.to_dict() adds keys a cluster file does not have (provenance, digest, ...)
+                d = {"name": spec.get("name", name),
+                     "nodes": [{k: n[k] for k in ("count", "devices_per_node", "device", "intra_node") if k in n}
+                               for n in spec["nodes"]],
+                     "inter_node": spec.get("inter_node"), "overrides": spec.get("overrides") or []}
+                return cluster_from_dict(d, source=f"study cluster {name}", storage=self.storage,
+                                         digest=str(self.ua.get("cluster_digest") or ""))
+            if name == "local" or name.startswith("local:"):
+                return load_cluster(name)
+        except AutotuneError as e:
+            self.problem = f"the study's cluster cannot be rebuilt: {e}"
+            return None
+        self.problem = "the study records no cluster spec"
+        return None
+
+    def workload(self) -> tuple[int, int] | None:
+        s, b = self.ua.get("seq_len"), self.ua.get("global_batch")
+        return (s, b) if isinstance(s, int) and isinstance(b, int) else None
+
+    def capacity_of(self, plan: dict[str, Any]) -> list[float] | None:
+        """Memory capacity of the device under each rank (placement order), from the cluster spec."""
+        cl = self.cluster
+        if cl is None:
+            return None
+        where = {(d.node, d.local): d.spec.memory_bytes for d in cl.devices}
+        pl = plan.get("placement")
+        if isinstance(pl, list) and pl:
+            try:
+                return [float(where[(int(p["node"]), int(p["device"]))]) for p in sorted(pl, key=lambda p: p["rank"])]
+            except (KeyError, TypeError, ValueError):
+                return None
+        world = 1
+        for v in (plan.get("degrees") or {}).values():
+            world *= int(v)
+        return [float(d.spec.memory_bytes) for d in cl.devices[:world]] if world <= cl.num_devices else None
+
+    def estimate_breakdown(self, plan: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
+        """(breakdown, None) from ``autotune.cost.estimate``, or (None, why not)."""
+        try:
+            from autotune.cost import estimate
+        except ImportError:
+            return None, "the cost model (autotune.cost) is not available to recompute it"
+        wl = self.workload()
+        if self.model is None or self.cluster is None or wl is None:
+            return None, self.problem or "the study records no seq_len/global_batch"
+        from autotune.plan import Plan
+
+        try:
+            est = estimate(Plan.from_dict(plan), self.model, self.cluster, wl[0], wl[1],
+                           calibration=self.ua.get("calibration"))
+        except AutotuneError as e:
+            return None, f"the cost model refused the plan: {e}"
+        bd = getattr(est, "breakdown", None)
+        return (bd, None) if isinstance(bd, dict) else (None, "the cost model returned no breakdown")

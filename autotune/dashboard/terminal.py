@@ -1,0 +1,134 @@
+"""The study in the terminal (rich): a summary line and the trials best first, optionally refreshed
+live while a search writes the same storage (``--watch``)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from autotune.dashboard.data import StudyView, TrialRow, load_view, speedup
+from autotune.units import fmt_bytes, fmt_count
+
+
+def _tps(x: float | None) -> str:
+    return fmt_count(x) if x is not None else "-"
+
+
+def shares_text(shares: dict, sep: str = "  ") -> str:
+    """Layers per stage, and the other dimensions where they are split unevenly, e.g.
+    ``layers 14/18  tokens 70000/61072`` (even splits of tokens, heads and samples say nothing)."""
+    parts = []
+    for k in ("layers", "tokens", "heads", "samples"):
+        v = shares.get(k)
+        if v and len(v) > 1 and (k == "layers" or max(v) != min(v)):
+            parts.append(f"{k} " + "/".join(str(x) for x in v))
+    return sep.join(parts) or "even"
+
+
+def _memory(r: TrialRow) -> Text:
+    mem = r.measured_memory_bytes or r.memory_bytes
+    if not mem:
+        return Text("-")
+    peak = max(mem)
+    frac = r.memory_fraction
+    if frac is None:
+        return Text(fmt_bytes(peak))
+    cap = r.capacity_bytes[mem.index(peak)] if len(r.capacity_bytes) == len(mem) else max(r.capacity_bytes)
+    style = "red" if frac > 1 else ("yellow" if frac > 0.9 else "")
+    return Text(f"{fmt_bytes(peak)} / {fmt_bytes(cap)} ({frac:.0%})", style=style)
+
+
+def _state(r: TrialRow) -> Text:
+    if r.state == "COMPLETE" and r.feasible:
+        return Text("ok", style="green")
+    if r.state == "COMPLETE":
+        return Text("infeasible", style="yellow")
+    return Text(r.state.lower(), style={"FAIL": "red", "RUNNING": "cyan"}.get(r.state, "dim"))
+
+
+def table(view: StudyView, limit: int | None = None) -> Table:
+    t = Table(title=f"study {view.name}: trials, best first", title_justify="left", expand=False)
+    for col, just in (("#", "right"), ("degrees", "left"), ("shares", "left"), ("predicted tok/s", "right"),
+                      ("measured tok/s", "right"), ("error", "right"), ("peak memory / capacity", "right"),
+                      ("state", "left"), ("reason", "left")):
+        t.add_column(col, justify=just, overflow="fold")
+    rows = view.rows if limit is None else view.rows[:limit]
+    for r in rows:
+        mark = "*" if r is view.best else ""
+        tag = " even" if r is view.even_best else ""
+        err = Text(f"{r.error:+.1%}", style="yellow" if abs(r.error) > 0.2 else "") if r.error is not None else "-"
+        t.add_row(f"{r.number}{mark}", r.degrees_text() + tag, shares_text(r.shares), _tps(r.predicted_tps), _tps(r.measured_tps),
+                  err, _memory(r), _state(r), r.reason or "")
+    if limit is not None and len(view.rows) > limit:
+        t.caption = f"{len(view.rows) - limit} more trials not shown (--limit)"
+    return t
+
+
+def summary(view: StudyView) -> Text:
+    ua = view.user_attrs
+    states = ", ".join(f"{n} {s.lower()}" for s, n in sorted(view.states.items())) or "no trials yet"
+    txt = Text()
+    txt.append(f"{view.name}", style="bold")
+    what = " ".join(str(x) for x in (ua.get("model"), ua.get("cluster")) if x)
+    if what:
+        txt.append(f"  {what}")
+    if ua.get("seq_len"):
+        txt.append(f"  seq {ua['seq_len']}  batch {ua.get('global_batch')}")
+    txt.append(f"\n{len(view.rows)} trials: {states}\n")
+    b, e = view.best, view.even_best
+    if b is None:
+        txt.append("no feasible plan yet", style="yellow")
+        return txt
+    which = "measured" if b.measured_tps else "predicted"
+    txt.append("best ", style="bold")
+    txt.append(f"#{b.number} {b.degrees_text()}: {_tps(b.measured_tps or b.predicted_tps)} tok/s ({which})",
+               style="green")
+    sp = speedup(b, e)
+    if e is not None and e is not b and sp is not None:
+        txt.append(f"; {sp:.2f}x the best even split #{e.number} {e.degrees_text()} "
+                   f"({_tps(e.measured_tps or e.predicted_tps)} tok/s)")
+    elif e is b:
+        txt.append("; it is an even split")
+    return txt
+
+
+def render(view: StudyView, limit: int | None = None) -> Group:
+    return Group(summary(view), table(view, limit))
+
+
+def show(name: str, storage: str, console: Console, limit: int | None = None) -> StudyView:
+    view = load_view(name, storage)
+    console.print(render(view, limit))
+    return view
+
+
+def watch(name: str, storage: str, console: Console, *, interval: float = 2.0, limit: int | None = 30,
+          max_refreshes: int | None = None, sleep: Callable[[float], Any] = time.sleep) -> StudyView:
+    """Re-read the study every ``interval`` seconds and redraw in place until Ctrl-C (or
+    ``max_refreshes`` reads). Storage is read fresh each time, so trials another process (a running
+    ``autotune search``) commits appear on the next refresh."""
+    from rich.live import Live
+
+    view = load_view(name, storage, allow_empty=True)
+    reads = 1
+
+    def frame(v: StudyView) -> Group:
+        stamp = Text(f"refreshing every {interval:g}s (Ctrl-C to stop); last read {time.strftime('%H:%M:%S')}",
+                     style="dim")
+        return Group(render(v, limit), stamp)
+
+    try:
+        with Live(frame(view), console=console, auto_refresh=False, transient=False) as live:
+            while max_refreshes is None or reads < max_refreshes:
+                sleep(interval)
+                view = load_view(name, storage, allow_empty=True)
+                reads += 1
+                live.update(frame(view), refresh=True)
+    except KeyboardInterrupt:  # the normal way to stop watching
+        pass
+    return view
