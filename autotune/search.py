@@ -1,0 +1,595 @@
+"""The search: Optuna over a search space, every point priced by the cost model.
+
+Phases (all trials of one study, docs/contracts.md "Study"):
+
+1. **Baselines** first (the space's even splits: Megatron-style tp x pp x dp, pure CP, pure Ulysses,
+   every even CP x Ulysses mix), so the answer is never worse than them.
+2. **Sampler**: TPE (default; multivariate, Watanabe 2023), random, or grid (every discrete point of
+   the space with even and speed-balanced shares, when it is small enough; says so when it is not).
+   ``--workers K`` runs this phase in K processes on one study.
+3. **Polish**: a hill climb from the best few plans over one-step moves of every parameter, which is
+   what turns a near-miss of TPE into the optimum of the neighbourhood.
+
+Speed. Optuna's RDB storage costs milliseconds per trial write, more than the cost model, so each
+process searches an in-memory study and persists its finished trials to the real storage in
+batches (at least every ``batch_s`` seconds, at the end, and on Ctrl-C / SIGTERM); a worker killed
+with SIGKILL loses at most its last unpersisted batch. Before a batch is written the worker pulls
+the trials other workers wrote, so TPE learns from all of them. Equal plans are priced once (cache).
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import os
+import signal
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from autotune.errors import InputError, WorkError
+from autotune.plan import Plan
+from autotune.study import (
+    MEMORY_URL,
+    StudyRecord,
+    create_or_open,
+    is_feasible,
+    plan_key,
+    storage_for,
+    trial_plans,
+    worker_count_ok,
+)
+
+SAMPLERS = ("tpe", "random", "grid")
+DEFAULT_TRIALS = 300
+POLISH_FRACTION = 0.25
+TIMELINE_LIMIT = 4000  # events kept per trial; larger timelines are stored for the best plans only
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchOptions:
+    trials: int | None = None
+    """Sampler + polish trials (baselines come on top); None: DEFAULT_TRIALS, or the whole grid."""
+    timeout_s: float | None = None
+    sampler: str = "tpe"
+    workers: int = 1
+    seed: int = 0
+    top: int = 5
+    space: str = "default"
+    batch_s: float = 1.0
+    polish: bool = True
+    dtype: str = "bf16"
+
+
+@dataclass
+class SearchResult:
+    study_name: str
+    storage: str
+    best: Plan
+    top: list[Plan]
+    baseline_best: Plan | None
+    trials: int
+    new_trials: int
+    elapsed_s: float
+    notes: list[str] = field(default_factory=list)
+    why: str = ""
+    best_trial: int = -1
+    baseline_trial: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"best": self.best.to_dict(), "top": [p.to_dict() for p in self.top],
+                "baseline_best": self.baseline_best.to_dict() if self.baseline_best else None,
+                "trials": self.trials, "new_trials": self.new_trials, "elapsed_s": self.elapsed_s,
+                "study": self.study_name, "storage": self.storage, "best_trial": self.best_trial,
+                "baseline_trial": self.baseline_trial, "notes": self.notes, "why": self.why}
+
+
+def space_names() -> list[str]:
+    import pkgutil
+
+    import search_spaces
+
+    return sorted({m.name for m in pkgutil.iter_modules(list(search_spaces.__path__))
+                   if not m.name.startswith("_") and m.name != "base"})
+
+
+def load_space(name: str) -> Any:
+    """The module ``search_spaces.<name>`` (works whether search_spaces is installed as a regular or,
+    by an old editable install, a namespace package)."""
+    import importlib
+
+    from autotune.errors import suggest
+
+    names = space_names()
+    if name not in names:
+        raise InputError(f"unknown search space {name!r}" + suggest(name, names), field="--space")
+    return importlib.import_module(f"search_spaces.{name}")
+
+
+# ---- pricing one point -------------------------------------------------------------------------
+def default_estimator() -> Callable[..., Any]:
+    try:
+        from autotune.cost import estimate
+    except ImportError as exc:
+        raise WorkError(f"the cost model (autotune.cost) is not available in this build: {exc}") from None
+    return estimate
+
+
+@dataclass
+class Outcome:
+    """What one point of the space became: the trial value, user attrs and constraints."""
+
+    value: float
+    attrs: dict[str, Any]
+    constraints: dict[str, float]
+    failed: bool = False
+
+
+def _trim_breakdown(bd: Any) -> Any:
+    if isinstance(bd, dict) and isinstance(bd.get("timeline"), list) and len(bd["timeline"]) > TIMELINE_LIMIT:
+        return {**bd, "timeline": None, "timeline_events": len(bd["timeline"])}
+    return bd
+
+
+class Evaluator:
+    """Prices points of a space, once per distinct plan."""
+
+    def __init__(self, space: Any, estimator: Callable[..., Any], calibration: dict | None = None):
+        self.space, self.estimator, self.calibration = space, estimator, calibration
+        self.cache: dict[str, Outcome] = {}
+        self.calls = 0
+
+    def evaluate(self, params: dict[str, Any]) -> Outcome:
+        from search_spaces.base import Infeasible, family_of
+
+        built = self.space.build(params)
+        if isinstance(built, Infeasible):
+            return Outcome(0.0, {"infeasible_reason": f"{built.kind}: {built.reason}", "infeasible_kind": built.kind,
+                                 "family": built.family or None, "baseline": None},
+                           {"memory": 0.0, "divisibility": 1.0})
+        key = plan_key(built.to_dict())
+        hit = self.cache.get(key)
+        if hit is not None:
+            return hit
+        ctx = self.space.ctx
+        self.calls += 1
+        try:
+            est = self.estimator(built, ctx.model, ctx.cluster, ctx.seq_len, ctx.global_batch,
+                                 calibration=self.calibration)
+        except InputError as e:  # the cost model refused the plan: a limit, recorded
+            out = Outcome(0.0, {"plan": built.to_dict(), "infeasible_reason": f"divisibility: {e.message}",
+                                "infeasible_kind": "divisibility", "family": family_of(built), "baseline": None},
+                          {"memory": 0.0, "divisibility": 1.0})
+            self.cache[key] = out
+            return out
+        except Exception as e:  # noqa: BLE001 - a failed trial never kills a study
+            out = Outcome(0.0, {"plan": built.to_dict(), "failure": {"kind": "error", "rank": None,
+                                                                      "message": f"{type(e).__name__}: {e}"},
+                                "family": family_of(built), "baseline": None}, {}, failed=True)
+            self.cache[key] = out
+            return out
+        pred = dict(est.predicted)
+        plan = est.plan if est.plan is not None else built.replace(predicted=pred)
+        attrs = {"plan": plan.to_dict(), "breakdown": _trim_breakdown(getattr(est, "breakdown", None)),
+                 "infeasible_reason": None, "family": family_of(plan), "baseline": None}
+        mem, cap = pred.get("memory_bytes") or [], pred.get("capacity_bytes") or []
+        over = max((m - c) / c for m, c in zip(mem, cap, strict=False)) if mem and cap else -1.0
+        if pred.get("feasible", True):
+            out = Outcome(float(pred["tokens_per_s"]), attrs, {"memory": min(over, 0.0), "divisibility": 0.0})
+        else:
+            reason = str(pred.get("infeasible_reason") or "infeasible")
+            kind = "memory" if "memory" in reason.lower() or over > 0 else "model"
+            attrs["infeasible_reason"] = f"{kind}: {reason}"
+            attrs["infeasible_kind"] = kind
+            out = Outcome(0.0, attrs, {"memory": max(over, 1e-9) if kind == "memory" else 0.0,
+                                       "divisibility": 0.0 if kind == "memory" else 1.0})
+        self.cache[key] = out
+        return out
+
+    def prime(self, trials: list[Any]) -> None:
+        """Seed the cache from trials already in the study (resume costs no re-pricing)."""
+        for t in trials:
+            if "plan" in t.user_attrs and t.value is not None:
+                self.cache.setdefault(plan_key(t.user_attrs["plan"]), Outcome(
+                    float(t.value), {k: v for k, v in t.user_attrs.items() if k not in ("origin", "measured")},
+                    dict(getattr(t, "constraints", {}) or {})))
+
+
+# ---- a process's view of the study: in-memory, persisted in batches ------------------------------
+class Workspace:
+    """An in-memory copy of the study that this process samples on, synced with the real storage."""
+
+    def __init__(self, name: str, storage: str, distributions: dict[str, Any], sampler: Any, batch_s: float):
+        import optuna
+
+        self.name, self.storage_url, self.dists, self.batch_s = name, storage, distributions, batch_s
+        self.origin = uuid.uuid4().hex[:12]
+        self.local = 0
+        if storage == MEMORY_URL:
+            self.persistent = None
+            self.mem = optuna.load_study(study_name=name, storage=storage_for(storage), sampler=sampler)
+        else:
+            self.persistent = optuna.load_study(study_name=name, storage=storage_for(storage))
+            self.mem = optuna.create_study(direction="maximize", sampler=sampler)
+        self.pending: list[Any] = []
+        self.seen_ids: set[int] = set()
+        self.last_flush = time.monotonic()
+        self.pull()
+
+    def pull(self) -> list[Any]:
+        """Copy trials other processes persisted into the in-memory study."""
+        if self.persistent is None:
+            return []
+        import optuna
+
+        new = []
+        for t in self.persistent.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,
+                                                                   optuna.trial.TrialState.FAIL)):
+            if t._trial_id in self.seen_ids:
+                continue
+            self.seen_ids.add(t._trial_id)
+            if str(t.user_attrs.get("origin", "")).startswith(self.origin):
+                continue
+            new.append(t)
+        if new:
+            self.mem.add_trials(new)
+        return new
+
+    def record(self, params: dict[str, Any], out: Outcome, extra: dict[str, Any] | None = None,
+               trial: Any = None) -> None:
+        import optuna
+
+        attrs = {**out.attrs, **(extra or {}), "origin": f"{self.origin}:{self.local}"}
+        self.local += 1
+        state = optuna.trial.TrialState.FAIL if out.failed else optuna.trial.TrialState.COMPLETE
+        if trial is not None:  # asked from the sampler: tell it
+            for k, v in attrs.items():
+                trial.set_user_attr(k, v)
+            for k, v in out.constraints.items():
+                trial.set_constraint(k, v)
+            self.mem.tell(trial, None if out.failed else out.value, state=state)
+            frozen = self.mem._storage.get_trial(trial._trial_id)
+        else:
+            frozen = optuna.trial.create_trial(params=params, distributions=self.dists,
+                                               value=None if out.failed else out.value, user_attrs=attrs,
+                                               constraints=out.constraints or None, state=state)
+            self.mem.add_trial(frozen)
+        if self.persistent is not None:
+            self.pending.append(frozen)
+            if time.monotonic() - self.last_flush >= self.batch_s:
+                self.flush()
+
+    def flush(self) -> None:
+        if self.persistent is None or not self.pending:
+            self.last_flush = time.monotonic()
+            return
+        self.pull()
+        batch, self.pending = self.pending, []
+        self.persistent.add_trials(batch)  # pull() skips them again by their origin
+        self.last_flush = time.monotonic()
+
+    @property
+    def study(self) -> Any:
+        return self.persistent if self.persistent is not None else self.mem
+
+
+def make_sampler(name: str, seed: int) -> Any:
+    import optuna
+
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    # grid points are added as fixed trials; TPE stays the sampler of record
+    return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=16, n_ei_candidates=32)
+
+
+# ---- phases -------------------------------------------------------------------------------------
+def _deadline_passed(deadline: float | None) -> bool:
+    return deadline is not None and time.monotonic() >= deadline
+
+
+def run_baselines(ws: Workspace, ev: Evaluator, deadline: float | None) -> int:
+    have = {t.user_attrs.get("baseline_key") for t in ws.mem.get_trials(deepcopy=False)}
+    n = 0
+    for name, params in ev.space.baselines():
+        key = f"{name}:{sorted(params.items())}"
+        if key in have or _deadline_passed(deadline):
+            continue
+        have.add(key)
+        out = ev.evaluate(params)
+        ws.record(params, out, {"baseline": name, "baseline_key": key})
+        n += 1
+    return n
+
+
+def run_sampler(ws: Workspace, ev: Evaluator, n: int, deadline: float | None) -> int:
+    done = 0
+    while done < n and not _deadline_passed(deadline):
+        t = ws.mem.ask(ws.dists)
+        out = ev.evaluate(dict(t.params))
+        ws.record(t.params, out, trial=t)
+        done += 1
+    return done
+
+
+def run_grid(ws: Workspace, ev: Evaluator, points: list[dict[str, Any]], deadline: float | None) -> int:
+    have = {tuple(sorted(t.params.items())) for t in ws.mem.get_trials(deepcopy=False)}
+    done = 0
+    for p in points:
+        if _deadline_passed(deadline):
+            break
+        k = tuple(sorted(p.items()))
+        if k in have:
+            continue
+        have.add(k)
+        ws.record(p, ev.evaluate(p))
+        done += 1
+    return done
+
+
+def run_polish(ws: Workspace, ev: Evaluator, budget: int, deadline: float | None, starts: int = 3) -> int:
+    """Hill climb from the best ``starts`` distinct plans: take the best one-step move while it helps."""
+    ranked = sorted((t for t in ws.mem.get_trials(deepcopy=False) if is_feasible(t) and t.params),
+                    key=lambda t: -t.value)
+    seeds, keys = [], set()
+    for t in ranked:
+        k = plan_key(t.user_attrs["plan"])
+        if k not in keys:
+            keys.add(k)
+            seeds.append((dict(t.params), float(t.value)))
+        if len(seeds) >= starts:
+            break
+    tried = {tuple(sorted(t.params.items())) for t in ws.mem.get_trials(deepcopy=False)}
+    done = 0
+    for params, value in seeds:
+        improved = True
+        while improved and done < budget and not _deadline_passed(deadline):
+            improved = False
+            best_p, best_v = params, value
+            for q in ev.space.neighbours(params):
+                if done >= budget or _deadline_passed(deadline):
+                    break
+                k = tuple(sorted(q.items()))
+                if k in tried:
+                    continue
+                tried.add(k)
+                out = ev.evaluate(q)
+                ws.record(q, out, {"polish": True})
+                done += 1
+                if not out.failed and out.constraints.get("memory", 0) <= 0 and \
+                        out.constraints.get("divisibility", 0) <= 0 and out.value > best_v * (1 + 1e-9):
+                    best_p, best_v = q, out.value
+            if best_v > value:
+                params, value, improved = best_p, best_v, True
+    return done
+
+
+# ---- worker processes ---------------------------------------------------------------------------
+def _sigterm_to_interrupt(*_: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _worker(args: dict[str, Any]) -> None:
+    """One of --workers K processes: the sampler (or a slice of the grid) on the shared study."""
+    signal.signal(signal.SIGTERM, _sigterm_to_interrupt)
+    ctx, space, ev = _setup(args["model"], args["cluster"], args["seq_len"], args["global_batch"], args["opts"],
+                            args["estimator"])
+    opts: SearchOptions = args["opts"]
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    ws = Workspace(args["name"], args["storage"], space.distributions(), make_sampler(opts.sampler, args["seed"]),
+                   opts.batch_s)
+    ev.prime(ws.mem.get_trials(deepcopy=False))
+    try:
+        if args.get("grid") is not None:
+            run_grid(ws, ev, args["grid"], args["deadline_wall"] and _to_monotonic(args["deadline_wall"]))
+        else:
+            run_sampler(ws, ev, args["n"], args["deadline_wall"] and _to_monotonic(args["deadline_wall"]))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        ws.flush()
+
+
+def _to_monotonic(wall: float) -> float:
+    return time.monotonic() + (wall - time.time())
+
+
+def _setup(model: Any, cluster: Any, seq_len: int, global_batch: int, opts: SearchOptions,
+           estimator: Callable[..., Any] | None) -> tuple[Any, Any, Evaluator]:
+    from search_spaces.base import SearchContext
+
+    ctx = SearchContext(model=model, cluster=cluster, seq_len=seq_len, global_batch=global_batch, dtype=opts.dtype)
+    space = load_space(opts.space).space(ctx)
+    return ctx, space, Evaluator(space, estimator or default_estimator())
+
+
+def check_options(opts: SearchOptions, storage: str) -> None:
+    if opts.sampler not in SAMPLERS:
+        from autotune.errors import suggest
+
+        raise InputError(f"unknown sampler {opts.sampler!r}" + suggest(opts.sampler, SAMPLERS), field="--sampler")
+    if opts.trials is not None and opts.trials < 1:
+        raise InputError(f"must be >= 1, got {opts.trials}", field="--trials")
+    if opts.timeout_s is not None and not opts.timeout_s > 0:
+        raise InputError(f"must be > 0 seconds, got {opts.timeout_s}", field="--timeout")
+    if opts.workers < 1:
+        raise InputError(f"must be >= 1, got {opts.workers}", field="--workers")
+    if opts.top < 1:
+        raise InputError(f"must be >= 1, got {opts.top}", field="--top")
+    worker_count_ok(storage, opts.workers)
+
+
+def search(model: Any, cluster: Any, seq_len: int, global_batch: int, *, study_name: str, storage: str,
+           options: SearchOptions | None = None, estimator: Callable[..., Any] | None = None,
+           progress: Callable[[str], None] | None = None) -> SearchResult:
+    """Run (or resume) the search and return the best plans. Picklable ``estimator`` for workers > 1."""
+    opts = options or SearchOptions()
+    check_options(opts, storage)
+    t0 = time.monotonic()
+    deadline = t0 + opts.timeout_s if opts.timeout_s else None
+    say = progress or (lambda _m: None)
+    ctx, space, ev = _setup(model, cluster, seq_len, global_batch, opts, estimator)
+    record = StudyRecord(model=model, cluster=cluster, seq_len=seq_len, global_batch=global_batch, space=opts.space)
+    create_or_open(study_name, storage, record)  # once, in the parent, before any worker starts
+    notes: list[str] = []
+    ws = Workspace(study_name, storage, space.distributions(), make_sampler(opts.sampler, opts.seed), opts.batch_s)
+    before = len(ws.mem.get_trials(deepcopy=False))
+    if before:
+        notes.append(f"resumed study {study_name!r} with {before} trials")
+    ev.prime(ws.mem.get_trials(deepcopy=False))
+    if storage != MEMORY_URL:
+        notes.append(f"searched in memory, persisted to {storage} in batches of <= {opts.batch_s:g} s "
+                     "(Optuna's storage writes cost more than the cost model)")
+    interrupted = False
+    try:
+        nb = run_baselines(ws, ev, deadline)
+        say(f"baselines: {nb} trials")
+        if opts.sampler == "grid":
+            size = space.grid_size()
+            from search_spaces.default import GRID_LIMIT
+
+            if opts.trials is None and size > GRID_LIMIT:
+                raise InputError(f"the grid has more than {GRID_LIMIT} points; too large to enumerate, use "
+                                 "--sampler tpe or give --trials N to enumerate the first N", field="--sampler")
+            points = space.grid()
+            if opts.trials is not None and opts.trials < len(points):
+                notes.append(f"grid: {len(points)} points, enumerating the first {opts.trials} (NOT exhaustive)")
+                points = points[:opts.trials]
+            else:
+                notes.append(f"grid: exhaustive over all {len(points)} points of the space")
+            n_main, n_polish = len(points), 0
+        else:
+            total = opts.trials or DEFAULT_TRIALS
+            n_polish = int(total * POLISH_FRACTION) if opts.polish else 0
+            n_main, points = total - n_polish, None
+        if opts.workers > 1:
+            ws.flush()
+            _run_workers(study_name, storage, model, cluster, seq_len, global_batch, opts, estimator, n_main, points,
+                         deadline)
+            ws.pull()
+        elif points is not None:
+            run_grid(ws, ev, points, deadline)
+        else:
+            run_sampler(ws, ev, n_main, deadline)
+        say("sampler done")
+        if n_polish:
+            ev.prime(ws.mem.get_trials(deepcopy=False))
+            run_polish(ws, ev, n_polish, deadline)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        ws.flush()
+    if interrupted:
+        raise KeyboardInterrupt
+    return collect(ws.study, storage, opts.top, time.monotonic() - t0, before, notes)
+
+
+def _run_workers(name: str, storage: str, model: Any, cluster: Any, seq_len: int, global_batch: int,
+                 opts: SearchOptions, estimator: Any, n_main: int, points: list | None, deadline: float | None) -> None:
+    ctxm = mp.get_context("spawn")
+    k = opts.workers
+    deadline_wall = time.time() + (deadline - time.monotonic()) if deadline else None
+    procs = []
+    for i in range(k):
+        args = {"name": name, "storage": storage, "model": model, "cluster": cluster, "seq_len": seq_len,
+                "global_batch": global_batch, "opts": opts, "estimator": estimator, "seed": opts.seed + 1 + i,
+                "n": math.ceil(n_main / k), "grid": points[i::k] if points is not None else None,
+                "deadline_wall": deadline_wall}
+        p = ctxm.Process(target=_worker, args=(args,), daemon=False)
+        p.start()
+        procs.append(p)
+    try:
+        for p in procs:
+            p.join()
+    except KeyboardInterrupt:
+        for p in procs:  # our own children: ask them to flush and stop
+            if p.is_alive() and p.pid:
+                os.kill(p.pid, signal.SIGTERM)
+        for p in procs:
+            p.join(30)
+        raise
+    bad = [p.exitcode for p in procs if p.exitcode not in (0, None)]
+    if bad:
+        raise WorkError(f"{len(bad)} of {k} search workers exited with codes {bad}; their persisted trials are kept")
+
+
+# ---- results ------------------------------------------------------------------------------------
+def collect(study: Any, storage: str, top: int, elapsed: float, before: int, notes: list[str]) -> SearchResult:
+    trials = study.get_trials(deepcopy=False)
+    ranked = trial_plans(study)
+    if not ranked:
+        raise WorkError("no feasible plan: " + infeasibility_report(trials))
+    best_t, best = ranked[0]
+    even = [(t, p) for t, p in ranked if p.is_even()]
+    base_t, base = even[0] if even else (None, None)
+    if base_t is not None:
+        try:
+            study.set_user_attr("baseline_best_trial", base_t.number)
+        except Exception:  # noqa: BLE001 - informational
+            pass
+    res = SearchResult(study_name=study.study_name, storage=storage, best=best, top=[p for _, p in ranked[:top]],
+                       baseline_best=base, trials=len(trials), new_trials=len(trials) - before, elapsed_s=elapsed,
+                       notes=notes, best_trial=best_t.number, baseline_trial=base_t.number if base_t else None)
+    res.why = why_best(best, base, best_t.user_attrs.get("breakdown"), base_t.user_attrs.get("breakdown")
+                       if base_t else None)
+    return res
+
+
+def infeasibility_report(trials: list[Any]) -> str:
+    """Per family, the limit that rules it out (the commonest kind) and its closest example."""
+    fams: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    for t in trials:
+        reason = t.user_attrs.get("infeasible_reason")
+        fam = t.user_attrs.get("family")
+        if not reason or not fam:
+            continue
+        fams[fam][t.user_attrs.get("infeasible_kind") or reason.split(":", 1)[0]].append(reason)
+    if not fams:
+        return "no trial produced a plan (every point was rejected before pricing)"
+    parts = []
+    for fam in sorted(fams):
+        kinds = fams[fam]
+        kind = max(kinds, key=lambda k: len(kinds[k]))
+        parts.append(f"{fam}: {kind} ({len(kinds[kind])} plans; e.g. {kinds[kind][0]})")
+    return "; ".join(parts)
+
+
+def _num(d: Any, key: str) -> float | None:
+    v = d.get(key) if isinstance(d, dict) else None
+    return float(v) if isinstance(v, (int, float)) else None
+
+
+def why_best(best: Plan, base: Plan | None, bd_best: Any, bd_base: Any) -> str:
+    """One sentence: how much faster the best plan is than the best even-split plan, and where from."""
+    if base is None:
+        return "no even-split plan is feasible here; the best plan needs uneven shares or options they lack"
+    pb, pe = best.predicted or {}, base.predicted or {}
+    tb, te = _num(pb, "step_time_s"), _num(pe, "step_time_s")
+    if tb is None or te is None or tb <= 0:
+        return ""
+    if plan_key(best.to_dict()) == plan_key(base.to_dict()):
+        return "the best plan is itself an even split"
+    diffs = []
+    if best.degrees != base.degrees:
+        diffs.append(f"degrees {best.degrees.inline()} instead of {base.degrees.inline()}")
+    for k in ("layers", "tokens", "heads", "samples"):
+        v = getattr(best.shares, k)
+        if v is not None and len(set(v)) > 1:
+            diffs.append(f"uneven {k} {list(v)}")
+    for k in ("micro_batch_size", "schedule", "recompute", "zero_stage", "sequence_parallel"):
+        if getattr(best, k) != getattr(base, k):
+            diffs.append(f"{k} {getattr(best, k)}")
+    terms = ""
+    if isinstance(bd_best, dict) and isinstance(bd_base, dict):
+        deltas = [(k, _num(bd_base, k) - _num(bd_best, k)) for k in bd_best
+                  if _num(bd_best, k) is not None and _num(bd_base, k) is not None and k != "step_time_s"]
+        deltas = [d for d in deltas if d[1] > 0]
+        if deltas:
+            k, d = max(deltas, key=lambda x: x[1])
+            terms = f"; the largest saving is {k} ({d:.3g} s less)"
+    return (f"{te / tb:.2f}x the best even-split plan ({base.degrees.inline()}): step {tb:.4g} s vs {te:.4g} s, "
+            "from " + (", ".join(diffs) or "placement") + terms)

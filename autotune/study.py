@@ -1,0 +1,236 @@
+"""Optuna studies: where every searched, estimated and measured plan is kept (docs/contracts.md, "Study").
+
+One study per name in a storage URL: any SQLAlchemy URL Optuna's ``RDBStorage`` accepts (default
+``sqlite:///results/autotune.db``, PostgreSQL for many machines), or a path ending in ``.log`` for
+Optuna's ``JournalStorage`` file backend (shared file systems; measured ~4x faster per trial and
+free of SQLite's create race, shared/torch-cpu-facts.md). ``:memory:`` keeps a study in this process.
+
+A study records what it is for in its user attributes (model, cluster, workload, space); a name that
+already belongs to another model, cluster or workload is refused rather than mixed. The storage and
+the study are created here once, in the parent, before any worker starts: several workers creating
+the same SQLite schema at once race ("table studies already exists").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import InputError, suggest
+from autotune.plan import Plan
+
+MEMORY_URL = ":memory:"
+# SQLite waits this long on a lock held by another worker instead of failing with "database is locked".
+SQLITE_TIMEOUT_S = 120
+
+
+def _quiet() -> None:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+_MEMORY_STORAGES: dict[str, Any] = {}
+
+
+def storage_for(url: str, *, create: bool = True) -> Any:
+    """An Optuna storage object for ``url`` (RDB URL, ``*.log`` journal file or ``:memory:``)."""
+    import optuna
+    from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+    _quiet()
+    if not isinstance(url, str) or not url.strip():
+        raise InputError("empty storage URL", field="--storage")
+    if url == MEMORY_URL:
+        return _MEMORY_STORAGES.setdefault(url, optuna.storages.InMemoryStorage())
+    if url.endswith(".log") and "://" not in url:
+        path = Path(url)
+        if not create and not path.exists():
+            raise InputError(f"no such journal file {url!r}; run `autotune search` first", field="--storage")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return JournalStorage(JournalFileBackend(str(path)))
+    if "://" not in url:
+        raise InputError(f"bad storage {url!r}; write a SQLAlchemy URL such as sqlite:///results/autotune.db, "
+                         "a journal file path ending in .log, or :memory:", field="--storage")
+    engine_kwargs: dict[str, Any] = {}
+    if url.startswith("sqlite:///"):
+        path = url[len("sqlite:///"):]
+        if path and path != ":memory:":
+            if not create and not Path(path).exists():
+                raise InputError(f"no such database file {path!r}; run `autotune search` first or pass --storage",
+                                 field="--storage")
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        engine_kwargs = {"connect_args": {"timeout": SQLITE_TIMEOUT_S}}
+    try:
+        return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+    except (ImportError, ModuleNotFoundError) as exc:
+        raise InputError(f"storage {url!r} needs a database driver that is not installed: {exc}",
+                         field="--storage") from None
+    except Exception as exc:  # noqa: BLE001 - sqlalchemy raises many kinds for a bad URL
+        raise InputError(f"cannot open storage {url!r}: {type(exc).__name__}: {exc}".splitlines()[0],
+                         field="--storage") from None
+
+
+@dataclass(frozen=True, kw_only=True)
+class StudyRecord:
+    """What a study is for: written once as study user attrs, compared on every later open."""
+
+    model: Any
+    cluster: Any
+    seq_len: int
+    global_batch: int
+    space: str = "default"
+
+    def cluster_digest(self) -> str:
+        if self.cluster.digest:
+            return self.cluster.digest
+        d = {k: v for k, v in self.cluster.to_dict().items() if k not in ("digest",)}
+        return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()
+
+    def attrs(self) -> dict[str, Any]:
+        return {"model": self.model.name, "model_spec": self.model.to_dict(), "cluster": self.cluster.name,
+                "cluster_spec": self.cluster.to_dict(), "cluster_digest": self.cluster_digest(),
+                "seq_len": self.seq_len, "global_batch": self.global_batch, "space": self.space}
+
+
+def default_study_name(model: Any, cluster: Any, seq_len: int, global_batch: int) -> str:
+    return f"{model.name}@{cluster.name}-s{seq_len}-b{global_batch}"
+
+
+def _mismatch(have: dict[str, Any], want: dict[str, Any]) -> list[str]:
+    out = []
+    if have.get("model_spec") != want["model_spec"]:
+        out.append(f"model {have.get('model')!r} (this search: {want['model']!r})")
+    if have.get("cluster_digest") != want["cluster_digest"]:
+        out.append(f"cluster {have.get('cluster')!r} (this search: {want['cluster']!r})")
+    for key in ("seq_len", "global_batch", "space"):
+        if have.get(key) != want[key]:
+            out.append(f"{key} {have.get(key)!r} (this search: {want[key]!r})")
+    return out
+
+
+def create_or_open(name: str, storage: str, record: StudyRecord) -> Any:
+    """Create the study (maximise predicted tokens/s) or reopen it; refuse one made for something else."""
+    import optuna
+
+    st = storage_for(storage, create=True)
+    want = record.attrs()
+    try:
+        study = optuna.create_study(study_name=name, storage=st, direction="maximize", load_if_exists=True)
+    except Exception as exc:  # noqa: BLE001 - a race or a study with another direction
+        raise InputError(f"cannot create study {name!r} in {storage}: {exc}".splitlines()[0], field="--study") from None
+    if study.direction != optuna.study.StudyDirection.MAXIMIZE:
+        raise InputError(f"study {name!r} exists and does not maximise tokens/s; pick another --study", field="--study")
+    have = study.user_attrs
+    if "model_spec" not in have:
+        for k, v in want.items():
+            study.set_user_attr(k, v)
+        return study
+    problems = _mismatch(have, want)
+    if problems:
+        raise InputError(f"study {name!r} belongs to " + "; ".join(problems) + "; pick another --study name",
+                         field="--study")
+    return study
+
+
+def open_study(name: str, storage: str) -> Any:
+    """Load an existing study; an unknown name is an InputError with the nearest names."""
+    import optuna
+
+    st = storage_for(storage, create=False)
+    try:
+        return optuna.load_study(study_name=name, storage=st)
+    except KeyError:
+        names = optuna.get_all_study_names(storage=st)
+        raise InputError(f"no study named {name!r} in {storage}" + (suggest(name, names) if names else
+                                                                    " (the storage holds no study)"),
+                         field="--study") from None
+
+
+def list_studies(storage: str) -> list[dict[str, Any]]:
+    """One row per study: name, model, cluster, workload, trial count, best predicted tokens/s."""
+    import optuna
+
+    st = storage_for(storage, create=False)
+    rows = []
+    for s in optuna.get_all_study_summaries(storage=st, include_best_trial=False):
+        ua = s.user_attrs
+        study = optuna.load_study(study_name=s.study_name, storage=st)
+        best = best_feasible(study)
+        rows.append({"name": s.study_name, "model": ua.get("model"), "cluster": ua.get("cluster"),
+                     "seq_len": ua.get("seq_len"), "global_batch": ua.get("global_batch"),
+                     "space": ua.get("space"), "trials": s.n_trials,
+                     "best_tokens_per_s": best.value if best is not None else None,
+                     "best_measured_trial": ua.get("best_measured_trial")})
+    return rows
+
+
+def is_feasible(t: Any) -> bool:
+    """Completed, every constraint <= 0, no infeasible reason, and a plan stored."""
+    import optuna
+
+    if t.state != optuna.trial.TrialState.COMPLETE or t.value is None:
+        return False
+    cons = t.constraints if hasattr(t, "constraints") else None
+    values = cons.values() if isinstance(cons, dict) else (cons or [])
+    if any(c > 0 for c in values):
+        return False
+    return not t.user_attrs.get("infeasible_reason") and "plan" in t.user_attrs
+
+
+def best_feasible(study: Any) -> Any | None:
+    ok = [t for t in study.get_trials(deepcopy=False) if is_feasible(t)]
+    return max(ok, key=lambda t: (t.value, -t.number)) if ok else None
+
+
+def trial_plans(study: Any, *, feasible_only: bool = True, distinct: bool = True) -> list[tuple[Any, Plan]]:
+    """(trial, Plan) pairs, best predicted tokens/s first; ``distinct`` keeps the first of equal plans."""
+    trials = [t for t in study.get_trials(deepcopy=False) if "plan" in t.user_attrs
+              and (is_feasible(t) or not feasible_only)]
+    trials.sort(key=lambda t: (-(t.value or 0.0), t.number))
+    out, seen = [], set()
+    for t in trials:
+        key = plan_key(t.user_attrs["plan"])
+        if distinct and key in seen:
+            continue
+        seen.add(key)
+        out.append((t, Plan.from_dict(t.user_attrs["plan"])))
+    return out
+
+
+def plan_key(plan_dict: dict[str, Any]) -> str:
+    """What makes two plans the same plan (not their predictions or provenance)."""
+    d = {k: v for k, v in plan_dict.items() if k not in ("predicted", "measured", "provenance", "workload")}
+    return json.dumps(d, sort_keys=True)
+
+
+def set_trial_attrs(study: Any, trial: Any, attrs: dict[str, Any]) -> Any:
+    """Attach ``attrs`` to a finished trial. RDB storages allow it; the journal and in-memory storages
+    refuse to touch finished trials, so there a copy of the trial carrying the attrs and
+    ``validated_from`` is added instead. Returns the trial that now holds them."""
+    import optuna
+
+    try:
+        for k, v in attrs.items():
+            study._storage.set_trial_user_attr(trial._trial_id, k, v)
+        return study._storage.get_trial(trial._trial_id)
+    except (RuntimeError, optuna.exceptions.UpdateFinishedTrialError):
+        pass
+    copy = optuna.trial.create_trial(
+        params=trial.params, distributions=trial.distributions, value=trial.value,
+        user_attrs={**trial.user_attrs, **attrs, "validated_from": trial.number},
+        system_attrs=dict(trial.system_attrs), state=trial.state)
+    study.add_trial(copy)
+    return study.get_trials(deepcopy=False)[-1]
+
+
+def worker_count_ok(storage: str, workers: int) -> None:
+    if workers > 1 and storage == MEMORY_URL:
+        raise InputError("--workers > 1 needs a shared storage (SQLite, PostgreSQL or a .log journal), "
+                         "not :memory:", field="--workers")
+    if workers > max(1, 4 * (os.cpu_count() or 1)):
+        raise InputError(f"--workers {workers} is more than 4 per core on this machine", field="--workers")

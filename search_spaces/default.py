@@ -1,0 +1,268 @@
+"""The default space: all five degrees, micro-batching, schedule, recomputation, ZeRO, sequence
+parallelism, placement of device types onto mesh coordinates and uneven shares along every dimension.
+
+Parameters (one fixed distribution per name for the whole study, so TPE models each consistently):
+
+* ``tp_exp``, ``pp_exp``, ``cp_exp``, ``hp_exp``: index into the sorted divisors of the device count
+  (for tp: of the gcd of devices per node, so tp stays inside a node); for a power-of-two count the
+  index is the exponent. ``dp`` is what is left; a product that does not divide the devices is
+  rejected as infeasible (divisibility), as the issue asks, rather than re-parametrised.
+* ``mbs_exp``: micro-batch size 2**e; ``schedule``, ``vpp_exp`` (virtual stages 2**e with
+  interleaved 1F1B); ``recompute``; ``zero_stage``; ``sp`` (Megatron sequence parallelism).
+* ``placement``: ``node`` puts ranks on devices in node order (the plan default, what Megatron and
+  torchtitan do); ``pp``/``dp``/``cp``/``hp`` sort devices fastest first and enumerate ranks with that
+  dimension outermost (tp innermost, so tp groups stay on one node), so each index of that
+  dimension sits on one device type as far as the counts allow.
+* ``{layers,tokens,heads,samples}_speed`` in [0, 1.5], ``{layers,samples}_mem`` in [0, 1],
+  ``layers_tilt`` in [-2, 2]: the uneven shares, from a balanced start (search_spaces/_balance.py):
+  share_i ~ speed_i**speed * memory_i**mem with speed the slowest rank holding index i; 0 is the
+  even split, 1 the speed-balanced one; the LM head's work counts on the last stage.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+import numpy as np
+
+from autotune.plan import MESH_ORDER, RECOMPUTE, SCHEDULES, Degrees, Placement, Plan, PlanError, Shares
+from search_spaces import _balance as B
+from search_spaces.base import Infeasible, SearchContext, family_of
+
+NAME = "default"
+PLACEMENTS = ("node", "pp", "dp", "cp", "hp")
+MAX_MBS = 16
+SHARE_FLOATS = {"layers_speed": (0.0, 1.5), "tokens_speed": (0.0, 1.5), "heads_speed": (0.0, 1.5),
+                "samples_speed": (0.0, 1.5), "layers_mem": (0.0, 1.0), "samples_mem": (0.0, 1.0)}
+GRID_LIMIT = 200_000
+
+
+def space(ctx: SearchContext) -> DefaultSpace:
+    return DefaultSpace(ctx)
+
+
+class DefaultSpace:
+    name = NAME
+
+    def __init__(self, ctx: SearchContext):
+        self.ctx = ctx
+        c = ctx.cluster
+        self.n = c.num_devices
+        self.divs = B.divisors(self.n)
+        dpn = math.gcd(*[g.devices_per_node for g in c.groups])
+        self.tp_divs = B.divisors(dpn)
+        self.mbs_max_exp = int(math.log2(max(1, min(MAX_MBS, ctx.global_batch))))
+        self._speeds = np.asarray(ctx.speeds, dtype=float)
+        self._mem = np.asarray(ctx.memories, dtype=float)
+        # fastest first, then node order: each node is one device type, so nodes stay whole
+        self._fast_order = np.array(sorted(range(self.n), key=lambda i: (-ctx.speeds[i], i)), dtype=np.int64)
+        m = ctx.model
+        self._head_layers = m.head_flops_fwd() / (m.layer_matmul_flops_fwd()
+                                                  + m.layer_attention_flops_fwd(ctx.seq_len))
+
+    # ---- the distributions ------------------------------------------------------------------
+    def distributions(self) -> dict[str, Any]:
+        from optuna.distributions import CategoricalDistribution as Cat
+        from optuna.distributions import FloatDistribution as Flt
+        from optuna.distributions import IntDistribution as Int
+
+        k = len(self.divs) - 1
+        d: dict[str, Any] = {
+            "tp_exp": Int(0, len(self.tp_divs) - 1), "pp_exp": Int(0, k), "cp_exp": Int(0, k), "hp_exp": Int(0, k),
+            "mbs_exp": Int(0, self.mbs_max_exp), "schedule": Cat(SCHEDULES), "vpp_exp": Int(1, 2),
+            "recompute": Cat(RECOMPUTE), "zero_stage": Int(0, 3), "sp": Cat((False, True)),
+            "placement": Cat(PLACEMENTS), "layers_tilt": Int(-2, 2),
+        }
+        for name, (lo, hi) in SHARE_FLOATS.items():
+            d[name] = Flt(lo, hi)
+        return d
+
+    def params(self, *, tp: int = 1, pp: int = 1, cp: int = 1, hp: int = 1, mbs: int = 1, schedule: str = "1f1b",
+               vpp: int = 2, recompute: str = "none", zero: int = 0, sp: bool = False, placement: str = "node",
+               balance: float = 0.0, tilt: int = 0) -> dict[str, Any]:
+        """The parameter dict of a plan given by its degrees and options (for baselines and tests)."""
+        p = {"tp_exp": self.tp_divs.index(tp), "pp_exp": self.divs.index(pp), "cp_exp": self.divs.index(cp),
+             "hp_exp": self.divs.index(hp), "mbs_exp": int(math.log2(mbs)), "schedule": schedule,
+             "vpp_exp": int(math.log2(vpp)), "recompute": recompute, "zero_stage": zero, "sp": sp,
+             "placement": placement, "layers_tilt": tilt}
+        for name in SHARE_FLOATS:
+            p[name] = balance if name.endswith("_speed") else 0.0
+        return p
+
+    # ---- params -> plan ---------------------------------------------------------------------
+    def build(self, p: dict[str, Any]) -> Plan | Infeasible:
+        ctx, model = self.ctx, self.ctx.model
+        tp, pp = self.tp_divs[p["tp_exp"]], self.divs[p["pp_exp"]]
+        cp, hp = self.divs[p["cp_exp"]], self.divs[p["hp_exp"]]
+        inner = tp * pp * cp * hp
+        if self.n % inner:
+            return Infeasible("divisibility", f"tp({tp})*pp({pp})*cp({cp})*hp({hp}) = {inner} does not divide "
+                                              f"devices({self.n})", "")
+        deg = Degrees(dp=self.n // inner, pp=pp, cp=cp, hp=hp, tp=tp)
+        fam = family_of(deg)
+        for what, total, div in (("heads", model.heads, tp), ("kv_heads", model.kv_heads, tp)):
+            if total % div:
+                return Infeasible("divisibility", f"{what}({total}) not divisible by tp({tp})", fam)
+        if hp > model.heads // tp:
+            return Infeasible("divisibility", f"hp({hp}) > heads per tp rank({model.heads // tp})", fam)
+        schedule = p["schedule"] if pp > 1 else "1f1b"
+        vs = 2 ** p["vpp_exp"] if schedule == "interleaved_1f1b" else 1
+        if pp * vs > model.layers:
+            return Infeasible("divisibility", f"pp({pp})*virtual_stages({vs}) > layers({model.layers})", fam)
+        sp = bool(p["sp"]) and tp > 1
+        zero = int(p["zero_stage"]) if deg.dp * cp * hp > 1 else 0
+        mbs = 2 ** p["mbs_exp"]
+        if ctx.global_batch % mbs:
+            return Infeasible("batch", f"global_batch({ctx.global_batch}) not divisible by micro_batch_size({mbs})", fam)
+
+        dev_of_rank = self._placement(deg, p["placement"])
+        mesh = tuple(getattr(deg, d) for d in MESH_ORDER)
+        coords = B.coords_array(mesh)
+        speed, mem = self._speeds[dev_of_rank], self._mem[dev_of_rank]
+
+        def along(dim: str, sp_key: str, mem_key: str | None = None) -> np.ndarray:
+            ax = MESH_ORDER.index(dim)
+            n = mesh[ax]
+            s = B.index_minimum(speed, coords, ax, n)
+            m = B.index_minimum(mem, coords, ax, n)
+            return B.weights(s, m, float(p[sp_key]), float(p[mem_key]) if mem_key else 0.0)
+
+        # samples: units of mbs (x pp for interleaved, which needs counts divisible by pp)
+        unit = mbs * (pp if schedule == "interleaved_1f1b" else 1)
+        min_units = pp if (schedule == "1f1b" and pp > 1) else 1
+        if ctx.global_batch % unit:
+            return Infeasible("batch", f"global_batch({ctx.global_batch}) not divisible by micro_batch_size({mbs})"
+                                       f"*pp({pp}) for interleaved 1F1B", fam)
+        samples = B.proportional_split(ctx.global_batch // unit, along("dp", "samples_speed", "samples_mem"),
+                                       min_units)
+        if samples is None:
+            return Infeasible("batch", f"global_batch({ctx.global_batch}) gives dp({deg.dp}) replicas fewer than "
+                                       f"{min_units * unit} samples each (micro_batch_size {mbs}, {schedule} "
+                                       f"with pp({pp}))", fam)
+        plan0 = Plan(degrees=deg, cp_layout="zigzag", sequence_parallel=sp)
+        granule = plan0.token_granule()
+        if ctx.seq_len % granule:
+            return Infeasible("divisibility", f"seq_len({ctx.seq_len}) not divisible by {granule} "
+                                              f"(zigzag cp({cp}) x hp({hp}){' x tp' if sp else ''})", fam)
+        tokens = B.proportional_split(ctx.seq_len // granule, along("cp", "tokens_speed"), 1)
+        heads = B.proportional_split(model.heads // tp, along("hp", "heads_speed"), 1)
+        lw = along("pp", "layers_speed", "layers_mem")
+        chunk_w = np.array([lw[j % pp] for j in range(pp * vs)])
+        offset = None
+        if float(p["layers_speed"]) > 0 and pp > 1:
+            offset = np.zeros(pp * vs)
+            offset[-1] = self._head_layers * min(1.0, float(p["layers_speed"]))
+        layers = B.proportional_split(model.layers, chunk_w, 1, offset)
+        if tokens is None or heads is None or layers is None:
+            return Infeasible("divisibility", "a share cannot give every index at least one unit", fam)
+        layers = B.tilt(layers, int(p["layers_tilt"]))
+        devs = self.ctx.cluster.devices
+        plan = Plan(
+            degrees=deg, micro_batch_size=mbs, schedule=schedule, virtual_stages=vs, recompute=p["recompute"],
+            zero_stage=zero, sequence_parallel=sp, cp_layout="zigzag", dtype=ctx.dtype,
+            shares=Shares(layers=tuple(layers), tokens=tuple(t * granule for t in tokens), heads=tuple(heads),
+                          samples=tuple(s * unit for s in samples)),
+            placement=tuple(Placement(rank=r, node=devs[int(i)].node, device=devs[int(i)].local)
+                            for r, i in enumerate(dev_of_rank)))
+        try:
+            return plan.resolve(model, ctx.cluster, ctx.seq_len, ctx.global_batch)
+        except PlanError as e:
+            return Infeasible("divisibility", e.message, fam)
+
+    def _placement(self, deg: Degrees, how: str) -> np.ndarray:
+        """Device index of every rank."""
+        if how == "node" or not self.ctx.heterogeneous and how == "pp":
+            return np.arange(self.n)
+        mesh = tuple(getattr(deg, d) for d in MESH_ORDER)
+        coords = B.coords_array(mesh)
+        order = [how] + [d for d in MESH_ORDER if d not in (how, "tp")] + ["tp"]
+        cols = [coords[:, MESH_ORDER.index(d)] for d in order]
+        ranks_in_order = np.lexsort(tuple(reversed(cols)))  # first key outermost
+        dev_of_rank = np.empty(self.n, dtype=np.int64)
+        dev_of_rank[ranks_in_order] = self._fast_order
+        return dev_of_rank
+
+    # ---- baselines, grid, neighbours -------------------------------------------------------
+    def _degree_tuples(self) -> list[tuple[int, int, int, int]]:
+        out = []
+        for tp in self.tp_divs:
+            for pp in self.divs:
+                for cp in self.divs:
+                    if self.n % (tp * pp * cp):
+                        continue
+                    for hp in self.divs:
+                        if self.n % (tp * pp * cp * hp) == 0:
+                            out.append((tp, pp, cp, hp))
+        return out
+
+    def baselines(self) -> list[tuple[str, dict[str, Any]]]:
+        """Even splits in node order: Megatron-style tp x pp x dp, pure CP, pure Ulysses and every even
+        CP x Ulysses mix (HexiSeq's baselines), each without and with full recomputation."""
+        out: list[tuple[str, dict[str, Any]]] = []
+        heads = self.ctx.model.heads
+        for tp in self.tp_divs:
+            for pp in self.divs:
+                if self.n % (tp * pp) == 0:
+                    dp = self.n // (tp * pp)
+                    for rc in ("none", "full"):
+                        out.append(("megatron", self.params(tp=tp, pp=pp, recompute=rc, zero=1 if dp > 1 else 0)))
+        cp_only = [c for c in self.divs if c > 1]
+        hp_only = [h for h in self.divs if 1 < h <= heads]
+        for rc in ("none", "full"):
+            if cp_only:
+                out.append(("cp", self.params(cp=max(cp_only), recompute=rc)))
+            if hp_only:
+                out.append(("ulysses", self.params(hp=max(hp_only), recompute=rc)))
+            for cp in cp_only:
+                for hp in hp_only:
+                    if self.n % (cp * hp) == 0:
+                        out.append(("cp+ulysses", self.params(cp=cp, hp=hp, recompute=rc)))
+        return out
+
+    def _grid_iter(self):
+        het = self.ctx.heterogeneous
+        multi = self.ctx.cluster.num_nodes > 1
+        for tp, pp, cp, hp in self._degree_tuples():
+            dp = self.n // (tp * pp * cp * hp)
+            scheds = [("1f1b", 2)] if pp == 1 else [("1f1b", 2), ("gpipe", 2), ("interleaved_1f1b", 2),
+                                                    ("interleaved_1f1b", 4)]
+            zeros = [0] if dp * cp * hp == 1 else [0, 1, 2, 3]
+            sps = [False] if tp == 1 else [False, True]
+            places = list(PLACEMENTS) if het else (["node", "dp", "cp", "hp"] if multi else ["node"])
+            balances = [0.0, 1.0] if (het or pp > 1) else [0.0]
+            for mbs_e in range(self.mbs_max_exp + 1):
+                for (sched, vpp), rc, z, sp, pl, bal in itertools.product(scheds, RECOMPUTE, zeros, sps, places,
+                                                                          balances):
+                    yield self.params(tp=tp, pp=pp, cp=cp, hp=hp, mbs=2 ** mbs_e, schedule=sched, vpp=vpp,
+                                      recompute=rc, zero=z, sp=sp, placement=pl, balance=bal)
+
+    def grid_size(self) -> int:
+        n = 0
+        for _ in self._grid_iter():
+            n += 1
+            if n > GRID_LIMIT:
+                break
+        return n
+
+    def grid(self) -> list[dict[str, Any]]:
+        """Every discrete combination, shares even (0) or speed-balanced (1); see grid_size first."""
+        return list(self._grid_iter())
+
+    def neighbours(self, p: dict[str, Any]) -> list[dict[str, Any]]:
+        """One-step moves of every parameter (ints +-1, other categories, share exponents +-0.25)."""
+        dists = self.distributions()
+        out = []
+        for name, dist in dists.items():
+            v = p[name]
+            cands: list[Any] = []
+            if hasattr(dist, "choices"):
+                cands = [c for c in dist.choices if c != v]
+            elif isinstance(v, int) and not isinstance(v, bool) and hasattr(dist, "step") and dist.step == 1:
+                cands = [x for x in (v - 1, v + 1) if dist.low <= x <= dist.high]
+            else:
+                cands = sorted({min(dist.high, max(dist.low, round(v + dv, 3))) for dv in (-0.25, 0.25)} - {v})
+            for c in cands:
+                out.append({**p, name: c})
+        return out
