@@ -1,0 +1,78 @@
+"""The terminal view: the table shows the trials best first with their reasons, and ``watch`` picks up
+trials that another writer commits to the same storage while it runs."""
+
+from __future__ import annotations
+
+import threading
+
+import optuna
+from rich.console import Console
+from test_dashboard_data import DONE, make_study, plan_attrs, resolved
+
+from autotune.dashboard.data import load_view
+from autotune.dashboard.terminal import render, shares_text, watch
+from autotune.plan import Degrees
+
+
+def text_of(renderable) -> str:
+    c = Console(width=250, record=True, force_terminal=False, color_system=None)
+    c.print(renderable)
+    return c.export_text()
+
+
+def test_table_best_first_with_reasons(tmp_path):
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    make_study(url)
+    out = text_of(render(load_view("s", url)))
+    lines = [ln for ln in out.splitlines() if ln.startswith("│")]
+    firsts = [ln.split("│")[1].strip() for ln in lines]
+    assert firsts == ["1*", "4", "0", "2", "5", "3"]
+    assert "1.17x the best even split #4" in out  # 280 / 240 measured
+    assert "rank 0 memory 5.0GiB > 2.9GiB" in out and "error on rank 1: cost model raised" in out
+    assert "+7.1%" in out  # (300 - 280) / 280
+    assert "infeasible" in out and "running" in out and "fail" in out
+    assert "layers 3/5" in out
+
+
+def test_shares_text_names_only_uneven_splits():
+    assert shares_text({"layers": [4, 4], "tokens": [128, 128], "samples": [3, 5]}) == "layers 4/4  samples 3/5"
+    assert shares_text({"layers": [8], "tokens": [256], "heads": [8], "samples": [16]}) == "even"
+
+
+def test_limit_says_how_many_are_hidden(tmp_path):
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    make_study(url)
+    out = text_of(render(load_view("s", url), limit=2))
+    assert "4 more trials not shown" in out
+
+
+def test_watch_shows_trials_committed_while_it_runs(tmp_path):
+    """A study with no trials yet (a search that has just started): watch waits, and a trial that a
+    second writer commits between two refreshes appears in the next frame."""
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    optuna.create_study(study_name="live", storage=url, direction="maximize")
+    added = threading.Event()
+
+    def writer() -> None:  # another process's search, as far as the storage can tell
+        st = optuna.load_study(study_name="live", storage=url)
+        plan = resolved(degrees=Degrees(dp=2, pp=4))
+        st.add_trial(optuna.trial.create_trial(state=DONE, value=123.0,
+                                               user_attrs={"plan": plan_attrs(plan, 123.0, 1.0)}))
+        added.set()
+
+    calls = []
+
+    def sleep(_s: float) -> None:
+        calls.append(_s)
+        if len(calls) == 2:  # between the second and third read
+            t = threading.Thread(target=writer)
+            t.start()
+            t.join()
+
+    console = Console(width=200, record=True, force_terminal=True, color_system=None)
+    view = watch("live", url, console, interval=0.5, max_refreshes=4, sleep=sleep)
+    assert added.is_set() and calls == [0.5, 0.5, 0.5]
+    assert [r.number for r in view.rows] == [0] and view.best.predicted_tps == 123.0
+    out = console.export_text()
+    assert "no feasible plan yet" in out  # the first frames
+    assert "dp=2,pp=4: 123 tok/s" in out  # the last
