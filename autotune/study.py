@@ -234,3 +234,39 @@ def worker_count_ok(storage: str, workers: int) -> None:
                          "not :memory:", field="--workers")
     if workers > max(1, 4 * (os.cpu_count() or 1)):
         raise InputError(f"--workers {workers} is more than 4 per core on this machine", field="--workers")
+
+
+def cluster_from_record(name: str, spec: dict[str, Any] | None) -> Any:
+    """Rebuild a study's cluster: ``local``/``local:N`` by name, anything else from its stored spec."""
+    from autotune.specs.cluster import cluster_from_dict, load_cluster
+
+    if name == "local" or name.startswith("local:"):
+        return load_cluster(name)
+    if name.startswith("local-"):  # this machine's GPUs: local-H100-SXM or local-H100-SXM:4
+        return load_cluster(f"local:{name.rsplit(':', 1)[1]}" if ":" in name else "local")
+    if not spec:
+        raise InputError(f"the study records cluster {name!r} without its spec", field="--study")
+    d = {"name": spec.get("name", name),
+         "nodes": [{k: n[k] for k in ("count", "devices_per_node", "device", "intra_node") if k in n}
+                   for n in spec.get("nodes", [])],
+         "inter_node": spec.get("inter_node"), "overrides": spec.get("overrides") or []}
+    return cluster_from_dict(d, source=f"study cluster {name}", digest=str(spec.get("digest") or ""))
+
+
+def study_workload(study: Any) -> tuple[Any, Any, int, int]:
+    """(model, cluster, seq_len, global_batch) a study was made for, from its user attrs."""
+    from autotune.specs.model import load_model, model_from_dict
+
+    ua = study.user_attrs
+    if ua.get("model_spec"):
+        model = model_from_dict(dict(ua["model_spec"]), source=f"study {study.study_name}")
+    elif ua.get("model"):
+        model = load_model(ua["model"])
+    else:
+        raise InputError(f"study {study.study_name!r} does not record its model; was it made by autotune search?",
+                         field="--study")
+    for key in ("seq_len", "global_batch"):
+        if not isinstance(ua.get(key), int):
+            raise InputError(f"study {study.study_name!r} does not record {key}", field="--study")
+    cluster = cluster_from_record(str(ua.get("cluster") or ""), ua.get("cluster_spec"))
+    return model, cluster, ua["seq_len"], ua["global_batch"]

@@ -1,18 +1,140 @@
-"""`autotune tune`: not built yet (issue #6)."""
+"""`autotune tune`: the whole loop on this machine with defaults (the README's first command).
+
+profile this machine (quick) -> search the model on ``local`` -> validate the top 3 for real ->
+export the best measured plan to ``results/plans/``. A step whose part is not in this build (no
+profiler yet) is skipped with a note rather than failing the loop.
+"""
 
 from __future__ import annotations
 
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
 import typer
 
-from autotune.errors import WorkError
+from autotune.commands.common import (
+    DEFAULT_STORAGE,
+    JsonOpt,
+    SeedOpt,
+    StorageOpt,
+    console,
+    emit_json,
+    err_console,
+)
+from autotune.errors import InputError, WorkError
 
 HELP = "The whole loop on this machine: profile, search, validate the top 3, export the best plan."
 
 
-def command(ctx: typer.Context) -> None:
+def profile_quick(storage: str, say: Any) -> tuple[str | None, str]:
+    """Run `autotune profile --quick` (the profiler's CLI contract: --json prints {"id", ...})."""
+    cmd = [sys.executable, "-m", "autotune", "profile", "--quick", "--storage", storage, "--json"]
+    say("profiling this machine (quick) ...")
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return None, f"profile skipped: {exc}"
+    try:
+        out = json.loads(r.stdout) if r.stdout.strip() else {}
+    except json.JSONDecodeError:
+        out = {}
+    if r.returncode != 0 or "id" not in out:
+        msg = (out.get("error") or {}).get("message") if isinstance(out, dict) else None
+        return None, f"profile skipped: {msg or r.stderr.strip().splitlines()[-1:] or 'no profile id'}"
+    return str(out["id"]), f"profiled this machine: profile {out['id']}"
+
+
+def measured_cluster(profile_id: str, storage: str) -> Any:
+    """`local` with its device replaced by the measured profile (falls back to `local`)."""
+    from autotune.specs.cluster import cluster_from_dict, load_cluster
+
+    local = load_cluster("local")
+    g = local.groups[0]
+    d = {"name": "local", "nodes": [{"count": 1, "devices_per_node": g.devices_per_node,
+                                     "device": f"profile:{profile_id}",
+                                     "intra_node": {"bandwidth": g.intra_node.bandwidth,
+                                                    "latency": g.intra_node.latency}}]}
+    return cluster_from_dict(d, source="local (measured)", storage=storage)
+
+
+def export_best(plan_dict: dict[str, Any], study: str, storage: str, out_dir: Path) -> Path:
+    from autotune.plan import Plan
+
+    plan = Plan.from_dict(plan_dict)
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", study)
+    path = out_dir / f"{safe}.json"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        from autotune.export import ExportContext, export, write_atomic
+        from autotune.export.json_plan import check_file
+        from autotune.study import open_study, study_workload
+
+        model, cluster, seq_len, gb = study_workload(open_study(study, storage))
+        ctx = ExportContext(model=model, cluster=cluster, seq_len=seq_len, global_batch=gb, study=study,
+                            storage=storage, source=f"study {study}", cluster_digest=cluster.digest)
+        ex = export(plan, ctx, "json")
+        write_atomic(path, ex.text, check=check_file)
+    except ImportError:  # no exporter in this build: the plan JSON itself
+        path.write_text(plan.to_json() + "\n", encoding="utf-8")
+    return path
+
+
+def command(
+    model: Annotated[str, typer.Option("--model", "-m", help="Model preset or file.")] = "small",
+    seq_len: Annotated[int, typer.Option("--seq-len", "-s", help="Sequence length.", min=1)] = 256,
+    global_batch: Annotated[int, typer.Option("--global-batch", "-b", help="Global batch.", min=1)] = 8,
+    trials: Annotated[int, typer.Option("--trials", "-n", help="Search trials.", min=1)] = 150,
+    top: Annotated[int, typer.Option("--top", "-k", help="Plans to validate for real.", min=1)] = 3,
+    steps: Annotated[int, typer.Option("--steps", help="Measured steps per real trial.", min=1)] = 3,
+    profile: Annotated[bool, typer.Option("--profile/--no-profile", help="Profile this machine first.")] = True,
+    storage: StorageOpt = DEFAULT_STORAGE,
+    out_dir: Annotated[Path, typer.Option("--out-dir", help="Where the best plan JSON goes.")] = Path("results/plans"),
+    seed: SeedOpt = 0,
+    json_: JsonOpt = False,
+) -> None:
     """The whole loop on this machine: profile, search, validate the top 3, export the best plan."""
-    raise WorkError("`autotune tune` is not built yet (issue #6)")
+    from autotune.search import SearchOptions, search
+    from autotune.specs import load_cluster, load_model
+    from autotune.study import default_study_name
+    from autotune.validate import ValidateOptions, validate
 
+    say = (lambda _m: None) if json_ else (lambda s: err_console.print(s, highlight=False))
+    notes: list[str] = []
+    m = load_model(model)
+    cluster = load_cluster("local")
+    profile_id = None
+    if profile:
+        profile_id, note = profile_quick(storage, say)
+        notes.append(note)
+        if profile_id is not None:
+            try:
+                cluster = measured_cluster(profile_id, storage)
+            except InputError as e:
+                notes.append(f"measured profile not usable ({e}); searching on the catalogue `local`")
+    name = "tune-" + default_study_name(m, cluster, seq_len, global_batch) + (f"-p{profile_id}" if profile_id else "")
+    say(f"searching {m.name} on {cluster.name} ({cluster.num_devices} workers) ...")
+    res = search(m, cluster, seq_len, global_batch, study_name=name, storage=storage,
+                 options=SearchOptions(trials=trials, seed=seed, top=top), progress=say)
+    notes += res.notes
+    say(f"validating the top {top} for real ...")
+    val = validate(name, storage, options=ValidateOptions(top=top, steps=steps, seed=seed), progress=say)
+    if val["best_measured"] is None:
+        raise WorkError("every validated plan failed: " + "; ".join(
+            f"trial {r['trial']}: {(r['failure'] or {}).get('message')}" for r in val["validated"]))
+    best = val["best_measured"]
+    path = export_best(best, name, storage, out_dir)
+    out = {"best": best, "plan_file": str(path), "study": name, "storage": storage, "profile": profile_id,
+           "search": {k: v for k, v in res.to_dict().items() if k not in ("top",)}, "validate": val, "notes": notes}
+    if json_:
+        emit_json(out)
+        return
+    from autotune.commands.validate import show as show_validate
 
-command.__doc__ = HELP
-PLACEHOLDER = True
+    show_validate(val)
+    for n in notes:
+        console.print(f"[dim]note: {n}[/]", highlight=False)
+    console.print(f"best plan written to {path}", highlight=False)

@@ -1,18 +1,67 @@
-"""`autotune validate`: not built yet (issue #6)."""
+"""`autotune validate`: run a study's best plans for real, store measured beside predicted, calibrate."""
 
 from __future__ import annotations
 
+from typing import Annotated, Any
+
 import typer
 
-from autotune.errors import WorkError
+from autotune.commands.common import (
+    DEFAULT_STORAGE,
+    JsonOpt,
+    SeedOpt,
+    StorageOpt,
+    console,
+    emit_json,
+    err_console,
+)
 
-HELP = "Run a study's top plans as real trials, calibrate the cost model and re-rank."
+HELP = "Run the study's top plans for real, store measured beside predicted, calibrate the cost model, re-rank."
 
 
-def command(ctx: typer.Context) -> None:
-    """Run a study's top plans as real trials, calibrate the cost model and re-rank."""
-    raise WorkError("`autotune validate` is not built yet (issue #6)")
+def command(
+    study: Annotated[str, typer.Option("--study", help="Study name (see `autotune search`).")],
+    storage: StorageOpt = DEFAULT_STORAGE,
+    top: Annotated[int, typer.Option("--top", "-k", help="Plans to run for real.", min=1)] = 3,
+    steps: Annotated[int, typer.Option("--steps", help="Measured steps per plan.", min=1)] = 3,
+    warmup: Annotated[int, typer.Option("--warmup", help="Warm-up steps per plan.", min=0)] = 1,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds per real trial.", min=1)] = 300.0,
+    device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
+    seed: SeedOpt = 0,
+    json_: JsonOpt = False,
+) -> None:
+    """Run the study's top plans for real, store measured beside predicted, calibrate the cost model, re-rank."""
+    from autotune.validate import ValidateOptions, validate
+
+    opts = ValidateOptions(top=top, steps=steps, warmup=warmup, timeout_s=timeout, device=device, seed=seed)
+    out = validate(study, storage, options=opts,
+                   progress=None if json_ else (lambda s: err_console.print(s, highlight=False)))
+    if json_:
+        emit_json(out)
+        return
+    show(out)
 
 
-command.__doc__ = HELP
-PLACEHOLDER = True
+def show(out: dict[str, Any]) -> None:
+    from autotune.commands.search import plan_table
+
+    plans = [{**r["plan"], "predicted": r["predicted"], "measured": r["measured"], "failure": r["failure"],
+              "error": r["error"]} for r in out["validated"]]
+    console.print(plan_table(plans, f"validated plans of study {out['study']}", measured=True))
+    for r in out["validated"]:
+        if r["failure"]:
+            console.print(f"trial {r['trial']} failed ({r['failure']['kind']}): {r['failure']['message']}",
+                          highlight=False)
+    for s in out.get("skipped") or []:
+        console.print(f"[dim]skipped trial {s['trial']} ({s['degrees']}): {s['reason']}[/]", highlight=False)
+    if out.get("median_error_before") is not None:
+        after = out.get("median_error_after")
+        console.print(f"median |predicted - measured| / measured: {out['median_error_before']:.1%} before "
+                      f"calibration, " + (f"{after:.1%} after" if after is not None else "n/a after"),
+                      highlight=False)
+        console.print(f"calibration: {out['calibration']}", highlight=False)
+    if out.get("best_measured"):
+        m = out["best_measured"]["measured"]
+        console.print(f"best measured: trial {out['best_measured_trial']} "
+                      f"({','.join(f'{k}={v}' for k, v in out['best_measured']['degrees'].items() if v > 1)}) "
+                      f"{m['tokens_per_s']:,.0f} tokens/s", highlight=False)

@@ -1,0 +1,220 @@
+"""Validation: run a study's best predicted plans for real, calibrate the cost model, re-rank.
+
+For the top K plans the local runtime can run (``autotune.runtime.trial``), a short real trial
+measures step time, memory and the per-rank split of compute and communication. Those figures are
+stored on the trial beside the prediction (trial user attrs ``measured``, ``losses``, ``failure``,
+``prediction_error``); a failed run is recorded with its reason and the next plan runs.
+
+Calibration (contract: ``{device_type: {"compute": f, "comm": f}}``, multiplying predicted times):
+per device type, the median over validated ranks of measured / predicted compute seconds, and the
+same for communication, where the cost model's breakdown gives per-rank figures; where it does not,
+one factor from step times. A final scalar pass (median measured / calibrated step) absorbs what
+the per-kind factors miss (overlap, launch overheads). The study then re-ranks its best plans with
+the calibration and records the best measured plan (``best_measured_trial``).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.errors import InputError, WorkError
+from autotune.plan import Plan
+from autotune.study import open_study, set_trial_attrs, study_workload, trial_plans
+
+RERANK = 20
+
+
+@dataclass(frozen=True, kw_only=True)
+class ValidateOptions:
+    top: int = 3
+    steps: int = 3
+    warmup: int = 1
+    timeout_s: float = 300.0
+    device: str = "auto"
+    seed: int = 0
+
+
+def _rel_error(pred: float | None, meas: float | None) -> float | None:
+    if not pred or not meas:
+        return None
+    return (pred - meas) / meas
+
+
+def _rank_terms(breakdown: Any) -> list[dict[str, float]] | None:
+    """Per-rank predicted compute and comm seconds from a cost-model breakdown, if it has them."""
+    if not isinstance(breakdown, dict):
+        return None
+    for key in ("ranks", "per_rank", "rank"):
+        rows = breakdown.get(key)
+        if isinstance(rows, list) and rows and all(isinstance(r, dict) for r in rows):
+            out = []
+            for r in rows:
+                comp = r.get("compute_s", r.get("compute"))
+                comm = r.get("comm_s")
+                if comm is None:
+                    comm = sum(float(v) for k, v in r.items() if isinstance(v, (int, float)) and "comm" in k
+                               and "exposed" not in k)
+                if not isinstance(comp, (int, float)):
+                    return None
+                out.append({"compute": float(comp), "comm": float(comm or 0.0)})
+            return out
+    return None
+
+
+def fit_calibration(runs: list[dict[str, Any]], cluster: Any) -> dict[str, dict[str, float]]:
+    """Factors per device type and kind of work from validated runs (see the module docstring).
+
+    Each run: ``plan`` (Plan), ``predicted`` (dict), ``breakdown``, ``measured`` (runtime dict)."""
+    ratios: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    step: dict[str, list[float]] = defaultdict(list)
+    for run in runs:
+        plan, meas = run["plan"], run["measured"]
+        split = {s["rank"]: s for s in meas.get("time_split") or []}
+        terms = _rank_terms(run.get("breakdown"))
+        types = {cluster.devices[plan.device_index(r, cluster)].spec.name for r in range(plan.world)}
+        for t in types:
+            ps, ms = run["predicted"].get("step_time_s"), meas.get("step_time_s")
+            if ps and ms:
+                step[t].append(ms / ps)
+        if terms is None or len(terms) != plan.world:
+            continue
+        for r in range(plan.world):
+            s = split.get(r)
+            if s is None:
+                continue
+            t = cluster.devices[plan.device_index(r, cluster)].spec.name
+            comp = float(s.get("compute_s", 0.0)) - float(s.get("emulated_s", 0.0) or 0.0)
+            if terms[r]["compute"] > 0 and comp > 0:
+                ratios[t]["compute"].append(comp / terms[r]["compute"])
+            if terms[r]["comm"] > 0 and s.get("comm_s", 0) > 0:
+                ratios[t]["comm"].append(float(s["comm_s"]) / terms[r]["comm"])
+    cal: dict[str, dict[str, float]] = {}
+    for t in set(step) | set(ratios):
+        fallback = statistics.median(step[t]) if step[t] else 1.0
+        cal[t] = {k: (statistics.median(ratios[t][k]) if ratios[t][k] else fallback) for k in ("compute", "comm")}
+    return cal
+
+
+def _scale(cal: dict[str, dict[str, float]], f: float) -> dict[str, dict[str, float]]:
+    return {t: {k: v * f for k, v in kinds.items()} for t, kinds in cal.items()}
+
+
+def validate(study_name: str, storage: str, *, options: ValidateOptions | None = None,
+             runner: Callable[..., Any] | None = None, estimator: Callable[..., Any] | None = None,
+             progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run the top K runnable plans of the study, store measured beside predicted, calibrate, re-rank."""
+    opts = options or ValidateOptions()
+    if opts.top < 1:
+        raise InputError(f"must be >= 1, got {opts.top}", field="--top")
+    if opts.steps < 1:
+        raise InputError(f"must be >= 1, got {opts.steps}", field="--steps")
+    say = progress or (lambda _m: None)
+    if runner is None or estimator is None:
+        from autotune.search import default_estimator
+
+        estimator = estimator or default_estimator()
+    if runner is None:
+        from autotune.runtime.trial import prepare, run_trial
+    else:
+        prepare = None
+        run_trial = runner
+    study = open_study(study_name, storage)
+    model, cluster, seq_len, global_batch = study_workload(study)
+    ranked = trial_plans(study)
+    if not ranked:
+        raise WorkError(f"study {study_name!r} has no feasible plan to validate; run `autotune search` first")
+    chosen, skipped = [], []
+    for t, plan in ranked:
+        if len(chosen) >= opts.top:
+            break
+        if t.user_attrs.get("measured") or t.user_attrs.get("failure"):
+            chosen.append((t, plan, True))  # validated before: reuse, do not run again
+            continue
+        if prepare is not None:
+            try:
+                prepare(plan, model, seq_len, global_batch, device=opts.device)
+            except InputError as e:
+                skipped.append({"trial": t.number, "degrees": plan.degrees.inline(), "reason": e.message})
+                continue
+        chosen.append((t, plan, False))
+    if not chosen:
+        why = "; ".join(f"trial {s['trial']} ({s['degrees']}): {s['reason']}" for s in skipped[:3])
+        raise WorkError(f"none of the study's plans can run on this machine: {why}")
+    runs, rows = [], []
+    for t, plan, done_before in chosen:
+        pred = dict(plan.predicted or {})
+        if done_before:
+            measured, failure, losses = t.user_attrs.get("measured"), t.user_attrs.get("failure"), t.user_attrs.get(
+                "losses") or []
+        else:
+            say(f"trial {t.number}: running {plan.degrees.inline()} for real ({opts.warmup}+{opts.steps} steps)")
+            try:
+                res = run_trial(plan, model, seq_len, global_batch, steps=opts.steps, warmup=opts.warmup,
+                                seed=opts.seed, timeout_s=opts.timeout_s, device=opts.device)
+                measured, failure, losses = res.measured, res.failure, res.losses
+            except InputError as e:  # refused before launch: recorded, the study goes on
+                measured, failure, losses = None, {"kind": "refused", "rank": None, "message": e.message}, []
+        err = _rel_error(pred.get("step_time_s"), (measured or {}).get("step_time_s"))
+        attrs = {"measured": measured, "losses": losses, "failure": failure, "prediction_error": err}
+        if not done_before:
+            t = set_trial_attrs(study, t, attrs)
+        rows.append({"trial": t.number, "plan": plan.replace(measured=measured).to_dict(), "predicted": pred,
+                     "measured": measured, "failure": failure, "error": err})
+        if measured and failure is None:
+            runs.append({"plan": plan, "predicted": pred, "breakdown": t.user_attrs.get("breakdown"),
+                         "measured": measured, "row": rows[-1]})
+    out: dict[str, Any] = {"study": study_name, "validated": rows, "skipped": skipped, "calibration": None,
+                           "median_error_before": None, "median_error_after": None, "best_measured": None,
+                           "reranked": []}
+    if not runs:
+        say("every validated plan failed; no calibration")
+        return out
+    cal = fit_calibration(runs, cluster)
+    ctx = (model, cluster, seq_len, global_batch)
+
+    def calibrated_step(plan: Plan, c: dict) -> float | None:
+        try:
+            return float(estimator(plan, *ctx, calibration=c).predicted["step_time_s"])
+        except Exception:  # noqa: BLE001 - a plan the calibrated model cannot price is left out
+            return None
+
+    steps = [calibrated_step(r["plan"], cal) for r in runs]
+    ratios = [r["measured"]["step_time_s"] / s for r, s in zip(runs, steps, strict=True) if s]
+    if ratios:  # one scalar pass absorbs what per-kind factors miss
+        cal = _scale(cal, statistics.median(ratios))
+        steps = [calibrated_step(r["plan"], cal) for r in runs]
+    before, after = [], []
+    for r, s in zip(runs, steps, strict=True):
+        e0 = r["row"]["error"]
+        e1 = _rel_error(s, r["measured"]["step_time_s"])
+        r["row"]["calibrated_step_time_s"] = s
+        r["row"]["error_calibrated"] = e1
+        if e0 is not None:
+            before.append(abs(e0))
+        if e1 is not None:
+            after.append(abs(e1))
+    out["calibration"] = cal
+    out["median_error_before"] = statistics.median(before) if before else None
+    out["median_error_after"] = statistics.median(after) if after else None
+    study.set_user_attr("calibration", cal)
+    # re-rank the best predicted plans under the calibration
+    reranked = []
+    for t, plan in ranked[:RERANK]:
+        s = calibrated_step(plan, cal)
+        if s:
+            reranked.append({"trial": t.number, "degrees": plan.degrees.inline(), "calibrated_step_time_s": s,
+                             "calibrated_tokens_per_s": global_batch * seq_len / s,
+                             "predicted_tokens_per_s": (plan.predicted or {}).get("tokens_per_s")})
+    reranked.sort(key=lambda x: -x["calibrated_tokens_per_s"])
+    out["reranked"] = reranked
+    study.set_user_attr("calibrated_ranking", [x["trial"] for x in reranked])
+    best = max((r for r in runs), key=lambda r: r["measured"]["tokens_per_s"])
+    out["best_measured"] = {**best["row"]["plan"], "predicted": best["predicted"]}
+    out["best_measured_trial"] = best["row"]["trial"]
+    study.set_user_attr("best_measured_trial", best["row"]["trial"])
+    study.set_user_attr("validated_trials", [r["trial"] for r in rows])
+    return out
