@@ -134,6 +134,11 @@ def _trim_breakdown(bd: Any) -> Any:
     return bd
 
 
+# attrs that belong to one trial, not to the plan it priced (not copied from a cached plan)
+_PER_TRIAL_ATTRS = ("origin", "baseline", "baseline_key", "polish", "measured", "losses", "failure",
+                    "prediction_error", "validated_from")
+
+
 class Evaluator:
     """Prices points of a space, once per distinct plan."""
 
@@ -194,7 +199,7 @@ class Evaluator:
         for t in trials:
             if "plan" in t.user_attrs and t.value is not None:
                 self.cache.setdefault(plan_key(t.user_attrs["plan"]), Outcome(
-                    float(t.value), {k: v for k, v in t.user_attrs.items() if k not in ("origin", "measured")},
+                    float(t.value), {k: v for k, v in t.user_attrs.items() if k not in _PER_TRIAL_ATTRS},
                     dict(getattr(t, "constraints", {}) or {})))
 
 
@@ -242,7 +247,7 @@ class Workspace:
                trial: Any = None) -> None:
         import optuna
 
-        attrs = {**out.attrs, **(extra or {}), "origin": f"{self.origin}:{self.local}"}
+        attrs = {"baseline": None, **out.attrs, **(extra or {}), "origin": f"{self.origin}:{self.local}"}
         self.local += 1
         state = optuna.trial.TrialState.FAIL if out.failed else optuna.trial.TrialState.COMPLETE
         if trial is not None:  # asked from the sampler: tell it
