@@ -15,6 +15,8 @@ Chart = tuple[str, str, "go.Figure | str"]
 
 COLOURS = {"fwd": "#4C78A8", "bwd": "#F58518", "comm": "#54A24B", "bubble": "#E45756", "idle": "#BAB0AC"}
 GiB = 1024 ** 3
+GANTT_LIMIT = 20_000
+"""Most events drawn in the Gantt chart (plotly stays responsive up to about this many bars)."""
 
 
 def _layout(fig: go.Figure, title: str, **kw: Any) -> go.Figure:
@@ -105,20 +107,21 @@ def gantt(tl: Timeline | None, why: str | None, row: TrialRow | None) -> go.Figu
     x from start to end, one trace per kind so the legend names them."""
     if tl is None:
         return f"no timeline: {why}"
+    shown, note = _window(tl)
     ranks_per_stage: dict[int, set] = {}
-    for e in tl.events:
+    for e in shown:
         ranks_per_stage.setdefault(int(e["stage"]), set()).add(e.get("rank"))
     multi = any(len(v) > 1 for v in ranks_per_stage.values())
 
     def label(e: dict[str, Any]) -> str:
         return f"stage {int(e['stage'])} rank {e.get('rank')}" if multi else f"stage {int(e['stage'])}"
 
-    order = sorted({(int(e["stage"]), str(e.get("rank")), label(e)) for e in tl.events})
+    order = sorted({(int(e["stage"]), str(e.get("rank")), label(e)) for e in shown})
     fig = go.Figure()
-    kinds = [k for k in KINDS if any(e["kind"] == k for e in tl.events)]
-    kinds += sorted({e["kind"] for e in tl.events} - set(KINDS))
+    kinds = [k for k in KINDS if any(e["kind"] == k for e in shown)]
+    kinds += sorted({e["kind"] for e in shown} - set(KINDS))
     for kind in kinds:
-        ev = [e for e in tl.events if e["kind"] == kind]
+        ev = [e for e in shown if e["kind"] == kind]
         fig.add_trace(go.Bar(
             orientation="h", name=kind, y=[label(e) for e in ev], base=[float(e["start"]) * 1e3 for e in ev],
             x=[(float(e["end"]) - float(e["start"])) * 1e3 for e in ev],
@@ -130,8 +133,21 @@ def gantt(tl: Timeline | None, why: str | None, row: TrialRow | None) -> go.Figu
     fig.update_yaxes(categoryorder="array", categoryarray=[o[2] for o in reversed(order)], title_text="")
     src = "stored with the trial" if tl.source == "study" else "recomputed with autotune.cost.estimate"
     sub = f"trial #{row.number} {row.degrees_text()}, {(row.plan or {}).get('schedule', '')}; {src}" if row else src
+    sub += f"; {note}" if note else ""
     return _layout(fig, sub, barmode="overlay", xaxis_title="time in the step (ms)",
                    height=max(260, 60 + 40 * len(order)), bargap=0.25, title_font_size=13)
+
+
+def _window(tl: Timeline) -> tuple[list[dict[str, Any]], str | None]:
+    """All events, or for a very long simulation the ones that start in the first part of the step
+    (so the browser stays responsive), with a note saying how much is shown."""
+    if len(tl.events) <= GANTT_LIMIT:
+        return tl.events, None
+    starts = sorted(float(e["start"]) for e in tl.events)
+    cutoff = starts[GANTT_LIMIT - 1]
+    shown = [e for e in tl.events if float(e["start"]) < cutoff]
+    return shown, (f"showing the first {cutoff * 1e3:.3g} ms of {tl.makespan * 1e3:.4g} ms "
+                   f"({len(shown)} of {len(tl.events)} events)")
 
 
 def memory(row: TrialRow | None) -> go.Figure | str:

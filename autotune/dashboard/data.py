@@ -256,8 +256,8 @@ def _choose_best(study: Any, rows: list[TrialRow]) -> TrialRow | None:
 
 def _choose_even(study: Any, rows: list[TrialRow], best: TrialRow | None) -> TrialRow | None:
     by_number = {r.number: r for r in rows}
-    named = study.user_attrs.get("baseline_best_trial")
-    if isinstance(named, int) and named in by_number and by_number[named].feasible:
+    named = study.user_attrs.get("baseline_best_trial")  # the search's pick among its baselines
+    if isinstance(named, int) and named in by_number and by_number[named].feasible and by_number[named].even:
         return by_number[named]
     ok = [r for r in rows if r.feasible and r.even and r.predicted_tps is not None]
     return max(ok, key=lambda r: (r.measured_tps or 0.0, r.predicted_tps, -r.number)) if ok else None

@@ -152,3 +152,17 @@ def test_text_is_escaped(tmp_path):
     st.set_user_attr("model", "<script>alert(1)</script>")
     page, _ = render_html(load_view("s", url))
     assert "<script>alert(1)</script>" not in page and "&lt;script&gt;alert(1)" in page
+
+
+def test_long_timeline_is_windowed_with_a_note(monkeypatch):
+    from test_dashboard_data import gpipe_timeline
+
+    from autotune.dashboard import charts
+
+    monkeypatch.setattr(charts, "GANTT_LIMIT", 10)
+    tl = Timeline(gpipe_timeline([0.001, 0.001], [0.002, 0.002], 16), "study")
+    fig = charts.gantt(tl, None, None)
+    starts = sorted(e["start"] for e in tl.events)
+    drawn = sum(len(tr.x) for tr in fig.data)
+    assert drawn == sum(1 for s in starts if s < starts[9]) and drawn < len(tl.events)
+    assert f"of {len(tl.events)} events" in fig.layout.title.text
