@@ -33,10 +33,65 @@ def _unflatten_into(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
         off += n
 
 
+BUCKET_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb
+
+
+class OverlappedGradReduce:
+    """DDP-style overlap (Li et al. 2020, "PyTorch Distributed", section 3.2.3): parameters are
+    grouped into ~25 MiB buckets in reverse order (the order backward produces gradients); during the
+    last micro-batch's backward, a bucket whose gradients are all accumulated is all-reduced
+    asynchronously while backward continues. ``finish`` waits and copies the sums back."""
+
+    def __init__(self, params: list[torch.nn.Parameter], axis: Axis, wait_clock=None):
+        self.axis, self.active, self.wait_clock = axis, False, wait_clock
+        self.buckets: list[list[torch.nn.Parameter]] = [[]]
+        size = 0
+        for p in reversed(params):
+            if size >= BUCKET_BYTES:
+                self.buckets.append([])
+                size = 0
+            self.buckets[-1].append(p)
+            size += p.numel() * p.element_size()
+        self.owner = {id(p): i for i, b in enumerate(self.buckets) for p in b}
+        self.ready = [0] * len(self.buckets)
+        self.works: list[tuple[int, torch.Tensor, object]] = []
+        for p in params:
+            p.register_post_accumulate_grad_hook(self._hook)
+
+    def arm(self) -> None:
+        """The next backward is the step's last: reduce buckets as they fill."""
+        self.active, self.ready, self.works = True, [0] * len(self.buckets), []
+
+    def _hook(self, p: torch.nn.Parameter) -> None:
+        if not self.active:
+            return
+        b = self.owner[id(p)]
+        self.ready[b] += 1
+        if self.ready[b] == len(self.buckets[b]):
+            flat = _flat([q.grad for q in self.buckets[b]])
+            self.works.append((b, flat, dist.all_reduce(flat, group=self.axis.group, async_op=True)))
+
+    def finish(self) -> bool:
+        """Wait for the buckets; False when some bucket never filled (then reduce synchronously)."""
+        self.active = False
+        if len(self.works) != len(self.buckets):
+            for _, _, w in self.works:
+                w.wait()
+            return False
+        for b, flat, w in self.works:
+            if self.wait_clock is not None:
+                self.wait_clock(w.wait)
+            else:
+                w.wait()
+            _unflatten_into(flat, [q.grad for q in self.buckets[b]])
+        return True
+
+
 class TrainOptimizer:
     """Reduce gradients over the gradient group (SUM) and step AdamW."""
 
-    def __init__(self, params: list[torch.nn.Parameter], grad_axis: Axis | None, zero_stage: int = 0):
+    def __init__(self, params: list[torch.nn.Parameter], grad_axis: Axis | None, zero_stage: int = 0,
+                 overlap: bool = False, wait_clock=None):
         if zero_stage not in (0, 1):
             raise ValueError(f"zero_stage {zero_stage} is not built (0 or 1)")
         self.params = params
@@ -51,6 +106,19 @@ class TrainOptimizer:
             self.opt = torch.optim.AdamW([self.shard], lr=LR, weight_decay=WEIGHT_DECAY)
         else:
             self.opt = torch.optim.AdamW(params, lr=LR, weight_decay=WEIGHT_DECAY)
+        self.overlap = (OverlappedGradReduce(params, self.axis, wait_clock)
+                        if overlap and self.axis is not None and not self.zero else None)
+
+        self._reduced = False
+
+    def before_last_backward(self) -> None:
+        if self.overlap is not None:
+            self.overlap.arm()
+
+    def finish_overlap(self) -> None:
+        """Wait for the buckets reduced during backward (before any other change to the gradients:
+        ``finish`` copies the bucket sums over them)."""
+        self._reduced = self.overlap is not None and self.overlap.finish()
 
     def reduce_and_step(self, step_region) -> None:
         """``step_region``: a context manager timing the optimizer arithmetic as compute."""
@@ -72,7 +140,9 @@ class TrainOptimizer:
             with torch.no_grad():
                 _unflatten_into(full, [p.data for p in self.params])
             return
-        if self.axis is not None:
+        if self._reduced:
+            self._reduced = False  # already summed during backward
+        elif self.axis is not None:
             flat = _flat(grads)
             dist.all_reduce(flat, group=self.axis.group)  # SUM: each loss is already / global tokens
             _unflatten_into(flat, grads)

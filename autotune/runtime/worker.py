@@ -84,6 +84,10 @@ class CommClock:
                     self._region_comm += dt
         return timed
 
+    def timed_call(self, fn, *a, **k):
+        """Run ``fn`` timed as communication (waiting for an asynchronous collective)."""
+        return self.wrap(fn)(*a, **k)
+
     @contextlib.contextmanager
     def compute_region(self):
         """Compute with the communication inside it taken out; then the emulated slowdown."""
@@ -225,7 +229,9 @@ class RankTrainer:
         # with sequence parallelism the norms of the tp ranks saw different tokens: sum their gradients
         self.tp_replicated = [p for _, m in self.stages for mod in m.modules() if isinstance(mod, RMSNorm)
                               for p in mod.parameters()] if self.sp else []
-        self.opt = TrainOptimizer(self.params, mesh.grad, plan.zero_stage)
+        # DDP-style overlap of the gradient all-reduce with backward where backward is ours (pp = 1)
+        self.opt = TrainOptimizer(self.params, mesh.grad, plan.zero_stage, overlap=plan.degrees.pp == 1,
+                                  wait_clock=clock().timed_call)
         self.dp_index = mesh["dp"].index
         self.n_micro = plan.microbatches_of_replica(self.dp_index)
         self.total_tokens = global_batch * seq_len
@@ -259,8 +265,10 @@ class RankTrainer:
         contribution = 0.0
         if self.schedule is None:
             model = self.stages[0][1]
-            for x, y in zip(D.split_microbatches(inputs, self.n_micro), D.split_microbatches(targets, self.n_micro),
-                            strict=True):
+            for j, (x, y) in enumerate(zip(D.split_microbatches(inputs, self.n_micro),
+                                           D.split_microbatches(targets, self.n_micro), strict=True)):
+                if j == self.n_micro - 1:
+                    self.opt.before_last_backward()
                 with clk.compute_region():
                     loss = self._loss(model(x), y)
                     loss.backward()
@@ -271,6 +279,7 @@ class RankTrainer:
             self.schedule.step(*args, target=targets if self.last is not None else None,
                                losses=losses if self.last is not None else None)
             contribution = float(sum(float(x.detach()) for x in losses))
+        self.opt.finish_overlap()
         self._reduce_tp_replicated()
         self.opt.reduce_and_step(clk.compute_region)
         # every tp rank holds the same loss: count it once
