@@ -171,13 +171,13 @@ class Plan:
         return [self.rank_of(**{**c, dim: i}) for i in range(getattr(self.degrees, dim))]
 
     def all_groups(self, dim: str) -> list[list[int]]:
-        seen, groups = set(), []
-        for r in range(self.world):
-            g = self.group_ranks(dim, r)
-            if g[0] not in seen:
-                seen.add(g[0])
-                groups.append(g)
-        return groups
+        """Every ``dim`` group, ordered by first rank. Stride arithmetic (same result as calling
+        ``group_ranks`` per rank, which cost ~2 ms at 128 ranks inside every ``resolve``)."""
+        n = getattr(self.degrees, dim)
+        stride = 1
+        for d in MESH_ORDER[MESH_ORDER.index(dim) + 1:]:
+            stride *= getattr(self.degrees, d)
+        return [[r + i * stride for i in range(n)] for r in range(self.world) if (r // stride) % n == 0]
 
     def device_index(self, rank: int, cluster: Any) -> int:
         """Flattened cluster device index (ClusterSpec.devices) that runs ``rank``."""
