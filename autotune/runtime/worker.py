@@ -181,16 +181,34 @@ def peak_memory(device: torch.device) -> int:
 
 # ---- attention context --------------------------------------------------------------------------
 def attention_context(plan: Plan, mesh: Mesh) -> Any:
-    """The CP/HP AttentionContext of this rank (None when the sequence is whole: plain SDPA)."""
+    """The CP/HP AttentionContext of this rank (None when the sequence is whole: plain SDPA).
+
+    Fields are filled by name from what the plan and mesh know, so the attention module may name
+    its fields with either spelling below; a required field nobody knows is an error naming it."""
     if plan.degrees.cp == 1 and plan.degrees.hp == 1:
         return None
+    import dataclasses
+
     from autotune.runtime.attention import AttentionContext
 
     cp, hp = mesh["cp"], mesh["hp"]
-    return AttentionContext(
-        cp_group=cp.group, cp_ranks=cp.ranks, cp_index=cp.index, cp_tokens=list(plan.shares.tokens),
-        cp_layout=plan.cp_layout,
-        hp_group=hp.group, hp_ranks=hp.ranks, hp_index=hp.index, hp_heads=list(plan.shares.heads))
+    tokens, heads = list(plan.shares.tokens), list(plan.shares.heads)
+    known = {
+        "cp_group": cp.group, "cp_ranks": cp.ranks, "cp_index": cp.index, "cp_rank": cp.index, "cp_size": cp.size,
+        "cp_tokens": tokens, "cp_shares": tokens, "cp_token_shares": tokens, "token_shares": tokens,
+        "tokens": tokens, "cp_layout": plan.cp_layout, "layout": plan.cp_layout,
+        "hp_group": hp.group, "hp_ranks": hp.ranks, "hp_index": hp.index, "hp_rank": hp.index, "hp_size": hp.size,
+        "hp_heads": heads, "hp_shares": heads, "hp_head_shares": heads, "head_shares": heads, "heads": heads,
+    }
+    kwargs, missing = {}, []
+    for f in dataclasses.fields(AttentionContext):
+        if f.name in known:
+            kwargs[f.name] = known[f.name]
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            missing.append(f.name)
+    if missing:
+        raise RuntimeError(f"AttentionContext needs fields the runtime does not know: {missing}")
+    return AttentionContext(**kwargs)
 
 
 def local_positions(ctx: Any, seq_len: int) -> torch.Tensor | None:
