@@ -95,6 +95,8 @@ class TrialRow:
     even: bool | None = None
     """True when every share is an even split (the Megatron/torchtitan shape)."""
     step_time_s: float | None = None
+    run_failed: bool = False
+    """The short real run (validate) of this plan failed; ``reason`` says how."""
     plan: dict[str, Any] | None = None
     breakdown: dict[str, Any] | None = None
 
@@ -105,6 +107,11 @@ class TrialRow:
         if not mem or not self.capacity_bytes or len(self.capacity_bytes) != len(mem):
             return None
         return max(m / c for m, c in zip(mem, self.capacity_bytes, strict=True) if c)
+
+    def state_text(self) -> str:
+        if self.state == "COMPLETE":
+            return "run failed" if self.run_failed else ("ok" if self.feasible else "infeasible")
+        return self.state.lower()
 
     def degrees_text(self) -> str:
         d = {k: v for k, v in self.degrees.items() if v != 1}
@@ -117,7 +124,7 @@ class TrialRow:
                 "memory_bytes": self.memory_bytes, "measured_memory_bytes": self.measured_memory_bytes,
                 "capacity_bytes": self.capacity_bytes, "memory_fraction": self.memory_fraction,
                 "reason": self.reason, "baseline": self.baseline, "even": self.even,
-                "step_time_s": self.step_time_s}
+                "step_time_s": self.step_time_s, "run_failed": self.run_failed}
 
 
 @dataclass
@@ -225,7 +232,7 @@ def trial_row(t: Any, capacity_of: Any = None) -> TrialRow:
         shares=shares, memory_bytes=_nums(pred.get("memory_bytes")),
         measured_memory_bytes=_nums((meas or {}).get("peak_memory_bytes")), capacity_bytes=capacity,
         reason=_failure_text(t, ua), baseline=ua.get("baseline"), even=_is_even(shares),
-        step_time_s=_num(pred.get("step_time_s")), plan=plan,
+        step_time_s=_num(pred.get("step_time_s")), run_failed=failed_run and state == "COMPLETE", plan=plan,
         breakdown=ua.get("breakdown") if isinstance(ua.get("breakdown"), dict) else None)
 
 

@@ -134,7 +134,7 @@ def _trials_table(view: StudyView, limit: int = 25) -> str:
             m = fmt_bytes(max(mem))
             if r.memory_fraction is not None:
                 m += f" ({r.memory_fraction:.0%})"
-        state = "ok" if r.feasible else ("infeasible" if r.state == "COMPLETE" else r.state.lower())
+        state = r.state_text()
         err = f"{r.error:+.1%}" if r.error is not None else "-"
         cls = " class='b'" if r is view.best else ""
         body.append(f"<tr{cls}><td>{r.number}</td><td class='l'>{_esc(r.degrees_text())}</td>"

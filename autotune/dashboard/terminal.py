@@ -43,12 +43,12 @@ def _memory(r: TrialRow) -> Text:
     return Text(f"{fmt_bytes(peak)} / {fmt_bytes(cap)} ({frac:.0%})", style=style)
 
 
+_STATE_STYLE = {"ok": "green", "infeasible": "yellow", "run failed": "red", "fail": "red", "running": "cyan"}
+
+
 def _state(r: TrialRow) -> Text:
-    if r.state == "COMPLETE" and r.feasible:
-        return Text("ok", style="green")
-    if r.state == "COMPLETE":
-        return Text("infeasible", style="yellow")
-    return Text(r.state.lower(), style={"FAIL": "red", "RUNNING": "cyan"}.get(r.state, "dim"))
+    s = r.state_text()
+    return Text(s, style=_STATE_STYLE.get(s, "dim"))
 
 
 def table(view: StudyView, limit: int | None = None) -> Table:
