@@ -1,0 +1,123 @@
+"""Search quality and speed under the cost model (issue 6). Prints every figure; run once:
+
+    python benchmarks/bench_search.py            # all sections
+    python benchmarks/bench_search.py --quick    # fewer / smaller instances
+
+1. Quality: on small homogeneous and mixed clusters (8-32 devices) where ``--sampler grid`` is
+   exhaustive, the default search (TPE, default budget) against the grid optimum (>= 99% asked).
+2. Speed: a 128-device cluster of four device types, default search (within 10 s asked) against a
+   search with 10x the trials (within 1% asked); 1024 devices (within 60 s asked).
+3. Uneven pays: on a mixed H100 + A100 long-context cluster, the best plan's predicted speed-up over
+   the best even-split plan (same cost model).
+
+All searches run on in-memory studies (``:memory:``): these figures are the search itself, not
+Optuna's storage (the CLI persists in batches; see autotune/search.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import time
+
+import optuna
+
+from autotune.search import SearchOptions, search
+from autotune.specs import load_model
+from autotune.specs.cluster import cluster_from_dict
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+_names = itertools.count()
+
+
+def cluster(name: str, groups: list[tuple[str, int]], dpn: int = 8, inter: str = "25GB/s"):
+    return cluster_from_dict({"name": name, "nodes": [{"count": n, "devices_per_node": dpn, "device": t}
+                                                      for t, n in groups], "inter_node": {"bandwidth": inter}})
+
+
+def run(model, c, seq, batch, **kw):
+    opts = SearchOptions(**kw)
+    t = time.monotonic()
+    res = search(model, c, seq, batch, study_name=f"bench{next(_names)}", storage=":memory:", options=opts)
+    return res, time.monotonic() - t
+
+
+def tps(res) -> float:
+    return float(res.best.predicted["tokens_per_s"])
+
+
+def quality(quick: bool) -> None:
+    print("== 1. default search vs exhaustive grid (predicted tokens/s) ==")
+    m = load_model("llama3-8b")
+    inst = [
+        ("8x H100 (1 node)", cluster("h100x8", [("H100-SXM", 1)]), 8192, 8),
+        ("8 mixed (4 H100 + 4 A100 nodes of 4)", cluster("mix8", [("H100-SXM", 1), ("A100-80GB", 1)], dpn=4), 8192, 8),
+        ("16x A100 (2 nodes)", cluster("a100x16", [("A100-80GB", 2)]), 8192, 8),
+        ("16 mixed (8 H100 + 8 A100)", cluster("mix16", [("H100-SXM", 1), ("A100-80GB", 1)]), 8192, 8),
+        ("32x H100 (8 nodes of 4)", cluster("h100x32", [("H100-SXM", 8)], dpn=4), 8192, 8),
+        ("32 mixed (16 H100 + 16 A100, nodes of 4)", cluster("mix32", [("H100-SXM", 4), ("A100-80GB", 4)], dpn=4),
+         8192, 8),
+    ]
+    if quick:
+        inst = inst[:2]
+    worst = 1.0
+    for name, c, seq, batch in inst:
+        g, tg = run(m, c, seq, batch, sampler="grid")
+        d, td = run(m, c, seq, batch)
+        ratio = tps(d) / tps(g)
+        worst = min(worst, ratio)
+        print(f"{name:44s} grid {tps(g):12,.0f} tok/s ({g.trials} trials, {tg:6.1f} s) | default {tps(d):12,.0f} "
+              f"({d.trials} trials, {td:5.1f} s) = {ratio:.2%}  best {d.best.degrees.inline()}")
+    print(f"worst ratio: {worst:.2%} (asked >= 99%)")
+
+
+def speed(quick: bool) -> None:
+    print("== 2. speed ==")
+    m = load_model("llama3-70b")
+    c128 = cluster("4types-128", [("H100-SXM", 4), ("A100-80GB", 4), ("H200", 4), ("L40S", 4)])
+    d, td = run(m, c128, 32768, 256)
+    print(f"128 devices, 4 types, llama3-70b s=32k b=256: default {tps(d):,.0f} tok/s in {td:.1f} s "
+          f"({d.trials} trials; asked <= 10 s)  best {d.best.degrees.inline()}")
+    if not quick:
+        trials = 10 * 300
+        L, tl = run(m, c128, 32768, 256, trials=trials)
+        print(f"  10x longer search: {tps(L):,.0f} tok/s in {tl:.1f} s ({L.trials} trials); default is "
+              f"{tps(d) / tps(L):.2%} of it (asked >= 99%)")
+        c1024 = cluster("4types-1024", [("H100-SXM", 32), ("A100-80GB", 32), ("H200", 32), ("L40S", 32)])
+        e, te = run(load_model("llama3-405b"), c1024, 131072, 512)
+        print(f"1024 devices, 4 types, llama3-405b s=128k b=512: {tps(e):,.0f} tok/s in {te:.1f} s "
+              f"({e.trials} trials; asked <= 60 s)  best {e.best.degrees.inline()}")
+
+
+def uneven() -> None:
+    print("== 3. best plan vs best even-split plan, mixed H100 + A100, long context ==")
+    for mname, groups, seq, batch in (("llama3-8b", [("H100-SXM", 2), ("A100-80GB", 2)], 131072, 16),
+                                      ("llama3-70b", [("H100-SXM", 4), ("A100-80GB", 4)], 131072, 32)):
+        c = cluster("mixed-long", groups)
+        r, t = run(load_model(mname), c, seq, batch)
+        b = r.baseline_best
+        if b is None:
+            print(f"{mname} on {c.num_devices}: no even-split plan is feasible; best {tps(r):,.0f} tok/s")
+            continue
+        print(f"{mname} s={seq} b={batch} on {'+'.join(f'{n * 8}x{g}' for g, n in groups)}: best {tps(r):,.0f} "
+              f"tok/s vs even {b.predicted['tokens_per_s']:,.0f} = {tps(r) / b.predicted['tokens_per_s']:.2f}x "
+              f"({t:.1f} s)")
+        print(f"  best: {r.best.degrees.inline()} shares {r.best.shares.to_dict()}")
+        print(f"  even: {b.degrees.inline()}; why: {r.why}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only", choices=("quality", "speed", "uneven"))
+    a = ap.parse_args()
+    if a.only in (None, "quality"):
+        quality(a.quick)
+    if a.only in (None, "speed"):
+        speed(a.quick)
+    if a.only in (None, "uneven"):
+        uneven()
+
+
+if __name__ == "__main__":
+    main()
