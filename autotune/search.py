@@ -144,7 +144,7 @@ class Evaluator:
 
     def __init__(self, space: Any, estimator: Callable[..., Any], calibration: dict | None = None):
         self.space, self.estimator, self.calibration = space, estimator, calibration
-        self.cache: dict[str, Outcome] = {}
+        self.cache: dict[Any, Outcome] = {}  # by the (frozen, hashable) resolved Plan, or its plan_key
         self.calls = 0
 
     def evaluate(self, params: dict[str, Any]) -> Outcome:
@@ -155,7 +155,7 @@ class Evaluator:
             return Outcome(0.0, {"infeasible_reason": f"{built.kind}: {built.reason}", "infeasible_kind": built.kind,
                                  "family": built.family or None, "baseline": None},
                            {"memory": 0.0, "divisibility": 1.0})
-        key = plan_key(built.to_dict())
+        key = built
         hit = self.cache.get(key)
         if hit is not None:
             return hit
@@ -198,7 +198,11 @@ class Evaluator:
         """Seed the cache from trials already in the study (resume costs no re-pricing)."""
         for t in trials:
             if "plan" in t.user_attrs and t.value is not None:
-                self.cache.setdefault(plan_key(t.user_attrs["plan"]), Outcome(
+                try:
+                    key = Plan.from_dict(t.user_attrs["plan"]).replace(predicted=None, measured=None, provenance=None)
+                except InputError:
+                    continue
+                self.cache.setdefault(key, Outcome(
                     float(t.value), {k: v for k, v in t.user_attrs.items() if k not in _PER_TRIAL_ATTRS},
                     dict(getattr(t, "constraints", {}) or {})))
 
