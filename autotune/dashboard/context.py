@@ -96,5 +96,7 @@ class StudyContext:
                            calibration=self.ua.get("calibration"))
         except AutotuneError as e:
             return None, f"the cost model refused the plan: {e}"
+        except Exception as e:  # noqa: BLE001 - a chart is not worth failing the whole report for
+            return None, f"the cost model failed on the plan: {type(e).__name__}: {e}"
         bd = getattr(est, "breakdown", None)
         return (bd, None) if isinstance(bd, dict) else (None, "the cost model returned no breakdown")

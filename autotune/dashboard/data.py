@@ -113,6 +113,23 @@ class TrialRow:
             return "run failed" if self.run_failed else ("ok" if self.feasible else "infeasible")
         return self.state.lower()
 
+    def settings_text(self) -> str:
+        """Schedule and micro-batching, plus what is not the default (recompute, ZeRO, sp, dtype)."""
+        p = self.plan or {}
+        if not p:
+            return "-"
+        parts = [f"{p.get('schedule', '1f1b')}" + (f" v{p['virtual_stages']}" if (p.get("virtual_stages") or 1) > 1 else ""),
+                 f"mbs {p.get('micro_batch_size', 1)} x {p.get('num_microbatches')}"]
+        if p.get("recompute") not in (None, "none"):
+            parts.append(f"recompute {p['recompute']}")
+        if p.get("zero_stage"):
+            parts.append(f"zero {p['zero_stage']}")
+        if p.get("sequence_parallel"):
+            parts.append("sp")
+        if p.get("dtype") not in (None, "bf16"):
+            parts.append(str(p["dtype"]))
+        return ", ".join(parts)
+
     def degrees_text(self) -> str:
         d = {k: v for k, v in self.degrees.items() if v != 1}
         return ",".join(f"{k}={v}" for k, v in d.items()) or ("dp=1" if self.degrees else "-")

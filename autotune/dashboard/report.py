@@ -122,7 +122,8 @@ def _header(view: StudyView) -> str:
 
 
 def _trials_table(view: StudyView, limit: int = 25) -> str:
-    head = ("<tr><th>#</th><th class='l'>degrees</th><th class='l'>shares</th><th>predicted tok/s</th>"
+    head = ("<tr><th>#</th><th class='l'>degrees</th><th class='l'>shares</th><th class='l'>schedule</th>"
+            "<th>predicted tok/s</th>"
             "<th>measured tok/s</th><th>error</th><th>peak memory / capacity</th><th class='l'>state</th>"
             "<th class='l'>reason</th></tr>")
     body = []
@@ -138,7 +139,8 @@ def _trials_table(view: StudyView, limit: int = 25) -> str:
         err = f"{r.error:+.1%}" if r.error is not None else "-"
         cls = " class='b'" if r is view.best else ""
         body.append(f"<tr{cls}><td>{r.number}</td><td class='l'>{_esc(r.degrees_text())}</td>"
-                    f"<td class='l'>{_esc(sh)}</td><td>{_tps(r.predicted_tps)}</td><td>{_tps(r.measured_tps)}</td>"
+                    f"<td class='l'>{_esc(sh)}</td><td class='l'>{_esc(r.settings_text())}</td>"
+                    f"<td>{_tps(r.predicted_tps)}</td><td>{_tps(r.measured_tps)}</td>"
                     f"<td>{err}</td><td>{_esc(m)}</td><td class='l'>{state}</td><td class='l'>{_esc(r.reason)}</td></tr>")
     more = f"<p class='meta'>{len(view.rows) - limit} more trials not listed.</p>" if len(view.rows) > limit else ""
     return f"<h2>Trials, best first</h2><table>{head}{''.join(body)}</table>{more}"

@@ -52,17 +52,18 @@ def _state(r: TrialRow) -> Text:
 
 
 def table(view: StudyView, limit: int | None = None) -> Table:
-    t = Table(title=f"study {view.name}: trials, best first", title_justify="left", expand=False)
-    for col, just in (("#", "right"), ("degrees", "left"), ("shares", "left"), ("predicted tok/s", "right"),
+    t = Table(title=f"study {view.name}: trials, best first (* best)", title_justify="left", expand=False)
+    for col, just in (("#", "right"), ("degrees", "left"), ("shares", "left"), ("schedule", "left"),
+                      ("predicted tok/s", "right"),
                       ("measured tok/s", "right"), ("error", "right"), ("peak memory / capacity", "right"),
                       ("state", "left"), ("reason", "left")):
         t.add_column(col, justify=just, overflow="fold")
     rows = view.rows if limit is None else view.rows[:limit]
     for r in rows:
         mark = "*" if r is view.best else ""
-        tag = " even" if r is view.even_best else ""
+        tag = " (even best)" if r is view.even_best else ""
         err = Text(f"{r.error:+.1%}", style="yellow" if abs(r.error) > 0.2 else "") if r.error is not None else "-"
-        t.add_row(f"{r.number}{mark}", r.degrees_text() + tag, shares_text(r.shares), _tps(r.predicted_tps), _tps(r.measured_tps),
+        t.add_row(f"{r.number}{mark}", r.degrees_text() + tag, shares_text(r.shares), r.settings_text(), _tps(r.predicted_tps), _tps(r.measured_tps),
                   err, _memory(r), _state(r), r.reason or "")
     if limit is not None and len(view.rows) > limit:
         t.caption = f"{len(view.rows) - limit} more trials not shown (--limit)"
