@@ -1,0 +1,233 @@
+"""Link micro-benchmarks between the ranks of a process group (gloo on CPU, NCCL on CUDA).
+
+- **p2p matrix**: for every pair (i, j), i < j, a ping-pong of ``S`` bytes (i sends, j returns it);
+  one-way time = round trip / 2, measured on rank i over several message sizes. Latency is the
+  one-way time of the smallest message, bandwidth ``S / one_way`` of the largest; both matrices
+  are symmetric (ping-pong measures both directions together). Pairs run one at a time while the
+  other ranks wait at a barrier, so no two pairs share the wire.
+- **Collectives**: all_reduce, all_gather, reduce_scatter, all_to_all on the groups of the first
+  ``g`` ranks (g = 2, 4, 8, ... and the world), over message sizes. Sizes and bandwidths follow
+  nccl-tests (doc/PERFORMANCE.md): ``S`` is the full buffer (all_gather's output,
+  reduce_scatter's input), ``algbw = S / t`` and ``busbw = algbw * factor`` with factor
+  ``2(n-1)/n`` for all_reduce and ``(n-1)/n`` for all_gather, reduce_scatter and all_to_all. The
+  time of a collective is the slowest member's median.
+- **alpha-beta**: ``t = alpha + S / beta`` (Hockney) fitted per link class (``intra`` = same
+  host, ``inter`` = different hosts) from the p2p one-way times, and per collective and group size.
+
+Every rank walks the same loops with the same repeat counts (no adaptive retry here), so the
+blocking calls always pair up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from profilers.fits import affine_fit
+from profilers.timing import time_fn
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+
+
+def bus_factor(op: str, n: int) -> float:
+    """nccl-tests' busbw / algbw factor for ``op`` on ``n`` ranks."""
+    if n <= 1:
+        return 0.0
+    if op == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    raise ValueError(f"unknown collective {op!r}")
+
+
+@dataclass(frozen=True)
+class LinkPlan:
+    p2p_sizes: tuple[int, ...]
+    coll_sizes: tuple[int, ...]
+    warmup: int
+    repeats: int
+
+
+def link_plan(device: str, quick: bool) -> LinkPlan:
+    if device.startswith("cuda"):
+        return LinkPlan(p2p_sizes=(8, 1 << 20, 64 << 20) if quick else (8, 1 << 16, 1 << 20, 16 << 20, 256 << 20),
+                        coll_sizes=(1 << 20, 64 << 20) if quick else (1 << 16, 1 << 20, 16 << 20, 256 << 20),
+                        warmup=3, repeats=10)
+    return LinkPlan(p2p_sizes=(8, 1 << 16, 1 << 20) if quick else (8, 1 << 12, 1 << 16, 1 << 20, 4 << 20),
+                    coll_sizes=(1 << 16, 1 << 20) if quick else (1 << 12, 1 << 16, 1 << 20, 4 << 20),
+                    warmup=1 if quick else 2, repeats=3 if quick else 7)
+
+
+def group_sizes(world: int) -> list[int]:
+    """2, 4, 8, ... up to the world, and the world itself."""
+    out, g = [], 2
+    while g <= world:
+        out.append(g)
+        g *= 2
+    if world >= 2 and world not in out:
+        out.append(world)
+    return out
+
+
+def pairs(world: int) -> list[tuple[int, int]]:
+    return [(i, j) for i in range(world) for j in range(i + 1, world)]
+
+
+def link_steps(world: int, device: str, quick: bool) -> int:
+    if world < 2:
+        return 0
+    return len(pairs(world)) + len(group_sizes(world)) * len(COLLECTIVES)
+
+
+Progress = Callable[[str], None]
+
+
+def measure_p2p(rank: int, world: int, device: str, plan: LinkPlan, tick: Progress,
+                fault: Callable[[str], None] | None = None) -> list[dict]:
+    import torch
+    import torch.distributed as dist
+
+    rows = []
+    bufs = {s: torch.zeros(max(1, s // 4), dtype=torch.float32, device=device) for s in plan.p2p_sizes}
+    for i, j in pairs(world):
+        if fault is not None:
+            fault("p2p")
+        if rank in (i, j):
+            peer = j if rank == i else i
+            for size, buf in bufs.items():
+                if rank == i:
+                    def ping(buf=buf, peer=peer):
+                        dist.send(buf, peer)
+                        dist.recv(buf, peer)
+                    t = time_fn(ping, device=device, warmup=plan.warmup, repeats=plan.repeats, retry=False)
+                    one_way = t.median_s / 2.0
+                    td = t.to_dict()
+                    rows.append({"kind": "p2p", "params": {"src": i, "dst": j, "bytes": size}, "work": size,
+                                 "timing": td, "metrics": {"one_way_s": one_way,
+                                                           "bandwidth_bytes_per_s": size / one_way}})
+                else:
+                    for _ in range(plan.warmup + plan.repeats):
+                        dist.recv(buf, peer)
+                        dist.send(buf, peer)
+        dist.barrier()
+        tick(f"p2p {i}<->{j}")
+    return rows
+
+
+def _collective_fn(op: str, g: int, size: int, device: str, group) -> Callable[[], object]:
+    import torch
+    import torch.distributed as dist
+
+    elems = max(g, size // 4)
+    elems -= elems % g  # divisible by the group so every rank gets an equal part
+    if op == "all_reduce":
+        x = torch.ones(elems, device=device)
+        return lambda: dist.all_reduce(x, group=group)
+    if op == "all_gather":
+        out = torch.empty(elems, device=device)
+        part = torch.ones(elems // g, device=device)
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in 2.13
+        return lambda: gather(out, part, group=group)
+    if op == "reduce_scatter":
+        inp = torch.ones(elems, device=device)
+        out = torch.empty(elems // g, device=device)
+        scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        return lambda: scatter(out, inp, group=group)
+    if op == "all_to_all":
+        inp = torch.ones(elems, device=device)
+        out = torch.empty(elems, device=device)
+        return lambda: dist.all_to_all_single(out, inp, group=group)
+    raise ValueError(op)
+
+
+def measure_collectives(rank: int, world: int, device: str, plan: LinkPlan, tick: Progress,
+                        fault: Callable[[str], None] | None = None) -> list[dict]:
+    import torch.distributed as dist
+
+    rows = []
+    # new_group must be called by every rank, in the same order, for every group.
+    groups = {g: (dist.new_group(list(range(g))) if g < world else dist.group.WORLD) for g in group_sizes(world)}
+    for g, group in groups.items():
+        for op in COLLECTIVES:
+            if fault is not None:
+                fault("collectives")
+            if rank < g:
+                for size in plan.coll_sizes:
+                    fn = _collective_fn(op, g, size, device, group)
+                    dist.barrier(group=group)
+                    t = time_fn(fn, device=device, warmup=plan.warmup, repeats=plan.repeats, retry=False)
+                    real = 4 * (max(g, size // 4) - max(g, size // 4) % g)
+                    rows.append({"kind": "collective", "params": {"op": op, "group_size": g, "bytes": real},
+                                 "work": real, "timing": t.to_dict(), "metrics": {}})
+            dist.barrier()
+            tick(f"{op} g={g}")
+    return rows
+
+
+def run_links(rank: int, world: int, device: str, quick: bool, tick: Progress,
+              fault: Callable[[str], None] | None = None) -> list[dict]:
+    if world < 2:
+        return []
+    plan = link_plan(device, quick)
+    return (measure_p2p(rank, world, device, plan, tick, fault)
+            + measure_collectives(rank, world, device, plan, tick, fault))
+
+
+def fit_links(samples: list[dict], hosts: list[str]) -> dict:
+    """Matrices, nccl-tests rows and alpha-beta fits from all ranks' link samples.
+
+    ``samples`` carry a ``rank``; a collective's time is the slowest member's median.
+    """
+    world = len(hosts)
+    if world < 2:
+        return {}
+    bw = [[None] * world for _ in range(world)]
+    lat = [[None] * world for _ in range(world)]
+    by_pair: dict[tuple[int, int], list[dict]] = {}
+    for s in samples:
+        if s["kind"] == "p2p":
+            by_pair.setdefault((s["params"]["src"], s["params"]["dst"]), []).append(s)
+    per_class: dict[str, tuple[list[float], list[float], list[list[int]]]] = {}
+    pair_fits = []
+    for (i, j), rows in sorted(by_pair.items()):
+        rows.sort(key=lambda s: s["params"]["bytes"])
+        small, big = rows[0], rows[-1]
+        lat[i][j] = lat[j][i] = small["metrics"]["one_way_s"]
+        bw[i][j] = bw[j][i] = big["metrics"]["bandwidth_bytes_per_s"]
+        cls = "intra" if hosts[i] == hosts[j] else "inter"
+        xs, ys, prs = per_class.setdefault(cls, ([], [], []))
+        xs += [s["params"]["bytes"] for s in rows]
+        ys += [s["metrics"]["one_way_s"] for s in rows]
+        prs.append([i, j])
+        f = affine_fit([s["params"]["bytes"] for s in rows], [s["metrics"]["one_way_s"] for s in rows])
+        pair_fits.append({"pair": [i, j], "class": cls, "alpha_s": f["alpha_s"], "beta_bytes_per_s": f["rate"]})
+    alpha_beta = {}
+    for cls, (xs, ys, prs) in per_class.items():
+        f = affine_fit(xs, ys)
+        alpha_beta[cls] = {"alpha_s": f["alpha_s"], "beta_bytes_per_s": f["rate"], "r2": f["r2"], "pairs": prs}
+    # Collectives: slowest member's median per (op, group, bytes).
+    slowest: dict[tuple[str, int, int], dict] = {}
+    for s in samples:
+        if s["kind"] != "collective":
+            continue
+        key = (s["params"]["op"], s["params"]["group_size"], s["params"]["bytes"])
+        if key not in slowest or s["timing"]["median_s"] > slowest[key]["timing"]["median_s"]:
+            slowest[key] = s
+    table, coll = [], {}
+    for (op, g, size), s in sorted(slowest.items()):
+        t = s["timing"]["median_s"]
+        algbw = size / t
+        fac = bus_factor(op, g)
+        unstable = any(x["timing"]["unstable"] for x in samples if x["kind"] == "collective"
+                       and (x["params"]["op"], x["params"]["group_size"], x["params"]["bytes"]) == (op, g, size))
+        table.append({"op": op, "group_size": g, "bytes": size, "time_s": t, "algbw_bytes_per_s": algbw,
+                      "busbw_bytes_per_s": algbw * fac, "bus_factor": fac, "unstable": unstable})
+    for op in COLLECTIVES:
+        for g in sorted({r["group_size"] for r in table if r["op"] == op}):
+            rows = [r for r in table if r["op"] == op and r["group_size"] == g]
+            f = affine_fit([r["bytes"] for r in rows], [r["time_s"] for r in rows])
+            coll.setdefault(op, {})[str(g)] = {"alpha_s": f["alpha_s"], "algbw_bytes_per_s": f["rate"],
+                                               "busbw_bytes_per_s": f["rate"] * bus_factor(op, g),
+                                               "bus_factor": bus_factor(op, g), "r2": f["r2"]}
+    return {"p2p_bandwidth": bw, "p2p_latency": lat, "p2p_pairs": pair_fits, "alpha_beta": alpha_beta,
+            "collectives": coll, "collective_table": table, "hosts": hosts}

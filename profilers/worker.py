@@ -1,0 +1,217 @@
+"""The per-rank entry point of `autotune profile`.
+
+Locally the CLI starts ``nproc`` ranks with ``torch.multiprocessing`` spawn (``launch_local``);
+across nodes run ``torchrun --nnodes ... -m profilers.worker --out DIR [--storage URL]``, which
+reads RANK/WORLD_SIZE/LOCAL_RANK from the environment. Either way each rank:
+
+1. joins the process group (gloo on CPU, NCCL on CUDA) with a timeout, so a hung peer turns into
+   an exception instead of a hang;
+2. measures its own device (``profilers.compute``) concurrently with the others (on CPU each rank
+   gets ``cores // nproc`` threads: the machine split into equal workers, as the runtime runs it);
+3. measures the links (``profilers.links``), and records its hostname;
+4. sends everything to rank 0 (``gather_object``), which writes ``result.json`` atomically.
+
+Nothing touches the database here: the caller stores the whole profile in one transaction after
+every rank has finished, so a rank that dies or hangs leaves the database as it was.
+
+Test hook: ``AUTOTUNE_PROFILE_FAULT=die:R`` or ``hang:R`` makes rank R exit (code 17) or sleep
+forever when the links phase starts (``die:R:compute`` at the compute phase).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from profilers.emulation import SlowdownEmulator
+
+FAULT_ENV = "AUTOTUNE_PROFILE_FAULT"
+SCHEMA_VERSION = 1
+
+
+def _fault_hook(rank: int):
+    spec = os.environ.get(FAULT_ENV, "")
+    if not spec:
+        return None
+    parts = spec.split(":")
+    kind, who = parts[0], int(parts[1]) if len(parts) > 1 else 0
+    phase = parts[2] if len(parts) > 2 else "p2p"
+    fired = [False]
+
+    def hook(where: str) -> None:
+        if rank != who or where != phase or fired[0]:
+            return
+        fired[0] = True
+        if kind == "die":
+            os._exit(17)
+        if kind == "hang":
+            while True:
+                time.sleep(3600)
+
+    return hook
+
+
+def fingerprint(device: str) -> dict[str, Any]:
+    """What the profile was measured on: host, CPU model, cores, memory, GPUs."""
+    cpu = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    fp: dict[str, Any] = {"hostname": socket.gethostname(), "machine": platform.machine(),
+                          "system": platform.system(), "cpu_model": cpu, "cpu_count": os.cpu_count(),
+                          "memory_bytes": float(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))}
+    if device.startswith("cuda"):
+        import torch
+
+        fp["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return fp
+
+
+def versions() -> dict[str, Any]:
+    import torch
+
+    from autotune import __version__
+
+    v: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__, "autotune": __version__,
+                         "cuda": torch.version.cuda}
+    try:
+        v["nccl"] = ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else None
+    except Exception:  # noqa: BLE001 - a build without NCCL
+        v["nccl"] = None
+    return v
+
+
+def device_name(device: str) -> str:
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.get_device_name(torch.device(device))
+    return fingerprint("cpu")["cpu_model"] or platform.machine()
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def run_rank(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any] | None:
+    """Measure this rank; returns the whole result on rank 0 (None elsewhere)."""
+    import torch
+    import torch.distributed as dist
+
+    from profilers.compute import compute_steps, run_compute
+    from profilers.links import link_steps, run_links
+
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    kind = cfg["device"]
+    device = f"cuda:{local_rank}" if kind == "cuda" else "cpu"
+    if kind == "cuda":
+        torch.cuda.set_device(local_rank)
+    threads = int(cfg.get("threads") or max(1, (os.cpu_count() or 1) // max(1, cfg.get("local_world", world))))
+    torch.set_num_threads(threads)
+    backend = "nccl" if kind == "cuda" else "gloo"
+    t_start = time.perf_counter()
+    dist.init_process_group(backend, rank=rank, world_size=world,
+                            timeout=_dt.timedelta(seconds=float(cfg["timeout_s"])),
+                            **({"device_id": torch.device(device)} if kind == "cuda" else {}))
+    progress = Path(cfg["progress"]) if rank == 0 and cfg.get("progress") else None
+    total = compute_steps(device, cfg["quick"]) + link_steps(world, device, cfg["quick"])
+    done = [0]
+
+    def tick(what: str) -> None:
+        done[0] += 1
+        if progress is not None:
+            with open(progress, "a", encoding="utf-8") as f:
+                f.write(f"{done[0]}\t{total}\t{what}\n")
+
+    fault = _fault_hook(rank)
+    factor = float({int(k): v for k, v in (cfg.get("emulate") or {}).items()}.get(rank, 1.0))
+    emu = SlowdownEmulator(factor) if factor > 1.0 else None
+    if fault is not None:
+        fault("compute")
+    dist.barrier()
+    compute = run_compute(device, cfg["quick"], emu, tick)
+    dist.barrier()
+    links = run_links(rank, world, device, cfg["quick"], tick, fault)
+    mine = {"rank": rank, "local_rank": local_rank, "host": socket.gethostname(), "device": device,
+            "device_name": device_name(device), "threads": threads,
+            "emulated_slowdown": factor if factor > 1.0 else None,
+            "emulated_s": emu.emulated_s if emu else 0.0, "compute": compute, "links": links}
+    gathered: list[Any] | None = [None] * world if rank == 0 else None
+    dist.gather_object(mine, gathered, dst=0)
+    result = None
+    if rank == 0:
+        assert gathered is not None
+        result = {"schema_version": SCHEMA_VERSION, "world": world, "device": kind, "quick": bool(cfg["quick"]),
+                  "hosts": [g["host"] for g in gathered], "ranks": gathered, "fingerprint": fingerprint(device),
+                  "versions": versions(), "measure_s": time.perf_counter() - t_start,
+                  "emulated": {str(g["rank"]): g["emulated_slowdown"] for g in gathered if g["emulated_slowdown"]}}
+        if cfg.get("out"):
+            _write_json(Path(cfg["out"]) / "result.json", result)
+    dist.barrier()
+    dist.destroy_process_group()
+    return result
+
+
+def _spawn_entry(rank: int, world: int, cfg: dict[str, Any]) -> None:
+    """torch.multiprocessing target: set the rendezvous, run, exit without atexit noise."""
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(cfg["port"])
+    os.environ["LOCAL_RANK"] = str(rank)
+    run_rank(rank, world, cfg)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Clean exit without running interpreter teardown (torch-cpu-facts: aborts at exit otherwise).
+    os._exit(0)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``torchrun ... -m profilers.worker --out DIR``: one rank of a multi-node profile."""
+    p = argparse.ArgumentParser(prog="python -m profilers.worker")
+    p.add_argument("--out", required=True)
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--timeout", type=float, default=120.0)
+    p.add_argument("--storage", default=None, help="store the profile from rank 0 (one transaction)")
+    p.add_argument("--label", default=None)
+    p.add_argument("--emulate-slowdown", action="append", default=None)
+    a = p.parse_args(argv)
+    from profilers.emulation import parse_slowdown
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = {"device": a.device, "quick": a.quick, "timeout_s": a.timeout, "out": str(out),
+           "emulate": {str(k): v for k, v in parse_slowdown(a.emulate_slowdown).items()},
+           "local_world": int(os.environ.get("LOCAL_WORLD_SIZE", world))}
+    result = run_rank(rank, world, cfg)
+    if rank == 0 and a.storage and result is not None:
+        from profilers.store import save_profile
+
+        pid = save_profile(result, a.storage, label=a.label, nproc=world)
+        print(json.dumps({"id": pid}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
