@@ -1,0 +1,185 @@
+"""Ring attention over the CP group (Liu et al. 2023, "Ring Attention with Blockwise Transformers"),
+with uneven shards and causal masking by global positions.
+
+Every CP rank holds its shard's queries; the K/V blocks of all shards pass once around the ring
+(``batch_isend_irecv`` to the next rank, from the previous one), the next block's transfer overlapping
+the current block's compute. Each block's partial result is merged with the online softmax
+(Milakov & Gimelshein 2018; FlashAttention, Dao et al. 2022): with running ``(o, lse)`` and a block's
+``(o_b, lse_b)``::
+
+    lse' = log(exp(lse) + exp(lse_b)),   o' = o * exp(lse - lse') + o_b * exp(lse_b - lse')
+
+The backward is our own autograd Function (FlashAttention-2's backward, Dao 2023, eqs. in Alg. 2):
+with ``P = exp(S - lse)`` from the final lse and ``Delta = rowsum(dO * O)``::
+
+    dV = P^T dO,   dP = dO V^T,   dS = P * (dP - Delta),   dQ = scale dS K,   dK = scale dS^T Q
+
+K/V go around the ring again; each block's dK/dV accumulator travels with it (one step behind, so
+its send overlaps the next block's compute) and arrives back at its owner after a full turn.
+
+Masking uses segments ``(start, length)`` of global positions (``attention.shard_segments``):
+a key segment entirely before a query segment is fully visible, one entirely after is skipped,
+and an overlapping pair (a rank's own segment) gets the causal mask ``q_pos >= k_pos``.
+Sizes are known on every rank from the segments, so no size exchange is needed. All softmax
+arithmetic is in fp32 whatever the input dtype.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+Segments = list[list[tuple[int, int]]]
+
+
+def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_index: torch.Tensor, segs: Segments,
+                   me: int, group, ranks: tuple[int, ...] | list[int]) -> torch.Tensor:
+    """q ``[B, Hq, T_me, D]`` (this shard, position order of ``segs[me]``), k/v ``[B, Hk, T_me, D]``;
+    ``kv_index[a]`` is the local kv head of query head a. Returns ``[B, Hq, T_me, D]``."""
+    return _RingAttention.apply(q, k, v, kv_index, segs, me, group, tuple(ranks))
+
+
+# ---- blocks -------------------------------------------------------------------------------------
+def _pairs(qsegs: list[tuple[int, int]], ksegs: list[tuple[int, int]]):
+    """(q rows, k cols, mask or None) for every visible (query segment, key segment) pair."""
+    r0 = 0
+    for qs, ql in qsegs:
+        c0 = 0
+        for ks, kl in ksegs:
+            if ql and kl and ks < qs + ql:  # some key at or before some query
+                rows, cols = slice(r0, r0 + ql), slice(c0, c0 + kl)
+                if ks + kl <= qs + 1:  # the last key is at or before the first query: all visible
+                    yield rows, cols, None
+                else:
+                    qp = torch.arange(qs, qs + ql)
+                    kp = torch.arange(ks, ks + kl)
+                    yield rows, cols, (qp[:, None] >= kp[None, :])
+            c0 += kl
+        r0 += ql
+
+
+def _scores(q: torch.Tensor, k: torch.Tensor, scale: float, mask: torch.Tensor | None) -> torch.Tensor:
+    s = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if mask is not None:
+        s = s.masked_fill(~mask.to(s.device), float("-inf"))
+    return s
+
+
+def _safe(lse: torch.Tensor) -> torch.Tensor:
+    """lse with -inf (a row that sees no key) replaced by 0 so exp(s - lse) is 0, not nan."""
+    return torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
+
+
+def _block_forward(q, k, v, scale, mask):
+    s = _scores(q, k, scale, mask)
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - _safe(lse)[..., None])
+    return torch.matmul(p, v), lse
+
+
+def _merge(o: torch.Tensor, lse: torch.Tensor, ob: torch.Tensor, lseb: torch.Tensor) -> None:
+    """In place: the online-softmax merge of the module docstring (rows that saw nothing stay 0/-inf)."""
+    new = torch.logaddexp(lse, lseb)
+    safe = _safe(new)
+    wa = torch.exp(lse - safe)
+    wb = torch.exp(lseb - safe)
+    o.mul_(wa[..., None]).add_(ob * wb[..., None])
+    lse.copy_(new)
+
+
+# ---- ring communication -------------------------------------------------------------------------
+def _exchange(send: torch.Tensor, recv: torch.Tensor, me: int, group, ranks) -> list:
+    """Post: ``send`` to the next rank, ``recv`` from the previous one; returns the requests."""
+    n = len(ranks)
+    ops = [dist.P2POp(dist.isend, send, ranks[(me + 1) % n], group),
+           dist.P2POp(dist.irecv, recv, ranks[(me - 1) % n], group)]
+    return dist.batch_isend_irecv(ops)
+
+
+def _wait(reqs: list) -> None:
+    for r in reqs:
+        r.wait()
+
+
+class _RingAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, kv_index, segs, me, group, ranks):
+        n = len(ranks)
+        b, hq, t, d = q.shape
+        hk = k.shape[1]
+        scale = 1.0 / math.sqrt(d)
+        qf = q.float()
+        o = torch.zeros(b, hq, t, d, dtype=torch.float32, device=q.device)
+        lse = torch.full((b, hq, t), float("-inf"), dtype=torch.float32, device=q.device)
+        kv = torch.stack([k, v]).contiguous()
+        for step in range(n):
+            j = (me - step) % n  # owner of the block held now
+            if step < n - 1:  # overlap: the next block travels while this one is computed
+                nxt = kv.new_empty((2, b, hk, sum(x for _, x in segs[(me - step - 1) % n]), d))
+                reqs = _exchange(kv, nxt, me, group, ranks)
+            ke = kv[0].index_select(1, kv_index).float()
+            ve = kv[1].index_select(1, kv_index).float()
+            for rows, cols, mask in _pairs(segs[me], segs[j]):
+                ob, lb = _block_forward(qf[:, :, rows], ke[:, :, cols], ve[:, :, cols], scale, mask)
+                _merge(o[:, :, rows], lse[:, :, rows], ob, lb)
+            if step < n - 1:
+                _wait(reqs)
+                kv = nxt
+        out = o.to(q.dtype)
+        ctx.save_for_backward(q, k, v, kv_index, out, lse)
+        ctx.segs, ctx.me, ctx.group, ctx.ranks, ctx.scale = segs, me, group, ranks, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, kv_index, out, lse = ctx.saved_tensors
+        segs, me, group, ranks, scale = ctx.segs, ctx.me, ctx.group, ctx.ranks, ctx.scale
+        n = len(ranks)
+        b, hq, t, d = q.shape
+        hk = k.shape[1]
+        qf, do = q.float(), dout.float()
+        delta = (do * out.float()).sum(-1)  # Delta = rowsum(dO * O)
+        lse_s = _safe(lse)
+        dq = torch.zeros_like(qf)
+        kv = torch.stack([k, v]).contiguous()
+        acc_reqs, acc_in, acc_sent = None, None, None
+        for step in range(n):
+            j = (me - step) % n
+            tj = kv.shape[3]
+            if step < n - 1:
+                nxt = kv.new_empty((2, b, hk, sum(x for _, x in segs[(me - step - 1) % n]), d))
+                reqs = _exchange(kv, nxt, me, group, ranks)
+            ke = kv[0].index_select(1, kv_index).float()
+            ve = kv[1].index_select(1, kv_index).float()
+            dke = torch.zeros(b, hq, tj, d, dtype=torch.float32, device=q.device)
+            dve = torch.zeros_like(dke)
+            for rows, cols, mask in _pairs(segs[me], segs[j]):
+                qb, kb, vb, dob = qf[:, :, rows], ke[:, :, cols], ve[:, :, cols], do[:, :, rows]
+                p = torch.exp(_scores(qb, kb, scale, mask) - lse_s[:, :, rows, None])
+                dve[:, :, cols] += torch.matmul(p.transpose(-1, -2), dob)
+                ds = p * (torch.matmul(dob, vb.transpose(-1, -2)) - delta[:, :, rows, None])
+                dq[:, :, rows] += torch.matmul(ds, kb) * scale
+                dke[:, :, cols] += torch.matmul(ds.transpose(-1, -2), qb) * scale
+            # query heads -> their kv heads (GQA: a kv head sums the gradients of its group)
+            dkv = torch.zeros(2, b, hk, tj, d, dtype=torch.float32, device=q.device)
+            dkv[0].index_add_(1, kv_index, dke)
+            dkv[1].index_add_(1, kv_index, dve)
+            if acc_reqs is not None:  # the accumulator of block j from the previous rank
+                _wait(acc_reqs)
+                dkv += acc_in
+            if n == 1:  # one shard: nothing travels (single-process use and tests)
+                acc_in, acc_reqs = dkv, []
+                break
+            # pass block j's accumulator on; after the last step we receive our own block's
+            acc_in = torch.empty(2, b, hk, sum(x for _, x in segs[(me - step - 1) % n]), d,
+                                 dtype=torch.float32, device=q.device)
+            acc_reqs = _exchange(dkv, acc_in, me, group, ranks)
+            acc_sent = dkv  # the send buffer lives until its request is waited (next step or the end)
+            if step < n - 1:
+                _wait(reqs)
+                kv = nxt
+        _wait(acc_reqs)
+        del acc_sent
+        return dq.to(q.dtype), acc_in[0].to(k.dtype), acc_in[1].to(v.dtype), None, None, None, None, None

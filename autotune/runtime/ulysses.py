@@ -1,0 +1,63 @@
+"""Uneven Ulysses (DeepSpeed-Ulysses, Jacobs et al. 2023): all-to-all between token and head shards.
+
+Inside one CP shard the hp ranks hold even token slices of every segment of the shard and all heads
+of their tp rank. ``tokens_to_heads`` sends each rank the heads it owns for every token slice, so a
+rank ends with the whole shard (segments in position order) for its ``hp_heads[h]`` query heads;
+``heads_to_tokens`` is the inverse. Both are ``all_to_all_single`` with split sizes along the head
+dimension (uneven heads per rank; gloo and NCCL take unequal splits) through
+``torch.distributed.nn.functional.all_to_all_single``, whose backward is the reverse all-to-all.
+
+GQA: query head g uses kv head ``g // rep`` (``rep = heads / kv_heads``). An hp rank gets every kv
+head its query heads use; a kv head whose query group is cut between two ranks is sent to both
+(replicated), and autograd sums its two gradients on the way back (the slices of one source tensor).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.nn.functional import all_to_all_single
+
+
+def kv_head_range(hp_heads: tuple[int, ...] | list[int], heads: int, kv_heads: int, r: int) -> tuple[int, int]:
+    """``[lo, hi)`` of the kv heads used by hp rank r's query heads."""
+    rep = heads // kv_heads
+    first = sum(hp_heads[:r])
+    last = first + hp_heads[r] - 1
+    return first // rep, last // rep + 1
+
+
+def _a2a(send: torch.Tensor, in_splits: list[int], out_splits: list[int], group) -> torch.Tensor:
+    """all_to_all_single along dim 0 with autograd."""
+    out = send.new_empty((sum(out_splits), *send.shape[1:]))
+    return all_to_all_single(out, send.contiguous(), out_splits, in_splits, group=group)
+
+
+def tokens_to_heads(x: torch.Tensor, ctx, ranges: list[tuple[int, int]], nseg: int) -> torch.Tensor:
+    """``[B, H, s, D]`` (this rank's token slices, all heads) -> ``[B, h_r, T, D]`` (the shard's T tokens
+    in position order, the heads ``ranges[me]``). ``ranges[r]`` are the heads rank r receives
+    (they may overlap for kv heads)."""
+    b, _, s, d = x.shape
+    hp, me = ctx.hp, ctx.hp_index
+    xt = x.permute(1, 0, 2, 3)  # heads first: all_to_all_single splits dim 0
+    send = torch.cat([xt[lo:hi] for lo, hi in ranges]) if _overlap(ranges) else xt[ranges[0][0]:ranges[-1][1]]
+    mine = ranges[me][1] - ranges[me][0]
+    y = _a2a(send, [hi - lo for lo, hi in ranges], [mine] * hp, ctx.hp_group)
+    # received: per source rank r its slice r of every segment -> order segment-major, then rank
+    sub = s // nseg
+    y = y.view(hp, mine, b, nseg, sub, d).permute(2, 1, 3, 0, 4, 5)
+    return y.reshape(b, mine, nseg * hp * sub, d)
+
+
+def heads_to_tokens(o: torch.Tensor, ctx, nseg: int) -> torch.Tensor:
+    """Inverse of ``tokens_to_heads`` for the query heads: ``[B, hp_heads[me], T, D]`` -> ``[B, H, s, D]``."""
+    b, mine, t, d = o.shape
+    hp = ctx.hp
+    sub = t // (nseg * hp)
+    send = o.reshape(b, mine, nseg, hp, sub, d).permute(3, 1, 0, 2, 4, 5).reshape(hp * mine, b, nseg * sub, d)
+    y = _a2a(send, [mine] * hp, list(ctx.hp_heads), ctx.hp_group)
+    return y.permute(1, 0, 2, 3)
+
+
+def _overlap(ranges: list[tuple[int, int]]) -> bool:
+    """True unless the ranges tile the heads back to back (then one slice is the send buffer)."""
+    return any(a[1] != b[0] for a, b in zip(ranges, ranges[1:], strict=False))
