@@ -66,27 +66,49 @@ def timeline_of(row: Any, context: Any) -> tuple[Timeline | None, str | None]:
     return Timeline(events, "recomputed"), None
 
 
+def _merge(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def _uncovered(a: float, b: float, covered: list[tuple[float, float]]) -> float:
+    """Length of [a, b] outside the merged intervals ``covered``."""
+    inside = sum(max(0.0, min(b, y) - max(a, x)) for x, y in covered)
+    return max(0.0, (b - a) - inside)
+
+
 def time_by_kind(tl: Timeline) -> dict[int, dict[str, float]]:
-    """Seconds of each kind per stage, plus ``idle`` (step time no event covers). Where a stage's events come from several ranks (tp/dp/cp
-    copies of the same stage), the ranks' times are averaged so a stage counts once per step."""
-    per: dict[tuple[int, Any], dict[str, float]] = {}
+    """Seconds of each kind per stage, summing to the step time: fwd, bwd, bubble, exposed comm (the
+    part of a send that no fwd/bwd/bubble of the same rank covers: the simulation overlaps p2p sends
+    with the next operation), idle (the rest of the step no event covers), and ``comm_overlapped``
+    beside them (hidden sends, not part of the sum). Where a stage's events come from several ranks
+    (tp/dp/cp copies of the same stage) the ranks are averaged, so a stage counts once per step."""
+    by_rank: dict[tuple[int, Any], list[dict[str, Any]]] = {}
     for e in tl.events:
-        key = (int(e["stage"]), e.get("rank"))
-        d = per.setdefault(key, dict.fromkeys(KINDS, 0.0))
-        kind = e["kind"] if e["kind"] in KINDS else "comm"
-        d[kind] += float(e["end"]) - float(e["start"])
-    out: dict[int, dict[str, float]] = {}
-    counts: dict[int, int] = {}
-    for (stage, _), d in per.items():
-        acc = out.setdefault(stage, dict.fromkeys(KINDS, 0.0))
-        counts[stage] = counts.get(stage, 0) + 1
-        for k in KINDS:
-            acc[k] += d[k]
+        by_rank.setdefault((int(e["stage"]), e.get("rank")), []).append(e)
     span = tl.makespan
-    result = {}
-    for s, d in sorted(out.items()):
-        avg = {k: v / counts[s] for k, v in d.items()}
-        # time inside the step that no event covers (a simulation without explicit bubble events)
-        avg["idle"] = max(0.0, span - sum(avg.values()))
-        result[s] = avg
-    return result
+    sums: dict[int, dict[str, float]] = {}
+    counts: dict[int, int] = {}
+    for (stage, _), evs in by_rank.items():
+        d = dict.fromkeys((*KINDS, "idle", "comm_overlapped"), 0.0)
+        busy = _merge([(float(e["start"]), float(e["end"])) for e in evs if e["kind"] in ("fwd", "bwd", "bubble")])
+        for e in evs:
+            a, b = float(e["start"]), float(e["end"])
+            if e["kind"] in ("fwd", "bwd", "bubble"):
+                d[e["kind"]] += b - a
+            else:  # comm, or a kind this dashboard does not know: time beside the compute
+                exposed = _uncovered(a, b, busy)
+                d["comm"] += exposed
+                d["comm_overlapped"] += (b - a) - exposed
+        covered = _merge([(float(e["start"]), float(e["end"])) for e in evs])
+        d["idle"] = max(0.0, span - sum(y - x for x, y in covered))
+        acc = sums.setdefault(stage, dict.fromkeys(d, 0.0))
+        counts[stage] = counts.get(stage, 0) + 1
+        for k, v in d.items():
+            acc[k] += v
+    return {s: {k: v / counts[s] for k, v in d.items()} for s, d in sorted(sums.items())}
