@@ -117,15 +117,12 @@ def emulate_busy(seconds: float) -> None:
     """Stand still for ``seconds`` as a slower device would still be computing; the profiler's
     ``profilers.emulation`` is used when it exists so trial and profile emulate alike."""
     try:
-        from profilers import emulation  # type: ignore[import-not-found]
-
-        fn = getattr(emulation, "emulate_delay", None) or getattr(emulation, "sleep_for", None)
-    except ImportError:
-        fn = None
-    if fn is not None:
-        fn(seconds)
-    elif seconds > 0:
-        time.sleep(seconds)
+        from profilers.emulation import emulate_delay
+    except ImportError:  # the runtime without the profilers package: plain sleep
+        if seconds > 0:
+            time.sleep(seconds)
+        return
+    emulate_delay(seconds)
 
 
 _CLOCK = CommClock()
@@ -180,35 +177,18 @@ def peak_memory(device: torch.device) -> int:
 
 
 # ---- attention context --------------------------------------------------------------------------
-def attention_context(plan: Plan, mesh: Mesh) -> Any:
-    """The CP/HP AttentionContext of this rank (None when the sequence is whole: plain SDPA).
-
-    Fields are filled by name from what the plan and mesh know, so the attention module may name
-    its fields with either spelling below; a required field nobody knows is an error naming it."""
+def attention_context(plan: Plan, mesh: Mesh, spec: ModelSpec, seq_len: int) -> Any:
+    """The CP/HP AttentionContext of this rank (None when the sequence is whole: plain SDPA)."""
     if plan.degrees.cp == 1 and plan.degrees.hp == 1:
         return None
-    import dataclasses
-
     from autotune.runtime.attention import AttentionContext
 
-    cp, hp = mesh["cp"], mesh["hp"]
-    tokens, heads = list(plan.shares.tokens), list(plan.shares.heads)
-    known = {
-        "cp_group": cp.group, "cp_ranks": cp.ranks, "cp_index": cp.index, "cp_rank": cp.index, "cp_size": cp.size,
-        "cp_tokens": tokens, "cp_shares": tokens, "cp_token_shares": tokens, "token_shares": tokens,
-        "tokens": tokens, "cp_layout": plan.cp_layout, "layout": plan.cp_layout,
-        "hp_group": hp.group, "hp_ranks": hp.ranks, "hp_index": hp.index, "hp_rank": hp.index, "hp_size": hp.size,
-        "hp_heads": heads, "hp_shares": heads, "hp_head_shares": heads, "head_shares": heads, "heads": heads,
-    }
-    kwargs, missing = {}, []
-    for f in dataclasses.fields(AttentionContext):
-        if f.name in known:
-            kwargs[f.name] = known[f.name]
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            missing.append(f.name)
-    if missing:
-        raise RuntimeError(f"AttentionContext needs fields the runtime does not know: {missing}")
-    return AttentionContext(**kwargs)
+    cp, hp, tp = mesh["cp"], mesh["hp"], mesh["tp"]
+    return AttentionContext(
+        cp_group=cp.group, cp_ranks=cp.ranks, cp_index=cp.index, cp_tokens=plan.shares.tokens,
+        cp_layout=plan.cp_layout, hp_group=hp.group, hp_ranks=hp.ranks, hp_index=hp.index,
+        hp_heads=plan.shares.heads, heads=spec.heads // tp.size, kv_heads=spec.kv_heads // tp.size,
+        seq_len=seq_len)
 
 
 def local_positions(ctx: Any, seq_len: int) -> torch.Tensor | None:
@@ -230,7 +210,7 @@ class RankTrainer:
         self.dtype = DTYPES[plan.dtype]
         tp = mesh["tp"]
         self.sp = plan.sequence_parallel and tp.size > 1
-        self.ctx = attention_context(plan, mesh)
+        self.ctx = attention_context(plan, mesh, spec, seq_len)
         self.positions = local_positions(self.ctx, seq_len)
         if self.positions is not None:  # the data are sliced on the host
             self.positions = self.positions.cpu()
