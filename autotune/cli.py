@@ -13,6 +13,11 @@ import traceback
 
 import typer
 
+from autotune import __version__
+from autotune.commands import apply, dashboard, estimate, models, profile, search, trial, tune, validate
+from autotune.commands.common import emit_json, err_console
+from autotune.errors import AutotuneError, InputError
+
 # typer >= 0.2x vendors its own click (typer._click, no click dependency) with its own Exit/Abort;
 # older typer releases raise click's. Catch whichever exist.
 _EXIT: tuple[type[BaseException], ...] = (typer.Exit,)
@@ -35,10 +40,6 @@ try:
 except ImportError:
     pass
 
-from autotune import __version__
-from autotune.commands import apply, dashboard, estimate, models, profile, search, trial, tune, validate
-from autotune.commands.common import emit_json, err_console
-from autotune.errors import AutotuneError, InputError
 
 app = typer.Typer(
     name="autotune",
