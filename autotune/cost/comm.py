@@ -1,0 +1,115 @@
+"""Communication times: alpha-beta (Hockney) collectives over a group's slowest link.
+
+A message of n bytes over a link costs ``latency + n / bandwidth``. Collective costs follow Thakur,
+Rabenseifner & Gropp 2005 ("Optimization of Collective Communication Operations in MPICH") for ring
+algorithms over a group of N ranks, with n the full (unsharded) buffer size:
+
+* all-reduce (ring, bandwidth-optimal, Patarasuk & Yuan 2009): ``2(N-1) alpha + 2(N-1)/N * n / beta``
+* all-gather and reduce-scatter: ``(N-1) alpha + (N-1)/N * n / beta``
+* all-to-all (pairwise exchange): ``(N-1) alpha + max_bytes_sent_or_received_by_one_rank / beta``
+* point-to-point: ``alpha + n / beta``
+
+A ring or an all-to-all runs at the pace of its slowest pair, so each group uses the slowest link
+among its members (``Topology.group_link``). Bandwidths are per device and per direction (the
+catalogue's convention).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autotune.specs.cluster import Link
+
+_SELF = Link(bandwidth=float("inf"), latency=0.0, kind="self")
+
+
+def p2p(link: Link, nbytes: float) -> float:
+    return link.latency + nbytes / link.bandwidth if nbytes > 0 else 0.0
+
+
+def all_reduce(link: Link, n: int, nbytes: float) -> float:
+    if n < 2 or nbytes <= 0:
+        return 0.0
+    return 2 * (n - 1) * link.latency + 2.0 * (n - 1) / n * nbytes / link.bandwidth
+
+
+def all_gather(link: Link, n: int, nbytes: float) -> float:
+    """Also the cost of a reduce-scatter of the same full buffer."""
+    if n < 2 or nbytes <= 0:
+        return 0.0
+    return (n - 1) * link.latency + (n - 1) / n * nbytes / link.bandwidth
+
+
+reduce_scatter = all_gather
+
+
+def all_to_all(link: Link, n: int, max_bytes: float) -> float:
+    """``max_bytes``: the most any one rank sends or receives (uneven splits pace the exchange)."""
+    if n < 2 or max_bytes <= 0:
+        return 0.0
+    return (n - 1) * link.latency + max_bytes / link.bandwidth
+
+
+class Topology:
+    """Per-cluster lookups the cost model makes thousands of times: the device index of a
+    (node, local) placement, the link between two nodes, the slowest link of a set of devices."""
+
+    def __init__(self, cluster: Any):
+        self.cluster = cluster
+        self.index = {(d.node, d.local): d.index for d in cluster.devices}
+        self.node_of = [d.node for d in cluster.devices]
+        self._node_links: dict[tuple[int, int], Link] = {}
+        self._groups: dict[tuple, Link] = {}
+
+    def node_link(self, a: int, b: int) -> Link:
+        """Link between a device of node ``a`` and one of node ``b`` (a == b: inside the node)."""
+        key = (a, b) if a <= b else (b, a)
+        lk = self._node_links.get(key)
+        if lk is None:
+            c = self.cluster
+            lk = None
+            for x, y, o in c.overrides:
+                if {x, y} == {a, b}:
+                    lk = o
+                    break
+            if lk is None:
+                lk = c.node_group(a).intra_node if a == b else c.inter_node
+            self._node_links[key] = lk
+        return lk
+
+    def link(self, dev_a: int, dev_b: int) -> Link:
+        if dev_a == dev_b:
+            return _SELF
+        return self.node_link(self.node_of[dev_a], self.node_of[dev_b])
+
+    def group_link(self, devices: list[int] | tuple[int, ...]) -> Link:
+        """The slowest link between any two members (by bandwidth, then latency); same answer as
+        ``ClusterSpec.slowest_link`` but over node pairs instead of device pairs."""
+        if len(devices) < 2:
+            return _SELF
+        counts: dict[int, int] = {}
+        for d in devices:
+            n = self.node_of[d]
+            counts[n] = counts.get(n, 0) + 1
+        key = tuple(sorted((n, c > 1) for n, c in counts.items()))
+        lk = self._groups.get(key)
+        if lk is None:
+            nodes = [n for n, _ in key]
+            cands = [self.node_link(n, n) for n, multi in key if multi]
+            cands += [self.node_link(a, b) for i, a in enumerate(nodes) for b in nodes[i + 1:]]
+            lk = min(cands, key=lambda x: (x.bandwidth, -x.latency))
+            self._groups[key] = lk
+        return lk
+
+
+_TOPOLOGIES: dict[int, Topology] = {}
+
+
+def topology(cluster: Any) -> Topology:
+    """Cached per cluster object (specs are frozen, so a cluster never changes under the cache)."""
+    t = _TOPOLOGIES.get(id(cluster))
+    if t is None or t.cluster is not cluster:
+        if len(_TOPOLOGIES) > 64:
+            _TOPOLOGIES.clear()
+        t = _TOPOLOGIES[id(cluster)] = Topology(cluster)
+    return t

@@ -1,0 +1,180 @@
+"""Compute time of one rank: device throughput for a shape (profile or datasheet) and the FLOPs of a
+transformer block's pieces on that rank's share.
+
+FLOPs (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using
+Megatron-LM", eq. 3, generalised to GQA and SwiGLU as in ``autotune.specs.model``): a matmul with an
+(m x n) weight costs 2*m*n FLOPs per token forward and twice that backward (dgrad + wgrad); causal
+attention's QK^T and AV cost 2 * 2 * head_dim per (query, key) pair that the mask keeps, per head.
+
+Throughput. With a measured profile (``DeviceSpec.profile``, written by ``profilers/compute.py``):
+
+* GEMM: ``gemm[dtype]`` holds the affine fit ``time = overhead_s + flops / peak_flops_per_s``
+  (so small GEMMs are inefficient and large ones saturate: efficiency by size); without the fit,
+  the ``points`` ``[[flops_per_call, flops_per_s], ...]`` are interpolated log-linearly.
+* Attention: ``attention.by_head_dim[d].points`` ``[[seq, fwd_s, bwd_s], ...]`` measured with
+  ``batch * heads`` independent heads and causal FLOPs ``2*batch*heads*seq^2*d`` (forward); the
+  throughput at the rank's block length is interpolated log-linearly in the sequence length, at the
+  nearest measured head dim.
+
+Without a profile a GEMM or attention call runs at ``peak_flops[dtype] * achievable_fraction`` (the
+catalogue documents each device's fraction; ~0.6 for large Megatron GEMMs on A100/H100, Narayanan et
+al. 2021). Elementwise work (norms, activation, softmax, loss) is memory-bound: bytes moved divided by
+``memory_bandwidth``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass
+from typing import Any
+
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+def _loglinear(xs: list[float], ys: list[float], x: float) -> float:
+    """y at x, interpolated linearly in log(x) between measured points, clamped at the ends."""
+    if x <= xs[0]:
+        return ys[0]
+    if x >= xs[-1]:
+        return ys[-1]
+    k = bisect.bisect_right(xs, x)
+    x0, x1, y0, y1 = xs[k - 1], xs[k], ys[k - 1], ys[k]
+    w = (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0))
+    return y0 + w * (y1 - y0)
+
+
+@dataclass
+class Rates:
+    """Throughput of one device type at one dtype: what a GEMM or an attention call takes."""
+
+    name: str
+    flat: float
+    """FLOP/s without a profile: peak * achievable_fraction."""
+    memory_bandwidth: float
+    gemm_fit: tuple[float, float] | None = None
+    """(overhead_s, peak_flops_per_s) from the profile's affine fit."""
+    gemm_points: tuple[list[float], list[float]] | None = None
+    attn_points: tuple[list[float], list[float], list[float]] | None = None
+    """(seq, fwd FLOP/s, bwd FLOP/s) at the profiled head dim."""
+    source: str = "datasheet"
+
+    def gemm_time(self, flops: float) -> float:
+        if flops <= 0:
+            return 0.0
+        if self.gemm_fit is not None:
+            return self.gemm_fit[0] + flops / self.gemm_fit[1]
+        if self.gemm_points is not None:
+            return flops / _loglinear(*self.gemm_points, flops)
+        return flops / self.flat
+
+    def attention_time(self, flops_fwd: float, block_seq: float) -> tuple[float, float]:
+        """(forward, backward) seconds of causal attention with ``flops_fwd`` forward FLOPs whose
+        blocks are ``block_seq`` tokens long; backward does twice the forward FLOPs."""
+        if flops_fwd <= 0:
+            return 0.0, 0.0
+        if self.attn_points is not None:
+            seqs, fwd, bwd = self.attn_points
+            return flops_fwd / _loglinear(seqs, fwd, block_seq), 2.0 * flops_fwd / _loglinear(seqs, bwd, block_seq)
+        t = flops_fwd / self.flat
+        return t, 2.0 * t
+
+    def memory_time(self, nbytes: float) -> float:
+        return nbytes / self.memory_bandwidth
+
+
+def rates_for(spec: Any, dtype: str, head_dim: int) -> Rates:
+    """Build the throughput model of a DeviceSpec (profile fits where present, else the datasheet)."""
+    flat = spec.flops(dtype) * spec.achievable_fraction
+    r = Rates(name=spec.name, flat=flat, memory_bandwidth=spec.memory_bandwidth)
+    prof = spec.profile or {}
+    gemm = (prof.get("gemm") or {}).get(dtype)
+    if isinstance(gemm, dict):
+        rate, over = gemm.get("peak_flops_per_s"), gemm.get("overhead_s") or 0.0
+        pts = sorted((float(a), float(b)) for a, b in gemm.get("points") or [] if a > 0 and b > 0)
+        if isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0:
+            r.gemm_fit = (float(over), float(rate))
+            r.source = "measured"
+        elif pts:
+            r.gemm_points = ([p[0] for p in pts], [p[1] for p in pts])
+            r.source = "measured"
+    att = prof.get("attention") or {}
+    by_hd = att.get("by_head_dim") if isinstance(att, dict) else None
+    if isinstance(by_hd, dict) and by_hd:
+        hd = min(by_hd, key=lambda k: abs(int(k) - head_dim))
+        batch_heads = float(att.get("batch", 1)) * float(att.get("heads", 1))
+        seqs, fw, bw = [], [], []
+        for row in sorted(by_hd[hd].get("points") or []):
+            seq, f_s, b_s = float(row[0]), float(row[1]), float(row[2])
+            if f_s <= 0 or b_s <= 0:
+                continue
+            flops = 2.0 * batch_heads * seq * seq * int(hd)  # the profiler's causal forward count
+            seqs.append(seq)
+            fw.append(flops / f_s)
+            bw.append(2.5 * flops / b_s)  # the profiler counts backward as 2.5x forward
+        if seqs:
+            r.attn_points = (seqs, fw, bw)
+    return r
+
+
+def causal_keys(tokens: tuple[int, ...], index: int, zigzag: bool, seq_len: int) -> float:
+    """Sum over the query positions of CP shard ``index`` of the keys each attends (causal: q + 1).
+
+    Contiguous shards: shard i covers [a, a + n) with a the tokens of the shards before it, so later
+    shards cost more (sum = n*a + n(n+1)/2). Zigzag (load-balanced, as Megatron-CP and ring-flash-
+    attention do): shard i holds a front chunk [A, A + n/2) and its mirror [S - A - n/2, S - A), so
+    every shard of an even split costs the same."""
+    n = tokens[index]
+    if not zigzag or len(tokens) == 1:
+        a = sum(tokens[:index])
+        return n * a + n * (n + 1) / 2.0
+    half = n // 2
+    a = sum(tokens[:index]) // 2
+    b = seq_len - a - half
+    return (half * a + half * (half + 1) / 2.0) + (half * b + half * (half + 1) / 2.0)
+
+
+@dataclass
+class LayerCompute:
+    """Seconds one rank spends computing one block for one micro-batch (no communication)."""
+
+    gemm_fwd: float
+    attn_fwd: float
+    attn_bwd: float
+    elem_fwd: float
+
+    @property
+    def fwd(self) -> float:
+        return self.gemm_fwd + self.attn_fwd + self.elem_fwd
+
+    @property
+    def bwd(self) -> float:
+        # GEMM backward = dgrad + wgrad, each the forward's size; elementwise backward twice forward
+        return 2.0 * self.gemm_fwd + self.attn_bwd + 2.0 * self.elem_fwd
+
+
+def layer_compute(model: Any, rates: Rates, *, tokens: float, tp: int, heads_local: int, keysum: float,
+                  block_seq: float, micro_batch: int, act_bytes: float) -> LayerCompute:
+    """One block on one rank.
+
+    tokens: tokens in the sequence-sharded parts (micro_batch * cp shard / hp); heads_local: query
+    heads this rank attends after tp and hp; keysum: sum of keys attended per query position over the
+    rank's queries (``causal_keys``, whole cp shard: Ulysses gives each hp rank all of its shard's
+    tokens for its heads); act_bytes: the block's stored activation bytes (elementwise traffic)."""
+    h, kv, f = model.hidden, model.kv_dim, model.ffn_hidden
+    gemm = (rates.gemm_time(2.0 * tokens * h * (h + 2 * kv) / tp)          # fused QKV projection
+            + rates.gemm_time(2.0 * tokens * h * h / tp)                    # output projection
+            + rates.gemm_time(2.0 * tokens * h * f * (model.mlp_matrices - 1) / tp)  # up (and gate)
+            + rates.gemm_time(2.0 * tokens * f * h / tp))                   # down projection
+    attn_flops = 4.0 * model.head_dim * heads_local * micro_batch * keysum
+    a_fwd, a_bwd = rates.attention_time(attn_flops, block_seq)
+    return LayerCompute(gemm_fwd=gemm, attn_fwd=a_fwd, attn_bwd=a_bwd,
+                        elem_fwd=rates.memory_time(2.0 * act_bytes))  # written once, read once
+
+
+def head_compute(model: Any, rates: Rates, *, tokens: float, tp: int) -> tuple[float, float]:
+    """(fwd, bwd) seconds of the LM head (vocab-parallel over tp) and the cross-entropy on the last
+    stage: GEMM 2*h*V/tp per token, and the fp32 logits read/written ~3 times by the softmax-loss."""
+    g = rates.gemm_time(2.0 * tokens * model.hidden * model.vocab / tp)
+    e = rates.memory_time(3.0 * 4.0 * tokens * model.vocab / tp)
+    return g + e, 2.0 * g + e

@@ -1,0 +1,421 @@
+"""``estimate(plan, model, cluster, seq_len, global_batch)``: step time, tokens/s, MFU, memory per
+rank and the reasons, from first principles (compute.py, comm.py, memory.py, pipeline.py).
+
+How the pieces fit:
+
+1. Resolve the plan (PlanError when it does not fit the model or the cluster).
+2. For every tensor-parallel group (its ranks share a node, hence a device type, and do identical
+   work) price one block per micro-batch: GEMMs, causal attention on its CP shard and heads,
+   elementwise traffic, TP collectives (not overlapped, as in Megatron), Ulysses all-to-alls before
+   and after attention (uneven head splits pace the exchange), CP ring passes of K/V overlapped with
+   the attention of the block already received (ring attention: only the excess is exposed), ZeRO-3
+   parameter gathers overlapped with the block's compute; recomputation adds its forward work to
+   backward. Calibration factors (``validate``) multiply compute and communication per device type.
+3. A pipeline stage of one DP replica runs at the pace of its slowest rank (its TP/CP/HP ranks
+   synchronise every block); the schedule is simulated per replica over these stage times and the
+   p2p times between stages (pipeline.py), with each replica's own micro-batch count.
+4. DP gradient synchronisation (all-reduce, or reduce-scatter + all-gather with ZeRO) over the
+   dp x cp x hp ranks holding the same parameters starts when every replica has finished; the
+   reduce part overlaps with the last micro-batch's backward (Megatron ``overlap_grad_reduce``),
+   the rest is exposed; then the optimizer step (memory-bound Adam: ~30 bytes moved per parameter).
+5. Memory per rank (memory.py) against the device's capacity; over capacity is infeasible and the
+   reason names the largest term.
+
+Speed: everything is computed once per TP group (ranks/tp of them), stage times and simulations are
+shared between identical replicas, and the cluster lookups are cached (comm.Topology). The Gantt
+``timeline`` (one representative rank per stage, of the pacing replica) costs a few hundred small
+dicts; pass ``timeline=False`` to skip it when only the figures are needed (the search can).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.cost import comm as C
+from autotune.cost.compute import DTYPE_BYTES, Rates, causal_keys, head_compute, layer_compute, rates_for
+from autotune.cost.memory import layer_activation_bytes, model_states, reserve
+from autotune.cost.pipeline import peak_in_flight, simulate_cached
+from autotune.plan import Plan
+from autotune.units import fmt_bytes
+
+ADAM_BYTES_PER_PARAM = 30.0
+"""Adam step traffic per parameter: reads 16-bit weight and grad, fp32 master, m, v (16 B), writes
+weight, master, m, v (14 B)."""
+
+TERM_NAMES = ("weights", "gradients", "optimizer", "activations", "logits", "reserve")
+
+
+@dataclass
+class Estimate:
+    """What the cost model says about one plan."""
+
+    plan: Plan
+    """The resolved plan with ``predicted`` set."""
+    predicted: dict[str, Any]
+    breakdown: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"plan": self.plan.to_dict(), "predicted": self.predicted, "breakdown": self.breakdown}
+
+
+_RATES: dict[tuple[int, str, int], tuple[Any, Rates]] = {}
+
+
+def _rates(spec: Any, dtype: str, head_dim: int) -> Rates:
+    key = (id(spec), dtype, head_dim)
+    hit = _RATES.get(key)
+    if hit is None or hit[0] is not spec:
+        if len(_RATES) > 256:
+            _RATES.clear()
+        hit = _RATES[key] = (spec, rates_for(spec, dtype, head_dim))
+    return hit[1]
+
+
+def _stage_params(model: Any, plan: Plan, pp_i: int) -> tuple[float, float]:
+    """(parameters held by pipeline rank ``pp_i`` before tp sharding, of which one block)."""
+    p, n_chunks = plan.degrees.pp, len(plan.shares.layers)
+    lp = float(model.layer_params())
+    params = sum(plan.layers_of_stage(pp_i)) * lp
+    if pp_i == 0:
+        params += model.embedding_params()
+    if (n_chunks - 1) % p == pp_i:  # the last chunk: final norm and LM head
+        params += model.head_params()
+        if model.tied_embeddings and pp_i != 0:
+            params += model.vocab * model.hidden  # a copy of the tied embedding on the last stage
+    return params, lp
+
+
+def estimate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: int, *,
+             calibration: dict[str, dict[str, float]] | None = None, timeline: bool = True) -> Estimate:
+    """Predict one training step of ``plan`` (resolved here; PlanError when it does not fit)."""
+    rp = plan.resolve(model, cluster, seq_len, global_batch)
+    deg = rp.degrees
+    p, dp, cp, hp, tp = deg.pp, deg.dp, deg.cp, deg.hp, deg.tp
+    v = rp.virtual_stages
+    n_chunks = p * v
+    world = deg.world
+    topo = C.topology(cluster)
+    devs = [topo.index[(e.node, e.device)] for e in rp.placement]
+    dtype, bpe = rp.dtype, DTYPE_BYTES[rp.dtype]
+    mbs = rp.micro_batch_size
+    tokens, heads, samples = rp.shares.tokens, rp.shares.heads, rp.shares.samples
+    zig = rp.cp_layout == "zigzag" and cp > 1
+    sp = rp.sequence_parallel and tp > 1
+    recompute, zero = rp.recompute, rp.zero_stage
+    cal = calibration or {}
+    h, hd = model.hidden, model.head_dim
+    heads_tp = model.heads // tp
+    kv_ratio = model.kv_heads / model.heads
+    blk = dp * cp * hp * tp  # ranks per pipeline stage
+    shard_n = dp * cp * hp  # ranks holding the same parameters
+    mb_of = [s // mbs for s in samples]
+
+    # Ulysses all-to-all: the busiest rank sends its tokens of the others' heads or receives the
+    # others' tokens of its own heads (uneven head shares pace the exchange).
+    a2a_heads = max((hp - 1) * max(heads), heads_tp - min(heads)) if hp > 1 else 0
+    cp_max_tokens = max(tokens)
+    keysums = [causal_keys(tokens, i, zig, seq_len) for i in range(cp)]
+    stage_params = [_stage_params(model, rp, i) for i in range(p)]
+    dp_links = [topo.group_link([devs[i * blk + k * tp] for k in range(shard_n)]) for i in range(p)]
+
+    # ---- per tensor-parallel group --------------------------------------------------------------
+    group_cache: dict[tuple, dict[str, Any]] = {}
+    groups: list[dict[str, Any]] = []
+    for g in range(world // tp):
+        r0 = g * tp
+        x = g
+        hp_i = x % hp
+        x //= hp
+        cp_i = x % cp
+        x //= cp
+        dp_i = x % dp
+        pp_i = x // dp
+        dev = cluster.devices[devs[r0]]
+        spec = dev.spec
+        tp_link = topo.group_link(devs[r0:r0 + tp]) if tp > 1 else C._SELF
+        hp_base = r0 - hp_i * tp
+        hp_link = topo.group_link([devs[hp_base + k * tp] for k in range(hp)]) if hp > 1 else C._SELF
+        cp_base = r0 - cp_i * hp * tp
+        cp_link = topo.group_link([devs[cp_base + k * hp * tp] for k in range(cp)]) if cp > 1 else C._SELF
+        nxt = r0 + blk if pp_i < p - 1 else r0 - (p - 1) * blk
+        pp_link = topo.link(devs[r0], devs[nxt]) if p > 1 else C._SELF
+        m_d = mb_of[dp_i]
+        key = (pp_i, cp_i, hp_i, id(spec), tp_link, hp_link, cp_link, pp_link, dp_links[pp_i], m_d)
+        cost = group_cache.get(key)
+        if cost is None:
+            cost = group_cache[key] = _group_cost(
+                rp, model, spec, cal.get(spec.name) or {}, pp_i=pp_i, cp_i=cp_i, hp_i=hp_i, m_d=m_d,
+                tp_link=tp_link, hp_link=hp_link, cp_link=cp_link, pp_link=pp_link, dp_link=dp_links[pp_i],
+                dtype=dtype, bpe=bpe, seq_len=seq_len, keysum=keysums[cp_i], a2a_heads=a2a_heads,
+                cp_max_tokens=cp_max_tokens, stage_params=stage_params[pp_i], kv_ratio=kv_ratio, hd=hd, h=h,
+                sp=sp, recompute=recompute, zero=zero, shard_n=shard_n, n_chunks=n_chunks)
+        groups.append({"r0": r0, "pp": pp_i, "dp": dp_i, "cp": cp_i, "hp": hp_i, "cost": cost, "spec": spec})
+
+    # ---- pipeline per replica -------------------------------------------------------------------
+    per_rep_stage: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for gr in groups:
+        per_rep_stage.setdefault((gr["dp"], gr["pp"]), []).append(gr)
+    sims = []
+    for d in range(dp):
+        fwd, bwd, p2p = [0.0] * n_chunks, [0.0] * n_chunks, [0.0] * max(n_chunks - 1, 0)
+        for s in range(p):
+            for gr in per_rep_stage[(d, s)]:
+                c = gr["cost"]
+                for ci in range(v):
+                    j = ci * p + s
+                    if c["fwd"][ci] > fwd[j]:
+                        fwd[j] = c["fwd"][ci]
+                    if c["bwd"][ci] > bwd[j]:
+                        bwd[j] = c["bwd"][ci]
+                    if j < n_chunks - 1 and c["p2p"] > p2p[j]:
+                        p2p[j] = c["p2p"]
+        sims.append(simulate_cached(rp.schedule, p, v, mb_of[d], tuple(fwd), tuple(bwd), tuple(p2p)))
+
+    # DP sync starts when every replica of the stage is done; then the optimizer step
+    step = 0.0
+    stage_end = []
+    for s in range(p):
+        done = max(sim.rank_finish[s] for sim in sims)
+        worst = 0.0
+        for d in range(dp):
+            for gr in per_rep_stage[(d, s)]:
+                c = gr["cost"]
+                window = sims[d].bwd[s]  # the last micro-batch's backward of chunk 0
+                exposed = max(0.0, c["dp_overlappable"] - window) + c["dp_exposed_fixed"]
+                c_end = exposed + c["optimizer"]
+                worst = max(worst, c_end)
+                gr["dp_exposed"] = exposed
+        stage_end.append(done + worst)
+        step = max(step, done + worst)
+
+    # ---- memory and per-rank rows ---------------------------------------------------------------
+    memory, capacity, rows = [0.0] * world, [0.0] * world, [None] * world
+    infeasible = None
+    for gr in groups:
+        c, spec = gr["cost"], gr["spec"]
+        total = c["memory_total"]
+        own = c["busy"] + gr["dp_exposed"] + c["optimizer"]
+        row = {"stage": gr["pp"], "replica": gr["dp"], "cp_index": gr["cp"], "hp_index": gr["hp"],
+               "device": spec.name, "compute_s": c["compute_s"], "comm_s": c["comm_s"],
+               "tp_comm_s": c["tp_comm_s"], "cp_comm_s": c["cp_comm_s"], "hp_comm_s": c["hp_comm_s"],
+               "pp_comm_s": c["pp_comm_s"], "dp_comm_s": c["dp_comm_s"],
+               "exposed_comm_s": c["exposed_in_ops"] + gr["dp_exposed"], "optimizer_s": c["optimizer"],
+               "bubble_s": max(0.0, step - own), "memory_bytes": total, "capacity_bytes": spec.memory_bytes,
+               "memory": c["memory_terms"]}
+        for t in range(tp):
+            r = gr["r0"] + t
+            memory[r] = total
+            capacity[r] = spec.memory_bytes
+            rows[r] = {"rank": r, **row}
+        if total > spec.memory_bytes and infeasible is None:
+            terms = c["memory_terms"]
+            worst_term = max(TERM_NAMES, key=lambda k: terms[k])
+            infeasible = (f"rank {gr['r0']} ({spec.name}) memory {fmt_bytes(total)} > {fmt_bytes(spec.memory_bytes)}: "
+                          f"{worst_term} {fmt_bytes(terms[worst_term])}")
+
+    tokens_step = float(global_batch) * seq_len
+    peak = sum(cluster.devices[i].spec.flops(dtype) for i in devs)
+    model_flops = model.model_flops_per_token(seq_len) * tokens_step
+    predicted = {
+        "step_time_s": step,
+        "tokens_per_s": tokens_step / step if step > 0 else math.inf,
+        "mfu": model_flops / (step * peak) if step > 0 and peak > 0 else 0.0,
+        "memory_bytes": memory,
+        "capacity_bytes": capacity,
+        "feasible": infeasible is None,
+        "infeasible_reason": infeasible,
+        "bubble_fraction": _bubble_fraction(sims, step, p),
+    }
+
+    # ---- breakdown ------------------------------------------------------------------------------
+    stages = []
+    for s in range(p):
+        pace = max(range(dp), key=lambda d: sims[d].rank_finish[s])
+        grs = per_rep_stage[(pace, s)]
+        slow = max(grs, key=lambda gr: gr["cost"]["busy"])
+        r = rows[slow["r0"]]
+        sim = sims[pace]
+        stages.append({
+            "stage": s, "layers": list(rp.layers_of_stage(s)),
+            "devices": sorted({gr["spec"].name for d in range(dp) for gr in per_rep_stage[(d, s)]}),
+            "pacing_replica": pace, "pacing_rank": slow["r0"], "microbatches": sim.m,
+            "fwd_s": [sim.fwd[ci * p + s] for ci in range(v)], "bwd_s": [sim.bwd[ci * p + s] for ci in range(v)],
+            "compute_s": r["compute_s"], "tp_comm_s": r["tp_comm_s"], "cp_comm_s": r["cp_comm_s"],
+            "hp_comm_s": r["hp_comm_s"], "pp_comm_s": r["pp_comm_s"], "dp_comm_s": r["dp_comm_s"],
+            "exposed_comm_s": r["exposed_comm_s"], "optimizer_s": r["optimizer_s"],
+            "pipeline_s": sim.rank_finish[s], "bubble_s": sim.makespan - sim.rank_busy[s],
+            "bubble_fraction": sim.bubble_fraction(s), "end_s": stage_end[s],
+            "memory_bytes": max(memory[gr["r0"]] for d in range(dp) for gr in per_rep_stage[(d, s)]),
+        })
+    breakdown: dict[str, Any] = {
+        "step_time_s": step,
+        "pipeline_s": max(sim.makespan for sim in sims),
+        "schedule": rp.schedule,
+        "model_flops_per_step": model_flops,
+        "hardware_flops_per_step": model.hardware_flops_per_token(seq_len, recompute) * tokens_step,
+        "peak_flops": peak,
+        "stages": stages,
+        "ranks": rows,
+        "throughput_source": sorted({f"{gr['spec'].name}: {_rates(gr['spec'], dtype, hd).source}" for gr in groups}),
+        "timeline": None,
+    }
+    if timeline:
+        pace = max(range(dp), key=lambda d: sims[d].makespan)
+        reps = [max(per_rep_stage[(pace, s)], key=lambda gr: gr["cost"]["busy"])["r0"] for s in range(p)]
+        events = sims[pace].events(rp.schedule, reps)
+        for s in range(p):
+            grs = per_rep_stage[(pace, s)]
+            exposed = max(gr["dp_exposed"] for gr in grs)
+            start = max(sim.rank_finish[s] for sim in sims)
+            if exposed > 0:
+                events.append({"stage": s, "rank": reps[s], "kind": "comm", "comm": "dp", "microbatch": None,
+                               "start": start, "end": start + exposed})
+        breakdown["timeline"] = events
+    predicted_plan = rp.replace(predicted=predicted)
+    return Estimate(plan=predicted_plan, predicted=predicted, breakdown=breakdown)
+
+
+def _bubble_fraction(sims: list[Any], step: float, p: int) -> float:
+    """Idle share of the pipeline (fill, drain, waiting for a slower stage), averaged over stages and
+    replicas, of the pipeline's makespan."""
+    fr = [sim.bubble_fraction(s) for sim in sims for s in range(p)]
+    return sum(fr) / len(fr) if fr else 0.0
+
+
+def _group_cost(rp: Plan, model: Any, spec: Any, cal: dict[str, float], *, pp_i: int, cp_i: int, hp_i: int,
+                m_d: int, tp_link: Any, hp_link: Any, cp_link: Any, pp_link: Any, dp_link: Any, dtype: str,
+                bpe: int, seq_len: int, keysum: float, a2a_heads: int, cp_max_tokens: int,
+                stage_params: tuple[float, float], kv_ratio: float, hd: int, h: int, sp: bool, recompute: str,
+                zero: int, shard_n: int, n_chunks: int) -> dict[str, Any]:
+    """Per-micro-batch chunk times, per-step terms and memory of one TP group's ranks."""
+    deg = rp.degrees
+    p, cp, hp, tp = deg.pp, deg.cp, deg.hp, deg.tp
+    v = rp.virtual_stages
+    cf, mf = float(cal.get("compute", 1.0)), float(cal.get("comm", 1.0))
+    rates = _rates(spec, dtype, hd)
+    mbs = rp.micro_batch_size
+    s_c = rp.shares.tokens[cp_i]
+    tok = mbs * s_c / hp  # tokens this rank holds outside attention
+    heads_local = rp.shares.heads[hp_i]
+    kept, full = layer_activation_bytes(model, micro_batch=mbs, tokens_local=tok, cp_tokens=s_c, seq_len=seq_len,
+                                        heads_local=heads_local, tp=tp, sequence_parallel=sp, recompute=recompute,
+                                        act_bytes=bpe)
+    _, full_none = (kept, full) if recompute == "none" else layer_activation_bytes(
+        model, micro_batch=mbs, tokens_local=tok, cp_tokens=s_c, seq_len=seq_len, heads_local=heads_local, tp=tp,
+        sequence_parallel=sp, recompute="none", act_bytes=bpe)
+    lc = layer_compute(model, rates, tokens=tok, tp=tp, heads_local=heads_local, keysum=keysum, block_seq=s_c,
+                       micro_batch=mbs, act_bytes=full_none)
+
+    # communication of one block, one micro-batch (Korthikanti et al. 2022 section 4.2.2: with
+    # sequence parallelism each all-reduce becomes an all-gather plus a reduce-scatter)
+    act = bpe * tok * h
+    if tp > 1:
+        one = C.all_gather(tp_link, tp, act) + C.reduce_scatter(tp_link, tp, act) if sp else C.all_reduce(
+            tp_link, tp, act)
+        tp_f = tp_b = 2.0 * one * mf
+    else:
+        tp_f = tp_b = 0.0
+    if hp > 1:  # Q, K, V to head shards before attention, the context back after it
+        unit = bpe * (mbs * s_c / hp) * hd * a2a_heads
+        hp_f = hp_b = mf * (C.all_to_all(hp_link, hp, unit * (1.0 + 2.0 * kv_ratio)) + C.all_to_all(hp_link, hp, unit))
+    else:
+        hp_f = hp_b = 0.0
+    if cp > 1:  # cp - 1 ring passes of the largest shard's K and V (backward also dK, dV)
+        kv_bytes = bpe * mbs * cp_max_tokens * 2.0 * hd * heads_local * kv_ratio
+        pass_f, pass_b = mf * C.p2p(cp_link, kv_bytes), mf * C.p2p(cp_link, 2.0 * kv_bytes)
+        cp_raw_f, cp_raw_b = (cp - 1) * pass_f, (cp - 1) * pass_b
+        cp_f = (cp - 1) * max(0.0, pass_f - cf * lc.attn_fwd / cp)
+        cp_b = (cp - 1) * max(0.0, pass_b - cf * lc.attn_bwd / cp)
+    else:
+        cp_raw_f = cp_raw_b = cp_f = cp_b = 0.0
+    params_stage, layer_params = stage_params
+    params_local = params_stage / tp
+    grad_bytes = bpe * params_local
+    z3_f = z3_b = 0.0
+    if zero >= 3 and shard_n > 1:  # FSDP gathers each block's weights in forward and again in backward
+        gather = mf * C.all_gather(dp_link, shard_n, bpe * layer_params / tp)
+        z3_f = max(0.0, gather - cf * lc.fwd)
+        z3_b = max(0.0, gather - cf * lc.bwd)
+    comp_f, comp_b = cf * lc.fwd, cf * lc.bwd
+    if recompute == "full":
+        comp_b += comp_f
+        tp_b += tp_f
+        hp_b += hp_f
+        cp_b += cp_f
+        cp_raw_b += cp_raw_f
+    elif recompute == "selective":
+        comp_b += cf * lc.attn_fwd
+    layer_f = comp_f + tp_f + hp_f + cp_f + z3_f
+    layer_b = comp_b + tp_b + hp_b + cp_b + z3_b
+
+    chunk_layers = rp.layers_of_stage(pp_i)
+    fwd, bwd = [], []
+    head_f, head_b = head_compute(model, rates, tokens=tok, tp=tp)
+    emb_tp = C.all_reduce(tp_link, tp, act) * mf if tp > 1 and not sp else (
+        C.reduce_scatter(tp_link, tp, act) * mf if tp > 1 else 0.0)
+    comp_total = tp_total = hp_total = cp_raw_total = exposed_ops = 0.0
+    for ci, n_layers in enumerate(chunk_layers):
+        j = ci * p + pp_i
+        f, b = n_layers * layer_f, n_layers * layer_b
+        comp = n_layers * (comp_f + comp_b)
+        tpc = n_layers * (tp_f + tp_b)
+        if j == 0:  # embedding lookup and its tp reduction (vocab-parallel embedding)
+            f += cf * rates.memory_time(act) + emb_tp
+            comp += cf * rates.memory_time(act)
+            tpc += emb_tp
+        if j == n_chunks - 1:
+            f += cf * head_f
+            b += cf * head_b
+            comp += cf * (head_f + head_b)
+        fwd.append(f)
+        bwd.append(b)
+        comp_total += comp
+        tp_total += tpc
+        hp_total += n_layers * (hp_f + hp_b)
+        cp_raw_total += n_layers * (cp_raw_f + cp_raw_b)
+        exposed_ops += tpc + n_layers * (hp_f + hp_b + cp_f + cp_b + z3_f + z3_b)
+    p2p_t = mf * C.p2p(pp_link, act / tp) if p > 1 else 0.0  # Megatron scatter/gather: 1/tp per rank
+    pp_sends = 0.0
+    for ci in range(v):
+        j = ci * p + pp_i
+        pp_sends += (p2p_t if j < n_chunks - 1 else 0.0) + (p2p_t if j > 0 else 0.0)
+
+    # DP gradient synchronisation over the ranks holding the same parameters
+    if shard_n > 1:
+        if zero == 0:
+            overl, fixed = mf * C.all_reduce(dp_link, shard_n, grad_bytes), 0.0
+        elif zero in (1, 2):
+            overl = mf * C.reduce_scatter(dp_link, shard_n, grad_bytes)
+            fixed = mf * C.all_gather(dp_link, shard_n, grad_bytes)  # updated weights back to every rank
+        else:
+            overl, fixed = mf * C.reduce_scatter(dp_link, shard_n, grad_bytes), 0.0
+    else:
+        overl = fixed = 0.0
+    dp_raw = overl + fixed
+    if zero >= 3 and shard_n > 1:
+        dp_raw += m_d * sum(chunk_layers) * 2.0 * mf * C.all_gather(dp_link, shard_n, bpe * layer_params / tp)
+    opt = cf * rates.memory_time(ADAM_BYTES_PER_PARAM * params_local / (shard_n if zero >= 1 else 1))
+
+    # memory
+    states = model_states(params_local, dtype, zero, shard_n, layer_params / tp)
+    inflight, last_inflight = peak_in_flight(rp.schedule, p, v, m_d, pp_i, tuple(chunk_layers))
+    acts = kept * inflight + (full_none - kept if recompute != "none" else 0.0)
+    logits = 0.0
+    if (n_chunks - 1) % p == pp_i:
+        logits = mbs * s_c / hp * model.vocab / tp * (bpe + 4.0) * last_inflight
+    alloc = states["weights"] + states["gradients"] + states["optimizer"] + acts + logits
+    res = reserve(spec.kind, alloc)
+    terms = {**states, "activations": acts, "logits": logits, "reserve": res,
+             "activation_per_layer_microbatch": kept, "layers_microbatches_in_flight": inflight}
+    busy_ops = m_d * (sum(fwd) + sum(bwd))
+    return {
+        "fwd": fwd, "bwd": bwd, "p2p": p2p_t,
+        "compute_s": m_d * comp_total, "tp_comm_s": m_d * tp_total, "hp_comm_s": m_d * hp_total,
+        "cp_comm_s": m_d * cp_raw_total, "pp_comm_s": m_d * pp_sends, "dp_comm_s": dp_raw,
+        "comm_s": m_d * (tp_total + hp_total + cp_raw_total + pp_sends) + dp_raw,
+        "exposed_in_ops": m_d * exposed_ops, "busy": busy_ops,
+        "dp_overlappable": overl, "dp_exposed_fixed": fixed, "optimizer": opt,
+        "memory_total": alloc + res, "memory_terms": terms,
+    }

@@ -1,0 +1,92 @@
+"""Memory of one rank: model states, activations, logits and an allocator reserve.
+
+Model states (Rajbhandari et al. 2020, "ZeRO", section 3.1): mixed-precision Adam keeps per
+parameter 2 bytes of 16-bit weights, 2 of 16-bit gradients and 12 of fp32 optimizer state (master
+weights, momentum, variance): 16 bytes. In fp32 training there is no master copy: 4 + 4 + 8. ZeRO
+shards over the N ranks that hold the same parameters (dp x cp x hp here): stage 1 the optimizer
+states, stage 2 also the gradients, stage 3 also the weights (plus two gathered blocks of weights
+as the working set while a layer runs and the next is prefetched, as FSDP does).
+
+Activations per block and micro-batch (Korthikanti et al. 2022, "Reducing Activation Recomputation
+in Large Transformer Models", section 4 / Table 2), in bytes for 16-bit activations:
+``s*b*h*(34 + 5*a*s/h)`` without parallelism. Its terms, generalised to GQA (kv width) and SwiGLU
+(f the MLP width, one 2f tensor per MLP matrix):
+
+* not split by tensor parallelism: layer-norm inputs 4sbh, attention and MLP inputs 2sbh each,
+  two dropout masks sbh each: 10sbh (split by tp with sequence parallelism);
+* split by tp: Q 2sbh, K and V 2sb*kv each, the output projection's input 2sbh, the MLP's
+  2sbf per matrix (GeLU with f = 4h: 16sbh): 24sbh for GPT-3 shapes;
+* attention scores, softmax and its dropout: 5*a*s^2*b, split by tp (heads) and, with context
+  parallelism, each rank keeps its s_c queries against all s keys (5*a*s_c*s*b).
+
+Ulysses (hp) ranks hold s_c / hp tokens outside attention and ``heads[i]`` heads over all s_c
+tokens inside it. Recomputation (Korthikanti et al. section 5): ``selective`` drops the scores term;
+``full`` keeps only each block's input (2sbh, /tp with sequence parallelism) and rebuilds one block
+at a time (one block's full activations as working set). fp32 activations double every term.
+
+In flight: the schedule decides how many micro-batches' activations a rank holds
+(``pipeline.peak_in_flight``: min(p - s, m) under 1F1B, m under GPipe). The last stage also keeps
+the logits (compute dtype plus an fp32 copy for the loss) of its micro-batches in flight.
+
+Reserve: the caching allocator's fragmentation and the runtime's buffers (CUDA/ROCm context,
+NCCL and cuBLAS workspaces): ``RESERVE_FIXED`` bytes per accelerator plus ``RESERVE_FRACTION`` of
+everything else (PyTorch's caching allocator typically keeps 5-10% more than is allocated).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+RESERVE_FIXED = {"cuda": 1.0 * 2**30, "rocm": 1.0 * 2**30, "cpu": 0.0}
+RESERVE_FRACTION = 0.05
+
+
+def state_bytes_per_param(dtype: str) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer states) bytes per parameter."""
+    if dtype == "fp32":
+        return 4.0, 4.0, 8.0
+    return 2.0, 2.0, 12.0
+
+
+def model_states(params: float, dtype: str, zero_stage: int, shard: int, layer_params: float) -> dict[str, float]:
+    """Weights, gradients and optimizer states of ``params`` parameters on one rank."""
+    w, g, o = state_bytes_per_param(dtype)
+    n = max(shard, 1)
+    weights = params * w / (n if zero_stage >= 3 else 1)
+    if zero_stage >= 3 and n > 1:
+        weights += 2 * layer_params * w  # gathered working set (current and prefetched block)
+    return {"weights": weights,
+            "gradients": params * g / (n if zero_stage >= 2 else 1),
+            "optimizer": params * o / (n if zero_stage >= 1 else 1)}
+
+
+def layer_activation_bytes(model: Any, *, micro_batch: int, tokens_local: float, cp_tokens: float, seq_len: int,
+                           heads_local: int, tp: int, sequence_parallel: bool, recompute: str,
+                           act_bytes: int) -> tuple[float, float]:
+    """(bytes one block keeps per micro-batch for backward, bytes of one block's full activations).
+
+    tokens_local: tokens of the rank outside attention (cp shard / hp); cp_tokens: the cp shard
+    (Ulysses attention runs over it for ``heads_local`` heads)."""
+    h, kv, f, hd = model.hidden, model.kv_dim, model.ffn_hidden, model.head_dim
+    scale = act_bytes / 2.0
+    b = micro_batch
+    undivided = 10.0 * h * b * tokens_local / (tp if sequence_parallel else 1)
+    heads_per_tp = model.heads // tp
+    frac = heads_local / heads_per_tp if heads_per_tp else 1.0  # this hp rank's part of the tp heads
+    # attention tensors (Q, K, V, output-projection input) over the whole cp shard for local heads
+    q_o = 4.0 * hd * heads_local * b * cp_tokens
+    k_v = 4.0 * (kv / tp) * frac * b * cp_tokens
+    mlp = 2.0 * f * model.mlp_matrices * b * tokens_local / tp
+    scores = 5.0 * heads_local * b * cp_tokens * seq_len
+    full = (undivided + q_o + k_v + mlp + scores) * scale
+    if recompute == "full":
+        kept = 2.0 * h * b * tokens_local / (tp if sequence_parallel else 1) * scale
+    elif recompute == "selective":
+        kept = full - scores * scale
+    else:
+        kept = full
+    return kept, full
+
+
+def reserve(kind: str, allocated: float) -> float:
+    return RESERVE_FIXED.get(kind, 0.0) + RESERVE_FRACTION * allocated
