@@ -4,8 +4,9 @@ Inside one CP shard the hp ranks hold even token slices of every segment of the 
 of their tp rank. ``tokens_to_heads`` sends each rank the heads it owns for every token slice, so a
 rank ends with the whole shard (segments in position order) for its ``hp_heads[h]`` query heads;
 ``heads_to_tokens`` is the inverse. Both are ``all_to_all_single`` with split sizes along the head
-dimension (uneven heads per rank; gloo and NCCL take unequal splits) through
-``torch.distributed.nn.functional.all_to_all_single``, whose backward is the reverse all-to-all.
+dimension (uneven heads per rank; gloo and NCCL take unequal splits) through torch's functional
+collective ``all_to_all_single`` (differentiable: its backward is the reverse all-to-all; it replaces
+the deprecated ``torch.distributed.nn.functional.all_to_all_single``).
 
 GQA: query head g uses kv head ``g // rep`` (``rep = heads / kv_heads``). An hp rank gets every kv
 head its query heads use; a kv head whose query group is cut between two ranks is sent to both
@@ -15,7 +16,7 @@ head its query heads use; a kv head whose query group is cut between two ranks i
 from __future__ import annotations
 
 import torch
-from torch.distributed.nn.functional import all_to_all_single
+import torch.distributed._functional_collectives as funcol
 
 
 def kv_head_range(hp_heads: tuple[int, ...] | list[int], heads: int, kv_heads: int, r: int) -> tuple[int, int]:
@@ -27,9 +28,8 @@ def kv_head_range(hp_heads: tuple[int, ...] | list[int], heads: int, kv_heads: i
 
 
 def _a2a(send: torch.Tensor, in_splits: list[int], out_splits: list[int], group) -> torch.Tensor:
-    """all_to_all_single along dim 0 with autograd."""
-    out = send.new_empty((sum(out_splits), *send.shape[1:]))
-    return all_to_all_single(out, send.contiguous(), out_splits, in_splits, group=group)
+    """all_to_all_single along dim 0 with autograd (waited at once: the attention needs it next)."""
+    return funcol.wait_tensor(funcol.all_to_all_single(send.contiguous(), out_splits, in_splits, group))
 
 
 def tokens_to_heads(x: torch.Tensor, ctx, ranges: list[tuple[int, int]], nseg: int) -> torch.Tensor:
