@@ -88,8 +88,11 @@ def _stage_params(model: Any, plan: Plan, pp_i: int) -> tuple[float, float]:
 
 
 def estimate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: int, *,
-             calibration: dict[str, dict[str, float]] | None = None, timeline: bool = True) -> Estimate:
-    """Predict one training step of ``plan`` (resolved here; PlanError when it does not fit)."""
+             calibration: dict[str, dict[str, float]] | None = None, timeline: bool = False) -> Estimate:
+    """Predict one training step of ``plan`` (resolved here; PlanError when it does not fit).
+
+    ``timeline=True`` also fills ``breakdown["timeline"]`` with the simulated events (None
+    otherwise); ``calibration`` is ``{device type: {"compute": f, "comm": f}}`` from ``validate``."""
     rp = plan.resolve(model, cluster, seq_len, global_batch)
     deg = rp.degrees
     p, dp, cp, hp, tp = deg.pp, deg.dp, deg.cp, deg.hp, deg.tp
@@ -122,6 +125,7 @@ def estimate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: i
 
     # ---- per tensor-parallel group --------------------------------------------------------------
     group_cache: dict[tuple, dict[str, Any]] = {}
+    link_cache: dict[tuple[str, int], Any] = {}
     groups: list[dict[str, Any]] = []
     for g in range(world // tp):
         r0 = g * tp
@@ -134,11 +138,20 @@ def estimate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: i
         pp_i = x // dp
         dev = cluster.devices[devs[r0]]
         spec = dev.spec
-        tp_link = topo.group_link(devs[r0:r0 + tp]) if tp > 1 else C._SELF
-        hp_base = r0 - hp_i * tp
-        hp_link = topo.group_link([devs[hp_base + k * tp] for k in range(hp)]) if hp > 1 else C._SELF
-        cp_base = r0 - cp_i * hp * tp
-        cp_link = topo.group_link([devs[cp_base + k * hp * tp] for k in range(cp)]) if cp > 1 else C._SELF
+        # a tp group sits inside one node (Plan validation), so its link is that node's
+        tp_link = topo.node_link(topo.node_of[devs[r0]], topo.node_of[devs[r0]]) if tp > 1 else C._SELF
+        hp_link = cp_link = C._SELF
+        if hp > 1:
+            hp_base = r0 - hp_i * tp
+            hp_link = link_cache.get(("hp", hp_base))
+            if hp_link is None:
+                hp_link = link_cache[("hp", hp_base)] = topo.group_link([devs[hp_base + k * tp] for k in range(hp)])
+        if cp > 1:
+            cp_base = r0 - cp_i * hp * tp
+            cp_link = link_cache.get(("cp", cp_base))
+            if cp_link is None:
+                cp_link = link_cache[("cp", cp_base)] = topo.group_link(
+                    [devs[cp_base + k * hp * tp] for k in range(cp)])
         nxt = r0 + blk if pp_i < p - 1 else r0 - (p - 1) * blk
         pp_link = topo.link(devs[r0], devs[nxt]) if p > 1 else C._SELF
         m_d = mb_of[dp_i]
@@ -216,7 +229,7 @@ def estimate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: i
                           f"{worst_term} {fmt_bytes(terms[worst_term])}")
 
     tokens_step = float(global_batch) * seq_len
-    peak = sum(cluster.devices[i].spec.flops(dtype) for i in devs)
+    peak = tp * sum(gr["spec"].flops(dtype) for gr in groups)
     model_flops = model.model_flops_per_token(seq_len) * tokens_step
     predicted = {
         "step_time_s": step,
@@ -249,13 +262,19 @@ def estimate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: i
             "bubble_fraction": sim.bubble_fraction(s), "end_s": stage_end[s],
             "memory_bytes": max(memory[gr["r0"]] for d in range(dp) for gr in per_rep_stage[(d, s)]),
         })
+    crit = max(range(p), key=lambda s: stage_end[s])
+    cr = rows[stages[crit]["pacing_rank"]]
     breakdown: dict[str, Any] = {
+        # seconds per step of the rank that ends the step last (what the search compares)
         "step_time_s": step,
         "pipeline_s": max(sim.makespan for sim in sims),
+        "critical_rank": stages[crit]["pacing_rank"],
+        **{k: cr[k] for k in ("compute_s", "tp_comm_s", "cp_comm_s", "hp_comm_s", "pp_comm_s", "dp_comm_s",
+                              "exposed_comm_s", "optimizer_s", "bubble_s")},
         "schedule": rp.schedule,
-        "model_flops_per_step": model_flops,
-        "hardware_flops_per_step": model.hardware_flops_per_token(seq_len, recompute) * tokens_step,
-        "peak_flops": peak,
+        "flops": {"model_per_step": model_flops,
+                  "hardware_per_step": model.hardware_flops_per_token(seq_len, recompute) * tokens_step,
+                  "cluster_peak_per_s": peak},
         "stages": stages,
         "ranks": rows,
         "throughput_source": sorted({f"{gr['spec'].name}: {_rates(gr['spec'], dtype, hd).source}" for gr in groups}),
@@ -299,14 +318,13 @@ def _group_cost(rp: Plan, model: Any, spec: Any, cal: dict[str, float], *, pp_i:
     s_c = rp.shares.tokens[cp_i]
     tok = mbs * s_c / hp  # tokens this rank holds outside attention
     heads_local = rp.shares.heads[hp_i]
-    kept, full = layer_activation_bytes(model, micro_batch=mbs, tokens_local=tok, cp_tokens=s_c, seq_len=seq_len,
-                                        heads_local=heads_local, tp=tp, sequence_parallel=sp, recompute=recompute,
-                                        act_bytes=bpe)
-    _, full_none = (kept, full) if recompute == "none" else layer_activation_bytes(
+    kept, full_none, scores = layer_activation_bytes(
         model, micro_batch=mbs, tokens_local=tok, cp_tokens=s_c, seq_len=seq_len, heads_local=heads_local, tp=tp,
-        sequence_parallel=sp, recompute="none", act_bytes=bpe)
+        sequence_parallel=sp, recompute=recompute, act_bytes=bpe)
+    # elementwise traffic over the sbh tensors; the softmax over the scores is part of the attention
+    # kernel's throughput (fused attention never writes the s^2 scores to memory)
     lc = layer_compute(model, rates, tokens=tok, tp=tp, heads_local=heads_local, keysum=keysum, block_seq=s_c,
-                       micro_batch=mbs, act_bytes=full_none)
+                       micro_batch=mbs, act_bytes=full_none - scores)
 
     # communication of one block, one micro-batch (Korthikanti et al. 2022 section 4.2.2: with
     # sequence parallelism each all-reduce becomes an all-gather plus a reduce-scatter)

@@ -62,8 +62,9 @@ def model_states(params: float, dtype: str, zero_stage: int, shard: int, layer_p
 
 def layer_activation_bytes(model: Any, *, micro_batch: int, tokens_local: float, cp_tokens: float, seq_len: int,
                            heads_local: int, tp: int, sequence_parallel: bool, recompute: str,
-                           act_bytes: int) -> tuple[float, float]:
-    """(bytes one block keeps per micro-batch for backward, bytes of one block's full activations).
+                           act_bytes: int) -> tuple[float, float, float]:
+    """(bytes one block keeps per micro-batch for backward, bytes of one block's full activations,
+    of which the attention scores term).
 
     tokens_local: tokens of the rank outside attention (cp shard / hp); cp_tokens: the cp shard
     (Ulysses attention runs over it for ``heads_local`` heads)."""
@@ -85,7 +86,7 @@ def layer_activation_bytes(model: Any, *, micro_batch: int, tokens_local: float,
         kept = full - scores * scale
     else:
         kept = full
-    return kept, full
+    return kept, full, scores * scale
 
 
 def reserve(kind: str, allocated: float) -> float:
