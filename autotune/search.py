@@ -143,9 +143,25 @@ class Evaluator:
     """Prices points of a space, once per distinct plan."""
 
     def __init__(self, space: Any, estimator: Callable[..., Any], calibration: dict | None = None):
+        import inspect
+
         self.space, self.estimator, self.calibration = space, estimator, calibration
-        self.cache: dict[Any, Outcome] = {}  # by the (frozen, hashable) resolved Plan, or its plan_key
+        self.cache: dict[Any, Outcome] = {}  # by the (frozen, hashable) resolved Plan
         self.calls = 0
+        self.best = 0.0
+        # The Gantt timeline costs a third of an estimate at scale: price without it, and draw it
+        # again only for a plan that beats every plan so far (so the best plan always has one).
+        try:
+            self.has_timeline = "timeline" in inspect.signature(estimator).parameters
+        except (TypeError, ValueError):
+            self.has_timeline = False
+
+    def _estimate(self, plan: Plan, timeline: bool) -> Any:
+        ctx = self.space.ctx
+        kw: dict[str, Any] = {"calibration": self.calibration}
+        if self.has_timeline:
+            kw["timeline"] = timeline
+        return self.estimator(plan, ctx.model, ctx.cluster, ctx.seq_len, ctx.global_batch, **kw)
 
     def evaluate(self, params: dict[str, Any]) -> Outcome:
         from search_spaces.base import Infeasible, family_of
@@ -159,11 +175,13 @@ class Evaluator:
         hit = self.cache.get(key)
         if hit is not None:
             return hit
-        ctx = self.space.ctx
         self.calls += 1
         try:
-            est = self.estimator(built, ctx.model, ctx.cluster, ctx.seq_len, ctx.global_batch,
-                                 calibration=self.calibration)
+            est = self._estimate(built, timeline=not self.has_timeline)
+            if self.has_timeline and est.predicted.get("feasible", True) and \
+                    float(est.predicted.get("tokens_per_s") or 0) > self.best:
+                self.best = float(est.predicted["tokens_per_s"])
+                est = self._estimate(built, timeline=True)
         except InputError as e:  # the cost model refused the plan: a limit, recorded
             out = Outcome(0.0, {"plan": built.to_dict(), "infeasible_reason": f"divisibility: {e.message}",
                                 "infeasible_kind": "divisibility", "family": family_of(built), "baseline": None},
@@ -205,6 +223,8 @@ class Evaluator:
                 self.cache.setdefault(key, Outcome(
                     float(t.value), {k: v for k, v in t.user_attrs.items() if k not in _PER_TRIAL_ATTRS},
                     dict(getattr(t, "constraints", {}) or {})))
+                if not t.user_attrs.get("infeasible_reason"):
+                    self.best = max(self.best, float(t.value))
 
 
 # ---- a process's view of the study: in-memory, persisted in batches ------------------------------

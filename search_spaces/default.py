@@ -198,27 +198,36 @@ class DefaultSpace:
         return out
 
     def baselines(self) -> list[tuple[str, dict[str, Any]]]:
-        """Even splits in node order: Megatron-style tp x pp x dp, pure CP, pure Ulysses and every even
-        CP x Ulysses mix (HexiSeq's baselines), each without and with full recomputation."""
+        """Even splits in node order, the plans people write by hand:
+
+        * ``megatron``: every tp x pp x dp, without, with selective and with full recomputation,
+          distributed optimizer (ZeRO-1) when dp > 1 (Megatron-LM's defaults);
+        * ``megatron+cp``: tp over the node, context parallelism across (Megatron-LM's CP);
+        * ``cp`` (ring attention over all devices), ``ulysses`` (all heads spread, dp over the rest) and
+          every ``cp+ulysses`` mix with cp x hp = devices (HexiSeq's baselines), with ZeRO-3 as
+          DeepSpeed-Ulysses runs them, selective or full recomputation."""
         out: list[tuple[str, dict[str, Any]]] = []
-        heads = self.ctx.model.heads
+        heads, layers = self.ctx.model.heads, self.ctx.model.layers
         for tp in self.tp_divs:
             for pp in self.divs:
-                if self.n % (tp * pp) == 0:
+                if self.n % (tp * pp) == 0 and pp <= layers:
                     dp = self.n // (tp * pp)
-                    for rc in ("none", "full"):
+                    for rc in RECOMPUTE:
                         out.append(("megatron", self.params(tp=tp, pp=pp, recompute=rc, zero=1 if dp > 1 else 0)))
-        cp_only = [c for c in self.divs if c > 1]
-        hp_only = [h for h in self.divs if 1 < h <= heads]
-        for rc in ("none", "full"):
-            if cp_only:
-                out.append(("cp", self.params(cp=max(cp_only), recompute=rc)))
-            if hp_only:
-                out.append(("ulysses", self.params(hp=max(hp_only), recompute=rc)))
-            for cp in cp_only:
-                for hp in hp_only:
-                    if self.n % (cp * hp) == 0:
-                        out.append(("cp+ulysses", self.params(cp=cp, hp=hp, recompute=rc)))
+        tp_max = max(t for t in self.tp_divs if heads % t == 0 and self.ctx.model.kv_heads % t == 0)
+        for cp in self.divs:
+            if cp > 1 and self.n % (tp_max * cp) == 0:
+                dp = self.n // (tp_max * cp)
+                out.append(("megatron+cp", self.params(tp=tp_max, cp=cp, recompute="selective",
+                                                       zero=1 if dp > 1 else 0)))
+        hp_max = max(h for h in self.divs if h <= heads)
+        seq_fams = [("cp", self.n, 1), ("ulysses", 1, hp_max)]
+        seq_fams += [("cp+ulysses", self.n // h, h) for h in self.divs if 1 < h <= heads and h < self.n]
+        for name, cp, hp in seq_fams:
+            if cp * hp <= 1:
+                continue
+            for rc in ("selective", "full"):
+                out.append((name, self.params(cp=cp, hp=hp, recompute=rc, zero=3)))
         return out
 
     def _grid_iter(self):

@@ -69,7 +69,7 @@ def test_distributions_are_fixed_per_name():
 def test_baselines_are_even_and_cover_the_families():
     sp = space_for(cluster="local:8")
     fams = {name for name, _ in sp.baselines()}
-    assert fams == {"megatron", "cp", "ulysses", "cp+ulysses"}
+    assert fams == {"megatron", "megatron+cp", "cp", "ulysses", "cp+ulysses"}
     for name, p in sp.baselines():
         plan = sp.build(p)
         if isinstance(plan, Plan):
