@@ -1,0 +1,104 @@
+"""The pipeline simulation against hand-derived schedule results (no constants from the code)."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from autotune.cost.pipeline import op_order, peak_in_flight, simulate
+
+
+def _uniform(schedule, p, m, f=1.0, b=2.0, v=1, c=0.0):
+    n = p * v
+    return simulate(schedule, p, v, m, (f,) * n, (b,) * n, (c,) * (n - 1))
+
+
+@pytest.mark.parametrize("p,m", [(2, 2), (2, 8), (4, 4), (4, 8), (4, 32), (8, 8), (8, 64), (1, 5)])
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_bubble_is_p_minus_1_over_m_plus_p_minus_1(schedule, p, m):
+    # Narayanan et al. 2021: with equal stages the step is (m + p - 1)(F + B) and every stage idles
+    # (p - 1)(F + B) of it.
+    sim = _uniform(schedule, p, m)
+    assert sim.makespan == pytest.approx((m + p - 1) * 3.0)
+    for s in range(p):
+        assert sim.bubble_fraction(s) == pytest.approx((p - 1) / (m + p - 1))
+
+
+@pytest.mark.parametrize("p,v,m", [(2, 2, 4), (4, 2, 8), (4, 4, 8), (2, 3, 6)])
+def test_interleaved_bubble_shrinks_by_v(p, v, m):
+    # Narayanan et al. 2021 section 2.2: with v chunks of 1/v the work the bubble is (p-1)(F+B)/v
+    f, b = 1.0 / v, 2.0 / v
+    sim = _uniform("interleaved_1f1b", p, m, f, b, v=v)
+    assert sim.makespan == pytest.approx(m * 3.0 + (p - 1) * 3.0 / v)
+
+
+@pytest.mark.parametrize("slow", [0, 1, 2, 3])
+def test_slow_stage_sets_the_pace(slow):
+    p, m, k = 4, 12, 3.0
+    fwd = tuple(k if s == slow else 1.0 for s in range(p))
+    bwd = tuple(2 * x for x in fwd)
+    # GPipe: fill and drain through every stage once, the other m - 1 micro-batches at the slow
+    # stage's rate: sum_j (F_j + B_j) + (m - 1)(F_k + B_k)
+    gp = simulate("gpipe", p, 1, m, fwd, bwd, (0.0,) * (p - 1))
+    assert gp.makespan == pytest.approx(sum(fwd) + sum(bwd) + (m - 1) * 3 * k)
+    # 1F1B: the slow stage k starts after the forwards of the stages before it and is never idle
+    # again (faster neighbours feed it and return gradients sooner than it needs them); after its
+    # last backward the stages before it run theirs: sum_{j<k} (F_j + B_j) + m (F_k + B_k)
+    ob = simulate("1f1b", p, 1, m, fwd, bwd, (0.0,) * (p - 1))
+    assert ob.makespan == pytest.approx(sum(fwd[:slow]) + sum(bwd[:slow]) + m * 3 * k)
+    assert ob.rank_busy[slow] == pytest.approx(m * 3 * k)
+    assert ob.bubble_fraction(slow) < min(ob.bubble_fraction(s) for s in range(p) if s != slow)
+
+
+def test_p2p_delay_adds_on_the_fill_and_drain_path():
+    # gpipe, 2 stages, m micro-batches, transfer c each way: the last backward of stage 0 ends at
+    # F + c + m*(F+B) on stage 1 ... derived: stage 1 starts at F + c, runs m F then m B (its own
+    # forwards arrive every F, no faster than it works), stage 0's last B waits for stage 1's last B + c.
+    F, B, c, m = 1.0, 2.0, 0.5, 4
+    sim = simulate("gpipe", 2, 1, m, (F, F), (B, B), (c,))
+    stage1_end = F + c + m * F + m * B
+    # stage 0 runs its m backwards as the gradients arrive: the i-th leaves stage 1 at
+    # F + c + m F + (i+1) B, and stage 0 then needs B for each one
+    assert sim.rank_finish[1] == pytest.approx(stage1_end)
+    assert sim.rank_finish[0] == pytest.approx(stage1_end + c + B)
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (4, 4), (8, 16)])
+def test_in_flight_micro_batches(p, m):
+    # 1F1B keeps min(p - s, m) micro-batches of activations on stage s, GPipe all m
+    for s in range(p):
+        assert peak_in_flight("1f1b", p, 1, m, s, (3,)) == (3 * min(p - s, m), min(p - s, m))
+        assert peak_in_flight("gpipe", p, 1, m, s, (3,)) == (3 * m, m)
+
+
+def test_orders_run_every_operation_once():
+    for sched, p, v, m in [("1f1b", 4, 1, 8), ("gpipe", 3, 1, 5), ("interleaved_1f1b", 4, 2, 8)]:
+        for s in range(p):
+            ops = op_order(sched, p, v, m, s)
+            assert sorted(ops) == sorted({(k, c, i) for k in (0, 1) for c in range(v) for i in range(m)})
+
+
+@settings(max_examples=60, deadline=None)
+@given(p=st.integers(1, 6), m=st.integers(1, 24), extra=st.integers(1, 16),
+       times=st.lists(st.floats(0.1, 5.0), min_size=6, max_size=6), schedule=st.sampled_from(["1f1b", "gpipe"]))
+def test_more_micro_batches_never_a_larger_bubble_fraction(p, m, extra, times, schedule):
+    m = max(m, p)
+    fwd = tuple(times[:p])
+    bwd = tuple(2 * x for x in fwd)
+
+    def frac(mm):
+        sim = simulate(schedule, p, 1, mm, fwd, bwd, (0.0,) * (p - 1))
+        return 1.0 - sum(sim.rank_busy) / (p * sim.makespan)
+
+    assert frac(m + extra) <= frac(m) + 1e-9
+
+
+@settings(max_examples=60, deadline=None)
+@given(p=st.integers(2, 5), m=st.integers(2, 12), c=st.floats(0.0, 2.0), dc=st.floats(0.0, 2.0),
+       schedule=st.sampled_from(["1f1b", "gpipe"]))
+def test_slower_links_never_speed_the_pipeline_up(p, m, c, dc, schedule):
+    m = max(m, p)
+    f = tuple(1.0 + 0.1 * s for s in range(p))
+    b = tuple(2 * x for x in f)
+    fast = simulate(schedule, p, 1, m, f, b, (c,) * (p - 1)).makespan
+    slow = simulate(schedule, p, 1, m, f, b, (c + dc,) * (p - 1)).makespan
+    assert slow >= fast - 1e-9
