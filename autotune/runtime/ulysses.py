@@ -4,9 +4,11 @@ Inside one CP shard the hp ranks hold even token slices of every segment of the 
 of their tp rank. ``tokens_to_heads`` sends each rank the heads it owns for every token slice, so a
 rank ends with the whole shard (segments in position order) for its ``hp_heads[h]`` query heads;
 ``heads_to_tokens`` is the inverse. Both are ``all_to_all_single`` with split sizes along the head
-dimension (uneven heads per rank; gloo and NCCL take unequal splits) through torch's functional
-collective ``all_to_all_single`` (differentiable: its backward is the reverse all-to-all; it replaces
-the deprecated ``torch.distributed.nn.functional.all_to_all_single``).
+dimension (uneven heads per rank; gloo and NCCL take unequal splits) in a small autograd Function
+whose backward is the reverse all-to-all (what the deprecated
+``torch.distributed.nn.functional.all_to_all_single`` does). It calls ``dist.all_to_all_single``
+through the module attribute, so the runtime's communication timing (which wraps ``dist``'s
+functions) sees it.
 
 GQA: query head g uses kv head ``g // rep`` (``rep = heads / kv_heads``). An hp rank gets every kv
 head its query heads use; a kv head whose query group is cut between two ranks is sent to both
@@ -16,7 +18,7 @@ head its query heads use; a kv head whose query group is cut between two ranks i
 from __future__ import annotations
 
 import torch
-import torch.distributed._functional_collectives as funcol
+import torch.distributed as dist
 
 
 def kv_head_range(hp_heads: tuple[int, ...] | list[int], heads: int, kv_heads: int, r: int) -> tuple[int, int]:
@@ -27,9 +29,27 @@ def kv_head_range(hp_heads: tuple[int, ...] | list[int], heads: int, kv_heads: i
     return first // rep, last // rep + 1
 
 
+class _AllToAll(torch.autograd.Function):
+    """all_to_all_single along dim 0; backward sends the gradients back with the splits swapped."""
+
+    @staticmethod
+    def forward(ctx, send, in_splits, out_splits, group):
+        ctx.splits, ctx.group = (in_splits, out_splits), group
+        out = send.new_empty((sum(out_splits), *send.shape[1:]))
+        dist.all_to_all_single(out, send.contiguous(), out_splits, in_splits, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        in_splits, out_splits = ctx.splits
+        back = grad.new_empty((sum(in_splits), *grad.shape[1:]))
+        dist.all_to_all_single(back, grad.contiguous(), in_splits, out_splits, group=ctx.group)
+        return back, None, None, None
+
+
 def _a2a(send: torch.Tensor, in_splits: list[int], out_splits: list[int], group) -> torch.Tensor:
-    """all_to_all_single along dim 0 with autograd (waited at once: the attention needs it next)."""
-    return funcol.wait_tensor(funcol.all_to_all_single(send.contiguous(), out_splits, in_splits, group))
+    """all_to_all_single along dim 0 with autograd."""
+    return _AllToAll.apply(send, list(in_splits), list(out_splits), group)
 
 
 def tokens_to_heads(x: torch.Tensor, ctx, ranges: list[tuple[int, int]], nseg: int) -> torch.Tensor:

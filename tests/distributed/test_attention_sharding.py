@@ -2,7 +2,8 @@
 
 One launch of 4 workers runs every configuration: (cp, hp) in (2,1), (4,1), (1,2), (1,4), (2,2)
 (a degree product of 2 runs as two independent replicas), even and uneven token and head shares,
-zigzag and contiguous, MHA and GQA; forward output and the gradients of q, k and v (fp32).
+zigzag and contiguous, MHA and GQA, with the ring's fused CPU block kernel and with its matmul
+kernel (the one other devices use); forward output and the gradients of q, k and v (fp32).
 """
 
 from __future__ import annotations
@@ -33,13 +34,15 @@ def configurations():
             for tokens in token_sets:
                 for heads in head_sets:
                     for kv in (HEADS, 2):
-                        out.append({"cp": cp, "hp": hp, "layout": layout, "tokens": tokens, "heads": heads,
-                                    "kv": kv})
+                        for fused in (True, False) if cp > 1 else (True,):
+                            out.append({"cp": cp, "hp": hp, "layout": layout, "tokens": tokens,
+                                        "heads": heads, "kv": kv, "fused": fused})
     return out
 
 
 def _name(c):
-    return f"cp{c['cp']}xhp{c['hp']} {c['layout']} tokens={c['tokens']} heads={c['heads']} kv={c['kv']}"
+    return (f"cp{c['cp']}xhp{c['hp']} {c['layout']} tokens={c['tokens']} heads={c['heads']} kv={c['kv']}"
+            f" {'fused' if c['fused'] else 'matmul'}")
 
 
 def check_all(payload, rank, world, device):
@@ -48,6 +51,7 @@ def check_all(payload, rank, world, device):
     import torch.distributed as dist
     import torch.nn.functional as F
 
+    from autotune.runtime import ring_attention
     from autotune.runtime.attention import AttentionContext, local_token_positions, sharded_attention
 
     groups = {}
@@ -78,6 +82,7 @@ def check_all(payload, rank, world, device):
         ctx = AttentionContext(cp_group=mine["cp"][0], cp_ranks=mine["cp"][1], cp_index=cp_i, cp_tokens=c["tokens"],
                                cp_layout=c["layout"], hp_group=mine["hp"][0], hp_ranks=mine["hp"][1],
                                hp_index=hp_i, hp_heads=c["heads"], heads=HEADS, kv_heads=c["kv"], seq_len=S)
+        ring_attention.USE_FUSED = c["fused"]
         g = torch.Generator().manual_seed(1000 + n)
         q = torch.randn(B, HEADS, S, D, generator=g)
         k = torch.randn(B, c["kv"], S, D, generator=g)

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from autotune.runtime import ring_attention as ring_attention_module
 from autotune.runtime.attention import (
     AttentionContext,
     gqa_index,
@@ -15,7 +16,7 @@ from autotune.runtime.attention import (
     shard_segments,
     sharded_attention,
 )
-from autotune.runtime.ring_attention import ring_attention
+from autotune.runtime.ring_attention import _pairs, ring_attention
 from autotune.runtime.ulysses import kv_head_range
 
 
@@ -95,10 +96,12 @@ def _masked_reference(q, k, v, pos):
                                           attn_mask=mask)
 
 
+@pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("kv", [4, 2])
-def test_ring_blocks_on_one_rank_match_masked_sdpa(kv):
+def test_ring_blocks_on_one_rank_match_masked_sdpa(kv, fused, monkeypatch):
     """One shard of several segments (a zigzag front and back, plus a gap): the block pairs, the
     online-softmax merge and the hand-written backward against SDPA with the causal mask."""
+    monkeypatch.setattr(ring_attention_module, "USE_FUSED", fused)
     segs = [[(0, 5), (11, 3), (20, 6)]]
     pos = torch.cat([torch.arange(s, s + n) for s, n in segs[0]])
     g = torch.Generator().manual_seed(3)
@@ -122,3 +125,11 @@ def test_whole_sequence_context_is_plain_causal_attention():
     assert torch.allclose(sharded_attention(q, k, v, ctx), ref, atol=1e-6)
     with pytest.raises(ValueError, match="do not fit"):
         sharded_attention(q[:, :3], k, v, ctx)
+
+
+def test_block_kinds_follow_positions():
+    # query segments (0,4),(10,4) against key segments (4,2),(10,4),(12,3)
+    kinds = [(r.start, c.start, k if k is None or isinstance(k, str) else k.tolist())
+             for r, c, k in _pairs([(0, 4), (10, 4)], [(4, 2), (10, 4), (12, 3)])]
+    partial = [[True, False, False], [True, True, False], [True, True, True], [True, True, True]]
+    assert kinds == [(4, 0, None), (4, 2, "causal"), (4, 6, partial)]
