@@ -41,7 +41,9 @@ class ComputePlan:
     warmup: int
     repeats: int
     max_gemm_flops: float
-    """Skip GEMMs larger than this (a 2-core CPU runs ~65 GFLOP/s per core)."""
+    """Skip GEMMs larger than this (a 2-core CPU runs ~65 GFLOP/s fp32 per core)."""
+    max_attn_flops: float = float("inf")
+    """Skip attention points whose forward + backward FLOPs exceed this."""
 
 
 def compute_plan(device: str, quick: bool) -> ComputePlan:
@@ -53,14 +55,17 @@ def compute_plan(device: str, quick: bool) -> ComputePlan:
             attn_seq=(1024, 4096) if quick else (1024, 2048, 4096, 8192, 16384), attn_head_dims=(128,) if quick
             else (64, 128), attn_heads=16, attn_dtype="bf16", copy_bytes=1 << 30, warmup=3, repeats=10,
             max_gemm_flops=1e13)
+    # CPU: sized so that --quick measures in ~2 s and the default in ~15 s on 2 idle cores (a loaded
+    # machine doubles that: unstable points are re-measured once).
     return ComputePlan(
-        gemm_tokens=(256,) if quick else (256, 512),
+        gemm_tokens=(256,) if quick else (512,),
         gemm_hidden=(256, 512) if quick else (256, 512, 1024),
         gemm_dtypes=("fp32", "bf16"),
-        attn_seq=(256, 512) if quick else (256, 512, 1024),
+        attn_seq=(256, 512) if quick else (256, 512, 1024, 2048),
         attn_head_dims=(64,) if quick else (64, 128),
         attn_heads=4, attn_dtype="fp32", copy_bytes=(32 if quick else 128) << 20,
-        warmup=1 if quick else 2, repeats=3 if quick else 7, max_gemm_flops=2.2e9)
+        warmup=1 if quick else 2, repeats=3 if quick else 7, max_gemm_flops=2.2e9 if quick else 4.3e9,
+        max_attn_flops=4e9)
 
 
 def gemm_shapes(plan: ComputePlan) -> list[tuple[int, int, int]]:
@@ -72,6 +77,12 @@ def gemm_shapes(plan: ComputePlan) -> list[tuple[int, int, int]]:
                 if 2.0 * m * n * k <= plan.max_gemm_flops and (m, k, n) not in shapes:
                     shapes.append((m, k, n))
     return shapes
+
+
+def attention_points(plan: ComputePlan) -> list[tuple[int, int]]:
+    """(head_dim, seq) pairs within the FLOP cap."""
+    return [(d, s) for d in plan.attn_head_dims for s in plan.attn_seq
+            if sum(attention_flops(1, plan.attn_heads, s, d)) <= plan.max_attn_flops]
 
 
 def attention_flops(b: int, h: int, s: int, d: int) -> tuple[float, float]:
@@ -108,33 +119,32 @@ def measure_attention(plan: ComputePlan, device: str, emu: SlowdownEmulator | No
 
     dtype = getattr(torch, DTYPES[plan.attn_dtype])
     rows = []
-    for d in plan.attn_head_dims:
-        for s in plan.attn_seq:
-            q, k, v = (torch.randn(1, plan.attn_heads, s, d, device=device, dtype=dtype, requires_grad=True)
-                       for _ in range(3))
-            grad = torch.randn(1, plan.attn_heads, s, d, device=device, dtype=dtype)
-            out_holder: dict = {}
+    for d, s in attention_points(plan):
+        q, k, v = (torch.randn(1, plan.attn_heads, s, d, device=device, dtype=dtype, requires_grad=True)
+                   for _ in range(3))
+        grad = torch.randn(1, plan.attn_heads, s, d, device=device, dtype=dtype)
+        out_holder: dict = {}
 
-            def fwd(q=q, k=k, v=v, out_holder=out_holder):
-                out_holder["o"] = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        def fwd(q=q, k=k, v=v, out_holder=out_holder):
+            out_holder["o"] = F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
-            def fwd_bwd(q=q, k=k, v=v, grad=grad):
-                o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-                o.backward(grad)
-                q.grad = k.grad = v.grad = None
+        def fwd_bwd(q=q, k=k, v=v, grad=grad):
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            o.backward(grad)
+            q.grad = k.grad = v.grad = None
 
-            tf = time_fn(fwd, device=device, warmup=plan.warmup, repeats=plan.repeats, emulator=emu)
-            tfb = time_fn(fwd_bwd, device=device, warmup=plan.warmup, repeats=plan.repeats, emulator=emu)
-            f_fwd, f_bwd = attention_flops(1, plan.attn_heads, s, d)
-            bwd_s = max(tfb.median_s - tf.median_s, 1e-9)
-            params = {"dtype": plan.attn_dtype, "batch": 1, "heads": plan.attn_heads, "seq": s, "head_dim": d}
-            rows.append({"kind": "attention_fwd", "params": params, "work": f_fwd, "timing": tf.to_dict(),
-                         "metrics": {"flops": f_fwd, "flops_per_s": f_fwd / tf.median_s}})
-            rows.append({"kind": "attention_fwd_bwd", "params": params, "work": f_fwd + f_bwd,
-                         "timing": tfb.to_dict(),
-                         "metrics": {"flops": f_fwd + f_bwd, "flops_per_s": (f_fwd + f_bwd) / tfb.median_s,
-                                     "bwd_s": bwd_s, "bwd_flops_per_s": f_bwd / bwd_s}})
-            tick(f"attention d={d} s={s}")
+        tf = time_fn(fwd, device=device, warmup=plan.warmup, repeats=plan.repeats, emulator=emu)
+        tfb = time_fn(fwd_bwd, device=device, warmup=plan.warmup, repeats=plan.repeats, emulator=emu)
+        f_fwd, f_bwd = attention_flops(1, plan.attn_heads, s, d)
+        bwd_s = max(tfb.median_s - tf.median_s, 1e-9)
+        params = {"dtype": plan.attn_dtype, "batch": 1, "heads": plan.attn_heads, "seq": s, "head_dim": d}
+        rows.append({"kind": "attention_fwd", "params": params, "work": f_fwd, "timing": tf.to_dict(),
+                     "metrics": {"flops": f_fwd, "flops_per_s": f_fwd / tf.median_s}})
+        rows.append({"kind": "attention_fwd_bwd", "params": params, "work": f_fwd + f_bwd,
+                     "timing": tfb.to_dict(),
+                     "metrics": {"flops": f_fwd + f_bwd, "flops_per_s": (f_fwd + f_bwd) / tfb.median_s,
+                                 "bwd_s": bwd_s, "bwd_flops_per_s": f_bwd / bwd_s}})
+        tick(f"attention d={d} s={s}")
     return rows
 
 
@@ -179,7 +189,7 @@ def run_compute(device: str, quick: bool, emu: SlowdownEmulator | None, tick: Pr
 def compute_steps(device: str, quick: bool) -> int:
     """How many progress ticks ``run_compute`` makes (for the progress bar's total)."""
     plan = compute_plan(device, quick)
-    return len(plan.gemm_dtypes) * len(gemm_shapes(plan)) + len(plan.attn_head_dims) * len(plan.attn_seq) + 1
+    return len(plan.gemm_dtypes) * len(gemm_shapes(plan)) + len(attention_points(plan)) + 1
 
 
 def fit_compute(samples: list[dict]) -> dict:

@@ -55,7 +55,7 @@ def link_plan(device: str, quick: bool) -> LinkPlan:
                         warmup=3, repeats=10)
     return LinkPlan(p2p_sizes=(8, 1 << 16, 1 << 20) if quick else (8, 1 << 12, 1 << 16, 1 << 20, 4 << 20),
                     coll_sizes=(1 << 16, 1 << 20) if quick else (1 << 12, 1 << 16, 1 << 20, 4 << 20),
-                    warmup=1 if quick else 2, repeats=3 if quick else 7)
+                    warmup=1 if quick else 2, repeats=5 if quick else 15)
 
 
 def group_sizes(world: int) -> list[int]:
@@ -140,6 +140,39 @@ def _collective_fn(op: str, g: int, size: int, device: str, group) -> Callable[[
     raise ValueError(op)
 
 
+def check_collective(op: str, g: int, rank: int, device: str, group) -> bool:
+    """Run ``op`` once on rank-dependent data and compare with the hand-computed answer, so a
+    benchmark never times a collective that silently does the wrong thing."""
+    import torch
+    import torch.distributed as dist
+
+    n = 2 * g
+    if op == "all_reduce":
+        x = torch.full((n,), float(rank + 1), device=device)
+        dist.all_reduce(x, group=group)
+        want = torch.full((n,), g * (g + 1) / 2, device=device)
+        return bool(torch.equal(x, want))
+    if op == "all_gather":
+        out = torch.empty(n, device=device)
+        (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(
+            out, torch.full((2,), float(rank), device=device), group=group)
+        return bool(torch.equal(out, torch.arange(g, device=device).float().repeat_interleave(2)))
+    if op == "reduce_scatter":
+        out = torch.empty(2, device=device)
+        inp = torch.arange(n, device=device).float() * (rank + 1)
+        (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(out, inp, group=group)
+        want = torch.arange(2 * rank, 2 * rank + 2, device=device).float() * (g * (g + 1) / 2)
+        return bool(torch.equal(out, want))
+    if op == "all_to_all":
+        inp = torch.arange(n, device=device).float() + 100 * rank  # chunk j (2 elements) goes to rank j
+        out = torch.empty(n, device=device)
+        dist.all_to_all_single(out, inp, group=group)
+        want = torch.cat([torch.arange(2 * rank, 2 * rank + 2, device=device).float() + 100 * src
+                          for src in range(g)])
+        return bool(torch.equal(out, want))
+    raise ValueError(op)
+
+
 def measure_collectives(rank: int, world: int, device: str, plan: LinkPlan, tick: Progress,
                         fault: Callable[[str], None] | None = None) -> list[dict]:
     import torch.distributed as dist
@@ -152,13 +185,14 @@ def measure_collectives(rank: int, world: int, device: str, plan: LinkPlan, tick
             if fault is not None:
                 fault("collectives")
             if rank < g:
+                ok = check_collective(op, g, rank, device, group)
                 for size in plan.coll_sizes:
                     fn = _collective_fn(op, g, size, device, group)
                     dist.barrier(group=group)
                     t = time_fn(fn, device=device, warmup=plan.warmup, repeats=plan.repeats, retry=False)
                     real = 4 * (max(g, size // 4) - max(g, size // 4) % g)
                     rows.append({"kind": "collective", "params": {"op": op, "group_size": g, "bytes": real},
-                                 "work": real, "timing": t.to_dict(), "metrics": {}})
+                                 "work": real, "timing": t.to_dict(), "metrics": {"verified": ok}})
             dist.barrier()
             tick(f"{op} g={g}")
     return rows
@@ -220,8 +254,11 @@ def fit_links(samples: list[dict], hosts: list[str]) -> dict:
         fac = bus_factor(op, g)
         unstable = any(x["timing"]["unstable"] for x in samples if x["kind"] == "collective"
                        and (x["params"]["op"], x["params"]["group_size"], x["params"]["bytes"]) == (op, g, size))
+        verified = all(x["metrics"].get("verified", True) for x in samples if x["kind"] == "collective"
+                       and (x["params"]["op"], x["params"]["group_size"]) == (op, g))
         table.append({"op": op, "group_size": g, "bytes": size, "time_s": t, "algbw_bytes_per_s": algbw,
-                      "busbw_bytes_per_s": algbw * fac, "bus_factor": fac, "unstable": unstable})
+                      "busbw_bytes_per_s": algbw * fac, "bus_factor": fac, "unstable": unstable,
+                      "verified": verified})
     for op in COLLECTIVES:
         for g in sorted({r["group_size"] for r in table if r["op"] == op}):
             rows = [r for r in table if r["op"] == op and r["group_size"] == g]

@@ -1,0 +1,162 @@
+"""The profile store: one transaction per profile, export/import round trip, schema errors that leave
+the database as it was, and ``profile:ID`` devices in cluster files."""
+
+import copy
+import json
+
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from autotune.errors import InputError, WorkError
+from autotune.specs.cluster import load_cluster
+from profilers import store
+from profilers.compute import fit_compute, run_compute
+from profilers.links import fit_links, pairs
+
+
+@pytest.fixture(scope="module")
+def compute_samples():
+    """A real quick compute sweep of this CPU, measured once in-process (no process group needed)."""
+    return run_compute("cpu", True, None, lambda what: None)
+
+
+def _link_samples(world):
+    rows = []
+    for i, j in pairs(world):
+        for size in (8, 1 << 20):
+            ow = 5e-5 + size / 1e9
+            rows.append({"kind": "p2p", "params": {"src": i, "dst": j, "bytes": size}, "work": size,
+                         "timing": {"median_s": 2 * ow, "spread": 0.0, "unstable": False, "samples": [2 * ow]},
+                         "metrics": {"one_way_s": ow, "bandwidth_bytes_per_s": size / ow}})
+    return rows
+
+
+def make_result(compute_samples, world=2, emulated=None):
+    ranks = []
+    for r in range(world):
+        ranks.append({"rank": r, "local_rank": r, "host": "node-a", "device": "cpu", "device_name": "Test CPU",
+                      "threads": 1, "emulated_slowdown": (emulated or {}).get(r), "emulated_s": 0.0,
+                      "compute": copy.deepcopy(compute_samples), "links": _link_samples(world) if r == 0 else []})
+    return {"schema_version": 1, "world": world, "device": "cpu", "quick": True, "hosts": ["node-a"] * world,
+            "ranks": ranks, "fingerprint": {"hostname": "node-a"}, "versions": {"torch": "x"}, "measure_s": 1.0,
+            "emulated": {str(k): v for k, v in (emulated or {}).items()}}
+
+
+def _counts(url):
+    with Session(store.engine_for(url)) as s:
+        return tuple(s.scalar(select(func.count()).select_from(t)) for t in
+                     (store.ProfileRun, store.ProfileSample, store.ProfileFit))
+
+
+@pytest.fixture
+def url(tmp_path):
+    return f"sqlite:///{tmp_path}/p.db"
+
+
+def test_save_load_keeps_every_sample_and_the_fits(url, compute_samples):
+    res = make_result(compute_samples, emulated={1: 2.0})
+    pid = store.save_profile(res, url, label="lab", wall_s=3.0)
+    doc = store.load_profile(pid, url)
+    assert doc["schema_version"] == store.SCHEMA_VERSION and doc["units"]
+    assert doc["run"]["label"] == "lab" and doc["run"]["emulated"] == {"1": 2.0}
+    n = sum(len(r["compute"]) + len(r["links"]) for r in res["ranks"])
+    assert len(doc["samples"]) == n == _counts(url)[1]
+    # The stored fits are what fit_compute / fit_links give on the raw samples (the reference).
+    assert doc["fits"]["compute"]["0"]["gemm"] == json.loads(json.dumps(fit_compute(compute_samples)["gemm"]))
+    assert doc["fits"]["compute"]["1"]["emulated_slowdown"] == 2.0
+    assert doc["fits"]["links"]["p2p_bandwidth"] == fit_links(res["ranks"][0]["links"], res["hosts"])["p2p_bandwidth"]
+    assert [p["id"] for p in store.list_profiles(url)] == [pid]
+
+
+def test_export_import_round_trip(url, compute_samples, tmp_path):
+    pid = store.save_profile(make_result(compute_samples), url)
+    doc = store.load_profile(pid, url)
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(doc))
+    other = f"sqlite:///{tmp_path}/other.db"
+    new = store.import_file(path, other)
+    back = store.load_profile(new, other)
+    assert back["samples"] == doc["samples"]
+    assert back["fits"] == doc["fits"]
+    assert back["run"]["origin"] == "imported" and back["run"]["imported_from"]["id"] == pid
+    assert back["run"]["fingerprint"] == doc["run"]["fingerprint"]
+
+
+@pytest.mark.parametrize("mutate, field", [
+    (lambda d: d.update(schema_version=99), "schema_version"),
+    (lambda d: d.update(kind="optuna-study"), "kind"),
+    (lambda d: d.pop("samples"), "samples"),
+    (lambda d: d["run"].pop("nproc"), "run.nproc"),
+    (lambda d: d["samples"][0].update(rank=7), "samples[0].rank"),
+    (lambda d: d["samples"][3].pop("timing"), "samples[3].timing"),
+])
+def test_wrong_schema_import_is_an_input_error_and_changes_nothing(url, compute_samples, tmp_path, mutate, field):
+    pid = store.save_profile(make_result(compute_samples), url)
+    doc = store.load_profile(pid, url)
+    mutate(doc)
+    before = _counts(url)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(InputError) as e:
+        store.import_file(path, url)
+    assert e.value.field == field and e.value.source == str(path)
+    assert _counts(url) == before
+
+
+def test_import_of_non_json_and_missing_file(url, tmp_path):
+    p = tmp_path / "x.json"
+    p.write_text("{not json")
+    with pytest.raises(InputError, match="not a readable JSON"):
+        store.import_file(p, url)
+    with pytest.raises(InputError, match="no such file"):
+        store.import_file(tmp_path / "missing.json", url)
+    with pytest.raises(InputError, match="expected a JSON object"):
+        store.import_profile([1, 2], url)
+
+
+def test_failed_write_leaves_nothing_half_written(url, compute_samples):
+    store.save_profile(make_result(compute_samples), url)
+    before = _counts(url)
+    bad = make_result(compute_samples)
+    bad["ranks"][1]["compute"][-1]["metrics"]["x"] = object()  # not JSON: the flush fails after other rows
+    with pytest.raises(WorkError):
+        store.save_profile(bad, url)
+    assert _counts(url) == before
+
+
+def test_device_spec_from_profile_and_cluster_file(url, compute_samples, tmp_path):
+    pid = store.save_profile(make_result(compute_samples, emulated={1: 3.0}), url)
+    fit = fit_compute(compute_samples)
+    dev = store.device_spec_from_profile(str(pid), url)
+    assert dev.provenance == "measured" and dev.name == f"profile:{pid}" and dev.kind == "cpu"
+    assert dev.achievable_fraction == 1.0
+    for dt, g in fit["gemm"].items():
+        assert dev.peak_flops[dt] in (pytest.approx(g["peak_flops_per_s"]), pytest.approx(g["best_flops_per_s"]))
+    assert dev.memory_bytes == pytest.approx(fit["memory"]["capacity_bytes"] / 2)  # two ranks share the host
+    assert dev.intra_node_bandwidth == pytest.approx(1e9) and dev.intra_node_latency == pytest.approx(5e-5)
+    assert set(dev.profile) >= {"gemm", "attention", "memory", "links"}
+    assert dev.profile["links"]["p2p_bandwidth"][0][1] > 0
+    emu = store.device_spec_from_profile(f"{pid}:1", url)
+    assert "EMULATED 3x" in emu.source and emu.profile["emulated_slowdown"] == 3.0
+    cfile = tmp_path / "c.yaml"
+    cfile.write_text(f"name: measured\nnodes:\n  - count: 1\n    devices_per_node: 2\n    device: profile:{pid}\n")
+    cluster = load_cluster(str(cfile), storage=url)
+    assert cluster.devices[0].spec.provenance == "measured" and cluster.devices[0].spec.profile["id"] == pid
+    cfile.write_text("nodes:\n  - {count: 1, devices_per_node: 2, device: 'profile:99'}\n")
+    with pytest.raises(InputError, match="no profile 99"):
+        load_cluster(str(cfile), storage=url)
+
+
+@pytest.mark.parametrize("ref", ["abc", "0", "1:x", "-3", "1:-1"])
+def test_bad_profile_refs(ref, url):
+    with pytest.raises(InputError, match="bad profile id"):
+        store.parse_ref(ref)
+
+
+def test_bad_storage_url_is_an_input_error():
+    with pytest.raises(InputError) as e:
+        store.engine_for("results/journal.log")
+    assert e.value.field == "--storage"
+    with pytest.raises(InputError):
+        store.engine_for("nosuchdialect://x")
