@@ -109,6 +109,7 @@ def block_forward(q, k, v, scale: float, kind) -> tuple[torch.Tensor, torch.Tens
 def block_backward(do, q, k, v, out, lse, delta, scale: float, kind):
     """dq, dk, dv (fp32) of one block given the *final* out and lse of the rows (FlashAttention-2)."""
     if _fused(q, kind):
+        lse = lse.to(torch.float64 if q.dtype == torch.float64 else torch.float32)  # the kernel's lse dtype
         c = [t.contiguous() for t in (do, q, k, v, out, lse)]
         dq, dk, dv = _FUSED_CPU_BWD(*c, 0.0, kind is CAUSAL, scale=scale)
         return dq.float(), dk.float(), dv.float()
