@@ -1,0 +1,76 @@
+"""Memory per rank by hand: ZeRO's 16 bytes per parameter (Rajbhandari et al. 2020) and
+Korthikanti et al. 2022's activations sbh(34 + 5as/h) and its tensor/sequence-parallel and
+recomputation forms, on GPT shapes (GeLU, f = 4h, kv = h) where the paper's figures apply as printed."""
+
+import pytest
+from _cost_helpers import GELU, one_node
+
+from autotune.cost import estimate
+from autotune.cost.memory import RESERVE_FIXED, RESERVE_FRACTION, layer_activation_bytes
+from autotune.plan import parse_inline
+
+S, B = 128, 2
+s, b, h, a, L, V = S, B, GELU.hidden, GELU.heads, GELU.layers, GELU.vocab
+PHI = GELU.param_count()
+
+
+def _act(t=1, sp=False, recompute="none"):
+    return layer_activation_bytes(GELU, micro_batch=b, tokens_local=s, cp_tokens=s, seq_len=s,
+                                  heads_local=a // t, tp=t, sequence_parallel=sp, recompute=recompute, act_bytes=2)
+
+
+@pytest.mark.parametrize("t", [1, 2, 4, 8])
+def test_korthikanti_table_2(t):
+    sbh = s * b * h
+    # Table 2: tensor parallel without SP, with SP, with SP and selective recomputation, full
+    assert _act(t)[0] == pytest.approx(sbh * (10 + 24 / t + 5 * a * s / (h * t)))
+    assert _act(t, sp=True)[0] == pytest.approx(sbh / t * (34 + 5 * a * s / h))
+    assert _act(t, sp=True, recompute="selective")[0] == pytest.approx(sbh / t * 34)
+    assert _act(t, recompute="selective")[0] == pytest.approx(sbh * (10 + 24 / t))
+    assert _act(t, sp=True, recompute="full")[0] == pytest.approx(2 * sbh / t)
+    assert _act(t, recompute="full")[0] == pytest.approx(2 * sbh)
+
+
+def _total(alloc):
+    return alloc + RESERVE_FIXED["cuda"] + RESERVE_FRACTION * alloc
+
+
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_single_device_memory_total_by_hand(recompute):
+    est = estimate(parse_inline(f"dp=1,mbs={B},recompute={recompute}"), GELU, one_node(1), S, 4)
+    layer_full = s * b * h * (34 + 5 * a * s / h)
+    kept = {"none": layer_full, "selective": s * b * h * 34, "full": 2 * s * b * h}[recompute]
+    # pp = 1: one micro-batch in flight; recomputation rebuilds one layer at a time on top
+    acts = L * kept + (layer_full - kept)
+    logits = s * b * V * (2 + 4)  # bf16 logits and the fp32 copy the loss reads
+    states = 16 * PHI  # 2 weights + 2 gradients + 12 fp32 Adam states per parameter
+    assert est.predicted["memory_bytes"][0] == pytest.approx(_total(states + acts + logits))
+    terms = est.breakdown["ranks"][0]["memory"]
+    assert terms["activations"] == pytest.approx(acts)
+    assert terms["weights"] + terms["gradients"] + terms["optimizer"] == pytest.approx(states)
+
+
+@pytest.mark.parametrize("zero,expected", [(0, 16.0), (1, 2 + 2 + 12 / 4), (2, 2 + 14 / 4), (3, 16 / 4)])
+def test_zero_stages_shard_over_dp(zero, expected):
+    est = estimate(parse_inline(f"dp=4,zero={zero}"), GELU, one_node(4), S, 4)
+    t = est.breakdown["ranks"][0]["memory"]
+    extra = 2 * 2 * GELU.layer_params() if zero == 3 else 0.0  # FSDP's gathered block and the prefetched one
+    assert t["weights"] + t["gradients"] + t["optimizer"] == pytest.approx(expected * PHI + extra)
+
+
+def test_activations_times_micro_batches_in_flight_under_1f1b_and_gpipe():
+    m = 8
+    for sched, inflight in (("1f1b", lambda st: min(4 - st, m)), ("gpipe", lambda st: m)):
+        est = estimate(parse_inline(f"pp=4,schedule={sched}"), GELU, one_node(4), S, m)
+        per = s * 1 * h * (34 + 5 * a * s / h)  # micro-batch size 1
+        for r, row in enumerate(est.breakdown["ranks"]):
+            assert row["memory"]["activations"] == pytest.approx(per * 1 * inflight(r)), (sched, r)
+
+
+def test_cpu_devices_have_no_fixed_reserve():
+    from _cost_helpers import device
+
+    est = estimate(parse_inline("dp=1"), GELU, one_node(1, dev=device(kind="cpu")), S, 1)
+    t = est.breakdown["ranks"][0]["memory"]
+    alloc = t["weights"] + t["gradients"] + t["optimizer"] + t["activations"] + t["logits"]
+    assert t["reserve"] == pytest.approx(RESERVE_FRACTION * alloc)
