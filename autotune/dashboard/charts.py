@@ -8,7 +8,7 @@ from typing import Any
 import plotly.graph_objects as go
 
 from autotune.dashboard.data import DIMS, StudyView, TrialRow
-from autotune.dashboard.timeline import KINDS, Timeline, time_by_kind
+from autotune.dashboard.timeline import KINDS, Timeline
 
 Chart = tuple[str, str, "go.Figure | str"]
 """(id, title, figure or the reason there is none)."""
@@ -152,13 +152,14 @@ def _window(tl: Timeline) -> tuple[list[dict[str, Any]], str | None]:
                    f"({len(shown)} of {len(tl.events)} events)")
 
 
-def memory(row: TrialRow | None) -> go.Figure | str:
+def memory(row: TrialRow | None, context: Any = None) -> go.Figure | str:
     if row is None:
         return "no feasible plan"
     if not row.memory_bytes and not row.measured_memory_bytes:
         return "the best plan records no per-device memory"
     n = max(len(row.memory_bytes), len(row.measured_memory_bytes), len(row.capacity_bytes))
-    ranks = [f"rank {i}" for i in range(n)]
+    ranks = (context.rank_labels(row.plan or {}, n) if context is not None
+             else [f"rank {i}" for i in range(n)])
     fig = go.Figure()
     if row.memory_bytes:
         fig.add_trace(go.Bar(x=ranks, y=[m / GiB for m in row.memory_bytes], name="predicted",
@@ -174,37 +175,44 @@ def memory(row: TrialRow | None) -> go.Figure | str:
                    title_font_size=13)
 
 
-def breakdown(best: tuple[TrialRow | None, Timeline | None, str | None],
-              even: tuple[TrialRow | None, Timeline | None, str | None]) -> go.Figure | str:
-    """Stacked seconds of fwd/bwd/comm/bubble/idle per stage for the best plan and the best
-    even-split plan, side by side, from their simulated timelines."""
-    groups = []
-    notes = []
-    for tag, (row, tl, why) in (("best", best), ("even", even)):
+def breakdown(best: tuple[TrialRow | None, dict[int, dict[str, float]] | None, str],
+              even: tuple[TrialRow | None, dict[int, dict[str, float]] | None, str]) -> go.Figure | str:
+    """Stacked seconds per stage of the best plan and of the best even-split plan, side by side
+    (``terms.stage_times``: the cost model's terms, or the timeline's kinds)."""
+    from autotune.dashboard.terms import COST_TERMS, DETAIL, TIMELINE_TERMS
+
+    groups, notes = [], []
+    for tag, (row, per, src) in (("best", best), ("even", even)):
         if row is None:
             notes.append(f"{tag}: no feasible {'even-split ' if tag == 'even' else ''}plan")
-        elif tl is None:
-            notes.append(f"{tag} #{row.number}: no timeline ({why})")
+        elif per is None:
+            notes.append(f"{tag} #{row.number}: no breakdown ({src})")
         else:
-            groups.append((f"{tag} #{row.number} {row.degrees_text()}", time_by_kind(tl)))
+            groups.append((f"{tag} #{row.number} {row.degrees_text()}", per, src))
         if tag == "best" and row is not None and even[0] is row:
             notes.append("the best plan is itself an even split")
             break
     if not groups:
-        return "no timeline: " + "; ".join(notes)
+        return "no timeline or breakdown: " + "; ".join(notes)
     fig = go.Figure()
-    xs_outer, xs_inner = [], []
-    for name, per in groups:
-        for s in per:
-            xs_outer.append(name)
-            xs_inner.append(f"stage {s}")
-    for kind in (*KINDS, "idle"):
-        ys = [per[s][kind] * 1e3 for _, per in groups for s in per]
+    xs_outer = [name for name, per, _ in groups for _s in per]
+    xs_inner = [f"stage {s}" for _, per, _ in groups for s in per]
+    detail = [" · ".join(f"{k[:-7]} {per[s][k] * 1e3:.3g} ms" for k in DETAIL if per[s].get(k)) or "-"
+              for _, per, _ in groups for s in per]
+    terms = COST_TERMS if any("compute" in next(iter(per.values())) for _, per, _ in groups) else ()
+    terms = tuple(dict.fromkeys((*terms, *TIMELINE_TERMS)))
+    colours = {"compute": "#4C78A8", "comm (exposed)": "#54A24B", "dp sync (exposed)": "#72B7B2",
+               "optimizer": "#B279A2", **COLOURS}
+    for term in terms:
+        ys = [per[s].get(term, 0.0) * 1e3 for _, per, _ in groups for s in per]
         if any(ys):
-            fig.add_trace(go.Bar(x=[xs_outer, xs_inner], y=ys, name="comm (exposed)" if kind == "comm" else kind,
-                                 marker={"color": COLOURS[kind]},
-                                 hovertemplate="%{x}: %{y:.3f} ms<extra>" + kind + "</extra>"))
-    hidden = [(name, sum(per[s]["comm_overlapped"] for s in per) / max(len(per), 1)) for name, per in groups]
-    hidden = [f"{name.split(' ')[0]}: {v * 1e3:.3g} ms of sends overlapped with compute per stage"
-              for name, v in hidden if v > 0]
-    return _layout(fig, "; ".join(notes + hidden), barmode="stack", yaxis_title="ms per step", title_font_size=13)
+            fig.add_trace(go.Bar(x=[xs_outer, xs_inner], y=ys, name=term, marker={"color": colours.get(term, "#999")},
+                                 customdata=detail,
+                                 hovertemplate="%{x}: %{y:.3f} ms<br>total comm: %{customdata}<extra>" + term
+                                               + "</extra>"))
+    hidden = [f"{name.split(' ')[0]}: {sum(per[s].get('comm_overlapped', 0.0) for s in per) / len(per) * 1e3:.3g} "
+              "ms of sends overlapped with compute per stage" for name, per, _ in groups
+              if any(per[s].get("comm_overlapped") for s in per)]
+    sources = sorted({src for _, _, src in groups})
+    return _layout(fig, "; ".join(notes + hidden + ["from the " + " and ".join(sources)]), barmode="stack",
+                   yaxis_title="ms per step", title_font_size=13)

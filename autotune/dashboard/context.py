@@ -20,6 +20,7 @@ class StudyContext:
         self.storage = storage
         self.problem: str | None = None
         """Why the model or cluster could not be rebuilt (None when both were)."""
+        self._estimates: dict[str, tuple[dict[str, Any] | None, str | None]] = {}
 
     @cached_property
     def model(self) -> Any:
@@ -63,25 +64,46 @@ class StudyContext:
         s, b = self.ua.get("seq_len"), self.ua.get("global_batch")
         return (s, b) if isinstance(s, int) and isinstance(b, int) else None
 
-    def capacity_of(self, plan: dict[str, Any]) -> list[float] | None:
-        """Memory capacity of the device under each rank (placement order), from the cluster spec."""
+    def devices_of(self, plan: dict[str, Any]) -> list[Any] | None:
+        """The cluster device under each rank (placement order; node order when there is none)."""
         cl = self.cluster
         if cl is None:
             return None
-        where = {(d.node, d.local): d.spec.memory_bytes for d in cl.devices}
+        where = {(d.node, d.local): d for d in cl.devices}
         pl = plan.get("placement")
         if isinstance(pl, list) and pl:
             try:
-                return [float(where[(int(p["node"]), int(p["device"]))]) for p in sorted(pl, key=lambda p: p["rank"])]
+                return [where[(int(p["node"]), int(p["device"]))] for p in sorted(pl, key=lambda p: p["rank"])]
             except (KeyError, TypeError, ValueError):
                 return None
         world = 1
         for v in (plan.get("degrees") or {}).values():
             world *= int(v)
-        return [float(d.spec.memory_bytes) for d in cl.devices[:world]] if world <= cl.num_devices else None
+        return list(cl.devices[:world]) if world <= cl.num_devices else None
+
+    def capacity_of(self, plan: dict[str, Any]) -> list[float] | None:
+        """Memory capacity of the device under each rank, from the cluster spec."""
+        devs = self.devices_of(plan)
+        return [float(d.spec.memory_bytes) for d in devs] if devs else None
+
+    def rank_labels(self, plan: dict[str, Any], n: int) -> list[str]:
+        """``rank 3 · H100-SXM n0/3`` where the cluster is known, else ``rank 3``."""
+        devs = self.devices_of(plan) or []
+        if len(devs) != n:
+            return [f"rank {i}" for i in range(n)]
+        return [f"rank {i} · {d.spec.name} n{d.node}/{d.local}" for i, d in enumerate(devs)]
 
     def estimate_breakdown(self, plan: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
-        """(breakdown, None) from ``autotune.cost.estimate``, or (None, why not)."""
+        """(breakdown, None) from ``autotune.cost.estimate`` (with its timeline), or (None, why not).
+        Cached per plan: the Gantt chart and the time breakdown ask for the same plans."""
+        import json
+
+        key = json.dumps(plan, sort_keys=True, default=str)
+        if key not in self._estimates:
+            self._estimates[key] = self._estimate(plan)
+        return self._estimates[key]
+
+    def _estimate(self, plan: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
         try:
             from autotune.cost import estimate
         except ImportError:
@@ -89,11 +111,19 @@ class StudyContext:
         wl = self.workload()
         if self.model is None or self.cluster is None or wl is None:
             return None, self.problem or "the study records no seq_len/global_batch"
+        import inspect
+
         from autotune.plan import Plan
 
+        kw: dict[str, Any] = {"calibration": self.ua.get("calibration")}
+        try:  # estimate fills the timeline only when asked (the search does not ask, to stay fast)
+            params = inspect.signature(estimate).parameters
+            if "timeline" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):
+                kw["timeline"] = True
+        except (TypeError, ValueError):  # no introspectable signature: call as the contract says
+            pass
         try:
-            est = estimate(Plan.from_dict(plan), self.model, self.cluster, wl[0], wl[1],
-                           calibration=self.ua.get("calibration"))
+            est = estimate(Plan.from_dict(plan), self.model, self.cluster, wl[0], wl[1], **kw)
         except AutotuneError as e:
             return None, f"the cost model refused the plan: {e}"
         except Exception as e:  # noqa: BLE001 - a chart is not worth failing the whole report for

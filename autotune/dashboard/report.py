@@ -20,6 +20,7 @@ from autotune import __version__
 from autotune.dashboard import charts
 from autotune.dashboard.data import StudyView, speedup
 from autotune.dashboard.terminal import shares_text
+from autotune.dashboard.terms import stage_times
 from autotune.dashboard.timeline import timeline_of
 from autotune.errors import InputError
 from autotune.units import fmt_bytes, fmt_count
@@ -161,8 +162,9 @@ def build_charts(view: StudyView) -> tuple[list[tuple[str, str, Any]], dict[str,
         "degrees": charts.parallel_degrees(view),
         "accuracy": charts.predicted_vs_measured(view),
         "timeline": charts.gantt(best_tl, best_why, view.best),
-        "memory": charts.memory(view.best),
-        "breakdown": charts.breakdown((view.best, best_tl, best_why), (view.even_best, even_tl, even_why)),
+        "memory": charts.memory(view.best, ctx),
+        "breakdown": charts.breakdown((view.best, *stage_times(view.best, ctx, best_tl)),
+                                      (view.even_best, *stage_times(view.even_best, ctx, even_tl))),
     }
     facts = {"timeline": best_tl.source if best_tl else None, "timeline_missing": best_why,
              "charts": [k for k, v in figs.items() if not isinstance(v, str)],

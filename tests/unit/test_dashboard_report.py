@@ -149,7 +149,8 @@ def test_real_cost_model_timeline_matches_estimate(tmp_path):
     make_study(url, timelines=False)
     view = load_view("s", url)
     charts, facts = build_charts(view)
-    ref = cost.estimate(Plan.from_dict(view.best.plan), PRESETS["small"], load_cluster("local:8"), 256, 16)
+    ref = cost.estimate(Plan.from_dict(view.best.plan), PRESETS["small"], load_cluster("local:8"), 256, 16,
+                        timeline=True)
     tl = ref.breakdown.get("timeline")
     if not tl:
         assert facts["timeline"] is None
