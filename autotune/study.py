@@ -253,7 +253,7 @@ def worker_count_ok(storage: str, workers: int) -> None:
         raise InputError(f"--workers {workers} is more than 4 per core on this machine", field="--workers")
 
 
-def cluster_from_record(name: str, spec: dict[str, Any] | None) -> Any:
+def cluster_from_record(name: str, spec: dict[str, Any] | None, storage: str | None = None) -> Any:
     """Rebuild a study's cluster: ``local``/``local:N`` by name, anything else from its stored spec."""
     from autotune.specs.cluster import cluster_from_dict, load_cluster
 
@@ -267,10 +267,10 @@ def cluster_from_record(name: str, spec: dict[str, Any] | None) -> Any:
          "nodes": [{k: n[k] for k in ("count", "devices_per_node", "device", "intra_node") if k in n}
                    for n in spec.get("nodes", [])],
          "inter_node": spec.get("inter_node"), "overrides": spec.get("overrides") or []}
-    return cluster_from_dict(d, source=f"study cluster {name}", digest=str(spec.get("digest") or ""))
+    return cluster_from_dict(d, source=f"study cluster {name}", storage=storage, digest=str(spec.get("digest") or ""))
 
 
-def study_workload(study: Any) -> tuple[Any, Any, int, int]:
+def study_workload(study: Any, storage: str | None = None) -> tuple[Any, Any, int, int]:
     """(model, cluster, seq_len, global_batch) a study was made for, from its user attrs."""
     from autotune.specs.model import load_model, model_from_dict
 
@@ -285,5 +285,5 @@ def study_workload(study: Any) -> tuple[Any, Any, int, int]:
     for key in ("seq_len", "global_batch"):
         if not isinstance(ua.get(key), int):
             raise InputError(f"study {study.study_name!r} does not record {key}", field="--study")
-    cluster = cluster_from_record(str(ua.get("cluster") or ""), ua.get("cluster_spec"))
+    cluster = cluster_from_record(str(ua.get("cluster") or ""), ua.get("cluster_spec"), storage)
     return model, cluster, ua["seq_len"], ua["global_batch"]

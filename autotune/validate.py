@@ -159,7 +159,7 @@ def validate(study_name: str, storage: str, *, options: ValidateOptions | None =
         prepare = None
         run_trial = runner
     study = open_study(study_name, storage)
-    model, cluster, seq_len, global_batch = study_workload(study)
+    model, cluster, seq_len, global_batch = study_workload(study, storage)
     ranked = trial_plans(study)
     if not ranked:
         raise WorkError(f"study {study_name!r} has no feasible plan to validate; run `autotune search` first")

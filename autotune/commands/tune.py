@@ -54,7 +54,7 @@ def measured_cluster(profile_id: str, storage: str) -> Any:
 
     local = load_cluster("local")
     g = local.groups[0]
-    d = {"name": "local", "nodes": [{"count": 1, "devices_per_node": g.devices_per_node,
+    d = {"name": "measured-local", "nodes": [{"count": 1, "devices_per_node": g.devices_per_node,
                                      "device": f"profile:{profile_id}",
                                      "intra_node": {"bandwidth": g.intra_node.bandwidth,
                                                     "latency": g.intra_node.latency}}]}
@@ -73,7 +73,7 @@ def export_best(plan_dict: dict[str, Any], study: str, storage: str, out_dir: Pa
         from autotune.export.json_plan import check_file
         from autotune.study import open_study, study_workload
 
-        model, cluster, seq_len, gb = study_workload(open_study(study, storage))
+        model, cluster, seq_len, gb = study_workload(open_study(study, storage), storage)
         ctx = ExportContext(model=model, cluster=cluster, seq_len=seq_len, global_batch=gb, study=study,
                             storage=storage, source=f"study {study}", cluster_digest=cluster.digest)
         ex = export(plan, ctx, "json")
