@@ -73,18 +73,17 @@ def _rates(spec: Any, dtype: str, head_dim: int) -> Rates:
     return hit[1]
 
 
-def _stage_params(model: Any, plan: Plan, pp_i: int) -> tuple[float, float]:
-    """(parameters held by pipeline rank ``pp_i`` before tp sharding, of which one block)."""
+def _stage_params(model: Any, plan: Plan, pp_i: int, lp: float, emb: float, head: float) -> float:
+    """Parameters held by pipeline rank ``pp_i`` before tp sharding (lp: one block's)."""
     p, n_chunks = plan.degrees.pp, len(plan.shares.layers)
-    lp = float(model.layer_params())
     params = sum(plan.layers_of_stage(pp_i)) * lp
     if pp_i == 0:
-        params += model.embedding_params()
+        params += emb
     if (n_chunks - 1) % p == pp_i:  # the last chunk: final norm and LM head
-        params += model.head_params()
+        params += head
         if model.tied_embeddings and pp_i != 0:
             params += model.vocab * model.hidden  # a copy of the tied embedding on the last stage
-    return params, lp
+    return params
 
 
 def estimate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: int, *,
@@ -100,7 +99,10 @@ def estimate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: i
     n_chunks = p * v
     world = deg.world
     topo = C.topology(cluster)
-    devs = [topo.index[(e.node, e.device)] for e in rp.placement]
+    index = topo.index
+    devs = [index[(e.node, e.device)] for e in rp.placement]
+    node_of = topo.node_of
+    cdevs = cluster.devices
     dtype, bpe = rp.dtype, DTYPE_BYTES[rp.dtype]
     mbs = rp.micro_batch_size
     tokens, heads, samples = rp.shares.tokens, rp.shares.heads, rp.shares.samples
@@ -120,13 +122,17 @@ def estimate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: i
     a2a_heads = max((hp - 1) * max(heads), heads_tp - min(heads)) if hp > 1 else 0
     cp_max_tokens = max(tokens)
     keysums = [causal_keys(tokens, i, zig, seq_len) for i in range(cp)]
-    stage_params = [_stage_params(model, rp, i) for i in range(p)]
+    lp = float(model.layer_params())
+    emb, head = float(model.embedding_params()), float(model.head_params())
+    stage_params = [(_stage_params(model, rp, i, lp, emb, head), lp) for i in range(p)]
     dp_links = [topo.group_link([devs[i * blk + k * tp] for k in range(shard_n)]) for i in range(p)]
 
     # ---- per tensor-parallel group --------------------------------------------------------------
+    # groups[g] = (first rank, pp index, dp index, cost); a tp group sits inside one node (Plan
+    # validation), so one device type and one link serve all its ranks
     group_cache: dict[tuple, dict[str, Any]] = {}
     link_cache: dict[tuple[str, int], Any] = {}
-    groups: list[dict[str, Any]] = []
+    groups: list[tuple[int, int, int, dict[str, Any]]] = []
     for g in range(world // tp):
         r0 = g * tp
         x = g
@@ -136,10 +142,9 @@ def estimate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: i
         x //= cp
         dp_i = x % dp
         pp_i = x // dp
-        dev = cluster.devices[devs[r0]]
-        spec = dev.spec
-        # a tp group sits inside one node (Plan validation), so its link is that node's
-        tp_link = topo.node_link(topo.node_of[devs[r0]], topo.node_of[devs[r0]]) if tp > 1 else C._SELF
+        d0 = devs[r0]
+        spec = cdevs[d0].spec
+        tp_link = topo.node_link(node_of[d0], node_of[d0]) if tp > 1 else C._SELF
         hp_link = cp_link = C._SELF
         if hp > 1:
             hp_base = r0 - hp_i * tp
@@ -152,10 +157,14 @@ def estimate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: i
             if cp_link is None:
                 cp_link = link_cache[("cp", cp_base)] = topo.group_link(
                     [devs[cp_base + k * hp * tp] for k in range(cp)])
-        nxt = r0 + blk if pp_i < p - 1 else r0 - (p - 1) * blk
-        pp_link = topo.link(devs[r0], devs[nxt]) if p > 1 else C._SELF
+        if p > 1:
+            nxt = r0 + blk if pp_i < p - 1 else r0 - (p - 1) * blk
+            pp_link = topo.node_link(node_of[d0], node_of[devs[nxt]])
+        else:
+            pp_link = C._SELF
         m_d = mb_of[dp_i]
-        key = (pp_i, cp_i, hp_i, id(spec), tp_link, hp_link, cp_link, pp_link, dp_links[pp_i], m_d)
+        # links come from the topology's caches, so their identity names them
+        key = (pp_i, cp_i, hp_i, id(spec), id(tp_link), id(hp_link), id(cp_link), id(pp_link), m_d)
         cost = group_cache.get(key)
         if cost is None:
             cost = group_cache[key] = _group_cost(
@@ -164,24 +173,26 @@ def estimate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: i
                 dtype=dtype, bpe=bpe, seq_len=seq_len, keysum=keysums[cp_i], a2a_heads=a2a_heads,
                 cp_max_tokens=cp_max_tokens, stage_params=stage_params[pp_i], kv_ratio=kv_ratio, hd=hd, h=h,
                 sp=sp, recompute=recompute, zero=zero, shard_n=shard_n, n_chunks=n_chunks)
-        groups.append({"r0": r0, "pp": pp_i, "dp": dp_i, "cp": cp_i, "hp": hp_i, "cost": cost, "spec": spec})
+            cost["spec"] = spec
+        groups.append((r0, pp_i, dp_i, cost))
 
-    # ---- pipeline per replica -------------------------------------------------------------------
-    per_rep_stage: dict[tuple[int, int], list[dict[str, Any]]] = {}
-    for gr in groups:
-        per_rep_stage.setdefault((gr["dp"], gr["pp"]), []).append(gr)
+    # ---- pipeline per replica: a stage runs at its slowest rank's pace ----------------------------
+    # distinct costs per (replica, stage): identical tp groups share one cost object
+    per_rep_stage: dict[tuple[int, int], dict[int, dict[str, Any]]] = {}
+    for _, pp_i, dp_i, cost in groups:
+        per_rep_stage.setdefault((dp_i, pp_i), {})[id(cost)] = cost
     sims = []
     for d in range(dp):
         fwd, bwd, p2p = [0.0] * n_chunks, [0.0] * n_chunks, [0.0] * max(n_chunks - 1, 0)
         for s in range(p):
-            for gr in per_rep_stage[(d, s)]:
-                c = gr["cost"]
+            for c in per_rep_stage[(d, s)].values():
+                cf_, cb_ = c["fwd"], c["bwd"]
                 for ci in range(v):
                     j = ci * p + s
-                    if c["fwd"][ci] > fwd[j]:
-                        fwd[j] = c["fwd"][ci]
-                    if c["bwd"][ci] > bwd[j]:
-                        bwd[j] = c["bwd"][ci]
+                    if cf_[ci] > fwd[j]:
+                        fwd[j] = cf_[ci]
+                    if cb_[ci] > bwd[j]:
+                        bwd[j] = cb_[ci]
                     if j < n_chunks - 1 and c["p2p"] > p2p[j]:
                         p2p[j] = c["p2p"]
         sims.append(simulate_cached(rp.schedule, p, v, mb_of[d], tuple(fwd), tuple(bwd), tuple(p2p)))
@@ -189,47 +200,52 @@ def estimate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: i
     # DP sync starts when every replica of the stage is done; then the optimizer step
     step = 0.0
     stage_end = []
+    exposed_of: dict[tuple[int, int], float] = {}  # (replica, id(cost)) -> exposed DP seconds
     for s in range(p):
         done = max(sim.rank_finish[s] for sim in sims)
         worst = 0.0
         for d in range(dp):
-            for gr in per_rep_stage[(d, s)]:
-                c = gr["cost"]
-                window = sims[d].bwd[s]  # the last micro-batch's backward of chunk 0
+            window = sims[d].bwd[s]  # the last micro-batch's backward of chunk 0
+            for cid, c in per_rep_stage[(d, s)].items():
                 exposed = max(0.0, c["dp_overlappable"] - window) + c["dp_exposed_fixed"]
-                c_end = exposed + c["optimizer"]
-                worst = max(worst, c_end)
-                gr["dp_exposed"] = exposed
+                exposed_of[(d, cid)] = exposed
+                worst = max(worst, exposed + c["optimizer"])
         stage_end.append(done + worst)
         step = max(step, done + worst)
 
     # ---- memory and per-rank rows ---------------------------------------------------------------
     memory, capacity, rows = [0.0] * world, [0.0] * world, [None] * world
     infeasible = None
-    for gr in groups:
-        c, spec = gr["cost"], gr["spec"]
+    templates: dict[tuple[int, float], dict[str, Any]] = {}
+    stage_mem = [0.0] * p
+    for r0, pp_i, dp_i, c in groups:
+        spec = c["spec"]
+        exposed = exposed_of[(dp_i, id(c))]
+        tmpl = templates.get((id(c), exposed))
+        if tmpl is None:
+            own = c["busy"] + exposed + c["optimizer"]
+            tmpl = templates[(id(c), exposed)] = {
+                "stage": pp_i, "device": spec.name, "compute_s": c["compute_s"], "comm_s": c["comm_s"],
+                "tp_comm_s": c["tp_comm_s"], "cp_comm_s": c["cp_comm_s"], "hp_comm_s": c["hp_comm_s"],
+                "pp_comm_s": c["pp_comm_s"], "dp_comm_s": c["dp_comm_s"],
+                "exposed_comm_s": c["exposed_in_ops"] + exposed, "optimizer_s": c["optimizer"],
+                "bubble_s": max(0.0, step - own), "memory_bytes": c["memory_total"],
+                "capacity_bytes": spec.memory_bytes, "memory": c["memory_terms"]}
         total = c["memory_total"]
-        own = c["busy"] + gr["dp_exposed"] + c["optimizer"]
-        row = {"stage": gr["pp"], "replica": gr["dp"], "cp_index": gr["cp"], "hp_index": gr["hp"],
-               "device": spec.name, "compute_s": c["compute_s"], "comm_s": c["comm_s"],
-               "tp_comm_s": c["tp_comm_s"], "cp_comm_s": c["cp_comm_s"], "hp_comm_s": c["hp_comm_s"],
-               "pp_comm_s": c["pp_comm_s"], "dp_comm_s": c["dp_comm_s"],
-               "exposed_comm_s": c["exposed_in_ops"] + gr["dp_exposed"], "optimizer_s": c["optimizer"],
-               "bubble_s": max(0.0, step - own), "memory_bytes": total, "capacity_bytes": spec.memory_bytes,
-               "memory": c["memory_terms"]}
-        for t in range(tp):
-            r = gr["r0"] + t
+        for r in range(r0, r0 + tp):
             memory[r] = total
             capacity[r] = spec.memory_bytes
-            rows[r] = {"rank": r, **row}
+            rows[r] = {"rank": r, **tmpl}
+        if total > stage_mem[pp_i]:
+            stage_mem[pp_i] = total
         if total > spec.memory_bytes and infeasible is None:
             terms = c["memory_terms"]
             worst_term = max(TERM_NAMES, key=lambda k: terms[k])
-            infeasible = (f"rank {gr['r0']} ({spec.name}) memory {fmt_bytes(total)} > {fmt_bytes(spec.memory_bytes)}: "
+            infeasible = (f"rank {r0} ({spec.name}) memory {fmt_bytes(total)} > {fmt_bytes(spec.memory_bytes)}: "
                           f"{worst_term} {fmt_bytes(terms[worst_term])}")
 
     tokens_step = float(global_batch) * seq_len
-    peak = tp * sum(gr["spec"].flops(dtype) for gr in groups)
+    peak = tp * sum(c["spec"].flops(dtype) for _, _, _, c in groups)
     model_flops = model.model_flops_per_token(seq_len) * tokens_step
     predicted = {
         "step_time_s": step,
@@ -243,27 +259,30 @@ def estimate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: i
     }
 
     # ---- breakdown ------------------------------------------------------------------------------
+    first_rank = {}
+    for r0, _, dp_i, c in groups:
+        first_rank.setdefault((dp_i, id(c)), r0)
     stages = []
     for s in range(p):
         pace = max(range(dp), key=lambda d: sims[d].rank_finish[s])
-        grs = per_rep_stage[(pace, s)]
-        slow = max(grs, key=lambda gr: gr["cost"]["busy"])
-        r = rows[slow["r0"]]
+        slow = max(per_rep_stage[(pace, s)].values(), key=lambda c: c["busy"])
+        pr = first_rank[(pace, id(slow))]
+        r = rows[pr]
         sim = sims[pace]
         stages.append({
             "stage": s, "layers": list(rp.layers_of_stage(s)),
-            "devices": sorted({gr["spec"].name for d in range(dp) for gr in per_rep_stage[(d, s)]}),
-            "pacing_replica": pace, "pacing_rank": slow["r0"], "microbatches": sim.m,
+            "devices": sorted({c["spec"].name for d in range(dp) for c in per_rep_stage[(d, s)].values()}),
+            "pacing_replica": pace, "pacing_rank": pr, "microbatches": sim.m,
             "fwd_s": [sim.fwd[ci * p + s] for ci in range(v)], "bwd_s": [sim.bwd[ci * p + s] for ci in range(v)],
             "compute_s": r["compute_s"], "tp_comm_s": r["tp_comm_s"], "cp_comm_s": r["cp_comm_s"],
             "hp_comm_s": r["hp_comm_s"], "pp_comm_s": r["pp_comm_s"], "dp_comm_s": r["dp_comm_s"],
             "exposed_comm_s": r["exposed_comm_s"], "optimizer_s": r["optimizer_s"],
             "pipeline_s": sim.rank_finish[s], "bubble_s": sim.makespan - sim.rank_busy[s],
-            "bubble_fraction": sim.bubble_fraction(s), "end_s": stage_end[s],
-            "memory_bytes": max(memory[gr["r0"]] for d in range(dp) for gr in per_rep_stage[(d, s)]),
+            "bubble_fraction": sim.bubble_fraction(s), "end_s": stage_end[s], "memory_bytes": stage_mem[s],
         })
     crit = max(range(p), key=lambda s: stage_end[s])
     cr = rows[stages[crit]["pacing_rank"]]
+    specs = {id(c["spec"]): c["spec"] for c in group_cache.values()}
     breakdown: dict[str, Any] = {
         # seconds per step of the rank that ends the step last (what the search compares)
         "step_time_s": step,
@@ -277,16 +296,16 @@ def estimate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: i
                   "cluster_peak_per_s": peak},
         "stages": stages,
         "ranks": rows,
-        "throughput_source": sorted({f"{gr['spec'].name}: {_rates(gr['spec'], dtype, hd).source}" for gr in groups}),
+        "throughput_source": sorted(f"{sp_.name}: {_rates(sp_, dtype, hd).source}" for sp_ in specs.values()),
         "timeline": None,
     }
     if timeline:
         pace = max(range(dp), key=lambda d: sims[d].makespan)
-        reps = [max(per_rep_stage[(pace, s)], key=lambda gr: gr["cost"]["busy"])["r0"] for s in range(p)]
+        reps = [first_rank[(pace, id(max(per_rep_stage[(pace, s)].values(), key=lambda c: c["busy"])))]
+                for s in range(p)]
         events = sims[pace].events(rp.schedule, reps)
         for s in range(p):
-            grs = per_rep_stage[(pace, s)]
-            exposed = max(gr["dp_exposed"] for gr in grs)
+            exposed = max(exposed_of[(pace, cid)] for cid in per_rep_stage[(pace, s)])
             start = max(sim.rank_finish[s] for sim in sims)
             if exposed > 0:
                 events.append({"stage": s, "rank": reps[s], "kind": "comm", "comm": "dp", "microbatch": None,
