@@ -178,11 +178,12 @@ def test_launch_runs_under_torchrun(tmp_path):
     assert out["ran"] and out["measured"]["step_time_s"] > 0 and len(out["measured"]["peak_memory_bytes"]) == 2
 
 
+@pytest.mark.slow
 def test_search_then_apply_the_study(tmp_path):
     pytest.importorskip("autotune.cost", reason="cost model (issue 3) not built yet: no real study to export")
     url = f"sqlite:///{tmp_path / 'a.db'}"
     s = subprocess.run([sys.executable, "-m", "autotune", "search", "-m", "tiny", "-c", "local:4", "-s", "64",
-                        "-b", "8", "-n", "20", "--study", "e2e", "--storage", url, "--json"],
+                        "-b", "8", "-n", "8", "--study", "e2e", "--storage", url, "--json"],
                        capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert s.returncode == 0, s.stderr
     best = json.loads(s.stdout)["best"]
