@@ -79,7 +79,10 @@ class ExportRefused(InputError):
         msg = f"{target} cannot express this plan: " + "; ".join(self.reasons)
         if nearest is not None:
             msg += f". Nearest plan {target} can express: {describe(nearest)}"
-            msg += f" ({predicted_text(nearest.predicted)})" if nearest.predicted else f" ({note or 'no cost'})"
+            if nearest.predicted:
+                msg += f" ({predicted_text(nearest.predicted)}" + (f"; {note})" if note else ")")
+            else:
+                msg += f" ({note or 'no cost'})"
         else:
             msg += f". No nearby plan is expressible in {target}" + (f" ({note})" if note else "")
         super().__init__(msg, field="--format")
