@@ -71,8 +71,10 @@ class ExportRefused(InputError):
     """The target cannot express the plan. Carries every reason and the nearest plan it can express
     (resolved, with ``predicted`` from the cost model when that is available)."""
 
-    def __init__(self, target: str, reasons: list[str], nearest: Plan | None, note: str = ""):
+    def __init__(self, target: str, reasons: list[str], nearest: Plan | None, note: str = "",
+                 original: dict[str, Any] | None = None):
         self.target = target
+        self.original = original
         self.reasons = list(reasons)
         self.nearest = nearest
         self.note = note
@@ -80,7 +82,11 @@ class ExportRefused(InputError):
         if nearest is not None:
             msg += f". Nearest plan {target} can express: {describe(nearest)}"
             if nearest.predicted:
-                msg += f" ({predicted_text(nearest.predicted)}" + (f"; {note})" if note else ")")
+                msg += f" ({predicted_text(nearest.predicted)}"
+                if original and original.get("tokens_per_s") and nearest.predicted.get("tokens_per_s"):
+                    msg += (f"; this plan: {original['tokens_per_s']:.4g} tokens/s, nearest x"
+                            f"{nearest.predicted['tokens_per_s'] / original['tokens_per_s']:.3f}")
+                msg += f"; {note})" if note else ")"
             else:
                 msg += f" ({note or 'no cost'})"
         else:
@@ -88,7 +94,7 @@ class ExportRefused(InputError):
         super().__init__(msg, field="--format")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"target": self.target, "reasons": self.reasons,
+        return {"target": self.target, "reasons": self.reasons, "original_predicted": self.original,
                 "nearest": self.nearest.to_dict() if self.nearest is not None else None,
                 "note": self.note or None}
 
@@ -233,7 +239,7 @@ def refuse_or_pass(exporter: Exporter, plan: Plan, ctx: ExportContext) -> None:
     reasons = exporter.reasons(plan, ctx)
     if reasons:
         nearest, note = nearest_expressible(exporter, plan, ctx)
-        raise ExportRefused(exporter.NAME, reasons, nearest, note)
+        raise ExportRefused(exporter.NAME, reasons, nearest, note, original=plan.predicted)
 
 
 # ---- placement under torchrun -------------------------------------------------------------------
