@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import tempfile
 import time
 from collections.abc import Callable
@@ -60,6 +62,37 @@ def _read_progress(path: Path, seen: int, cb: ProgressCb | None) -> int:
     return len(lines)
 
 
+# Exit codes that mean "stopped because of someone else": raised (1) or terminated by join (SIGTERM/KILL).
+_SECONDARY = (None, 0, 1, -signal.SIGTERM, -signal.SIGKILL)
+
+
+def _clean(text: str) -> str:
+    """The last line of a rank's error, without gloo's ``[file.cc:123]`` source tags (which would also
+    be read as rich markup by the CLI's error line)."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    line = re.sub(r"\[[^\]]*\]", "", lines[-1] if lines else "error").replace("[", "(").replace("]", ")")
+    return re.sub(r"\s+", " ", line).strip()[:240]
+
+
+def _explain(ctx, exc: BaseException, timeout_s: float) -> str:
+    """One line naming the rank at fault: a rank that died by itself beats the peers that lost it."""
+    codes = [p.exitcode for p in ctx.processes]
+    died = [i for i, c in enumerate(codes) if c not in _SECONDARY]
+    if died:
+        return f"rank {died[0]} died (exit code {codes[died[0]]})"
+    import torch.multiprocessing as mp
+
+    if isinstance(exc, mp.ProcessExitedException):
+        return f"rank {exc.error_index} died (exit code {exc.exit_code})"
+    text = _clean(str(exc))
+    low = text.lower()
+    if "timed out" in low or "timeout" in low:
+        return f"a rank hung: rank {exc.error_index} got no answer within {timeout_s:g} s ({text})"
+    if "closed by peer" in low or "connection reset" in low:
+        return f"a peer of rank {exc.error_index} went away ({text})"
+    return f"rank {exc.error_index} failed: {text}"
+
+
 def _kill_all(ctx) -> None:
     for p in ctx.processes:
         if p.is_alive():
@@ -89,30 +122,23 @@ def launch_local(kind: str, nproc: int, *, quick: bool, emulate: dict[int, float
                "port": free_port(), "local_world": nproc}
         ctx = mp.start_processes(_spawn_entry, args=(nproc, cfg), nprocs=nproc, join=False, start_method="spawn")
         # The peers' own process-group timeout normally fires first; this is the backstop.
-        deadline = time.time() + timeout_s * 3 + 60
+        limit = timeout_s * 3 + 60
+        deadline = time.time() + limit
         seen = 0
         try:
             while True:
                 try:
                     finished = ctx.join(timeout=0.2)
-                except mp.ProcessExitedException as e:
-                    raise WorkError(f"profile failed: rank {e.error_index} died (exit code {e.exit_code}); "
-                                    "all ranks were stopped and nothing was stored") from None
-                except mp.ProcessRaisedException as e:
-                    last = [ln for ln in str(e).strip().splitlines() if ln.strip()]
-                    msg = last[-1] if last else "error"
-                    if "timeout" in msg.lower() or "timed out" in msg.lower():
-                        msg = f"a peer hung (no answer within {timeout_s:g} s): {msg}"
-                    raise WorkError(f"profile failed: rank {e.error_index}: {msg[:300]}; all ranks were stopped "
+                except (mp.ProcessExitedException, mp.ProcessRaisedException) as e:
+                    raise WorkError(f"profile failed: {_explain(ctx, e, timeout_s)}; all ranks were stopped "
                                     "and nothing was stored") from None
                 seen = _read_progress(out / "progress.tsv", seen, progress)
                 if finished:
                     break
                 if time.time() > deadline:
                     alive = [i for i, p in enumerate(ctx.processes) if p.is_alive()]
-                    raise WorkError(f"profile failed: rank(s) {alive} did not finish within "
-                                    f"{deadline - time.time() + timeout_s * 3 + 60:.0f} s (hung); all ranks were "
-                                    "stopped and nothing was stored")
+                    raise WorkError(f"profile failed: rank(s) {alive} hung (not finished within {limit:.0f} s); "
+                                    "all ranks were stopped and nothing was stored")
         finally:
             _kill_all(ctx)
         res = out / "result.json"
