@@ -57,24 +57,31 @@ USE_FUSED = True
 
 
 def _pairs(qsegs: list[tuple[int, int]], ksegs: list[tuple[int, int]]):
-    """(q rows, k cols, kind) for every visible (query segment, key segment) pair; kind is None (all
-    keys visible), ``CAUSAL`` (the same segment) or a boolean mask ``q_pos >= k_pos``."""
-    r0 = 0
-    for qs, ql in qsegs:
-        c0 = 0
-        for ks, kl in ksegs:
+    """(query segment index, key segment index, kind) for every visible pair; kind is None (all keys
+    visible), ``CAUSAL`` (the same segment) or a boolean mask ``q_pos >= k_pos``."""
+    for a, (qs, ql) in enumerate(qsegs):
+        for c, (ks, kl) in enumerate(ksegs):
             if ql and kl and ks < qs + ql:  # some key at or before some query
-                rows, cols = slice(r0, r0 + ql), slice(c0, c0 + kl)
                 if ks + kl <= qs + 1:  # the last key is at or before the first query: all visible
-                    yield rows, cols, None
+                    yield a, c, None
                 elif ks == qs and kl == ql:
-                    yield rows, cols, CAUSAL
+                    yield a, c, CAUSAL
                 else:  # a partial overlap (no layout of ours makes one; kept general)
                     qp = torch.arange(qs, qs + ql)
                     kp = torch.arange(ks, ks + kl)
-                    yield rows, cols, (qp[:, None] >= kp[None, :])
-            c0 += kl
-        r0 += ql
+                    yield a, c, (qp[:, None] >= kp[None, :])
+
+
+def _split(x: torch.Tensor, segs: list[tuple[int, int]], dim: int = 2) -> list[torch.Tensor]:
+    """x cut along the token dim into one contiguous tensor per segment (the kernels want them dense)."""
+    return [p.contiguous() for p in torch.split(x, [n for _, n in segs], dim=dim)]
+
+
+def _kv_segments(kv: torch.Tensor, kv_index: torch.Tensor, segs: list[tuple[int, int]]):
+    """Per key segment: k and v expanded to the query heads (GQA: ``index_select`` copies densely)."""
+    ks = torch.split(kv[0], [n for _, n in segs], dim=2)
+    vs = torch.split(kv[1], [n for _, n in segs], dim=2)
+    return [k.index_select(1, kv_index) for k in ks], [v.index_select(1, kv_index) for v in vs]
 
 
 def _fused(q: torch.Tensor, kind) -> bool:
@@ -158,27 +165,27 @@ class _RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, kv_index, segs, me, group, ranks):
         n = len(ranks)
-        b, hq, t, d = q.shape
+        b, hq, _, d = q.shape
         hk = k.shape[1]
         scale = 1.0 / math.sqrt(d)
-        o = torch.zeros(b, hq, t, d, dtype=torch.float32, device=q.device)
-        lse = torch.full((b, hq, t), float("-inf"), dtype=torch.float32, device=q.device)
+        qs = _split(q, segs[me])
+        o = [torch.zeros(x.shape, dtype=torch.float32, device=q.device) for x in qs]
+        lse = [torch.full(x.shape[:-1], float("-inf"), dtype=torch.float32, device=q.device) for x in qs]
         kv = torch.stack([k, v]).contiguous()
         for step in range(n):
             j = (me - step) % n  # owner of the block held now
             if step < n - 1:  # overlap: the next block travels while this one is computed
                 nxt = kv.new_empty((2, b, hk, sum(x for _, x in segs[(me - step - 1) % n]), d))
                 reqs = _exchange(kv, nxt, me, group, ranks)
-            ke = kv[0].index_select(1, kv_index)  # GQA: the kv head of every query head
-            ve = kv[1].index_select(1, kv_index)
-            for rows, cols, kind in _pairs(segs[me], segs[j]):
-                ob, lb = block_forward(q[:, :, rows], ke[:, :, cols], ve[:, :, cols], scale, kind)
-                _merge(o[:, :, rows], lse[:, :, rows], ob, lb)
+            ke, ve = _kv_segments(kv, kv_index, segs[j])
+            for a, c, kind in _pairs(segs[me], segs[j]):
+                ob, lb = block_forward(qs[a], ke[c], ve[c], scale, kind)
+                _merge(o[a], lse[a], ob, lb)
             if step < n - 1:
                 _wait(reqs)
                 kv = nxt
-        out = o.to(q.dtype)
-        ctx.save_for_backward(q, k, v, kv_index, out, lse)
+        out = torch.cat(o, dim=2).to(q.dtype)
+        ctx.save_for_backward(q, k, v, kv_index, out, torch.cat(lse, dim=2))
         ctx.segs, ctx.me, ctx.group, ctx.ranks, ctx.scale = segs, me, group, ranks, scale
         return out
 
@@ -187,33 +194,32 @@ class _RingAttention(torch.autograd.Function):
         q, k, v, kv_index, out, lse = ctx.saved_tensors
         segs, me, group, ranks, scale = ctx.segs, ctx.me, ctx.group, ctx.ranks, ctx.scale
         n = len(ranks)
-        b, hq, t, d = q.shape
+        b, hq, _, d = q.shape
         hk = k.shape[1]
-        do = dout.to(q.dtype)
         delta = (dout.float() * out.float()).sum(-1)  # Delta = rowsum(dO * O), for the matmul path
-        dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        mine = segs[me]
+        qs, dos, outs = _split(q, mine), _split(dout.to(q.dtype), mine), _split(out, mine)
+        lses, deltas = _split(lse, mine), _split(delta, mine)
+        dq = [torch.zeros(x.shape, dtype=torch.float32, device=q.device) for x in qs]
         kv = torch.stack([k, v]).contiguous()
         acc_reqs, acc_in, acc_sent = None, None, None
         for step in range(n):
             j = (me - step) % n
-            tj = kv.shape[3]
             if step < n - 1:
                 nxt = kv.new_empty((2, b, hk, sum(x for _, x in segs[(me - step - 1) % n]), d))
                 reqs = _exchange(kv, nxt, me, group, ranks)
-            ke = kv[0].index_select(1, kv_index)
-            ve = kv[1].index_select(1, kv_index)
-            dke = torch.zeros(b, hq, tj, d, dtype=torch.float32, device=q.device)
-            dve = torch.zeros_like(dke)
-            for rows, cols, kind in _pairs(segs[me], segs[j]):
-                dqb, dkb, dvb = block_backward(do[:, :, rows], q[:, :, rows], ke[:, :, cols], ve[:, :, cols],
-                                               out[:, :, rows], lse[:, :, rows], delta[:, :, rows], scale, kind)
-                dq[:, :, rows] += dqb
-                dke[:, :, cols] += dkb
-                dve[:, :, cols] += dvb
+            ke, ve = _kv_segments(kv, kv_index, segs[j])
+            dke = [torch.zeros(x.shape, dtype=torch.float32, device=q.device) for x in ke]
+            dve = [torch.zeros(x.shape, dtype=torch.float32, device=q.device) for x in ve]
+            for a, c, kind in _pairs(mine, segs[j]):
+                dqb, dkb, dvb = block_backward(dos[a], qs[a], ke[c], ve[c], outs[a], lses[a], deltas[a], scale, kind)
+                dq[a] += dqb
+                dke[c] += dkb
+                dve[c] += dvb
             # query heads -> their kv heads (GQA: a kv head sums the gradients of its group)
-            dkv = torch.zeros(2, b, hk, tj, d, dtype=torch.float32, device=q.device)
-            dkv[0].index_add_(1, kv_index, dke)
-            dkv[1].index_add_(1, kv_index, dve)
+            dkv = torch.zeros(2, b, hk, kv.shape[3], d, dtype=torch.float32, device=q.device)
+            dkv[0].index_add_(1, kv_index, torch.cat(dke, dim=2))
+            dkv[1].index_add_(1, kv_index, torch.cat(dve, dim=2))
             if acc_reqs is not None:  # the accumulator of block j from the previous rank
                 _wait(acc_reqs)
                 dkv += acc_in
@@ -230,4 +236,5 @@ class _RingAttention(torch.autograd.Function):
                 kv = nxt
         _wait(acc_reqs)
         del acc_sent
-        return dq.to(q.dtype), acc_in[0].to(k.dtype), acc_in[1].to(v.dtype), None, None, None, None, None
+        dq = torch.cat(dq, dim=2).to(q.dtype)
+        return dq, acc_in[0].to(k.dtype), acc_in[1].to(v.dtype), None, None, None, None, None

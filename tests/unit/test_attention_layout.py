@@ -129,8 +129,8 @@ def test_whole_sequence_context_is_plain_causal_attention():
 
 def test_block_kinds_follow_positions():
     # query segments (0,4),(10,4) against key segments (4,2),(10,4),(12,3)
-    kinds = [(r.start, c.start, k if k is None or isinstance(k, str) else k.tolist())
-             for r, c, k in _pairs([(0, 4), (10, 4)], [(4, 2), (10, 4), (12, 3)])]
+    kinds = [(a, c, k if k is None or isinstance(k, str) else k.tolist())
+             for a, c, k in _pairs([(0, 4), (10, 4)], [(4, 2), (10, 4), (12, 3)])]
     # queries 10..13 against keys 12..14: rows 10 and 11 see none of them
     partial = [[False, False, False], [False, False, False], [True, False, False], [True, True, False]]
-    assert kinds == [(4, 0, None), (4, 2, "causal"), (4, 6, partial)]
+    assert kinds == [(1, 0, None), (1, 1, "causal"), (1, 2, partial)]
