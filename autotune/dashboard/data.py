@@ -114,21 +114,23 @@ class TrialRow:
         return self.state.lower()
 
     def settings_text(self) -> str:
-        """Schedule and micro-batching, plus what is not the default (recompute, ZeRO, sp, dtype)."""
+        """``1f1b 1x12 rc=selective zero1 sp``: schedule, micro-batch size x micro-batches, and what
+        is not the default (recomputation, ZeRO stage, sequence parallelism, dtype)."""
         p = self.plan or {}
         if not p:
             return "-"
-        parts = [f"{p.get('schedule', '1f1b')}" + (f" v{p['virtual_stages']}" if (p.get("virtual_stages") or 1) > 1 else ""),
-                 f"mbs {p.get('micro_batch_size', 1)} x {p.get('num_microbatches')}"]
+        vs = p.get("virtual_stages") or 1
+        parts = [str(p.get("schedule", "1f1b")) + (f"/v{vs}" if vs > 1 else ""),
+                 f"{p.get('micro_batch_size', 1)}x{p.get('num_microbatches')}"]
         if p.get("recompute") not in (None, "none"):
-            parts.append(f"recompute {p['recompute']}")
+            parts.append(f"rc={p['recompute']}")
         if p.get("zero_stage"):
-            parts.append(f"zero {p['zero_stage']}")
+            parts.append(f"zero{p['zero_stage']}")
         if p.get("sequence_parallel"):
             parts.append("sp")
         if p.get("dtype") not in (None, "bf16"):
             parts.append(str(p["dtype"]))
-        return ", ".join(parts)
+        return " ".join(parts)
 
     def degrees_text(self) -> str:
         d = {k: v for k, v in self.degrees.items() if v != 1}
@@ -167,6 +169,33 @@ class StudyView:
                 "even_best": self.even_best.to_dict() if self.even_best else None,
                 "speedup_vs_even": speedup(self.best, self.even_best),
                 "rows": [r.to_dict() for r in self.rows]}
+
+
+def plan_key(plan: dict[str, Any]) -> str:
+    """What makes two trials the same plan (as autotune.study.plan_key: not predictions or provenance)."""
+    import json
+
+    return json.dumps({k: v for k, v in plan.items() if k not in ("predicted", "measured", "provenance", "workload")},
+                      sort_keys=True, default=str)
+
+
+def distinct(rows: list[TrialRow]) -> list[tuple[TrialRow, list[TrialRow]]]:
+    """Rows grouped by plan, in the given (best-first) order: (first row of the plan, all its rows).
+    The search records a trial each time its sampler proposes a plan it has already priced, so a
+    study holds many copies of its best plans; the tables show each plan once."""
+    groups: dict[str, tuple[TrialRow, list[TrialRow]]] = {}
+    out: list[tuple[TrialRow, list[TrialRow]]] = []
+    for r in rows:
+        if r.plan is None or r.state != "COMPLETE":
+            out.append((r, [r]))
+            continue
+        k = plan_key(r.plan)
+        if k in groups:
+            groups[k][1].append(r)
+        else:
+            groups[k] = (r, [r])
+            out.append(groups[k])
+    return out
 
 
 def speedup(best: TrialRow | None, even: TrialRow | None) -> float | None:

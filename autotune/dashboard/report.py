@@ -18,7 +18,7 @@ from plotly.offline import get_plotlyjs
 
 from autotune import __version__
 from autotune.dashboard import charts
-from autotune.dashboard.data import StudyView, speedup
+from autotune.dashboard.data import StudyView, distinct, speedup
 from autotune.dashboard.terminal import shares_text
 from autotune.dashboard.terms import stage_times
 from autotune.dashboard.timeline import timeline_of
@@ -123,12 +123,13 @@ def _header(view: StudyView) -> str:
 
 
 def _trials_table(view: StudyView, limit: int = 25) -> str:
-    head = ("<tr><th>#</th><th class='l'>degrees</th><th class='l'>shares</th><th class='l'>schedule</th>"
+    head = ("<tr><th>#</th><th class='l'>degrees</th><th class='l'>shares</th><th class='l'>schedule mbs x m</th>"
             "<th>predicted tok/s</th>"
             "<th>measured tok/s</th><th>error</th><th>peak memory / capacity</th><th class='l'>state</th>"
             "<th class='l'>reason</th></tr>")
     body = []
-    for r in view.rows[:limit]:
+    groups = distinct(view.rows)
+    for r, members in groups[:limit]:
         sh = shares_text(r.shares, "; ")
         mem = r.measured_memory_bytes or r.memory_bytes
         m = "-"
@@ -136,15 +137,22 @@ def _trials_table(view: StudyView, limit: int = 25) -> str:
             m = fmt_bytes(max(mem))
             if r.memory_fraction is not None:
                 m += f" ({r.memory_fraction:.0%})"
-        state = r.state_text()
         err = f"{r.error:+.1%}" if r.error is not None else "-"
-        cls = " class='b'" if r is view.best else ""
-        body.append(f"<tr{cls}><td>{r.number}</td><td class='l'>{_esc(r.degrees_text())}</td>"
+        cls = " class='b'" if any(x is view.best for x in members) else ""
+        num = f"{r.number}" + (f" <span class='meta'>+{len(members) - 1}</span>" if len(members) > 1 else "")
+        deg = r.degrees_text() + (" (even best)" if any(x is view.even_best for x in members) else "")
+        body.append(f"<tr{cls}><td>{num}</td><td class='l'>{_esc(deg)}</td>"
                     f"<td class='l'>{_esc(sh)}</td><td class='l'>{_esc(r.settings_text())}</td>"
-                    f"<td>{_tps(r.predicted_tps)}</td><td>{_tps(r.measured_tps)}</td>"
-                    f"<td>{err}</td><td>{_esc(m)}</td><td class='l'>{state}</td><td class='l'>{_esc(r.reason)}</td></tr>")
-    more = f"<p class='meta'>{len(view.rows) - limit} more trials not listed.</p>" if len(view.rows) > limit else ""
-    return f"<h2>Trials, best first</h2><table>{head}{''.join(body)}</table>{more}"
+                    f"<td>{_tps(r.predicted_tps)}</td><td>{_tps(r.measured_tps)}</td><td>{err}</td><td>{_esc(m)}</td>"
+                    f"<td class='l'>{r.state_text()}</td><td class='l'>{_esc(r.reason)}</td></tr>")
+    notes = []
+    if len(groups) > limit:
+        notes.append(f"{len(groups) - limit} more plans not listed")
+    if len(groups) < len(view.rows):
+        notes.append("+N: N more trials of the same plan")
+    more = f"<p class='meta'>{'; '.join(notes)}.</p>" if notes else ""
+    return (f"<h2>Trials, best first ({len(groups)} distinct plans in {len(view.rows)} trials)</h2>"
+            f"<table>{head}{''.join(body)}</table>{more}")
 
 
 def build_charts(view: StudyView) -> tuple[list[tuple[str, str, Any]], dict[str, Any]]:

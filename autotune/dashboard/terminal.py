@@ -11,12 +11,26 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from autotune.dashboard.data import StudyView, TrialRow, load_view, speedup
+from autotune.dashboard.data import StudyView, TrialRow, distinct, load_view, speedup
 from autotune.units import fmt_bytes, fmt_count
 
 
 def _tps(x: float | None) -> str:
     return fmt_count(x) if x is not None else "-"
+
+
+def _runs(values: list[int]) -> str:
+    """``[12, 12, 12, 12, 4, 4, 4, 4]`` -> ``12x4/4x4``; ``[3, 5]`` -> ``3/5``."""
+    out: list[str] = []
+    i = 0
+    while i < len(values):
+        j = i
+        while j + 1 < len(values) and values[j + 1] == values[i]:
+            j += 1
+        n = j - i + 1
+        out.append(f"{values[i]}x{n}" if n > 2 else "/".join([str(values[i])] * n))
+        i = j + 1
+    return "/".join(out)
 
 
 def shares_text(shares: dict, sep: str = "  ") -> str:
@@ -26,7 +40,7 @@ def shares_text(shares: dict, sep: str = "  ") -> str:
     for k in ("layers", "tokens", "heads", "samples"):
         v = shares.get(k)
         if v and len(v) > 1 and (k == "layers" or max(v) != min(v)):
-            parts.append(f"{k} " + "/".join(str(x) for x in v))
+            parts.append(f"{k} " + _runs(list(v)))
     return sep.join(parts) or "even"
 
 
@@ -53,20 +67,26 @@ def _state(r: TrialRow) -> Text:
 
 def table(view: StudyView, limit: int | None = None) -> Table:
     t = Table(title=f"study {view.name}: trials, best first (* best)", title_justify="left", expand=False)
-    for col, just in (("#", "right"), ("degrees", "left"), ("shares", "left"), ("schedule", "left"),
+    for col, just in (("#", "right"), ("degrees", "left"), ("shares", "left"), ("schedule mbs x m", "left"),
                       ("predicted tok/s", "right"),
                       ("measured tok/s", "right"), ("error", "right"), ("peak memory / capacity", "right"),
                       ("state", "left"), ("reason", "left")):
         t.add_column(col, justify=just, overflow="fold")
-    rows = view.rows if limit is None else view.rows[:limit]
-    for r in rows:
-        mark = "*" if r is view.best else ""
-        tag = " (even best)" if r is view.even_best else ""
+    groups = distinct(view.rows)
+    shown = groups if limit is None else groups[:limit]
+    for r, members in shown:
+        mark = "*" if any(m is view.best for m in members) else ""
+        tag = " (even best)" if any(m is view.even_best for m in members) else ""
+        same = f" +{len(members) - 1}" if len(members) > 1 else ""
         err = Text(f"{r.error:+.1%}", style="yellow" if abs(r.error) > 0.2 else "") if r.error is not None else "-"
-        t.add_row(f"{r.number}{mark}", r.degrees_text() + tag, shares_text(r.shares), r.settings_text(), _tps(r.predicted_tps), _tps(r.measured_tps),
-                  err, _memory(r), _state(r), r.reason or "")
-    if limit is not None and len(view.rows) > limit:
-        t.caption = f"{len(view.rows) - limit} more trials not shown (--limit)"
+        t.add_row(f"{r.number}{mark}{same}", r.degrees_text() + tag, shares_text(r.shares), r.settings_text(),
+                  _tps(r.predicted_tps), _tps(r.measured_tps), err, _memory(r), _state(r), r.reason or "")
+    notes = []
+    if len(shown) < len(groups):
+        notes.append(f"{len(groups) - len(shown)} more plans not shown (--limit)")
+    if len(groups) < len(view.rows):
+        notes.append("+N: N more trials of the same plan")
+    t.caption = "; ".join(notes) or None
     return t
 
 

@@ -37,13 +37,15 @@ def test_table_best_first_with_reasons(tmp_path):
 def test_shares_text_names_only_uneven_splits():
     assert shares_text({"layers": [4, 4], "tokens": [128, 128], "samples": [3, 5]}) == "layers 4/4  samples 3/5"
     assert shares_text({"layers": [8], "tokens": [256], "heads": [8], "samples": [16]}) == "even"
+    assert shares_text({"samples": [12, 12, 12, 12, 4, 4, 4, 4]}) == "samples 12x4/4x4"
+    assert shares_text({"layers": [2, 2, 3, 3, 3, 2, 2]}) == "layers 2/2/3x3/2/2"
 
 
 def test_limit_says_how_many_are_hidden(tmp_path):
     url = f"sqlite:///{tmp_path / 'a.db'}"
     make_study(url)
     out = text_of(render(load_view("s", url), limit=2))
-    assert "4 more trials not shown" in out
+    assert "4 more plans not shown" in out
 
 
 def test_watch_shows_trials_committed_while_it_runs(tmp_path):
@@ -76,3 +78,15 @@ def test_watch_shows_trials_committed_while_it_runs(tmp_path):
     out = console.export_text()
     assert "no feasible plan yet" in out  # the first frames
     assert "dp=2,pp=4: 123 tok/s" in out  # the last
+
+
+def test_repeated_plans_are_shown_once(tmp_path):
+    """The search records a trial each time its sampler re-proposes a plan: one line per plan."""
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    st = make_study(url)
+    for _ in range(3):
+        st.add_trial(optuna.trial.create_trial(state=DONE, value=300.0, user_attrs=dict(st.trials[1].user_attrs)))
+    out = text_of(render(load_view("s", url)))
+    firsts = [ln.split("│")[1].strip() for ln in out.splitlines() if ln.startswith("│")]
+    assert firsts == ["1* +3", "4", "0", "2", "5", "3"]
+    assert "+N: N more trials of the same plan" in out
