@@ -44,6 +44,8 @@ class ComputePlan:
     """Skip GEMMs larger than this (a 2-core CPU runs ~65 GFLOP/s fp32 per core)."""
     max_attn_flops: float = float("inf")
     """Skip attention points whose forward + backward FLOPs exceed this."""
+    retry: bool = True
+    """Re-measure an unstable point once (off in --quick: on a loaded machine it doubles the time)."""
 
 
 def compute_plan(device: str, quick: bool) -> ComputePlan:
@@ -54,7 +56,7 @@ def compute_plan(device: str, quick: bool) -> ComputePlan:
             (1024, 2048, 4096, 8192), gemm_dtypes=("bf16",) if quick else ("bf16", "fp16", "fp32"),
             attn_seq=(1024, 4096) if quick else (1024, 2048, 4096, 8192, 16384), attn_head_dims=(128,) if quick
             else (64, 128), attn_heads=16, attn_dtype="bf16", copy_bytes=1 << 30, warmup=3, repeats=10,
-            max_gemm_flops=1e13)
+            max_gemm_flops=1e13, retry=not quick)
     # CPU: sized so that --quick measures in ~2 s and the default in ~15 s on 2 idle cores (a loaded
     # machine doubles that: unstable points are re-measured once).
     return ComputePlan(
@@ -65,7 +67,7 @@ def compute_plan(device: str, quick: bool) -> ComputePlan:
         attn_head_dims=(64,) if quick else (64, 128),
         attn_heads=4, attn_dtype="fp32", copy_bytes=(32 if quick else 128) << 20,
         warmup=1 if quick else 2, repeats=3 if quick else 7, max_gemm_flops=2.2e9 if quick else 4.3e9,
-        max_attn_flops=4e9)
+        max_attn_flops=4e9, retry=not quick)
 
 
 def gemm_shapes(plan: ComputePlan) -> list[tuple[int, int, int]]:
@@ -104,7 +106,7 @@ def measure_gemm(plan: ComputePlan, device: str, emu: SlowdownEmulator | None, t
             a = torch.randn(m, k, device=device).to(dtype)
             b = torch.randn(k, n, device=device).to(dtype)
             t = time_fn(lambda a=a, b=b: torch.mm(a, b), device=device, warmup=plan.warmup,
-                        repeats=plan.repeats, emulator=emu)
+                        repeats=plan.repeats, emulator=emu, retry=plan.retry)
             flops = 2.0 * m * n * k
             rows.append({"kind": "gemm", "params": {"dtype": dt, "m": m, "k": k, "n": n},
                          "work": flops, "timing": t.to_dict(),
@@ -133,8 +135,8 @@ def measure_attention(plan: ComputePlan, device: str, emu: SlowdownEmulator | No
             o.backward(grad)
             q.grad = k.grad = v.grad = None
 
-        tf = time_fn(fwd, device=device, warmup=plan.warmup, repeats=plan.repeats, emulator=emu)
-        tfb = time_fn(fwd_bwd, device=device, warmup=plan.warmup, repeats=plan.repeats, emulator=emu)
+        tf = time_fn(fwd, device=device, warmup=plan.warmup, repeats=plan.repeats, emulator=emu, retry=plan.retry)
+        tfb = time_fn(fwd_bwd, device=device, warmup=plan.warmup, repeats=plan.repeats, emulator=emu, retry=plan.retry)
         f_fwd, f_bwd = attention_flops(1, plan.attn_heads, s, d)
         bwd_s = max(tfb.median_s - tf.median_s, 1e-9)
         params = {"dtype": plan.attn_dtype, "batch": 1, "heads": plan.attn_heads, "seq": s, "head_dim": d}
@@ -172,7 +174,7 @@ def measure_memory(plan: ComputePlan, device: str, emu: SlowdownEmulator | None,
 
     src = torch.empty(plan.copy_bytes // 4, dtype=torch.float32, device=device).fill_(1.0)
     dst = torch.empty_like(src)
-    t = time_fn(lambda: dst.copy_(src), device=device, warmup=plan.warmup, repeats=plan.repeats, emulator=emu)
+    t = time_fn(lambda: dst.copy_(src), device=device, warmup=plan.warmup, repeats=plan.repeats, emulator=emu, retry=plan.retry)
     moved = 2.0 * plan.copy_bytes  # one read + one write per byte copied
     cap = memory_capacity(device)
     tick("memory")

@@ -25,10 +25,21 @@ from autotune.errors import InputError, WorkError
 ProgressCb = Callable[[int, int, str], None]
 
 
-def check_request(device: str, nproc: int) -> str:
+def default_nproc(kind: str) -> int:
+    """One rank per GPU, or one per CPU core (with one rank there are no links to measure)."""
+    if kind == "cuda":
+        import torch
+
+        return torch.cuda.device_count()
+    return os.cpu_count() or 1
+
+
+def check_request(device: str, nproc: int | None) -> str:
     """Resolve ``auto`` and refuse what this machine cannot host (InputError, exit 2)."""
     if device not in ("auto", "cpu", "cuda"):
         raise InputError(f"expected auto, cpu or cuda, got {device!r}", field="--device")
+    if nproc is None:
+        nproc = 1
     if nproc < 1:
         raise InputError(f"must be >= 1, got {nproc}", field="--nproc")
     import torch

@@ -44,8 +44,9 @@ def _gflops(x: Any) -> str:
 def run(
     ctx: typer.Context,
     device: Annotated[str, typer.Option("--device", help="auto (CUDA when available), cpu or cuda.")] = "auto",
-    nproc: Annotated[int, typer.Option("--nproc", "-n", help="Local ranks to start (one per GPU; on CPU at most "
-                                                             "one per core).")] = 2,
+    nproc: Annotated[int | None, typer.Option("--nproc", "-n", help="Local ranks to start (default: one per GPU, "
+                                                                    "or one per CPU core; on CPU at most one per "
+                                                                    "core).")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="Fewer sizes and repeats (seconds instead of a minute).")]
     = False,
     label: Annotated[str | None, typer.Option("--label", help="Name stored with the profile.")] = None,
@@ -58,13 +59,14 @@ def run(
     """Run a profile (when no sub-command is given)."""
     if ctx.invoked_subcommand is not None:
         return
-    from profilers.launch import check_request, launch_local
+    from profilers.launch import check_request, default_nproc, launch_local
     from profilers.store import engine_for, load_profile, save_profile
     from profilers.summary import summarize_profile
 
     slow = parse_emulation(emulate)
     engine_for(storage)  # a bad --storage fails before minutes of measuring
     kind = check_request(device, nproc)
+    nproc = nproc or default_nproc(kind)
     t0 = time.perf_counter()
     with Progress(TextColumn("[bold]profile[/]"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console,
@@ -124,7 +126,8 @@ def _print_summary(s: dict[str, Any]) -> None:
         for r in s["links"]["collectives"]:
             c.add_row(r["op"], str(r["group_size"]), fmt_bytes(r["bytes"]), fmt_time(r["time_s"]),
                       fmt_bandwidth(r["algbw_bytes_per_s"]), fmt_bandwidth(r["busbw_bytes_per_s"]),
-                      f"{r['bus_factor']:.2f}", "unstable" if r["unstable"] else "")
+                      f"{r['bus_factor']:.2f}",
+                      "WRONG RESULT" if not r.get("verified", True) else ("unstable" if r["unstable"] else ""))
         console.print(c)
     if s["unstable"]:
         console.print(f"[yellow]{len(s['unstable'])} of {s['samples']} points varied more than the allowed spread "
