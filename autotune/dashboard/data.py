@@ -9,6 +9,7 @@ reads the same ``StudyView`` so the terminal, the report and ``--json`` never di
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -287,11 +288,14 @@ _STATE_ORDER = {"COMPLETE": 0, "RUNNING": 2, "WAITING": 3, "PRUNED": 4, "FAIL": 
 
 def order(rows: list[TrialRow], best: TrialRow | None) -> list[TrialRow]:
     """Best first: the chosen best, then feasible trials by measured (else predicted) tokens/s, then
-    infeasible ones, then running, waiting, pruned and failed trials by number."""
+    infeasible ones (nearest to fitting in memory first), then running, waiting, pruned and failed
+    trials by number."""
     def key(r: TrialRow) -> tuple:
         group = 0 if r is best else (1 if r.feasible else 2 + _STATE_ORDER.get(r.state, 6))
         tps = r.measured_tps if r.measured_tps is not None else (r.predicted_tps or 0.0)
-        return (group, -tps if group <= 2 else 0.0, r.number)
+        # infeasible plans: the nearest to fitting in memory first, then the fastest
+        near = (r.memory_fraction if r.memory_fraction is not None else math.inf) if group == 2 else 0.0
+        return (group, near, -tps if group <= 2 else 0.0, r.number)
 
     return sorted(rows, key=key)
 

@@ -104,6 +104,10 @@ def summary(view: StudyView) -> Text:
     b, e = view.best, view.even_best
     if b is None:
         txt.append("no feasible plan yet", style="yellow")
+        near = next((r for r in view.rows if r.state == "COMPLETE" and r.memory_fraction is not None), None)
+        if near is not None:
+            txt.append(f"; nearest to fitting: #{near.number} {near.degrees_text()} at {near.memory_fraction:.0%} "
+                       "of device memory")
         return txt
     which = "measured" if b.measured_tps else "predicted"
     txt.append("best ", style="bold")
