@@ -3,9 +3,11 @@
 For causal attention over S = 2048 tokens (B 1, 8 query heads, 2 kv heads, d 64, fp32), prints per
 layout the visible query-key pairs per rank (the causal work, counted from the positions; max/mean
 is the imbalance the layout leaves), the measured forward+backward time of ``sharded_attention`` per
-rank (median of 3 after a warm-up; the slowest rank sets the step) and the single-process SDPA
-reference on the whole sequence (rank 0 alone, the others waiting). The uneven contiguous shares
-balance the causal area: boundary i at S * sqrt((i+1)/cp).
+rank (median of 3 after a warm-up; the slowest rank sets the step), the ring's block kernels of
+every rank replayed one rank at a time on rank 0 alone (the balance without 4 processes sharing
+this machine's 2 cores) and the single-process SDPA reference on the whole sequence (rank 0 alone,
+the others waiting). The uneven contiguous shares balance the causal area: boundary i at
+S * sqrt((i+1)/cp).
 
     python benchmarks/bench_attention.py
 """
@@ -32,6 +34,25 @@ CONFIGS = [
     ("cp2 x hp2 zigzag even", 2, 2, "zigzag", [S // 2] * 2),
     ("hp4", 1, 4, "contiguous", [S]),
 ]
+
+
+def replay_kernels(tokens: list[int], layout: str, hp: int, me: int) -> float:
+    """Seconds of the ring's forward+backward block kernels of CP rank ``me`` (no communication)."""
+    import torch
+
+    from autotune.runtime import ring_attention as R
+    from autotune.runtime.attention import shard_segments
+
+    segs = shard_segments(tokens, layout if len(tokens) > 1 else "contiguous")
+    heads = HEADS // hp
+    qs = R._split(torch.randn(B, heads, tokens[me], D), segs[me])
+    t0 = time.perf_counter()
+    for j in range(len(tokens)):
+        ke, ve = R._kv_segments(torch.randn(2, B, heads, tokens[j], D), torch.arange(heads), segs[j])
+        for a, c, kind in R._pairs(segs[me], segs[j]):
+            o, lse = R.block_forward(qs[a], ke[c], ve[c], 1 / math.sqrt(D), kind)
+            R.block_backward(qs[a], qs[a], ke[c], ve[c], o, lse, lse, 1 / math.sqrt(D), kind)
+    return time.perf_counter() - t0
 
 
 def work(payload, rank, world, device):
@@ -62,6 +83,8 @@ def work(payload, rank, world, device):
             o.sum().backward()
             times.append(time.perf_counter() - t0)
         out["reference_s"] = statistics.median(times[1:])
+        for name, cp, hp, layout, tokens in CONFIGS:
+            out[f"kernels {name}"] = [min(replay_kernels(tokens, layout, hp, i) for _ in range(2)) for i in range(cp)]
     dist.barrier()
     for name, cp, hp, layout, tokens in CONFIGS:
         dp = world // (cp * hp)
@@ -105,12 +128,14 @@ def main() -> None:
     r = res.results
     print(f"causal attention S={S} B={B} heads={HEADS} kv_heads={KV} d={D} fp32, 4 gloo processes, 1 thread each")
     print(f"single-process SDPA fwd+bwd (whole sequence): {r[0]['reference_s'] * 1e3:8.1f} ms")
-    print(f"{'layout':28s} {'tokens':24s} {'pairs max/mean':>15s} {'time per rank (ms)':>30s} {'slowest':>9s}")
+    print(f"{'layout':26s} {'tokens':22s} {'pairs max/mean':>14s} {'fwd+bwd per rank (ms)':>30s} {'slowest':>8s}"
+          f" {'kernels alone per cp rank (ms)':>31s}")
     for name, _cp, _hp, _layout, tokens in CONFIGS:
         pairs = [x[name]["pairs"] for x in r]
         times = [x[name]["time_s"] * 1e3 for x in r]
-        print(f"{name:28s} {str(tokens):24s} {max(pairs) / statistics.mean(pairs):15.2f} "
-              f"{' '.join(f'{t:7.1f}' for t in times):>30s} {max(times):9.1f}")
+        alone = " ".join(f"{t * 1e3:6.0f}" for t in r[0][f"kernels {name}"])
+        print(f"{name:26s} {str(tokens):22s} {max(pairs) / statistics.mean(pairs):14.2f} "
+              f"{' '.join(f'{t:7.1f}' for t in times):>30s} {max(times):8.1f} {alone:>31s}")
     print(f"(launch wall {res.wall_s:.1f} s)")
 
 
