@@ -86,7 +86,10 @@ def _fail(exc: AutotuneError | None, message: str, code: int, kind: str) -> None
 def main() -> None:
     debug = os.environ.get("AUTOTUNE_DEBUG") == "1"
     try:
-        app(standalone_mode=False)
+        # Outside standalone mode click returns a command's `typer.Exit(n)` code instead of exiting.
+        rv = app(standalone_mode=False)
+        if isinstance(rv, int) and rv:
+            sys.exit(rv)
     except _EXIT as e:
         sys.exit(getattr(e, "exit_code", 0))
     except _NO_ARGS:  # bare `autotune`: the help was shown
