@@ -191,3 +191,16 @@ def test_journal_storage(tmp_path):
     path = str(tmp_path / "j.log")
     make_study(JournalStorage(JournalFileBackend(path)))
     assert load_view("s", path).best.number == 1
+
+
+def test_infeasible_plans_nearest_to_fitting_first(tmp_path):
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    study = optuna.create_study(study_name="m", storage=url, direction="maximize")
+    for degrees, mem, tps in ((Degrees(dp=8), 9.0, 500.0), (Degrees(dp=4, tp=2), 3.5, 100.0),
+                              (Degrees(dp=2, tp=4), 6.0, 900.0)):
+        study.add_trial(optuna.trial.create_trial(
+            state=DONE, value=0.0, constraints={"memory": 1.0},
+            user_attrs={"plan": plan_attrs(resolved(degrees=degrees), tps, mem, feasible=False),
+                        "infeasible_reason": "memory: too big"}))
+    v = load_view("m", url)
+    assert v.best is None and [r.degrees_text() for r in v.rows] == ["dp=4,tp=2", "dp=2,tp=4", "dp=8"]
