@@ -86,7 +86,8 @@ class Rates:
 def rates_for(spec: Any, dtype: str, head_dim: int) -> Rates:
     """Build the throughput model of a DeviceSpec (profile fits where present, else the datasheet)."""
     flat = spec.flops(dtype) * spec.achievable_fraction
-    r = Rates(name=spec.name, flat=flat, memory_bandwidth=spec.memory_bandwidth)
+    r = Rates(name=spec.name, flat=flat, memory_bandwidth=spec.memory_bandwidth,
+              source=spec.provenance if spec.provenance != "measured" else "measured (no fits)")
     prof = spec.profile or {}
     gemm = (prof.get("gemm") or {}).get(dtype)
     if isinstance(gemm, dict):
