@@ -79,12 +79,13 @@ def test_slowdown_emulator_after_and_context_manager():
 def test_time_fn_with_emulator_reports_the_slower_device():
     """A 2x emulated device measures ~2x the plain one on the same kernel (a fixed sleep)."""
     def kernel():
-        time.sleep(0.004)
+        time.sleep(0.015)
 
     plain = time_fn(kernel, warmup=1, repeats=5, retry=False)
     emu = time_fn(kernel, warmup=1, repeats=5, retry=False, emulator=SlowdownEmulator(2.0))
-    assert emu.median_s / plain.median_s == pytest.approx(2.0, rel=0.25)
-    assert emu.emulated_s == pytest.approx(emu.median_s / 2, rel=0.25)
+    # Loose bounds: a loaded machine delays sleeps' wake-ups (the idle itself is checked exactly above).
+    assert 1.6 < emu.median_s / plain.median_s < 2.8
+    assert emu.emulated_s == pytest.approx(emu.median_s / 2, rel=0.3)
 
 
 def test_affine_fit_recovers_a_known_line():
