@@ -45,14 +45,16 @@ from autotune.study import (
 
 SAMPLERS = ("tpe", "random", "grid")
 DEFAULT_TRIALS = 300
-POLISH_FRACTION = 0.25
+POLISH_FACTOR = 2  # the hill climb may price up to this many times the sampler's trials (it converges
+# sooner; each of its points costs one estimate, no sampler work, so it is the cheap part of the search)
 TIMELINE_LIMIT = 4000  # events kept per trial; larger timelines are stored for the best plans only
 
 
 @dataclass(frozen=True, kw_only=True)
 class SearchOptions:
     trials: int | None = None
-    """Sampler + polish trials (baselines come on top); None: DEFAULT_TRIALS, or the whole grid."""
+    """Sampler trials (baselines and the polish's hill climb, up to POLISH_FACTOR x, come on top);
+    None: DEFAULT_TRIALS, or the whole grid."""
     timeout_s: float | None = None
     sampler: str = "tpe"
     workers: int = 1
@@ -320,7 +322,7 @@ def make_sampler(name: str, seed: int) -> Any:
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     # grid points are added as fixed trials; TPE stays the sampler of record
-    return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=16, n_ei_candidates=32)
+    return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=16)
 
 
 # ---- phases -------------------------------------------------------------------------------------
@@ -367,7 +369,7 @@ def run_grid(ws: Workspace, ev: Evaluator, points: list[dict[str, Any]], deadlin
     return done
 
 
-def run_polish(ws: Workspace, ev: Evaluator, budget: int, deadline: float | None, starts: int = 3) -> int:
+def run_polish(ws: Workspace, ev: Evaluator, budget: int, deadline: float | None, starts: int = 5) -> int:
     """Hill climb from the best ``starts`` distinct plans: take the best one-step move while it helps."""
     ranked = sorted((t for t in ws.mem.get_trials(deepcopy=False) if is_feasible(t) and t.params),
                     key=lambda t: -t.value)
@@ -501,9 +503,8 @@ def search(model: Any, cluster: Any, seq_len: int, global_batch: int, *, study_n
                 notes.append(f"grid: exhaustive over all {len(points)} points of the space")
             n_main, n_polish = len(points), 0
         else:
-            total = opts.trials or DEFAULT_TRIALS
-            n_polish = int(total * POLISH_FRACTION) if opts.polish else 0
-            n_main, points = total - n_polish, None
+            n_main, points = opts.trials or DEFAULT_TRIALS, None
+            n_polish = POLISH_FACTOR * n_main if opts.polish else 0
         if opts.workers > 1:
             ws.flush()
             _run_workers(study_name, storage, model, cluster, seq_len, global_batch, opts, estimator, n_main, points,

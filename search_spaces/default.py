@@ -274,4 +274,10 @@ class DefaultSpace:
                 cands = sorted({min(dist.high, max(dist.low, round(v + dv, 3))) for dv in (-0.25, 0.25)} - {v})
             for c in cands:
                 out.append({**p, name: c})
+        # trade a factor between two dimensions (dp is derived, so a single move changes dp too)
+        exps = {"tp_exp": len(self.tp_divs) - 1, "pp_exp": len(self.divs) - 1, "cp_exp": len(self.divs) - 1,
+                "hp_exp": len(self.divs) - 1}
+        for a, b in itertools.permutations(exps, 2):
+            if p[a] < exps[a] and p[b] > 0:
+                out.append({**p, a: p[a] + 1, b: p[b] - 1})
         return out
