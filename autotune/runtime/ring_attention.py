@@ -88,13 +88,28 @@ def _fused(q: torch.Tensor, kind) -> bool:
     return USE_FUSED and _FUSED_CPU is not None and q.device.type == "cpu" and (kind is None or kind is CAUSAL)
 
 
-def _scores(q: torch.Tensor, k: torch.Tensor, scale: float, kind) -> torch.Tensor:
+def _scores(q: torch.Tensor, k: torch.Tensor, scale: float, kind, row0: int = 0) -> torch.Tensor:
+    """Scaled scores of query rows ``row0 ..`` of a block, masked by the block's kind."""
     s = torch.matmul(q, k.transpose(-1, -2)) * scale
-    if kind is CAUSAL:
-        kind = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
+    if kind is CAUSAL:  # the same segment: row i (of the block) sees keys 0..i
+        rows = torch.arange(row0, row0 + s.shape[-2], device=s.device)
+        kind = rows[:, None] >= torch.arange(s.shape[-1], device=s.device)[None, :]
+    elif kind is not None:
+        kind = kind[row0:row0 + s.shape[-2]].to(s.device)
     if kind is not None:
-        s = s.masked_fill(~kind.to(s.device), float("-inf"))
+        s = s.masked_fill(~kind, float("-inf"))
     return s
+
+
+SCORE_ELEMENTS = 1 << 26
+"""The matmul path materialises at most this many fp32 scores at once (256 MiB): it walks the
+query rows in chunks, so a long shard on a device without the fused kernel does not run out of memory."""
+
+
+def _row_chunks(q: torch.Tensor, keys: int):
+    rows = q.shape[-2]
+    step = max(1, SCORE_ELEMENTS // max(1, q.shape[0] * q.shape[1] * keys))
+    return [(r, min(rows, r + step)) for r in range(0, rows, step)]
 
 
 def _safe(lse: torch.Tensor) -> torch.Tensor:
@@ -107,10 +122,14 @@ def block_forward(q, k, v, scale: float, kind) -> tuple[torch.Tensor, torch.Tens
     if _fused(q, kind):
         o, lse = _FUSED_CPU(q.contiguous(), k.contiguous(), v.contiguous(), 0.0, kind is CAUSAL, scale=scale)
         return o.float(), lse.float()
-    s = _scores(q.float(), k.float(), scale, kind)
-    lse = torch.logsumexp(s, dim=-1)
-    p = torch.exp(s - _safe(lse)[..., None])
-    return torch.matmul(p, v.float()), lse
+    kf, vf = k.float(), v.float()
+    outs, lses = [], []
+    for r0, r1 in _row_chunks(q, k.shape[-2]):
+        s = _scores(q[:, :, r0:r1].float(), kf, scale, kind, r0)
+        lse = torch.logsumexp(s, dim=-1)
+        outs.append(torch.matmul(torch.exp(s - _safe(lse)[..., None]), vf))
+        lses.append(lse)
+    return torch.cat(outs, dim=2), torch.cat(lses, dim=2)
 
 
 def block_backward(do, q, k, v, out, lse, delta, scale: float, kind):
@@ -120,11 +139,16 @@ def block_backward(do, q, k, v, out, lse, delta, scale: float, kind):
         c = [t.contiguous() for t in (do, q, k, v, out, lse)]
         dq, dk, dv = _FUSED_CPU_BWD(*c, 0.0, kind is CAUSAL, scale=scale)
         return dq.float(), dk.float(), dv.float()
-    qf, kf, vf, dof = q.float(), k.float(), v.float(), do.float()
-    p = torch.exp(_scores(qf, kf, scale, kind) - _safe(lse)[..., None])
-    dv = torch.matmul(p.transpose(-1, -2), dof)
-    ds = p * (torch.matmul(dof, vf.transpose(-1, -2)) - delta[..., None])
-    return torch.matmul(ds, kf) * scale, torch.matmul(ds.transpose(-1, -2), qf) * scale, dv
+    kf, vf = k.float(), v.float()
+    dqs, dk, dv = [], torch.zeros_like(kf), torch.zeros_like(vf)
+    for r0, r1 in _row_chunks(q, k.shape[-2]):
+        qf, dof = q[:, :, r0:r1].float(), do[:, :, r0:r1].float()
+        p = torch.exp(_scores(qf, kf, scale, kind, r0) - _safe(lse[:, :, r0:r1])[..., None])
+        dv += torch.matmul(p.transpose(-1, -2), dof)
+        ds = p * (torch.matmul(dof, vf.transpose(-1, -2)) - delta[:, :, r0:r1, None])
+        dqs.append(torch.matmul(ds, kf) * scale)
+        dk += torch.matmul(ds.transpose(-1, -2), qf) * scale
+    return torch.cat(dqs, dim=2), dk, dv
 
 
 def _merge(o: torch.Tensor, lse: torch.Tensor, ob: torch.Tensor, lseb: torch.Tensor) -> None:

@@ -98,10 +98,12 @@ def _masked_reference(q, k, v, pos):
 
 @pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("kv", [4, 2])
-def test_ring_blocks_on_one_rank_match_masked_sdpa(kv, fused, monkeypatch):
+@pytest.mark.parametrize("score_elements", [1 << 26, 2 * 4 * 6 * 3])  # the second walks 3-row chunks
+def test_ring_blocks_on_one_rank_match_masked_sdpa(kv, fused, score_elements, monkeypatch):
     """One shard of several segments (a zigzag front and back, plus a gap): the block pairs, the
     online-softmax merge and the hand-written backward against SDPA with the causal mask."""
     monkeypatch.setattr(ring_attention_module, "USE_FUSED", fused)
+    monkeypatch.setattr(ring_attention_module, "SCORE_ELEMENTS", score_elements)
     segs = [[(0, 5), (11, 3), (20, 6)]]
     pos = torch.cat([torch.arange(s, s + n) for s, n in segs[0]])
     g = torch.Generator().manual_seed(3)
@@ -134,3 +136,21 @@ def test_block_kinds_follow_positions():
     # queries 10..13 against keys 12..14: rows 10 and 11 see none of them
     partial = [[False, False, False], [False, False, False], [True, False, False], [True, True, False]]
     assert kinds == [(1, 0, None), (1, 1, "causal"), (1, 2, partial)]
+
+
+def test_matmul_block_with_a_partial_mask_and_empty_rows(monkeypatch):
+    """The general-mask path: rows that see no key give out 0 and lse -inf; chunking changes nothing."""
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 2, 4, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    mask = torch.tensor([[False, False, False, False], [True, False, False, False],
+                         [True, True, False, True], [True, True, True, True]])
+    s = (q @ k.transpose(-1, -2)) / 8 ** 0.5
+    ref_lse = torch.logsumexp(s.masked_fill(~mask, float("-inf")), -1)
+    ref = torch.softmax(s[:, :, 1:].masked_fill(~mask[1:], float("-inf")), -1) @ v
+    monkeypatch.setattr(ring_attention_module, "USE_FUSED", False)
+    for elements in (1 << 26, 2 * 4):  # whole block, then one row at a time
+        monkeypatch.setattr(ring_attention_module, "SCORE_ELEMENTS", elements)
+        o, lse = ring_attention_module.block_forward(q, k, v, 8 ** -0.5, mask)
+        assert torch.equal(o[:, :, 0], torch.zeros_like(o[:, :, 0])) and torch.isinf(lse[:, :, 0]).all()
+        assert torch.allclose(o[:, :, 1:].double(), ref, atol=1e-6)
+        assert torch.allclose(lse.double(), ref_lse, atol=1e-6)
