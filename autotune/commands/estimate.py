@@ -70,7 +70,7 @@ def _print(est: Any, model: Any, cluster: Any) -> None:
     head.add_row("feasible", "yes" if pr["feasible"] else f"[red]no[/]: {pr['infeasible_reason']}")
     console.print(head)
 
-    st = Table(title="Per pipeline stage (its slowest rank, per step)")
+    st = Table(title="Per pipeline stage (its slowest rank, per step; exposed = communication compute does not hide)")
     cols = ("stage", "layers", "devices", "fwd/mb", "bwd/mb", "compute", "tp", "cp", "hp", "pp", "dp", "exposed",
             "bubble", "memory")
     for col in cols:
@@ -79,7 +79,7 @@ def _print(est: Any, model: Any, cluster: Any) -> None:
         st.add_row(str(s["stage"]), ",".join(map(str, s["layers"])), ",".join(s["devices"]),
                    ",".join(fmt_time(x) for x in s["fwd_s"]), ",".join(fmt_time(x) for x in s["bwd_s"]),
                    *(fmt_time(s[k]) for k in ("compute_s", "tp_comm_s", "cp_comm_s", "hp_comm_s", "pp_comm_s",
-                                              "dp_comm_s", "exposed_comm_s")),
+                                              "dp_comm_s")), fmt_time(s["exposed_comm_s"] + s["dp_exposed_s"]),
                    f"{fmt_time(s['bubble_s'])} ({s['bubble_fraction'] * 100:.0f}%)", fmt_bytes(s["memory_bytes"]))
     console.print(st)
 
@@ -91,7 +91,7 @@ def _print(est: Any, model: Any, cluster: Any) -> None:
         t = r["memory"]
         over = r["memory_bytes"] > r["capacity_bytes"]
         rt.add_row(label, str(r["stage"]), r["device"], fmt_time(r["compute_s"]), fmt_time(r["comm_s"]),
-                   fmt_time(r["exposed_comm_s"]), fmt_time(r["bubble_s"]),
+                   fmt_time(r["exposed_comm_s"] + r["dp_exposed_s"]), fmt_time(r["bubble_s"]),
                    fmt_bytes(t["weights"] + t["gradients"] + t["optimizer"]), fmt_bytes(t["activations"]),
                    fmt_bytes(t["logits"]), fmt_bytes(t["reserve"]),
                    f"[red]{fmt_bytes(r['memory_bytes'])}[/]" if over else fmt_bytes(r["memory_bytes"]),

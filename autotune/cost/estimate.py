@@ -228,7 +228,7 @@ def estimate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: i
                 "stage": pp_i, "device": spec.name, "compute_s": c["compute_s"], "comm_s": c["comm_s"],
                 "tp_comm_s": c["tp_comm_s"], "cp_comm_s": c["cp_comm_s"], "hp_comm_s": c["hp_comm_s"],
                 "pp_comm_s": c["pp_comm_s"], "dp_comm_s": c["dp_comm_s"],
-                "exposed_comm_s": c["exposed_in_ops"] + exposed, "optimizer_s": c["optimizer"],
+                "exposed_comm_s": c["exposed_in_ops"], "dp_exposed_s": exposed, "optimizer_s": c["optimizer"],
                 "bubble_s": max(0.0, step - own), "memory_bytes": c["memory_total"],
                 "capacity_bytes": spec.memory_bytes, "memory": c["memory_terms"]}
         total = c["memory_total"]
@@ -276,7 +276,7 @@ def estimate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: i
             "fwd_s": [sim.fwd[ci * p + s] for ci in range(v)], "bwd_s": [sim.bwd[ci * p + s] for ci in range(v)],
             "compute_s": r["compute_s"], "tp_comm_s": r["tp_comm_s"], "cp_comm_s": r["cp_comm_s"],
             "hp_comm_s": r["hp_comm_s"], "pp_comm_s": r["pp_comm_s"], "dp_comm_s": r["dp_comm_s"],
-            "exposed_comm_s": r["exposed_comm_s"], "optimizer_s": r["optimizer_s"],
+            "exposed_comm_s": r["exposed_comm_s"], "dp_exposed_s": r["dp_exposed_s"], "optimizer_s": r["optimizer_s"],
             "pipeline_s": sim.rank_finish[s], "bubble_s": sim.makespan - sim.rank_busy[s],
             "bubble_fraction": sim.bubble_fraction(s), "end_s": stage_end[s], "memory_bytes": stage_mem[s],
         })
@@ -289,7 +289,7 @@ def estimate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: i
         "pipeline_s": max(sim.makespan for sim in sims),
         "critical_rank": stages[crit]["pacing_rank"],
         **{k: cr[k] for k in ("compute_s", "tp_comm_s", "cp_comm_s", "hp_comm_s", "pp_comm_s", "dp_comm_s",
-                              "exposed_comm_s", "optimizer_s", "bubble_s")},
+                              "exposed_comm_s", "dp_exposed_s", "optimizer_s", "bubble_s")},
         "schedule": rp.schedule,
         "flops": {"model_per_step": model_flops,
                   "hardware_per_step": model.hardware_flops_per_token(seq_len, recompute) * tokens_step,

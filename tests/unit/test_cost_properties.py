@@ -89,3 +89,17 @@ def test_recomputation_costs_time(rec):
     d = {"degrees": {"dp": 2, "tp": 4}}
     base = _est(d, _cluster(1.0), 8).predicted["step_time_s"]
     assert _est({**d, "recompute": rec}, _cluster(1.0), 8).predicted["step_time_s"] > base
+
+
+@SETTINGS
+@given(d=plans, scale=st.floats(0.01, 10.0))
+def test_stage_terms_add_up_inside_the_step(d, scale):
+    est = _est(d, _cluster(scale), 16)
+    step = est.predicted["step_time_s"]
+    for s in est.breakdown["stages"]:
+        assert s["compute_s"] + s["exposed_comm_s"] <= s["pipeline_s"] * (1 + 1e-9)
+        assert s["pipeline_s"] + s["dp_exposed_s"] + s["optimizer_s"] <= s["end_s"] * (1 + 1e-9)
+        assert s["end_s"] <= step * (1 + 1e-12)
+    for r in est.breakdown["ranks"]:
+        busy = r["compute_s"] + r["exposed_comm_s"] + r["dp_exposed_s"] + r["optimizer_s"]
+        assert busy <= step * (1 + 1e-9) and r["bubble_s"] == pytest.approx(max(0.0, step - busy), abs=1e-12)
