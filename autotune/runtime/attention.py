@@ -186,10 +186,9 @@ def sharded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: At
     if ctx.hp > 1:
         lo, hi = kv_head_range(ctx.hp_heads, heads, kv_heads, h)
         nseg = len(local_segments(ctx))
-        q = tokens_to_heads(q, ctx, [(sum(ctx.hp_heads[:r]), sum(ctx.hp_heads[:r + 1])) for r in range(ctx.hp)], nseg)
+        q_ranges = [(sum(ctx.hp_heads[:r]), sum(ctx.hp_heads[:r + 1])) for r in range(ctx.hp)]
         kv_ranges = [kv_head_range(ctx.hp_heads, heads, kv_heads, r) for r in range(ctx.hp)]
-        k = tokens_to_heads(k, ctx, kv_ranges, nseg)
-        v = tokens_to_heads(v, ctx, kv_ranges, nseg)
+        q, k, v = tokens_to_heads([q, k, v], ctx, [q_ranges, kv_ranges, kv_ranges], nseg)
     else:
         lo = 0
     index = gqa_index(heads, kv_heads, first, ctx.hp_heads[h], lo, q.device)

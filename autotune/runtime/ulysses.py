@@ -3,7 +3,8 @@
 Inside one CP shard the hp ranks hold even token slices of every segment of the shard and all heads
 of their tp rank. ``tokens_to_heads`` sends each rank the heads it owns for every token slice, so a
 rank ends with the whole shard (segments in position order) for its ``hp_heads[h]`` query heads;
-``heads_to_tokens`` is the inverse. Both are ``all_to_all_single`` with split sizes along the head
+``heads_to_tokens`` is the inverse. q, k and v go together in one all-to-all (a third of the
+collectives' latency). Both are ``all_to_all_single`` with split sizes along the head
 dimension (uneven heads per rank; gloo and NCCL take unequal splits) in a small autograd Function
 whose backward is the reverse all-to-all (what the deprecated
 ``torch.distributed.nn.functional.all_to_all_single`` does). It calls ``dist.all_to_all_single``
@@ -52,20 +53,25 @@ def _a2a(send: torch.Tensor, in_splits: list[int], out_splits: list[int], group)
     return _AllToAll.apply(send, list(in_splits), list(out_splits), group)
 
 
-def tokens_to_heads(x: torch.Tensor, ctx, ranges: list[tuple[int, int]], nseg: int) -> torch.Tensor:
-    """``[B, H, s, D]`` (this rank's token slices, all heads) -> ``[B, h_r, T, D]`` (the shard's T tokens
-    in position order, the heads ``ranges[me]``). ``ranges[r]`` are the heads rank r receives
-    (they may overlap for kv heads)."""
-    b, _, s, d = x.shape
+def tokens_to_heads(xs: list[torch.Tensor], ctx, ranges: list[list[tuple[int, int]]], nseg: int
+                    ) -> list[torch.Tensor]:
+    """Each ``xs[i]`` ``[B, H_i, s, D]`` (this rank's token slices, all its heads) -> ``[B, h_i, T, D]``
+    (the shard's T tokens in position order, heads ``ranges[i][me]``), all in ONE all-to-all (q, k
+    and v travel together). ``ranges[i][r]`` are the heads of ``xs[i]`` that rank r receives; kv ranges
+    may overlap (a replicated kv head)."""
+    b, _, s, d = xs[0].shape
     hp, me = ctx.hp, ctx.hp_index
-    xt = x.permute(1, 0, 2, 3)  # heads first: all_to_all_single splits dim 0
-    send = torch.cat([xt[lo:hi] for lo, hi in ranges]) if _overlap(ranges) else xt[ranges[0][0]:ranges[-1][1]]
-    mine = ranges[me][1] - ranges[me][0]
-    y = _a2a(send, [hi - lo for lo, hi in ranges], [mine] * hp, ctx.hp_group)
-    # received: per source rank r its slice r of every segment -> order segment-major, then rank
+    xts = [x.permute(1, 0, 2, 3) for x in xs]  # heads first: all_to_all_single splits dim 0
+    send = torch.cat([xt[lo:hi] for r in range(hp) for xt, rng in zip(xts, ranges, strict=True)
+                      for lo, hi in [rng[r]]])
+    in_splits = [sum(rng[r][1] - rng[r][0] for rng in ranges) for r in range(hp)]
+    mine = [rng[me][1] - rng[me][0] for rng in ranges]
+    y = _a2a(send, in_splits, [sum(mine)] * hp, ctx.hp_group)
+    # received: per source rank r its sub-segment r of every segment -> segment-major, then rank
     sub = s // nseg
-    y = y.view(hp, mine, b, nseg, sub, d).permute(2, 1, 3, 0, 4, 5)
-    return y.reshape(b, mine, nseg * hp * sub, d)
+    y = y.view(hp, sum(mine), b, nseg, sub, d)
+    return [part.permute(2, 1, 3, 0, 4, 5).reshape(b, n, nseg * hp * sub, d)
+            for part, n in zip(torch.split(y, mine, dim=1), mine, strict=True)]
 
 
 def heads_to_tokens(o: torch.Tensor, ctx, nseg: int) -> torch.Tensor:
@@ -76,8 +82,3 @@ def heads_to_tokens(o: torch.Tensor, ctx, nseg: int) -> torch.Tensor:
     send = o.reshape(b, mine, nseg, hp, sub, d).permute(3, 1, 0, 2, 4, 5).reshape(hp * mine, b, nseg * sub, d)
     y = _a2a(send, [mine] * hp, list(ctx.hp_heads), ctx.hp_group)
     return y.permute(1, 0, 2, 3)
-
-
-def _overlap(ranges: list[tuple[int, int]]) -> bool:
-    """True unless the ranges tile the heads back to back (then one slice is the send buffer)."""
-    return any(a[1] != b[0] for a, b in zip(ranges, ranges[1:], strict=False))
