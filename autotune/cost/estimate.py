@@ -318,8 +318,11 @@ def estimate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: i
 def _bubble_fraction(sims: list[Any], step: float, p: int) -> float:
     """Idle share of the pipeline (fill, drain, waiting for a slower stage), averaged over stages and
     replicas, of the pipeline's makespan."""
-    fr = [sim.bubble_fraction(s) for sim in sims for s in range(p)]
-    return sum(fr) / len(fr) if fr else 0.0
+    distinct: dict[int, list] = {}  # identical replicas share one (cached) simulation
+    for sim in sims:
+        distinct.setdefault(id(sim), [sim, 0])[1] += 1
+    total = sum(n * sum(sim.bubble_fraction(s) for s in range(p)) for sim, n in distinct.values())
+    return total / (len(sims) * p) if sims else 0.0
 
 
 def _group_cost(rp: Plan, model: Any, spec: Any, cal: dict[str, float], *, pp_i: int, cp_i: int, hp_i: int,

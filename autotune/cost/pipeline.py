@@ -90,10 +90,8 @@ class Simulation:
     """When each pipeline rank finishes its last operation."""
     rank_busy: list[float]
     """Seconds each pipeline rank spends in forward and backward operations."""
-
-    @property
-    def makespan(self) -> float:
-        return max(self.rank_finish)
+    makespan: float = 0.0
+    """When the last pipeline rank finishes."""
 
     def bubble_fraction(self, s: int) -> float:
         span = self.makespan
@@ -182,7 +180,7 @@ def simulate(schedule: str, p: int, v: int, m: int, fwd: tuple[float, ...], bwd:
             raise RuntimeError(f"pipeline schedule {schedule} deadlocked (p={p}, v={v}, m={m})")
         remaining -= advanced
     return Simulation(p=p, v=v, m=m, f_end=f_end, b_end=b_end, fwd=fwd, bwd=bwd, p2p=p2p,
-                      rank_finish=free, rank_busy=busy)
+                      rank_finish=free, rank_busy=busy, makespan=max(free))
 
 
 @lru_cache(maxsize=2048)
