@@ -102,3 +102,11 @@ def test_slower_links_never_speed_the_pipeline_up(p, m, c, dc, schedule):
     fast = simulate(schedule, p, 1, m, f, b, (c,) * (p - 1)).makespan
     slow = simulate(schedule, p, 1, m, f, b, (c + dc,) * (p - 1)).makespan
     assert slow >= fast - 1e-9
+
+
+@pytest.mark.parametrize("p,v,m", [(2, 2, 4), (4, 2, 8), (4, 4, 16), (8, 2, 16)])
+def test_interleaved_first_stage_holds_p_plus_p_minus_1_over_v_micro_batches(p, v, m):
+    # Narayanan et al. 2021 section 2.2.1: with interleaving the first stage keeps the activations of
+    # p * (1 + (p - 1) / (p * v)) micro-batches' worth of its layers, i.e. p*v + p - 1 chunks
+    peak, _ = peak_in_flight("interleaved_1f1b", p, v, m, 0, (1,) * v)
+    assert peak == p * v + p - 1
