@@ -10,9 +10,6 @@ import plotly.graph_objects as go
 from autotune.dashboard.data import DIMS, StudyView, TrialRow
 from autotune.dashboard.timeline import KINDS, Timeline
 
-Chart = tuple[str, str, "go.Figure | str"]
-"""(id, title, figure or the reason there is none)."""
-
 COLOURS = {"fwd": "#4C78A8", "bwd": "#F58518", "comm": "#54A24B", "bubble": "#E45756", "idle": "#BAB0AC"}
 GiB = 1024 ** 3
 GANTT_LIMIT = 20_000
