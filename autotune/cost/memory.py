@@ -19,6 +19,10 @@ in Large Transformer Models", section 4 / Table 2), in bytes for 16-bit activati
 * attention scores, softmax and its dropout: 5*a*s^2*b, split by tp (heads) and, with context
   parallelism, each rank keeps its s_c queries against all s keys (5*a*s_c*s*b).
 
+On GPUs (``fused_attention``) the scores term is replaced by the fused kernel's log-sum-exp: the
+runtime's ``scaled_dot_product_attention`` dispatches to flash / memory-efficient kernels there, as
+Megatron does through Transformer Engine; on CPU the math kernel materialises the scores.
+
 Ulysses (hp) ranks hold s_c / hp tokens outside attention and ``heads[i]`` heads over all s_c
 tokens inside it. Recomputation (Korthikanti et al. section 5): ``selective`` drops the scores term;
 ``full`` keeps only each block's input (2sbh, /tp with sequence parallelism) and rebuilds one block
@@ -62,7 +66,7 @@ def model_states(params: float, dtype: str, zero_stage: int, shard: int, layer_p
 
 def layer_activation_bytes(model: Any, *, micro_batch: int, tokens_local: float, cp_tokens: float, seq_len: int,
                            heads_local: int, tp: int, sequence_parallel: bool, recompute: str,
-                           act_bytes: int) -> tuple[float, float, float]:
+                           act_bytes: int, fused_attention: bool = False) -> tuple[float, float, float]:
     """(bytes one block keeps per micro-batch for backward, bytes of one block's full activations,
     of which the attention scores term).
 
@@ -78,7 +82,13 @@ def layer_activation_bytes(model: Any, *, micro_batch: int, tokens_local: float,
     q_o = 4.0 * hd * heads_local * b * cp_tokens
     k_v = 4.0 * (kv / tp) * frac * b * cp_tokens
     mlp = 2.0 * f * model.mlp_matrices * b * tokens_local / tp
-    scores = 5.0 * heads_local * b * cp_tokens * seq_len
+    if fused_attention:
+        # Flash / memory-efficient SDPA (what the runtime and Megatron-TE run on GPUs) keeps only the
+        # fp32 log-sum-exp per query and head for backward (Dao et al. 2022, FlashAttention, section 3.1),
+        # never the s^2 scores; expressed in 16-bit units so ``scale`` applies like to the other terms.
+        scores = 4.0 * heads_local * b * cp_tokens * (2.0 / act_bytes)
+    else:
+        scores = 5.0 * heads_local * b * cp_tokens * seq_len
     full = (undivided + q_o + k_v + mlp + scores) * scale
     if recompute == "full":
         kept = 2.0 * h * b * tokens_local / (tp if sequence_parallel else 1) * scale

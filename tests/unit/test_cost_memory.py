@@ -38,7 +38,8 @@ def _total(alloc):
 @pytest.mark.parametrize("recompute", ["none", "selective", "full"])
 def test_single_device_memory_total_by_hand(recompute):
     est = estimate(parse_inline(f"dp=1,mbs={B},recompute={recompute}"), GELU, one_node(1), S, 4)
-    layer_full = s * b * h * (34 + 5 * a * s / h)
+    # a GPU device: fused attention keeps the fp32 log-sum-exp (4 bytes per query and head), not 5as^2b
+    layer_full = s * b * h * 34 + 4 * a * s * b
     kept = {"none": layer_full, "selective": s * b * h * 34, "full": 2 * s * b * h}[recompute]
     # pp = 1: one micro-batch in flight; recomputation rebuilds one layer at a time on top
     acts = L * kept + (layer_full - kept)
@@ -62,9 +63,17 @@ def test_activations_times_micro_batches_in_flight_under_1f1b_and_gpipe():
     m = 8
     for sched, inflight in (("1f1b", lambda st: min(4 - st, m)), ("gpipe", lambda st: m)):
         est = estimate(parse_inline(f"pp=4,schedule={sched}"), GELU, one_node(4), S, m)
-        per = s * 1 * h * (34 + 5 * a * s / h)  # micro-batch size 1
+        per = s * 1 * h * 34 + 4 * a * s  # micro-batch size 1, fused attention on a GPU
         for r, row in enumerate(est.breakdown["ranks"]):
             assert row["memory"]["activations"] == pytest.approx(per * 1 * inflight(r)), (sched, r)
+
+
+def test_cpu_math_attention_keeps_the_korthikanti_scores_term():
+    from _cost_helpers import device
+
+    est = estimate(parse_inline(f"dp=1,mbs={B}"), GELU, one_node(1, dev=device(kind="cpu")), S, 4)
+    acts = L * s * b * h * (34 + 5 * a * s / h)  # Korthikanti et al. Table 2, no parallelism
+    assert est.breakdown["ranks"][0]["memory"]["activations"] == pytest.approx(acts)
 
 
 def test_cpu_devices_have_no_fixed_reserve():
