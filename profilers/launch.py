@@ -1,15 +1,17 @@
 """Start the ranks of a local profile, watch them, and end them all on a fault.
 
-``torch.multiprocessing.start_processes(..., start_method="spawn", join=False)`` is ~1.5x faster
-to start than torchrun here (torch-cpu-facts). The parent polls: a rank that raises or exits
-non-zero makes ``ProcessContext.join`` raise (it then terminates the others); a rank that hangs
-is caught by the process-group timeout in its peers or, failing that, by our own deadline, after
-which every process still alive is killed. Either way the caller gets a ``WorkError`` and nothing
+Plain ``multiprocessing`` spawn (what ``torch.multiprocessing.spawn`` uses underneath, ~1.5x faster
+to start than torchrun here, torch-cpu-facts) so that the parent never imports torch: on a loaded
+2-core machine that import alone takes seconds. The parent polls: a rank that raises writes its
+error to ``rank{R}.err`` and exits 1, a rank that dies exits with its own code; either way every
+other rank is terminated. A rank that hangs is caught by the process-group timeout in its peers
+or, failing that, by our own deadline, after which every process still alive is killed. Either way the caller gets a ``WorkError`` and nothing
 was written to the database.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import re
@@ -23,6 +25,23 @@ from typing import Any
 from autotune.errors import InputError, WorkError
 
 ProgressCb = Callable[[int, int, str], None]
+
+
+def _torch_version() -> str:
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _cuda_available() -> bool:
+    """torch.cuda.is_available(), without importing torch (seconds on a loaded machine) when no GPU
+    device node exists: the ranks import torch anyway, the parent need not."""
+    if not any(os.path.exists(p) for p in ("/dev/nvidia0", "/dev/nvidiactl", "/dev/dxg")):
+        return False
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def default_nproc(kind: str) -> int:
@@ -42,14 +61,14 @@ def check_request(device: str, nproc: int | None) -> str:
         nproc = 1
     if nproc < 1:
         raise InputError(f"must be >= 1, got {nproc}", field="--nproc")
-    import torch
-
-    has_cuda = torch.cuda.is_available()
+    has_cuda = device != "cpu" and _cuda_available()
     if device == "cuda" and not has_cuda:
         raise InputError("CUDA was requested but torch.cuda.is_available() is false "
-                         f"(torch {torch.__version__}); use --device cpu", field="--device")
+                         f"(torch {_torch_version()}); use --device cpu", field="--device")
     kind = "cuda" if device == "cuda" or (device == "auto" and has_cuda) else "cpu"
     if kind == "cuda":
+        import torch
+
         n = torch.cuda.device_count()
         if nproc > n:
             raise InputError(f"{nproc} ranks but this machine has {n} CUDA device(s); one rank per GPU",
@@ -85,41 +104,42 @@ def _clean(text: str) -> str:
     return re.sub(r"\s+", " ", line).strip()[:240]
 
 
-def _explain(ctx, exc: BaseException, timeout_s: float) -> str:
-    """One line naming the rank at fault: a rank that died by itself beats the peers that lost it."""
-    codes = [p.exitcode for p in ctx.processes]
-    died = [i for i, c in enumerate(codes) if c not in _SECONDARY]
-    if died:
-        return f"rank {died[0]} died (exit code {codes[died[0]]})"
-    import torch.multiprocessing as mp
-
-    if isinstance(exc, mp.ProcessExitedException):
-        return f"rank {exc.error_index} died (exit code {exc.exit_code})"
-    text = _clean(str(exc))
-    low = text.lower()
-    if "timed out" in low or "timeout" in low:
-        return f"a rank hung: rank {exc.error_index} got no answer within {timeout_s:g} s ({text})"
-    if "closed by peer" in low or "connection reset" in low:
-        return f"a peer of rank {exc.error_index} went away ({text})"
-    return f"rank {exc.error_index} failed: {text}"
-
-
-def _kill_all(ctx) -> None:
-    for p in ctx.processes:
+def _kill_all(procs) -> None:
+    for p in procs:
         if p.is_alive():
             p.terminate()
     deadline = time.time() + 3
-    for p in ctx.processes:
+    for p in procs:
         p.join(max(0.0, deadline - time.time()))
         if p.is_alive():
             p.kill()
             p.join(1)
 
 
+def _explain(procs, errors: dict[int, str], timeout_s: float) -> str:
+    """One line naming the rank at fault: a rank that died by itself beats the peers that lost it."""
+    codes = [p.exitcode for p in procs]
+    died = [i for i, c in enumerate(codes) if c not in _SECONDARY]
+    if died:
+        return f"rank {died[0]} died (exit code {codes[died[0]]})"
+    if not errors:
+        bad = next((i for i, c in enumerate(codes) if c not in (None, 0)), 0)
+        return f"rank {bad} died (exit code {codes[bad]})"
+    rank = min(errors)
+    text = _clean(errors[rank])
+    low = text.lower()
+    if "timed out" in low or "timeout" in low:
+        return f"a rank hung: rank {rank} got no answer within {timeout_s:g} s ({text})"
+    if "closed by peer" in low or "connection reset" in low:
+        return f"a peer of rank {rank} went away ({text})"
+    return f"rank {rank} failed: {text}"
+
+
 def launch_local(kind: str, nproc: int, *, quick: bool, emulate: dict[int, float] | None = None,
                  timeout_s: float = 60.0, progress: ProgressCb | None = None) -> dict[str, Any]:
     """Run ``nproc`` ranks on this machine; return rank 0's result dict (see profilers.worker)."""
-    import torch.multiprocessing as mp
+    import multiprocessing as mp
+    import multiprocessing.connection
 
     from profilers.worker import _spawn_entry, free_port
 
@@ -131,27 +151,35 @@ def launch_local(kind: str, nproc: int, *, quick: bool, emulate: dict[int, float
         cfg = {"device": kind, "quick": quick, "timeout_s": timeout_s, "out": str(out),
                "progress": str(out / "progress.tsv"), "emulate": {str(k): v for k, v in (emulate or {}).items()},
                "port": free_port(), "local_world": nproc}
-        ctx = mp.start_processes(_spawn_entry, args=(nproc, cfg), nprocs=nproc, join=False, start_method="spawn")
+        ctx = mp.get_context("spawn")
+        procs = [ctx.Process(target=_spawn_entry, args=(r, nproc, cfg), name=f"profile-rank-{r}", daemon=True)
+                 for r in range(nproc)]
         # The peers' own process-group timeout normally fires first; this is the backstop.
         limit = timeout_s * 3 + 60
         deadline = time.time() + limit
         seen = 0
         try:
+            for p in procs:
+                p.start()
             while True:
-                try:
-                    finished = ctx.join(timeout=0.2)
-                except (mp.ProcessExitedException, mp.ProcessRaisedException) as e:
-                    raise WorkError(f"profile failed: {_explain(ctx, e, timeout_s)}; all ranks were stopped "
-                                    "and nothing was stored") from None
+                codes = [p.exitcode for p in procs]
                 seen = _read_progress(out / "progress.tsv", seen, progress)
-                if finished:
+                if any(c not in (None, 0) for c in codes):
+                    time.sleep(0.3)  # let the peers that lost it write their errors too
+                    _kill_all(procs)
+                    errors = {r: (out / f"rank{r}.err").read_text(encoding="utf-8")
+                              for r in range(nproc) if (out / f"rank{r}.err").exists()}
+                    raise WorkError(f"profile failed: {_explain(procs, errors, timeout_s)}; all ranks were "
+                                    "stopped and nothing was stored")
+                if all(c == 0 for c in codes):
                     break
                 if time.time() > deadline:
-                    alive = [i for i, p in enumerate(ctx.processes) if p.is_alive()]
+                    alive = [i for i, p in enumerate(procs) if p.is_alive()]
                     raise WorkError(f"profile failed: rank(s) {alive} hung (not finished within {limit:.0f} s); "
                                     "all ranks were stopped and nothing was stored")
+                multiprocessing.connection.wait([p.sentinel for p in procs if p.exitcode is None], timeout=0.2)
         finally:
-            _kill_all(ctx)
+            _kill_all(procs)
         res = out / "result.json"
         if not res.exists():
             raise WorkError("profile failed: rank 0 wrote no result")

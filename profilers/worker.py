@@ -168,11 +168,20 @@ def run_rank(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any] | Non
 
 
 def _spawn_entry(rank: int, world: int, cfg: dict[str, Any]) -> None:
-    """torch.multiprocessing target: set the rendezvous, run, exit without atexit noise."""
+    """multiprocessing (spawn) target: set the rendezvous, run, report an error to the parent in
+    ``rank{R}.err``, exit without atexit noise."""
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(cfg["port"])
     os.environ["LOCAL_RANK"] = str(rank)
-    run_rank(rank, world, cfg)
+    try:
+        run_rank(rank, world, cfg)
+    except BaseException as e:  # noqa: BLE001 - reported to the parent, which stops every rank
+        import traceback
+
+        err = Path(cfg["out"]) / f"rank{rank}.err"
+        err.write_text(f"{traceback.format_exc()}\n{type(e).__name__}: {e}\n", encoding="utf-8")
+        sys.stderr.flush()
+        os._exit(1)
     sys.stdout.flush()
     sys.stderr.flush()
     # Clean exit without running interpreter teardown (torch-cpu-facts: aborts at exit otherwise).
