@@ -270,8 +270,9 @@ class DefaultSpace:
                 cands = [c for c in dist.choices if c != v]
             elif isinstance(v, int) and not isinstance(v, bool) and hasattr(dist, "step") and dist.step == 1:
                 cands = [x for x in (v - 1, v + 1) if dist.low <= x <= dist.high]
-            else:
-                cands = sorted({min(dist.high, max(dist.low, round(v + dv, 3))) for dv in (-0.25, 0.25)} - {v})
+            else:  # coarse and fine steps, and the two anchors: even (0) and speed-balanced (1)
+                steps = {min(dist.high, max(dist.low, round(v + dv, 4))) for dv in (-0.25, -0.05, 0.05, 0.25)}
+                cands = sorted((steps | {0.0, 1.0}) - {v})
             for c in cands:
                 out.append({**p, name: c})
         # trade a factor between two dimensions (dp is derived, so a single move changes dp too)
