@@ -172,7 +172,7 @@ def sharded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: At
     from autotune.runtime.ring_attention import ring_attention
     from autotune.runtime.ulysses import heads_to_tokens, kv_head_range, tokens_to_heads
 
-    b, heads, s_local, d = q.shape
+    _, heads, s_local, _ = q.shape
     kv_heads = k.shape[1]
     expect = sum(n for _, n in local_segments(ctx))
     if heads != ctx.heads or s_local != expect or k.shape != v.shape or k.shape[2] != s_local:
@@ -183,15 +183,13 @@ def sharded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: At
                          f" (context kv_heads={ctx.kv_heads})")
     h = ctx.hp_index
     first = sum(ctx.hp_heads[:h])
-    if ctx.hp > 1:
-        lo, hi = kv_head_range(ctx.hp_heads, heads, kv_heads, h)
-        nseg = len(local_segments(ctx))
+    kv_ranges = [kv_head_range(ctx.hp_heads, heads, kv_heads, r) for r in range(ctx.hp)]
+    nseg = len(local_segments(ctx))
+    if ctx.hp > 1:  # Ulysses: token slices of all heads -> the whole shard of this rank's heads
         q_ranges = [(sum(ctx.hp_heads[:r]), sum(ctx.hp_heads[:r + 1])) for r in range(ctx.hp)]
-        kv_ranges = [kv_head_range(ctx.hp_heads, heads, kv_heads, r) for r in range(ctx.hp)]
         q, k, v = tokens_to_heads([q, k, v], ctx, [q_ranges, kv_ranges, kv_ranges], nseg)
-    else:
-        lo = 0
-    index = gqa_index(heads, kv_heads, first, ctx.hp_heads[h], lo, q.device)
+    # GQA: the local kv head of each local query head (kv heads start at kv_ranges[h][0] after Ulysses)
+    index = gqa_index(heads, kv_heads, first, ctx.hp_heads[h], kv_ranges[h][0] if ctx.hp > 1 else 0, q.device)
     if ctx.cp > 1:
         segs = shard_segments(ctx.cp_tokens, ctx.layout)
         o = ring_attention(q, k, v, index, segs, ctx.cp_index, ctx.cp_group, ctx.cp_ranks)
