@@ -36,13 +36,21 @@ def configurations():
                     for kv in (HEADS, 2):
                         for fused in (True, False) if cp > 1 else (True,):
                             out.append({"cp": cp, "hp": hp, "layout": layout, "tokens": tokens,
-                                        "heads": heads, "kv": kv, "fused": fused})
+                                        "heads": heads, "kv": kv, "fused": fused, "dtype": "fp32"})
+    # bf16 (the runtime's default dtype) on the mixed shapes, uneven, GQA, both kernels
+    for cp, hp in ((2, 2), (4, 1)):
+        for fused in (True, False):
+            out.append({"cp": cp, "hp": hp, "layout": "zigzag", "tokens": UNEVEN_TOKENS[(cp, 2 * hp)],
+                        "heads": UNEVEN_HEADS.get(hp, [HEADS]), "kv": 2, "fused": fused, "dtype": "bf16"})
     return out
+
+
+TOLERANCE = {"fp32": 1e-5, "bf16": 5e-2}
 
 
 def _name(c):
     return (f"cp{c['cp']}xhp{c['hp']} {c['layout']} tokens={c['tokens']} heads={c['heads']} kv={c['kv']}"
-            f" {'fused' if c['fused'] else 'matmul'}")
+            f" {'fused' if c['fused'] else 'matmul'} {c['dtype']}")
 
 
 def check_all(payload, rank, world, device):
@@ -84,24 +92,27 @@ def check_all(payload, rank, world, device):
                                hp_index=hp_i, hp_heads=c["heads"], heads=HEADS, kv_heads=c["kv"], seq_len=S)
         ring_attention.USE_FUSED = c["fused"]
         g = torch.Generator().manual_seed(1000 + n)
-        q = torch.randn(B, HEADS, S, D, generator=g)
-        k = torch.randn(B, c["kv"], S, D, generator=g)
-        v = torch.randn(B, c["kv"], S, D, generator=g)
-        w = torch.randn(B, HEADS, S, D, generator=g)  # loss = sum(out * w): dOut = w
+        dtype = torch.bfloat16 if c["dtype"] == "bf16" else torch.float32
+        # inputs representable in the dtype; the reference runs on them in fp32
+        q = torch.randn(B, HEADS, S, D, generator=g).to(dtype).float()
+        k = torch.randn(B, c["kv"], S, D, generator=g).to(dtype).float()
+        v = torch.randn(B, c["kv"], S, D, generator=g).to(dtype).float()
+        w = torch.randn(B, HEADS, S, D, generator=g).to(dtype).float()  # loss = sum(out * w): dOut = w
         qr, kr, vr = (t.clone().requires_grad_(True) for t in (q, k, v))
         rep = HEADS // c["kv"]
         ref = F.scaled_dot_product_attention(qr, kr.repeat_interleave(rep, 1), vr.repeat_interleave(rep, 1),
                                              is_causal=True)
         (ref * w).sum().backward()
         pos = local_token_positions(ctx).to(device)
-        ql, kl, vl = (t.to(device)[:, :, pos].clone().requires_grad_(True) for t in (q, k, v))
+        ql, kl, vl = (t.to(device, dtype)[:, :, pos].clone().requires_grad_(True) for t in (q, k, v))
         out = sharded_attention(ql, kl, vl, ctx)
-        (out * w.to(device)[:, :, pos]).sum().backward()
+        assert out.dtype == dtype and ql.grad is None
+        (out * w.to(device, dtype)[:, :, pos]).sum().backward()
         errors[_name(c)] = {
-            "out": (out.detach().cpu() - ref.detach()[:, :, pos.cpu()]).abs().max().item(),
-            "dq": (ql.grad.cpu() - qr.grad[:, :, pos.cpu()]).abs().max().item(),
-            "dk": (kl.grad.cpu() - kr.grad[:, :, pos.cpu()]).abs().max().item(),
-            "dv": (vl.grad.cpu() - vr.grad[:, :, pos.cpu()]).abs().max().item(),
+            "out": (out.detach().cpu().float() - ref.detach()[:, :, pos.cpu()]).abs().max().item(),
+            "dq": (ql.grad.cpu().float() - qr.grad[:, :, pos.cpu()]).abs().max().item(),
+            "dk": (kl.grad.cpu().float() - kr.grad[:, :, pos.cpu()]).abs().max().item(),
+            "dv": (vl.grad.cpu().float() - vr.grad[:, :, pos.cpu()]).abs().max().item(),
             "positions": pos.cpu().tolist(),
         }
     return errors
@@ -119,6 +130,6 @@ def test_sharded_attention_matches_whole_sequence_sdpa():
         assert held == sorted(list(range(S)) * (4 // (c["cp"] * c["hp"]))), name
         for rank, r in enumerate(res.results):
             for key in ("out", "dq", "dk", "dv"):
-                if not r[name][key] < 1e-5:
+                if not r[name][key] < TOLERANCE[c["dtype"]]:
                     bad.append((name, rank, key, r[name][key]))
     assert not bad, bad
