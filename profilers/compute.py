@@ -16,8 +16,9 @@ Each sweep point is timed by ``profilers.timing.time_fn``; every point becomes a
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from profilers.emulation import SlowdownEmulator
 from profilers.fits import affine_fit
@@ -46,6 +47,14 @@ class ComputePlan:
     """Skip attention points whose forward + backward FLOPs exceed this."""
     retry: bool = True
     """Re-measure an unstable point once (off in --quick: on a loaded machine it doubles the time)."""
+    retry_budget_s: float = 20.0
+    """No more re-measuring once the sweep has run this long (keeps a loaded machine near the target)."""
+    started: list = field(default_factory=list, compare=False)
+
+    def may_retry(self) -> bool:
+        if not self.started:
+            self.started.append(time.perf_counter())
+        return self.retry and time.perf_counter() - self.started[0] < self.retry_budget_s
 
 
 def compute_plan(device: str, quick: bool) -> ComputePlan:
@@ -106,7 +115,7 @@ def measure_gemm(plan: ComputePlan, device: str, emu: SlowdownEmulator | None, t
             a = torch.randn(m, k, device=device).to(dtype)
             b = torch.randn(k, n, device=device).to(dtype)
             t = time_fn(lambda a=a, b=b: torch.mm(a, b), device=device, warmup=plan.warmup,
-                        repeats=plan.repeats, emulator=emu, retry=plan.retry)
+                        repeats=plan.repeats, emulator=emu, retry=plan.may_retry())
             flops = 2.0 * m * n * k
             rows.append({"kind": "gemm", "params": {"dtype": dt, "m": m, "k": k, "n": n},
                          "work": flops, "timing": t.to_dict(),
@@ -135,8 +144,8 @@ def measure_attention(plan: ComputePlan, device: str, emu: SlowdownEmulator | No
             o.backward(grad)
             q.grad = k.grad = v.grad = None
 
-        tf = time_fn(fwd, device=device, warmup=plan.warmup, repeats=plan.repeats, emulator=emu, retry=plan.retry)
-        tfb = time_fn(fwd_bwd, device=device, warmup=plan.warmup, repeats=plan.repeats, emulator=emu, retry=plan.retry)
+        tf = time_fn(fwd, device=device, warmup=plan.warmup, repeats=plan.repeats, emulator=emu, retry=plan.may_retry())
+        tfb = time_fn(fwd_bwd, device=device, warmup=plan.warmup, repeats=plan.repeats, emulator=emu, retry=plan.may_retry())
         f_fwd, f_bwd = attention_flops(1, plan.attn_heads, s, d)
         bwd_s = max(tfb.median_s - tf.median_s, 1e-9)
         params = {"dtype": plan.attn_dtype, "batch": 1, "heads": plan.attn_heads, "seq": s, "head_dim": d}
@@ -174,7 +183,7 @@ def measure_memory(plan: ComputePlan, device: str, emu: SlowdownEmulator | None,
 
     src = torch.empty(plan.copy_bytes // 4, dtype=torch.float32, device=device).fill_(1.0)
     dst = torch.empty_like(src)
-    t = time_fn(lambda: dst.copy_(src), device=device, warmup=plan.warmup, repeats=plan.repeats, emulator=emu, retry=plan.retry)
+    t = time_fn(lambda: dst.copy_(src), device=device, warmup=plan.warmup, repeats=plan.repeats, emulator=emu, retry=plan.may_retry())
     moved = 2.0 * plan.copy_bytes  # one read + one write per byte copied
     cap = memory_capacity(device)
     tick("memory")
@@ -184,6 +193,7 @@ def measure_memory(plan: ComputePlan, device: str, emu: SlowdownEmulator | None,
 
 def run_compute(device: str, quick: bool, emu: SlowdownEmulator | None, tick: Progress) -> list[dict]:
     plan = compute_plan(device, quick)
+    plan.may_retry()  # start the retry budget's clock
     return (measure_gemm(plan, device, emu, tick) + measure_attention(plan, device, emu, tick)
             + measure_memory(plan, device, emu, tick))
 
