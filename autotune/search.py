@@ -19,6 +19,7 @@ the trials other workers wrote, so TPE learns from all of them. Equal plans are 
 
 from __future__ import annotations
 
+import json
 import math
 import multiprocessing as mp
 import os
@@ -369,13 +370,14 @@ def run_grid(ws: Workspace, ev: Evaluator, points: list[dict[str, Any]], deadlin
     return done
 
 
-def run_polish(ws: Workspace, ev: Evaluator, budget: int, deadline: float | None, starts: int = 5) -> int:
+def run_polish(ws: Workspace, ev: Evaluator, budget: int, deadline: float | None, starts: int = 8) -> int:
     """Hill climb from the best ``starts`` distinct plans: take the best one-step move while it helps."""
     ranked = sorted((t for t in ws.mem.get_trials(deepcopy=False) if is_feasible(t) and t.params),
                     key=lambda t: -t.value)
+    # the best plan of each of the best few degree layouts: diverse starts, not five near-copies
     seeds, keys = [], set()
     for t in ranked:
-        k = plan_key(t.user_attrs["plan"])
+        k = json.dumps(t.user_attrs["plan"]["degrees"], sort_keys=True)
         if k not in keys:
             keys.add(k)
             seeds.append((dict(t.params), float(t.value)))

@@ -228,6 +228,9 @@ class DefaultSpace:
                 continue
             for rc in ("selective", "full"):
                 out.append((name, self.params(cp=cp, hp=hp, recompute=rc, zero=3)))
+        if self.ctx.heterogeneous:  # the same layouts with speed-balanced shares: starts for the search
+            out += [(f"{name}/balanced", {**p, **{k: 1.0 for k in SHARE_FLOATS if k.endswith("_speed")}})
+                    for name, p in out]
         return out
 
     def _grid_iter(self):
