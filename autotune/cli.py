@@ -12,6 +12,7 @@ import sys
 import traceback
 
 import typer
+from rich.markup import escape
 
 from autotune import __version__
 from autotune.commands import apply, dashboard, estimate, models, profile, search, trial, tune, validate
@@ -76,7 +77,8 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 
 
 def _fail(exc: AutotuneError | None, message: str, code: int, kind: str) -> None:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    # escape: messages quote user input and lists ("[4, 0]") that rich would read as markup
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     if "--json" in sys.argv[1:]:
         emit_json({"error": {"kind": kind, "message": getattr(exc, "message", message),
                              "source": getattr(exc, "source", None), "field": getattr(exc, "field", None)}})
