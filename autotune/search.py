@@ -626,8 +626,9 @@ def why_best(best: Plan, base: Plan | None, bd_best: Any, bd_base: Any) -> str:
             diffs.append(f"{k} {getattr(best, k)}")
     terms = ""
     if isinstance(bd_best, dict) and isinstance(bd_base, dict):
-        deltas = [(k, _num(bd_base, k) - _num(bd_best, k)) for k in bd_best
-                  if _num(bd_best, k) is not None and _num(bd_base, k) is not None and k != "step_time_s"]
+        deltas = [(k, _num(bd_base, k) - _num(bd_best, k)) for k in bd_best  # time terms only (seconds)
+                  if k.endswith("_s") and k != "step_time_s" and _num(bd_best, k) is not None
+                  and _num(bd_base, k) is not None]
         deltas = [d for d in deltas if d[1] > 0]
         if deltas:
             k, d = max(deltas, key=lambda x: x[1])
