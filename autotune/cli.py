@@ -90,6 +90,8 @@ def main() -> None:
     try:
         # Outside standalone mode click returns a command's `typer.Exit(n)` code instead of exiting.
         rv = app(standalone_mode=False)
+        if rv == 130:  # typer turns Ctrl-C into a silent return code 130 outside standalone mode
+            _fail(None, "interrupted", 130, "interrupted")
         if isinstance(rv, int) and rv:
             sys.exit(rv)
     except _EXIT as e:

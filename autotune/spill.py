@@ -130,6 +130,8 @@ def recover(storage_url: str, study: Any) -> int:
                 fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:  # its process is alive and will persist these itself
                 continue
+            if os.fstat(fh.fileno()).st_nlink == 0:  # another recovery took it while we waited to open
+                continue
             new = []
             for line in fh:
                 try:
