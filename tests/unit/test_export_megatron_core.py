@@ -10,17 +10,14 @@ must pass Megatron's own validation.
 
 from __future__ import annotations
 
-import itertools
 import warnings
 
 import pytest
+from test_export_megatron import compositions, ctx_for, resolved  # the same workloads as the rule tests
 
 from autotune.export import export
 from autotune.export import megatron as M
-from autotune.export.common import ExportContext
-from autotune.plan import Degrees, Plan, Shares
-from autotune.specs.cluster import load_cluster
-from autotune.specs.model import PRESETS
+from autotune.plan import Degrees, Shares
 
 with warnings.catch_warnings():  # "Transformer Engine and Apex are not installed": expected on CPU
     warnings.simplefilter("ignore")
@@ -30,15 +27,6 @@ with warnings.catch_warnings():  # "Transformer Engine and Apex are not installe
     from megatron.core.transformer import TransformerConfig
     from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
     from megatron.core.transformer.transformer_block import get_num_layers_to_build
-
-
-def ctx_for(model="small", world=8, seq=256, batch=16):
-    return ExportContext(model=PRESETS[model], cluster=load_cluster(f"local:{world}"), seq_len=seq,
-                         global_batch=batch)
-
-
-def resolved(ctx, **kw):
-    return Plan(**kw).resolve(ctx.model, ctx.cluster, ctx.seq_len, ctx.global_batch)
 
 
 def config_from_args(args: list[str]) -> TransformerConfig:
@@ -101,12 +89,6 @@ def built_layers(cfg: TransformerConfig, pp: int, vpp: int) -> list[list[int]]:
         parallel_state.set_pipeline_model_parallel_world_size(None)
         parallel_state.set_pipeline_model_parallel_rank(None)
     return out
-
-
-def compositions(total, parts):
-    for cuts in itertools.combinations(range(1, total), parts - 1):
-        b = (0, *cuts, total)
-        yield tuple(b[i + 1] - b[i] for i in range(parts))
 
 
 @pytest.mark.parametrize("pp,v", [(2, 1), (4, 1), (2, 2)])
