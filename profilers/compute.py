@@ -9,27 +9,32 @@
 - **Memory**: capacity and what is free now (``/proc/meminfo`` or ``cuda.mem_get_info``), and a
   copy bandwidth (read + write of a large tensor: 2 * bytes per copy).
 
-Each sweep point is timed by ``profilers.timing.time_fn``; every point becomes a sample row, and
-``fit_compute`` turns them into the fits the cost model reads (docs/contracts.md "Profiles").
+Each sweep point is timed by a ``profilers.timing.Meter`` in interleaved rounds over the whole sweep
+(median of the round medians); every point becomes a sample row, and ``fit_compute`` turns them
+into the fits the cost model reads (docs/contracts.md "Profiles"). A GEMM dtype the device has no
+native kernel for is not measured; ``dtype_support`` says why, and the fits keep that reason
+(``gemm_unsupported``) so the profile never drops a dtype silently.
 """
 
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from profilers.emulation import SlowdownEmulator
 from profilers.fits import affine_fit
-from profilers.timing import time_fn
+from profilers.timing import Meter, Timing, repeats_for
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+MIN_ROUNDS = 3
+"""Fewest rounds a sweep takes even over its time budget (a median of three rounds still drops one
+spoilt round)."""
 
 
 @dataclass(frozen=True)
 class ComputePlan:
-    """Which points to measure (``quick`` trims every sweep so `--quick` stays within seconds)."""
+    """Which points to measure and how often (``quick`` trims every sweep so `--quick` takes seconds)."""
 
     gemm_tokens: tuple[int, ...]
     gemm_hidden: tuple[int, ...]
@@ -40,21 +45,23 @@ class ComputePlan:
     attn_dtype: str
     copy_bytes: int
     warmup: int
-    repeats: int
+    rounds: int
+    """Interleaved rounds over the whole sweep (profilers.timing: the median of the round medians)."""
+    round_s: float
+    """Each point's repeats in one round last about this long (many repeats for small calls) ..."""
+    min_repeats: int
+    max_repeats: int
+    """... but at least ``min_repeats`` and at most ``max_repeats`` per round."""
+    long_call_s: float
+    """A call at least this long gets a short warm-up and no untimed call before each round (its
+    operands do not fit in cache anyway, and a re-warm would cost as much as a repeat)."""
+    budget_s: float
+    """The worker stops adding rounds (keeping at least ``MIN_ROUNDS``) once measuring has taken this
+    long, so a loaded machine stays near the speed target with fewer rounds."""
     max_gemm_flops: float
     """Skip GEMMs larger than this (a 2-core CPU runs ~65 GFLOP/s fp32 per core)."""
     max_attn_flops: float = float("inf")
     """Skip attention points whose forward + backward FLOPs exceed this."""
-    retry: bool = True
-    """Re-measure an unstable point once (off in --quick: on a loaded machine it doubles the time)."""
-    retry_budget_s: float = 20.0
-    """No more re-measuring once the sweep has run this long (keeps a loaded machine near the target)."""
-    started: list = field(default_factory=list, compare=False)
-
-    def may_retry(self) -> bool:
-        if not self.started:
-            self.started.append(time.perf_counter())
-        return self.retry and time.perf_counter() - self.started[0] < self.retry_budget_s
 
 
 def compute_plan(device: str, quick: bool) -> ComputePlan:
@@ -64,19 +71,52 @@ def compute_plan(device: str, quick: bool) -> ComputePlan:
             gemm_tokens=(2048,) if quick else (1024, 4096, 8192), gemm_hidden=(1024, 4096) if quick else
             (1024, 2048, 4096, 8192), gemm_dtypes=("bf16",) if quick else ("bf16", "fp16", "fp32"),
             attn_seq=(1024, 4096) if quick else (1024, 2048, 4096, 8192, 16384), attn_head_dims=(128,) if quick
-            else (64, 128), attn_heads=16, attn_dtype="bf16", copy_bytes=1 << 30, warmup=3, repeats=10,
-            max_gemm_flops=1e13, retry=not quick)
-    # CPU: sized so that --quick measures in ~2 s and the default in ~15 s on 2 idle cores (a loaded
-    # machine doubles that: unstable points are re-measured once).
+            else (64, 128), attn_heads=16, attn_dtype="bf16", copy_bytes=1 << 30, warmup=3,
+            rounds=3 if quick else 5, round_s=0.01, min_repeats=3, max_repeats=20, long_call_s=0.005,
+            budget_s=10.0 if quick else 45.0, max_gemm_flops=1e13)
+    # CPU: sized (benchmarks/bench_profile.py) so that --quick measures in ~2 s and the default in ~15 s
+    # on 2 idle cores, with enough rounds that two runs agree within 10% on a shared machine.
     return ComputePlan(
         gemm_tokens=(256,) if quick else (512,),
         gemm_hidden=(256, 512) if quick else (256, 512, 1024),
-        gemm_dtypes=("fp32", "bf16"),
+        gemm_dtypes=("fp32", "bf16", "fp16"),
         attn_seq=(256, 512) if quick else (256, 512, 1024, 2048),
         attn_head_dims=(64,) if quick else (64, 128),
         attn_heads=4, attn_dtype="fp32", copy_bytes=(32 if quick else 128) << 20,
-        warmup=1 if quick else 2, repeats=3 if quick else 7, max_gemm_flops=2.2e9 if quick else 4.3e9,
-        max_attn_flops=4e9, retry=not quick)
+        warmup=2 if quick else 3, rounds=5 if quick else 6, round_s=0.004 if quick else 0.02,
+        min_repeats=2, max_repeats=12 if quick else 20, long_call_s=0.005,
+        budget_s=4.5 if quick else 28.0,
+        max_gemm_flops=2.2e9 if quick else 4.3e9, max_attn_flops=4e9)
+
+
+def dtype_support(device: str, dtypes: tuple[str, ...]) -> tuple[list[str], dict[str, str]]:
+    """(dtypes to measure, {dtype: why not} for the others). A GEMM dtype counts as supported when
+    the device has a native kernel for it: on CPU oneDNN's check (bf16 needs AVX-512 or AMX, fp16
+    AVX-512-FP16 or AMX-FP16; without them torch runs a slow reference loop that no training would
+    use), on CUDA bf16 needs compute capability 8.0. The reason is stored with the profile."""
+    import torch
+
+    ok, why = [], {}
+    for dt in dtypes:
+        reason = None
+        if device.startswith("cuda"):
+            if dt == "bf16" and not torch.cuda.is_bf16_supported():
+                reason = f"{torch.cuda.get_device_name(torch.device(device))} has no native bf16 (needs sm_80+)"
+        elif dt in ("bf16", "fp16"):
+            check = getattr(torch.ops.mkldnn, f"_is_mkldnn_{dt}_supported", None)
+            try:
+                native = bool(check()) if check is not None else False
+            except RuntimeError:
+                native = False
+            if not native:
+                need = "AVX-512 (BF16) or AMX" if dt == "bf16" else "AVX-512-FP16 or AMX-FP16"
+                reason = (f"no native {dt} matmul on this CPU (oneDNN needs {need}; "
+                          f"torch.ops.mkldnn._is_mkldnn_{dt}_supported() is false)")
+        if reason:
+            why[dt] = reason
+        else:
+            ok.append(dt)
+    return ok, why
 
 
 def gemm_shapes(plan: ComputePlan) -> list[tuple[int, int, int]]:
@@ -105,58 +145,113 @@ def attention_flops(b: int, h: int, s: int, d: int) -> tuple[float, float]:
 Progress = Callable[[str], None]
 
 
-def measure_gemm(plan: ComputePlan, device: str, emu: SlowdownEmulator | None, tick: Progress) -> list[dict]:
-    import torch
+@dataclass
+class _Item:
+    """One progress step of the sweep: its meters (attention has two) and how to make its row."""
 
-    rows = []
-    for dt in plan.gemm_dtypes:
-        dtype = getattr(torch, DTYPES[dt])
-        for m, k, n in gemm_shapes(plan):
-            a = torch.randn(m, k, device=device).to(dtype)
-            b = torch.randn(k, n, device=device).to(dtype)
-            t = time_fn(lambda a=a, b=b: torch.mm(a, b), device=device, warmup=plan.warmup,
-                        repeats=plan.repeats, emulator=emu, retry=plan.may_retry())
-            flops = 2.0 * m * n * k
-            rows.append({"kind": "gemm", "params": {"dtype": dt, "m": m, "k": k, "n": n},
-                         "work": flops, "timing": t.to_dict(),
-                         "metrics": {"flops": flops, "flops_per_s": flops / t.median_s}})
-            tick(f"gemm {dt} {m}x{k}x{n}")
-    return rows
+    label: str
+    meters: list[Meter]
+    repeats: int
+    row: Callable[[list[Timing]], list[dict]]
+    rewarm: bool = True
 
 
-def measure_attention(plan: ComputePlan, device: str, emu: SlowdownEmulator | None, tick: Progress) -> list[dict]:
-    import torch
-    import torch.nn.functional as F
+class ComputeSweep:
+    """One rank's compute sweep, measured in interleaved rounds.
 
-    dtype = getattr(torch, DTYPES[plan.attn_dtype])
-    rows = []
-    for d, s in attention_points(plan):
-        q, k, v = (torch.randn(1, plan.attn_heads, s, d, device=device, dtype=dtype, requires_grad=True)
-                   for _ in range(3))
-        grad = torch.randn(1, plan.attn_heads, s, d, device=device, dtype=dtype)
-        out_holder: dict = {}
+    ``ComputeSweep(...)`` allocates every operand and warms every point (timing the warm-up to size
+    the rounds), ``round()`` takes one round of repeats of every point in sweep order, ``rows()``
+    turns all rounds into sample rows. The worker runs ``round()`` between barriers so all ranks
+    compute at the same time (each rank is one equal share of the machine, as the runtime runs it).
+    """
 
-        def fwd(q=q, k=k, v=v, out_holder=out_holder):
-            out_holder["o"] = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    def __init__(self, device: str, quick: bool, emu: SlowdownEmulator | None, tick: Progress):
+        import torch
+        import torch.nn.functional as F
 
-        def fwd_bwd(q=q, k=k, v=v, grad=grad):
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            o.backward(grad)
-            q.grad = k.grad = v.grad = None
+        self.plan = plan = compute_plan(device, quick)
+        self.tick = tick
+        self.items: list[_Item] = []
+        dtypes, self.unsupported = dtype_support(device, plan.gemm_dtypes)
+        # One torch thread on CPU: every op runs on this thread, so its CPU time is the op's time
+        # without the slices another process took from the core (profilers.timing, "Clock").
+        self.clock = "thread" if not device.startswith("cuda") and torch.get_num_threads() == 1 else "wall"
 
-        tf = time_fn(fwd, device=device, warmup=plan.warmup, repeats=plan.repeats, emulator=emu, retry=plan.may_retry())
-        tfb = time_fn(fwd_bwd, device=device, warmup=plan.warmup, repeats=plan.repeats, emulator=emu, retry=plan.may_retry())
-        f_fwd, f_bwd = attention_flops(1, plan.attn_heads, s, d)
-        bwd_s = max(tfb.median_s - tf.median_s, 1e-9)
-        params = {"dtype": plan.attn_dtype, "batch": 1, "heads": plan.attn_heads, "seq": s, "head_dim": d}
-        rows.append({"kind": "attention_fwd", "params": params, "work": f_fwd, "timing": tf.to_dict(),
-                     "metrics": {"flops": f_fwd, "flops_per_s": f_fwd / tf.median_s}})
-        rows.append({"kind": "attention_fwd_bwd", "params": params, "work": f_fwd + f_bwd,
-                     "timing": tfb.to_dict(),
-                     "metrics": {"flops": f_fwd + f_bwd, "flops_per_s": (f_fwd + f_bwd) / tfb.median_s,
-                                 "bwd_s": bwd_s, "bwd_flops_per_s": f_bwd / bwd_s}})
-        tick(f"attention d={d} s={s}")
-    return rows
+        def add(label: str, fns: list[Callable[[], object]], row: Callable[[list[Timing]], list[dict]]) -> None:
+            meters = [Meter(fn, device=device, emulator=emu, clock=self.clock) for fn in fns]
+            call_s = sum(m.warm(1) for m in meters)  # first call: allocation, oneDNN primitive creation
+            # A call of milliseconds settles in one more; a short one (operands in cache, allocator
+            # and thread-pool effects comparable to the call) gets the plan's full warm-up.
+            more = plan.warmup - 1 if call_s < plan.long_call_s else 1
+            call_s = sum(m.warm(more) for m in meters) if more > 0 else call_s
+            self.items.append(_Item(label, meters, repeats_for(call_s, plan.round_s, plan.min_repeats,
+                                                                plan.max_repeats), row,
+                                    rewarm=call_s < plan.long_call_s))
+
+        for dt in dtypes:
+            dtype = getattr(torch, DTYPES[dt])
+            for m, k, n in gemm_shapes(plan):
+                a = torch.randn(m, k, device=device).to(dtype)
+                b = torch.randn(k, n, device=device).to(dtype)
+                flops = 2.0 * m * n * k
+
+                def gemm_row(ts, dt=dt, m=m, k=k, n=n, flops=flops):
+                    return [{"kind": "gemm", "params": {"dtype": dt, "m": m, "k": k, "n": n}, "work": flops,
+                             "timing": ts[0].to_dict(),
+                             "metrics": {"flops": flops, "flops_per_s": flops / ts[0].median_s}}]
+
+                add(f"gemm {dt} {m}x{k}x{n}", [lambda a=a, b=b: torch.mm(a, b)], gemm_row)
+
+        adtype = getattr(torch, DTYPES[plan.attn_dtype])
+        for d, s in attention_points(plan):
+            q, k, v = (torch.randn(1, plan.attn_heads, s, d, device=device, dtype=adtype, requires_grad=True)
+                       for _ in range(3))
+            grad = torch.randn(1, plan.attn_heads, s, d, device=device, dtype=adtype)
+
+            out_holder: dict = {}
+
+            def fwd(q=q, k=k, v=v, out_holder=out_holder):
+                # With autograd on, as in training (the kernel keeps what backward needs).
+                out_holder["o"] = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+            def fwd_bwd(q=q, k=k, v=v, grad=grad):
+                o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                o.backward(grad)
+                q.grad = k.grad = v.grad = None
+
+            def attn_row(ts, d=d, s=s):
+                tf, tfb = ts
+                f_fwd, f_bwd = attention_flops(1, plan.attn_heads, s, d)
+                bwd_s = max(tfb.median_s - tf.median_s, 1e-9)
+                params = {"dtype": plan.attn_dtype, "batch": 1, "heads": plan.attn_heads, "seq": s, "head_dim": d}
+                return [{"kind": "attention_fwd", "params": params, "work": f_fwd, "timing": tf.to_dict(),
+                         "metrics": {"flops": f_fwd, "flops_per_s": f_fwd / tf.median_s}},
+                        {"kind": "attention_fwd_bwd", "params": params, "work": f_fwd + f_bwd,
+                         "timing": tfb.to_dict(),
+                         "metrics": {"flops": f_fwd + f_bwd, "flops_per_s": (f_fwd + f_bwd) / tfb.median_s,
+                                     "bwd_s": bwd_s, "bwd_flops_per_s": f_bwd / bwd_s}}]
+
+            add(f"attention d={d} s={s}", [fwd, fwd_bwd], attn_row)
+
+        src = torch.empty(plan.copy_bytes // 4, dtype=torch.float32, device=device).fill_(1.0)
+        dst = torch.empty_like(src)
+
+        def mem_row(ts):
+            moved = 2.0 * plan.copy_bytes  # one read + one write per byte copied
+            return [{"kind": "memory_copy", "params": {"bytes": plan.copy_bytes}, "work": moved,
+                     "timing": ts[0].to_dict(),
+                     "metrics": {"bandwidth_bytes_per_s": moved / ts[0].median_s, **memory_capacity(device)}}]
+
+        add("memory", [lambda: dst.copy_(src)], mem_row)
+
+    def round(self) -> None:
+        for it in self.items:
+            for m in it.meters:
+                m.take(it.repeats, rewarm=it.rewarm)
+            self.tick(it.label)
+
+    def rows(self) -> list[dict]:
+        return [r for it in self.items for r in it.row([m.timing() for m in it.meters])]
 
 
 def memory_capacity(device: str) -> dict[str, float]:
@@ -178,34 +273,27 @@ def memory_capacity(device: str) -> dict[str, float]:
     return {"capacity_bytes": total, "available_bytes": avail}
 
 
-def measure_memory(plan: ComputePlan, device: str, emu: SlowdownEmulator | None, tick: Progress) -> list[dict]:
-    import torch
-
-    src = torch.empty(plan.copy_bytes // 4, dtype=torch.float32, device=device).fill_(1.0)
-    dst = torch.empty_like(src)
-    t = time_fn(lambda: dst.copy_(src), device=device, warmup=plan.warmup, repeats=plan.repeats, emulator=emu, retry=plan.may_retry())
-    moved = 2.0 * plan.copy_bytes  # one read + one write per byte copied
-    cap = memory_capacity(device)
-    tick("memory")
-    return [{"kind": "memory_copy", "params": {"bytes": plan.copy_bytes}, "work": moved, "timing": t.to_dict(),
-             "metrics": {"bandwidth_bytes_per_s": moved / t.median_s, **cap}}]
+def run_compute(device: str, quick: bool, emu: SlowdownEmulator | None, tick: Progress,
+                between: Callable[[], None] | None = None) -> list[dict]:
+    """The whole sweep on its own (``between`` runs before each round, e.g. a barrier)."""
+    sweep = ComputeSweep(device, quick, emu, tick)
+    for _ in range(sweep.plan.rounds):
+        if between is not None:
+            between()
+        sweep.round()
+    return sweep.rows()
 
 
-def run_compute(device: str, quick: bool, emu: SlowdownEmulator | None, tick: Progress) -> list[dict]:
+def compute_steps(device: str, quick: bool, dtypes: int | None = None) -> int:
+    """How many progress ticks the sweep makes (for the progress bar's total): one per point per round."""
     plan = compute_plan(device, quick)
-    plan.may_retry()  # start the retry budget's clock
-    return (measure_gemm(plan, device, emu, tick) + measure_attention(plan, device, emu, tick)
-            + measure_memory(plan, device, emu, tick))
+    n = len(plan.gemm_dtypes) if dtypes is None else dtypes
+    return plan.rounds * (n * len(gemm_shapes(plan)) + len(attention_points(plan)) + 1)
 
 
-def compute_steps(device: str, quick: bool) -> int:
-    """How many progress ticks ``run_compute`` makes (for the progress bar's total)."""
-    plan = compute_plan(device, quick)
-    return len(plan.gemm_dtypes) * len(gemm_shapes(plan)) + len(attention_points(plan)) + 1
-
-
-def fit_compute(samples: list[dict]) -> dict:
-    """Fits of one rank's compute samples, in the shape docs/contracts.md "Profiles" documents."""
+def fit_compute(samples: list[dict], unsupported: dict[str, str] | None = None) -> dict:
+    """Fits of one rank's compute samples, in the shape docs/contracts.md "Profiles" documents;
+    ``unsupported`` ({dtype: reason}, from ``dtype_support``) is kept as ``gemm_unsupported``."""
     gemm: dict[str, dict] = {}
     for dt in sorted({s["params"]["dtype"] for s in samples if s["kind"] == "gemm"}):
         pts = [s for s in samples if s["kind"] == "gemm" and s["params"]["dtype"] == dt]
@@ -243,4 +331,4 @@ def fit_compute(samples: list[dict]) -> dict:
     for s in samples:
         if s["kind"] == "memory_copy":
             memory = {k: s["metrics"][k] for k in ("capacity_bytes", "available_bytes", "bandwidth_bytes_per_s")}
-    return {"gemm": gemm, "attention": attention, "memory": memory}
+    return {"gemm": gemm, "gemm_unsupported": dict(unsupported or {}), "attention": attention, "memory": memory}

@@ -105,6 +105,7 @@ def _clean(text: str) -> str:
 
 
 def _kill_all(procs) -> None:
+    procs = [p for p in procs if p.pid is not None]  # a failed start() leaves later ranks unstarted
     for p in procs:
         if p.is_alive():
             p.terminate()

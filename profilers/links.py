@@ -14,8 +14,12 @@
 - **alpha-beta**: ``t = alpha + S / beta`` (Hockney) fitted per link class (``intra`` = same
   host, ``inter`` = different hosts) from the p2p one-way times, and per collective and group size.
 
-Every rank walks the same loops with the same repeat counts (no adaptive retry here), so the
-blocking calls always pair up.
+Repeats are taken in interleaved rounds over the whole link sweep (``LinkSweep.round``; the worker
+alternates them with the compute rounds), and each point reports the median of its round medians
+(profilers.timing). Every rank walks the same loops with the same repeat counts, fixed by the plan
+(no adaptive counts here), so the blocking calls always pair up. Small messages get many repeats:
+each is tens of microseconds, and one-way latency on a loaded host is bimodal (a woken receiver
+sometimes waits for the next scheduler tick), so it takes many to pin the median down.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from profilers.fits import affine_fit
-from profilers.timing import time_fn
+from profilers.timing import Meter
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 
@@ -45,17 +49,26 @@ class LinkPlan:
     p2p_sizes: tuple[int, ...]
     coll_sizes: tuple[int, ...]
     warmup: int
-    repeats: int
+    rounds: int
+    small_repeats: int
+    """Repeats per round of a message of at most ``small_bytes`` (latency-bound: microseconds each) ..."""
+    large_repeats: int
+    """... and of a larger one (bandwidth-bound: milliseconds each)."""
+    small_bytes: int = 1 << 16
+
+    def repeats(self, size: int) -> int:
+        return self.small_repeats if size <= self.small_bytes else self.large_repeats
 
 
 def link_plan(device: str, quick: bool) -> LinkPlan:
     if device.startswith("cuda"):
         return LinkPlan(p2p_sizes=(8, 1 << 20, 64 << 20) if quick else (8, 1 << 16, 1 << 20, 16 << 20, 256 << 20),
                         coll_sizes=(1 << 20, 64 << 20) if quick else (1 << 16, 1 << 20, 16 << 20, 256 << 20),
-                        warmup=3, repeats=10)
+                        warmup=3, rounds=3 if quick else 5, small_repeats=20, large_repeats=5)
     return LinkPlan(p2p_sizes=(8, 1 << 16, 1 << 20) if quick else (8, 1 << 12, 1 << 16, 1 << 20, 4 << 20),
                     coll_sizes=(1 << 16, 1 << 20) if quick else (1 << 12, 1 << 16, 1 << 20, 4 << 20),
-                    warmup=1 if quick else 2, repeats=5 if quick else 15)
+                    warmup=3 if quick else 5, rounds=5 if quick else 6,
+                    small_repeats=16 if quick else 30, large_repeats=5 if quick else 8)
 
 
 def group_sizes(world: int) -> list[int]:
@@ -74,44 +87,13 @@ def pairs(world: int) -> list[tuple[int, int]]:
 
 
 def link_steps(world: int, device: str, quick: bool) -> int:
+    """Progress ticks of the link sweep: one per pair and per (group, collective), every round."""
     if world < 2:
         return 0
-    return len(pairs(world)) + len(group_sizes(world)) * len(COLLECTIVES)
+    return link_plan(device, quick).rounds * (len(pairs(world)) + len(group_sizes(world)) * len(COLLECTIVES))
 
 
 Progress = Callable[[str], None]
-
-
-def measure_p2p(rank: int, world: int, device: str, plan: LinkPlan, tick: Progress,
-                fault: Callable[[str], None] | None = None) -> list[dict]:
-    import torch
-    import torch.distributed as dist
-
-    rows = []
-    bufs = {s: torch.zeros(max(1, s // 4), dtype=torch.float32, device=device) for s in plan.p2p_sizes}
-    for i, j in pairs(world):
-        if fault is not None:
-            fault("p2p")
-        if rank in (i, j):
-            peer = j if rank == i else i
-            for size, buf in bufs.items():
-                if rank == i:
-                    def ping(buf=buf, peer=peer):
-                        dist.send(buf, peer)
-                        dist.recv(buf, peer)
-                    t = time_fn(ping, device=device, warmup=plan.warmup, repeats=plan.repeats, retry=False)
-                    one_way = t.median_s / 2.0
-                    td = t.to_dict()
-                    rows.append({"kind": "p2p", "params": {"src": i, "dst": j, "bytes": size}, "work": size,
-                                 "timing": td, "metrics": {"one_way_s": one_way,
-                                                           "bandwidth_bytes_per_s": size / one_way}})
-                else:
-                    for _ in range(plan.warmup + plan.repeats):
-                        dist.recv(buf, peer)
-                        dist.send(buf, peer)
-        dist.barrier()
-        tick(f"p2p {i}<->{j}")
-    return rows
 
 
 def _collective_fn(op: str, g: int, size: int, device: str, group) -> Callable[[], object]:
@@ -173,38 +155,112 @@ def check_collective(op: str, g: int, rank: int, device: str, group) -> bool:
     raise ValueError(op)
 
 
-def measure_collectives(rank: int, world: int, device: str, plan: LinkPlan, tick: Progress,
-                        fault: Callable[[str], None] | None = None) -> list[dict]:
-    import torch.distributed as dist
+class LinkSweep:
+    """This rank's part of the link sweep: ``warm()`` once, then ``round()`` as often as the plan's
+    rounds (every rank the same number of times, between barriers), then ``rows()``.
 
-    rows = []
-    # new_group must be called by every rank, in the same order, for every group.
-    groups = {g: (dist.new_group(list(range(g))) if g < world else dist.group.WORLD) for g in group_sizes(world)}
-    for g, group in groups.items():
-        for op in COLLECTIVES:
-            if fault is not None:
-                fault("collectives")
-            if rank < g:
-                ok = check_collective(op, g, rank, device, group)
-                for size in plan.coll_sizes:
-                    fn = _collective_fn(op, g, size, device, group)
-                    dist.barrier(group=group)
-                    t = time_fn(fn, device=device, warmup=plan.warmup, repeats=plan.repeats, retry=False)
+    p2p: pair (i, j) at a time, rank i times ping-pongs while j echoes the same number of messages
+    (``Meter.take`` makes one untimed call before each round, so j echoes one more), the other ranks
+    wait at the barrier. Collectives: the members of each group time it after a group barrier.
+    """
+
+    def __init__(self, rank: int, world: int, device: str, quick: bool, tick: Progress,
+                 fault: Callable[[str], None] | None = None, plan: LinkPlan | None = None):
+        import torch
+        import torch.distributed as dist
+
+        self.rank, self.world, self.device, self.tick, self.fault = rank, world, device, tick, fault
+        self.plan = plan or link_plan(device, quick)
+        self.dist = dist
+        self.bufs = {s: torch.zeros(max(1, s // 4), dtype=torch.float32, device=device) for s in self.plan.p2p_sizes}
+        self.p2p: dict[tuple[int, int, int], Meter] = {}
+        for i, j in pairs(world):
+            if rank == i:
+                for size, buf in self.bufs.items():
+                    def ping(buf=buf, peer=j):
+                        dist.send(buf, peer)
+                        dist.recv(buf, peer)
+                    self.p2p[(i, j, size)] = Meter(ping, device=device)
+        # new_group must be called by every rank, in the same order, for every group.
+        self.groups = {g: (dist.new_group(list(range(g))) if g < world else dist.group.WORLD)
+                       for g in group_sizes(world)}
+        self.coll: dict[tuple[str, int, int], tuple[Meter, int]] = {}
+        self.verified: dict[tuple[str, int], bool] = {}
+        for g, group in self.groups.items():
+            if rank >= g:
+                continue
+            for op in COLLECTIVES:
+                for size in self.plan.coll_sizes:
                     real = 4 * (max(g, size // 4) - max(g, size // 4) % g)
-                    rows.append({"kind": "collective", "params": {"op": op, "group_size": g, "bytes": real},
-                                 "work": real, "timing": t.to_dict(), "metrics": {"verified": ok}})
+                    self.coll[(op, g, size)] = (Meter(_collective_fn(op, g, size, device, group), device=device), real)
+
+    def _echo(self, size: int, peer: int, n: int) -> None:
+        buf = self.bufs[size]
+        for _ in range(n):
+            self.dist.recv(buf, peer)
+            self.dist.send(buf, peer)
+
+    def _pass(self, warm: bool) -> None:
+        dist, rank, plan = self.dist, self.rank, self.plan
+        for i, j in pairs(self.world):
+            if self.fault is not None:
+                self.fault("p2p")
+            for size in plan.p2p_sizes:
+                n = plan.warmup if warm else plan.repeats(size)
+                if rank == i:
+                    meter = self.p2p[(i, j, size)]
+                    meter.warm(n) if warm else meter.take(n)
+                elif rank == j:
+                    self._echo(size, i, n if warm else n + 1)  # + take()'s untimed call
             dist.barrier()
-            tick(f"{op} g={g}")
-    return rows
+            if not warm:
+                self.tick(f"p2p {i}<->{j}")
+        for g, group in self.groups.items():
+            for op in COLLECTIVES:
+                if self.fault is not None:
+                    self.fault("collectives")
+                if rank < g:
+                    if warm:
+                        self.verified[(op, g)] = check_collective(op, g, rank, self.device, group)
+                    for size in plan.coll_sizes:
+                        meter, _ = self.coll[(op, g, size)]
+                        dist.barrier(group=group)
+                        meter.warm(plan.warmup) if warm else meter.take(plan.repeats(size))
+                dist.barrier()
+                if not warm:
+                    self.tick(f"{op} g={g}")
+
+    def warm(self) -> None:
+        self._pass(warm=True)
+
+    def round(self) -> None:
+        self._pass(warm=False)
+
+    def rows(self) -> list[dict]:
+        rows = []
+        for (i, j, size), meter in self.p2p.items():
+            t = meter.timing()
+            one_way = t.median_s / 2.0
+            rows.append({"kind": "p2p", "params": {"src": i, "dst": j, "bytes": size}, "work": size,
+                         "timing": t.to_dict(), "metrics": {"one_way_s": one_way,
+                                                            "bandwidth_bytes_per_s": size / one_way}})
+        for (op, g, _size), (meter, real) in self.coll.items():
+            rows.append({"kind": "collective", "params": {"op": op, "group_size": g, "bytes": real},
+                         "work": real, "timing": meter.timing().to_dict(),
+                         "metrics": {"verified": self.verified[(op, g)]}})
+        return rows
 
 
 def run_links(rank: int, world: int, device: str, quick: bool, tick: Progress,
               fault: Callable[[str], None] | None = None) -> list[dict]:
+    """The whole link sweep on its own (the worker interleaves its rounds with compute instead)."""
     if world < 2:
         return []
-    plan = link_plan(device, quick)
-    return (measure_p2p(rank, world, device, plan, tick, fault)
-            + measure_collectives(rank, world, device, plan, tick, fault))
+    sweep = LinkSweep(rank, world, device, quick, tick, fault)
+    sweep.warm()
+    for _ in range(sweep.plan.rounds):
+        sweep.round()
+    return sweep.rows()
 
 
 def fit_links(samples: list[dict], hosts: list[str]) -> dict:

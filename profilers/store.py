@@ -144,7 +144,7 @@ def fits_of(result: dict[str, Any]) -> tuple[dict[int, dict], dict]:
 
     per_rank = {}
     for r in result["ranks"]:
-        f = fit_compute(r["compute"])
+        f = fit_compute(r["compute"], r.get("unsupported"))
         f["rank"] = r["rank"]
         f["device_name"] = r["device_name"]
         f["emulated_slowdown"] = r["emulated_slowdown"]
@@ -271,8 +271,12 @@ def import_profile(doc: Any, storage: str, source: str | None = None) -> int:
     nproc = run["nproc"]
     if nproc < 1 or len(run["hosts"]) != nproc:
         raise _doc_error(f"hosts has {len(run['hosts'])} entries for nproc {nproc}", source, "run.hosts")
+    old_fits = ((doc.get("fits") or {}).get("compute") or {}) if isinstance(doc.get("fits"), dict) else {}
     ranks: dict[int, dict] = {r: {"rank": r, "device_name": run["device_name"], "compute": [], "links": [],
-                                  "emulated_slowdown": (run.get("emulated") or {}).get(str(r))}
+                                  "emulated_slowdown": (run.get("emulated") or {}).get(str(r)),
+                                  # fits are recomputed from the samples; why a dtype was not measured
+                                  # is not in any sample, so it comes from the exported fits
+                                  "unsupported": _unsupported_of(old_fits.get(str(r)))}
                               for r in range(nproc)}
     for i, smp in enumerate(samples):
         where = f"samples[{i}]"
@@ -302,6 +306,11 @@ def import_profile(doc: Any, storage: str, source: str | None = None) -> int:
                                                               "origin": run.get("origin")})
     except (KeyError, TypeError, ValueError, IndexError) as e:
         raise _doc_error(f"samples do not fit together ({type(e).__name__}: {e})", source, "samples") from None
+
+
+def _unsupported_of(fit: Any) -> dict[str, str]:
+    u = fit.get("gemm_unsupported") if isinstance(fit, dict) else None
+    return {str(k): str(v) for k, v in u.items()} if isinstance(u, dict) else {}
 
 
 def import_file(path: str | Path, storage: str) -> int:
@@ -360,6 +369,7 @@ def device_spec_from_profile(ref: str | int, storage: str | None = None):
            + (", imported" if info["origin"] == "imported" else "")
            + (f", EMULATED {emu:g}x slower device" if emu else ""))
     profile = {"id": pid, "rank": r, "emulated_slowdown": emu, "gemm": fit.get("gemm") or {},
+               "gemm_unsupported": fit.get("gemm_unsupported") or {},
                "attention": fit.get("attention") or {}, "memory": mem, "links": links}
     return DeviceSpec(name=f"profile:{pid}" + (f":{rank}" if rank is not None else ""), kind=info["device_kind"],
                       peak_flops=peak, memory_bytes=capacity or (fallback.memory_bytes if fallback else 0.0),

@@ -28,6 +28,7 @@ def summarize_profile(doc: dict[str, Any]) -> dict[str, Any]:
             "emulated_slowdown": fit.get("emulated_slowdown"),
             "gemm_peak_flops_per_s": {dt: g["peak_flops_per_s"] for dt, g in (fit.get("gemm") or {}).items()},
             "gemm_best_flops_per_s": {dt: g["best_flops_per_s"] for dt, g in (fit.get("gemm") or {}).items()},
+            "gemm_unsupported": fit.get("gemm_unsupported") or {},
             "attention": attn,
             "memory": fit.get("memory") or {},
         }

@@ -6,9 +6,16 @@ reads RANK/WORLD_SIZE/LOCAL_RANK from the environment. Either way each rank:
 
 1. joins the process group (gloo on CPU, NCCL on CUDA) with a timeout, so a hung peer turns into
    an exception instead of a hang;
-2. measures its own device (``profilers.compute``) concurrently with the others (on CPU each rank
-   gets ``cores // nproc`` threads: the machine split into equal workers, as the runtime runs it);
-3. measures the links (``profilers.links``), and records its hostname;
+2. on CPU takes ``cores // nproc`` threads and, when the ranks fit, pins itself (every thread,
+   gloo's too) to its own ``cores // nproc`` cores: the machine split into equal workers, as the
+   runtime runs it. Pinning is what makes gloo's loopback latency repeatable on a loaded host:
+   unpinned, a woken receiver often waited for the next 4 ms scheduler tick behind another
+   process (one-way latency 2 ms instead of 50 us, run to run); pinned it preempts it
+   (benchmarks/bench_profile.py; ``AUTOTUNE_PROFILE_PIN=0`` turns it off to compare);
+3. warms every compute and link point, then alternates rounds of its own device's sweep
+   (``profilers.compute``, all ranks concurrently) with rounds of the link sweep
+   (``profilers.links``) between barriers, so a burst of background load spoils one round of
+   each point, which the median of the round medians discards; records its hostname;
 4. sends everything to rank 0 (``gather_object``), which writes ``result.json`` atomically.
 
 Nothing touches the database here: the caller stores the whole profile in one transaction after
@@ -34,6 +41,7 @@ from typing import Any
 from profilers.emulation import SlowdownEmulator
 
 FAULT_ENV = "AUTOTUNE_PROFILE_FAULT"
+PIN_ENV = "AUTOTUNE_PROFILE_PIN"
 SCHEMA_VERSION = 1
 
 
@@ -108,20 +116,53 @@ def _write_json(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
+def pin_cores(local_rank: int, local_world: int, threads: int) -> list[int] | None:
+    """Pin every thread of this process to cores ``[local_rank * threads, +threads)`` of the cores
+    it may use; None (nothing pinned) when the ranks do not fit or ``AUTOTUNE_PROFILE_PIN=0``."""
+    if os.environ.get(PIN_ENV, "1") == "0" or not hasattr(os, "sched_setaffinity"):
+        return None
+    allowed = sorted(os.sched_getaffinity(0))
+    if local_world * threads > len(allowed):
+        return None
+    mine = allowed[local_rank * threads:(local_rank + 1) * threads]
+    os.sched_setaffinity(0, mine)  # threads started from now on inherit it
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        tids = []
+    for tid in tids:  # threads torch started already
+        try:
+            os.sched_setaffinity(tid, mine)
+        except OSError:
+            pass
+    return mine
+
+
+def over_budget(done: int, elapsed_s: float, last_round_s: float, budget_s: float) -> bool:
+    """Stop before round ``done + 1`` when another round like the last would end past the budget,
+    but never before ``MIN_ROUNDS`` rounds."""
+    from profilers.compute import MIN_ROUNDS
+
+    return done >= MIN_ROUNDS and elapsed_s + last_round_s > budget_s
+
+
 def run_rank(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any] | None:
     """Measure this rank; returns the whole result on rank 0 (None elsewhere)."""
     import torch
     import torch.distributed as dist
 
-    from profilers.compute import compute_steps, run_compute
-    from profilers.links import link_steps, run_links
+    from profilers.compute import ComputeSweep, compute_steps
+    from profilers.links import LinkSweep, link_steps
 
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     kind = cfg["device"]
     device = f"cuda:{local_rank}" if kind == "cuda" else "cpu"
     if kind == "cuda":
         torch.cuda.set_device(local_rank)
-    threads = int(cfg.get("threads") or max(1, (os.cpu_count() or 1) // max(1, cfg.get("local_world", world))))
+    local_world = max(1, int(cfg.get("local_world", world)))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    threads = int(cfg.get("threads") or max(1, cores // local_world))
+    pinned = pin_cores(local_rank, local_world, threads) if kind == "cpu" else None
     torch.set_num_threads(threads)
     backend = "nccl" if kind == "cuda" else "gloo"
     t_start = time.perf_counter()
@@ -129,14 +170,15 @@ def run_rank(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any] | Non
                             timeout=_dt.timedelta(seconds=float(cfg["timeout_s"])),
                             **({"device_id": torch.device(device)} if kind == "cuda" else {}))
     progress = Path(cfg["progress"]) if rank == 0 and cfg.get("progress") else None
-    total = compute_steps(device, cfg["quick"]) + link_steps(world, device, cfg["quick"])
+    # compute_steps counts every dtype of the plan; corrected below to those this device measures.
+    total = [compute_steps(device, cfg["quick"]) + link_steps(world, device, cfg["quick"])]
     done = [0]
 
     def tick(what: str) -> None:
         done[0] += 1
         if progress is not None:
             with open(progress, "a", encoding="utf-8") as f:
-                f.write(f"{done[0]}\t{total}\t{what}\n")
+                f.write(f"{done[0]}\t{total[0]}\t{what}\n")
 
     fault = _fault_hook(rank)
     factor = float({int(k): v for k, v in (cfg.get("emulate") or {}).items()}.get(rank, 1.0))
@@ -144,11 +186,44 @@ def run_rank(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any] | Non
     if fault is not None:
         fault("compute")
     dist.barrier()
-    compute = run_compute(device, cfg["quick"], emu, tick)
+    phases = {"start_s": time.perf_counter() - t_start}
+    t_phase = time.perf_counter()
+    comp = ComputeSweep(device, cfg["quick"], emu, tick)
+    link = LinkSweep(rank, world, device, cfg["quick"], tick, fault) if world > 1 else None
+    total[0] = comp.plan.rounds * len(comp.items) + link_steps(world, device, cfg["quick"])
     dist.barrier()
-    links = run_links(rank, world, device, cfg["quick"], tick, fault)
+    phases["compute_warm_s"] = time.perf_counter() - t_phase
+    if link is not None:
+        link.warm()
+    phases["link_warm_s"] = time.perf_counter() - t_phase - phases["compute_warm_s"]
+    phases["compute_rounds_s"] = phases["link_rounds_s"] = 0.0
+    rounds, last = 0, 0.0
+    for r in range(max(comp.plan.rounds, link.plan.rounds if link else 0)):
+        # Every rank must take the same number of rounds (the links pair up call by call), so the
+        # time budget is decided together: stop when any rank would overrun it (this all_reduce is
+        # also the round's barrier).
+        over = over_budget(r, time.perf_counter() - t_start, last, comp.plan.budget_s)
+        flag = torch.tensor([1.0 if over else 0.0])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item() > 0:
+            break
+        rounds += 1
+        t_round = t_phase = time.perf_counter()
+        if r < comp.plan.rounds:
+            comp.round()
+        phases["compute_rounds_s"] += time.perf_counter() - t_phase
+        dist.barrier()
+        t_phase = time.perf_counter()
+        if link is not None and r < link.plan.rounds:
+            link.round()
+        phases["link_rounds_s"] += time.perf_counter() - t_phase
+        last = time.perf_counter() - t_round
+    phases["rounds"] = rounds
+    compute = comp.rows()
+    links = link.rows() if link is not None else []
     mine = {"rank": rank, "local_rank": local_rank, "host": socket.gethostname(), "device": device,
-            "device_name": device_name(device), "threads": threads,
+            "device_name": device_name(device), "threads": threads, "pinned_cores": pinned,
+            "unsupported": comp.unsupported, "phases_s": phases,
             "emulated_slowdown": factor if factor > 1.0 else None,
             "emulated_s": emu.emulated_s if emu else 0.0, "compute": compute, "links": links}
     gathered: list[Any] | None = [None] * world if rank == 0 else None

@@ -106,6 +106,9 @@ def _print_summary(s: dict[str, Any]) -> None:
                   fmt_bandwidth(mem["bandwidth_bytes_per_s"]) if mem.get("bandwidth_bytes_per_s") else "-",
                   fmt_bytes(mem["capacity_bytes"]) if mem.get("capacity_bytes") else "-")
     console.print(t)
+    for rank, c in s["compute"].items():
+        for dt, why in (c.get("gemm_unsupported") or {}).items():
+            console.print(f"rank {rank}: {dt} GEMM not measured: {why}", highlight=False, markup=False)
     p2p = s["links"]["p2p"]
     if p2p:
         m = Table(title="p2p bandwidth GB/s / one-way latency (ping-pong)")

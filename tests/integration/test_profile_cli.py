@@ -101,9 +101,32 @@ def test_quick_profile_json_shape(profiled):
     assert len(p2p) == 2 and p2p[0][0] is None and p2p[0][1] == p2p[1][0] > 0  # GB/s
     assert {r["op"] for r in s["links"]["collectives"]} == {"all_reduce", "all_gather", "reduce_scatter", "all_to_all"}
     assert set(s["compute"]) == {"0", "1"}
+    from profilers.compute import dtype_support
+
+    measured, unsupported = dtype_support("cpu", ("fp32", "bf16", "fp16"))
     for c in s["compute"].values():
-        assert set(c["gemm_peak_flops_per_s"]) == {"fp32", "bf16"}
+        # every dtype is either measured or said to be unsupported, with the reason
+        assert set(c["gemm_peak_flops_per_s"]) == set(measured) and c["gemm_unsupported"] == unsupported
         assert c["memory"]["capacity_bytes"] > 0 and c["attention"]["64"]["fwd_flops_per_s"] > 0
+
+
+@pytest.mark.slow
+def test_every_point_is_the_median_of_the_same_number_of_rounds(profiled):
+    """All ranks took the same rounds (links pair up call by call); p2p and collectives have the
+    same repeats on every member; compute ran on the thread clock (one torch thread per rank)."""
+    doc = store.load_profile(profiled["summary"]["id"], profiled["url"])
+    n_rounds = {len(smp["timing"]["per_round"]) for smp in doc["samples"]}
+    assert len(n_rounds) == 1 and n_rounds.pop() >= 3
+    for smp in doc["samples"]:
+        t = smp["timing"]
+        assert t["median_s"] == pytest.approx(statistics.median(t["rounds"]), rel=1e-12)
+        assert t["clock"] == ("thread" if smp["kind"] not in ("p2p", "collective") else "wall")
+    per_member = {}
+    for smp in doc["samples"]:
+        if smp["kind"] == "collective":
+            per_member.setdefault(json.dumps(smp["params"], sort_keys=True), set()).add(
+                tuple(smp["timing"]["per_round"]))
+    assert per_member and all(len(v) == 1 for v in per_member.values())
 
 
 @pytest.mark.slow

@@ -160,3 +160,60 @@ def test_bad_storage_url_is_an_input_error():
     assert e.value.field == "--storage"
     with pytest.raises(InputError):
         store.engine_for("nosuchdialect://x")
+
+
+def test_dtype_support_follows_onednn_and_says_why(monkeypatch):
+    import torch
+
+    from profilers.compute import dtype_support
+
+    ok, why = dtype_support("cpu", ("fp32", "bf16", "fp16"))
+    want = ["fp32"] + [dt for dt in ("bf16", "fp16") if getattr(torch.ops.mkldnn, f"_is_mkldnn_{dt}_supported")()]
+    assert ok == want and set(why) == {"bf16", "fp16"} - set(want)
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_fp16_supported", lambda: False)
+    ok, why = dtype_support("cpu", ("fp32", "fp16"))
+    assert ok == ["fp32"] and "no native fp16 matmul" in why["fp16"]
+
+
+def test_an_unsupported_dtype_is_stored_shown_exported_and_refused(url, compute_samples, tmp_path):
+    from profilers.summary import summarize_profile
+
+    reason = "no native fp16 matmul on this CPU (test)"
+    samples = [s for s in compute_samples if s["params"].get("dtype") != "fp16"]
+    res = make_result(samples)
+    for r in res["ranks"]:
+        r["unsupported"] = {"fp16": reason}
+    pid = store.save_profile(res, url)
+    doc = store.load_profile(pid, url)
+    assert doc["fits"]["compute"]["0"]["gemm_unsupported"] == {"fp16": reason}
+    assert "fp16" not in doc["fits"]["compute"]["0"]["gemm"]
+    assert summarize_profile(doc)["compute"]["1"]["gemm_unsupported"] == {"fp16": reason}
+    dev = store.device_spec_from_profile(str(pid), url)
+    assert dev.profile["gemm_unsupported"] == {"fp16": reason} and "fp16" not in dev.peak_flops
+    with pytest.raises(InputError, match="no fp16 support"):
+        dev.flops("fp16")  # a plan in fp16 on this device is refused, not costed at a made-up rate
+    path = tmp_path / "e.json"
+    path.write_text(json.dumps(doc))
+    back = store.load_profile(store.import_file(path, url), url)
+    assert back["fits"]["compute"]["1"]["gemm_unsupported"] == {"fp16": reason}  # survives export/import
+
+
+def test_fits_are_computed_from_the_median_of_round_medians(compute_samples):
+    """The stored median is the median of the round medians of the raw repeats (recomputed here from
+    ``samples`` split by ``per_round``), and every GEMM point of the fit is work / that median."""
+    import statistics
+
+    for s in compute_samples:
+        t = s["timing"]
+        assert sum(t["per_round"]) == len(t["samples"]) and len(t["per_round"]) >= 3
+        chunks, at = [], 0
+        for n in t["per_round"]:
+            chunks.append(t["samples"][at:at + n])
+            at += n
+        assert t["median_s"] == pytest.approx(statistics.median(statistics.median(c) for c in chunks), rel=1e-12)
+    fit = fit_compute(compute_samples)
+    for dt, g in fit["gemm"].items():
+        pts = sorted((s["work"], s["work"] / s["timing"]["median_s"]) for s in compute_samples
+                     if s["kind"] == "gemm" and s["params"]["dtype"] == dt)
+        # (shapes with equal FLOPs, e.g. 256x256x1024 and 256x1024x256, may come in either order)
+        assert sorted(tuple(p) for p in g["points"]) == [pytest.approx(p, rel=1e-12) for p in pts]

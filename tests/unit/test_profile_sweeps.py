@@ -12,7 +12,7 @@ from profilers.compute import (
     fit_compute,
     gemm_shapes,
 )
-from profilers.links import COLLECTIVES, bus_factor, fit_links, group_sizes, link_steps, pairs
+from profilers.links import COLLECTIVES, bus_factor, fit_links, group_sizes, link_plan, link_steps, pairs
 
 
 def test_gemm_shapes_are_a_layers_matmuls_within_the_cap():
@@ -25,6 +25,19 @@ def test_gemm_shapes_are_a_layers_matmuls_within_the_cap():
                 want.add((m, k, n))
     assert set(shapes) == want and len(shapes) == len(want)
     assert compute_steps("cpu", True) < compute_steps("cpu", False)
+    n_points = len(plan.gemm_dtypes) * len(shapes) + len(attention_points(plan)) + 1
+    assert compute_steps("cpu", False) == plan.rounds * n_points
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("quick", [True, False])
+def test_compute_and_link_rounds_interleave_one_to_one(device, quick):
+    """The worker alternates one compute round with one link round; plans with different round
+    counts would leave the tail of one sweep without the other's interleaving."""
+    assert compute_plan(device, quick).rounds == link_plan(device, quick).rounds
+    from profilers.compute import MIN_ROUNDS
+
+    assert compute_plan(device, quick).rounds >= MIN_ROUNDS
 
 
 def test_attention_flops_by_hand():
@@ -51,7 +64,8 @@ def test_groups_and_pairs_by_enumeration():
     for w in range(1, 7):
         assert pairs(w) == [(i, j) for i, j in itertools.combinations(range(w), 2)]
     assert link_steps(1, "cpu", True) == 0
-    assert link_steps(3, "cpu", True) == 3 + 2 * len(COLLECTIVES)
+    rounds = link_plan("cpu", True).rounds
+    assert link_steps(3, "cpu", True) == rounds * (3 + 2 * len(COLLECTIVES))
 
 
 def _timing(med, unstable=False):
