@@ -8,9 +8,14 @@ stored on the trial beside the prediction (trial user attrs ``measured``, ``loss
 Calibration (contract: ``{device_type: {"compute": f, "comm": f}}``, multiplying predicted times):
 per device type, the median over validated ranks of measured / predicted compute seconds, and the
 same for communication, where the cost model's breakdown gives per-rank figures; where it does not,
-one factor from step times. A final scalar pass (median measured / calibrated step) absorbs what
-the per-kind factors miss (overlap, launch overheads). The study then re-ranks its best plans with
-the calibration and records the best measured plan (``best_measured_trial``).
+one factor from step times. Those are one starting point of a robust fit on step times
+(``refine_calibration``: L1 on log step time, never worse than no calibration), which absorbs what
+the per-kind ratios miss (overlap, waits, launch overheads). The study then re-ranks its best plans
+with the calibration and records the best measured plan (``best_measured_trial``).
+
+Errors: before (the search's prediction), after (calibration fitted on every validated plan:
+in-sample), and held out (``leave_one_out``: each plan priced with the calibration fitted on the
+others, from ``MIN_HELD_OUT`` plans on), the last being what a new plan can expect.
 """
 
 from __future__ import annotations
@@ -103,28 +108,49 @@ def _scale(cal: dict[str, dict[str, float]], f: float) -> dict[str, dict[str, fl
     return {t: {k: v * f for k, v in kinds.items()} for t, kinds in cal.items()}
 
 
+FACTOR_BOUNDS = (1 / 50, 50.0)
+"""A calibration factor outside these means the model is wrong, not off: it is clamped."""
+
+
+def _identity(cal: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    return {t: {k: 1.0 for k in kinds} for t, kinds in cal.items()}
+
+
 def refine_calibration(cal: dict[str, dict[str, float]], runs: list[dict[str, Any]],
-                       step_of: Callable[[Plan, dict], float | None], rounds: int = 3) -> dict[str, dict[str, float]]:
-    """Least squares on log step time: starting from the per-rank medians, coordinate search over each
-    factor (device type x kind) by multiplicative steps, keeping what lowers
-    sum_i log(calibrated_i / measured_i)**2 over the validated plans. The per-rank ratios alone miss
-    what the model does not see per rank (overlap, launch and framework overheads)."""
+                       step_of: Callable[[dict[str, Any], dict], float | None], rounds: int = 3) -> dict[str, dict[str, float]]:
+    """Robust fit on log step time: the factors (device type x kind) that minimise
+    sum_i |log(calibrated_i / measured_i)| over the validated plans (L1: the median error is what
+    the target measures, and one plan the model gets badly wrong must not drag the others).
+
+    Starts from the best of: no calibration, the per-rank medians (``fit_calibration``), and each
+    scaled by the median step ratio; then coordinate search by multiplicative steps, factors kept
+    within ``FACTOR_BOUNDS``. So the fitted loss is never worse than the uncalibrated model's. The
+    per-rank ratios alone miss what the model does not see per rank (overlap, waits, launch and
+    framework overheads)."""
     import math
+
+    lo, hi = FACTOR_BOUNDS
 
     def loss(c: dict) -> float:
         total = 0.0
         for r in runs:
-            s = step_of(r["plan"], c)
+            s = step_of(r, c)
             if not s:
                 return math.inf
-            total += math.log(s / r["measured"]["step_time_s"]) ** 2
+            total += abs(math.log(s / r["measured"]["step_time_s"]))
         return total
 
-    ratios = [r["measured"]["step_time_s"] / s for r in runs if (s := step_of(r["plan"], cal))]
-    if ratios:  # one scalar pass first: the overall level
-        cal = _scale(cal, statistics.median(ratios))
-    best = loss(cal)
-    for step in [4.0, 2.0, 1.41, 1.19, 1.09][:max(1, rounds + 2)]:
+    def clamp(c: dict) -> dict:
+        return {t: {k: min(hi, max(lo, v)) for k, v in kinds.items()} for t, kinds in c.items()}
+
+    starts = [_identity(cal), clamp(cal)]
+    for c in list(starts):
+        ratios = [r["measured"]["step_time_s"] / s for r in runs if (s := step_of(r, c))]
+        if ratios:  # the overall level
+            starts.append(clamp(_scale(c, statistics.median(ratios))))
+    scored = [(loss(c), i, c) for i, c in enumerate(starts)]
+    best, _, cal = min(scored)
+    for step in [2.0, 1.41, 1.19, 1.09, 1.04, 1.02][:max(1, rounds + 3)]:
         improved = True
         while improved:
             improved = False
@@ -132,11 +158,44 @@ def refine_calibration(cal: dict[str, dict[str, float]], runs: list[dict[str, An
                 for k in ("compute", "comm"):
                     for f in (step, 1 / step):
                         trial = {tt: dict(v) for tt, v in cal.items()}
-                        trial[t][k] *= f
+                        trial[t][k] = min(hi, max(lo, trial[t][k] * f))
+                        if trial[t][k] == cal[t][k]:
+                            continue
                         val = loss(trial)
                         if val < best - 1e-12:
                             cal, best, improved = trial, val, True
     return cal
+
+
+def calibrate_runs(runs: list[dict[str, Any]], cluster: Any,
+                   step_of: Callable[[dict[str, Any], dict], float | None]) -> dict[str, dict[str, float]]:
+    """The calibration validate fits: per-rank medians (``fit_calibration``) refined on step times
+    (``refine_calibration``). ``step_of(run, calibration)`` prices a run's plan under a calibration."""
+    return refine_calibration(fit_calibration(runs, cluster), runs, step_of)
+
+
+def leave_one_out(runs: list[dict[str, Any]], cluster: Any,
+                  step_of: Callable[[dict[str, Any], dict], float | None]) -> list[float | None]:
+    """Held-out error of each run: (calibrated - measured) / measured with the calibration fitted on
+    the *other* runs only, i.e. the error a plan that took no part in the fit sees. None where the
+    calibrated model cannot price the run; all None with fewer than 2 runs."""
+    if len(runs) < 2:
+        return [None] * len(runs)
+    out: list[float | None] = []
+    for i, r in enumerate(runs):
+        cal = calibrate_runs(runs[:i] + runs[i + 1:], cluster, step_of)
+        out.append(_rel_error(step_of(r, cal), r["measured"]["step_time_s"]))
+    return out
+
+
+def held_out_errors(runs: list[dict[str, Any]], cluster: Any,
+                    step_of: Callable[[dict[str, Any], dict], float | None]) -> list[float]:
+    """|leave-one-out error| of every run that has one (empty with fewer than 2 runs)."""
+    return [abs(e) for e in leave_one_out(runs, cluster, step_of) if e is not None]
+
+
+MIN_HELD_OUT = 3
+"""validate reports the leave-one-out error from this many successful runs on (each fit >= 2 plans)."""
 
 
 def validate(study_name: str, storage: str, *, options: ValidateOptions | None = None,
@@ -204,7 +263,8 @@ def validate(study_name: str, storage: str, *, options: ValidateOptions | None =
             runs.append({"plan": plan, "predicted": pred, "breakdown": t.user_attrs.get("breakdown"),
                          "measured": measured, "row": rows[-1]})
     out: dict[str, Any] = {"study": study_name, "validated": rows, "skipped": skipped, "calibration": None,
-                           "median_error_before": None, "median_error_after": None, "best_measured": None,
+                           "median_error_before": None, "median_error_after": None,
+                           "median_error_held_out": None, "calibration_errors": None, "best_measured": None,
                            "reranked": []}
     if not runs:
         say("every validated plan failed; no calibration")
@@ -218,7 +278,7 @@ def validate(study_name: str, storage: str, *, options: ValidateOptions | None =
         except Exception:  # noqa: BLE001 - a plan the calibrated model cannot price is left out
             return None
 
-    cal = refine_calibration(cal, runs, calibrated_step)
+    cal = refine_calibration(cal, runs, lambda r, c: calibrated_step(r["plan"], c))
     steps = [calibrated_step(r["plan"], cal) for r in runs]
     before, after = [], []
     for r, s in zip(runs, steps, strict=True):
@@ -230,10 +290,20 @@ def validate(study_name: str, storage: str, *, options: ValidateOptions | None =
             before.append(abs(e0))
         if e1 is not None:
             after.append(abs(e1))
+    held: list[float] = []
+    if len(runs) >= MIN_HELD_OUT:
+        for r, e in zip(runs, leave_one_out(runs, cluster, lambda x, c: calibrated_step(x["plan"], c)), strict=True):
+            r["row"]["error_held_out"] = e
+            if e is not None:
+                held.append(abs(e))
     out["calibration"] = cal
     out["median_error_before"] = statistics.median(before) if before else None
     out["median_error_after"] = statistics.median(after) if after else None
+    out["median_error_held_out"] = statistics.median(held) if held else None
+    out["calibration_errors"] = {"before": out["median_error_before"], "after": out["median_error_after"],
+                                 "held_out": out["median_error_held_out"], "plans": len(runs)}
     study.set_user_attr("calibration", cal)
+    study.set_user_attr("calibration_errors", out["calibration_errors"])
     # re-rank the best predicted plans under the calibration
     reranked = []
     for t, plan in ranked[:RERANK]:

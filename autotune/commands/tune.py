@@ -127,7 +127,12 @@ def command(
             f"trial {r['trial']}: {(r['failure'] or {}).get('message')}" for r in val["validated"]))
     best = val["best_measured"]
     path = export_best(best, name, storage, out_dir)
+    errors = val.get("calibration_errors") or {}
     out = {"best": best, "plan_file": str(path), "study": name, "storage": storage, "profile": profile_id,
+           # median |predicted - measured| / measured of the validated plans: before calibration,
+           # after (fitted on them) and held out (leave-one-out, from 3 plans)
+           "errors": {"before": errors.get("before"), "after": errors.get("after"),
+                      "held_out": errors.get("held_out"), "plans": errors.get("plans")},
            "search": {k: v for k, v in res.to_dict().items() if k not in ("top",)}, "validate": val, "notes": notes}
     if json_:
         emit_json(out)

@@ -55,10 +55,13 @@ def show(out: dict[str, Any]) -> None:
     for s in out.get("skipped") or []:
         console.print(f"[dim]skipped trial {s['trial']} ({s['degrees']}): {s['reason']}[/]", highlight=False)
     if out.get("median_error_before") is not None:
-        after = out.get("median_error_after")
-        console.print(f"median |predicted - measured| / measured: {out['median_error_before']:.1%} before "
-                      f"calibration, " + (f"{after:.1%} after" if after is not None else "n/a after"),
-                      highlight=False)
+        after, held = out.get("median_error_after"), out.get("median_error_held_out")
+        n = len([r for r in out["validated"] if r.get("measured") and not r.get("failure")])
+        console.print(f"median |predicted - measured| / measured over {n} plans: {out['median_error_before']:.1%} "
+                      f"before calibration, " + (f"{after:.1%} after (fitted on these plans), " if after is not None
+                                                 else "n/a after, ")
+                      + (f"{held:.1%} held out (leave-one-out)" if held is not None
+                         else "held out n/a (needs 3 validated plans)"), highlight=False)
         console.print(f"calibration: {out['calibration']}", highlight=False)
     if out.get("best_measured"):
         m = out["best_measured"]["measured"]

@@ -20,6 +20,24 @@ Without a profile a GEMM or attention call runs at ``peak_flops[dtype] * achieva
 catalogue documents each device's fraction; ~0.6 for large Megatron GEMMs on A100/H100, Narayanan et
 al. 2021). Elementwise work (norms, activation, softmax, loss) is memory-bound: bytes moved divided by
 ``memory_bandwidth``.
+
+CPU (``DeviceSpec.kind == "cpu"``: eager PyTorch on a few cores, the shapes of a local trial) adds
+what dominates small shapes there and is negligible on a GPU kernel stream:
+
+* a fixed cost per GEMM call (``gemm_call_s``): oneDNN packs its operands on every call, so a bf16
+  128x64x64 product takes ~25 us whatever its FLOPs (measured: 25 us at 1 MFLOP, 66 us at 34 MFLOP,
+  then ~1 TFLOP/s on one core of this project's Xeon with AMX);
+* a fixed cost per elementwise operator (``op_s``: dispatch, allocation and the autograd node,
+  ~8 us for a bf16 multiply of 32k elements) times the operators a block issues
+  (``CPU_OPS_BLOCK_FWD``, counted on ``autotune/runtime/model.py``), backward twice that;
+* attention from the profile's measured *times* per (batch x head) call, interpolated in log(seq)
+  and linearly in head_dim between profiled head dims, rather than from a FLOP rate: torch's CPU
+  flash kernel works in fixed blocks, so at short sequences its time hardly falls with the FLOPs
+  (profile: fwd+bwd 6.8 ms at seq 256 vs 19.7 ms at 512 for 4 heads of 64).
+
+Both constants are read from ``profile["overheads"]`` (``gemm_call_s``, ``op_s``) when the profiler
+measures them, else the defaults below (measured with torch 2.13 on this project's 2-core machine;
+validate's calibration scales them with the rest of the compute).
 """
 
 from __future__ import annotations
@@ -30,6 +48,24 @@ from dataclasses import dataclass
 from typing import Any
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+CPU_GEMM_CALL_S = {"bf16": 25e-6, "fp16": 25e-6, "fp32": 8e-6}
+"""Seconds per GEMM call on CPU beyond its FLOPs (one thread; see the module docstring)."""
+CPU_OP_S = 10e-6
+"""Seconds per elementwise operator on CPU (dispatch, allocation, autograd bookkeeping)."""
+CPU_OPS_BLOCK_FWD = 44
+"""Elementwise operators one block issues forward in the runtime's model: 2 RMSNorms x 9 (float,
+pow, mean, add, rsqrt, mul, weight cast, mul, cast back), rotary on q and k 2 x 6 (chunk, neg,
+cat, 2 mul, add), GQA repeat of k and v 2, 5 views/transposes of q, k, v and the output, SwiGLU 2
+(silu, mul), residual adds 2, the tp entry points 2, the attention kernel's own set-up ~3."""
+CPU_SYNC_CALL_S = 0.3e-3
+"""CPU: seconds a blocking collective inside a block costs beyond its measured time (waking the
+rank that waited; the profile times its collectives back to back, both ranks already there)."""
+CPU_SYNC_SKEW = 0.45
+"""CPU: the wait at a synchronisation inside a block, as a fraction of the compute since the last
+one (two ranks sharing two cores with the rest of the machine drift apart between syncs)."""
+CPU_OPS_HEAD_FWD = 12
+"""Final norm (9) and the loss (float cast, log-softmax, gather: 3)."""
 
 
 def _loglinear(xs: list[float], ys: list[float], x: float) -> float:
@@ -58,10 +94,26 @@ class Rates:
     attn_points: tuple[list[float], list[float], list[float]] | None = None
     """(seq, fwd FLOP/s, bwd FLOP/s) at the profiled head dim."""
     source: str = "datasheet"
+    gemm_call_s: float = 0.0
+    """Fixed seconds per GEMM call (CPU; 0 on accelerators)."""
+    op_s: float = 0.0
+    """Fixed seconds per elementwise operator (CPU; 0 on accelerators)."""
+    sync_call_s: float = 0.0
+    """CPU: seconds per blocking collective inside a block beyond its measured time (0 elsewhere)."""
+    sync_skew: float = 0.0
+    """CPU: wait at a sync inside a block per second of compute since the last sync (0 elsewhere)."""
+    cpu: bool = False
+    """The CPU terms apply (``DeviceSpec.kind == "cpu"``)."""
+    attn_head_times: dict[int, tuple[list[float], list[float], list[float]]] | None = None
+    """CPU: {head_dim: (seq, fwd s, bwd s) of one (batch x head) causal call} from the profile."""
 
     def gemm_time(self, flops: float) -> float:
         if flops <= 0:
             return 0.0
+        if self.cpu:  # CPU: the per-call cost, then the fitted large-GEMM rate
+            rate = self.gemm_fit[1] if self.gemm_fit is not None else (
+                _loglinear(*self.gemm_points, flops) if self.gemm_points is not None else self.flat)
+            return self.gemm_call_s + flops / rate
         if self.gemm_fit is not None:
             return self.gemm_fit[0] + flops / self.gemm_fit[1]
         if self.gemm_points is not None:
@@ -82,6 +134,51 @@ class Rates:
     def memory_time(self, nbytes: float) -> float:
         return nbytes / self.memory_bandwidth
 
+    def attention_head_time(self, seq: float, head_dim: int) -> tuple[float, float] | None:
+        """CPU: (forward, backward) seconds of one causal (batch x head) call over ``seq`` tokens,
+        from the profile's measured times (None without them). log-log in seq between points (the
+        slope of the first two below them, at least 0: a shorter call is never slower), linear in
+        head_dim between the profiled head dims (proportional with only one), never below a tenth
+        of the nearest profiled head dim's time."""
+        if not self.attn_head_times:
+            return None
+        per_hd = {hd: (_loglog(seqs, fw, seq), _loglog(seqs, bw, seq)) for hd, (seqs, fw, bw) in
+                  self.attn_head_times.items()}
+        hds = sorted(per_hd)
+        if len(hds) == 1:
+            f, b = per_hd[hds[0]]
+            r = head_dim / hds[0]
+            return f * r, b * r
+        lo, hi = (hds[0], hds[1]) if head_dim <= hds[0] else (
+            (hds[-2], hds[-1]) if head_dim >= hds[-1] else next((a, b) for a, b in zip(hds, hds[1:], strict=False)
+                                                               if a <= head_dim <= b))
+        w = (head_dim - lo) / (hi - lo)
+        near = per_hd[min(hds, key=lambda x: abs(x - head_dim))]
+        out = []
+        for k in range(2):
+            t = per_hd[lo][k] + w * (per_hd[hi][k] - per_hd[lo][k])
+            out.append(max(t, 0.1 * near[k]))
+        return out[0], out[1]
+
+
+def _loglog(xs: list[float], ys: list[float], x: float) -> float:
+    """y at x, linear in (log x, log y) between points; beyond the ends the nearest segment's slope
+    (below the first point clamped to [0, 2]: a call never gets slower as it shrinks, nor faster
+    than its quadratic work), constant with one point."""
+    if len(xs) == 1:
+        return ys[0]
+    if x <= xs[0]:
+        k = 1
+    elif x >= xs[-1]:
+        k = len(xs) - 1
+    else:
+        k = bisect.bisect_right(xs, x)
+    x0, x1, y0, y1 = xs[k - 1], xs[k], ys[k - 1], ys[k]
+    slope = (math.log(y1) - math.log(y0)) / (math.log(x1) - math.log(x0))
+    if x < x0:
+        slope = min(max(slope, 0.0), 2.0)
+    return math.exp(math.log(y0) + slope * (math.log(x) - math.log(x0)))
+
 
 def rates_for(spec: Any, dtype: str, head_dim: int) -> Rates:
     """Build the throughput model of a DeviceSpec (profile fits where present, else the datasheet)."""
@@ -89,6 +186,18 @@ def rates_for(spec: Any, dtype: str, head_dim: int) -> Rates:
     r = Rates(name=spec.name, flat=flat, memory_bandwidth=spec.memory_bandwidth,
               source=spec.provenance if spec.provenance != "measured" else "measured (no fits)")
     prof = spec.profile or {}
+    cpu = r.cpu = spec.kind == "cpu"
+    if cpu:
+        over = prof.get("overheads") if isinstance(prof.get("overheads"), dict) else {}
+
+        def pick(key: str, default: float) -> float:
+            v = over.get(key)
+            return float(v) if isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 else default
+
+        r.gemm_call_s = pick("gemm_call_s", CPU_GEMM_CALL_S.get(dtype, CPU_GEMM_CALL_S["fp32"]))
+        r.op_s = pick("op_s", CPU_OP_S)
+        r.sync_call_s = pick("sync_call_s", CPU_SYNC_CALL_S)
+        r.sync_skew = pick("sync_skew", CPU_SYNC_SKEW)
     gemm = (prof.get("gemm") or {}).get(dtype)
     if isinstance(gemm, dict):
         rate, over = gemm.get("peak_flops_per_s"), gemm.get("overhead_s") or 0.0
@@ -115,6 +224,15 @@ def rates_for(spec: Any, dtype: str, head_dim: int) -> Rates:
             bw.append(2.5 * flops / b_s)  # the profiler counts backward as 2.5x forward
         if seqs:
             r.attn_points = (seqs, fw, bw)
+        if cpu:
+            times = {}
+            for k, v in by_hd.items():
+                rows = sorted((float(a), float(b), float(c)) for a, b, c in (v.get("points") or [])
+                              if float(b) > 0 and float(c) > 0)
+                if rows:
+                    times[int(k)] = ([x[0] for x in rows], [x[1] / batch_heads for x in rows],
+                                     [x[2] / batch_heads for x in rows])
+            r.attn_head_times = times or None
     return r
 
 
@@ -133,6 +251,35 @@ def causal_keys(tokens: tuple[int, ...], index: int, zigzag: bool, seq_len: int)
     a = sum(tokens[:index]) // 2
     b = seq_len - a - half
     return (half * a + half * (half + 1) / 2.0) + (half * b + half * (half + 1) / 2.0)
+
+
+def ring_blocks(tokens: tuple[int, ...], index: int, zigzag: bool, seq_len: int) -> tuple[tuple[int, int, bool], ...]:
+    """The attention blocks CP rank ``index`` computes over one ring turn: ``(query length, key
+    length, causal)`` for every (own query segment, key segment of any rank) pair with a visible key,
+    the rule of ``autotune/runtime/ring_attention.py:_pairs`` over the segments of
+    ``autotune/runtime/attention.py:shard_segments`` (zigzag: a front and a mirrored back segment)."""
+    segs = []
+    a = 0
+    for t in tokens:
+        if zigzag and len(tokens) > 1:
+            f = t // 2
+            segs.append([(a, f), (seq_len - a - f, f)])
+            a += f
+        else:
+            segs.append([(a, t)])
+            a += t
+    out = []
+    for qs, ql in segs[index]:
+        for ksegs in segs:
+            for ks, kl in ksegs:
+                if ql and kl and ks < qs + ql:
+                    out.append((ql, kl, not (ks + kl <= qs + 1)))
+    return tuple(out)
+
+
+CPU_OPS_RING_BLOCK_FWD = 10
+"""Operators per ring block forward beyond the kernel: split, GQA index_select of k and v, the
+online-softmax merge in fp32 (casts, two exp, sub, mul x2, add, log)."""
 
 
 @dataclass
@@ -155,27 +302,47 @@ class LayerCompute:
 
 
 def layer_compute(model: Any, rates: Rates, *, tokens: float, tp: int, heads_local: int, keysum: float,
-                  block_seq: float, micro_batch: int, act_bytes: float) -> LayerCompute:
+                  block_seq: float, micro_batch: int, act_bytes: float,
+                  blocks: tuple[tuple[int, int, bool], ...] | None = None) -> LayerCompute:
     """One block on one rank.
 
     tokens: tokens in the sequence-sharded parts (micro_batch * cp shard / hp); heads_local: query
     heads this rank attends after tp and hp; keysum: sum of keys attended per query position over the
     rank's queries (``causal_keys``, whole cp shard: Ulysses gives each hp rank all of its shard's
-    tokens for its heads); act_bytes: the block's stored activation bytes (elementwise traffic)."""
+    tokens for its heads); act_bytes: the block's stored activation bytes (elementwise traffic);
+    blocks: with cp > 1 the ring's blocks (``ring_blocks``), priced one kernel call each on CPU."""
     h, kv, f = model.hidden, model.kv_dim, model.ffn_hidden
     gemm = (rates.gemm_time(2.0 * tokens * h * (h + 2 * kv) / tp)          # fused QKV projection
             + rates.gemm_time(2.0 * tokens * h * h / tp)                    # output projection
             + rates.gemm_time(2.0 * tokens * h * f * (model.mlp_matrices - 1) / tp)  # up (and gate)
             + rates.gemm_time(2.0 * tokens * f * h / tp))                   # down projection
     attn_flops = 4.0 * model.head_dim * heads_local * micro_batch * keysum
-    a_fwd, a_bwd = rates.attention_time(attn_flops, block_seq)
-    return LayerCompute(gemm_fwd=gemm, attn_fwd=a_fwd, attn_bwd=a_bwd,
-                        elem_fwd=rates.memory_time(2.0 * act_bytes))  # written once, read once
+    elem = rates.memory_time(2.0 * act_bytes) + CPU_OPS_BLOCK_FWD * rates.op_s  # written once, read once
+    if rates.attn_head_times and blocks:
+        # CPU ring: one kernel call per block (a causal one at its length, a full one as the causal
+        # call with the same work, length sqrt(2 q k)); each block's fp32 merge streams o and lse
+        a_fwd = a_bwd = 0.0
+        for ql, kl, causal in blocks:
+            f, b = rates.attention_head_time(ql if causal else math.sqrt(2.0 * ql * kl), model.head_dim)
+            a_fwd += f
+            a_bwd += b
+        n = heads_local * micro_batch
+        a_fwd, a_bwd = a_fwd * n, a_bwd * n
+        merge = sum(ql for ql, _, _ in blocks) * n * model.head_dim * 4.0 * 4.0  # o read+written, fp32, x2
+        elem += len(blocks) * CPU_OPS_RING_BLOCK_FWD * rates.op_s + rates.memory_time(merge)
+    elif rates.attn_head_times:
+        # CPU: measured call times per (batch x head) at the shard's length
+        f, b = rates.attention_head_time(block_seq, model.head_dim)
+        n = heads_local * micro_batch
+        a_fwd, a_bwd = f * n, b * n
+    else:
+        a_fwd, a_bwd = rates.attention_time(attn_flops, block_seq)
+    return LayerCompute(gemm_fwd=gemm, attn_fwd=a_fwd, attn_bwd=a_bwd, elem_fwd=elem)
 
 
 def head_compute(model: Any, rates: Rates, *, tokens: float, tp: int) -> tuple[float, float]:
     """(fwd, bwd) seconds of the LM head (vocab-parallel over tp) and the cross-entropy on the last
     stage: GEMM 2*h*V/tp per token, and the fp32 logits read/written ~3 times by the softmax-loss."""
     g = rates.gemm_time(2.0 * tokens * model.hidden * model.vocab / tp)
-    e = rates.memory_time(3.0 * 4.0 * tokens * model.vocab / tp)
+    e = rates.memory_time(3.0 * 4.0 * tokens * model.vocab / tp) + CPU_OPS_HEAD_FWD * rates.op_s
     return g + e, 2.0 * g + e

@@ -34,7 +34,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.cost import comm as C
-from autotune.cost.compute import DTYPE_BYTES, Rates, causal_keys, head_compute, layer_compute, rates_for
+from autotune.cost.compute import (
+    DTYPE_BYTES,
+    Rates,
+    causal_keys,
+    head_compute,
+    layer_compute,
+    rates_for,
+    ring_blocks,
+)
 from autotune.cost.memory import layer_activation_bytes, model_states, reserve
 from autotune.cost.pipeline import peak_in_flight, simulate_cached
 from autotune.plan import Plan
@@ -122,6 +130,7 @@ def estimate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: i
     a2a_heads = max((hp - 1) * max(heads), heads_tp - min(heads)) if hp > 1 else 0
     cp_max_tokens = max(tokens)
     keysums = [causal_keys(tokens, i, zig, seq_len) for i in range(cp)]
+    blocks = [ring_blocks(tokens, i, zig, seq_len) for i in range(cp)] if cp > 1 else [None]
     lp = float(model.layer_params())
     emb, head = float(model.embedding_params()), float(model.head_params())
     stage_params = [(_stage_params(model, rp, i, lp, emb, head), lp) for i in range(p)]
@@ -170,7 +179,7 @@ def estimate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: i
             cost = group_cache[key] = _group_cost(
                 rp, model, spec, cal.get(spec.name) or {}, pp_i=pp_i, cp_i=cp_i, hp_i=hp_i, m_d=m_d,
                 tp_link=tp_link, hp_link=hp_link, cp_link=cp_link, pp_link=pp_link, dp_link=dp_links[pp_i],
-                dtype=dtype, bpe=bpe, seq_len=seq_len, keysum=keysums[cp_i], a2a_heads=a2a_heads,
+                dtype=dtype, bpe=bpe, seq_len=seq_len, keysum=keysums[cp_i], blocks=blocks[cp_i], a2a_heads=a2a_heads,
                 cp_max_tokens=cp_max_tokens, stage_params=stage_params[pp_i], kv_ratio=kv_ratio, hd=hd, h=h,
                 sp=sp, recompute=recompute, zero=zero, shard_n=shard_n, n_chunks=n_chunks)
             cost["spec"] = spec
@@ -327,7 +336,7 @@ def _bubble_fraction(sims: list[Any], step: float, p: int) -> float:
 
 def _group_cost(rp: Plan, model: Any, spec: Any, cal: dict[str, float], *, pp_i: int, cp_i: int, hp_i: int,
                 m_d: int, tp_link: Any, hp_link: Any, cp_link: Any, pp_link: Any, dp_link: Any, dtype: str,
-                bpe: int, seq_len: int, keysum: float, a2a_heads: int, cp_max_tokens: int,
+                bpe: int, seq_len: int, keysum: float, blocks: Any, a2a_heads: int, cp_max_tokens: int,
                 stage_params: tuple[float, float], kv_ratio: float, hd: int, h: int, sp: bool, recompute: str,
                 zero: int, shard_n: int, n_chunks: int) -> dict[str, Any]:
     """Per-micro-batch chunk times, per-step terms and memory of one TP group's ranks."""
@@ -336,6 +345,7 @@ def _group_cost(rp: Plan, model: Any, spec: Any, cal: dict[str, float], *, pp_i:
     v = rp.virtual_stages
     cf, mf = float(cal.get("compute", 1.0)), float(cal.get("comm", 1.0))
     rates = _rates(spec, dtype, hd)
+    K = C.collectives_for(spec)  # measured gloo table on a profiled CPU, else the alpha-beta formulas
     mbs = rp.micro_batch_size
     s_c = rp.shares.tokens[cp_i]
     tok = mbs * s_c / hp  # tokens this rank holds outside attention
@@ -345,26 +355,26 @@ def _group_cost(rp: Plan, model: Any, spec: Any, cal: dict[str, float], *, pp_i:
         sequence_parallel=sp, recompute=recompute, act_bytes=bpe, fused_attention=spec.kind in ("cuda", "rocm"))
     # elementwise traffic over the sbh tensors; the softmax over the scores is part of the attention
     # kernel's throughput (fused attention never writes the s^2 scores to memory)
-    lc = layer_compute(model, rates, tokens=tok, tp=tp, heads_local=heads_local, keysum=keysum, block_seq=s_c,
+    lc = layer_compute(model, rates, tokens=tok, tp=tp, heads_local=heads_local, keysum=keysum, block_seq=s_c, blocks=blocks,
                        micro_batch=mbs, act_bytes=full_none - scores)
 
     # communication of one block, one micro-batch (Korthikanti et al. 2022 section 4.2.2: with
     # sequence parallelism each all-reduce becomes an all-gather plus a reduce-scatter)
     act = bpe * tok * h
     if tp > 1:
-        one = C.all_gather(tp_link, tp, act) + C.reduce_scatter(tp_link, tp, act) if sp else C.all_reduce(
+        one = K.all_gather(tp_link, tp, act) + K.reduce_scatter(tp_link, tp, act) if sp else K.all_reduce(
             tp_link, tp, act)
         tp_f = tp_b = 2.0 * one * mf
     else:
         tp_f = tp_b = 0.0
     if hp > 1:  # Q, K, V to head shards before attention, the context back after it
         unit = bpe * (mbs * s_c / hp) * hd * a2a_heads
-        hp_f = hp_b = mf * (C.all_to_all(hp_link, hp, unit * (1.0 + 2.0 * kv_ratio)) + C.all_to_all(hp_link, hp, unit))
+        hp_f = hp_b = mf * (K.all_to_all(hp_link, hp, unit * (1.0 + 2.0 * kv_ratio)) + K.all_to_all(hp_link, hp, unit))
     else:
         hp_f = hp_b = 0.0
     if cp > 1:  # cp - 1 ring passes of the largest shard's K and V (backward also dK, dV)
         kv_bytes = bpe * mbs * cp_max_tokens * 2.0 * hd * heads_local * kv_ratio
-        pass_f, pass_b = mf * C.p2p(cp_link, kv_bytes), mf * C.p2p(cp_link, 2.0 * kv_bytes)
+        pass_f, pass_b = mf * K.p2p(cp_link, kv_bytes), mf * K.p2p(cp_link, 2.0 * kv_bytes)
         cp_raw_f, cp_raw_b = (cp - 1) * pass_f, (cp - 1) * pass_b
         cp_f = (cp - 1) * max(0.0, pass_f - cf * lc.attn_fwd / cp)
         cp_b = (cp - 1) * max(0.0, pass_b - cf * lc.attn_bwd / cp)
@@ -375,10 +385,14 @@ def _group_cost(rp: Plan, model: Any, spec: Any, cal: dict[str, float], *, pp_i:
     grad_bytes = bpe * params_local
     z3_f = z3_b = 0.0
     if zero >= 3 and shard_n > 1:  # FSDP gathers each block's weights in forward and again in backward
-        gather = mf * C.all_gather(dp_link, shard_n, bpe * layer_params / tp)
+        gather = mf * K.all_gather(dp_link, shard_n, bpe * layer_params / tp)
         z3_f = max(0.0, gather - cf * lc.fwd)
         z3_b = max(0.0, gather - cf * lc.bwd)
     comp_f, comp_b = cf * lc.fwd, cf * lc.bwd
+    # blocking communication calls per micro-batch and layer (fwd, bwd), for the CPU sync term
+    # (the ring: cp - 1 K/V passes forward; backward cp - 1 K/V passes and cp dK/dV passes)
+    calls_f = (4 if sp else 2) * (tp > 1) + 2 * (hp > 1) + (cp - 1)
+    calls_b = calls_f + cp * (cp > 1) + (calls_f if recompute == "full" else 0)
     if recompute == "full":
         comp_b += comp_f
         tp_b += tp_f
@@ -387,14 +401,37 @@ def _group_cost(rp: Plan, model: Any, spec: Any, cal: dict[str, float], *, pp_i:
         cp_raw_b += cp_raw_f
     elif recompute == "selective":
         comp_b += cf * lc.attn_fwd
+    # CPU: each blocking collective inside a block also waits for the rank that drifted behind
+    # (compute.CPU_SYNC_*); charged to the dimension that synchronises, as the runtime's comm clock does
+    sync_f = sync_b = 0.0
+    if rates.cpu and calls_f:
+        sync_f = mf * (calls_f * rates.sync_call_s + rates.sync_skew * comp_f)
+        sync_b = mf * (calls_b * rates.sync_call_s + rates.sync_skew * comp_b)
+        if tp > 1:
+            tp_f, tp_b = tp_f + sync_f, tp_b + sync_b
+        elif hp > 1:
+            hp_f, hp_b = hp_f + sync_f, hp_b + sync_b
+        else:
+            cp_f, cp_b = cp_f + sync_f, cp_b + sync_b
+            cp_raw_f, cp_raw_b = cp_raw_f + sync_f, cp_raw_b + sync_b
     layer_f = comp_f + tp_f + hp_f + cp_f + z3_f
     layer_b = comp_b + tp_b + hp_b + cp_b + z3_b
 
     chunk_layers = rp.layers_of_stage(pp_i)
     fwd, bwd = [], []
     head_f, head_b = head_compute(model, rates, tokens=tok, tp=tp)
-    emb_tp = C.all_reduce(tp_link, tp, act) * mf if tp > 1 and not sp else (
-        C.reduce_scatter(tp_link, tp, act) * mf if tp > 1 else 0.0)
+    emb_tp = K.all_reduce(tp_link, tp, act) * mf if tp > 1 and not sp else (
+        K.reduce_scatter(tp_link, tp, act) * mf if tp > 1 else 0.0)
+    head_tp_f = head_tp_b = 0.0
+    if tp > 1 and rates.cpu:
+        # CPU (where each call costs ~0.2 ms): the vocab-parallel loss's two all-reduces (the max,
+        # then sum-exp and target logit) and the LM head's entry (all-gather forward with sp, the
+        # input gradient's all-reduce / reduce-scatter backward). GPU figures leave them out: they
+        # are microseconds there, beside milliseconds of blocks.
+        head_tp_f = mf * (K.all_reduce(tp_link, tp, 4.0 * tok) + K.all_reduce(tp_link, tp, 8.0 * tok)
+                          + (K.all_gather(tp_link, tp, act) if sp else 0.0))
+        head_tp_b = mf * (K.reduce_scatter(tp_link, tp, act) if sp else K.all_reduce(tp_link, tp, act))
+
     comp_total = tp_total = hp_total = cp_raw_total = exposed_ops = 0.0
     for ci, n_layers in enumerate(chunk_layers):
         j = ci * p + pp_i
@@ -406,9 +443,10 @@ def _group_cost(rp: Plan, model: Any, spec: Any, cal: dict[str, float], *, pp_i:
             comp += cf * rates.memory_time(act)
             tpc += emb_tp
         if j == n_chunks - 1:
-            f += cf * head_f
-            b += cf * head_b
+            f += cf * head_f + head_tp_f
+            b += cf * head_b + head_tp_b
             comp += cf * (head_f + head_b)
+            tpc += head_tp_f + head_tp_b
         fwd.append(f)
         bwd.append(b)
         comp_total += comp
@@ -416,7 +454,7 @@ def _group_cost(rp: Plan, model: Any, spec: Any, cal: dict[str, float], *, pp_i:
         hp_total += n_layers * (hp_f + hp_b)
         cp_raw_total += n_layers * (cp_raw_f + cp_raw_b)
         exposed_ops += tpc + n_layers * (hp_f + hp_b + cp_f + cp_b + z3_f + z3_b)
-    p2p_t = mf * C.p2p(pp_link, act / tp) if p > 1 else 0.0  # Megatron scatter/gather: 1/tp per rank
+    p2p_t = mf * K.p2p(pp_link, act / tp) if p > 1 else 0.0  # Megatron scatter/gather: 1/tp per rank
     pp_sends = 0.0
     for ci in range(v):
         j = ci * p + pp_i
@@ -425,17 +463,17 @@ def _group_cost(rp: Plan, model: Any, spec: Any, cal: dict[str, float], *, pp_i:
     # DP gradient synchronisation over the ranks holding the same parameters
     if shard_n > 1:
         if zero == 0:
-            overl, fixed = mf * C.all_reduce(dp_link, shard_n, grad_bytes), 0.0
+            overl, fixed = mf * K.all_reduce(dp_link, shard_n, grad_bytes), 0.0
         elif zero in (1, 2):
-            overl = mf * C.reduce_scatter(dp_link, shard_n, grad_bytes)
-            fixed = mf * C.all_gather(dp_link, shard_n, grad_bytes)  # updated weights back to every rank
+            overl = mf * K.reduce_scatter(dp_link, shard_n, grad_bytes)
+            fixed = mf * K.all_gather(dp_link, shard_n, grad_bytes)  # updated weights back to every rank
         else:
-            overl, fixed = mf * C.reduce_scatter(dp_link, shard_n, grad_bytes), 0.0
+            overl, fixed = mf * K.reduce_scatter(dp_link, shard_n, grad_bytes), 0.0
     else:
         overl = fixed = 0.0
     dp_raw = overl + fixed
     if zero >= 3 and shard_n > 1:
-        dp_raw += m_d * sum(chunk_layers) * 2.0 * mf * C.all_gather(dp_link, shard_n, bpe * layer_params / tp)
+        dp_raw += m_d * sum(chunk_layers) * 2.0 * mf * K.all_gather(dp_link, shard_n, bpe * layer_params / tp)
     opt = cf * rates.memory_time(ADAM_BYTES_PER_PARAM * params_local / (shard_n if zero >= 1 else 1))
 
     # memory

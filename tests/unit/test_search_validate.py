@@ -33,9 +33,13 @@ def test_validate_stores_measured_and_calibrates(tmp_path, journal):
         assert r["error_calibrated"] == pytest.approx(0, abs=1e-9)
     assert out["median_error_before"] == pytest.approx(1 - 1 / 1.3)
     assert out["median_error_after"] == pytest.approx(0, abs=1e-9)
+    # 3 plans: each priced with the calibration fitted on the other two (the distortion is uniform)
+    assert out["median_error_held_out"] == pytest.approx(0, abs=1e-9)
+    assert all(r["error_held_out"] == pytest.approx(0, abs=1e-9) for r in out["validated"])
     assert out["calibration"] == {"CPU": {"compute": pytest.approx(1.3), "comm": pytest.approx(1.3)}}
     study = open_study("v", url)
     assert study.user_attrs["calibration"]["CPU"]["compute"] == pytest.approx(1.3)
+    assert study.user_attrs["calibration_errors"]["held_out"] == pytest.approx(0, abs=1e-9)
     by_number = {t.number: t for t in study.get_trials()}
     best = by_number[study.user_attrs["best_measured_trial"]]
     assert best.user_attrs["measured"]["tokens_per_s"] == max(r["measured"]["tokens_per_s"] for r in out["validated"])
@@ -70,3 +74,74 @@ def test_calibration_is_per_device_type_and_kind():
                  {"rank": 0, "compute_s": 2.0, "comm_s": 0.25, "emulated_s": 0.0},
                  {"rank": 1, "compute_s": 3.0, "comm_s": 0.25, "emulated_s": 1.0}]}}]
     assert fit_calibration(runs, cluster) == {"CPU": {"compute": 2.0, "comm": 0.5}}
+
+
+# ---- calibration fit and held-out error on synthetic runs with known factors -------------------
+def _synthetic_runs(true_compute, true_comm, mixes, noise=None):
+    """Runs whose prediction is compute + comm seconds and whose measurement is the true factors'
+    mix of them (times ``noise[i]``); ``step_of`` prices a run under a calibration the same way."""
+    from autotune.plan import Plan
+
+    cluster = load_cluster("local:2")
+    plan = Plan.from_dict({"degrees": {"dp": 2}}).resolve(load_model("tiny"), cluster, 32, 4)
+    runs = []
+    for i, (comp, comm) in enumerate(mixes):
+        meas = (true_compute * comp + true_comm * comm) * (noise[i] if noise else 1.0)
+        runs.append({"plan": plan, "predicted": {"step_time_s": comp + comm}, "compute": comp, "comm": comm,
+                     "breakdown": {"ranks": [{"compute_s": comp, "comm_s": comm}] * 2},
+                     "measured": {"step_time_s": meas, "time_split": []}})
+    return runs, cluster
+
+
+def _step_of(run, cal):
+    c = cal.get("CPU", {})
+    return c.get("compute", 1.0) * run["compute"] + c.get("comm", 1.0) * run["comm"]
+
+
+MIXES = [(1.0, 0.1), (0.5, 0.5), (0.2, 1.0), (2.0, 0.05), (0.8, 0.3), (0.3, 0.6)]
+
+
+def test_calibration_recovers_known_factors_and_holds_out():
+    from autotune.validate import calibrate_runs, held_out_errors, leave_one_out
+
+    runs, cluster = _synthetic_runs(1.7, 3.0, MIXES)
+    cal = calibrate_runs(runs, cluster, _step_of)
+    assert cal["CPU"]["compute"] == pytest.approx(1.7, rel=0.03)
+    assert cal["CPU"]["comm"] == pytest.approx(3.0, rel=0.03)
+    loo = leave_one_out(runs, cluster, _step_of)
+    assert len(loo) == len(runs) and max(abs(e) for e in loo) < 0.03
+    assert held_out_errors(runs[:1], cluster, _step_of) == []
+
+
+def test_held_out_error_sees_what_in_sample_hides():
+    """Two factors fitted on three plans whose comm never varies cannot predict a comm-heavy plan:
+    in-sample the error is ~0, held out it is large (so the held-out figure is the honest one)."""
+    from autotune.validate import calibrate_runs, leave_one_out
+
+    mixes = [(1.0, 0.0), (2.0, 0.0), (0.5, 0.0), (0.1, 1.0)]
+    runs, cluster = _synthetic_runs(1.5, 4.0, mixes)
+    cal = calibrate_runs(runs, cluster, _step_of)
+    inside = [abs(_step_of(r, cal) / r["measured"]["step_time_s"] - 1) for r in runs]
+    assert max(inside) < 0.03
+    loo = leave_one_out(runs, cluster, _step_of)
+    assert abs(loo[3]) > 0.5  # the comm factor cannot be learnt from plans without comm
+    assert max(abs(e) for e in loo[:3]) < 0.03
+
+
+def test_one_bad_plan_does_not_drag_the_calibration():
+    from autotune.validate import calibrate_runs
+
+    noise = [1.0] * len(MIXES)
+    noise[2] = 3.0  # a plan the model gets badly wrong (or a disturbed measurement)
+    runs, cluster = _synthetic_runs(1.7, 3.0, MIXES, noise)
+    cal = calibrate_runs(runs, cluster, _step_of)
+    others = [abs(_step_of(r, cal) / r["measured"]["step_time_s"] - 1) for i, r in enumerate(runs) if i != 2]
+    assert sorted(others)[len(others) // 2] < 0.05
+
+
+def test_calibration_is_never_worse_than_none():
+    from autotune.validate import calibrate_runs
+
+    runs, cluster = _synthetic_runs(1.0, 1.0, MIXES)
+    cal = calibrate_runs(runs, cluster, _step_of)
+    assert all(_step_of(r, cal) == pytest.approx(r["measured"]["step_time_s"]) for r in runs)

@@ -1,0 +1,136 @@
+"""The CPU terms of the cost model against independent computations: the ring's attention blocks
+against a brute-force walk over token positions, the measured-collective table against its own
+rows and log-log interpolation by hand, the per-call GEMM cost, attention from measured call times,
+the sync term's call count against a hand count of the runtime's collectives, and accelerators left
+exactly as they were (no CPU term leaks into a GPU figure)."""
+
+import math
+
+import pytest
+from _cost_helpers import HUGE, device, one_node
+
+from autotune.cost import comm as C
+from autotune.cost import estimate
+from autotune.cost.compute import CPU_GEMM_CALL_S, rates_for, ring_blocks
+from autotune.plan import parse_inline
+from autotune.specs import Link, ModelSpec
+
+MODEL = ModelSpec(name="cpu-test", layers=2, hidden=64, heads=8, kv_heads=4, ffn_hidden=176, vocab=256,
+                  activation="swiglu")
+
+
+def _positions(tokens, index, zigzag, S):
+    """Position segments of CP rank ``index`` written out from the layout's definition."""
+    if not zigzag or len(tokens) == 1:
+        a = sum(tokens[:index])
+        return [list(range(a, a + tokens[index]))]
+    a = sum(t // 2 for t in tokens[:index])
+    h = tokens[index] // 2
+    return [list(range(a, a + h)), list(range(S - a - h, S - a))]
+
+
+@pytest.mark.parametrize("tokens,zigzag", [((8, 8), True), ((8, 8), False), ((4, 8, 4), True), ((4, 4, 4, 4), True),
+                                           ((2, 6, 8), False), ((4, 12), True)])
+def test_ring_blocks_are_the_visible_segment_pairs(tokens, zigzag):
+    S = sum(tokens)
+    for i in range(len(tokens)):
+        want = []
+        for q in _positions(tokens, i, zigzag, S):
+            for j in range(len(tokens)):
+                for k in _positions(tokens, j, zigzag, S):
+                    visible = any(kp <= qp for qp in q for kp in k)
+                    if q and k and visible:
+                        want.append((len(q), len(k), max(k) > min(q)))  # causal unless every key precedes
+        assert sorted(ring_blocks(tokens, i, zigzag, S)) == sorted(want)
+
+
+TABLE = [{"op": "all_reduce", "group_size": 2, "bytes": b, "time_s": t}
+         for b, t in ((4096, 2e-4), (65536, 3e-4), (1048576, 8e-4))] + [
+    {"op": "all_to_all", "group_size": 2, "bytes": 4096, "time_s": 1e-4},
+    {"op": "all_to_all", "group_size": 2, "bytes": 65536, "time_s": 1e-4 * 16 ** 0.5}]
+INTRA = Link(bandwidth=1e9, latency=1e-5, kind="intra")
+
+
+def test_measured_collectives_follow_the_table():
+    K = C.Collectives(TABLE)
+    assert K.all_reduce(INTRA, 2, 65536) == pytest.approx(3e-4)  # a measured row
+    assert K.all_reduce(INTRA, 2, 100) == pytest.approx(2e-4)  # latency floor below the smallest
+    mid = math.sqrt(65536 * 1048576)  # half way in log bytes: half way in log time
+    assert K.all_reduce(INTRA, 2, mid) == pytest.approx(math.sqrt(3e-4 * 8e-4))
+    assert K.all_reduce(INTRA, 2, 4 * 1048576) == pytest.approx(4 * 8e-4)  # the largest's algbw beyond
+    # the table's all-to-all bytes are each rank's input (own part included): a rank sending x to
+    # its one peer has 2x in, and a two-rank exchange of x bytes each way is that all-to-all
+    assert K.all_to_all(INTRA, 2, 2048) == pytest.approx(1e-4)
+    assert K.p2p(INTRA, 2048) == pytest.approx(1e-4)
+    assert K.p2p(INTRA, 16384) == pytest.approx(1e-4 * 8 ** 0.5 / 1)  # 32 KiB in: log-log between rows
+    # group sizes, ops and links the table does not cover keep the alpha-beta formulas
+    assert K.all_reduce(INTRA, 4, 65536) == C.all_reduce(INTRA, 4, 65536)
+    assert K.reduce_scatter(INTRA, 2, 65536) == C.reduce_scatter(INTRA, 2, 65536)
+    inter = Link(bandwidth=1e9, latency=1e-5, kind="inter")
+    assert K.all_reduce(inter, 2, 65536) == C.all_reduce(inter, 2, 65536)
+
+
+def test_only_a_profiled_cpu_uses_its_table():
+    prof = {"links": {"collective_table": TABLE}}
+    assert C.collectives_for(device(kind="cuda", profile=prof)) is C.FORMULAS
+    assert C.collectives_for(device(kind="cpu")) is C.FORMULAS
+    K = C.collectives_for(device(kind="cpu", profile=prof))
+    assert K.all_reduce(INTRA, 2, 65536) == pytest.approx(3e-4)
+
+
+def test_cpu_gemm_pays_a_call_cost_and_gpu_does_not():
+    peak = 1e11
+    prof = {"gemm": {"bf16": {"peak_flops_per_s": peak, "overhead_s": 0.0, "points": [[1e8, peak]]}}}
+    cpu = rates_for(device(kind="cpu", profile=prof), "bf16", 8)
+    gpu = rates_for(device(kind="cuda", profile=prof), "bf16", 8)
+    assert cpu.gemm_time(1e6) == pytest.approx(CPU_GEMM_CALL_S["bf16"] + 1e6 / peak)
+    assert gpu.gemm_time(1e6) == pytest.approx(1e6 / peak)
+    over = rates_for(device(kind="cpu", profile={**prof, "overheads": {"gemm_call_s": 1e-3}}), "bf16", 8)
+    assert over.gemm_time(1e6) == pytest.approx(1e-3 + 1e6 / peak)
+
+
+def test_cpu_attention_comes_from_measured_call_times():
+    # profiled with batch 1 x 4 heads: per (batch x head) call a quarter of the row's seconds
+    att = {"batch": 1, "heads": 4, "by_head_dim": {
+        "64": {"points": [[256, 4e-3, 8e-3], [512, 16e-3, 24e-3]]},
+        "128": {"points": [[256, 6e-3, 12e-3], [512, 24e-3, 36e-3]]}}}
+    r = rates_for(device(kind="cpu", profile={"attention": att}), "bf16", 64)
+    assert r.attention_head_time(256, 64) == pytest.approx((1e-3, 2e-3))
+    assert r.attention_head_time(256, 96) == pytest.approx((1.25e-3, 2.5e-3))  # linear in head_dim
+    f, b = r.attention_head_time(362.0, 64)  # log-log in seq between 256 and 512
+    w = math.log(362 / 256) / math.log(2)
+    assert f == pytest.approx(1e-3 * 4 ** w) and b == pytest.approx(2e-3 * 3 ** w)
+    f128, _ = r.attention_head_time(128, 64)  # below the first point: its slope (2 for fwd)
+    assert f128 == pytest.approx(1e-3 / 4)
+    assert r.attention_head_time(256, 8)[0] >= 0.1 * 1e-3  # never below a tenth of the nearest
+    assert rates_for(device(kind="cuda", profile={"attention": att}), "bf16", 64).attention_head_time(256, 64) is None
+
+
+def _cpu_cluster(sync_call, skew=0.0, n=2):
+    prof = {"overheads": {"sync_call_s": sync_call, "sync_skew": skew, "op_s": 0.0, "gemm_call_s": 0.0}}
+    dev = device(kind="cpu", profile=prof, mem_bw=HUGE)
+    return one_node(n, dev=dev, bw=HUGE, lat=0.0)
+
+
+@pytest.mark.parametrize("inline,calls_per_layer_mb", [
+    ("tp=2", 4),                               # Megatron f/g: 2 all-reduces forward, 2 backward
+    ("tp=2,sequence_parallel=true", 8),        # each becomes an all-gather and a reduce-scatter
+    ("hp=2", 4),                               # Ulysses: qkv and output all-to-alls, both ways
+    ("cp=2", 1 + 3),                           # one K/V pass forward; backward 1 K/V and 2 dK/dV passes
+    ("cp=4", 3 + 7),                           # 3 K/V passes forward; backward 3 K/V and 4 dK/dV passes
+    ("tp=2,recompute=full", 6),                # backward replays the forward's 2
+])
+def test_sync_term_counts_the_runtimes_blocking_calls(inline, calls_per_layer_mb):
+    S, B = 64, 4
+    n = parse_inline(inline).degrees.world
+    a = estimate(parse_inline(inline), MODEL, _cpu_cluster(0.0, n=n), S, B).predicted["step_time_s"]
+    b = estimate(parse_inline(inline), MODEL, _cpu_cluster(1e-3, n=n), S, B).predicted["step_time_s"]
+    mb = B  # micro-batch size 1, dp 1: every sample is a micro-batch
+    assert b - a == pytest.approx(1e-3 * calls_per_layer_mb * MODEL.layers * mb, rel=1e-6)
+
+
+def test_dp_has_no_per_block_sync():
+    S, B = 64, 4
+    a = estimate(parse_inline("dp=2"), MODEL, _cpu_cluster(0.0, 0.0), S, B).predicted["step_time_s"]
+    b = estimate(parse_inline("dp=2"), MODEL, _cpu_cluster(1e-3, 0.5), S, B).predicted["step_time_s"]
+    assert a == b
