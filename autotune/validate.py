@@ -108,6 +108,8 @@ def _scale(cal: dict[str, dict[str, float]], f: float) -> dict[str, dict[str, fl
     return {t: {k: v * f for k, v in kinds.items()} for t, kinds in cal.items()}
 
 
+ANCHOR_WEIGHT = 0.01
+"""Weight of |log(factor / start)| beside the data's sum of |log error| (see refine_calibration)."""
 FACTOR_BOUNDS = (1 / 50, 50.0)
 """A calibration factor outside these means the model is wrong, not off: it is clamped."""
 
@@ -149,7 +151,16 @@ def refine_calibration(cal: dict[str, dict[str, float]], runs: list[dict[str, An
         if ratios:  # the overall level
             starts.append(clamp(_scale(c, statistics.median(ratios))))
     scored = [(loss(c), i, c) for i, c in enumerate(starts)]
-    best, _, cal = min(scored)
+    _, _, anchor = min(scored)
+
+    # a small pull towards the chosen start: where the plans cannot tell two factors apart (three
+    # near-identical plans), the data are flat along that direction and the fit must not wander
+    # off it, or a held-out plan with another compute/comm mix is priced with arbitrary factors
+    def penalised(c: dict) -> float:
+        return loss(c) + ANCHOR_WEIGHT * sum(abs(math.log(c[t][k] / anchor[t][k])) for t in c for k in c[t])
+
+    cal = anchor
+    best = penalised(cal)
     for step in [2.0, 1.41, 1.19, 1.09, 1.04, 1.02][:max(1, rounds + 3)]:
         improved = True
         while improved:
@@ -161,7 +172,7 @@ def refine_calibration(cal: dict[str, dict[str, float]], runs: list[dict[str, An
                         trial[t][k] = min(hi, max(lo, trial[t][k] * f))
                         if trial[t][k] == cal[t][k]:
                             continue
-                        val = loss(trial)
+                        val = penalised(trial)
                         if val < best - 1e-12:
                             cal, best, improved = trial, val, True
     return cal

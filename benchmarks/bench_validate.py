@@ -132,6 +132,8 @@ def main() -> None:
     if args.runs:
         files = [json.loads(Path(f).read_text()) for f in args.runs.split(",")]
         pid, storage = files[0]["profile"], files[0]["storage"]
+        if args.profile:  # re-price the same measurements on another profile of the same storage
+            pid = str(args.profile)
         records = merge_runs([f["runs"] for f in files])
     else:
         storage = args.storage

@@ -31,9 +31,9 @@ what dominates small shapes there and is negligible on a GPU kernel stream:
   ~8 us for a bf16 multiply of 32k elements) times the operators a block issues
   (``CPU_OPS_BLOCK_FWD``, counted on ``autotune/runtime/model.py``), backward twice that;
 * attention from the profile's measured *times* per (batch x head) call, interpolated in log(seq)
-  and linearly in head_dim between profiled head dims, rather than from a FLOP rate: torch's CPU
-  flash kernel works in fixed blocks, so at short sequences its time hardly falls with the FLOPs
-  (profile: fwd+bwd 6.8 ms at seq 256 vs 19.7 ms at 512 for 4 heads of 64).
+  and linearly in head_dim between profiled head dims (linear in seq below the shortest), not from a
+  FLOP rate: torch's CPU flash kernel works in fixed blocks, so at short sequences its time hardly
+  falls with the FLOPs (profile: fwd+bwd 6.8 ms at seq 256 vs 19.7 ms at 512 for 4 heads of 64).
 
 Both constants are read from ``profile["overheads"]`` (``gemm_call_s``, ``op_s``) when the profiler
 measures them, else the defaults below (measured with torch 2.13 on this project's 2-core machine;
@@ -51,8 +51,9 @@ DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 CPU_GEMM_CALL_S = {"bf16": 25e-6, "fp16": 25e-6, "fp32": 8e-6}
 """Seconds per GEMM call on CPU beyond its FLOPs (one thread; see the module docstring)."""
-CPU_OP_S = 10e-6
-"""Seconds per elementwise operator on CPU (dispatch, allocation, autograd bookkeeping)."""
+CPU_OP_S = 6e-6
+"""Seconds per elementwise operator on CPU (dispatch, allocation, autograd bookkeeping; a bf16
+multiply of 32k elements takes ~8 us on one core here)."""
 CPU_OPS_BLOCK_FWD = 44
 """Elementwise operators one block issues forward in the runtime's model: 2 RMSNorms x 9 (float,
 pow, mean, add, rsqrt, mul, weight cast, mul, cast back), rotary on q and k 2 x 6 (chunk, neg,
@@ -61,9 +62,11 @@ cat, 2 mul, add), GQA repeat of k and v 2, 5 views/transposes of q, k, v and the
 CPU_SYNC_CALL_S = 0.3e-3
 """CPU: seconds a blocking collective inside a block costs beyond its measured time (waking the
 rank that waited; the profile times its collectives back to back, both ranks already there)."""
-CPU_SYNC_SKEW = 0.45
+CPU_SYNC_SKEW = 0.1
 """CPU: the wait at a synchronisation inside a block, as a fraction of the compute since the last
-one (two ranks sharing two cores with the rest of the machine drift apart between syncs)."""
+one (two ranks sharing two cores drift apart between syncs). 0.1 on a quiet machine
+(``benchmarks/bench_validate.py`` at load < 2); other load raises it (~0.45 at load 3), which the
+calibration's comm factor then absorbs."""
 CPU_OPS_HEAD_FWD = 12
 """Final norm (9) and the loss (float cast, log-softmax, gather: 3)."""
 
@@ -104,15 +107,21 @@ class Rates:
     """CPU: wait at a sync inside a block per second of compute since the last sync (0 elsewhere)."""
     cpu: bool = False
     """The CPU terms apply (``DeviceSpec.kind == "cpu"``)."""
+    cpu_gemm_points: tuple[list[float], list[float]] | None = None
+    """CPU: the profile's GEMM rates by size (median per size), interpolated rather than fitted: the
+    affine fit over the profiled sizes is pulled down by the largest calls (which leave the cache),
+    ~460 GFLOP/s on this machine where the block's GEMMs run at 800-1000."""
     attn_head_times: dict[int, tuple[list[float], list[float], list[float]]] | None = None
     """CPU: {head_dim: (seq, fwd s, bwd s) of one (batch x head) causal call} from the profile."""
 
     def gemm_time(self, flops: float) -> float:
         if flops <= 0:
             return 0.0
-        if self.cpu:  # CPU: the per-call cost, then the fitted large-GEMM rate
-            rate = self.gemm_fit[1] if self.gemm_fit is not None else (
-                _loglinear(*self.gemm_points, flops) if self.gemm_points is not None else self.flat)
+        if self.cpu:  # CPU: the per-call cost, then the measured rate at this size
+            if self.cpu_gemm_points is not None:
+                rate = _loglinear(*self.cpu_gemm_points, flops)
+            else:
+                rate = self.gemm_fit[1] if self.gemm_fit is not None else self.flat
             return self.gemm_call_s + flops / rate
         if self.gemm_fit is not None:
             return self.gemm_fit[0] + flops / self.gemm_fit[1]
@@ -136,48 +145,50 @@ class Rates:
 
     def attention_head_time(self, seq: float, head_dim: int) -> tuple[float, float] | None:
         """CPU: (forward, backward) seconds of one causal (batch x head) call over ``seq`` tokens,
-        from the profile's measured times (None without them). log-log in seq between points (the
-        slope of the first two below them, at least 0: a shorter call is never slower), linear in
-        head_dim between the profiled head dims (proportional with only one), never below a tenth
-        of the nearest profiled head dim's time."""
+        from the profile's measured times (None without them): log-log in seq between points and
+        beyond the longest (that segment's slope), linear in head_dim between profiled head dims and
+        as sqrt(head_dim) above the largest; below the smallest head dim that one's time, below the
+        shortest sequence as seq ** SHORT_CALL_EXPONENT. torch's CPU flash kernel works in fixed blocks, so a short
+        call costs far more than its FLOPs (trials here: 0.35 ms per head backward at seq 128 /
+        head_dim 8, 0.5 ms at 256 / 32, where FLOP scaling from 256 / 64 gives 0.05 and 0.2)."""
         if not self.attn_head_times:
             return None
         per_hd = {hd: (_loglog(seqs, fw, seq), _loglog(seqs, bw, seq)) for hd, (seqs, fw, bw) in
                   self.attn_head_times.items()}
         hds = sorted(per_hd)
-        if len(hds) == 1:
-            f, b = per_hd[hds[0]]
-            r = head_dim / hds[0]
+        if head_dim <= hds[0]:
+            return per_hd[hds[0]]
+        if head_dim >= hds[-1]:
+            f, b = per_hd[hds[-1]]
+            r = math.sqrt(head_dim / hds[-1])
             return f * r, b * r
-        lo, hi = (hds[0], hds[1]) if head_dim <= hds[0] else (
-            (hds[-2], hds[-1]) if head_dim >= hds[-1] else next((a, b) for a, b in zip(hds, hds[1:], strict=False)
-                                                               if a <= head_dim <= b))
+        k = bisect.bisect_right(hds, head_dim)
+        lo, hi = hds[k - 1], hds[k]
         w = (head_dim - lo) / (hi - lo)
-        near = per_hd[min(hds, key=lambda x: abs(x - head_dim))]
-        out = []
-        for k in range(2):
-            t = per_hd[lo][k] + w * (per_hd[hi][k] - per_hd[lo][k])
-            out.append(max(t, 0.1 * near[k]))
-        return out[0], out[1]
+        f = per_hd[lo][0] + w * (per_hd[hi][0] - per_hd[lo][0])
+        b = per_hd[lo][1] + w * (per_hd[hi][1] - per_hd[lo][1])
+        return f, b
 
 
 def _loglog(xs: list[float], ys: list[float], x: float) -> float:
-    """y at x, linear in (log x, log y) between points; beyond the ends the nearest segment's slope
-    (below the first point clamped to [0, 2]: a call never gets slower as it shrinks, nor faster
-    than its quadratic work), constant with one point."""
+    """y at x, linear in (log x, log y) between points and beyond the last (its segment's slope,
+    at least 0); below the first point as x ** ``SHORT_CALL_EXPONENT``."""
+    if x <= xs[0]:
+        return ys[0] * (x / xs[0]) ** SHORT_CALL_EXPONENT if x > 0 else 0.0
     if len(xs) == 1:
         return ys[0]
-    if x <= xs[0]:
-        k = 1
-    elif x >= xs[-1]:
-        k = len(xs) - 1
-    else:
-        k = bisect.bisect_right(xs, x)
+    k = len(xs) - 1 if x >= xs[-1] else bisect.bisect_right(xs, x)
     x0, x1, y0, y1 = xs[k - 1], xs[k], ys[k - 1], ys[k]
-    slope = (math.log(y1) - math.log(y0)) / (math.log(x1) - math.log(x0))
-    if x < x0:
-        slope = min(max(slope, 0.0), 2.0)
+    slope = max(0.0, (math.log(y1) - math.log(y0)) / (math.log(x1) - math.log(x0)))
     return math.exp(math.log(y0) + slope * (math.log(x) - math.log(x0)))
+
+
+SHORT_CALL_EXPONENT = 1.0
+"""CPU attention below the shortest profiled sequence: time ~ seq^1, far slower to fall than the
+FLOPs (seq^2). Trials here put the true exponent between 0.3 (a whole 128-token call, 0.35 ms per
+head fwd+bwd, against ~0.45 at 256) and 0.75 (a 32-token ring block, 0.12 ms); 1 is what
+``benchmarks/bench_validate.py`` chose: it leaves tiny and small with the same bias, so one
+calibration factor serves both (0.5 over-prices the short ring blocks of tiny's CP by 2x)."""
 
 
 def rates_for(spec: Any, dtype: str, head_dim: int) -> Rates:
@@ -202,6 +213,12 @@ def rates_for(spec: Any, dtype: str, head_dim: int) -> Rates:
     if isinstance(gemm, dict):
         rate, over = gemm.get("peak_flops_per_s"), gemm.get("overhead_s") or 0.0
         pts = sorted((float(a), float(b)) for a, b in gemm.get("points") or [] if a > 0 and b > 0)
+        if spec.kind == "cpu" and pts:
+            by_size: dict[float, list[float]] = {}
+            for a, b in pts:
+                by_size.setdefault(a, []).append(b)
+            xs = sorted(by_size)
+            r.cpu_gemm_points = (xs, [sorted(by_size[x])[len(by_size[x]) // 2] for x in xs])
         if isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0:
             r.gemm_fit = (float(over), float(rate))
             r.source = "measured"

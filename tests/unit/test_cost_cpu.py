@@ -11,7 +11,7 @@ from _cost_helpers import HUGE, device, one_node
 
 from autotune.cost import comm as C
 from autotune.cost import estimate
-from autotune.cost.compute import CPU_GEMM_CALL_S, rates_for, ring_blocks
+from autotune.cost.compute import CPU_GEMM_CALL_S, SHORT_CALL_EXPONENT, rates_for, ring_blocks
 from autotune.plan import parse_inline
 from autotune.specs import Link, ModelSpec
 
@@ -100,9 +100,13 @@ def test_cpu_attention_comes_from_measured_call_times():
     f, b = r.attention_head_time(362.0, 64)  # log-log in seq between 256 and 512
     w = math.log(362 / 256) / math.log(2)
     assert f == pytest.approx(1e-3 * 4 ** w) and b == pytest.approx(2e-3 * 3 ** w)
-    f128, _ = r.attention_head_time(128, 64)  # below the first point: its slope (2 for fwd)
-    assert f128 == pytest.approx(1e-3 / 4)
-    assert r.attention_head_time(256, 8)[0] >= 0.1 * 1e-3  # never below a tenth of the nearest
+    # below the shortest sequence as seq ** SHORT_CALL_EXPONENT; below the smallest head dim that one's time
+    k = (64 / 256) ** SHORT_CALL_EXPONENT
+    assert r.attention_head_time(64, 64) == pytest.approx((1e-3 * k, 2e-3 * k))
+    assert r.attention_head_time(256, 8) == pytest.approx((1e-3, 2e-3))
+    f, b = r.attention_head_time(1024, 64)  # beyond the longest: the last segment's slope
+    assert f == pytest.approx(4e-3 * 4) and b == pytest.approx(6e-3 * 3)
+    assert r.attention_head_time(256, 512) == pytest.approx((1.5e-3 * 2, 3e-3 * 2))  # sqrt above the largest
     assert rates_for(device(kind="cuda", profile={"attention": att}), "bf16", 64).attention_head_time(256, 64) is None
 
 
