@@ -207,20 +207,29 @@ def best_feasible(study: Any) -> Any | None:
 
 def trial_plans(study: Any, *, feasible_only: bool = True, distinct: bool = True) -> list[tuple[Any, Plan]]:
     """(trial, Plan) pairs, best predicted tokens/s first; ``distinct`` keeps the first of equal plans."""
+    return list(iter_trial_plans(study, feasible_only=feasible_only, distinct=distinct))
+
+
+def iter_trial_plans(study: Any, *, feasible_only: bool = True, distinct: bool = True,
+                     where: Any = None) -> Any:
+    """``trial_plans`` lazily (a Plan is parsed only when reached: a search's study holds thousands);
+    ``where(plan_dict)`` skips the trials it refuses before parsing."""
     trials = [t for t in study.get_trials(deepcopy=False) if "plan" in t.user_attrs
               and (is_feasible(t) or not feasible_only)]
     # best first; among equal plans the validated copy (it holds ``measured``) comes before its original
     trials.sort(key=lambda t: (-(t.value or 0.0), 0 if ("measured" in t.user_attrs or "failure" in t.user_attrs
                                                           and t.user_attrs.get("validated_from") is not None) else 1,
                                t.number))
-    out, seen = [], set()
+    seen = set()
     for t in trials:
-        key = plan_key(t.user_attrs["plan"])
-        if distinct and key in seen:
+        if where is not None and not where(t.user_attrs["plan"]):
             continue
-        seen.add(key)
-        out.append((t, Plan.from_dict(t.user_attrs["plan"])))
-    return out
+        if distinct:
+            key = plan_key(t.user_attrs["plan"])
+            if key in seen:
+                continue
+            seen.add(key)
+        yield t, Plan.from_dict(t.user_attrs["plan"])
 
 
 def plan_key(plan_dict: dict[str, Any]) -> str:

@@ -36,7 +36,7 @@ PLACEMENTS = ("node", "pp", "dp", "cp", "hp")
 MAX_MBS = 16
 SHARE_FLOATS = {"layers_speed": (0.0, 1.5), "tokens_speed": (0.0, 1.5), "heads_speed": (0.0, 1.5),
                 "samples_speed": (0.0, 1.5), "layers_mem": (0.0, 1.0), "samples_mem": (0.0, 1.0)}
-GRID_LIMIT = 200_000
+GRID_LIMIT = 1_000_000  # points; priced directly (no sampler), ~1 ms each at 32 devices
 
 
 def space(ctx: SearchContext) -> DefaultSpace:
@@ -58,6 +58,8 @@ class DefaultSpace:
         self._mem = np.asarray(ctx.memories, dtype=float)
         # fastest first, then node order: each node is one device type, so nodes stay whole
         self._fast_order = np.array(sorted(range(self.n), key=lambda i: (-ctx.speeds[i], i)), dtype=np.int64)
+        self._coords_cache: dict[tuple[int, ...], np.ndarray] = {}
+        self._place_cache: dict[tuple[Degrees, str], np.ndarray] = {}
         m = ctx.model
         self._head_layers = m.head_flops_fwd() / (m.layer_matmul_flops_fwd()
                                                   + m.layer_attention_flops_fwd(ctx.seq_len))
@@ -117,9 +119,25 @@ class DefaultSpace:
         if ctx.global_batch % mbs:
             return Infeasible("batch", f"global_batch({ctx.global_batch}) not divisible by micro_batch_size({mbs})", fam)
 
+        # the cheap limits first: most points of a grid or a hill climb that are no plan fail here,
+        # before the placement and the shares are computed
+        unit = mbs * (pp if schedule == "interleaved_1f1b" else 1)
+        min_units = pp if (schedule == "1f1b" and pp > 1) else 1
+        if ctx.global_batch % unit:
+            return Infeasible("batch", f"global_batch({ctx.global_batch}) not divisible by micro_batch_size({mbs})"
+                                       f"*pp({pp}) for interleaved 1F1B", fam)
+        if ctx.global_batch // unit < deg.dp * min_units:
+            return Infeasible("batch", f"global_batch({ctx.global_batch}) gives dp({deg.dp}) replicas fewer than "
+                                       f"{min_units * unit} samples each (micro_batch_size {mbs}, {schedule} "
+                                       f"with pp({pp}))", fam)
+        granule = Plan(degrees=deg, cp_layout="zigzag", sequence_parallel=sp).token_granule()
+        if ctx.seq_len % granule:
+            return Infeasible("divisibility", f"seq_len({ctx.seq_len}) not divisible by {granule} "
+                                              f"(zigzag cp({cp}) x hp({hp}){' x tp' if sp else ''})", fam)
+
         dev_of_rank = self._placement(deg, p["placement"])
         mesh = tuple(getattr(deg, d) for d in MESH_ORDER)
-        coords = B.coords_array(mesh)
+        coords = self._coords(mesh)
         speed, mem = self._speeds[dev_of_rank], self._mem[dev_of_rank]
 
         def along(dim: str, sp_key: str, mem_key: str | None = None) -> np.ndarray:
@@ -130,22 +148,12 @@ class DefaultSpace:
             return B.weights(s, m, float(p[sp_key]), float(p[mem_key]) if mem_key else 0.0)
 
         # samples: units of mbs (x pp for interleaved, which needs counts divisible by pp)
-        unit = mbs * (pp if schedule == "interleaved_1f1b" else 1)
-        min_units = pp if (schedule == "1f1b" and pp > 1) else 1
-        if ctx.global_batch % unit:
-            return Infeasible("batch", f"global_batch({ctx.global_batch}) not divisible by micro_batch_size({mbs})"
-                                       f"*pp({pp}) for interleaved 1F1B", fam)
         samples = B.proportional_split(ctx.global_batch // unit, along("dp", "samples_speed", "samples_mem"),
                                        min_units)
         if samples is None:
             return Infeasible("batch", f"global_batch({ctx.global_batch}) gives dp({deg.dp}) replicas fewer than "
                                        f"{min_units * unit} samples each (micro_batch_size {mbs}, {schedule} "
                                        f"with pp({pp}))", fam)
-        plan0 = Plan(degrees=deg, cp_layout="zigzag", sequence_parallel=sp)
-        granule = plan0.token_granule()
-        if ctx.seq_len % granule:
-            return Infeasible("divisibility", f"seq_len({ctx.seq_len}) not divisible by {granule} "
-                                              f"(zigzag cp({cp}) x hp({hp}){' x tp' if sp else ''})", fam)
         tokens = B.proportional_split(ctx.seq_len // granule, along("cp", "tokens_speed"), 1)
         heads = B.proportional_split(model.heads // tp, along("hp", "heads_speed"), 1)
         lw = along("pp", "layers_speed", "layers_mem")
@@ -171,12 +179,25 @@ class DefaultSpace:
         except PlanError as e:
             return Infeasible("divisibility", e.message, fam)
 
+    def _coords(self, mesh: tuple[int, ...]) -> np.ndarray:
+        c = self._coords_cache.get(mesh)
+        if c is None:
+            c = self._coords_cache[mesh] = B.coords_array(mesh)
+        return c
+
     def _placement(self, deg: Degrees, how: str) -> np.ndarray:
-        """Device index of every rank."""
+        """Device index of every rank (cached: a grid or a hill climb builds each layout many times)."""
+        key = (deg, how)
+        out = self._place_cache.get(key)
+        if out is None:
+            out = self._place_cache[key] = self._placement_uncached(deg, how)
+        return out
+
+    def _placement_uncached(self, deg: Degrees, how: str) -> np.ndarray:
         if how == "node" or not self.ctx.heterogeneous and how == "pp":
             return np.arange(self.n)
         mesh = tuple(getattr(deg, d) for d in MESH_ORDER)
-        coords = B.coords_array(mesh)
+        coords = self._coords(mesh)
         order = [how] + [d for d in MESH_ORDER if d not in (how, "tp")] + ["tp"]
         cols = [coords[:, MESH_ORDER.index(d)] for d in order]
         ranks_in_order = np.lexsort(tuple(reversed(cols)))  # first key outermost
@@ -233,16 +254,31 @@ class DefaultSpace:
                     for name, p in out]
         return out
 
+    def distinct_placements(self, deg: Degrees) -> list[str]:
+        """The placements that put the ranks of ``deg`` on different devices (the first of each):
+        e.g. on one node of one device type every placement is the node order, and a dimension of
+        degree 1 sorted outermost is the same as the next one. Equal placements give equal plans."""
+        out, seen = [], set()
+        hows = PLACEMENTS
+        if not self.ctx.heterogeneous:  # identical devices: only which ranks share a node matters
+            hows = ("node", "dp", "cp", "hp") if self.ctx.cluster.num_nodes > 1 else ("node",)
+        for how in hows:
+            key = self._placement(deg, how).tobytes()
+            if key not in seen:
+                seen.add(key)
+                out.append(how)
+        return out
+
     def _grid_iter(self):
         het = self.ctx.heterogeneous
-        multi = self.ctx.cluster.num_nodes > 1
         for tp, pp, cp, hp in self._degree_tuples():
             dp = self.n // (tp * pp * cp * hp)
+            deg = Degrees(dp=dp, pp=pp, cp=cp, hp=hp, tp=tp)
             scheds = [("1f1b", 2)] if pp == 1 else [("1f1b", 2), ("gpipe", 2), ("interleaved_1f1b", 2),
                                                     ("interleaved_1f1b", 4)]
             zeros = [0] if dp * cp * hp == 1 else [0, 1, 2, 3]
             sps = [False] if tp == 1 else [False, True]
-            places = list(PLACEMENTS) if het else (["node", "dp", "cp", "hp"] if multi else ["node"])
+            places = self.distinct_placements(deg)
             balances = [0.0, 1.0] if (het or pp > 1) else [0.0]
             for mbs_e in range(self.mbs_max_exp + 1):
                 for (sched, vpp), rc, z, sp, pl, bal in itertools.product(scheds, RECOMPUTE, zeros, sps, places,
@@ -250,20 +286,51 @@ class DefaultSpace:
                     yield self.params(tp=tp, pp=pp, cp=cp, hp=hp, mbs=2 ** mbs_e, schedule=sched, vpp=vpp,
                                       recompute=rc, zero=z, sp=sp, placement=pl, balance=bal)
 
-    def grid_size(self) -> int:
+    def grid_size(self, limit: int = GRID_LIMIT) -> int:
+        """Points of the grid, counted up to ``limit`` + 1."""
         n = 0
         for _ in self._grid_iter():
             n += 1
-            if n > GRID_LIMIT:
+            if n > limit:
                 break
         return n
 
+    def grid_points(self):
+        """Every discrete combination, lazily (see grid())."""
+        return self._grid_iter()
+
     def grid(self) -> list[dict[str, Any]]:
-        """Every discrete combination, shares even (0) or speed-balanced (1); see grid_size first."""
+        """Every discrete combination (options that do not apply to a layout and placements that
+        repeat another are left out), shares even (0) or speed-balanced (1); see grid_size first."""
         return list(self._grid_iter())
 
+    def starts(self) -> list[dict[str, Any]]:
+        """One balanced start per degree layout (the issue: for each discrete choice, start the shares
+        from a balanced split and let the search refine them): micro-batch 1, 1F1B, selective
+        recomputation, ZeRO-1 where parameters are replicated, sequence parallelism with tp, shares
+        speed-balanced, the devices sorted along the outermost dimension in use on a mixed cluster.
+        ``memory_fallback(p)`` is the same layout with the least memory, for a start that does not fit."""
+        out = []
+        het = self.ctx.heterogeneous
+        for tp, pp, cp, hp in self._degree_tuples():
+            dp = self.n // (tp * pp * cp * hp)
+            deg = Degrees(dp=dp, pp=pp, cp=cp, hp=hp, tp=tp)
+            place = "node"
+            if het:
+                place = next((d for d in ("pp", "dp", "cp", "hp") if getattr(deg, d) > 1), "node")
+            out.append(self.params(tp=tp, pp=pp, cp=cp, hp=hp, recompute="selective",
+                                   zero=1 if dp * cp * hp > 1 else 0, sp=tp > 1, placement=place, balance=1.0))
+        return out
+
+    @staticmethod
+    def memory_fallback(p: dict[str, Any]) -> dict[str, Any]:
+        return {**p, "recompute": "full", "zero_stage": 3, "mbs_exp": 0}
+
     def neighbours(self, p: dict[str, Any]) -> list[dict[str, Any]]:
-        """One-step moves of every parameter (ints +-1, other categories, share exponents +-0.25)."""
+        """Moves of one parameter: every other value of the degrees, micro-batch size, ZeRO stage and
+        the categories (each has a handful; the best is rarely one step away: ZeRO-1 -> 3 where 2 is
+        worse), layer tilt +-1, share exponents +-0.05/0.25 and the even (0) and balanced (1) anchors,
+        all share exponents at once to 0 or 1, and a factor traded between two degrees."""
         dists = self.distributions()
         out = []
         for name, dist in dists.items():
@@ -271,17 +338,54 @@ class DefaultSpace:
             cands: list[Any] = []
             if hasattr(dist, "choices"):
                 cands = [c for c in dist.choices if c != v]
-            elif isinstance(v, int) and not isinstance(v, bool) and hasattr(dist, "step") and dist.step == 1:
+            elif name == "layers_tilt":
                 cands = [x for x in (v - 1, v + 1) if dist.low <= x <= dist.high]
+            elif isinstance(v, int) and not isinstance(v, bool):
+                cands = [x for x in range(dist.low, dist.high + 1) if x != v]
             else:  # coarse and fine steps, and the two anchors: even (0) and speed-balanced (1)
                 steps = {min(dist.high, max(dist.low, round(v + dv, 4))) for dv in (-0.25, -0.05, 0.05, 0.25)}
                 cands = sorted((steps | {0.0, 1.0}) - {v})
             for c in cands:
                 out.append({**p, name: c})
-        # trade a factor between two dimensions (dp is derived, so a single move changes dp too)
+        for anchor in (0.0, 1.0):
+            q = {**p, **{k: anchor for k in SHARE_FLOATS if k.endswith("_speed")}}
+            if q != p:
+                out.append(q)
+        out += self._trades(p)
+        return out
+
+    def _trades(self, p: dict[str, Any]) -> list[dict[str, Any]]:
+        """Trade a factor between two dimensions (dp is derived, so a single move changes dp too)."""
         exps = {"tp_exp": len(self.tp_divs) - 1, "pp_exp": len(self.divs) - 1, "cp_exp": len(self.divs) - 1,
                 "hp_exp": len(self.divs) - 1}
-        for a, b in itertools.permutations(exps, 2):
-            if p[a] < exps[a] and p[b] > 0:
-                out.append({**p, a: p[a] + 1, b: p[b] - 1})
+        return [{**p, a: p[a] + 1, b: p[b] - 1} for a, b in itertools.permutations(exps, 2)
+                if p[a] < exps[a] and p[b] > 0]
+
+    def pair_moves(self, p: dict[str, Any]) -> list[dict[str, Any]]:
+        """Moves of two coupled parameters at once, for a plan no single move improves: memory couples
+        recomputation, ZeRO stage and micro-batch size (one alone may not fit where the pair is
+        faster), and a degree change shifts the samples per replica, so with it the micro-batch size."""
+        out = []
+        mbs = range(self.mbs_max_exp + 1)
+        for rc, z in itertools.product(RECOMPUTE, range(4)):
+            if rc != p["recompute"] and z != p["zero_stage"]:
+                out.append({**p, "recompute": rc, "zero_stage": z})
+        for m in mbs:
+            if m == p["mbs_exp"]:
+                continue
+            for rc in RECOMPUTE:
+                if rc != p["recompute"]:
+                    out.append({**p, "mbs_exp": m, "recompute": rc})
+            for z in range(4):
+                if z != p["zero_stage"]:
+                    out.append({**p, "mbs_exp": m, "zero_stage": z})
+        degree_moves = [q for q in self.neighbours(p) if any(q[k] != p[k] for k in
+                                                              ("tp_exp", "pp_exp", "cp_exp", "hp_exp"))]
+        for q in degree_moves:
+            for m in mbs:
+                if m != p["mbs_exp"]:
+                    out.append({**q, "mbs_exp": m})
+            for pl in PLACEMENTS:
+                if pl != p["placement"]:
+                    out.append({**q, "placement": pl})
         return out

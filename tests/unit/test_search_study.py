@@ -25,7 +25,7 @@ def storages(tmp):
     return [f"sqlite:///{tmp}/a.db", str(tmp / "j.log"), ":memory:"]
 
 
-def run(storage, name="s", trials=60, cluster=L8, model=TINY, **kw):
+def run(storage, name="s", trials=30, cluster=L8, model=TINY, **kw):
     return search(model, cluster, 256, 16, study_name=name, storage=storage,
                   options=SearchOptions(trials=trials, **kw), estimator=toy_estimate)
 
