@@ -41,6 +41,12 @@ class ValidateOptions:
     timeout_s: float = 300.0
     device: str = "auto"
     seed: int = 0
+    diverse: bool = True
+    """Prefer the best plan of each distinct layout before near-copies of one (see validate())."""
+
+
+def _layout(plan: Plan) -> tuple:
+    return (plan.degrees, plan.schedule, plan.virtual_stages, plan.micro_batch_size)
 
 
 def _rel_error(pred: float | None, meas: float | None) -> float | None:
@@ -233,20 +239,35 @@ def validate(study_name: str, storage: str, *, options: ValidateOptions | None =
     ranked = trial_plans(study)
     if not ranked:
         raise WorkError(f"study {study_name!r} has no feasible plan to validate; run `autotune search` first")
-    chosen, skipped = [], []
-    for t, plan in ranked:
-        if len(chosen) >= opts.top:
-            break
-        if t.user_attrs.get("measured") or t.user_attrs.get("failure"):
-            chosen.append((t, plan, True))  # validated before: reuse, do not run again
-            continue
-        if prepare is not None:
-            try:
-                prepare(plan, model, seq_len, global_batch, device=opts.device)
-            except InputError as e:
-                skipped.append({"trial": t.number, "degrees": plan.degrees.inline(), "reason": e.message})
+    chosen, skipped, refused = [], [], set()
+    # Two passes: first the best plan of each distinct layout (degrees, schedule, micro-batch),
+    # then, if K is not reached, the next best plans whatever their layout. The top
+    # of a search is often one layout with small share variations; measuring different layouts is
+    # what lets the calibration separate compute from communication and tells the user which layout
+    # really wins, and a held-out error over near-copies of one plan would say little.
+    for distinct in ((True, False) if opts.diverse else (False,)):
+        layouts = {_layout(p) for _, p, _ in chosen}
+        for t, plan in ranked:
+            if len(chosen) >= opts.top:
+                break
+            if any(c[0].number == t.number for c in chosen) or t.number in refused:
                 continue
-        chosen.append((t, plan, False))
+            if distinct and _layout(plan) in layouts:
+                continue
+            if t.user_attrs.get("measured") or t.user_attrs.get("failure"):
+                chosen.append((t, plan, True))  # validated before: reuse, do not run again
+                layouts.add(_layout(plan))
+                continue
+            if prepare is not None:
+                try:
+                    prepare(plan, model, seq_len, global_batch, device=opts.device)
+                except InputError as e:
+                    refused.add(t.number)
+                    skipped.append({"trial": t.number, "degrees": plan.degrees.inline(), "reason": e.message})
+                    continue
+            chosen.append((t, plan, False))
+            layouts.add(_layout(plan))
+    chosen.sort(key=lambda c: -float(c[0].value or 0.0))
     if not chosen:
         why = "; ".join(f"trial {s['trial']} ({s['degrees']}): {s['reason']}" for s in skipped[:3])
         raise WorkError(f"none of the study's plans can run on this machine: {why}")

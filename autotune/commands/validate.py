@@ -28,12 +28,15 @@ def command(
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds per real trial.", min=1)] = 300.0,
     device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
     seed: SeedOpt = 0,
+    diverse: Annotated[bool, typer.Option("--diverse/--no-diverse", help="Best plan of each distinct layout "
+                                          "(degrees, schedule, micro-batch) first, then near-copies.")] = True,
     json_: JsonOpt = False,
 ) -> None:
     """Run the study's top plans for real, store measured beside predicted, calibrate the cost model, re-rank."""
     from autotune.validate import ValidateOptions, validate
 
-    opts = ValidateOptions(top=top, steps=steps, warmup=warmup, timeout_s=timeout, device=device, seed=seed)
+    opts = ValidateOptions(top=top, steps=steps, warmup=warmup, timeout_s=timeout, device=device, seed=seed,
+                           diverse=diverse)
     out = validate(study, storage, options=opts,
                    progress=None if json_ else (lambda s: err_console.print(s, highlight=False)))
     if json_:

@@ -145,3 +145,33 @@ def test_calibration_is_never_worse_than_none():
     runs, cluster = _synthetic_runs(1.0, 1.0, MIXES)
     cal = calibrate_runs(runs, cluster, _step_of)
     assert all(_step_of(r, cal) == pytest.approx(r["measured"]["step_time_s"]) for r in runs)
+
+
+@pytest.mark.parametrize("diverse", [True, False])
+def test_validate_takes_distinct_layouts_first(tmp_path, diverse):
+    from autotune.study import trial_plans
+
+    url = f"sqlite:///{tmp_path}/d.db"
+    make_study(url, "d")
+    ranked = trial_plans(open_study("d", url))
+
+    def layout(p):
+        return (p.degrees, p.schedule, p.virtual_stages, p.micro_batch_size)
+
+    want, seen = [], set()
+    for t, p in ranked:  # the reference: rank order, skipping a layout already taken
+        if len(want) < 3 and (not diverse or layout(p) not in seen):
+            want.append(t.number)
+            seen.add(layout(p))
+    for t, _ in ranked:  # fill with the next best when there are fewer distinct layouts than K
+        if len(want) < 3 and t.number not in want:
+            want.append(t.number)
+    out = validate("d", url, options=ValidateOptions(top=3, diverse=diverse), runner=toy_runner(1.3),
+                   estimator=toy_estimate)
+    copies = {t.number: t for t in open_study("d", url).get_trials()}  # measured trials are stored as copies
+    got = [copies[r["trial"]].user_attrs.get("validated_from", r["trial"]) for r in out["validated"]]
+    assert got == sorted(want, key=lambda n: -dict((t.number, t.value) for t, _ in ranked)[n])
+    plain = [t.number for t, _ in ranked[:3]]
+    assert (want != plain) == diverse  # this study's top 3 hold a repeated layout: the two modes differ
+    if diverse:
+        assert len({layout(p) for t, p in ranked if t.number in want}) == min(3, len({layout(p) for _, p in ranked}))
