@@ -472,17 +472,24 @@ def run_baselines(ws: Workspace, ev: Evaluator, deadline: float | None) -> int:
     return n
 
 
-def run_starts(ws: Workspace, ev: Evaluator, deadline: float | None) -> int:
+def run_starts(ws: Workspace, ev: Evaluator, deadline: float | None, budget: int, seed: int = 0) -> int:
     """One balanced start per degree layout (``space.starts()``), and where it does not fit in
     memory the same layout with the least memory: every layout that can run gets a fair first
-    price, so the polish can start from the best of each (TPE alone samples a few of them)."""
+    price, so the polish can start from the best of each (TPE alone samples a few of them).
+    ``budget`` caps the cost-model calls: at 1024 devices there are ~800 layouts at ~10-30 ms an
+    estimate, so a seeded random subset of them gets a start there (at 8-128 devices all do)."""
+    import random
+
     if not hasattr(ev.space, "starts"):
         return 0
     have = {_pkey(r.params) for r in ws.rows}
     n = 0
-    for p in ev.space.starts():
+    calls0 = ev.calls
+    starts = ev.space.starts()
+    random.Random(seed).shuffle(starts)
+    for p in starts:
         for q in (p, ev.space.memory_fallback(p)):
-            if _deadline_passed(deadline):
+            if _deadline_passed(deadline) or ev.calls - calls0 >= budget:
                 return n
             k = _pkey(q)
             if k in have:
@@ -745,8 +752,8 @@ def search(model: Any, cluster: Any, seq_len: int, global_batch: int, *, study_n
         else:
             n_main = opts.trials or DEFAULT_TRIALS
             n_polish = POLISH_FACTOR * n_main if opts.polish else 0
-            if opts.polish:
-                say(f"balanced starts: {run_starts(ws, ev, deadline)} trials")
+            if opts.polish:  # the starts take at most as many cost-model calls as the polish
+                say(f"balanced starts: {run_starts(ws, ev, deadline, n_polish, opts.seed)} trials")
         if opts.workers > 1:
             ws.flush()
             _run_workers(study_name, storage, model, cluster, seq_len, global_batch, opts, estimator, n_main, grid,

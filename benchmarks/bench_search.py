@@ -2,8 +2,7 @@
 
     python benchmarks/bench_search.py            # all sections
     python benchmarks/bench_search.py --quick    # quality on the two 8-device instances only (the
-                                                 # exhaustive grids of the 16/32-device ones have 50k-110k
-                                                 # points: an hour each on 2 shared cores)
+                                                 # exhaustive grids of the 32-device ones take minutes)
 
 1. Quality: on small homogeneous and mixed clusters (8-32 devices) where ``--sampler grid`` is
    exhaustive, the default search (TPE, default budget) against the grid optimum (>= 99% asked).
@@ -24,7 +23,7 @@ import time
 
 import optuna
 
-from autotune.search import SearchOptions, search
+from autotune.search import DEFAULT_TRIALS, SearchOptions, search
 from autotune.specs import load_model
 from autotune.specs.cluster import cluster_from_dict
 
@@ -46,6 +45,13 @@ def run(model, c, seq, batch, **kw):
 
 def tps(res) -> float:
     return float(res.best.predicted["tokens_per_s"])
+
+
+def load() -> str:
+    import os
+
+    a, b, c = os.getloadavg()
+    return f"load {a:.1f} {b:.1f} {c:.1f}"
 
 
 def quality(quick: bool) -> None:
@@ -74,8 +80,11 @@ def quality(quick: bool) -> None:
         d, td = run(m, c, seq, batch)
         ratio = tps(d) / tps(g)
         worst = min(worst, ratio)
-        print(f"{name:44s} grid {tps(g):12,.0f} tok/s ({g.trials} trials, {tg:6.1f} s) | default {tps(d):12,.0f} "
-              f"({d.trials} trials, {td:5.1f} s) = {ratio:.2%}  best {d.best.degrees.inline()}")
+        note = next((n for n in g.notes if n.startswith("grid:")), "")
+        points = note.split(" points")[0].rsplit(" ", 1)[-1] if note else "?"
+        print(f"{name:44s} grid {tps(g):12,.0f} tok/s ({points} points, exhaustive: {'exhaustive' in note}, "
+              f"{tg:6.1f} s) | default {tps(d):12,.0f} ({d.trials} trials, {td:5.1f} s) = {ratio:.2%}  "
+              f"best {d.best.degrees.inline()}  [{load()}]")
     print(f"worst ratio: {worst:.2%} (asked >= 99%)")
 
 
@@ -85,16 +94,16 @@ def speed(quick: bool) -> None:
     c128 = cluster("4types-128", [("H100-SXM", 4), ("A100-80GB", 4), ("H200", 4), ("L40S", 4)])
     d, td = run(m, c128, 32768, 256)
     print(f"128 devices, 4 types, llama3-70b s=32k b=256: default {tps(d):,.0f} tok/s in {td:.1f} s "
-          f"({d.trials} trials; asked <= 10 s)  best {d.best.degrees.inline()}")
+          f"({d.trials} trials; asked <= 10 s)  best {d.best.degrees.inline()}  [{load()}]")
     if not quick:
-        trials = 10 * 300
+        trials = 10 * DEFAULT_TRIALS  # 10x the sampler's trials, and so 10x the polish's budget
         L, tl = run(m, c128, 32768, 256, trials=trials)
         print(f"  10x longer search: {tps(L):,.0f} tok/s in {tl:.1f} s ({L.trials} trials); default is "
-              f"{tps(d) / tps(L):.2%} of it (asked >= 99%)")
+              f"{tps(d) / tps(L):.2%} of it (asked >= 99%)  [{load()}]")
         c1024 = cluster("4types-1024", [("H100-SXM", 32), ("A100-80GB", 32), ("H200", 32), ("L40S", 32)])
         e, te = run(load_model("llama3-405b"), c1024, 131072, 512)
         print(f"1024 devices, 4 types, llama3-405b s=128k b=512: {tps(e):,.0f} tok/s in {te:.1f} s "
-              f"({e.trials} trials; asked <= 60 s)  best {e.best.degrees.inline()}")
+              f"({e.trials} trials; asked <= 60 s)  best {e.best.degrees.inline()}  [{load()}]")
 
 
 def uneven() -> None:
