@@ -24,8 +24,9 @@ from autotune.units import fmt_bytes
 
 HELP = "Search parallel plans with Optuna over degrees and uneven shares using the cost model."
 
-TrialsOpt = Annotated[int | None, typer.Option("--trials", "-n", help="Sampler + polish trials (baselines come on "
-                                                                      "top); default 300, or the whole grid.")]
+TrialsOpt = Annotated[int | None, typer.Option("--trials", "-n", help="Sampler trials (baselines, balanced starts "
+                                                                      "and the polish, up to 8x, come on top); "
+                                                                      "default 100, or the whole grid.")]
 TimeoutOpt = Annotated[float | None, typer.Option("--timeout", help="Stop after this many seconds.")]
 StudyOpt = Annotated[str | None, typer.Option("--study", help="Study name; the same name resumes (default: "
                                                               "MODEL@CLUSTER-sSEQ-bBATCH).")]

@@ -132,3 +132,28 @@ def test_neighbours_stay_inside_the_distributions():
     for q in sp.neighbours(p):
         for k, v in q.items():
             assert dists[k]._contains(dists[k].to_internal_repr(v)), (k, v)
+
+
+def test_plan_dict_equals_to_dict_and_is_shared_not_copied():
+    import copy
+
+    from autotune.search import plan_dict
+
+    sp = space_for(model="llama3-8b", cluster=MIXED, seq=8192, batch=8)
+    plan = sp.build(sp.params(tp=2, pp=2, cp=2, placement="pp", balance=1.0))
+    assert isinstance(plan, Plan)
+    d = plan_dict(plan)
+    assert d == plan.to_dict() and Plan.from_dict(dict(d)) == plan
+    assert copy.deepcopy(d) is d
+
+
+def test_distinct_placements_lose_no_plan():
+    sp = space_for(model="llama3-8b", cluster=MIXED, seq=8192, batch=8)
+    from autotune.plan import Degrees
+
+    for tp, pp, cp, hp in sp._degree_tuples():
+        deg = Degrees(dp=16 // (tp * pp * cp * hp), pp=pp, cp=cp, hp=hp, tp=tp)
+        kept = sp.distinct_placements(deg)
+        plans = {sp.build(sp.params(tp=tp, pp=pp, cp=cp, hp=hp, placement=pl)) for pl in
+                 ("node", "pp", "dp", "cp", "hp")}
+        assert plans == {sp.build(sp.params(tp=tp, pp=pp, cp=cp, hp=hp, placement=pl)) for pl in kept}
