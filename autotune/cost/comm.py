@@ -101,30 +101,27 @@ class Collectives:
         w = (math.log(nbytes) - math.log(xs[k - 1])) / (math.log(xs[k]) - math.log(xs[k - 1]))
         return math.exp(math.log(ys[k - 1]) + w * (math.log(ys[k]) - math.log(ys[k - 1])))
 
-    def all_reduce(self, link: Link, n: int, nbytes: float) -> float:
+    def _priced(self, op: str, formula: Any, link: Link, n: int, nbytes: float,
+                table_bytes: float | None = None) -> float:
+        """The measured time where the table covers it, else the formula's."""
         if n < 2 or nbytes <= 0:
             return 0.0
-        t = self._measured("all_reduce", link, n, nbytes) if self.curves else None
-        return all_reduce(link, n, nbytes) if t is None else t
+        t = self._measured(op, link, n, nbytes if table_bytes is None else table_bytes) if self.curves else None
+        return formula(link, n, nbytes) if t is None else t
+
+    def all_reduce(self, link: Link, n: int, nbytes: float) -> float:
+        return self._priced("all_reduce", all_reduce, link, n, nbytes)
 
     def all_gather(self, link: Link, n: int, nbytes: float) -> float:
-        if n < 2 or nbytes <= 0:
-            return 0.0
-        t = self._measured("all_gather", link, n, nbytes) if self.curves else None
-        return all_gather(link, n, nbytes) if t is None else t
+        return self._priced("all_gather", all_gather, link, n, nbytes)
 
     def reduce_scatter(self, link: Link, n: int, nbytes: float) -> float:
-        if n < 2 or nbytes <= 0:
-            return 0.0
-        t = self._measured("reduce_scatter", link, n, nbytes) if self.curves else None
-        return reduce_scatter(link, n, nbytes) if t is None else t
+        return self._priced("reduce_scatter", reduce_scatter, link, n, nbytes)
 
     def all_to_all(self, link: Link, n: int, max_bytes: float) -> float:
-        if n < 2 or max_bytes <= 0:
-            return 0.0
         # the table's bytes are each rank's whole input, its own part included
-        t = self._measured("all_to_all", link, n, max_bytes * n / (n - 1)) if self.curves else None
-        return all_to_all(link, n, max_bytes) if t is None else t
+        return self._priced("all_to_all", all_to_all, link, n, max_bytes,
+                            max_bytes * n / (n - 1) if n >= 2 else None)
 
     def p2p(self, link: Link, nbytes: float) -> float:
         if nbytes <= 0:
