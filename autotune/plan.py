@@ -109,6 +109,15 @@ class Workload:
     cluster: str = ""
 
 
+
+def shares_are_even(layers: Any, tokens: Any, heads: Any, samples: Any) -> bool:
+    """The even-split rule of ``Plan.is_even`` on bare share sequences (None: not set): layers,
+    heads and samples may differ by one (a remainder), tokens not at all (CP chunks are equal)."""
+    for v in (layers, heads, samples):
+        if v and max(v) - min(v) > 1:
+            return False
+    return not tokens or max(tokens) == min(tokens)
+
 @dataclass(frozen=True, kw_only=True)
 class Plan:
     """A parallel training plan. Build from JSON with ``Plan.from_dict``; fill defaults with ``resolve``."""
@@ -200,13 +209,7 @@ class Plan:
 
     def is_even(self) -> bool:
         """True when every resolved share is an even split (the Megatron/torchtitan baseline shape)."""
-        for v in (self.shares.layers, self.shares.heads, self.shares.samples):
-            if v is not None and max(v) - min(v) > 1:
-                return False
-        t = self.shares.tokens
-        if t is not None and max(t) != min(t):
-            return False
-        return True
+        return shares_are_even(self.shares.layers, self.shares.tokens, self.shares.heads, self.shares.samples)
 
     def replace(self, **kw: Any) -> Plan:
         return dataclasses.replace(self, **kw)

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.errors import InputError, WorkError
-from autotune.plan import Placement, Plan
+from autotune.plan import Placement, Plan, shares_are_even
 from autotune.spill import Spill, recover
 from autotune.study import (
     MEMORY_URL,
@@ -360,10 +360,7 @@ class Workspace:
         """Take the trials other processes persisted since the last pull."""
         if self.persistent is None:
             return []
-        import optuna
-
-        return self._take(self.persistent.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,
-                                                                             optuna.trial.TrialState.FAIL)))
+        return self._take(self.persistent.get_trials(deepcopy=False))  # _take keeps finished trials only
 
     def record(self, params: dict[str, Any], out: Outcome, extra: dict[str, Any] | None = None,
                trial: Any = None, sampler: bool = True) -> None:
@@ -836,9 +833,8 @@ def collect(study: Any, storage: str, top: int, elapsed: float, before: int, not
     if not ranked:
         raise WorkError("no feasible plan: " + infeasibility_report(trials))
     best_t, best = ranked[0]
-    # the best even plan: parse only the stored plans whose shares look even (Plan.is_even confirms)
-    even = (tp for tp in iter_trial_plans(study, where=_looks_even) if tp[1].is_even())
-    base_t, base = next(even, (None, None))
+    # the best even plan: parse only the stored plans whose shares are even (Plan.is_even's rule)
+    base_t, base = next(iter_trial_plans(study, where=_looks_even), (None, None))
     if base_t is not None:
         try:
             study.set_user_attr("baseline_best_trial", base_t.number)
@@ -855,12 +851,7 @@ def collect(study: Any, storage: str, top: int, elapsed: float, before: int, not
 def _looks_even(plan: dict[str, Any]) -> bool:
     """Plan.is_even on a stored plan dict (its shares are resolved), without parsing the plan."""
     sh = plan.get("shares") or {}
-    for k in ("layers", "heads", "samples"):
-        v = sh.get(k)
-        if v and max(v) - min(v) > 1:
-            return False
-    t = sh.get("tokens")
-    return not t or max(t) == min(t)
+    return shares_are_even(sh.get("layers"), sh.get("tokens"), sh.get("heads"), sh.get("samples"))
 
 
 def infeasibility_report(trials: list[Any]) -> str:

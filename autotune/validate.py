@@ -301,7 +301,6 @@ def validate(study_name: str, storage: str, *, options: ValidateOptions | None =
     if not runs:
         say("every validated plan failed; no calibration")
         return out
-    cal = fit_calibration(runs, cluster)
     ctx = (model, cluster, seq_len, global_batch)
 
     def calibrated_step(plan: Plan, c: dict) -> float | None:
@@ -310,7 +309,10 @@ def validate(study_name: str, storage: str, *, options: ValidateOptions | None =
         except Exception:  # noqa: BLE001 - a plan the calibrated model cannot price is left out
             return None
 
-    cal = refine_calibration(cal, runs, lambda r, c: calibrated_step(r["plan"], c))
+    def run_step(run: dict[str, Any], c: dict) -> float | None:
+        return calibrated_step(run["plan"], c)
+
+    cal = calibrate_runs(runs, cluster, run_step)
     steps = [calibrated_step(r["plan"], cal) for r in runs]
     before, after = [], []
     for r, s in zip(runs, steps, strict=True):
@@ -324,7 +326,7 @@ def validate(study_name: str, storage: str, *, options: ValidateOptions | None =
             after.append(abs(e1))
     held: list[float] = []
     if len(runs) >= MIN_HELD_OUT:
-        for r, e in zip(runs, leave_one_out(runs, cluster, lambda x, c: calibrated_step(x["plan"], c)), strict=True):
+        for r, e in zip(runs, leave_one_out(runs, cluster, run_step), strict=True):
             r["row"]["error_held_out"] = e
             if e is not None:
                 held.append(abs(e))

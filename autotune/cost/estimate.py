@@ -130,7 +130,9 @@ def estimate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: i
     a2a_heads = max((hp - 1) * max(heads), heads_tp - min(heads)) if hp > 1 else 0
     cp_max_tokens = max(tokens)
     keysums = [causal_keys(tokens, i, zig, seq_len) for i in range(cp)]
-    blocks = [ring_blocks(tokens, i, zig, seq_len) for i in range(cp)] if cp > 1 else [None]
+    # the ring's blocks are priced one kernel call each on CPU only: skip the O(cp^2) list elsewhere
+    blocks = [ring_blocks(tokens, i, zig, seq_len) for i in range(cp)] \
+        if cp > 1 and any(g.device.kind == "cpu" for g in cluster.groups) else [None] * cp
     lp = float(model.layer_params())
     emb, head = float(model.embedding_params()), float(model.head_params())
     stage_params = [(_stage_params(model, rp, i, lp, emb, head), lp) for i in range(p)]
