@@ -68,7 +68,7 @@ def link_plan(device: str, quick: bool) -> LinkPlan:
     return LinkPlan(p2p_sizes=(8, 1 << 16, 1 << 20) if quick else (8, 1 << 12, 1 << 16, 1 << 20, 4 << 20),
                     coll_sizes=(1 << 16, 1 << 20) if quick else (1 << 12, 1 << 16, 1 << 20, 4 << 20),
                     warmup=3 if quick else 5, rounds=5 if quick else 6,
-                    small_repeats=16 if quick else 30, large_repeats=5 if quick else 8)
+                    small_repeats=32 if quick else 60, large_repeats=10 if quick else 16)
 
 
 def group_sizes(world: int) -> list[int]:
@@ -170,6 +170,8 @@ class LinkSweep:
         import torch.distributed as dist
 
         self.rank, self.world, self.device, self.tick, self.fault = rank, world, device, tick, fault
+        self.place: Callable[[int], None] = lambda nbytes: None
+        """Called before each message size (the worker sets it: profilers.placement.CommThreads)."""
         self.plan = plan or link_plan(device, quick)
         self.dist = dist
         self.bufs = {s: torch.zeros(max(1, s // 4), dtype=torch.float32, device=device) for s in self.plan.p2p_sizes}
@@ -206,6 +208,8 @@ class LinkSweep:
             if self.fault is not None:
                 self.fault("p2p")
             for size in plan.p2p_sizes:
+                if rank in (i, j):
+                    self.place(size)
                 n = plan.warmup if warm else plan.repeats(size)
                 if rank == i:
                     meter = self.p2p[(i, j, size)]
@@ -224,6 +228,7 @@ class LinkSweep:
                         self.verified[(op, g)] = check_collective(op, g, rank, self.device, group)
                     for size in plan.coll_sizes:
                         meter, _ = self.coll[(op, g, size)]
+                        self.place(size)
                         dist.barrier(group=group)
                         meter.warm(plan.warmup) if warm else meter.take(plan.repeats(size))
                 dist.barrier()

@@ -148,6 +148,9 @@ def fits_of(result: dict[str, Any]) -> tuple[dict[int, dict], dict]:
         f["rank"] = r["rank"]
         f["device_name"] = r["device_name"]
         f["emulated_slowdown"] = r["emulated_slowdown"]
+        # Where the rank's threads ran is part of what was measured (profilers.placement).
+        f["placement"] = r.get("placement") or {"threads": r.get("threads"), "pinned_cores": r.get("pinned_cores"),
+                                                "comm_threads": r.get("comm_threads")}
         per_rank[r["rank"]] = f
     link_samples = [dict(s, rank=r["rank"]) for r in result["ranks"] for s in r["links"]]
     return per_rank, fit_links(link_samples, result["hosts"])
@@ -276,7 +279,9 @@ def import_profile(doc: Any, storage: str, source: str | None = None) -> int:
                                   "emulated_slowdown": (run.get("emulated") or {}).get(str(r)),
                                   # fits are recomputed from the samples; why a dtype was not measured
                                   # is not in any sample, so it comes from the exported fits
-                                  "unsupported": _unsupported_of(old_fits.get(str(r)))}
+                                  "unsupported": _unsupported_of(old_fits.get(str(r))),
+                                  "placement": (old_fits.get(str(r)) or {}).get("placement")
+                                  if isinstance(old_fits.get(str(r)), dict) else None}
                               for r in range(nproc)}
     for i, smp in enumerate(samples):
         where = f"samples[{i}]"

@@ -11,7 +11,8 @@ reads RANK/WORLD_SIZE/LOCAL_RANK from the environment. Either way each rank:
    runtime runs it. Pinning is what makes gloo's loopback latency repeatable on a loaded host:
    unpinned, a woken receiver often waited for the next 4 ms scheduler tick behind another
    process (one-way latency 2 ms instead of 50 us, run to run); pinned it preempts it
-   (benchmarks/bench_profile.py; ``AUTOTUNE_PROFILE_PIN=0`` turns it off to compare);
+   (benchmarks/bench_profile.py; ``AUTOTUNE_PROFILE_PIN=0`` turns it off to compare). gloo's
+   socket loop thread moves to the next rank's cores for large messages (profilers.placement);
 3. warms every compute and link point, then alternates rounds of its own device's sweep
    (``profilers.compute``, all ranks concurrently) with rounds of the link sweep
    (``profilers.links``) between barriers, so a burst of background load spoils one round of
@@ -39,9 +40,9 @@ from pathlib import Path
 from typing import Any
 
 from profilers.emulation import SlowdownEmulator
+from profilers.placement import PIN_ENV, CommThreads, pin_cores  # noqa: F401 - PIN_ENV re-exported
 
 FAULT_ENV = "AUTOTUNE_PROFILE_FAULT"
-PIN_ENV = "AUTOTUNE_PROFILE_PIN"
 SCHEMA_VERSION = 1
 
 
@@ -116,28 +117,6 @@ def _write_json(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
-def pin_cores(local_rank: int, local_world: int, threads: int) -> list[int] | None:
-    """Pin every thread of this process to cores ``[local_rank * threads, +threads)`` of the cores
-    it may use; None (nothing pinned) when the ranks do not fit or ``AUTOTUNE_PROFILE_PIN=0``."""
-    if os.environ.get(PIN_ENV, "1") == "0" or not hasattr(os, "sched_setaffinity"):
-        return None
-    allowed = sorted(os.sched_getaffinity(0))
-    if local_world * threads > len(allowed):
-        return None
-    mine = allowed[local_rank * threads:(local_rank + 1) * threads]
-    os.sched_setaffinity(0, mine)  # threads started from now on inherit it
-    try:
-        tids = [int(t) for t in os.listdir("/proc/self/task")]
-    except OSError:
-        tids = []
-    for tid in tids:  # threads torch started already
-        try:
-            os.sched_setaffinity(tid, mine)
-        except OSError:
-            pass
-    return mine
-
-
 def over_budget(done: int, elapsed_s: float, last_round_s: float, budget_s: float) -> bool:
     """Stop before round ``done + 1`` when another round like the last would end past the budget,
     but never before ``MIN_ROUNDS`` rounds."""
@@ -162,6 +141,7 @@ def run_rank(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any] | Non
     local_world = max(1, int(cfg.get("local_world", world)))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     threads = int(cfg.get("threads") or max(1, cores // local_world))
+    allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     pinned = pin_cores(local_rank, local_world, threads) if kind == "cpu" else None
     torch.set_num_threads(threads)
     backend = "nccl" if kind == "cuda" else "gloo"
@@ -190,6 +170,10 @@ def run_rank(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any] | Non
     t_phase = time.perf_counter()
     comp = ComputeSweep(device, cfg["quick"], emu, tick)
     link = LinkSweep(rank, world, device, cfg["quick"], tick, fault) if world > 1 else None
+    # After every process group exists: each gloo group starts its own socket loop thread.
+    comm = CommThreads(allowed, local_rank, local_world, threads) if pinned else None
+    if link is not None and comm is not None:
+        link.place = comm.for_size
     total[0] = comp.plan.rounds * len(comp.items) + link_steps(world, device, cfg["quick"])
     dist.barrier()
     phases["compute_warm_s"] = time.perf_counter() - t_phase
@@ -223,6 +207,7 @@ def run_rank(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any] | Non
     links = link.rows() if link is not None else []
     mine = {"rank": rank, "local_rank": local_rank, "host": socket.gethostname(), "device": device,
             "device_name": device_name(device), "threads": threads, "pinned_cores": pinned,
+            "comm_threads": comm.describe() if comm is not None else None,
             "unsupported": comp.unsupported, "phases_s": phases,
             "emulated_slowdown": factor if factor > 1.0 else None,
             "emulated_s": emu.emulated_s if emu else 0.0, "compute": compute, "links": links}
