@@ -12,7 +12,8 @@ Runs `autotune profile --quick --nproc 2` twice and the default profile twice (e
 
 Usage: python benchmarks/bench_profile.py [--nproc 2] [--skip-default] [--only quick|default]
        [--pairs N]   (N pairs of consecutive runs per mode)
-Set AUTOTUNE_PROFILE_PIN=0 to compare with unpinned ranks.
+Set AUTOTUNE_PROFILE_PIN=0 to compare with unpinned ranks, AUTOTUNE_PROFILE_PIN=own to keep gloo's
+socket loop thread on its rank's own core for every message size (profilers/placement.py).
 """
 
 from __future__ import annotations
