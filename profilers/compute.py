@@ -6,6 +6,9 @@
   over sequence lengths and head dims, B=1. Causal FLOPs (FlashAttention-2 paper, Dao 2023, sec.
   on FLOPs): forward ``4*b*h*s^2*d / 2`` (QK^T and PV, half the square masked), backward 2.5x
   forward (five matmuls instead of two).
+- **Call costs** (CPU): small GEMMs (sample kind ``gemm_call``) and one elementwise operator
+  (``op``), whose fixed per-call costs ``fit_compute`` reports as ``overheads``
+  (``profilers.overheads``).
 - **Memory**: capacity and what is free now (``/proc/meminfo`` or ``cuda.mem_get_info``), and a
   copy bandwidth (read + write of a large tensor: 2 * bytes per copy).
 
@@ -24,6 +27,7 @@ from dataclasses import dataclass
 
 from profilers.emulation import SlowdownEmulator
 from profilers.fits import affine_fit
+from profilers.overheads import call_gemm_shapes, fit_overheads, op_points, trial_dtype
 from profilers.timing import Meter, Timing, repeats_for
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -43,6 +47,7 @@ class ComputePlan:
     attn_head_dims: tuple[int, ...]
     attn_heads: int
     attn_dtype: str
+    """A dtype, or ``"trial"``: the dtype local trials train in (``profilers.overheads.trial_dtype``)."""
     copy_bytes: int
     warmup: int
     rounds: int
@@ -80,9 +85,12 @@ def compute_plan(device: str, quick: bool) -> ComputePlan:
         gemm_tokens=(256,) if quick else (512,),
         gemm_hidden=(256, 512) if quick else (256, 512, 1024),
         gemm_dtypes=("fp32", "bf16", "fp16"),
-        attn_seq=(256, 512) if quick else (256, 512, 1024, 2048),
-        attn_head_dims=(64,) if quick else (64, 128),
-        attn_heads=4, attn_dtype="fp32", copy_bytes=(32 if quick else 128) << 20,
+        # Down to the sequences and head dims the CPU trials run (tiny: seq 128, head_dim 8; small:
+        # 256 and 32; CP halves them), in the trial dtype (ComputeSweep: bf16 where native, else
+        # fp32): bf16's CPU flash backward is ~4x fp32's at these sizes.
+        attn_seq=(64, 128, 256, 512) if quick else (64, 128, 256, 512, 1024, 2048),
+        attn_head_dims=(32, 64) if quick else (32, 64, 128),
+        attn_heads=4, attn_dtype="trial", copy_bytes=(32 if quick else 128) << 20,
         warmup=2 if quick else 3, rounds=5 if quick else 6, round_s=0.004 if quick else 0.02,
         min_repeats=2, max_repeats=12 if quick else 20, long_call_s=0.005,
         budget_s=4.5 if quick else 28.0,
@@ -202,7 +210,34 @@ class ComputeSweep:
 
                 add(f"gemm {dt} {m}x{k}x{n}", [lambda a=a, b=b: torch.mm(a, b)], gemm_row)
 
-        adtype = getattr(torch, DTYPES[plan.attn_dtype])
+        # Per-call costs (CPU): the smallest GEMMs a trial runs, and one elementwise operator.
+        for dt in dtypes:
+            dtype = getattr(torch, DTYPES[dt])
+            for m, k, n in call_gemm_shapes(device):
+                a = torch.randn(m, k, device=device).to(dtype)
+                b = torch.randn(k, n, device=device).to(dtype)
+                flops = 2.0 * m * n * k
+
+                def call_row(ts, dt=dt, m=m, k=k, n=n, flops=flops):
+                    return [{"kind": "gemm_call", "params": {"dtype": dt, "m": m, "k": k, "n": n}, "work": flops,
+                             "timing": ts[0].to_dict(),
+                             "metrics": {"flops": flops, "flops_per_s": flops / ts[0].median_s}}]
+
+                add(f"gemm call {dt} {m}x{k}x{n}", [lambda a=a, b=b: torch.mm(a, b)], call_row)
+        self.attn_dtype = trial_dtype(device) if plan.attn_dtype == "trial" else plan.attn_dtype
+        for elems in op_points(device):
+            odt = self.attn_dtype
+            x = torch.randn(elems, device=device).to(getattr(torch, DTYPES[odt])).requires_grad_(True)
+            y = torch.randn(elems, device=device).to(getattr(torch, DTYPES[odt]))
+
+            def op_row(ts, elems=elems, odt=odt):
+                return [{"kind": "op", "params": {"dtype": odt, "elems": elems, "op": "mul", "autograd": True},
+                         "work": float(elems), "timing": ts[0].to_dict(), "metrics": {"op_s": ts[0].median_s}}]
+
+            # With autograd recording (x requires grad), as the model's operators run in training.
+            add(f"op mul {odt} {elems}", [lambda x=x, y=y: x * y], op_row)
+
+        adtype = getattr(torch, DTYPES[self.attn_dtype])
         for d, s in attention_points(plan):
             q, k, v = (torch.randn(1, plan.attn_heads, s, d, device=device, dtype=adtype, requires_grad=True)
                        for _ in range(3))
@@ -223,7 +258,7 @@ class ComputeSweep:
                 tf, tfb = ts
                 f_fwd, f_bwd = attention_flops(1, plan.attn_heads, s, d)
                 bwd_s = max(tfb.median_s - tf.median_s, 1e-9)
-                params = {"dtype": plan.attn_dtype, "batch": 1, "heads": plan.attn_heads, "seq": s, "head_dim": d}
+                params = {"dtype": self.attn_dtype, "batch": 1, "heads": plan.attn_heads, "seq": s, "head_dim": d}
                 return [{"kind": "attention_fwd", "params": params, "work": f_fwd, "timing": tf.to_dict(),
                          "metrics": {"flops": f_fwd, "flops_per_s": f_fwd / tf.median_s}},
                         {"kind": "attention_fwd_bwd", "params": params, "work": f_fwd + f_bwd,
@@ -288,7 +323,8 @@ def compute_steps(device: str, quick: bool, dtypes: int | None = None) -> int:
     """How many progress ticks the sweep makes (for the progress bar's total): one per point per round."""
     plan = compute_plan(device, quick)
     n = len(plan.gemm_dtypes) if dtypes is None else dtypes
-    return plan.rounds * (n * len(gemm_shapes(plan)) + len(attention_points(plan)) + 1)
+    calls = n * len(call_gemm_shapes(device)) + len(op_points(device))
+    return plan.rounds * (n * len(gemm_shapes(plan)) + calls + len(attention_points(plan)) + 1)
 
 
 def fit_compute(samples: list[dict], unsupported: dict[str, str] | None = None) -> dict:
@@ -331,4 +367,5 @@ def fit_compute(samples: list[dict], unsupported: dict[str, str] | None = None) 
     for s in samples:
         if s["kind"] == "memory_copy":
             memory = {k: s["metrics"][k] for k in ("capacity_bytes", "available_bytes", "bandwidth_bytes_per_s")}
-    return {"gemm": gemm, "gemm_unsupported": dict(unsupported or {}), "attention": attention, "memory": memory}
+    return {"gemm": gemm, "gemm_unsupported": dict(unsupported or {}), "attention": attention, "memory": memory,
+            "overheads": fit_overheads(samples, gemm)}

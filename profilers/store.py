@@ -375,7 +375,10 @@ def device_spec_from_profile(ref: str | int, storage: str | None = None):
            + (f", EMULATED {emu:g}x slower device" if emu else ""))
     profile = {"id": pid, "rank": r, "emulated_slowdown": emu, "gemm": fit.get("gemm") or {},
                "gemm_unsupported": fit.get("gemm_unsupported") or {},
-               "attention": fit.get("attention") or {}, "memory": mem, "links": links}
+               "attention": fit.get("attention") or {}, "memory": mem, "links": links,
+               # the rank's measured per-call costs (profilers.overheads); the cost model falls back
+               # to its defaults for any key absent here
+               "overheads": fit.get("overheads") or {}}
     return DeviceSpec(name=f"profile:{pid}" + (f":{rank}" if rank is not None else ""), kind=info["device_kind"],
                       peak_flops=peak, memory_bytes=capacity or (fallback.memory_bytes if fallback else 0.0),
                       memory_bandwidth=float(mem.get("bandwidth_bytes_per_s") or 0.0) or 1.0 * GB,

@@ -35,8 +35,8 @@ what dominates small shapes there and is negligible on a GPU kernel stream:
   FLOP rate: torch's CPU flash kernel works in fixed blocks, so at short sequences its time hardly
   falls with the FLOPs (profile: fwd+bwd 6.8 ms at seq 256 vs 19.7 ms at 512 for 4 heads of 64).
 
-Both constants are read from ``profile["overheads"]`` (``gemm_call_s``, ``op_s``) when the profiler
-measures them, else the defaults below (measured with torch 2.13 on this project's 2-core machine;
+Both constants are read from ``profile["overheads"]`` (``gemm_call_s``: seconds or {dtype: seconds};
+``op_s``) when the profiler measures them (``profilers/overheads.py``), else the defaults below (measured with torch 2.13 on this project's 2-core machine;
 validate's calibration scales them with the rest of the compute).
 """
 
@@ -202,8 +202,12 @@ def rates_for(spec: Any, dtype: str, head_dim: int) -> Rates:
         over = prof.get("overheads") if isinstance(prof.get("overheads"), dict) else {}
 
         def pick(key: str, default: float) -> float:
+            # a number, or {dtype: number} (the profiler measures GEMM calls per dtype): the plan's
             v = over.get(key)
-            return float(v) if isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 else default
+            if isinstance(v, dict):
+                v = v.get(dtype)
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+            return float(v) if ok else default
 
         r.gemm_call_s = pick("gemm_call_s", CPU_GEMM_CALL_S.get(dtype, CPU_GEMM_CALL_S["fp32"]))
         r.op_s = pick("op_s", CPU_OP_S)

@@ -25,7 +25,10 @@ def test_gemm_shapes_are_a_layers_matmuls_within_the_cap():
                 want.add((m, k, n))
     assert set(shapes) == want and len(shapes) == len(want)
     assert compute_steps("cpu", True) < compute_steps("cpu", False)
-    n_points = len(plan.gemm_dtypes) * len(shapes) + len(attention_points(plan)) + 1
+    from profilers.overheads import call_gemm_shapes, op_points
+
+    calls = len(plan.gemm_dtypes) * len(call_gemm_shapes("cpu")) + len(op_points("cpu"))
+    n_points = len(plan.gemm_dtypes) * len(shapes) + calls + len(attention_points(plan)) + 1
     assert compute_steps("cpu", False) == plan.rounds * n_points
 
 

@@ -1,0 +1,78 @@
+"""Fixed per-call costs of eager PyTorch on CPU, measured so the cost model need not assume them.
+
+On a few CPU cores the shapes of a local trial are small enough that a call's fixed cost rivals
+its work (``autotune/cost/compute.py``, "CPU"): oneDNN packs a GEMM's operands on every call, and
+every elementwise operator pays dispatch, allocation and its autograd node. The cost model prices
+them as ``gemm_call_s`` per GEMM call and ``op_s`` per elementwise operator
+(``DeviceSpec.profile["overheads"]``); this module says which points measure them and fits them.
+
+- **GEMM calls** (sample kind ``gemm_call``): transformer-shaped products with m = 128 tokens and
+  k/n = 64..256 (1-17 MFLOP), the sizes of the ``tiny``/``small`` trial models, where the call
+  cost dominates. ``gemm_call_s[dtype]`` = median over the smallest ``CALL_POINTS`` of
+  (time - FLOPs / large-GEMM rate), clamped at 0. They are their own kind, not ``gemm`` points:
+  the cost model interpolates the ``gemm`` rates by size and adds ``gemm_call_s`` on top, so a
+  small point in both would count the call cost twice.
+- **Elementwise operator** (sample kind ``op``): one multiply of ``OP_ELEMS`` elements in the
+  trial dtype (bf16 where the CPU has native bf16, as ``autotune/runtime`` trains, else fp32) with
+  autograd recording, as the model issues it in training; ``op_s`` = its median time.
+
+The sync terms (``sync_call_s``, ``sync_skew``: waits at a blocking collective inside a block)
+are not measured here: they need two ranks drifting apart over a block's compute, which the
+profile's back-to-back link rounds do not reproduce; the cost model keeps its defaults for them.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+CALL_GEMM_M = 128
+CALL_GEMM_KN = ((64, 64), (64, 192), (128, 128), (128, 384), (256, 256))
+"""(k, n) of the call-cost GEMMs (m = ``CALL_GEMM_M``): QKV-, projection- and MLP-like products of
+hidden 64..256; 1 to 17 MFLOP."""
+CALL_POINTS = 3
+"""Smallest points the per-call cost is the median of (one noisy point cannot set it)."""
+OP_ELEMS = 32768
+"""Elements of the timed multiply: between the activations of ``tiny`` (128 x 64) and ``small``
+(256 x 256) trials."""
+
+
+def call_gemm_shapes(device: str) -> tuple[tuple[int, int, int], ...]:
+    """(m, k, n) of the call-cost GEMMs (CPU only: on a GPU the call cost hides behind the stream)."""
+    if device.startswith("cuda"):
+        return ()
+    return tuple((CALL_GEMM_M, k, n) for k, n in CALL_GEMM_KN)
+
+
+def op_points(device: str) -> tuple[int, ...]:
+    """Element counts of the timed elementwise operator (CPU only)."""
+    return () if device.startswith("cuda") else (OP_ELEMS,)
+
+
+def trial_dtype(device: str) -> str:
+    """The dtype local trials compute in: bf16 where the device has native bf16, else fp32."""
+    from profilers.compute import dtype_support
+
+    ok, _ = dtype_support(device, ("bf16",))
+    return "bf16" if ok else "fp32"
+
+
+def fit_overheads(samples: list[dict], gemm: dict[str, dict]) -> dict:
+    """``{"gemm_call_s": {dtype: s}, "op_s": s, "op": {...}}`` from one rank's ``gemm_call`` and
+    ``op`` samples (keys absent when not measured); ``gemm`` is the rank's GEMM fit, whose best
+    rate prices the calls' FLOPs."""
+    out: dict = {}
+    calls: dict[str, float] = {}
+    for dt in sorted({s["params"]["dtype"] for s in samples if s["kind"] == "gemm_call"}):
+        pts = sorted((s for s in samples if s["kind"] == "gemm_call" and s["params"]["dtype"] == dt),
+                     key=lambda s: s["work"])
+        rate = (gemm.get(dt) or {}).get("best_flops_per_s") or max(s["work"] / s["timing"]["median_s"] for s in pts)
+        excess = [s["timing"]["median_s"] - s["work"] / rate for s in pts[:CALL_POINTS]]
+        calls[dt] = max(0.0, statistics.median(excess))
+    if calls:
+        out["gemm_call_s"] = calls
+    ops = [s for s in samples if s["kind"] == "op"]
+    if ops:
+        out["op_s"] = max(0.0, statistics.median(s["timing"]["median_s"] for s in ops))
+        p = ops[0]["params"]
+        out["op"] = {"dtype": p["dtype"], "elems": p["elems"], "name": p["op"]}
+    return out
