@@ -47,7 +47,6 @@ class ComputePlan:
     attn_head_dims: tuple[int, ...]
     attn_heads: int
     attn_dtype: str
-    """A dtype, or ``"trial"``: the dtype local trials train in (``profilers.overheads.trial_dtype``)."""
     copy_bytes: int
     warmup: int
     rounds: int
@@ -67,6 +66,9 @@ class ComputePlan:
     """Skip GEMMs larger than this (a 2-core CPU runs ~65 GFLOP/s fp32 per core)."""
     max_attn_flops: float = float("inf")
     """Skip attention points whose forward + backward FLOPs exceed this."""
+    trial_attn_seq: tuple[int, ...] = ()
+    trial_attn_head_dims: tuple[int, ...] = ()
+    """Attention also measured at these shapes in the trial dtype (CPU: ``attention_trial``)."""
 
 
 def compute_plan(device: str, quick: bool) -> ComputePlan:
@@ -85,12 +87,15 @@ def compute_plan(device: str, quick: bool) -> ComputePlan:
         gemm_tokens=(256,) if quick else (512,),
         gemm_hidden=(256, 512) if quick else (256, 512, 1024),
         gemm_dtypes=("fp32", "bf16", "fp16"),
-        # Down to the sequences and head dims the CPU trials run (tiny: seq 128, head_dim 8; small:
-        # 256 and 32; CP halves them), in the trial dtype (ComputeSweep: bf16 where native, else
-        # fp32): bf16's CPU flash backward is ~4x fp32's at these sizes.
-        attn_seq=(64, 128, 256, 512) if quick else (64, 128, 256, 512, 1024, 2048),
-        attn_head_dims=(32, 64) if quick else (32, 64, 128),
-        attn_heads=4, attn_dtype="trial", copy_bytes=(32 if quick else 128) << 20,
+        attn_seq=(256, 512) if quick else (256, 512, 1024, 2048),
+        attn_head_dims=(64,) if quick else (64, 128),
+        attn_heads=4, attn_dtype="fp32",
+        # Also at the sequences and head dims the CPU trials run (tiny: seq 128, head_dim 8; small:
+        # 256 and 32; CP halves them) in the trial dtype (bf16 where native: its CPU flash backward
+        # is ~4x fp32's there). Stored as `attention_trial`, which the cost model does not read yet:
+        # priced with it, benchmarks/bench_validate.py's held-out error doubled (docs/contracts.md).
+        trial_attn_seq=(64, 128, 256) if quick else (64, 128, 256, 512),
+        trial_attn_head_dims=(32,) if quick else (32, 64), copy_bytes=(32 if quick else 128) << 20,
         warmup=2 if quick else 3, rounds=5 if quick else 6, round_s=0.004 if quick else 0.02,
         min_repeats=2, max_repeats=12 if quick else 20, long_call_s=0.005,
         budget_s=4.5 if quick else 28.0,
@@ -138,9 +143,10 @@ def gemm_shapes(plan: ComputePlan) -> list[tuple[int, int, int]]:
     return shapes
 
 
-def attention_points(plan: ComputePlan) -> list[tuple[int, int]]:
-    """(head_dim, seq) pairs within the FLOP cap."""
-    return [(d, s) for d in plan.attn_head_dims for s in plan.attn_seq
+def attention_points(plan: ComputePlan, trial: bool = False) -> list[tuple[int, int]]:
+    """(head_dim, seq) pairs within the FLOP cap (``trial``: the trial-dtype set)."""
+    dims, seqs = (plan.trial_attn_head_dims, plan.trial_attn_seq) if trial else (plan.attn_head_dims, plan.attn_seq)
+    return [(d, s) for d in dims for s in seqs
             if sum(attention_flops(1, plan.attn_heads, s, d)) <= plan.max_attn_flops]
 
 
@@ -224,9 +230,9 @@ class ComputeSweep:
                              "metrics": {"flops": flops, "flops_per_s": flops / ts[0].median_s}}]
 
                 add(f"gemm call {dt} {m}x{k}x{n}", [lambda a=a, b=b: torch.mm(a, b)], call_row)
-        self.attn_dtype = trial_dtype(device) if plan.attn_dtype == "trial" else plan.attn_dtype
+        self.trial_dtype = trial_dtype(device) if not device.startswith("cuda") else plan.attn_dtype
         for elems in op_points(device):
-            odt = self.attn_dtype
+            odt = self.trial_dtype
             x = torch.randn(elems, device=device).to(getattr(torch, DTYPES[odt])).requires_grad_(True)
             y = torch.randn(elems, device=device).to(getattr(torch, DTYPES[odt]))
 
@@ -237,36 +243,39 @@ class ComputeSweep:
             # With autograd recording (x requires grad), as the model's operators run in training.
             add(f"op mul {odt} {elems}", [lambda x=x, y=y: x * y], op_row)
 
-        adtype = getattr(torch, DTYPES[self.attn_dtype])
-        for d, s in attention_points(plan):
-            q, k, v = (torch.randn(1, plan.attn_heads, s, d, device=device, dtype=adtype, requires_grad=True)
-                       for _ in range(3))
-            grad = torch.randn(1, plan.attn_heads, s, d, device=device, dtype=adtype)
+        attn_sets = [("attention", plan.attn_dtype, attention_points(plan)),
+                     ("attention_trial", self.trial_dtype, attention_points(plan, trial=True))]
+        for kind, adt, points in attn_sets:
+            adtype = getattr(torch, DTYPES[adt])
+            for d, s in points:
+                q, k, v = (torch.randn(1, plan.attn_heads, s, d, device=device, dtype=adtype, requires_grad=True)
+                           for _ in range(3))
+                grad = torch.randn(1, plan.attn_heads, s, d, device=device, dtype=adtype)
 
-            out_holder: dict = {}
+                out_holder: dict = {}
 
-            def fwd(q=q, k=k, v=v, out_holder=out_holder):
-                # With autograd on, as in training (the kernel keeps what backward needs).
-                out_holder["o"] = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                def fwd(q=q, k=k, v=v, out_holder=out_holder):
+                    # With autograd on, as in training (the kernel keeps what backward needs).
+                    out_holder["o"] = F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
-            def fwd_bwd(q=q, k=k, v=v, grad=grad):
-                o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-                o.backward(grad)
-                q.grad = k.grad = v.grad = None
+                def fwd_bwd(q=q, k=k, v=v, grad=grad):
+                    o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                    o.backward(grad)
+                    q.grad = k.grad = v.grad = None
 
-            def attn_row(ts, d=d, s=s):
-                tf, tfb = ts
-                f_fwd, f_bwd = attention_flops(1, plan.attn_heads, s, d)
-                bwd_s = max(tfb.median_s - tf.median_s, 1e-9)
-                params = {"dtype": self.attn_dtype, "batch": 1, "heads": plan.attn_heads, "seq": s, "head_dim": d}
-                return [{"kind": "attention_fwd", "params": params, "work": f_fwd, "timing": tf.to_dict(),
-                         "metrics": {"flops": f_fwd, "flops_per_s": f_fwd / tf.median_s}},
-                        {"kind": "attention_fwd_bwd", "params": params, "work": f_fwd + f_bwd,
-                         "timing": tfb.to_dict(),
-                         "metrics": {"flops": f_fwd + f_bwd, "flops_per_s": (f_fwd + f_bwd) / tfb.median_s,
-                                     "bwd_s": bwd_s, "bwd_flops_per_s": f_bwd / bwd_s}}]
+                def attn_row(ts, d=d, s=s, kind=kind, adt=adt):
+                    tf, tfb = ts
+                    f_fwd, f_bwd = attention_flops(1, plan.attn_heads, s, d)
+                    bwd_s = max(tfb.median_s - tf.median_s, 1e-9)
+                    params = {"dtype": adt, "batch": 1, "heads": plan.attn_heads, "seq": s, "head_dim": d}
+                    return [{"kind": f"{kind}_fwd", "params": params, "work": f_fwd, "timing": tf.to_dict(),
+                             "metrics": {"flops": f_fwd, "flops_per_s": f_fwd / tf.median_s}},
+                            {"kind": f"{kind}_fwd_bwd", "params": params, "work": f_fwd + f_bwd,
+                             "timing": tfb.to_dict(),
+                             "metrics": {"flops": f_fwd + f_bwd, "flops_per_s": (f_fwd + f_bwd) / tfb.median_s,
+                                         "bwd_s": bwd_s, "bwd_flops_per_s": f_bwd / bwd_s}}]
 
-            add(f"attention d={d} s={s}", [fwd, fwd_bwd], attn_row)
+                add(f"{kind} {adt} d={d} s={s}", [fwd, fwd_bwd], attn_row)
 
         src = torch.empty(plan.copy_bytes // 4, dtype=torch.float32, device=device).fill_(1.0)
         dst = torch.empty_like(src)
@@ -324,23 +333,16 @@ def compute_steps(device: str, quick: bool, dtypes: int | None = None) -> int:
     plan = compute_plan(device, quick)
     n = len(plan.gemm_dtypes) if dtypes is None else dtypes
     calls = n * len(call_gemm_shapes(device)) + len(op_points(device))
-    return plan.rounds * (n * len(gemm_shapes(plan)) + calls + len(attention_points(plan)) + 1)
+    attn = len(attention_points(plan)) + len(attention_points(plan, trial=True))
+    return plan.rounds * (n * len(gemm_shapes(plan)) + calls + attn + 1)
 
 
-def fit_compute(samples: list[dict], unsupported: dict[str, str] | None = None) -> dict:
-    """Fits of one rank's compute samples, in the shape docs/contracts.md "Profiles" documents;
-    ``unsupported`` ({dtype: reason}, from ``dtype_support``) is kept as ``gemm_unsupported``."""
-    gemm: dict[str, dict] = {}
-    for dt in sorted({s["params"]["dtype"] for s in samples if s["kind"] == "gemm"}):
-        pts = [s for s in samples if s["kind"] == "gemm" and s["params"]["dtype"] == dt]
-        pts.sort(key=lambda s: s["work"])
-        f = affine_fit([s["work"] for s in pts], [s["timing"]["median_s"] for s in pts])
-        gemm[dt] = {"points": [[s["work"], s["metrics"]["flops_per_s"]] for s in pts],
-                    "peak_flops_per_s": f["rate"], "overhead_s": f["alpha_s"], "r2": f["r2"],
-                    "best_flops_per_s": max(s["metrics"]["flops_per_s"] for s in pts)}
+def fit_attention(samples: list[dict], kind: str = "attention") -> dict:
+    """The ``attention`` fit (docs/contracts.md "Profiles") of the ``{kind}_fwd`` / ``{kind}_fwd_bwd``
+    samples ({} without them)."""
     attention: dict = {}
-    fwd = [s for s in samples if s["kind"] == "attention_fwd"]
-    both = {(s["params"]["head_dim"], s["params"]["seq"]): s for s in samples if s["kind"] == "attention_fwd_bwd"}
+    fwd = [s for s in samples if s["kind"] == f"{kind}_fwd"]
+    both = {(s["params"]["head_dim"], s["params"]["seq"]): s for s in samples if s["kind"] == f"{kind}_fwd_bwd"}
     if fwd:
         p0 = fwd[0]["params"]
         by_hd: dict[str, dict] = {}
@@ -363,9 +365,25 @@ def fit_compute(samples: list[dict], unsupported: dict[str, str] | None = None) 
         attention = {"dtype": p0["dtype"], "batch": p0["batch"], "heads": p0["heads"], "causal": True,
                      "flops": "fwd = 2*batch*heads*seq^2*head_dim (causal), bwd = 2.5 * fwd",
                      "by_head_dim": by_hd}
+    return attention
+
+
+def fit_compute(samples: list[dict], unsupported: dict[str, str] | None = None) -> dict:
+    """Fits of one rank's compute samples, in the shape docs/contracts.md "Profiles" documents;
+    ``unsupported`` ({dtype: reason}, from ``dtype_support``) is kept as ``gemm_unsupported``."""
+    gemm: dict[str, dict] = {}
+    for dt in sorted({s["params"]["dtype"] for s in samples if s["kind"] == "gemm"}):
+        pts = [s for s in samples if s["kind"] == "gemm" and s["params"]["dtype"] == dt]
+        pts.sort(key=lambda s: s["work"])
+        f = affine_fit([s["work"] for s in pts], [s["timing"]["median_s"] for s in pts])
+        gemm[dt] = {"points": [[s["work"], s["metrics"]["flops_per_s"]] for s in pts],
+                    "peak_flops_per_s": f["rate"], "overhead_s": f["alpha_s"], "r2": f["r2"],
+                    "best_flops_per_s": max(s["metrics"]["flops_per_s"] for s in pts)}
+    attention = fit_attention(samples)
     memory: dict = {}
     for s in samples:
         if s["kind"] == "memory_copy":
             memory = {k: s["metrics"][k] for k in ("capacity_bytes", "available_bytes", "bandwidth_bytes_per_s")}
+    # attention_trial: at the trial dtype and shapes (CPU); kept in the profile, not priced yet
     return {"gemm": gemm, "gemm_unsupported": dict(unsupported or {}), "attention": attention, "memory": memory,
-            "overheads": fit_overheads(samples, gemm)}
+            "attention_trial": fit_attention(samples, "attention_trial"), "overheads": fit_overheads(samples, gemm)}

@@ -376,6 +376,7 @@ def device_spec_from_profile(ref: str | int, storage: str | None = None):
     profile = {"id": pid, "rank": r, "emulated_slowdown": emu, "gemm": fit.get("gemm") or {},
                "gemm_unsupported": fit.get("gemm_unsupported") or {},
                "attention": fit.get("attention") or {}, "memory": mem, "links": links,
+               "attention_trial": fit.get("attention_trial") or {},
                # the rank's measured per-call costs (profilers.overheads); the cost model falls back
                # to its defaults for any key absent here
                "overheads": fit.get("overheads") or {}}

@@ -31,6 +31,7 @@ def summarize_profile(doc: dict[str, Any]) -> dict[str, Any]:
             "gemm_unsupported": fit.get("gemm_unsupported") or {},
             "attention": attn,
             "memory": fit.get("memory") or {},
+            "overheads": {k: v for k, v in (fit.get("overheads") or {}).items() if k in ("gemm_call_s", "op_s")},
         }
     links = doc["fits"].get("links") or {}
     unstable = [{"rank": s["rank"], "kind": s["kind"], "params": s["params"], "spread": s["timing"]["spread"]}

@@ -146,6 +146,31 @@ def test_emulated_rank_is_slower_and_labelled(profiled):
 
 
 @pytest.mark.slow
+def test_measured_call_costs_reach_the_cost_model(profiled):
+    """The real profile's per-call costs (profilers.overheads) price a CPU plan: the estimate on the
+    measured device differs from the same device without them exactly as the rates do."""
+    from autotune.cost.compute import CPU_GEMM_CALL_S, CPU_OP_S, rates_for
+    from autotune.specs.catalogue import DeviceSpec
+
+    dev = store.device_spec_from_profile(str(profiled["summary"]["id"]), profiled["url"])
+    doc = store.load_profile(profiled["summary"]["id"], profiled["url"])
+    over = dev.profile["overheads"]
+    assert over == doc["fits"]["compute"]["0"]["overheads"]
+    kinds = {smp["kind"] for smp in doc["samples"] if smp["rank"] == 0}
+    assert {"gemm_call", "op", "attention_trial_fwd", "attention_trial_fwd_bwd"} <= kinds
+    assert set(over["gemm_call_s"]) == set(dev.profile["gemm"]) and over["op_s"] > 0
+    import dataclasses
+
+    plain = dataclasses.replace(dev, profile={k: v for k, v in dev.profile.items() if k != "overheads"})
+    assert isinstance(plain, DeviceSpec)
+    for dt, call in over["gemm_call_s"].items():
+        assert call > 0
+        r, d = rates_for(dev, dt, 32), rates_for(plain, dt, 32)
+        assert (r.gemm_call_s, r.op_s) == (pytest.approx(call), pytest.approx(over["op_s"]))
+        assert (d.gemm_call_s, d.op_s) == (CPU_GEMM_CALL_S[dt], CPU_OP_S)
+
+
+@pytest.mark.slow
 def test_list_show_export_import_and_cluster_file(profiled, capsys, tmp_path):
     url, pid = profiled["url"], profiled["summary"]["id"]
     code, out, _ = cli(capsys, "profile", "list", "--storage", url, "--json")

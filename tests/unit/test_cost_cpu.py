@@ -88,6 +88,15 @@ def test_cpu_gemm_pays_a_call_cost_and_gpu_does_not():
     over = rates_for(device(kind="cpu", profile={**prof, "overheads": {"gemm_call_s": 1e-3}}), "bf16", 8)
     assert over.gemm_time(1e6) == pytest.approx(1e-3 + 1e6 / peak)
 
+    # the profiler's per-dtype form: the plan's dtype's figure; a dtype it lacks keeps the default
+    per = {**prof, "overheads": {"gemm_call_s": {"bf16": 2e-3, "fp32": 5e-4}}}
+    assert rates_for(device(kind="cpu", profile=per), "bf16", 8).gemm_time(1e6) == pytest.approx(2e-3 + 1e6 / peak)
+    assert rates_for(device(kind="cpu", profile={**prof, "overheads": {"gemm_call_s": {"fp32": 5e-4}}}), "bf16",
+                     8).gemm_call_s == CPU_GEMM_CALL_S["bf16"]
+    for bad in (-1.0, float("nan"), True, "1e-3", None):
+        assert rates_for(device(kind="cpu", profile={**prof, "overheads": {"gemm_call_s": {"bf16": bad}}}), "bf16",
+                         8).gemm_call_s == CPU_GEMM_CALL_S["bf16"]
+
 
 def test_cpu_attention_comes_from_measured_call_times():
     # profiled with batch 1 x 4 heads: per (batch x head) call a quarter of the row's seconds

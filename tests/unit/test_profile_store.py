@@ -2,6 +2,7 @@
 the database as it was, and ``profile:ID`` devices in cluster files."""
 
 import copy
+import dataclasses
 import json
 
 import pytest
@@ -79,6 +80,9 @@ def test_export_import_round_trip(url, compute_samples, tmp_path):
     back = store.load_profile(new, other)
     assert back["samples"] == doc["samples"]
     assert back["fits"] == doc["fits"]
+    assert back["fits"]["compute"]["0"]["overheads"]["gemm_call_s"]
+    assert store.device_spec_from_profile(str(new), other).profile["overheads"] == \
+        store.device_spec_from_profile(str(pid), url).profile["overheads"]
     assert back["run"]["origin"] == "imported" and back["run"]["imported_from"]["id"] == pid
     assert back["run"]["fingerprint"] == doc["run"]["fingerprint"]
 
@@ -136,6 +140,21 @@ def test_device_spec_from_profile_and_cluster_file(url, compute_samples, tmp_pat
     assert dev.memory_bytes == pytest.approx(fit["memory"]["capacity_bytes"] / 2)  # two ranks share the host
     assert dev.intra_node_bandwidth == pytest.approx(1e9) and dev.intra_node_latency == pytest.approx(5e-5)
     assert set(dev.profile) >= {"gemm", "attention", "memory", "links"}
+    # the measured per-call costs reach the cost model, which prices with them instead of its defaults
+    from autotune.cost.compute import CPU_GEMM_CALL_S, CPU_OP_S, rates_for
+
+    over = dev.profile["overheads"]
+    assert over == json.loads(json.dumps(fit["overheads"]))
+    assert all(v > 0 for v in over["gemm_call_s"].values()) and over["op_s"] > 0
+    assert set(over["gemm_call_s"]) == set(fit["gemm"])
+    assert dev.profile["attention_trial"] == json.loads(json.dumps(fit["attention_trial"]))
+    for dt in over["gemm_call_s"]:
+        r = rates_for(dev, dt, 32)
+        assert r.gemm_call_s == pytest.approx(over["gemm_call_s"][dt]) and r.op_s == pytest.approx(over["op_s"])
+        plain = dataclasses.replace(dev, profile={k: v for k, v in dev.profile.items() if k != "overheads"})
+        d = rates_for(plain, dt, 32)
+        assert d.gemm_call_s == CPU_GEMM_CALL_S[dt] and d.op_s == CPU_OP_S
+        assert r.gemm_time(1e6) - d.gemm_time(1e6) == pytest.approx(over["gemm_call_s"][dt] - CPU_GEMM_CALL_S[dt])
     assert dev.profile["links"]["p2p_bandwidth"][0][1] > 0
     emu = store.device_spec_from_profile(f"{pid}:1", url)
     assert "EMULATED 3x" in emu.source and emu.profile["emulated_slowdown"] == 3.0

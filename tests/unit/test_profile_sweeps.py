@@ -28,7 +28,8 @@ def test_gemm_shapes_are_a_layers_matmuls_within_the_cap():
     from profilers.overheads import call_gemm_shapes, op_points
 
     calls = len(plan.gemm_dtypes) * len(call_gemm_shapes("cpu")) + len(op_points("cpu"))
-    n_points = len(plan.gemm_dtypes) * len(shapes) + calls + len(attention_points(plan)) + 1
+    attn = len(attention_points(plan)) + len(attention_points(plan, trial=True))
+    n_points = len(plan.gemm_dtypes) * len(shapes) + calls + attn + 1
     assert compute_steps("cpu", False) == plan.rounds * n_points
 
 
@@ -130,3 +131,58 @@ def test_fit_links_matrix_classes_and_collective_rows():
     assert row["algbw_bytes_per_s"] == pytest.approx((1 << 20) / 3e-3)
     assert row["busbw_bytes_per_s"] == pytest.approx(row["algbw_bytes_per_s"] * bus_factor("all_reduce", 2))
     assert fit_links([], ["a"]) == {}
+
+
+def test_fit_overheads_recovers_known_per_call_costs():
+    """Synthetic samples with a known per-call GEMM cost (per dtype) and a known fixed elementwise
+    cost: the fit gets them back (the call points' FLOPs priced at the large-GEMM rate)."""
+    from profilers.overheads import CALL_GEMM_KN, CALL_GEMM_M, CALL_POINTS, OP_ELEMS, fit_overheads
+
+    rate = {"bf16": 1e12, "fp32": 2e11}
+    call = {"bf16": 2e-5, "fp32": 3e-6}
+    op_fixed, per_elem = 2e-6, 2e-10
+    samples = []
+    for dt in rate:
+        for f in (1e9, 4e9):  # the large sweep: no call cost at these sizes, the rate alone
+            samples.append({"kind": "gemm", "params": {"dtype": dt}, "work": f, "timing": _timing(f / rate[dt]),
+                            "metrics": {"flops_per_s": rate[dt]}})
+        for k, n in CALL_GEMM_KN:
+            f = 2.0 * CALL_GEMM_M * k * n
+            samples.append({"kind": "gemm_call", "params": {"dtype": dt, "m": CALL_GEMM_M, "k": k, "n": n},
+                            "work": f, "timing": _timing(call[dt] + f / rate[dt]), "metrics": {}})
+    # one spoilt point among the smallest must not move the median
+    smallest = min((s for s in samples if s["kind"] == "gemm_call" and s["params"]["dtype"] == "bf16"),
+                   key=lambda s: s["work"])
+    smallest["timing"] = _timing(smallest["timing"]["median_s"] * 5)
+    assert CALL_POINTS >= 3
+    for e in OP_ELEMS:
+        samples.append({"kind": "op", "params": {"dtype": "bf16", "elems": e, "op": "mul", "autograd": True},
+                        "work": float(e), "timing": _timing(op_fixed + e * per_elem), "metrics": {}})
+    fit = fit_compute(samples)
+    over = fit["overheads"]
+    assert over["gemm_call_s"] == {dt: pytest.approx(call[dt], rel=1e-6) for dt in call}
+    assert over["op_s"] == pytest.approx(op_fixed, rel=1e-6)
+    assert over["op"]["per_element_s"] == pytest.approx(per_elem, rel=1e-6)
+    assert all(s["kind"] != "gemm_call" for s in samples if s["work"] in [p[0] for p in fit["gemm"]["bf16"]["points"]])
+    # a call faster than its FLOPs at the large rate (noise) clamps at zero, never negative
+    fast = [dict(s, timing=_timing(0.5 * s["work"] / rate["bf16"])) if s["kind"] == "gemm_call" else s
+            for s in samples]
+    assert fit_compute(fast)["overheads"]["gemm_call_s"]["bf16"] == 0.0
+    # nothing measured (CUDA): no keys, so the cost model keeps its defaults
+    assert fit_compute([s for s in samples if s["kind"] == "gemm"])["overheads"] == {}
+
+
+def test_trial_attention_is_fitted_apart_from_the_priced_rows():
+    rows = []
+    for kind, dt in (("attention", "fp32"), ("attention_trial", "bf16")):
+        for s in (64, 256):
+            p = {"dtype": dt, "batch": 1, "heads": 4, "seq": s, "head_dim": 32 if kind == "attention_trial" else 64}
+            ff, fb = attention_flops(1, 4, s, p["head_dim"])
+            rows.append({"kind": f"{kind}_fwd", "params": p, "work": ff, "timing": _timing(ff / 1e10), "metrics": {}})
+            rows.append({"kind": f"{kind}_fwd_bwd", "params": p, "work": ff + fb,
+                         "timing": _timing(ff / 1e10 + fb / 5e9), "metrics": {"bwd_s": fb / 5e9}})
+    fit = fit_compute(rows)
+    assert fit["attention"]["dtype"] == "fp32" and set(fit["attention"]["by_head_dim"]) == {"64"}
+    assert fit["attention_trial"]["dtype"] == "bf16" and set(fit["attention_trial"]["by_head_dim"]) == {"32"}
+    plan = compute_plan("cpu", quick=True)
+    assert attention_points(plan, trial=True) and compute_plan("cuda", quick=True).trial_attn_seq == ()
