@@ -93,7 +93,8 @@ def compute_plan(device: str, quick: bool) -> ComputePlan:
         # Also at the sequences and head dims the CPU trials run (tiny: seq 128, head_dim 8; small:
         # 256 and 32; CP halves them) in the trial dtype (bf16 where native: its CPU flash backward
         # is ~4x fp32's there). Stored as `attention_trial`, which the cost model does not read yet:
-        # priced with it, benchmarks/bench_validate.py's held-out error doubled (docs/contracts.md).
+        # priced with it, benchmarks/bench_validate.py's held-out error doubled (docs/contracts.md,
+        # "Cost model on CPU"); the priced `attention` rows stay fp32 at head dims >= 64.
         trial_attn_seq=(64, 128, 256) if quick else (64, 128, 256, 512),
         trial_attn_head_dims=(32,) if quick else (32, 64), copy_bytes=(32 if quick else 128) << 20,
         warmup=2 if quick else 3, rounds=5 if quick else 6, round_s=0.004 if quick else 0.02,

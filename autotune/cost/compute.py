@@ -27,8 +27,9 @@ what dominates small shapes there and is negligible on a GPU kernel stream:
 * a fixed cost per GEMM call (``gemm_call_s``): oneDNN packs its operands on every call, so a bf16
   128x64x64 product takes ~25 us whatever its FLOPs (measured: 25 us at 1 MFLOP, 66 us at 34 MFLOP,
   then ~1 TFLOP/s on one core of this project's Xeon with AMX);
-* a fixed cost per elementwise operator (``op_s``: dispatch, allocation and the autograd node,
-  ~8 us for a bf16 multiply of 32k elements) times the operators a block issues
+* a fixed cost per elementwise operator (``op_s``: dispatch, allocation and the autograd node;
+  the profile measures it as the intercept of a bf16 multiply's time against its elements, ~2 us
+  here, its bytes being priced by ``memory_time``) times the operators a block issues
   (``CPU_OPS_BLOCK_FWD``, counted on ``autotune/runtime/model.py``), backward twice that;
 * attention from the profile's measured *times* per (batch x head) call, interpolated in log(seq)
   and linearly in head_dim between profiled head dims (linear in seq below the shortest), not from a
@@ -53,7 +54,8 @@ CPU_GEMM_CALL_S = {"bf16": 25e-6, "fp16": 25e-6, "fp32": 8e-6}
 """Seconds per GEMM call on CPU beyond its FLOPs (one thread; see the module docstring)."""
 CPU_OP_S = 6e-6
 """Seconds per elementwise operator on CPU (dispatch, allocation, autograd bookkeeping; a bf16
-multiply of 32k elements takes ~8 us on one core here)."""
+multiply of 32k elements takes ~8 us on one core here). Only the fallback for profiles without
+``overheads.op_s``: the profiler's intercept (~2 us here) gave a lower held-out error."""
 CPU_OPS_BLOCK_FWD = 44
 """Elementwise operators one block issues forward in the runtime's model: 2 RMSNorms x 9 (float,
 pow, mean, add, rsqrt, mul, weight cast, mul, cast back), rotary on q and k 2 x 6 (chunk, neg,
