@@ -203,34 +203,23 @@ class ComputeSweep:
                                                                 plan.max_repeats), row,
                                     rewarm=call_s < plan.long_call_s))
 
-        for dt in dtypes:
-            dtype = getattr(torch, DTYPES[dt])
-            for m, k, n in gemm_shapes(plan):
-                a = torch.randn(m, k, device=device).to(dtype)
-                b = torch.randn(k, n, device=device).to(dtype)
-                flops = 2.0 * m * n * k
+        # The GEMM sweep, then (CPU) the per-call costs: the smallest GEMMs a trial runs, their own kind
+        # (profilers.overheads), and one elementwise operator below.
+        for kind, shapes in (("gemm", gemm_shapes(plan)), ("gemm_call", call_gemm_shapes(device))):
+            for dt in dtypes:
+                dtype = getattr(torch, DTYPES[dt])
+                for m, k, n in shapes:
+                    a = torch.randn(m, k, device=device).to(dtype)
+                    b = torch.randn(k, n, device=device).to(dtype)
+                    flops = 2.0 * m * n * k
 
-                def gemm_row(ts, dt=dt, m=m, k=k, n=n, flops=flops):
-                    return [{"kind": "gemm", "params": {"dtype": dt, "m": m, "k": k, "n": n}, "work": flops,
-                             "timing": ts[0].to_dict(),
-                             "metrics": {"flops": flops, "flops_per_s": flops / ts[0].median_s}}]
+                    def gemm_row(ts, kind=kind, dt=dt, m=m, k=k, n=n, flops=flops):
+                        return [{"kind": kind, "params": {"dtype": dt, "m": m, "k": k, "n": n}, "work": flops,
+                                 "timing": ts[0].to_dict(),
+                                 "metrics": {"flops": flops, "flops_per_s": flops / ts[0].median_s}}]
 
-                add(f"gemm {dt} {m}x{k}x{n}", [lambda a=a, b=b: torch.mm(a, b)], gemm_row)
-
-        # Per-call costs (CPU): the smallest GEMMs a trial runs, and one elementwise operator.
-        for dt in dtypes:
-            dtype = getattr(torch, DTYPES[dt])
-            for m, k, n in call_gemm_shapes(device):
-                a = torch.randn(m, k, device=device).to(dtype)
-                b = torch.randn(k, n, device=device).to(dtype)
-                flops = 2.0 * m * n * k
-
-                def call_row(ts, dt=dt, m=m, k=k, n=n, flops=flops):
-                    return [{"kind": "gemm_call", "params": {"dtype": dt, "m": m, "k": k, "n": n}, "work": flops,
-                             "timing": ts[0].to_dict(),
-                             "metrics": {"flops": flops, "flops_per_s": flops / ts[0].median_s}}]
-
-                add(f"gemm call {dt} {m}x{k}x{n}", [lambda a=a, b=b: torch.mm(a, b)], call_row)
+                    label = "gemm" if kind == "gemm" else "gemm call"
+                    add(f"{label} {dt} {m}x{k}x{n}", [lambda a=a, b=b: torch.mm(a, b)], gemm_row)
         self.trial_dtype = trial_dtype(device) if not device.startswith("cuda") else plan.attn_dtype
         for elems in op_points(device):
             odt = self.trial_dtype

@@ -158,13 +158,16 @@ def test_measured_call_costs_reach_the_cost_model(profiled):
     assert over == doc["fits"]["compute"]["0"]["overheads"]
     kinds = {smp["kind"] for smp in doc["samples"] if smp["rank"] == 0}
     assert {"gemm_call", "op", "attention_trial_fwd", "attention_trial_fwd_bwd"} <= kinds
-    assert set(over["gemm_call_s"]) == set(dev.profile["gemm"]) and over["op_s"] > 0
+    # Clamped at 0: fp32's call cost (~1-3 us) and the op intercept (~2 us) are differences of close
+    # numbers and can come out 0 on a loaded machine; the bf16/fp16 packing cost (~20 us) cannot.
+    assert set(over["gemm_call_s"]) == set(dev.profile["gemm"]) and over["op_s"] >= 0
+    assert max(over["gemm_call_s"].values()) > 0
     import dataclasses
 
     plain = dataclasses.replace(dev, profile={k: v for k, v in dev.profile.items() if k != "overheads"})
     assert isinstance(plain, DeviceSpec)
     for dt, call in over["gemm_call_s"].items():
-        assert call > 0
+        assert call >= 0
         r, d = rates_for(dev, dt, 32), rates_for(plain, dt, 32)
         assert (r.gemm_call_s, r.op_s) == (pytest.approx(call), pytest.approx(over["op_s"]))
         assert (d.gemm_call_s, d.op_s) == (CPU_GEMM_CALL_S[dt], CPU_OP_S)

@@ -145,7 +145,8 @@ def test_device_spec_from_profile_and_cluster_file(url, compute_samples, tmp_pat
 
     over = dev.profile["overheads"]
     assert over == json.loads(json.dumps(fit["overheads"]))
-    assert all(v > 0 for v in over["gemm_call_s"].values()) and over["op_s"] > 0
+    # clamped at 0 (fp32's call cost and the op intercept can come out 0 under load; see profilers.overheads)
+    assert min(over["gemm_call_s"].values()) >= 0 and max(over["gemm_call_s"].values()) > 0 and over["op_s"] >= 0
     assert set(over["gemm_call_s"]) == set(fit["gemm"])
     assert dev.profile["attention_trial"] == json.loads(json.dumps(fit["attention_trial"]))
     for dt in over["gemm_call_s"]:
