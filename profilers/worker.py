@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from profilers.emulation import SlowdownEmulator
-from profilers.placement import PIN_ENV, CommThreads, pin_cores  # noqa: F401 - PIN_ENV re-exported
+from profilers.placement import CommThreads, pin_cores
 
 FAULT_ENV = "AUTOTUNE_PROFILE_FAULT"
 SCHEMA_VERSION = 1

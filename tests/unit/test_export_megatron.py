@@ -48,6 +48,16 @@ def compositions(total, parts):
         yield tuple(b[i + 1] - b[i] for i in range(parts))
 
 
+def split_plans(pp, v):
+    """Every split of the layers over ``pp * v`` stages: ``(layers, plan, exported args)``."""
+    ctx = ctx_for()
+    sched = "interleaved_1f1b" if v > 1 else "1f1b"
+    for layers in compositions(ctx.model.layers, pp * v):
+        plan = resolved(ctx, degrees=Degrees(pp=pp, dp=8 // pp), schedule=sched, virtual_stages=v,
+                        shares=Shares(layers=layers))
+        yield layers, plan, M.parse_script(export(plan, ctx, "megatron").text)
+
+
 def megatron_unroll(layout):
     """Megatron's parse_str_to_list, written again from its docstring: '(..)*n' then 'x*n'."""
     s = layout.replace(",", "")
@@ -59,14 +69,9 @@ def megatron_unroll(layout):
 
 @pytest.mark.parametrize("pp,v", [(2, 1), (4, 1), (2, 2)])
 def test_every_layer_split_is_assigned_exactly_once(pp, v):
-    ctx = ctx_for()
-    n = ctx.model.layers
-    sched = "interleaved_1f1b" if v > 1 else "1f1b"
+    n = ctx_for().model.layers
     seen = 0
-    for layers in compositions(n, pp * v):
-        plan = resolved(ctx, degrees=Degrees(pp=pp, dp=8 // pp), schedule=sched, virtual_stages=v,
-                        shares=Shares(layers=layers))
-        args = M.parse_script(export(plan, ctx, "megatron").text)
+    for layers, plan, args in split_plans(pp, v):
         got = M.layers_per_stage(args, n, pp)
         assert got == list(layers) and sum(got) == n
         f = flags(args)

@@ -13,11 +13,11 @@ from __future__ import annotations
 import warnings
 
 import pytest
-from test_export_megatron import compositions, ctx_for, resolved  # the same workloads as the rule tests
+from test_export_megatron import compositions, ctx_for, resolved, split_plans  # the rule tests' workloads
 
 from autotune.export import export
 from autotune.export import megatron as M
-from autotune.plan import Degrees, Shares
+from autotune.plan import Degrees
 
 with warnings.catch_warnings():  # "Transformer Engine and Apex are not installed": expected on CPU
     warnings.simplefilter("ignore")
@@ -93,14 +93,10 @@ def built_layers(cfg: TransformerConfig, pp: int, vpp: int) -> list[list[int]]:
 
 @pytest.mark.parametrize("pp,v", [(2, 1), (4, 1), (2, 2)])
 def test_megatron_builds_the_plans_layers_for_every_split(pp, v):
-    ctx = ctx_for()
-    n = ctx.model.layers
-    sched = "interleaved_1f1b" if v > 1 else "1f1b"
+    n = ctx_for().model.layers
     seen = 0
-    for layers in compositions(n, pp * v):
-        plan = resolved(ctx, degrees=Degrees(pp=pp, dp=8 // pp), schedule=sched, virtual_stages=v,
-                        shares=Shares(layers=layers))
-        cfg = config_from_args(M.parse_script(export(plan, ctx, "megatron").text))
+    for layers, plan, args in split_plans(pp, v):
+        cfg = config_from_args(args)
         assert built_layers(cfg, pp, v) == [plan.layers_of_stage(r) for r in range(pp)], layers
         seen += 1
     assert seen == len(list(compositions(n, pp * v)))

@@ -136,7 +136,7 @@ def test_fit_links_matrix_classes_and_collective_rows():
 def test_fit_overheads_recovers_known_per_call_costs():
     """Synthetic samples with a known per-call GEMM cost (per dtype) and a known fixed elementwise
     cost: the fit gets them back (the call points' FLOPs priced at the large-GEMM rate)."""
-    from profilers.overheads import CALL_GEMM_KN, CALL_GEMM_M, CALL_POINTS, OP_ELEMS, fit_overheads
+    from profilers.overheads import CALL_GEMM_KN, CALL_GEMM_M, CALL_POINTS, OP_ELEMS
 
     rate = {"bf16": 1e12, "fp32": 2e11}
     call = {"bf16": 2e-5, "fp32": 3e-6}
