@@ -74,8 +74,6 @@ def check_runtime_support(plan: Plan, spec: ModelSpec) -> None:
         p.append(f"degrees.tp: vocab({spec.vocab}) not divisible by tp({d.tp})")
     if spec.ffn_hidden % d.tp:
         p.append(f"degrees.tp: ffn_hidden({spec.ffn_hidden}) not divisible by tp({d.tp})")
-    if plan.zero_stage > 1:
-        p.append(f"zero_stage: the runtime shards optimizer states only (zero_stage 0 or 1), got {plan.zero_stage}")
     if plan.micro_batch_size < 1:
         p.append("micro_batch_size: must be >= 1")
     if p:
