@@ -134,8 +134,7 @@ class TrainOptimizer:
             self.shard = torch.nn.Parameter(flat[start:start + self.shard_len].clone())
             self.opt = torch.optim.AdamW([self.shard], lr=LR, weight_decay=WEIGHT_DECAY)
             if self.low_precision:  # Megatron keeps the master only as this rank's shard
-                self.masters = [torch.empty(0, dtype=REDUCE_DTYPE, device=p.device).expand(p.shape)
-                                for p in params]
+                self.masters = []
                 self._grads = [torch.zeros(p.shape, dtype=REDUCE_DTYPE, device=p.device) for p in params]
         else:
             self.opt = torch.optim.AdamW(self.masters, lr=LR, weight_decay=WEIGHT_DECAY)

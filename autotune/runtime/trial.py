@@ -180,7 +180,9 @@ def run_trial(plan: Plan | dict[str, Any], model: ModelSpec | str, seq_len: int,
     measured = {
         "step_time_s": step_time,
         "tokens_per_s": global_batch * seq_len / step_time if step_time > 0 else 0.0,
+        # per rank, over the rank's own baseline (autotune/runtime/worker.py reset_peak_memory)
         "peak_memory_bytes": [r["peak_memory_bytes"] for r in reports],
+        "memory_baseline_bytes": [r["memory_baseline_bytes"] for r in reports],
         "time_split": [r["time_split"] for r in reports],
         "step_times_s": per_step,
         "steps": steps, "warmup": warmup, "seed": seed, "device": kind,

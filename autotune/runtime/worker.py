@@ -11,8 +11,10 @@ Measurement (per measured step, every rank):
 * ``idle_s``: waiting at the end-of-step barrier for slower ranks (load imbalance).
 
 What none of the three covers is Python glue of the schedules; ``coverage`` reports the share covered.
-Peak memory: CUDA ``max_memory_allocated``; CPU the process high-water mark ``VmHWM`` after
-resetting it through ``/proc/self/clear_refs`` (tracemalloc does not see torch's allocations).
+Peak memory (``peak_memory_bytes``, per rank): the peak over the rank's own baseline taken after its
+process groups exist and before its model is built; CUDA ``max_memory_allocated``, CPU the process
+high-water mark ``VmHWM`` after resetting it through ``/proc/self/clear_refs`` (tracemalloc does not
+see torch's allocations).
 
 Entry points: ``train(...)`` (one plan inside an initialised process group, many per launch in the
 tests) and ``python -m autotune.runtime.worker --job JOB --out DIR`` under torchrun.
@@ -154,25 +156,37 @@ def install_comm_timing() -> None:
 
 
 # ---- memory -------------------------------------------------------------------------------------
-def reset_peak_memory(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-        return
-    with contextlib.suppress(OSError):
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-
-
-def peak_memory(device: torch.device) -> int:
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
+def _proc_status_bytes(key: str) -> int | None:
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith("VmHWM:"):
+                if line.startswith(key + ":"):
                     return int(line.split()[1]) * 1024
     except OSError:
-        pass
+        return None
+    return None
+
+
+def reset_peak_memory(device: torch.device) -> int:
+    """Start a peak-memory measurement; returns the baseline (bytes in use now), which the peak is
+    reported over. CUDA: allocated bytes; CPU: the resident set, whose high-water mark ``VmHWM`` is
+    reset to it by writing 5 to ``/proc/self/clear_refs`` (Linux)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return int(torch.cuda.memory_allocated(device))
+    with contextlib.suppress(OSError):  # not Linux: the peak below is then the process's lifetime peak
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    return _proc_status_bytes("VmRSS") or 0
+
+
+def peak_memory(device: torch.device) -> int:
+    """Absolute peak since ``reset_peak_memory`` (CUDA ``max_memory_allocated``; CPU ``VmHWM``)."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    hwm = _proc_status_bytes("VmHWM")
+    if hwm is not None:
+        return hwm
     import resource
 
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
@@ -348,9 +362,11 @@ def train(plan: Plan, spec: ModelSpec, seq_len: int, global_batch: int, *, steps
     clk.slowdown = float((emulate_slowdown or {}).get(rank, 1.0))
     clk.sync = functools.partial(torch.cuda.synchronize, device) if device.type == "cuda" else _no_sync
     mesh = build_mesh(plan, rank, device, timeout_s=timeout_s)
+    # the peak is measured over this baseline (imports, process groups): what the plan itself needs
+    # (weights, gradients, optimizer states, activations, communication buffers)
+    baseline = reset_peak_memory(device)
     trainer = RankTrainer(plan, spec, mesh, seq_len, global_batch, seed)
     losses, times, splits = [], [], []
-    reset_peak_memory(device)
     for i in range(warmup + steps):
         dist.barrier()
         clk.reset()
@@ -373,7 +389,8 @@ def train(plan: Plan, spec: ModelSpec, seq_len: int, global_batch: int, *, steps
                            "emulated_s": clk.emulated})
     report: dict[str, Any] = {
         "rank": rank, "losses": losses, "step_times": times,
-        "peak_memory_bytes": peak_memory(device),
+        "peak_memory_bytes": max(0, peak_memory(device) - baseline),
+        "memory_baseline_bytes": baseline,
         "time_split": _median_split(splits, times, rank),
         "local_tokens": trainer.local_tokens,
     }
