@@ -583,10 +583,27 @@ def parse_inline(text: str) -> Plan:
 
 def load_plan(path_or_inline: str | Path) -> Plan:
     """A plan JSON file, or an inline ``dp=2,pp=2`` string."""
+    return _load_plan(path_or_inline)[0]
+
+
+def load_plan_for(path_or_inline: str | Path, cluster: Any, dtype: str = "auto") -> Plan:
+    """``load_plan`` with the precision ``--dtype`` chooses for ``cluster`` (``choose_dtype``): an
+    explicit bf16/fp16/fp32 wins, ``auto`` keeps the precision the plan states and fills the
+    cluster's default where it states none (an inline ``dp=2`` or a file without ``dtype``)."""
+    plan, stated = _load_plan(path_or_inline)
+    chosen = choose_dtype(dtype, cluster, plan.dtype if stated else None)
+    if chosen == plan.dtype:
+        return plan
+    return plan.replace(dtype=chosen, predicted=None)  # a prediction in another precision is stale
+
+
+def _load_plan(path_or_inline: str | Path) -> tuple[Plan, bool]:
+    """(plan, whether it states its dtype)."""
     s = str(path_or_inline)
     p = Path(s)
     if "=" in s and not p.exists():
-        return parse_inline(s)
+        keys = {_INLINE_ALIASES.get(k.strip(), k.strip()) for k in (x.partition("=")[0] for x in s.split(","))}
+        return parse_inline(s), "dtype" in keys
     try:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -595,7 +612,8 @@ def load_plan(path_or_inline: str | Path) -> Plan:
         raise PlanError(f"cannot read plan file: {exc}", source=s) from None
     plan = Plan.from_json(text, source=s)
     check_schema(plan.to_dict(), source=s)
-    return plan
+    data = json.loads(text)
+    return plan, isinstance(data, dict) and data.get("dtype") is not None
 
 
 def check_schema(d: dict[str, Any], source: str | None = None) -> None:

@@ -32,6 +32,11 @@ GlobalBatchOpt = Annotated[int, typer.Option("--global-batch", "-b", help="Globa
 SeedOpt = Annotated[int, typer.Option("--seed", help="Random seed.")]
 PlanOpt = Annotated[str, typer.Option("--plan", "-p", help="Plan JSON file, or inline degrees such as "
                                                           "`dp=2,pp=2,tp=2` (with optional mbs=, schedule=, ...).")]
+DtypeOpt = Annotated[str, typer.Option(
+    "--dtype", help="Training precision: auto (bf16 where every device of the cluster has it, else fp16; "
+                    "a plan that states its precision keeps it), bf16, fp16 or fp32. bf16/fp16 are mixed "
+                    "precision: fp32 master weights and AdamW states, gradients reduced in fp32, dynamic "
+                    "loss scaling for fp16.")]
 EmulateOpt = Annotated[list[str] | None, typer.Option(
     "--emulate-slowdown", help="RANK=FACTOR: make that rank behave as a device FACTOR times slower "
                                "(emulated heterogeneity; labelled as emulated everywhere). Repeatable.")]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated, Any
 
 import typer
@@ -10,6 +11,7 @@ from rich.table import Table
 from autotune.commands.common import (
     DEFAULT_STORAGE,
     ClusterOpt,
+    DtypeOpt,
     GlobalBatchOpt,
     JsonOpt,
     ModelOpt,
@@ -50,9 +52,11 @@ def command(
     seed: SeedOpt = 0,
     top: TopOpt = 5,
     space: SpaceOpt = "default",
+    dtype: DtypeOpt = "auto",
     json_: JsonOpt = False,
 ) -> None:
     """Search parallel plans with Optuna over degrees and uneven shares using the cost model."""
+    from autotune.plan import choose_dtype
     from autotune.search import SearchOptions, check_options, search
     from autotune.specs import load_cluster, load_model
     from autotune.study import default_study_name
@@ -62,6 +66,8 @@ def command(
     check_options(opts, storage)
     m = load_model(model)
     c = load_cluster(cluster, storage=storage)
+    # the precision is chosen (and a device that lacks it refused) before any point is priced
+    opts = dataclasses.replace(opts, dtype=choose_dtype(dtype, c))
     name = study or default_study_name(m, c, seq_len, global_batch)
     if not json_:
         err_console.print(f"searching {m.name} on {c.name} ({c.num_devices} devices), seq {seq_len}, batch "

@@ -9,6 +9,7 @@ import typer
 from rich.table import Table
 
 from autotune.commands.common import (
+    DtypeOpt,
     EmulateOpt,
     GlobalBatchOpt,
     JsonOpt,
@@ -41,14 +42,17 @@ def command(
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds before every process is killed.",
                                            min=1)] = 600.0,
     device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
+    dtype: DtypeOpt = "auto",
     json_: JsonOpt = False,
 ) -> None:
     """Run a plan for real on local processes (torch.distributed) and measure it."""
-    from autotune.plan import load_plan
+    from autotune.plan import load_plan, load_plan_for
     from autotune.runtime.trial import run_trial
+    from autotune.specs import load_cluster
 
     emulate = parse_emulation(emulate_slowdown)
-    p = load_plan(plan)
+    # local workers take every precision; a GPU without bf16 is refused by run_trial's checks
+    p = load_plan_for(plan, load_cluster(f"local:{load_plan(plan).world}"), dtype)
     if not json_:
         err_console.print(f"running {p.degrees.inline()} on {p.world} local processes ...", highlight=False)
     result = run_trial(p, model, seq_len, global_batch, steps=steps, warmup=warmup, seed=seed,

@@ -132,6 +132,9 @@ def prepare(plan: Plan | dict[str, Any], model: ModelSpec | str, seq_len: int, g
         n = torch.cuda.device_count()
         if world > n:
             raise PlanError(f"degrees: {plan.degrees.product_text()} = {world} > visible GPUs({n})", field="plan")
+        if plan.dtype == "bf16" and not torch.cuda.is_bf16_supported():
+            raise PlanError(f"bf16 is not supported by {torch.cuda.get_device_name(0)}; use --dtype fp16",
+                            field="dtype")
     else:
         limit = max(64, 8 * (os.cpu_count() or 1))
         if world > limit:
