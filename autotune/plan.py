@@ -40,7 +40,7 @@ MESH_ORDER = ("pp", "dp", "cp", "hp", "tp")
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 RECOMPUTE = ("none", "selective", "full")
 CP_LAYOUTS = ("zigzag", "contiguous")
-DTYPES = ("bf16", "fp16", "fp32")
+DTYPES = ("bf16", "fp16", "fp32", "fp32-strict")  # fp32: TF32 GEMMs where the device has them
 SCHEMA_PATH = Path(__file__).parent / "schema" / "plan.schema.json"
 
 
