@@ -39,6 +39,8 @@ DIMS = ("dp", "pp", "cp", "hp", "tp")
 MESH_ORDER = ("pp", "dp", "cp", "hp", "tp")
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 RECOMPUTE = ("none", "selective", "full")
+HELIX_FOLDS = (1, 2)
+"""HelixPipe's fold counts (the fork's ``--num-fold``: two folds hide one another's transfers)."""
 CP_LAYOUTS = ("zigzag", "contiguous")
 DTYPES = ("bf16", "fp16", "fp32")
 SCHEMA_PATH = Path(__file__).parent / "schema" / "plan.schema.json"
@@ -131,6 +133,10 @@ class Plan:
     """Pipeline schedule: gpipe, 1f1b, interleaved_1f1b."""
     virtual_stages: int = 1
     """Model chunks per pipeline rank (> 1 only with interleaved_1f1b)."""
+    helix_folds: int = 1
+    """HelixPipe's fold count F (1 or 2): micro-batches go through the attention-parallel pipeline
+    in groups of pp * F, each operation running back to back for the F folds so one fold's
+    transfers overlap the other's compute (autotune/schedules/helixpipe.py). 1 for other schedules."""
     recompute: str = "none"
     """Activation recomputation: none, selective (attention core), full (whole blocks)."""
     zero_stage: int = 0
@@ -269,6 +275,7 @@ class Plan:
             "num_microbatches": self.num_microbatches,
             "schedule": self.schedule,
             "virtual_stages": self.virtual_stages,
+            "helix_folds": self.helix_folds,
             "recompute": self.recompute,
             "zero_stage": self.zero_stage,
             "sequence_parallel": self.sequence_parallel,
@@ -333,6 +340,10 @@ def _check_basic(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batc
         p.append("virtual_stages: interleaved_1f1b needs virtual_stages >= 2")
     if plan.schedule != "interleaved_1f1b" and plan.virtual_stages != 1:
         p.append(f"virtual_stages: {plan.schedule} runs one stage per rank, got virtual_stages({plan.virtual_stages})")
+    if plan.helix_folds not in HELIX_FOLDS:
+        p.append(f"helix_folds: must be one of {', '.join(map(str, HELIX_FOLDS))}, got {plan.helix_folds}")
+    elif plan.helix_folds != 1 and plan.schedule != "helixpipe":
+        p.append(f"helix_folds: only helixpipe folds micro-batches, {plan.schedule} needs helix_folds(1)")
     if plan.schedule == "interleaved_1f1b" and d.pp < 2:
         p.append("schedule: interleaved_1f1b needs pp >= 2")
     if plan.dtype not in {k for dev in cluster.device_types() for k in dev.peak_flops}:
@@ -477,6 +488,7 @@ def _plan_from_dict(d: Any) -> Plan:
         num_microbatches=None if nmb is None else F.get_int(d, "num_microbatches", "num_microbatches"),
         schedule=F.get_str(d, "schedule", "schedule", default="1f1b", choices=SCHEDULES),
         virtual_stages=F.get_int(d, "virtual_stages", "virtual_stages", default=1),
+        helix_folds=F.get_int(d, "helix_folds", "helix_folds", default=1),
         recompute=F.get_str(d, "recompute", "recompute", default="none", choices=RECOMPUTE),
         zero_stage=zero,
         sequence_parallel=F.get_bool(d, "sequence_parallel", "sequence_parallel", default=False),
@@ -487,7 +499,7 @@ def _plan_from_dict(d: Any) -> Plan:
     )
 
 
-_INLINE_ALIASES = {"mbs": "micro_batch_size", "nmb": "num_microbatches", "vpp": "virtual_stages",
+_INLINE_ALIASES = {"mbs": "micro_batch_size", "nmb": "num_microbatches", "vpp": "virtual_stages", "folds": "helix_folds",
                    "zero": "zero_stage", "sp": "sequence_parallel"}
 
 
@@ -508,7 +520,7 @@ def parse_inline(text: str) -> Plan:
             if not value.isdigit():
                 raise PlanError(f"expected a positive integer, got {value!r}", field=f"degrees.{key}")
             degrees[key] = int(value)
-        elif key in ("micro_batch_size", "num_microbatches", "virtual_stages", "zero_stage"):
+        elif key in ("micro_batch_size", "num_microbatches", "virtual_stages", "zero_stage", "helix_folds"):
             if not value.isdigit():
                 raise PlanError(f"expected an integer, got {value!r}", field=key)
             rest[key] = int(value)
