@@ -34,15 +34,28 @@ from typing import Any
 from autotune.errors import InputError, suggest
 from autotune.specs import fields as F
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2: ``dtype`` is the mixed-precision recipe (low-precision compute, fp32 master weights and AdamW
+states, gradients reduced in ``GRAD_REDUCE_DTYPE``); version-1 plans load unchanged."""
+READABLE_SCHEMA_VERSIONS = (1, 2)
 DIMS = ("dp", "pp", "cp", "hp", "tp")
 MESH_ORDER = ("pp", "dp", "cp", "hp", "tp")
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
+"""Every pipeline schedule name a Plan may carry (one registry: the constructor, the JSON parser, the
+search space and the schema test read it; a new schedule is added here and where it is built)."""
 RECOMPUTE = ("none", "selective", "full")
 HELIX_FOLDS = (1, 2)
 """HelixPipe's fold counts (the fork's ``--num-fold``: two folds hide one another's transfers)."""
 CP_LAYOUTS = ("zigzag", "contiguous")
 DTYPES = ("bf16", "fp16", "fp32")
+DTYPE_CHOICES = ("auto", *DTYPES)
+"""What ``--dtype`` takes: ``auto`` is bf16 where every device of the cluster has it, else fp16
+(``choose_dtype``)."""
+ZERO_STAGES = (0, 1, 2, 3)
+GRAD_REDUCE_DTYPE = "fp32"
+"""Mixed precision: the precision gradients are accumulated and reduced in over the data-parallel
+ranks, whatever the compute dtype (Megatron's default under --bf16; the runtime does this, the cost
+model prices these bytes, the exporters emit the matching flag)."""
 SCHEMA_PATH = Path(__file__).parent / "schema" / "plan.schema.json"
 
 
@@ -64,6 +77,12 @@ class Degrees:
     """Head-parallel (Ulysses all-to-all) ranks."""
     tp: int = 1
     """Tensor-parallel (Megatron) ranks."""
+
+    def __post_init__(self) -> None:
+        for d in DIMS:
+            v = getattr(self, d)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise PlanError(f"must be a positive integer, got {v!r}", field=f"degrees.{d}")
 
     @property
     def world(self) -> int:
@@ -155,6 +174,16 @@ class Plan:
     measured: dict[str, Any] | None = None
     provenance: dict[str, Any] | None = None
     schema_version: int = SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        """The enumerated fields are checked here, so a Plan built in code is as safe as one read from
+        JSON (a misspelt schedule must not be priced as another one)."""
+        for name, choices in (("schedule", SCHEDULES), ("recompute", RECOMPUTE), ("cp_layout", CP_LAYOUTS),
+                              ("dtype", DTYPES)):
+            _check_choice(getattr(self, name), choices, name)
+        z = self.zero_stage
+        if isinstance(z, bool) or z not in ZERO_STAGES:
+            raise PlanError(f"must be 0, 1, 2 or 3, got {z!r}", field="zero_stage")
 
     # ---- mesh arithmetic ----------------------------------------------------------------------
     @property
@@ -308,6 +337,34 @@ class Plan:
         return cls.from_dict(data, source=source)
 
 
+def _check_choice(value: Any, choices: tuple[str, ...], field: str) -> None:
+    if value not in choices:
+        hint = suggest(value, choices) if isinstance(value, str) else "; known: " + ", ".join(choices)
+        raise PlanError(f"unknown {field} {value!r}" + hint, field=field)
+
+
+def choose_dtype(option: str, cluster: Any, plan_dtype: str | None = None) -> str:
+    """The precision a command runs in: ``option`` from ``--dtype`` (auto|bf16|fp16|fp32), checked
+    against every device of ``cluster`` (a device without it refuses the whole cluster up front).
+    ``auto`` keeps ``plan_dtype`` when a plan states one, else takes bf16 where every device has
+    it, else fp16 (V100, T4: the fp16 tensor cores with loss scaling)."""
+    _check_choice(option, DTYPE_CHOICES, "--dtype")
+    types = list(cluster.device_types())
+    lacking = lambda dt: sorted({t.name for t in types if dt not in t.peak_flops})  # noqa: E731
+    if option == "auto":
+        if plan_dtype is not None:
+            option = plan_dtype
+        else:
+            return "bf16" if not lacking("bf16") else "fp16"
+    missing = lacking(option)
+    if missing:
+        fallback = next((dt for dt in ("fp16", "fp32") if not lacking(dt)), None)
+        raise PlanError(f"{option} is not supported by {', '.join(missing)} in cluster "
+                        f"{getattr(cluster, 'name', '')!r}" + (f"; use --dtype {fallback}" if fallback else ""),
+                        field="--dtype" if plan_dtype is None or option != plan_dtype else "dtype")
+    return option
+
+
 def even_split(total: int, parts: int) -> list[int]:
     """``total`` into ``parts`` integers differing by at most one, larger ones first."""
     q, r = divmod(total, parts)
@@ -438,9 +495,9 @@ def _plan_from_dict(d: Any) -> Plan:
         raise InputError(f"a plan must be a JSON object, got {type(d).__name__}")
     F.reject_unknown(d, _PLAN_KEYS, None)
     sv = d.get("schema_version", SCHEMA_VERSION)
-    if sv != SCHEMA_VERSION:
-        raise InputError(f"schema_version {sv!r} is not supported (this autotune reads {SCHEMA_VERSION})",
-                         field="schema_version")
+    if isinstance(sv, bool) or sv not in READABLE_SCHEMA_VERSIONS:
+        raise InputError(f"schema_version {sv!r} is not supported (this autotune reads "
+                         f"{', '.join(map(str, READABLE_SCHEMA_VERSIONS))})", field="schema_version")
     deg = d.get("degrees")
     if not isinstance(deg, dict):
         raise InputError("missing required field (a mapping of dp, pp, cp, hp, tp)", field="degrees")
