@@ -35,7 +35,7 @@ import torch.distributed as dist
 from autotune.plan import Plan
 from autotune.runtime import data as D
 from autotune.runtime.mesh import Mesh, build_mesh
-from autotune.runtime.model import Layout, RMSNorm, init_weights, shard_info
+from autotune.runtime.model import Layout, RMSNorm, build_on_meta, materialize, shard_info
 from autotune.runtime.optimizer import LR, WEIGHT_DECAY, TrainOptimizer  # noqa: F401 - re-exported
 from autotune.runtime.pipeline import build_schedule, build_stage_models
 from autotune.specs.model import ModelSpec
@@ -222,10 +222,10 @@ class RankTrainer:
         layout = Layout(tp=tp, sp=self.sp, attn_ctx=self.ctx,
                         positions=None if self.positions is None else self.positions.to(self.device),
                         recompute=plan.recompute)
-        self.stages = build_stage_models(spec, plan, mesh, layout, seq_len)
+        # shapes on the meta device, then only this rank's shards are allocated and drawn, on its device
+        self.stages = build_on_meta(lambda: build_stage_models(spec, plan, mesh, layout, seq_len))
         for _, m in self.stages:
-            init_weights(m, spec, seed)
-            m.to(device=self.device, dtype=self.dtype)
+            materialize(m, spec, seed, self.device, self.dtype)
         self.params = [p for _, m in self.stages for p in m.parameters()]
         # with sequence parallelism the norms of the tp ranks saw different tokens: sum their gradients
         self.tp_replicated = [p for _, m in self.stages for mod in m.modules() if isinstance(mod, RMSNorm)
