@@ -1,6 +1,6 @@
 """Cluster files: groups of identical nodes, their devices and the links between them.
 
-Keys (see shared/design.md)::
+Keys (every key with its unit and meaning: docs/files.md)::
 
     name: mixed-h100-a100
     nodes:
@@ -29,6 +29,7 @@ from typing import Any
 from autotune.errors import InputError
 from autotune.specs import fields as F
 from autotune.specs.catalogue import CATALOGUE, DeviceSpec, device_from_catalogue, local_cpu
+from autotune.specs.user_device import device_from_mapping, device_to_mapping
 from autotune.units import parse_bandwidth, parse_time
 
 DEFAULT_INTER_BANDWIDTH = 12.5e9  # 100 Gbit/s Ethernet per device when a file gives none
@@ -48,6 +49,10 @@ class Link:
 
     def time(self, nbytes: float) -> float:
         return self.latency + nbytes / self.bandwidth
+
+    def to_dict(self) -> dict[str, str]:
+        """With units, as a cluster file writes them (``repr`` keeps every bit of the float)."""
+        return {"bandwidth": f"{self.bandwidth!r}B/s", "latency": f"{self.latency!r}s"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -147,17 +152,18 @@ class ClusterSpec:
         return sum(d.spec.flops(dtype) for d in self.devices)
 
     def to_dict(self) -> dict[str, Any]:
+        """The cluster as a cluster file would write it (units on every figure, inline devices as
+        their mapping), so a study's record rebuilds through ``cluster_from_dict`` like a file."""
         return {
             "name": self.name,
             "nodes": [
-                {"count": g.count, "devices_per_node": g.devices_per_node, "device": g.device.name,
-                 "provenance": g.device.provenance,
-                 "intra_node": {"bandwidth": g.intra_node.bandwidth, "latency": g.intra_node.latency}}
+                {"count": g.count, "devices_per_node": g.devices_per_node,
+                 "device": device_to_mapping(g.device) if g.device.provenance == "user" else g.device.name,
+                 "provenance": g.device.provenance, "intra_node": g.intra_node.to_dict()}
                 for g in self.groups
             ],
-            "inter_node": {"bandwidth": self.inter_node.bandwidth, "latency": self.inter_node.latency},
-            "overrides": [{"nodes": [a, b], "bandwidth": lk.bandwidth, "latency": lk.latency}
-                          for a, b, lk in self.overrides],
+            "inter_node": self.inter_node.to_dict(),
+            "overrides": [{"nodes": [a, b], **lk.to_dict()} for a, b, lk in self.overrides],
             "num_devices": self.num_devices,
             "digest": self.digest,
         }
@@ -210,8 +216,10 @@ def cluster_from_dict(d: dict[str, Any], source: str | None = None, storage: str
             F.reject_unknown(nd, {"count", "devices_per_node", "device", "intra_node"}, where)
             count = F.get_int(nd, "count", f"{where}.count", default=1)
             dpn = F.get_int(nd, "devices_per_node", f"{where}.devices_per_node")
-            dev_name = F.get_str(nd, "device", f"{where}.device")
-            if dev_name.startswith("profile:"):
+            raw_dev = F.get(nd, "device", f"{where}.device")
+            if isinstance(raw_dev, dict):  # described inline (autotune/specs/user_device.py)
+                dev = device_from_mapping(raw_dev, f"{where}.device")
+            elif (dev_name := F.get_str(nd, "device", f"{where}.device")).startswith("profile:"):
                 try:
                     dev = resolve_profile(dev_name, storage)
                 except InputError as e:
