@@ -41,7 +41,7 @@ from autotune.runtime.optimizer import LR, WEIGHT_DECAY, TrainOptimizer  # noqa:
 from autotune.runtime.pipeline import build_schedule, build_stage_models
 from autotune.specs.model import ModelSpec
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = {"fp32": torch.float32, "fp32-strict": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _COMM_FUNCS = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single", "reduce_scatter",
                "reduce_scatter_tensor", "reduce_scatter_single",
                "all_to_all_single", "all_to_all", "broadcast", "batch_isend_irecv", "send", "recv", "barrier")
@@ -274,6 +274,9 @@ class RankTrainer:
             plan, spec, mesh, seq_len, global_batch, seed)
         self.device = mesh.device
         self.dtype = DTYPES[plan.dtype]
+        if plan.dtype.startswith("fp32") and torch.device(self.device).type == "cuda":
+            # fp32 runs its GEMMs in TF32 where the GPU has it, as the catalogue prices it
+            torch.backends.cuda.matmul.allow_tf32 = plan.dtype == "fp32"
         tp = mesh["tp"]
         self.sp = plan.sequence_parallel and tp.size > 1
         self.ctx = attention_context(plan, mesh, spec, seq_len)
