@@ -46,7 +46,7 @@ from autotune.cost.cpu import (  # noqa: F401  (their old home: kept importable 
 )
 from autotune.cost.interp import loglinear
 
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp32-strict": 4}
 
 
 @dataclass

@@ -24,10 +24,10 @@ from types import MappingProxyType
 from typing import Any
 
 from autotune.cost import comm as C
+from autotune.cost import cpu as _cpu
 from autotune.cost import data_parallel as DP
 from autotune.cost import ulysses as U
 from autotune.cost.compute import DTYPE_BYTES, Rates, cached_rates, causal_keys
-from autotune.cost import cpu as _cpu
 from autotune.plan import Degrees, Plan
 from autotune.specs.cluster import Link
 

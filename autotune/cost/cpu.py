@@ -41,7 +41,7 @@ from typing import Any
 from autotune.cost import comm as C
 from autotune.cost.interp import loglinear, loglog
 
-CPU_GEMM_CALL_S = {"bf16": 25e-6, "fp16": 25e-6, "fp32": 8e-6}
+CPU_GEMM_CALL_S = {"bf16": 25e-6, "fp16": 25e-6, "fp32": 8e-6, "fp32-strict": 8e-6}
 """Seconds per GEMM call on CPU beyond its FLOPs (one thread; see the module docstring)."""
 CPU_OP_S = 6e-6
 """Seconds per elementwise operator on CPU (dispatch, allocation, autograd bookkeeping; a bf16

@@ -10,9 +10,9 @@ import pytest
 from _cost_helpers import HUGE, device, one_node
 
 from autotune.cost import comm as C
-from autotune.cost.cpu import GlooTable
 from autotune.cost import estimate
 from autotune.cost.compute import CPU_GEMM_CALL_S, SHORT_CALL_EXPONENT, rates_for, ring_blocks
+from autotune.cost.cpu import GlooTable
 from autotune.plan import parse_inline
 from autotune.specs import Link, ModelSpec
 
