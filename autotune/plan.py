@@ -47,7 +47,7 @@ RECOMPUTE = ("none", "selective", "full")
 HELIX_FOLDS = (1, 2)
 """HelixPipe's fold counts (the fork's ``--num-fold``: two folds hide one another's transfers)."""
 CP_LAYOUTS = ("zigzag", "contiguous")
-DTYPES = ("bf16", "fp16", "fp32")
+DTYPES = ("bf16", "fp16", "fp32", "fp32-strict")  # fp32: TF32 GEMMs where the device has them
 DTYPE_CHOICES = ("auto", *DTYPES)
 """What ``--dtype`` takes: ``auto`` is bf16 where every device of the cluster has it, else fp16
 (``choose_dtype``)."""
@@ -561,9 +561,12 @@ _INLINE_ALIASES = {"mbs": "micro_batch_size", "nmb": "num_microbatches", "vpp": 
 
 
 def parse_inline(text: str) -> Plan:
-    """``dp=32,pp=2,tp=8`` (plus optional ``mbs=2,schedule=gpipe,recompute=full,zero=1,sp=1``)."""
+    """``dp=32,pp=2,tp=8`` (plus optional ``mbs=2,schedule=gpipe,recompute=full,zero=1,sp=1``), and
+    uneven shares as ``/``-separated lists: ``pp=2,layers=13/19`` (layers per stage, model order),
+    ``tokens=``, ``heads=``, ``samples=`` likewise (docs/files.md, "Plan")."""
     degrees: dict[str, Any] = {}
     rest: dict[str, Any] = {}
+    shares: dict[str, list[int]] = {}
     for part in text.split(","):
         if not part.strip():
             continue
@@ -581,6 +584,12 @@ def parse_inline(text: str) -> Plan:
             if not value.isdigit():
                 raise PlanError(f"expected an integer, got {value!r}", field=key)
             rest[key] = int(value)
+        elif key in ("layers", "tokens", "heads", "samples"):
+            parts = value.split("/")
+            if not all(x.strip().isdigit() for x in parts):
+                raise PlanError(f"expected counts separated by '/', e.g. {key}=13/19, got {value!r}",
+                                field=f"shares.{key}")
+            shares[key] = [int(x) for x in parts]
         elif key == "sequence_parallel":
             rest[key] = value.lower() in ("1", "true", "yes", "on")
         elif key in ("schedule", "recompute", "cp_layout", "dtype"):
@@ -588,8 +597,11 @@ def parse_inline(text: str) -> Plan:
         else:
             raise PlanError(f"unknown inline plan key {key!r}" + suggest(key, [*DIMS, *_INLINE_ALIASES,
                                                                                "schedule", "recompute",
-                                                                               "cp_layout", "dtype"]),
+                                                                               "cp_layout", "dtype", "layers",
+                                                                               "tokens", "heads", "samples"]),
                             field="plan")
+    if shares:
+        rest["shares"] = shares
     return Plan.from_dict({"degrees": degrees, **rest}, source="--plan")
 
 

@@ -25,7 +25,7 @@ from autotune.plan import Plan, PlanError
 from autotune.specs.model import ModelSpec, load_model
 
 DEFAULT_TIMEOUT_S = 600.0
-BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+BYTES = {"fp32": 4, "fp32-strict": 4, "bf16": 2, "fp16": 2}
 
 
 @dataclass

@@ -10,12 +10,17 @@ Keys (every key with its unit and meaning: docs/files.md)::
     overrides:                                              # optional, by global node index
       - {nodes: [0, 2], bandwidth: "12.5GB/s", latency: "20us"}
 
+A node group may also set ``framework_reserve`` (bytes the framework holds per device: CUDA
+context, NCCL buffers; default the catalogue's ``FRAMEWORK_RESERVE``) and ``attention`` (``fused`` or
+``materialized``: how the target runtime runs attention, which decides the activation memory).
+
 Device ``i`` of the flattened cluster is device ``i % devices_per_node`` of node ``i // ...`` in
 node order; the Plan's placement maps mesh ranks onto these indices.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -28,9 +33,9 @@ from typing import Any
 
 from autotune.errors import InputError
 from autotune.specs import fields as F
-from autotune.specs.catalogue import CATALOGUE, DeviceSpec, device_from_catalogue, local_cpu
+from autotune.specs.catalogue import ATTENTION_IMPLS, CATALOGUE, DeviceSpec, device_from_catalogue, local_cpu
 from autotune.specs.user_device import device_from_mapping, device_to_mapping
-from autotune.units import parse_bandwidth, parse_time
+from autotune.units import parse_bandwidth, parse_bytes, parse_time
 
 DEFAULT_INTER_BANDWIDTH = 12.5e9  # 100 Gbit/s Ethernet per device when a file gives none
 DEFAULT_INTER_LATENCY = 10e-6
@@ -200,6 +205,17 @@ def _link(d: Any, field: str, default_bw: float | None, default_lat: float, kind
     return Link(bandwidth=bw, latency=lat, kind=kind)
 
 
+def _runtime_overrides(dev: DeviceSpec, nd: dict[str, Any], where: str) -> DeviceSpec:
+    """The node group's ``framework_reserve`` and ``attention`` replace the device's defaults."""
+    changes: dict[str, Any] = {}
+    if nd.get("framework_reserve") is not None:
+        changes["framework_reserve_bytes"] = parse_bytes(nd["framework_reserve"], field=f"{where}.framework_reserve",
+                                                        allow_zero=True)
+    if nd.get("attention") is not None:
+        changes["attention_impl"] = F.get_str(nd, "attention", f"{where}.attention", choices=ATTENTION_IMPLS)
+    return dataclasses.replace(dev, **changes) if changes else dev
+
+
 def cluster_from_dict(d: dict[str, Any], source: str | None = None, storage: str | None = None,
                       resolve_profile: ProfileResolver | None = None, digest: str = "") -> ClusterSpec:
     resolve_profile = resolve_profile or _default_profile_resolver
@@ -213,7 +229,8 @@ def cluster_from_dict(d: dict[str, Any], source: str | None = None, storage: str
             where = f"nodes[{i}]"
             if not isinstance(nd, dict):
                 raise InputError(f"expected a mapping, got {nd!r}", field=where)
-            F.reject_unknown(nd, {"count", "devices_per_node", "device", "intra_node"}, where)
+            F.reject_unknown(nd, {"count", "devices_per_node", "device", "intra_node", "framework_reserve",
+                                  "attention"}, where)
             count = F.get_int(nd, "count", f"{where}.count", default=1)
             dpn = F.get_int(nd, "devices_per_node", f"{where}.devices_per_node")
             raw_dev = F.get(nd, "device", f"{where}.device")
@@ -226,6 +243,7 @@ def cluster_from_dict(d: dict[str, Any], source: str | None = None, storage: str
                     raise InputError(e.message, field=f"{where}.device") from None
             else:
                 dev = device_from_catalogue(dev_name, field=f"{where}.device")
+            dev = _runtime_overrides(dev, nd, where)
             intra = _link(nd.get("intra_node"), f"{where}.intra_node", dev.intra_node_bandwidth,
                           dev.intra_node_latency, "intra")
             groups.append(NodeGroup(count=count, devices_per_node=dpn, device=dev, intra_node=intra))
