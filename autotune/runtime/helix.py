@@ -43,6 +43,7 @@ from autotune.runtime.model import (
     RMSNorm,
     apply_rotary,
     attention_core,
+    build_on_meta,
     init_weights,
     rotary,
     shard_info,
@@ -99,9 +100,18 @@ class HelixRankModel(nn.Module):
                 if not spec.tied_embeddings:
                     self.head = ColumnParallelLinear(h, spec.vocab, tp, sp)
                 self.vocab_start = tp.index * (spec.vocab // tp.size)
-        cos, sin = rotary(torch.arange(seq_len), d, torch.float32)
-        self.register_buffer("cos", cos, persistent=False)
-        self.register_buffer("sin", sin, persistent=False)
+        self.seq_len = seq_len
+        self.register_buffer("cos", torch.empty(seq_len, d), persistent=False)
+        self.register_buffer("sin", torch.empty(seq_len, d), persistent=False)
+        self.reset_buffers()
+
+    def reset_buffers(self) -> None:
+        """Rotary tables at global positions 0..S-1 (after a meta build, on the model's device)."""
+        device = self.cos.device
+        if device.type == "meta":
+            return
+        cos, sin = rotary(torch.arange(self.seq_len, device=device), self.head_dim, torch.float32)
+        self.cos, self.sin = cos, sin
 
     # ---- the two kinds of operation -------------------------------------------------------------
     def block(self, j: int, x: torch.Tensor | None, o: torch.Tensor | None, tokens: torch.Tensor | None,
@@ -373,10 +383,14 @@ class HelixRunner:
 
 def build_model(spec: ModelSpec, plan: Plan, mesh: Mesh, layout: Layout, seq_len: int, seed: int,
                 device: torch.device, dtype: torch.dtype) -> HelixRankModel:
+    """This rank's blocks built on the meta device, then allocated and drawn on ``device`` (as the
+    chain schedules' ``materialize``: the same numbers as the single-process model on any device)."""
     blocks = H.blocks_of_rank(mesh["pp"].index, plan.degrees.pp, spec.layers)
-    model = HelixRankModel(spec, layout, blocks, seq_len)
+    model = build_on_meta(lambda: HelixRankModel(spec, layout, blocks, seq_len))
+    model.to_empty(device=device)
     init_weights(model, spec, seed)
-    return model.to(device=device, dtype=dtype)
+    model.reset_buffers()
+    return model.to(dtype=dtype)
 
 
 def export_state(model: HelixRankModel) -> dict[str, tuple[torch.Tensor, tuple[int, int] | None]]:
@@ -388,7 +402,8 @@ class HelixTrainer:
     """One rank's helix training (the counterpart of ``worker.RankTrainer`` for helixpipe plans):
     the same data, initialisation, DP/TP gradient reductions and AdamW, the helix order in between."""
 
-    def __init__(self, plan: Plan, spec: ModelSpec, mesh: Mesh, seq_len: int, global_batch: int, seed: int):
+    def __init__(self, plan: Plan, spec: ModelSpec, mesh: Mesh, seq_len: int, global_batch: int, seed: int,
+                 data: dict[str, Any] | None = None):
         from autotune.runtime.optimizer import TrainOptimizer
         from autotune.runtime.worker import DTYPES, clock
 
@@ -397,6 +412,7 @@ class HelixTrainer:
             raise ValueError("; ".join(problems))
         self.plan, self.spec, self.mesh, self.seq_len, self.global_batch, self.seed = (
             plan, spec, mesh, seq_len, global_batch, seed)
+        self.data = D.source_from(data, spec.vocab, seed)  # None: the synthetic stream of ``seed``
         self.device, self.dtype = mesh.device, DTYPES[plan.dtype]
         tp = mesh["tp"]
         self.sp = plan.sequence_parallel and tp.size > 1
@@ -417,8 +433,8 @@ class HelixTrainer:
     def step(self, step_index: int) -> float:
         from autotune.runtime.worker import clock
 
-        tokens = D.synthetic_tokens(self.seed, self.spec.vocab, self.global_batch, self.seq_len, step_index)
-        inputs, targets = D.local_batch(tokens, self.plan, self.dp_index, None)
+        inputs, targets = D.replica_batch(self.data, step_index, self.plan, self.dp_index, None,
+                                          self.global_batch, self.seq_len)
         for p in self.params:
             p.grad = None
         if self.holds_ends:
@@ -477,7 +493,8 @@ def helix_plans_job(payload: dict[str, Any], rank: int, world: int, device: torc
     for item in payload["plans"]:
         plan = Plan.from_dict(item)
         mesh = build_mesh(plan, rank, device, timeout_s=payload.get("timeout_s"))
-        trainer = HelixTrainer(plan, spec, mesh, payload["seq_len"], payload["global_batch"], payload["seed"])
+        trainer = HelixTrainer(plan, spec, mesh, payload["seq_len"], payload["global_batch"], payload["seed"],
+                               data=payload.get("data"))
         losses = []
         for i in range(payload["steps"]):
             t = torch.tensor([trainer.step(i)], dtype=torch.float64, device=device)
