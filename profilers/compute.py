@@ -25,9 +25,10 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from profilers.dtypes import dtype_support, trial_dtype
 from profilers.emulation import SlowdownEmulator
 from profilers.fits import affine_fit
-from profilers.overheads import call_gemm_shapes, fit_overheads, op_points, trial_dtype
+from profilers.overheads import call_gemm_shapes, fit_overheads, op_points
 from profilers.timing import Meter, Timing, repeats_for
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -101,36 +102,6 @@ def compute_plan(device: str, quick: bool) -> ComputePlan:
         min_repeats=2, max_repeats=12 if quick else 20, long_call_s=0.005,
         budget_s=4.5 if quick else 28.0,
         max_gemm_flops=2.2e9 if quick else 4.3e9, max_attn_flops=4e9)
-
-
-def dtype_support(device: str, dtypes: tuple[str, ...]) -> tuple[list[str], dict[str, str]]:
-    """(dtypes to measure, {dtype: why not} for the others). A GEMM dtype counts as supported when
-    the device has a native kernel for it: on CPU oneDNN's check (bf16 needs AVX-512 or AMX, fp16
-    AVX-512-FP16 or AMX-FP16; without them torch runs a slow reference loop that no training would
-    use), on CUDA bf16 needs compute capability 8.0. The reason is stored with the profile."""
-    import torch
-
-    ok, why = [], {}
-    for dt in dtypes:
-        reason = None
-        if device.startswith("cuda"):
-            if dt == "bf16" and not torch.cuda.is_bf16_supported():
-                reason = f"{torch.cuda.get_device_name(torch.device(device))} has no native bf16 (needs sm_80+)"
-        elif dt in ("bf16", "fp16"):
-            check = getattr(torch.ops.mkldnn, f"_is_mkldnn_{dt}_supported", None)
-            try:
-                native = bool(check()) if check is not None else False
-            except RuntimeError:
-                native = False
-            if not native:
-                need = "AVX-512 (BF16) or AMX" if dt == "bf16" else "AVX-512-FP16 or AMX-FP16"
-                reason = (f"no native {dt} matmul on this CPU (oneDNN needs {need}; "
-                          f"torch.ops.mkldnn._is_mkldnn_{dt}_supported() is false)")
-        if reason:
-            why[dt] = reason
-        else:
-            ok.append(dt)
-    return ok, why
 
 
 def gemm_shapes(plan: ComputePlan) -> list[tuple[int, int, int]]:

@@ -25,7 +25,6 @@ from autotune.plan import Plan, PlanError
 from autotune.specs.model import ModelSpec, load_model
 
 DEFAULT_TIMEOUT_S = 600.0
-BYTES = {"fp32": 4, "fp32-strict": 4, "bf16": 2, "fp16": 2}
 
 
 @dataclass
@@ -82,30 +81,6 @@ def check_runtime_support(plan: Plan, spec: ModelSpec) -> None:
         raise PlanError("; ".join(p), field="plan")
 
 
-def rank_state_bytes(plan: Plan, spec: ModelSpec, seq_len: int) -> float:
-    """Largest per-rank memory the trial needs, roughly: weights + grads + AdamW's two moments in the
-    plan's dtype, plus activations of one micro-batch per layer in flight (Korthikanti et al. 2022:
-    ``s*b*h*(34 + 5*a*s/h)`` bytes per layer at 2-byte precision, without recomputation)."""
-    d, nb = plan.degrees, BYTES[plan.dtype]
-    tokens = max(plan.shares.tokens) // d.hp
-    b, h, a = plan.micro_batch_size, spec.hidden, spec.heads
-    worst = 0.0
-    for pp_i in range(d.pp):
-        layers = sum(plan.layers_of_stage(pp_i))
-        params = layers * spec.layer_params() / d.tp
-        if pp_i == 0:
-            params += spec.embedding_params() / d.tp
-        if pp_i == d.pp - 1:
-            params += spec.head_params() / d.tp
-        act_layer = tokens * b * h * (34 + 5 * a * tokens / h) / d.tp * (nb / 2)
-        in_flight = min(d.pp - pp_i, plan.num_microbatches or 1) if plan.schedule != "gpipe" else (
-            plan.num_microbatches or 1)
-        act = layers * act_layer * in_flight * (0.1 if plan.recompute == "full" else 1.0)
-        shard = (d.dp * d.cp * d.hp) if plan.zero_stage >= 1 else 1
-        worst = max(worst, params * (nb * 2 + 2 * nb / shard) + act)  # weights, grads, AdamW's 2 moments
-    return worst
-
-
 def _device_memory(kind: str, world: int) -> float:
     if kind == "cuda":
         import torch
@@ -141,16 +116,26 @@ def prepare(plan: Plan | dict[str, Any], model: ModelSpec | str, seq_len: int, g
                             field="plan")
     # placement names physical devices of the cluster the plan was made for; locally rank r is process r
     local = plan.replace(placement=None)
-    resolved = local.resolve(spec, load_cluster(f"local:{world}"), seq_len, global_batch)
+    cluster = load_cluster(f"local:{world}")
+    resolved = local.resolve(spec, cluster, seq_len, global_batch)
     check_runtime_support(resolved, spec)
-    need, have = rank_state_bytes(resolved, spec, seq_len), _device_memory(kind, world)
-    if need > have:
-        from autotune.units import fmt_bytes
-
-        raise PlanError(f"model {spec.name} needs about {fmt_bytes(need)} on its busiest rank "
-                        f"(weights, gradients, AdamW states, activations) > {fmt_bytes(have)} per "
-                        f"{'GPU' if kind == 'cuda' else 'local worker'}", field="plan")
+    _check_memory(resolved, spec, cluster, seq_len, global_batch, kind)
     return resolved, spec, kind
+
+
+def _check_memory(plan: Plan, spec: ModelSpec, cluster: Any, seq_len: int, global_batch: int, kind: str) -> None:
+    """Refuse a plan whose busiest rank needs more memory than a local device has, by the cost
+    model's memory (``autotune/cost/memory.py``: the one memory model the search prices with)."""
+    from autotune.cost.memory import TERM_NAMES, peak_rank_memory
+    from autotune.units import fmt_bytes
+
+    need, rank, terms = peak_rank_memory(plan, spec, cluster, seq_len, global_batch)
+    have = _device_memory(kind, plan.world)
+    if need > have:
+        worst = max(TERM_NAMES, key=lambda k: terms[k])
+        raise PlanError(f"model {spec.name} needs about {fmt_bytes(need)} on its busiest rank ({rank}; "
+                        f"largest: {worst} {fmt_bytes(terms[worst])}) > {fmt_bytes(have)} per "
+                        f"{'GPU' if kind == 'cuda' else 'local worker'}", field="plan")
 
 
 def run_trial(plan: Plan | dict[str, Any], model: ModelSpec | str, seq_len: int, global_batch: int, *,
