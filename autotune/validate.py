@@ -55,6 +55,9 @@ class ValidateOptions:
     seed: int = 0
     diverse: bool = True
     """Prefer the best plan of each distinct layout before near-copies of one (see validate())."""
+    data: str | None = None
+    """Token file the trials train on (autotune.runtime.data); None: the synthetic stream."""
+    data_dtype: str = "auto"
 
 
 def _layout(plan: Plan) -> tuple:
@@ -281,6 +284,12 @@ def validate(study_name: str, storage: str, *, options: ValidateOptions | None =
         run_trial = runner
     study = open_study(study_name, storage)
     model, cluster, seq_len, global_batch = study_workload(study, storage)
+    data_kw = {}
+    if opts.data is not None or opts.data_dtype != "auto":  # checked once, before any trial starts
+        from autotune.runtime.data import prepare_data
+
+        prepare_data(opts.data, model.vocab, seq_len, global_batch, opts.warmup + opts.steps, dtype=opts.data_dtype)
+        data_kw = {"data": opts.data, "data_dtype": opts.data_dtype}
     machines = machines if machines is not None else [this_machine(opts.device)]
     check_machines(study.user_attrs, cluster, storage, machines, study_name)
     measured_on = {"machine": "; ".join(m.describe() for m in machines), "hosts": [m.host for m in machines],
@@ -331,7 +340,7 @@ def validate(study_name: str, storage: str, *, options: ValidateOptions | None =
             say(f"trial {t.number}: running {plan.degrees.inline()} for real ({opts.warmup}+{opts.steps} steps)")
             try:
                 res = run_trial(plan, model, seq_len, global_batch, steps=opts.steps, warmup=opts.warmup,
-                                seed=opts.seed, timeout_s=opts.timeout_s, device=opts.device)
+                                seed=opts.seed, timeout_s=opts.timeout_s, device=opts.device, **data_kw)
                 measured, failure, losses = res.measured, res.failure, res.losses
             except InputError as e:  # refused before launch: recorded, the study goes on
                 measured, failure, losses = None, {"kind": "refused", "rank": None, "message": e.message}, []

@@ -8,6 +8,8 @@ import typer
 
 from autotune.commands.common import (
     DEFAULT_STORAGE,
+    DataDtypeOpt,
+    DataOpt,
     JsonOpt,
     SeedOpt,
     StorageOpt,
@@ -30,13 +32,15 @@ def command(
     seed: SeedOpt = 0,
     diverse: Annotated[bool, typer.Option("--diverse/--no-diverse", help="Best plan of each distinct layout "
                                           "(degrees, schedule, micro-batch) first, then near-copies.")] = True,
+    data: DataOpt = None,
+    data_dtype: DataDtypeOpt = "auto",
     json_: JsonOpt = False,
 ) -> None:
     """Run the study's top plans for real, store measured beside predicted, calibrate the cost model, re-rank."""
     from autotune.validate import ValidateOptions, validate
 
     opts = ValidateOptions(top=top, steps=steps, warmup=warmup, timeout_s=timeout, device=device, seed=seed,
-                           diverse=diverse)
+                           diverse=diverse, data=data, data_dtype=data_dtype)
     out = validate(study, storage, options=opts,
                    progress=None if json_ else (lambda s: err_console.print(s, highlight=False)))
     if json_:

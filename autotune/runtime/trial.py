@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import os
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -140,8 +141,14 @@ def _check_memory(plan: Plan, spec: ModelSpec, cluster: Any, seq_len: int, globa
 
 def run_trial(plan: Plan | dict[str, Any], model: ModelSpec | str, seq_len: int, global_batch: int, *,
               steps: int = 5, warmup: int = 2, seed: int = 0, emulate_slowdown: dict[int, float] | None = None,
-              timeout_s: float = DEFAULT_TIMEOUT_S, device: str = "auto", nproc: int | None = None) -> TrialResult:
-    """Launch ``plan`` on local processes, train ``warmup + steps`` steps, measure the last ``steps``."""
+              timeout_s: float = DEFAULT_TIMEOUT_S, device: str = "auto", nproc: int | None = None,
+              data: str | None = None, data_dtype: str = "auto",
+              on_launch: Callable[[Plan], None] | None = None) -> TrialResult:
+    """Launch ``plan`` on local processes, train ``warmup + steps`` steps, measure the last ``steps``.
+    ``data``: a token file (autotune.runtime.data; checked here, before any process starts), else
+    the synthetic stream. ``on_launch(plan)`` is called once every check has passed, just before the
+    processes start."""
+    from autotune.runtime.data import prepare_data
     from autotune.runtime.launcher import launch
 
     if steps < 1:
@@ -155,9 +162,12 @@ def run_trial(plan: Plan | dict[str, Any], model: ModelSpec | str, seq_len: int,
             raise InputError(f"rank {r} is not in the plan's world 0..{resolved.world - 1}", field="--emulate-slowdown")
         if not (f >= 1.0 and math.isfinite(f)):
             raise InputError(f"factor must be >= 1, got {f}", field="--emulate-slowdown")
+    data_desc = prepare_data(data, spec.vocab, seq_len, global_batch, warmup + steps, dtype=data_dtype)
     payload = {"plan": resolved.to_dict(), "model": spec.to_dict(), "seq_len": seq_len,
                "global_batch": global_batch, "steps": steps, "warmup": warmup, "seed": seed,
-               "emulate_slowdown": emulate, "timeout_s": timeout_s}
+               "emulate_slowdown": emulate, "timeout_s": timeout_s, "data": data_desc}
+    if on_launch is not None:
+        on_launch(resolved)
     res = launch("autotune.runtime.worker:trial_job", payload, resolved.world, timeout_s=timeout_s, device=kind)
     if res.failure is not None:
         return TrialResult(plan=resolved.to_dict(), measured=None, losses=[], failure=res.failure)
@@ -172,6 +182,7 @@ def run_trial(plan: Plan | dict[str, Any], model: ModelSpec | str, seq_len: int,
         "step_times_s": per_step,
         "steps": steps, "warmup": warmup, "seed": seed, "device": kind,
         "emulated_slowdown": {str(k): v for k, v in emulate.items()} or None,
+        "data": data_desc["path"] if data_desc else "synthetic",
         "launch_wall_s": res.wall_s,
     }
     return TrialResult(plan=resolved.replace(measured=measured).to_dict(), measured=measured,

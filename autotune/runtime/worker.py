@@ -269,9 +269,11 @@ def local_positions(ctx: Any, seq_len: int) -> torch.Tensor | None:
 class RankTrainer:
     """This rank's model chunks, optimizer and (with pp > 1) pipeline schedule."""
 
-    def __init__(self, plan: Plan, spec: ModelSpec, mesh: Mesh, seq_len: int, global_batch: int, seed: int):
+    def __init__(self, plan: Plan, spec: ModelSpec, mesh: Mesh, seq_len: int, global_batch: int, seed: int,
+                 data: dict[str, Any] | None = None):
         self.plan, self.spec, self.mesh, self.seq_len, self.global_batch, self.seed = (
             plan, spec, mesh, seq_len, global_batch, seed)
+        self.data = D.source_from(data, spec.vocab, seed)  # None: the synthetic stream of ``seed``
         self.device = mesh.device
         self.dtype = DTYPES[plan.dtype]
         if plan.dtype.startswith("fp32") and torch.device(self.device).type == "cuda":
@@ -324,8 +326,8 @@ class RankTrainer:
     def step(self, step_index: int) -> float:
         """One optimizer step; returns this rank's contribution to the global mean loss."""
         clk = clock()
-        tokens = D.synthetic_tokens(self.seed, self.spec.vocab, self.global_batch, self.seq_len, step_index)
-        inputs, targets = D.local_batch(tokens, self.plan, self.dp_index, self.positions)
+        inputs, targets = D.replica_batch(self.data, step_index, self.plan, self.dp_index, self.positions,
+                                          self.global_batch, self.seq_len)
         inputs, targets = inputs.to(self.device), targets.to(self.device)
         for p in self.params:
             p.grad = None
@@ -390,7 +392,7 @@ def _timed_region(clk: CommClock, fn):
 
 def train(plan: Plan, spec: ModelSpec, seq_len: int, global_batch: int, *, steps: int, warmup: int, seed: int,
           device: torch.device, emulate_slowdown: dict[int, float] | None = None, export_state: bool = False,
-          timeout_s: float | None = None) -> dict[str, Any]:
+          timeout_s: float | None = None, data: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run one resolved plan on the initialised default process group; returns this rank's report."""
     rank = dist.get_rank()
     install_comm_timing()
@@ -401,7 +403,7 @@ def train(plan: Plan, spec: ModelSpec, seq_len: int, global_batch: int, *, steps
     clk.sync = functools.partial(torch.cuda.synchronize, device) if (
         device.type == "cuda" and not cuda_events) else _no_sync
     mesh = build_mesh(plan, rank, device, timeout_s=timeout_s)
-    trainer = RankTrainer(plan, spec, mesh, seq_len, global_batch, seed)
+    trainer = RankTrainer(plan, spec, mesh, seq_len, global_batch, seed, data=data)
     losses, times, splits = [], [], []
     reset_peak_memory(device)
     for i in range(warmup + steps):
@@ -448,7 +450,7 @@ def _median_split(splits: list[dict[str, float]], times: list[float], rank: int)
 
 
 def reference_run(spec: ModelSpec, seq_len: int, global_batch: int, *, steps: int, seed: int,
-                  dtype: str = "fp32", micro_batch_size: int = 1) -> dict[str, Any]:
+                  dtype: str = "fp32", micro_batch_size: int = 1, data: dict[str, Any] | None = None) -> dict[str, Any]:
     """The single-process training every plan must reproduce: same data, same init, same AdamW."""
     from autotune.plan import Degrees, Shares
     from autotune.runtime.mesh import single_process_mesh
@@ -457,7 +459,8 @@ def reference_run(spec: ModelSpec, seq_len: int, global_batch: int, *, steps: in
                 num_microbatches=global_batch // micro_batch_size,
                 shares=Shares(layers=(spec.layers,), tokens=(seq_len,), heads=(spec.heads,),
                               samples=(global_batch,)))
-    trainer = RankTrainer(plan, spec, single_process_mesh(plan, torch.device("cpu")), seq_len, global_batch, seed)
+    trainer = RankTrainer(plan, spec, single_process_mesh(plan, torch.device("cpu")), seq_len, global_batch, seed,
+                          data=data)
     losses = [trainer.step(i) for i in range(steps)]
     return {"losses": losses, "state": {k: v[0] for k, v in trainer.export_state().items()}}
 
@@ -471,7 +474,7 @@ def trial_job(payload: dict[str, Any], rank: int, world: int, device: torch.devi
     emulate = {int(k): float(v) for k, v in (payload.get("emulate_slowdown") or {}).items()}
     return train(plan, spec, payload["seq_len"], payload["global_batch"], steps=payload["steps"],
                  warmup=payload["warmup"], seed=payload["seed"], device=device, emulate_slowdown=emulate,
-                 timeout_s=payload.get("timeout_s"))
+                 timeout_s=payload.get("timeout_s"), data=payload.get("data"))
 
 
 def plans_job(payload: dict[str, Any], rank: int, world: int, device: torch.device) -> list[dict[str, Any]]:
