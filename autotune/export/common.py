@@ -190,12 +190,8 @@ def predict(plan: Plan, ctx: ExportContext) -> tuple[Plan, str]:
         note = f"priced on an assumed local:{plan.world} cluster; pass --cluster for real figures"
     else:
         note = ""
-    try:
-        est = estimate(plan, ctx.model, ctx.cluster, ctx.seq_len, ctx.global_batch, calibration=ctx.calibration)
-    except InputError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - pricing must not turn an export into a crash
-        return plan, f"cost model failed: {type(exc).__name__}: {exc}"
+    # no catch-all: a cost model that raises is a failure the user must see, not a plan without figures
+    est = estimate(plan, ctx.model, ctx.cluster, ctx.seq_len, ctx.global_batch, calibration=ctx.calibration)
     return est.plan.replace(predicted=est.predicted), note
 
 
