@@ -114,8 +114,10 @@ class StudyContext:
         import inspect
 
         from autotune.plan import Plan
+        from autotune.validate import calibration_for
 
-        kw: dict[str, Any] = {"calibration": self.ua.get("calibration")}
+        # the study's calibration only where it was measured (same precision and runtime)
+        kw: dict[str, Any] = {"calibration": calibration_for(self.ua, Plan.from_dict(plan))}
         try:  # estimate fills the timeline only when asked (the search does not ask, to stay fast)
             params = inspect.signature(estimate).parameters
             if "timeline" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):
