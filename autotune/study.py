@@ -183,6 +183,8 @@ def list_studies(storage: str) -> list[dict[str, Any]]:
                      "seq_len": ua.get("seq_len"), "global_batch": ua.get("global_batch"),
                      "space": ua.get("space"), "trials": s.n_trials,
                      "best_tokens_per_s": best.value if best is not None else None,
+                     "best_trial": best.number if best is not None else None,
+                     "best_plan": best.user_attrs.get("plan") if best is not None else None,
                      "best_measured_trial": ua.get("best_measured_trial")})
     return rows
 

@@ -252,4 +252,4 @@ def device_from_catalogue(name: str, field: str | None = None) -> DeviceSpec:
         return lowered[name.lower()]
     if name.upper() == "CPU":
         return local_cpu()
-    raise InputError(f"unknown device type {name!r}" + suggest(name, [*CATALOGUE, *ALIASES, "CPU"]), field=field)
+    raise InputError(f"unknown device type {name!r}" + suggest(name, [*CATALOGUE, "CPU"]), field=field)
