@@ -15,7 +15,7 @@ from typing import Any
 from autotune.errors import InputError
 from autotune.export.common import ExportContext
 from autotune.plan import Plan, load_plan
-from autotune.specs.cluster import cluster_from_dict, load_cluster
+from autotune.specs.cluster import NODE_KEYS, cluster_from_dict, load_cluster
 from autotune.specs.model import load_model, model_from_dict
 
 
@@ -99,7 +99,7 @@ def _cluster_from_record(name: str, spec: dict[str, Any] | None, digest: str, st
         raise InputError(f"the study records cluster {name!r} without its spec; pass its file with --cluster",
                          field="--cluster")
     d = {"name": spec.get("name", name),
-         "nodes": [{k: n[k] for k in ("count", "devices_per_node", "device", "intra_node") if k in n}
+         "nodes": [{k: n[k] for k in NODE_KEYS if k in n}
                    for n in spec.get("nodes", [])],
          "inter_node": spec.get("inter_node"),
          "overrides": spec.get("overrides") or []}
