@@ -40,12 +40,14 @@ states, gradients reduced in ``GRAD_REDUCE_DTYPE``); version-1 plans load unchan
 READABLE_SCHEMA_VERSIONS = (1, 2)
 DIMS = ("dp", "pp", "cp", "hp", "tp")
 MESH_ORDER = ("pp", "dp", "cp", "hp", "tp")
-SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
+SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "helixpipe")
 """Every pipeline schedule name a Plan may carry (one registry: the constructor, the JSON parser, the
 search space and the schema test read it; a new schedule is added here and where it is built)."""
 RECOMPUTE = ("none", "selective", "full")
+HELIX_FOLDS = (1, 2)
+"""HelixPipe's fold counts (the fork's ``--num-fold``: two folds hide one another's transfers)."""
 CP_LAYOUTS = ("zigzag", "contiguous")
-DTYPES = ("bf16", "fp16", "fp32")
+DTYPES = ("bf16", "fp16", "fp32", "fp32-strict")  # fp32: TF32 GEMMs where the device has them
 DTYPE_CHOICES = ("auto", *DTYPES)
 """What ``--dtype`` takes: ``auto`` is bf16 where every device of the cluster has it, else fp16
 (``choose_dtype``)."""
@@ -150,6 +152,10 @@ class Plan:
     """Pipeline schedule: gpipe, 1f1b, interleaved_1f1b."""
     virtual_stages: int = 1
     """Model chunks per pipeline rank (> 1 only with interleaved_1f1b)."""
+    helix_folds: int = 1
+    """HelixPipe's fold count F (1 or 2): micro-batches go through the attention-parallel pipeline
+    in groups of pp * F, each operation running back to back for the F folds so one fold's
+    transfers overlap the other's compute (autotune/schedules/helixpipe.py). 1 for other schedules."""
     recompute: str = "none"
     """Activation recomputation: none, selective (attention core), full (whole blocks)."""
     zero_stage: int = 0
@@ -298,6 +304,7 @@ class Plan:
             "num_microbatches": self.num_microbatches,
             "schedule": self.schedule,
             "virtual_stages": self.virtual_stages,
+            "helix_folds": self.helix_folds,
             "recompute": self.recompute,
             "zero_stage": self.zero_stage,
             "sequence_parallel": self.sequence_parallel,
@@ -390,6 +397,10 @@ def _check_basic(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batc
         p.append("virtual_stages: interleaved_1f1b needs virtual_stages >= 2")
     if plan.schedule != "interleaved_1f1b" and plan.virtual_stages != 1:
         p.append(f"virtual_stages: {plan.schedule} runs one stage per rank, got virtual_stages({plan.virtual_stages})")
+    if plan.helix_folds not in HELIX_FOLDS:
+        p.append(f"helix_folds: must be one of {', '.join(map(str, HELIX_FOLDS))}, got {plan.helix_folds}")
+    elif plan.helix_folds != 1 and plan.schedule != "helixpipe":
+        p.append(f"helix_folds: only helixpipe folds micro-batches, {plan.schedule} needs helix_folds(1)")
     if plan.schedule == "interleaved_1f1b" and d.pp < 2:
         p.append("schedule: interleaved_1f1b needs pp >= 2")
     if plan.dtype not in {k for dev in cluster.device_types() for k in dev.peak_flops}:
@@ -432,6 +443,10 @@ def _check_resolved(plan: Plan, model: Any, cluster: Any, seq_len: int, global_b
         if plan.schedule == "interleaved_1f1b" and any(c % d.pp for c in counts):
             p.append(f"num_microbatches: interleaved_1f1b needs micro-batches per replica divisible by pp({d.pp}), "
                      f"got {counts}")
+    if plan.schedule == "helixpipe":  # its own shape rules (autotune/schedules/helixpipe.py)
+        from autotune.schedules.helixpipe import plan_problems
+
+        p += plan_problems(plan, model)
     # placement: a permutation of the cluster's devices, tp groups inside one node
     pl = plan.placement or ()
     if len(pl) != d.world:
@@ -534,6 +549,7 @@ def _plan_from_dict(d: Any) -> Plan:
         num_microbatches=None if nmb is None else F.get_int(d, "num_microbatches", "num_microbatches"),
         schedule=F.get_str(d, "schedule", "schedule", default="1f1b", choices=SCHEDULES),
         virtual_stages=F.get_int(d, "virtual_stages", "virtual_stages", default=1),
+        helix_folds=F.get_int(d, "helix_folds", "helix_folds", default=1),
         recompute=F.get_str(d, "recompute", "recompute", default="none", choices=RECOMPUTE),
         zero_stage=zero,
         sequence_parallel=F.get_bool(d, "sequence_parallel", "sequence_parallel", default=False),
@@ -544,14 +560,17 @@ def _plan_from_dict(d: Any) -> Plan:
     )
 
 
-_INLINE_ALIASES = {"mbs": "micro_batch_size", "nmb": "num_microbatches", "vpp": "virtual_stages",
+_INLINE_ALIASES = {"mbs": "micro_batch_size", "nmb": "num_microbatches", "vpp": "virtual_stages", "folds": "helix_folds",
                    "zero": "zero_stage", "sp": "sequence_parallel"}
 
 
 def parse_inline(text: str) -> Plan:
-    """``dp=32,pp=2,tp=8`` (plus optional ``mbs=2,schedule=gpipe,recompute=full,zero=1,sp=1``)."""
+    """``dp=32,pp=2,tp=8`` (plus optional ``mbs=2,schedule=gpipe,recompute=full,zero=1,sp=1``), and
+    uneven shares as ``/``-separated lists: ``pp=2,layers=13/19`` (layers per stage, model order),
+    ``tokens=``, ``heads=``, ``samples=`` likewise (docs/files.md, "Plan")."""
     degrees: dict[str, Any] = {}
     rest: dict[str, Any] = {}
+    shares: dict[str, list[int]] = {}
     for part in text.split(","):
         if not part.strip():
             continue
@@ -565,10 +584,16 @@ def parse_inline(text: str) -> Plan:
             if not value.isdigit():
                 raise PlanError(f"expected a positive integer, got {value!r}", field=f"degrees.{key}")
             degrees[key] = int(value)
-        elif key in ("micro_batch_size", "num_microbatches", "virtual_stages", "zero_stage"):
+        elif key in ("micro_batch_size", "num_microbatches", "virtual_stages", "zero_stage", "helix_folds"):
             if not value.isdigit():
                 raise PlanError(f"expected an integer, got {value!r}", field=key)
             rest[key] = int(value)
+        elif key in ("layers", "tokens", "heads", "samples"):
+            parts = value.split("/")
+            if not all(x.strip().isdigit() for x in parts):
+                raise PlanError(f"expected counts separated by '/', e.g. {key}=13/19, got {value!r}",
+                                field=f"shares.{key}")
+            shares[key] = [int(x) for x in parts]
         elif key == "sequence_parallel":
             rest[key] = value.lower() in ("1", "true", "yes", "on")
         elif key in ("schedule", "recompute", "cp_layout", "dtype"):
@@ -576,8 +601,11 @@ def parse_inline(text: str) -> Plan:
         else:
             raise PlanError(f"unknown inline plan key {key!r}" + suggest(key, [*DIMS, *_INLINE_ALIASES,
                                                                                "schedule", "recompute",
-                                                                               "cp_layout", "dtype"]),
+                                                                               "cp_layout", "dtype", "layers",
+                                                                               "tokens", "heads", "samples"]),
                             field="plan")
+    if shares:
+        rest["shares"] = shares
     return Plan.from_dict({"degrees": degrees, **rest}, source="--plan")
 
 

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from autotune.plan import GRAD_REDUCE_DTYPE
 
-TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+TORCH_DTYPES = {"fp32": torch.float32, "fp32-strict": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 REDUCE_DTYPE = TORCH_DTYPES[GRAD_REDUCE_DTYPE]
 
 # torch.amp.GradScaler's defaults (and Megatron's DynamicGradScaler's, but for the window)
