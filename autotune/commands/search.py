@@ -68,7 +68,9 @@ def command(
     c = load_cluster(cluster, storage=storage)
     # the precision is chosen (and a device that lacks it refused) before any point is priced
     opts = dataclasses.replace(opts, dtype=choose_dtype(dtype, c))
-    name = study or default_study_name(m, c, seq_len, global_batch)
+    # a study holds one precision: another precision is another default study (bf16 keeps the plain name)
+    name = study or default_study_name(m, c, seq_len, global_batch) + ("" if opts.dtype == "bf16" else
+                                                                        f"-{opts.dtype}")
     if not json_:
         err_console.print(f"searching {m.name} on {c.name} ({c.num_devices} devices), seq {seq_len}, batch "
                           f"{global_batch}: study {name!r} in {storage}", highlight=False)

@@ -121,7 +121,7 @@ def command(
                 notes.append(f"measured profile not usable ({e}); searching on the catalogue `local`")
     precision = choose_dtype(dtype, cluster)  # searched, validated (as searched) and exported in it
     name = "tune-" + default_study_name(m, cluster, seq_len, global_batch) + (f"-p{profile_id}" if profile_id else "")
-    if dtype != "auto":  # a study holds one precision: another one is another study
+    if precision != "bf16":  # a study holds one precision: another one is another study (as `search` names it)
         name += f"-{precision}"
     say(f"searching {m.name} on {cluster.name} ({cluster.num_devices} workers) ...")
     res = search(m, cluster, seq_len, global_batch, study_name=name, storage=storage,
