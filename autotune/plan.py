@@ -354,8 +354,8 @@ def choose_dtype(option: str, cluster: Any, plan_dtype: str | None = None) -> st
     if option == "auto":
         if plan_dtype is not None:
             option = plan_dtype
-        else:
-            return "bf16" if not lacking("bf16") else "fp16"
+        else:  # bf16, else fp16, else (a device with neither) fp32
+            option = next((dt for dt in ("bf16", "fp16") if not lacking(dt)), "fp32")
     missing = lacking(option)
     if missing:
         fallback = next((dt for dt in ("fp16", "fp32") if not lacking(dt)), None)
