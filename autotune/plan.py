@@ -40,7 +40,7 @@ states, gradients reduced in ``GRAD_REDUCE_DTYPE``); version-1 plans load unchan
 READABLE_SCHEMA_VERSIONS = (1, 2)
 DIMS = ("dp", "pp", "cp", "hp", "tp")
 MESH_ORDER = ("pp", "dp", "cp", "hp", "tp")
-SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
+SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "helixpipe")
 """Every pipeline schedule name a Plan may carry (one registry: the constructor, the JSON parser, the
 search space and the schema test read it; a new schedule is added here and where it is built)."""
 RECOMPUTE = ("none", "selective", "full")
@@ -443,6 +443,10 @@ def _check_resolved(plan: Plan, model: Any, cluster: Any, seq_len: int, global_b
         if plan.schedule == "interleaved_1f1b" and any(c % d.pp for c in counts):
             p.append(f"num_microbatches: interleaved_1f1b needs micro-batches per replica divisible by pp({d.pp}), "
                      f"got {counts}")
+    if plan.schedule == "helixpipe":  # its own shape rules (autotune/schedules/helixpipe.py)
+        from autotune.schedules.helixpipe import plan_problems
+
+        p += plan_problems(plan, model)
     # placement: a permutation of the cluster's devices, tp groups inside one node
     pl = plan.placement or ()
     if len(pl) != d.world:

@@ -64,6 +64,8 @@ def reasons(plan: Plan, ctx: ExportContext) -> list[str]:
     r.add(d.tp > 1 and not plan.sequence_parallel,
           "sequence_parallel false with tp: torchtitan's tensor-parallel plan always shards norms along the sequence")
     r.add(plan.dtype == "fp16", "dtype fp16: torchtitan's training.mixed_precision_param is bfloat16 or float32")
+    r.add(plan.schedule == "helixpipe", "schedule helixpipe: torchtitan's pipeline schedules run whole layers "
+          "per stage; none splits attention off the parameter blocks (HelixPipe needs its own fork of Megatron-LM)")
     r.items += placement_reasons(plan)
     return r.items
 
@@ -77,6 +79,7 @@ def candidates(plan: Plan, ctx: ExportContext) -> list[Plan]:
         zero = 3
     base = with_even(plan, "tokens", "heads", "samples").replace(
         cp_layout="zigzag", zero_stage=zero, sequence_parallel=plan.sequence_parallel or d.tp > 1,
+        schedule="1f1b" if plan.schedule == "helixpipe" else plan.schedule, helix_folds=1,
         dtype="bf16" if plan.dtype == "fp16" else plan.dtype)
     out = [base, even_everything(base)]
     if d.hp > 1:

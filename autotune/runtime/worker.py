@@ -403,7 +403,12 @@ def train(plan: Plan, spec: ModelSpec, seq_len: int, global_batch: int, *, steps
     clk.sync = functools.partial(torch.cuda.synchronize, device) if (
         device.type == "cuda" and not cuda_events) else _no_sync
     mesh = build_mesh(plan, rank, device, timeout_s=timeout_s)
-    trainer = RankTrainer(plan, spec, mesh, seq_len, global_batch, seed, data=data)
+    if plan.schedule == "helixpipe":  # hand-written runtime: no torch.distributed.pipelining schedule has it
+        from autotune.runtime.helix import HelixTrainer
+
+        trainer: Any = HelixTrainer(plan, spec, mesh, seq_len, global_batch, seed, data=data)
+    else:
+        trainer = RankTrainer(plan, spec, mesh, seq_len, global_batch, seed, data=data)
     losses, times, splits = [], [], []
     reset_peak_memory(device)
     for i in range(warmup + steps):
