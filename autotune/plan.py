@@ -12,8 +12,9 @@ owns a contiguous block of ranks (so a stage can sit on one device type)::
 Shares (uneven splits). Along each dimension the share at index i is the same for every coordinate
 of the other dimensions, so the runtime can execute it:
 
-* ``layers``:  ``pp * virtual_stages`` entries in model order (virtual stage j lives on pp rank
-  ``j % pp``), each >= 1, summing to the model's layers;
+* ``layers``:  ``pp * virtual_stages`` entries in model order (which pp rank holds virtual stage j
+  is the schedule's placement, ``autotune/schedules``: ``j % pp`` for the looped schedules), each
+  >= 1, summing to the model's layers;
 * ``tokens``:  ``cp`` entries summing to the sequence length; with ``cp_layout = "zigzag"`` each CP
   rank holds two chunks (front and mirrored back) so causal work balances; inside a CP shard the
   Ulysses (hp) ranks split the tokens evenly;
@@ -32,12 +33,14 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import InputError, suggest
+from autotune.schedules import get_schedule, names
 from autotune.specs import fields as F
 
 SCHEMA_VERSION = 1
 DIMS = ("dp", "pp", "cp", "hp", "tp")
 MESH_ORDER = ("pp", "dp", "cp", "hp", "tp")
-SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
+SCHEDULES = names()
+"""Every registered pipeline schedule (``autotune.schedules``: one module each)."""
 RECOMPUTE = ("none", "selective", "full")
 CP_LAYOUTS = ("zigzag", "contiguous")
 DTYPES = ("bf16", "fp16", "fp32")
@@ -128,9 +131,9 @@ class Plan:
     num_microbatches: int | None = None
     """Micro-batches of the largest DP replica per step (None: as many as the batch allows)."""
     schedule: str = "1f1b"
-    """Pipeline schedule: gpipe, 1f1b, interleaved_1f1b."""
+    """Pipeline schedule, a name ``autotune.schedules.get_schedule`` knows (gpipe, 1f1b, ...)."""
     virtual_stages: int = 1
-    """Model chunks per pipeline rank (> 1 only with interleaved_1f1b)."""
+    """Model chunks per pipeline rank (the schedule says which counts it runs)."""
     recompute: str = "none"
     """Activation recomputation: none, selective (attention core), full (whole blocks)."""
     zero_stage: int = 0
@@ -202,10 +205,14 @@ class Plan:
         assert self.shares.samples is not None, "resolve the plan first"
         return self.shares.samples[dp_index] // self.micro_batch_size
 
+    def stages_of_rank(self, pp_index: int) -> tuple[int, ...]:
+        """Virtual stages (model chunks, in model order) on pp rank ``pp_index``: the schedule's placement."""
+        return get_schedule(self.schedule).stages_of_rank(pp_index, self.degrees.pp, self.virtual_stages)
+
     def layers_of_stage(self, pp_index: int) -> list[int]:
         """Layer counts of the virtual stages on pp rank ``pp_index`` (one entry per chunk)."""
         assert self.shares.layers is not None, "resolve the plan first"
-        return [self.shares.layers[j] for j in range(pp_index, len(self.shares.layers), self.degrees.pp)]
+        return [self.shares.layers[j] for j in self.stages_of_rank(pp_index)]
 
     def is_even(self) -> bool:
         """True when every resolved share is an even split (the Megatron/torchtitan baseline shape)."""
@@ -329,12 +336,7 @@ def _check_basic(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batc
         p.append(f"seq_len: must be positive, got {seq_len}")
     if d.cp * d.hp > seq_len:
         p.append(f"degrees.cp: cp({d.cp})*hp({d.hp}) > seq_len({seq_len})")
-    if plan.schedule == "interleaved_1f1b" and plan.virtual_stages < 2:
-        p.append("virtual_stages: interleaved_1f1b needs virtual_stages >= 2")
-    if plan.schedule != "interleaved_1f1b" and plan.virtual_stages != 1:
-        p.append(f"virtual_stages: {plan.schedule} runs one stage per rank, got virtual_stages({plan.virtual_stages})")
-    if plan.schedule == "interleaved_1f1b" and d.pp < 2:
-        p.append("schedule: interleaved_1f1b needs pp >= 2")
+    p += get_schedule(plan.schedule).check_shape(d.pp, plan.virtual_stages)
     if plan.dtype not in {k for dev in cluster.device_types() for k in dev.peak_flops}:
         p.append(f"dtype: no device in the cluster supports {plan.dtype}")
     return p
@@ -369,12 +371,7 @@ def _check_resolved(plan: Plan, model: Any, cluster: Any, seq_len: int, global_b
         if plan.num_microbatches != max(counts):
             p.append(f"num_microbatches: {plan.num_microbatches} but the largest replica runs "
                      f"samples({max(sh.samples)})/micro_batch_size({mbs}) = {max(counts)}")
-        if plan.schedule in ("1f1b", "interleaved_1f1b") and d.pp > 1 and min(counts) < d.pp:
-            p.append(f"num_microbatches: {plan.schedule} needs at least pp({d.pp}) micro-batches per replica, "
-                     f"a replica has {min(counts)}")
-        if plan.schedule == "interleaved_1f1b" and any(c % d.pp for c in counts):
-            p.append(f"num_microbatches: interleaved_1f1b needs micro-batches per replica divisible by pp({d.pp}), "
-                     f"got {counts}")
+        p += get_schedule(plan.schedule).check_microbatches(d.pp, plan.virtual_stages, counts)
     # placement: a permutation of the cluster's devices, tp groups inside one node
     pl = plan.placement or ()
     if len(pl) != d.world:

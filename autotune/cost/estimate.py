@@ -46,6 +46,7 @@ from autotune.cost.compute import (
 from autotune.cost.memory import layer_activation_bytes, model_states, reserve
 from autotune.cost.pipeline import peak_in_flight, simulate_cached
 from autotune.plan import Plan
+from autotune.schedules import get_schedule
 from autotune.units import fmt_bytes
 
 ADAM_BYTES_PER_PARAM = 30.0
@@ -83,13 +84,14 @@ def _rates(spec: Any, dtype: str, head_dim: int) -> Rates:
 
 def _stage_params(model: Any, plan: Plan, pp_i: int, lp: float, emb: float, head: float) -> float:
     """Parameters held by pipeline rank ``pp_i`` before tp sharding (lp: one block's)."""
-    p, n_chunks = plan.degrees.pp, len(plan.shares.layers)
+    n_chunks = len(plan.shares.layers)
+    mine = plan.stages_of_rank(pp_i)
     params = sum(plan.layers_of_stage(pp_i)) * lp
-    if pp_i == 0:
+    if 0 in mine:
         params += emb
-    if (n_chunks - 1) % p == pp_i:  # the last chunk: final norm and LM head
+    if n_chunks - 1 in mine:  # the last chunk: final norm and LM head
         params += head
-        if model.tied_embeddings and pp_i != 0:
+        if model.tied_embeddings and 0 not in mine:
             params += model.vocab * model.hidden  # a copy of the tied embedding on the last stage
     return params
 
@@ -105,6 +107,8 @@ def estimate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: i
     p, dp, cp, hp, tp = deg.pp, deg.dp, deg.cp, deg.hp, deg.tp
     v = rp.virtual_stages
     n_chunks = p * v
+    sched = get_schedule(rp.schedule)
+    chunks_of = [rp.stages_of_rank(s) for s in range(p)]  # the schedule's placement
     world = deg.world
     topo = C.topology(cluster)
     index = topo.index
@@ -138,6 +142,27 @@ def estimate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: i
     stage_params = [(_stage_params(model, rp, i, lp, emb, head), lp) for i in range(p)]
     dp_links = [topo.group_link([devs[i * blk + k * tp] for k in range(shard_n)]) for i in range(p)]
 
+    def hops_of(pp_i: int) -> Any:
+        """Per chunk of pipeline rank pp_i: (link of its sends, sends forward, sends backward). A
+        rank's sends are priced on the link to the rank holding the next chunk (the previous one
+        where the next sits on the same rank: the turn of a V); the last chunk's on the link to
+        the next pipeline rank (so the looped schedules price as they always did)."""
+        rank_of = [sched.stage_rank(j, p, v) for j in range(n_chunks)]
+        peers = []
+        for j in chunks_of[pp_i]:
+            fwd_out = j < n_chunks - 1 and rank_of[j + 1] != pp_i
+            bwd_out = j > 0 and rank_of[j - 1] != pp_i
+            q = rank_of[j + 1] if fwd_out else ((pp_i + 1) % p if j == n_chunks - 1 or not bwd_out else rank_of[j - 1])
+            peers.append((q, fwd_out, bwd_out))
+
+        def links(r0: int) -> tuple:
+            d0 = devs[r0]
+            return tuple((topo.node_link(node_of[d0], node_of[devs[r0 + (q - pp_i) * blk]]), f, b)
+                         for q, f, b in peers)
+        return links
+
+    pp_links = [hops_of(i) if p > 1 else (lambda r0: ((C._SELF, False, False),) * v) for i in range(p)]
+
     # ---- per tensor-parallel group --------------------------------------------------------------
     # groups[g] = (first rank, pp index, dp index, cost); a tp group sits inside one node (Plan
     # validation), so one device type and one link serve all its ranks
@@ -168,14 +193,10 @@ def estimate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: i
             if cp_link is None:
                 cp_link = link_cache[("cp", cp_base)] = topo.group_link(
                     [devs[cp_base + k * hp * tp] for k in range(cp)])
-        if p > 1:
-            nxt = r0 + blk if pp_i < p - 1 else r0 - (p - 1) * blk
-            pp_link = topo.node_link(node_of[d0], node_of[devs[nxt]])
-        else:
-            pp_link = C._SELF
+        pp_link = pp_links[pp_i](r0)
         m_d = mb_of[dp_i]
         # links come from the topology's caches, so their identity names them
-        key = (pp_i, cp_i, hp_i, id(spec), id(tp_link), id(hp_link), id(cp_link), id(pp_link), m_d)
+        key = (pp_i, cp_i, hp_i, id(spec), id(tp_link), id(hp_link), id(cp_link), tuple(id(x[0]) for x in pp_link), m_d)
         cost = group_cache.get(key)
         if cost is None:
             cost = group_cache[key] = _group_cost(
@@ -192,21 +213,25 @@ def estimate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: i
     per_rep_stage: dict[tuple[int, int], dict[int, dict[str, Any]]] = {}
     for _, pp_i, dp_i, cost in groups:
         per_rep_stage.setdefault((dp_i, pp_i), {})[id(cost)] = cost
+    # (zero-bubble schedules also take the weight-gradient part of each backward: wgt)
     sims = []
+    split = sched.splits_backward
     for d in range(dp):
         fwd, bwd, p2p = [0.0] * n_chunks, [0.0] * n_chunks, [0.0] * max(n_chunks - 1, 0)
+        wgt = [0.0] * n_chunks
         for s in range(p):
             for c in per_rep_stage[(d, s)].values():
-                cf_, cb_ = c["fwd"], c["bwd"]
-                for ci in range(v):
-                    j = ci * p + s
+                cf_, cb_, cw_, cp_ = c["fwd"], c["bwd"], c["wgt"], c["p2p"]
+                for ci, j in enumerate(chunks_of[s]):
                     if cf_[ci] > fwd[j]:
                         fwd[j] = cf_[ci]
                     if cb_[ci] > bwd[j]:
                         bwd[j] = cb_[ci]
-                    if j < n_chunks - 1 and c["p2p"] > p2p[j]:
-                        p2p[j] = c["p2p"]
-        sims.append(simulate_cached(rp.schedule, p, v, mb_of[d], tuple(fwd), tuple(bwd), tuple(p2p)))
+                        wgt[j] = cw_[ci]  # of the slowest backward: I = bwd - wgt stays >= 0
+                    if j < n_chunks - 1 and cp_[ci] > p2p[j]:
+                        p2p[j] = cp_[ci]
+        sims.append(simulate_cached(rp.schedule, p, v, mb_of[d], tuple(fwd), tuple(bwd), tuple(p2p),
+                                    tuple(wgt) if split else None))
 
     # DP sync starts when every replica of the stage is done; then the optimizer step
     step = 0.0
@@ -216,7 +241,7 @@ def estimate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: i
         done = max(sim.rank_finish[s] for sim in sims)
         worst = 0.0
         for d in range(dp):
-            window = sims[d].bwd[s]  # the last micro-batch's backward of chunk 0
+            window = sims[d].bwd[chunks_of[s][0]]  # the last micro-batch's backward of the first chunk
             for cid, c in per_rep_stage[(d, s)].items():
                 exposed = max(0.0, c["dp_overlappable"] - window) + c["dp_exposed_fixed"]
                 exposed_of[(d, cid)] = exposed
@@ -284,7 +309,7 @@ def estimate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: i
             "stage": s, "layers": list(rp.layers_of_stage(s)),
             "devices": sorted({c["spec"].name for d in range(dp) for c in per_rep_stage[(d, s)].values()}),
             "pacing_replica": pace, "pacing_rank": pr, "microbatches": sim.m,
-            "fwd_s": [sim.fwd[ci * p + s] for ci in range(v)], "bwd_s": [sim.bwd[ci * p + s] for ci in range(v)],
+            "fwd_s": [sim.fwd[j] for j in chunks_of[s]], "bwd_s": [sim.bwd[j] for j in chunks_of[s]],
             "compute_s": r["compute_s"], "tp_comm_s": r["tp_comm_s"], "cp_comm_s": r["cp_comm_s"],
             "hp_comm_s": r["hp_comm_s"], "pp_comm_s": r["pp_comm_s"], "dp_comm_s": r["dp_comm_s"],
             "exposed_comm_s": r["exposed_comm_s"], "dp_exposed_s": r["dp_exposed_s"], "optimizer_s": r["optimizer_s"],
@@ -434,10 +459,17 @@ def _group_cost(rp: Plan, model: Any, spec: Any, cal: dict[str, float], *, pp_i:
                           + (K.all_gather(tp_link, tp, act) if sp else 0.0))
         head_tp_b = mf * (K.reduce_scatter(tp_link, tp, act) if sp else K.all_reduce(tp_link, tp, act))
 
+    # the weight-gradient part of a backward (W, which zero-bubble schedules run apart): one GEMM of
+    # the forward's size per weight matrix (Qi et al. 2023, "Zero Bubble Pipeline Parallelism", table
+    # 1: W = 24bsh^2 = the forward's GEMM FLOPs); the input-gradient part (I) keeps the other GEMM,
+    # attention's backward, the elementwise work, recomputation and every collective
+    layer_w = cf * lc.gemm_fwd
+    head_w = cf * (head_b - head_f)  # the LM head's weight GEMM
+    wgt = []
     comp_total = tp_total = hp_total = cp_raw_total = exposed_ops = 0.0
-    for ci, n_layers in enumerate(chunk_layers):
-        j = ci * p + pp_i
+    for ci, (j, n_layers) in enumerate(zip(rp.stages_of_rank(pp_i), chunk_layers, strict=True)):
         f, b = n_layers * layer_f, n_layers * layer_b
+        w = n_layers * layer_w + (head_w if j == n_chunks - 1 else 0.0)
         comp = n_layers * (comp_f + comp_b)
         tpc = n_layers * (tp_f + tp_b)
         if j == 0:  # embedding lookup and its tp reduction (vocab-parallel embedding)
@@ -451,16 +483,17 @@ def _group_cost(rp: Plan, model: Any, spec: Any, cal: dict[str, float], *, pp_i:
             tpc += head_tp_f + head_tp_b
         fwd.append(f)
         bwd.append(b)
+        wgt.append(w)
         comp_total += comp
         tp_total += tpc
         hp_total += n_layers * (hp_f + hp_b)
         cp_raw_total += n_layers * (cp_raw_f + cp_raw_b)
         exposed_ops += tpc + n_layers * (hp_f + hp_b + cp_f + cp_b + z3_f + z3_b)
-    p2p_t = mf * K.p2p(pp_link, act / tp) if p > 1 else 0.0  # Megatron scatter/gather: 1/tp per rank
+    # Megatron scatter/gather: 1/tp per rank; per chunk, priced on the link of its sends (see hops_of)
+    p2p_c = [mf * K.p2p(link, act / tp) if p > 1 else 0.0 for link, _, _ in pp_link]
     pp_sends = 0.0
-    for ci in range(v):
-        j = ci * p + pp_i
-        pp_sends += (p2p_t if j < n_chunks - 1 else 0.0) + (p2p_t if j > 0 else 0.0)
+    for t, (_, fwd_out, bwd_out) in zip(p2p_c, pp_link, strict=True):
+        pp_sends += (t if fwd_out else 0.0) + (t if bwd_out else 0.0)
 
     # DP gradient synchronisation over the ranks holding the same parameters
     if shard_n > 1:
@@ -483,7 +516,7 @@ def _group_cost(rp: Plan, model: Any, spec: Any, cal: dict[str, float], *, pp_i:
     inflight, last_inflight = peak_in_flight(rp.schedule, p, v, m_d, pp_i, tuple(chunk_layers))
     acts = kept * inflight + (full_none - kept if recompute != "none" else 0.0)
     logits = 0.0
-    if (n_chunks - 1) % p == pp_i:
+    if n_chunks - 1 in rp.stages_of_rank(pp_i):
         logits = mbs * s_c / hp * model.vocab / tp * (bpe + 4.0) * last_inflight
     alloc = states["weights"] + states["gradients"] + states["optimizer"] + acts + logits
     res = reserve(spec.kind, alloc)
@@ -491,7 +524,7 @@ def _group_cost(rp: Plan, model: Any, spec: Any, cal: dict[str, float], *, pp_i:
              "activation_per_layer_microbatch": kept, "layers_microbatches_in_flight": inflight}
     busy_ops = m_d * (sum(fwd) + sum(bwd))
     return {
-        "fwd": fwd, "bwd": bwd, "p2p": p2p_t,
+        "fwd": fwd, "bwd": bwd, "wgt": wgt, "p2p": p2p_c,
         "compute_s": m_d * comp_total, "tp_comm_s": m_d * tp_total, "hp_comm_s": m_d * hp_total,
         "cp_comm_s": m_d * cp_raw_total, "pp_comm_s": m_d * pp_sends, "dp_comm_s": dp_raw,
         "comm_s": m_d * (tp_total + hp_total + cp_raw_total + pp_sends) + dp_raw,
