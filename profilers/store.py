@@ -357,6 +357,8 @@ def device_spec_from_profile(ref: str | int, storage: str | None = None):
         rate = g.get("peak_flops_per_s")
         best = g.get("best_flops_per_s") or 0.0
         peak[dt] = float(rate) if rate and math.isfinite(rate) and rate < 4 * best else float(best)
+    if info["device_kind"] == "cpu" and "fp32" in peak:
+        peak["fp32-strict"] = peak["fp32"]  # no tensor cores: strict fp32 is the measured fp32
     mem = fit.get("memory") or {}
     per_host = max(1, info["hosts"].count(info["hosts"][r]) if r < len(info["hosts"]) else 1)
     capacity = float(mem.get("capacity_bytes") or 0.0)

@@ -16,10 +16,12 @@ from rich.console import Console
 
 DEFAULT_STORAGE = "sqlite:///results/autotune.db"
 
-# Wide enough for plan tables when output is piped (rich falls back to 80 columns there).
-console = Console(width=None if sys.stdout.isatty() else 160)
-err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+# The terminal's width, or COLUMNS when piped (80 when neither says): tables fit it by leaving
+# columns out (autotune/dashboard/tables.py), never by cutting cells.
+console = Console()
+err_console = Console(stderr=True)
 
+WideOpt = Annotated[bool, typer.Option("--wide", help="Show every table column, however wide the table gets.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout and nothing else there.")]
 StorageOpt = Annotated[str, typer.Option("--storage", help="SQLAlchemy/Optuna storage URL (PostgreSQL for many "
                                                           "workers, or a journal file path ending in .log).")]

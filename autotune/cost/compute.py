@@ -48,9 +48,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp32-strict": 4}
 
-CPU_GEMM_CALL_S = {"bf16": 25e-6, "fp16": 25e-6, "fp32": 8e-6}
+CPU_GEMM_CALL_S = {"bf16": 25e-6, "fp16": 25e-6, "fp32": 8e-6, "fp32-strict": 8e-6}
 """Seconds per GEMM call on CPU beyond its FLOPs (one thread; see the module docstring)."""
 CPU_OP_S = 6e-6
 """Seconds per elementwise operator on CPU (dispatch, allocation, autograd bookkeeping; a bf16

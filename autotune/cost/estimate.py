@@ -379,7 +379,7 @@ def _group_cost(rp: Plan, model: Any, spec: Any, cal: dict[str, float], *, pp_i:
     heads_local = rp.shares.heads[hp_i]
     kept, full_none, scores = layer_activation_bytes(
         model, micro_batch=mbs, tokens_local=s_c / hp, cp_tokens=s_c, seq_len=seq_len, heads_local=heads_local, tp=tp,
-        sequence_parallel=sp, recompute=recompute, act_bytes=bpe, fused_attention=spec.kind in ("cuda", "rocm"))
+        sequence_parallel=sp, recompute=recompute, act_bytes=bpe, fused_attention=spec.fused_attention())
     # elementwise traffic over the sbh tensors; the softmax over the scores is part of the attention
     # kernel's throughput (fused attention never writes the s^2 scores to memory)
     lc = layer_compute(model, rates, tokens=tok, tp=tp, heads_local=heads_local, keysum=keysum, block_seq=s_c, blocks=blocks,
@@ -519,7 +519,7 @@ def _group_cost(rp: Plan, model: Any, spec: Any, cal: dict[str, float], *, pp_i:
     if n_chunks - 1 in rp.stages_of_rank(pp_i):
         logits = mbs * s_c / hp * model.vocab / tp * (bpe + 4.0) * last_inflight
     alloc = states["weights"] + states["gradients"] + states["optimizer"] + acts + logits
-    res = reserve(spec.kind, alloc)
+    res = reserve(spec, alloc)
     terms = {**states, "activations": acts, "logits": logits, "reserve": res,
              "activation_per_layer_microbatch": kept, "layers_microbatches_in_flight": inflight}
     busy_ops = m_d * (sum(fwd) + sum(bwd))

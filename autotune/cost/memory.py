@@ -32,22 +32,23 @@ In flight: the schedule decides how many micro-batches' activations a rank holds
 (``pipeline.peak_in_flight``: min(p - s, m) under 1F1B, m under GPipe). The last stage also keeps
 the logits (compute dtype plus an fp32 copy for the loss) of its micro-batches in flight.
 
-Reserve: the caching allocator's fragmentation and the runtime's buffers (CUDA/ROCm context,
-NCCL and cuBLAS workspaces): ``RESERVE_FIXED`` bytes per accelerator plus ``RESERVE_FRACTION`` of
-everything else (PyTorch's caching allocator typically keeps 5-10% more than is allocated).
+Reserve: the runtime's buffers (CUDA/ROCm context, NCCL and cuBLAS workspaces), the device's
+named ``framework_reserve`` (``DeviceSpec.framework_reserve()``: autotune/specs/catalogue.py
+``FRAMEWORK_RESERVE`` with its sources, overridable per node group in the cluster file), plus the
+caching allocator's fragmentation, ``RESERVE_FRACTION`` of everything else (PyTorch's caching
+allocator typically keeps 5-10% more than is allocated).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-RESERVE_FIXED = {"cuda": 1.0 * 2**30, "rocm": 1.0 * 2**30, "cpu": 0.0}
 RESERVE_FRACTION = 0.05
 
 
 def state_bytes_per_param(dtype: str) -> tuple[float, float, float]:
     """(weights, gradients, optimizer states) bytes per parameter."""
-    if dtype == "fp32":
+    if dtype.startswith("fp32"):
         return 4.0, 4.0, 8.0
     return 2.0, 2.0, 12.0
 
@@ -99,5 +100,6 @@ def layer_activation_bytes(model: Any, *, micro_batch: int, tokens_local: float,
     return kept, full, scores * scale
 
 
-def reserve(kind: str, allocated: float) -> float:
-    return RESERVE_FIXED.get(kind, 0.0) + RESERVE_FRACTION * allocated
+def reserve(spec: Any, allocated: float) -> float:
+    """The framework's fixed reserve on ``spec`` (a DeviceSpec) plus the allocator's fraction."""
+    return spec.framework_reserve() + RESERVE_FRACTION * allocated

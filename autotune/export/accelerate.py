@@ -110,7 +110,7 @@ def config(plan: Plan, ctx: ExportContext) -> dict[str, Any]:
                 "activation_checkpointing": plan.recompute == "full"}
     return {
         "parallelism_config": pc,
-        "accelerator": {"mixed_precision": {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[plan.dtype],
+        "accelerator": {"mixed_precision": {"bf16": "bf16", "fp16": "fp16", "fp32": "no", "fp32-strict": "no"}[plan.dtype],
                         "gradient_accumulation_steps": plan.num_microbatches},
         "fsdp_plugin": fsdp,
         "deepspeed_plugin": ds,

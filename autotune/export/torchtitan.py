@@ -40,7 +40,7 @@ NAME = "torchtitan"
 SUFFIX = ".toml"
 
 SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B"}
-PRECISION = {"bf16": "bfloat16", "fp32": "float32"}  # Training.mixed_precision_param
+PRECISION = {"bf16": "bfloat16", "fp32": "float32", "fp32-strict": "float32"}  # Training.mixed_precision_param
 WHY = {
     "tokens": "torchtitan context parallelism shards the sequence evenly",
     "heads": "torchtitan splits heads evenly over tensor-parallel ranks",

@@ -25,7 +25,7 @@ from autotune.plan import Plan, PlanError
 from autotune.specs.model import ModelSpec, load_model
 
 DEFAULT_TIMEOUT_S = 600.0
-BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+BYTES = {"fp32": 4, "fp32-strict": 4, "bf16": 2, "fp16": 2}
 
 
 @dataclass
@@ -76,11 +76,6 @@ def check_runtime_support(plan: Plan, spec: ModelSpec) -> None:
         p.append(f"degrees.tp: ffn_hidden({spec.ffn_hidden}) not divisible by tp({d.tp})")
     if plan.zero_stage > 1:
         p.append(f"zero_stage: the runtime shards optimizer states only (zero_stage 0 or 1), got {plan.zero_stage}")
-    if d.cp * d.hp > 1:
-        try:
-            import autotune.runtime.attention  # noqa: F401
-        except ImportError as exc:
-            p.append(f"degrees.cp/hp: sharded attention (autotune/runtime/attention.py) is not available: {exc}")
     if plan.micro_batch_size < 1:
         p.append("micro_batch_size: must be >= 1")
     if p:

@@ -35,12 +35,12 @@ import torch.distributed as dist
 from autotune.plan import Plan
 from autotune.runtime import data as D
 from autotune.runtime.mesh import Mesh, build_mesh
-from autotune.runtime.model import Layout, RMSNorm, init_weights, shard_info
+from autotune.runtime.model import Layout, RMSNorm, build_on_meta, materialize, shard_info
 from autotune.runtime.optimizer import LR, WEIGHT_DECAY, TrainOptimizer  # noqa: F401 - re-exported
 from autotune.runtime.pipeline import build_schedule, build_stage_models
 from autotune.specs.model import ModelSpec
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = {"fp32": torch.float32, "fp32-strict": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _COMM_FUNCS = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single", "reduce_scatter",
                "reduce_scatter_tensor", "reduce_scatter_single",
                "all_to_all_single", "all_to_all", "broadcast", "batch_isend_irecv", "send", "recv", "barrier")
@@ -208,6 +208,9 @@ class RankTrainer:
             plan, spec, mesh, seq_len, global_batch, seed)
         self.device = mesh.device
         self.dtype = DTYPES[plan.dtype]
+        if plan.dtype.startswith("fp32") and torch.device(self.device).type == "cuda":
+            # fp32 runs its GEMMs in TF32 where the GPU has it, as the catalogue prices it
+            torch.backends.cuda.matmul.allow_tf32 = plan.dtype == "fp32"
         tp = mesh["tp"]
         self.sp = plan.sequence_parallel and tp.size > 1
         self.ctx = attention_context(plan, mesh, spec, seq_len)
@@ -219,10 +222,10 @@ class RankTrainer:
         layout = Layout(tp=tp, sp=self.sp, attn_ctx=self.ctx,
                         positions=None if self.positions is None else self.positions.to(self.device),
                         recompute=plan.recompute)
-        self.stages = build_stage_models(spec, plan, mesh, layout, seq_len)
+        # shapes on the meta device, then only this rank's shards are allocated and drawn, on its device
+        self.stages = build_on_meta(lambda: build_stage_models(spec, plan, mesh, layout, seq_len))
         for _, m in self.stages:
-            init_weights(m, spec, seed)
-            m.to(device=self.device, dtype=self.dtype)
+            materialize(m, spec, seed, self.device, self.dtype)
         self.params = [p for _, m in self.stages for p in m.parameters()]
         # with sequence parallelism the norms of the tp ranks saw different tokens: sum their gradients
         self.tp_replicated = [p for _, m in self.stages for mod in m.modules() if isinstance(mod, RMSNorm)

@@ -6,8 +6,9 @@ import pytest
 from _cost_helpers import GELU, one_node
 
 from autotune.cost import estimate
-from autotune.cost.memory import RESERVE_FIXED, RESERVE_FRACTION, layer_activation_bytes
+from autotune.cost.memory import RESERVE_FRACTION, layer_activation_bytes
 from autotune.plan import parse_inline
+from autotune.specs.catalogue import FRAMEWORK_RESERVE
 
 S, B = 128, 2
 s, b, h, a, L, V = S, B, GELU.hidden, GELU.heads, GELU.layers, GELU.vocab
@@ -32,7 +33,7 @@ def test_korthikanti_table_2(t):
 
 
 def _total(alloc):
-    return alloc + RESERVE_FIXED["cuda"] + RESERVE_FRACTION * alloc
+    return alloc + FRAMEWORK_RESERVE["cuda"] + RESERVE_FRACTION * alloc
 
 
 @pytest.mark.parametrize("recompute", ["none", "selective", "full"])
