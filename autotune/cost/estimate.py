@@ -46,7 +46,7 @@ from autotune.cost.compute import (
 from autotune.cost.memory import layer_activation_bytes, model_states, reserve
 from autotune.cost.pipeline import peak_in_flight, simulate_cached
 from autotune.plan import Plan
-from autotune.schedules import get_schedule
+from autotune.schedules import schedule_of
 from autotune.units import fmt_bytes
 
 ADAM_BYTES_PER_PARAM = 30.0
@@ -107,7 +107,7 @@ def estimate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: i
     p, dp, cp, hp, tp = deg.pp, deg.dp, deg.cp, deg.hp, deg.tp
     v = rp.virtual_stages
     n_chunks = p * v
-    sched = get_schedule(rp.schedule)
+    sched = schedule_of(rp)
     chunks_of = [rp.stages_of_rank(s) for s in range(p)]  # the schedule's placement
     world = deg.world
     topo = C.topology(cluster)
@@ -230,7 +230,7 @@ def estimate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: i
                         wgt[j] = cw_[ci]  # of the slowest backward: I = bwd - wgt stays >= 0
                     if j < n_chunks - 1 and cp_[ci] > p2p[j]:
                         p2p[j] = cp_[ci]
-        sims.append(simulate_cached(rp.schedule, p, v, mb_of[d], tuple(fwd), tuple(bwd), tuple(p2p),
+        sims.append(simulate_cached(sched, p, v, mb_of[d], tuple(fwd), tuple(bwd), tuple(p2p),
                                     tuple(wgt) if split else None))
 
     # DP sync starts when every replica of the stage is done; then the optimizer step
@@ -339,7 +339,7 @@ def estimate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: i
         pace = max(range(dp), key=lambda d: sims[d].makespan)
         reps = [first_rank[(pace, id(max(per_rep_stage[(pace, s)].values(), key=lambda c: c["busy"])))]
                 for s in range(p)]
-        events = sims[pace].events(rp.schedule, reps)
+        events = sims[pace].events(None, reps)
         for s in range(p):
             exposed = max(exposed_of[(pace, cid)] for cid in per_rep_stage[(pace, s)])
             start = max(sim.rank_finish[s] for sim in sims)
@@ -467,7 +467,7 @@ def _group_cost(rp: Plan, model: Any, spec: Any, cal: dict[str, float], *, pp_i:
     head_w = cf * (head_b - head_f)  # the LM head's weight GEMM
     wgt = []
     comp_total = tp_total = hp_total = cp_raw_total = exposed_ops = 0.0
-    for ci, (j, n_layers) in enumerate(zip(rp.stages_of_rank(pp_i), chunk_layers, strict=True)):
+    for j, n_layers in zip(rp.stages_of_rank(pp_i), chunk_layers, strict=True):
         f, b = n_layers * layer_f, n_layers * layer_b
         w = n_layers * layer_w + (head_w if j == n_chunks - 1 else 0.0)
         comp = n_layers * (comp_f + comp_b)
@@ -513,7 +513,7 @@ def _group_cost(rp: Plan, model: Any, spec: Any, cal: dict[str, float], *, pp_i:
 
     # memory
     states = model_states(params_local, dtype, zero, shard_n, layer_params / tp)
-    inflight, last_inflight = peak_in_flight(rp.schedule, p, v, m_d, pp_i, tuple(chunk_layers))
+    inflight, last_inflight = peak_in_flight(schedule_of(rp), p, v, m_d, pp_i, tuple(chunk_layers))
     acts = kept * inflight + (full_none - kept if recompute != "none" else 0.0)
     logits = 0.0
     if n_chunks - 1 in rp.stages_of_rank(pp_i):

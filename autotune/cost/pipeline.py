@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from autotune.schedules import B, F, I, W, Op, get_schedule
+from autotune.schedules import B, F, I, Op, Schedule, W, as_schedule
 
 FWD, BWD = F, B  # the names this module used before the split backward
 EVENT_KIND = {F: "fwd", B: "bwd", I: "bwd", W: "wgrad"}
@@ -31,24 +31,25 @@ EVENT_KIND = {F: "fwd", B: "bwd", I: "bwd", W: "wgrad"}
 path; the weight-gradient part is drawn apart (it is what zero-bubble schedules move into bubbles)."""
 
 
-def op_order(schedule: str, p: int, v: int, m: int, s: int) -> tuple[Op, ...]:
-    """(kind, model chunk, micro-batch) in the order pipeline rank ``s`` runs them."""
-    return get_schedule(schedule).op_order(p, v, m, s)
+def op_order(schedule: Schedule | str, p: int, v: int, m: int, s: int) -> tuple[Op, ...]:
+    """(kind, model chunk, micro-batch) in the order pipeline rank ``s`` runs them (``schedule``: a
+    configured instance, ``autotune.schedules.schedule_of(plan)``, or a registered name)."""
+    return as_schedule(schedule).op_order(p, v, m, s)
 
 
 @lru_cache(maxsize=4096)
-def peak_in_flight(schedule: str, p: int, v: int, m: int, s: int, layers: tuple[int, ...]) -> tuple[int, int]:
+def peak_in_flight(schedule: Schedule | str, p: int, v: int, m: int, s: int, layers: tuple[int, ...]) -> tuple[int, int]:
     """(most layer-micro-batches whose activations rank ``s`` holds at once, most micro-batches of
     the last chunk in flight there), ``layers[c]`` the layers of its c-th chunk. 1F1B gives
     min(p - s, m) micro-batches (Narayanan et al. 2021), GPipe m; see ``Schedule.in_flight``."""
-    return get_schedule(schedule).in_flight(p, v, m, s, layers)
+    return as_schedule(schedule).in_flight(p, v, m, s, layers)
 
 
 @dataclass
 class Simulation:
     """Finish times of every operation, per model chunk and micro-batch."""
 
-    schedule: str
+    schedule: Schedule
     p: int
     v: int
     m: int
@@ -81,17 +82,18 @@ class Simulation:
         assert self.wgt is not None
         return self.wgt[j] if kind == W else self.bwd[j] - self.wgt[j]
 
-    def events(self, schedule: str | None = None, ranks: list[int] | None = None) -> list[dict]:
+    def events(self, schedule: Schedule | str | None = None, ranks: list[int] | None = None) -> list[dict]:
         """Timeline events of every pipeline rank, in the schedule's order: fwd, bwd (B or I),
-        wgrad (W), comm (p2p sends) and bubble (idle gaps); ``op`` is the operation's letter,
-        ``chunk`` its model chunk; ``rank`` the representative mesh rank of the stage when ``ranks``
-        is given."""
-        sched = get_schedule(schedule or self.schedule)
+        wgrad (W), comm (p2p sends) and bubble (idle gaps); ``chunk`` is the index of the operation's
+        model chunk among the rank's chunks; ``rank`` the representative mesh rank of the stage when
+        ``ranks`` is given."""
+        sched = as_schedule(schedule) if schedule is not None else self.schedule
         out: list[dict] = []
         p, v, m = self.p, self.v, self.m
         n = p * v
         for s in range(p):
             rank = ranks[s] if ranks else s
+            local = {j: c for c, j in enumerate(sched.stages_of_rank(s, p, v))}
             t = 0.0
             for kind, j, i in sched.op_order(p, v, m, s):
                 if kind == F:
@@ -107,8 +109,8 @@ class Simulation:
                 if start > t + 1e-15:
                     out.append({"stage": s, "rank": rank, "kind": "bubble", "microbatch": None, "start": t,
                                 "end": start})
-                out.append({"stage": s, "rank": rank, "kind": EVENT_KIND[kind], "op": "FBIW"[kind],
-                            "microbatch": i, "chunk": j, "start": start, "end": end})
+                out.append({"stage": s, "rank": rank, "kind": EVENT_KIND[kind], "microbatch": i,
+                            "chunk": local[j], "start": start, "end": end})
                 if send > 0:
                     out.append({"stage": s, "rank": rank, "kind": "comm", "comm": "pp", "microbatch": i,
                                 "start": end, "end": end + send})
@@ -119,14 +121,14 @@ class Simulation:
         return out
 
 
-def simulate(schedule: str, p: int, v: int, m: int, fwd: tuple[float, ...], bwd: tuple[float, ...],
+def simulate(schedule: Schedule | str, p: int, v: int, m: int, fwd: tuple[float, ...], bwd: tuple[float, ...],
              p2p: tuple[float, ...], wgt: tuple[float, ...] | None = None) -> Any:
     """Run the schedule; ``fwd``/``bwd`` (and ``wgt``, the weight-gradient part of ``bwd``, needed by
     schedules that split the backward) have p*v entries, ``p2p`` p*v - 1 (seconds)."""
-    return get_schedule(schedule).simulate(p, v, m, fwd, bwd, p2p, wgt)
+    return as_schedule(schedule).simulate(p, v, m, fwd, bwd, p2p, wgt)
 
 
-def simulate_chain(sched: Any, p: int, v: int, m: int, fwd: tuple[float, ...], bwd: tuple[float, ...],
+def simulate_chain(sched: Schedule, p: int, v: int, m: int, fwd: tuple[float, ...], bwd: tuple[float, ...],
                    p2p: tuple[float, ...], wgt: tuple[float, ...] | None = None) -> Simulation:
     """The chain of model chunks run in ``sched.op_order`` (the default ``Schedule.simulate``)."""
     n = p * v
@@ -194,12 +196,12 @@ def simulate_chain(sched: Any, p: int, v: int, m: int, fwd: tuple[float, ...], b
         if not advanced:  # pragma: no cover - a schedule whose order deadlocks is a bug here
             raise RuntimeError(f"pipeline schedule {sched.name} deadlocked (p={p}, v={v}, m={m})")
         remaining -= advanced
-    return Simulation(schedule=sched.name, p=p, v=v, m=m, f_end=f_end, b_end=b_end, w_end=w_end, fwd=fwd, bwd=bwd,
+    return Simulation(schedule=sched, p=p, v=v, m=m, f_end=f_end, b_end=b_end, w_end=w_end, fwd=fwd, bwd=bwd,
                       p2p=hop, wgt=wgt, rank_finish=free, rank_busy=busy, makespan=max(free))
 
 
 @lru_cache(maxsize=2048)
-def simulate_cached(schedule: str, p: int, v: int, m: int, fwd: tuple[float, ...], bwd: tuple[float, ...],
+def simulate_cached(schedule: Schedule | str, p: int, v: int, m: int, fwd: tuple[float, ...], bwd: tuple[float, ...],
                     p2p: tuple[float, ...], wgt: tuple[float, ...] | None = None) -> Any:
     """``simulate`` memoised: DP replicas with equal shares and devices share one simulation."""
     return simulate(schedule, p, v, m, fwd, bwd, p2p, wgt)

@@ -20,9 +20,9 @@ import torch
 from torch.distributed.pipelining import PipelineStage
 
 from autotune.plan import Plan
-from autotune.schedules import get_schedule
 from autotune.runtime.mesh import Mesh
 from autotune.runtime.model import Layout, StageModel
+from autotune.schedules import schedule_of
 from autotune.specs.model import ModelSpec
 
 
@@ -76,4 +76,4 @@ def build_schedule(plan: Plan, mesh: Mesh, stages: list[tuple[int, StageModel]],
                               requires_grad=True)
         pstages.append(PipelineStage(module, j, total, device, input_args=(inp,), output_args=(out,),
                                      group=mesh["pp"].group))
-    return get_schedule(plan.schedule).build_runtime(pstages, n_microbatches, loss_fn), pstages
+    return schedule_of(plan).build_runtime(pstages, n_microbatches, loss_fn), pstages

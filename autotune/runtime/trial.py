@@ -22,6 +22,7 @@ from typing import Any
 
 from autotune.errors import InputError
 from autotune.plan import Plan, PlanError
+from autotune.schedules import schedule_of
 from autotune.specs.model import ModelSpec, load_model
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -90,17 +91,19 @@ def rank_state_bytes(plan: Plan, spec: ModelSpec, seq_len: int) -> float:
     tokens = max(plan.shares.tokens) // d.hp
     b, h, a = plan.micro_batch_size, spec.hidden, spec.heads
     worst = 0.0
+    sched, last = schedule_of(plan), len(plan.shares.layers or ()) - 1
     for pp_i in range(d.pp):
-        layers = sum(plan.layers_of_stage(pp_i))
+        chunks, counts = plan.stages_of_rank(pp_i), tuple(plan.layers_of_stage(pp_i))
+        layers = sum(counts)
         params = layers * spec.layer_params() / d.tp
-        if pp_i == 0:
+        if 0 in chunks:
             params += spec.embedding_params() / d.tp
-        if pp_i == d.pp - 1:
+        if last in chunks:
             params += spec.head_params() / d.tp
         act_layer = tokens * b * h * (34 + 5 * a * tokens / h) / d.tp * (nb / 2)
-        in_flight = min(d.pp - pp_i, plan.num_microbatches or 1) if plan.schedule != "gpipe" else (
-            plan.num_microbatches or 1)
-        act = layers * act_layer * in_flight * (0.1 if plan.recompute == "full" else 1.0)
+        # layer-micro-batches in flight: the schedule's order says (autotune/schedules)
+        held, _ = sched.in_flight(d.pp, plan.virtual_stages, plan.num_microbatches or 1, pp_i, counts)
+        act = held * act_layer * (0.1 if plan.recompute == "full" else 1.0)
         shard = (d.dp * d.cp * d.hp) if plan.zero_stage >= 1 else 1
         worst = max(worst, params * (nb * 2 + 2 * nb / shard) + act)  # weights, grads, AdamW's 2 moments
     return worst

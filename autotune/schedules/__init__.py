@@ -10,12 +10,13 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from functools import cache
+from typing import Any
 
 from autotune.errors import InputError, suggest
-from autotune.schedules.base import B, EXPORT_TARGETS, F, I, KIND_LETTERS, W, Op, Schedule, registry
+from autotune.schedules.base import EXPORT_TARGETS, KIND_LETTERS, B, F, I, Op, Schedule, W, registry
 
 __all__ = ["B", "EXPORT_TARGETS", "F", "I", "KIND_LETTERS", "W", "Op", "Schedule", "UnknownSchedule",
-           "get_schedule", "names"]
+           "as_schedule", "get_schedule", "names", "schedule_of"]
 
 for _mod in pkgutil.iter_modules(__path__):
     if _mod.name != "base" and not _mod.name.startswith("_"):
@@ -45,3 +46,13 @@ def get_schedule(name: str) -> Schedule:
 @cache
 def _instance(name: str) -> Schedule:
     return registry()[name]()
+
+
+def schedule_of(plan: Any) -> Schedule:
+    """The plan's schedule, configured by the plan's own fields (``Schedule.for_plan``)."""
+    return get_schedule(plan.schedule).for_plan(plan)
+
+
+def as_schedule(schedule: Schedule | str) -> Schedule:
+    """A schedule instance from an instance or a registered name."""
+    return schedule if isinstance(schedule, Schedule) else get_schedule(schedule)

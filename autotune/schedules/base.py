@@ -75,6 +75,22 @@ class Schedule:
                 raise ValueError(f"two schedules are named {cls.name!r}: {_REGISTRY[cls.name]} and {cls}")
             _REGISTRY[cls.name] = cls
 
+    # ---- options ------------------------------------------------------------------------------
+    def for_plan(self, plan: Any) -> Schedule:
+        """This schedule as ``plan`` configures it. A schedule that reads plan fields of its own
+        (HelixPipe's ``helix_folds``) returns an instance carrying them; the default has none."""
+        return self
+
+    def options(self) -> tuple[Any, ...]:
+        """What distinguishes two configured instances (part of every cache key)."""
+        return ()
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and other.options() == self.options()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__, self.options()))
+
     # ---- shape and validation -----------------------------------------------------------------
     def virtual_stage_choices(self, pp: int) -> tuple[int, ...]:
         """Model chunks per pipeline rank the schedule runs (the search samples among them)."""
@@ -175,7 +191,8 @@ class Schedule:
         return self.refusals.get(target, f"{target} has no {self.name} schedule")
 
     def __repr__(self) -> str:
-        return f"<schedule {self.name}>"
+        opts = self.options()
+        return f"<schedule {self.name}{' ' + repr(opts) if opts else ''}>"
 
 
 def _times_pp(n: int, pp: int) -> str:
