@@ -439,6 +439,7 @@ def _check_resolved(plan: Plan, model: Any, cluster: Any, seq_len: int, global_b
             p.append(f"num_microbatches: {plan.num_microbatches} but the largest replica runs "
                      f"samples({max(sh.samples)})/micro_batch_size({mbs}) = {max(counts)}")
         p += schedule_of(plan).check_microbatches(d.pp, plan.virtual_stages, counts)
+    p += schedule_of(plan).check_plan(plan, model)  # rules of its own (helixpipe: L % p, even layers, ...)
     # placement: a permutation of the cluster's devices, tp groups inside one node
     pl = plan.placement or ()
     if len(pl) != d.world:

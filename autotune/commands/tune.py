@@ -16,6 +16,8 @@ import typer
 
 from autotune.commands.common import (
     DEFAULT_STORAGE,
+    DataDtypeOpt,
+    DataOpt,
     JsonOpt,
     SeedOpt,
     StorageOpt,
@@ -94,6 +96,8 @@ def command(
     storage: StorageOpt = DEFAULT_STORAGE,
     out_dir: Annotated[Path, typer.Option("--out-dir", help="Where the best plan JSON goes.")] = Path("results/plans"),
     seed: SeedOpt = 0,
+    data: DataOpt = None,
+    data_dtype: DataDtypeOpt = "auto",
     json_: JsonOpt = False,
 ) -> None:
     """The whole loop on this machine: profile, search, validate the top 3, export the best plan."""
@@ -105,6 +109,10 @@ def command(
     say = (lambda _m: None) if json_ else (lambda s: err_console.print(s, highlight=False))
     notes: list[str] = []
     m = load_model(model)
+    if data is not None or data_dtype != "auto":  # a bad token file fails before the profile and search
+        from autotune.runtime.data import prepare_data
+
+        prepare_data(data, m.vocab, seq_len, global_batch, ValidateOptions().warmup + steps, dtype=data_dtype)
     cluster = load_cluster("local")
     profile_id = None
     if profile:
@@ -121,7 +129,8 @@ def command(
                  options=SearchOptions(trials=trials, seed=seed, top=top), progress=say)
     notes += res.notes
     say(f"validating the top {top} for real ...")
-    val = validate(name, storage, options=ValidateOptions(top=top, steps=steps, seed=seed), progress=say)
+    val = validate(name, storage, options=ValidateOptions(top=top, steps=steps, seed=seed, data=data,
+                                                                data_dtype=data_dtype), progress=say)
     if val["best_measured"] is None:
         raise WorkError("every validated plan failed: " + "; ".join(
             f"trial {r['trial']}: {(r['failure'] or {}).get('message')}" for r in val["validated"]))

@@ -77,7 +77,7 @@ def reasons(plan: Plan, ctx: ExportContext) -> list[str]:
 def candidates(plan: Plan, ctx: ExportContext) -> list[Plan]:
     d = plan.degrees
     base = even_everything(plan).replace(
-        schedule="1f1b", virtual_stages=1,
+        schedule="1f1b", virtual_stages=1, helix_folds=1,
         zero_stage=min(plan.zero_stage, 1) if d.pp > 1 else plan.zero_stage,
         recompute="full" if plan.recompute == "selective" else plan.recompute,
         sequence_parallel=False)

@@ -84,6 +84,7 @@ def candidates(plan: Plan, ctx: ExportContext) -> list[Plan]:
         base = with_even(base, "layers").replace(schedule="1f1b", virtual_stages=1)
     base = base.replace(
         cp_layout="zigzag", zero_stage=zero, sequence_parallel=plan.sequence_parallel or d.tp > 1,
+        helix_folds=1,
         dtype="bf16" if plan.dtype == "fp16" else plan.dtype)
     out = [base, even_everything(base)]
     if d.hp > 1:

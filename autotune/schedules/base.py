@@ -3,8 +3,10 @@
 A schedule is one class with a handful of methods (in the spirit of Optuna's samplers). Everything
 else asks it instead of comparing names:
 
-* plan validation (``autotune/plan.py``): ``check_shape`` (pipeline size, virtual stages) and
-  ``check_microbatches`` (counts per replica: ``min_microbatches``, ``microbatch_multiple``);
+* plan validation (``autotune/plan.py``): ``check_shape`` (pipeline size, virtual stages),
+  ``check_microbatches`` (counts per replica: ``min_microbatches``, ``microbatch_multiple``) and
+  ``check_plan`` (anything else, on the resolved plan); ``for_plan`` configures a schedule with plan
+  fields of its own (HelixPipe's folds);
 * the search space (``search_spaces/default.py``): ``virtual_stage_choices`` and the two counts;
 * placement: ``stage_rank`` (which pipeline rank holds model chunk ``j``; the chunks are numbered
   in model order, ``0 .. pp * virtual_stages - 1``) and ``stages_of_rank`` (derived from it);
@@ -55,6 +57,9 @@ class Schedule:
     """The plan's ``schedule`` value (the registry key)."""
     summary: ClassVar[str] = ""
     """One line for help texts and the docs: what it is and where it comes from."""
+    chain: ClassVar[bool] = True
+    """Whether its data flow is the chain of model chunks ``stage_rank`` places (the default
+    simulation and ``in_flight`` read ``op_order`` as such); HelixPipe's is not."""
     splits_backward: ClassVar[bool] = False
     """Whether backward runs as I then W (zero-bubble) rather than one B."""
     torch_class: ClassVar[str | None] = None
@@ -125,6 +130,11 @@ class Schedule:
             out.append(f"num_microbatches: {self.name} needs micro-batches per replica divisible by "
                        f"{_times_pp(k, pp)}, got {list(counts)}")
         return out
+
+    def check_plan(self, plan: Any, model: Any) -> list[str]:
+        """Rules of the schedule's own beyond shape and micro-batch counts, on the resolved plan
+        (what its runtime does not compose with, model divisibility, ...); none by default."""
+        return []
 
     # ---- placement ----------------------------------------------------------------------------
     def stage_rank(self, stage: int, pp: int, virtual_stages: int) -> int:
