@@ -42,11 +42,13 @@ class ChunkTimes:
 
 
 def chunk_times(ctx: RankContext, b: Any, embedding_tp: float, head: tuple[float, float],
-                head_tp: tuple[float, float], layer_w: float = 0.0) -> ChunkTimes:
+                head_tp: tuple[float, float], embed: tuple[float, float] | None = None,
+                layer_w: float = 0.0) -> ChunkTimes:
     """Chunk times from one block's times ``b`` (``rank.BlockTimes``): the blocks of each chunk, the
-    embedding (memory-bound lookup and ``embedding_tp``) on chunk 0, the LM head's compute ``head``
-    and its small collectives ``head_tp`` on the last chunk; ``layer_w`` one block's weight-gradient
-    seconds (the LM head's: its backward less its forward, one GEMM)."""
+    embedding (memory-bound lookup, or ``embed`` (fwd, bwd) measured by a layer profile, and
+    ``embedding_tp``) on chunk 0, the LM head's compute ``head`` and its small collectives
+    ``head_tp`` on the last chunk; ``layer_w`` one block's weight-gradient seconds (the LM head's:
+    its backward less its forward, one GEMM)."""
     s = ctx.step
     cf, act = ctx.cf, ctx.hidden_bytes
     fwd, bwd, wgt = [], [], []
@@ -57,8 +59,10 @@ def chunk_times(ctx: RankContext, b: Any, embedding_tp: float, head: tuple[float
         comp = n * (b.comp_f + b.comp_b)
         tpc = n * (b.tp_f + b.tp_b)
         if j == 0:  # embedding lookup and its tp reduction (vocab-parallel embedding)
-            f += cf * ctx.rates.memory_time(act) + embedding_tp
-            comp += cf * ctx.rates.memory_time(act)
+            ef, eb = embed if embed is not None else (ctx.rates.memory_time(act), 0.0)
+            f += cf * ef + embedding_tp
+            bw += cf * eb
+            comp += cf * (ef + eb)
             tpc += embedding_tp
         if j == s.n_chunks - 1:
             f += cf * head[0] + head_tp[0]

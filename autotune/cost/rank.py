@@ -18,6 +18,7 @@ from typing import Any
 from autotune.cost import context_parallel as CP
 from autotune.cost import cpu as _cpu
 from autotune.cost import data_parallel as DP
+from autotune.cost import layers as LY
 from autotune.cost import memory as M
 from autotune.cost import pipeline_parallel as PP
 from autotune.cost import tensor_parallel as TP
@@ -132,10 +133,15 @@ def rank_cost(ctx: RankContext) -> RankCost:
     lc = layer_compute(s.model, ctx.rates, tokens=ctx.tokens_local, tp=s.tp, heads_local=ctx.heads,
                        keysum=ctx.keysum, block_seq=ctx.tokens, blocks=ctx.ring, micro_batch=s.mbs,
                        act_bytes=full - scores)
+    # measured layers first (cost/layers.py), then the kernel curves / datasheet of compute.py
+    blk, hd, emb = LY.piece(ctx, "block"), LY.piece(ctx, "head"), LY.piece(ctx, "embed")
+    if blk is not None:
+        lc = LY.measured_block(lc, blk)
     b = block_times(ctx, lc)
-    head = head_compute(s.model, ctx.rates, tokens=ctx.tokens_local, tp=s.tp)
+    head = (hd.fwd, hd.bwd) if hd is not None else head_compute(s.model, ctx.rates, tokens=ctx.tokens_local, tp=s.tp)
     head_tp = _cpu.head_tp_comm(ctx) if s.tp > 1 and ctx.rates.cpu is not None else (0.0, 0.0)
-    ch = PP.chunk_times(ctx, b, TP.embedding_comm(ctx), head, head_tp, layer_w=ctx.cf * lc.gemm_fwd)
+    ch = PP.chunk_times(ctx, b, TP.embedding_comm(ctx), head, head_tp,
+                        embed=(emb.fwd, emb.bwd) if emb is not None else None, layer_w=ctx.cf * lc.gemm_fwd)
     p2ps = PP.chunk_send_times(ctx)
     pp_sends = PP.sends_per_microbatch(ctx, p2ps)
     overl, fixed = DP.grad_sync(ctx)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from autotune.cost import layers as LY
 from autotune.cost.compute import cached_rates
 from autotune.cost.context import StepContext
 from autotune.cost.memory import TERM_NAMES
@@ -123,6 +124,11 @@ def breakdown(s: StepContext, groups: list, sims: list, stages: list, rows: list
         "stages": stages,
         "ranks": rows,
         "throughput_source": sorted(f"{sp_.name}: {cached_rates(sp_, s.dtype, hd).source}" for sp_ in specs.values()),
+        # what priced each compute term per device type: a layer profile, else the kernel curves or
+        # the datasheet (autotune/cost/layers.py)
+        "compute_source": {sp_.name: LY.sources(sp_, s.model, s.dtype, s.mbs, s.seq_len, s.tp, s.cp > 1 or s.hp > 1,
+                                                cached_rates(sp_, s.dtype, hd).source)
+                           for sp_ in specs.values()},
         "timeline": None,
     }
 

@@ -180,7 +180,6 @@ def test_launch_runs_under_torchrun(tmp_path):
 
 @pytest.mark.slow
 def test_search_then_apply_the_study(tmp_path):
-    pytest.importorskip("autotune.cost", reason="cost model (issue 3) not built yet: no real study to export")
     url = f"sqlite:///{tmp_path / 'a.db'}"
     s = subprocess.run([sys.executable, "-m", "autotune", "search", "-m", "tiny", "-c", "local:4", "-s", "64",
                         "-b", "8", "-n", "8", "--study", "e2e", "--storage", url, "--json"],
