@@ -164,7 +164,7 @@ class ClusterSpec:
             "nodes": [
                 {"count": g.count, "devices_per_node": g.devices_per_node,
                  "device": device_to_mapping(g.device) if g.device.provenance == "user" else g.device.name,
-                 "provenance": g.device.provenance, "intra_node": g.intra_node.to_dict()}
+                 "provenance": g.device.provenance, "intra_node": g.intra_node.to_dict(), **_runtime_keys(g.device)}
                 for g in self.groups
             ],
             "inter_node": self.inter_node.to_dict(),
@@ -172,6 +172,39 @@ class ClusterSpec:
             "num_devices": self.num_devices,
             "digest": self.digest,
         }
+
+
+def _runtime_keys(dev: DeviceSpec) -> dict[str, str]:
+    """A node group's ``framework_reserve``/``attention`` as the file writes them (only when set)."""
+    out = {}
+    if dev.framework_reserve_bytes is not None:
+        out["framework_reserve"] = f"{dev.framework_reserve_bytes!r}B"
+    if dev.attention_impl:
+        out["attention"] = dev.attention_impl
+    return out
+
+
+NODE_KEYS = ("count", "devices_per_node", "device", "intra_node", "framework_reserve", "attention")
+"""The keys of one node group in a cluster file."""
+
+
+def cluster_from_record(name: str, spec: dict[str, Any] | None, storage: str | None = None,
+                        digest: str = "") -> ClusterSpec:
+    """The one way to rebuild a study's cluster from what it recorded (``ClusterSpec.to_dict``):
+    ``local``/``local:N`` and this machine's GPUs (``local-H100-SXM[:N]``) by name, anything else from
+    its spec, read as a cluster file (the keys ``to_dict`` adds beside the file's are dropped)."""
+    if name == "local" or name.startswith("local:"):
+        return load_cluster(name)
+    if name.startswith("local-"):
+        return load_cluster(f"local:{name.rsplit(':', 1)[1]}" if ":" in name else "local")
+    if not spec or not spec.get("nodes"):
+        raise InputError(f"the study records cluster {name!r} without its spec; pass its file with --cluster",
+                         field="--cluster")
+    d = {"name": spec.get("name", name),
+         "nodes": [{k: n[k] for k in NODE_KEYS if k in n} for n in spec["nodes"]],
+         "inter_node": spec.get("inter_node"), "overrides": spec.get("overrides") or []}
+    return cluster_from_dict(d, source=f"study cluster {name}", storage=storage,
+                             digest=digest or str(spec.get("digest") or ""))
 
 
 ProfileResolver = Callable[[str, str | None], DeviceSpec]
@@ -229,8 +262,7 @@ def cluster_from_dict(d: dict[str, Any], source: str | None = None, storage: str
             where = f"nodes[{i}]"
             if not isinstance(nd, dict):
                 raise InputError(f"expected a mapping, got {nd!r}", field=where)
-            F.reject_unknown(nd, {"count", "devices_per_node", "device", "intra_node", "framework_reserve",
-                                  "attention"}, where)
+            F.reject_unknown(nd, set(NODE_KEYS), where)
             count = F.get_int(nd, "count", f"{where}.count", default=1)
             dpn = F.get_int(nd, "devices_per_node", f"{where}.devices_per_node")
             raw_dev = F.get(nd, "device", f"{where}.device")
