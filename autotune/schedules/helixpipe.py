@@ -53,9 +53,33 @@ def block_rank(j: int, p: int) -> int:
     return j % p
 
 
-def attention_rank(i: int, offset: int, p: int) -> int:
-    """Pipeline rank of layer ``i``'s attention (0-based) for a micro-batch at ``offset``."""
-    return (i + 1 + offset) % p
+def attention_rank(i: int, offset: int, p: int, shares: tuple[int, ...] | None = None) -> int:
+    """Pipeline rank of layer ``i``'s attention (0-based) for a micro-batch at ``offset``.
+
+    ``shares`` (the plan's ``helix_attention``; None: L/p each, the published rotation): how many of
+    a micro-batch's L attentions each rank runs. The ranks take turns along a cycle of L slots in
+    which rank r appears ``shares[r]`` times, spread evenly (``attention_slots``); the micro-batch at
+    offset d starts d slots further on, as the published rotation does."""
+    if shares is None:
+        return (i + 1 + offset) % p
+    slots = attention_slots(shares)
+    return slots[(i + 1 + offset) % len(slots)]
+
+
+@lru_cache(maxsize=256)
+def attention_slots(shares: tuple[int, ...]) -> tuple[int, ...]:
+    """A cycle of ``sum(shares)`` slots where rank r appears ``shares[r]`` times, evenly interleaved
+    (smooth weighted round robin: each turn goes to the rank furthest behind its share)."""
+    total = sum(shares)
+    credit = [0] * len(shares)
+    out = []
+    for _ in range(total):
+        for r, w in enumerate(shares):
+            credit[r] += w
+        best = max(range(len(shares)), key=lambda r: (credit[r], -r))
+        credit[best] -= total
+        out.append(best)
+    return tuple(out)
 
 
 def offset_of(mb: int, p: int, folds: int) -> int:
@@ -64,11 +88,11 @@ def offset_of(mb: int, p: int, folds: int) -> int:
     return (mb // folds) % p
 
 
-def chain_rank(k: int, mb: int, p: int, folds: int) -> int:
+def chain_rank(k: int, mb: int, p: int, folds: int, shares: tuple[int, ...] | None = None) -> int:
     """Pipeline rank of chain position ``k`` of micro-batch ``mb``."""
     if k % 2 == 0:
         return block_rank(k // 2, p)
-    return attention_rank(k // 2, offset_of(mb, p, folds), p)
+    return attention_rank(k // 2, offset_of(mb, p, folds), p, shares)
 
 
 def is_block(k: int) -> bool:
@@ -80,7 +104,7 @@ def blocks_of_rank(rank: int, p: int, layers: int) -> tuple[int, ...]:
     return tuple(j for j in range(layers + 1) if block_rank(j, p) == rank)
 
 
-def problems(p: int, layers: int, m: int, folds: int) -> list[str]:
+def problems(p: int, layers: int, m: int, folds: int, shares: tuple[int, ...] | None = None) -> list[str]:
     """Why HelixPipe cannot run ``p`` ranks, ``layers`` layers, ``m`` micro-batches per replica."""
     out = []
     if p < 2:
@@ -91,14 +115,20 @@ def problems(p: int, layers: int, m: int, folds: int) -> list[str]:
     if m % (p * folds) or m < 1:
         out.append(f"num_microbatches: helixpipe needs micro-batches per replica divisible by "
                    f"pp({p})*helix_folds({folds}) = {p * folds}, got {m}")
+    if shares is not None and (len(shares) != p or sum(shares) != layers or min(shares) < 0):
+        out.append(f"helix_attention: {list(shares)} must give each of pp({p}) ranks its attentions per "
+                   f"micro-batch (>= 0), adding up to layers({layers})")
     return out
 
 
 # ---- order --------------------------------------------------------------------------------------
 @lru_cache(maxsize=1024)
-def rank_order(p: int, layers: int, m: int, folds: int, rank: int) -> tuple[HelixOp, ...]:
-    """Operations of pipeline rank ``rank`` in the order it runs them (see the module docstring)."""
-    bad = problems(p, layers, m, folds)
+def rank_order(p: int, layers: int, m: int, folds: int, rank: int,
+               shares: tuple[int, ...] | None = None) -> tuple[HelixOp, ...]:
+    """Operations of pipeline rank ``rank`` in the order it runs them (see the module docstring).
+    Any placement (``shares``) keeps it deadlock-free: every rank runs its operations in one global
+    order (ideal start, then fold) that every dependency respects."""
+    bad = problems(p, layers, m, folds, shares)
     if bad:
         raise ValueError("; ".join(bad))
     group = p * folds
@@ -106,39 +136,41 @@ def rank_order(p: int, layers: int, m: int, folds: int, rank: int) -> tuple[Heli
     for mb in range(m):
         g, d, f = mb // group, offset_of(mb, p, folds), mb % folds
         for k in range(2 * layers + 1):
-            if chain_rank(k, mb, p, folds) == rank:
+            if chain_rank(k, mb, p, folds, shares) == rank:
                 keyed.append(((g, d + k, f), k, mb))
     keyed.sort()
     fwd = [HelixOp(FWD, k, mb) for _, k, mb in keyed]
     return tuple(fwd) + tuple(HelixOp(BWD, op.k, op.microbatch) for op in reversed(fwd))
 
 
-def all_orders(p: int, layers: int, m: int, folds: int) -> tuple[tuple[HelixOp, ...], ...]:
-    return tuple(rank_order(p, layers, m, folds, r) for r in range(p))
+def all_orders(p: int, layers: int, m: int, folds: int,
+               shares: tuple[int, ...] | None = None) -> tuple[tuple[HelixOp, ...], ...]:
+    return tuple(rank_order(p, layers, m, folds, r, shares) for r in range(p))
 
 
-def peer(op: HelixOp, p: int, layers: int, folds: int) -> int | None:
+def peer(op: HelixOp, p: int, layers: int, folds: int, shares: tuple[int, ...] | None = None) -> int | None:
     """Pipeline rank the output of ``op`` goes to (None at the ends of the chain)."""
     nxt = op.k + 1 if op.kind == FWD else op.k - 1
     if nxt < 0 or nxt > 2 * layers:
         return None
-    return chain_rank(nxt, op.microbatch, p, folds)
+    return chain_rank(nxt, op.microbatch, p, folds, shares)
 
 
-def source(op: HelixOp, p: int, layers: int, folds: int) -> int | None:
+def source(op: HelixOp, p: int, layers: int, folds: int, shares: tuple[int, ...] | None = None) -> int | None:
     """Pipeline rank the input of ``op`` comes from (None: the data, or the loss)."""
     prev = op.k - 1 if op.kind == FWD else op.k + 1
     if prev < 0 or prev > 2 * layers:
         return None
-    return chain_rank(prev, op.microbatch, p, folds)
+    return chain_rank(prev, op.microbatch, p, folds, shares)
 
 
-def in_flight(p: int, layers: int, m: int, folds: int, rank: int) -> tuple[int, int]:
+def in_flight(p: int, layers: int, m: int, folds: int, rank: int,
+              shares: tuple[int, ...] | None = None) -> tuple[int, int]:
     """(most (block or attention) x micro-batch activations ``rank`` holds at once, most
     micro-batches whose logits it holds): from the order, forwards done minus backwards done."""
     held = peak = logits = peak_logits = 0
     last = 2 * layers
-    for op in rank_order(p, layers, m, folds, rank):
+    for op in rank_order(p, layers, m, folds, rank, shares):
         step = 1 if op.kind == FWD else -1
         held += step
         peak = max(peak, held)
@@ -166,18 +198,19 @@ class HelixSimulation:
     rank_finish: list[float]
     rank_busy: list[float]
     makespan: float = 0.0
+    shares: tuple[int, ...] | None = None
 
     @property
     def fwd(self) -> tuple[float, ...]:
         """Seconds of one micro-batch's forward operations on each rank (the chain schedules'
         per-stage figure, for the breakdown)."""
         return tuple(sum(self.op_fwd[k][r] for k in range(2 * self.layers + 1)
-                         if chain_rank(k, 0, self.p, self.folds) == r) for r in range(self.p))
+                         if chain_rank(k, 0, self.p, self.folds, self.shares) == r) for r in range(self.p))
 
     @property
     def bwd(self) -> tuple[float, ...]:
         return tuple(sum(self.op_bwd[k][r] for k in range(2 * self.layers + 1)
-                         if chain_rank(k, 0, self.p, self.folds) == r) for r in range(self.p))
+                         if chain_rank(k, 0, self.p, self.folds, self.shares) == r) for r in range(self.p))
 
     def bubble_fraction(self, s: int) -> float:
         span = self.makespan
@@ -196,7 +229,7 @@ class HelixSimulation:
         for s in range(p):
             rank = ranks[s] if ranks else s
             t = 0.0
-            for op in rank_order(p, L, m, F, s):
+            for op in rank_order(p, L, m, F, s, self.shares):
                 k, i = op.k, op.microbatch
                 if op.kind == FWD:
                     end, dur = self.f_end[i][k], self.op_fwd[k][s]
@@ -209,7 +242,7 @@ class HelixSimulation:
                 out.append({"stage": s, "rank": rank, "kind": "fwd" if op.kind == FWD else "bwd",
                             "microbatch": i, "chunk": k, "part": "block" if is_block(k) else "attention",
                             "start": start, "end": end})
-                dst = peer(op, p, L, F)
+                dst = peer(op, p, L, F, self.shares)
                 if dst is not None and dst != s:
                     hop = self.hop_time(k, op.kind, s, dst)
                     if hop > 0:
@@ -223,7 +256,8 @@ class HelixSimulation:
 
 
 def simulate(p: int, layers: int, m: int, folds: int, fwd: tuple[tuple[float, ...], ...],
-             bwd: tuple[tuple[float, ...], ...], hops: tuple[tuple[tuple[float, ...], ...], ...]) -> HelixSimulation:
+             bwd: tuple[tuple[float, ...], ...], hops: tuple[tuple[tuple[float, ...], ...], ...],
+             shares: tuple[int, ...] | None = None) -> HelixSimulation:
     """Time ``rank_order`` on every rank: an operation starts when its rank is free and its input
     has arrived (the producer's end plus the hop between the two ranks it really joins).
 
@@ -234,8 +268,8 @@ def simulate(p: int, layers: int, m: int, folds: int, fwd: tuple[tuple[float, ..
     n = 2 * layers + 1
     f_end = [[-1.0] * n for _ in range(m)]
     b_end = [[-1.0] * n for _ in range(m)]
-    orders = all_orders(p, layers, m, folds)
-    ranks_of = [[chain_rank(k, mb, p, folds) for k in range(n)] for mb in range(min(m, p * folds))]
+    orders = all_orders(p, layers, m, folds, shares)
+    ranks_of = [[chain_rank(k, mb, p, folds, shares) for k in range(n)] for mb in range(min(m, p * folds))]
     group = p * folds
     ptr = [0] * p
     free = [0.0] * p
@@ -287,14 +321,15 @@ def simulate(p: int, layers: int, m: int, folds: int, fwd: tuple[tuple[float, ..
             raise RuntimeError(f"helixpipe order deadlocked (p={p}, L={layers}, m={m}, F={folds})")
         remaining -= advanced
     return HelixSimulation(p=p, layers=layers, m=m, folds=folds, f_end=f_end, b_end=b_end, op_fwd=fwd, op_bwd=bwd,
-                           hops=hops, rank_finish=free, rank_busy=busy, makespan=max(free))
+                           hops=hops, rank_finish=free, rank_busy=busy, makespan=max(free), shares=shares)
 
 
 @lru_cache(maxsize=512)
 def simulate_cached(p: int, layers: int, m: int, folds: int, fwd: tuple[tuple[float, ...], ...],
                     bwd: tuple[tuple[float, ...], ...],
-                    hops: tuple[tuple[tuple[float, ...], ...], ...]) -> HelixSimulation:
-    return simulate(p, layers, m, folds, fwd, bwd, hops)
+                    hops: tuple[tuple[tuple[float, ...], ...], ...],
+                    shares: tuple[int, ...] | None = None) -> HelixSimulation:
+    return simulate(p, layers, m, folds, fwd, bwd, hops, shares)
 
 
 # ---- pricing (the cost model's side: autotune/cost/estimate.py asks these for helixpipe plans) ----
