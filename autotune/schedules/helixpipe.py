@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
 
+from autotune.schedules.base import B, F, Op, Schedule
+
 FWD, BWD = 0, 1
 """Operation kinds (the same numbers as torch.distributed.pipelining's F and B)."""
 
@@ -588,3 +590,57 @@ class _Lazy:
 
 
 HelixRankCost = _Lazy()
+
+
+# ---- the schedule registry's view (autotune/schedules/base.py) ----------------------------------
+class HelixPipe(Schedule):
+    """HelixPipe as a registered ``Schedule``: the plan's validation, the search space and the
+    exporters ask it; the cost model and the runtime still call this module's functions directly
+    (its data flow is no chain of model chunks)."""
+
+    name = "helixpipe"
+    chain = False  # parameter blocks and attentions on per-micro-batch ranks: simulate() above prices it
+    summary = "HelixPipe: attention-parallel pipeline, two-fold FILO (Zhang et al. 2025, arXiv 2507.00394)"
+    targets = {"megatron": "HelixPipe fork: --attention-pipeline --num-fold F"}
+    refusals = {
+        "torchtitan": "schedule helixpipe: torchtitan's pipeline schedules run whole layers per stage; none "
+                      "splits attention off the parameter blocks (HelixPipe needs its own fork of Megatron-LM)",
+        "deepspeed": "schedule helixpipe: DeepSpeed's pipeline engine runs its own 1F1B schedule "
+                     "(TrainSchedule), one stage per rank",
+        "accelerate": "schedule helixpipe: Accelerate has no training pipeline schedule",
+    }
+
+    def __init__(self, folds: int = 1, layers: int | None = None):
+        self.folds, self.layers = folds, layers
+
+    def for_plan(self, plan) -> HelixPipe:
+        layers = sum(plan.shares.layers) if plan.shares.layers else None
+        return HelixPipe(plan.helix_folds, layers)
+
+    def options(self) -> tuple:
+        return (self.folds, self.layers)
+
+    def check_shape(self, pp: int, virtual_stages: int) -> list[str]:
+        return []  # check_plan says it all (plan_problems)
+
+    def check_microbatches(self, pp: int, virtual_stages: int, counts) -> list[str]:
+        return []
+
+    def check_plan(self, plan, model) -> list[str]:
+        return plan_problems(plan, model)
+
+    def min_microbatches(self, pp: int, virtual_stages: int) -> int:
+        return pp * self.folds
+
+    def microbatch_multiple(self, pp: int, virtual_stages: int) -> int:
+        return pp * self.folds
+
+    def op_order(self, pp: int, virtual_stages: int, m: int, rank: int) -> tuple[Op, ...]:
+        """Chain positions stand for the stages (``rank_order``)."""
+        if self.layers is None:
+            raise ValueError("helixpipe's order needs the model's layers: use schedule_of(resolved plan)")
+        return tuple(Op(F if o.kind == FWD else B, o.k, o.microbatch)
+                     for o in rank_order(pp, self.layers, m, self.folds, rank))
+
+    def in_flight(self, pp: int, virtual_stages: int, m: int, rank: int, layers: tuple[int, ...]) -> tuple[int, int]:
+        return in_flight(pp, sum(layers) * pp, m, self.folds, rank)
