@@ -31,9 +31,10 @@ Pure Python (no torch): the cost model imports it in the search's inner loop.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from autotune.schedules.base import B, F, Op, Schedule
 
@@ -592,42 +593,32 @@ class _Lazy:
 HelixRankCost = _Lazy()
 
 
-# ---- the schedule registry's view (autotune/schedules/base.py) ----------------------------------
+# ---- the schedule module (autotune/schedules/base.py) --------------------------------------------
 class HelixPipe(Schedule):
-    """HelixPipe as a registered ``Schedule``: the plan's validation, the search space and the
-    exporters ask it; the cost model and the runtime still call this module's functions directly
-    (its data flow is no chain of model chunks)."""
+    """HelixPipe as the registry sees it; configured per plan with its folds (``for_plan``)."""
 
     name = "helixpipe"
-    chain = False  # parameter blocks and attentions on per-micro-batch ranks: simulate() above prices it
-    summary = "HelixPipe: attention-parallel pipeline, two-fold FILO (Zhang et al. 2025, arXiv 2507.00394)"
-    targets = {"megatron": "HelixPipe fork: --attention-pipeline --num-fold F"}
+    summary = ("HelixPipe: attention-parallel pipeline, two-fold first-in-last-out order, recomputation "
+               "without attention (Zhang et al. 2025, arXiv 2507.00394)")
+    chain = False
+    targets = {"megatron": "--attention-pipeline (HelixPipe's Megatron-LM fork)"}
     refusals = {
         "torchtitan": "schedule helixpipe: torchtitan's pipeline schedules run whole layers per stage; none "
                       "splits attention off the parameter blocks (HelixPipe needs its own fork of Megatron-LM)",
-        "deepspeed": "schedule helixpipe: DeepSpeed's pipeline engine runs its own 1F1B schedule "
-                     "(TrainSchedule), one stage per rank",
+        "deepspeed": "schedule helixpipe: DeepSpeed's pipeline engine runs its own 1F1B schedule (TrainSchedule) "
+                     "over whole layers, one stage per rank",
         "accelerate": "schedule helixpipe: Accelerate has no training pipeline schedule",
     }
 
-    def __init__(self, folds: int = 1, layers: int | None = None):
-        self.folds, self.layers = folds, layers
+    def __init__(self, folds: int = 1, layers: int | None = None, shares: tuple[int, ...] | None = None):
+        self.folds, self.layers, self.shares = folds, layers, shares
 
-    def for_plan(self, plan) -> HelixPipe:
-        layers = sum(plan.shares.layers) if plan.shares.layers else None
-        return HelixPipe(plan.helix_folds, layers)
+    def for_plan(self, plan: Any) -> HelixPipe:
+        layers = sum(plan.shares.layers) if plan.shares.layers is not None else None
+        return HelixPipe(plan.helix_folds, layers, getattr(plan, "helix_attention", None))
 
-    def options(self) -> tuple:
-        return (self.folds, self.layers)
-
-    def check_shape(self, pp: int, virtual_stages: int) -> list[str]:
-        return []  # check_plan says it all (plan_problems)
-
-    def check_microbatches(self, pp: int, virtual_stages: int, counts) -> list[str]:
-        return []
-
-    def check_plan(self, plan, model) -> list[str]:
-        return plan_problems(plan, model)
+    def options(self) -> tuple[Any, ...]:
+        return (self.folds, self.layers, self.shares)
 
     def min_microbatches(self, pp: int, virtual_stages: int) -> int:
         return pp * self.folds
@@ -635,12 +626,43 @@ class HelixPipe(Schedule):
     def microbatch_multiple(self, pp: int, virtual_stages: int) -> int:
         return pp * self.folds
 
-    def op_order(self, pp: int, virtual_stages: int, m: int, rank: int) -> tuple[Op, ...]:
-        """Chain positions stand for the stages (``rank_order``)."""
-        if self.layers is None:
-            raise ValueError("helixpipe's order needs the model's layers: use schedule_of(resolved plan)")
-        return tuple(Op(F if o.kind == FWD else B, o.k, o.microbatch)
-                     for o in rank_order(pp, self.layers, m, self.folds, rank))
+    def check_shape(self, pp: int, virtual_stages: int) -> list[str]:
+        return []  # check_plan says it all (plan_problems: it needs the model's layers)
 
-    def in_flight(self, pp: int, virtual_stages: int, m: int, rank: int, layers: tuple[int, ...]) -> tuple[int, int]:
-        return in_flight(pp, sum(layers) * pp, m, self.folds, rank)
+    def check_microbatches(self, pp: int, virtual_stages: int, counts: Sequence[int]) -> list[str]:
+        return []
+
+    def check_plan(self, plan: Any, model: Any) -> list[str]:
+        return plan_problems(plan, model)
+
+    def op_order(self, pp: int, virtual_stages: int, m: int, rank: int) -> tuple[Op, ...]:
+        """``rank_order`` as ``Op``: ``stage`` is the chain position k (2j block j, 2i+1 attention i)."""
+        if self.layers is None:
+            raise ValueError("helixpipe's order needs the layer count: configure it with for_plan(resolved plan)")
+        return tuple(Op(F if o.kind == FWD else B, o.k, o.microbatch)
+                     for o in rank_order(pp, self.layers, m, self.folds, rank, self.shares))
+
+    def in_flight(self, pp: int, virtual_stages: int, m: int, rank: int,
+                  layers: tuple[int, ...]) -> tuple[int, int]:
+        """(layer-micro-batches held: every micro-batch's L/p layers, first in last out; logits held)."""
+        L = self.layers if self.layers is not None else sum(layers) * pp
+        held, logits = in_flight(pp, L, m, self.folds, rank, self.shares)
+        n_attn = sum(1 for k in range(1, 2 * L + 1, 2) if chain_rank(k, 0, pp, self.folds, self.shares) == rank)
+        return m * n_attn, logits
+
+    def simulate(self, pp, virtual_stages, m, fwd, bwd, p2p, wgt=None):
+        raise NotImplementedError("helixpipe prices itself from each rank's operation times and the link matrix "
+                                  "(price_rank, simulate_replicas): its data flow is no chain of stages")
+
+    # the cost model's and the runtime's hooks for a schedule whose data flow is not a chain
+    def price_rank(self, ctx: Any, base: Any) -> Any:
+        return rank_cost(ctx, base)
+
+    def simulate_replicas(self, step: Any, per_rep_stage: Any) -> list[HelixSimulation]:
+        return simulate_replicas(step, per_rep_stage)
+
+    def build_trainer(self, plan: Any, spec: Any, mesh: Any, seq_len: int, global_batch: int, seed: int,
+                      data: Any = None) -> Any:
+        from autotune.runtime.helix import HelixTrainer
+
+        return HelixTrainer(plan, spec, mesh, seq_len, global_batch, seed, data=data)
