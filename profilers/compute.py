@@ -25,6 +25,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from autotune.cost.compute import ATTENTION_BWD_FLOPS
 from profilers.dtypes import dtype_support, trial_dtype
 from profilers.emulation import SlowdownEmulator
 from profilers.fits import affine_fit
@@ -123,9 +124,10 @@ def attention_points(plan: ComputePlan, trial: bool = False) -> list[tuple[int, 
 
 
 def attention_flops(b: int, h: int, s: int, d: int) -> tuple[float, float]:
-    """(forward, backward) FLOPs of causal attention: fwd 4bhs^2d/2, bwd 2.5 x fwd."""
+    """(forward, backward) FLOPs of causal attention: fwd 4bhs^2d/2, bwd ``ATTENTION_BWD_FLOPS``
+    (2.5) x fwd: the cost model's convention, so it prices a measured backward at its time."""
     fwd = 4.0 * b * h * s * s * d / 2.0
-    return fwd, 2.5 * fwd
+    return fwd, ATTENTION_BWD_FLOPS * fwd
 
 
 Progress = Callable[[str], None]
@@ -324,7 +326,8 @@ def fit_attention(samples: list[dict], kind: str = "attention") -> dict:
                              "fwd": {"flops_per_s": ffit["rate"], "overhead_s": ffit["alpha_s"], "r2": ffit["r2"]},
                              "bwd": {"flops_per_s": bfit["rate"], "overhead_s": bfit["alpha_s"], "r2": bfit["r2"]}}
         attention = {"dtype": p0["dtype"], "batch": p0["batch"], "heads": p0["heads"], "causal": True,
-                     "flops": "fwd = 2*batch*heads*seq^2*head_dim (causal), bwd = 2.5 * fwd",
+                     "flops": f"fwd = 2*batch*heads*seq^2*head_dim (causal), bwd = {ATTENTION_BWD_FLOPS:g} * fwd",
+                     "bwd_flops_factor": ATTENTION_BWD_FLOPS,
                      "by_head_dim": by_hd}
     return attention
 

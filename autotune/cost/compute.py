@@ -48,6 +48,15 @@ from autotune.cost.interp import loglinear
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp32-strict": 4}
 
+ATTENTION_BWD_FLOPS = 2.5
+"""A measured attention backward's FLOPs per forward FLOP: five matmuls (S = QK^T recomputed, dV, dP,
+dQ, dK) against the forward's two (Dao 2023, FlashAttention-2, section on FLOPs). The profiler
+counts with it (``profilers/compute.py`` ``attention_flops``) and records it in the profile
+(``attention.bwd_flops_factor``); pricing a profiled backward multiplies by the same factor, so a
+backward measured at 2.5 ms is priced at 2.5 ms. Without a profile attention is priced by the
+model's FLOP accounting (``ModelSpec.hardware_flops_per_token``: backward twice the forward, as
+MFU counts it)."""
+
 
 @dataclass
 class Rates:
@@ -62,6 +71,8 @@ class Rates:
     gemm_points: tuple[list[float], list[float]] | None = None
     attn_points: tuple[list[float], list[float], list[float]] | None = None
     """(seq, fwd FLOP/s, bwd FLOP/s) at the profiled head dim."""
+    attn_bwd_flops: float = ATTENTION_BWD_FLOPS
+    """Backward FLOPs per forward FLOP in the profile's attention rates (its ``bwd_flops_factor``)."""
     source: str = "datasheet"
     cpu: _cpu.CpuRates | None = None
     """The CPU trial terms (``cpu.py``) of a ``kind == "cpu"`` device; None on accelerators."""
@@ -89,12 +100,15 @@ class Rates:
 
     def attention_time(self, flops_fwd: float, block_seq: float) -> tuple[float, float]:
         """(forward, backward) seconds of causal attention with ``flops_fwd`` forward FLOPs whose
-        blocks are ``block_seq`` tokens long; backward does twice the forward FLOPs."""
+        blocks are ``block_seq`` tokens long. Measured: the backward's FLOPs are ``attn_bwd_flops``
+        times the forward's (the convention its profile counted them with), so its measured time
+        comes back; datasheet: twice the forward's, as the model's FLOP accounting has it."""
         if flops_fwd <= 0:
             return 0.0, 0.0
         if self.attn_points is not None:
             seqs, fwd, bwd = self.attn_points
-            return flops_fwd / loglinear(seqs, fwd, block_seq), 2.0 * flops_fwd / loglinear(seqs, bwd, block_seq)
+            return (flops_fwd / loglinear(seqs, fwd, block_seq),
+                    self.attn_bwd_flops * flops_fwd / loglinear(seqs, bwd, block_seq))
         t = flops_fwd / self.flat
         return t, 2.0 * t
 
@@ -128,6 +142,7 @@ def _attention_rates(r: Rates, att: Any, head_dim: int) -> None:
         return
     hd = min(by_hd, key=lambda k: abs(int(k) - head_dim))
     batch_heads = float(att.get("batch", 1)) * float(att.get("heads", 1))
+    factor = float(att.get("bwd_flops_factor", ATTENTION_BWD_FLOPS))  # profiles before the key: 2.5 too
     seqs, fw, bw = [], [], []
     for row in sorted(by_hd[hd].get("points") or []):
         seq, f_s, b_s = float(row[0]), float(row[1]), float(row[2])
@@ -136,9 +151,10 @@ def _attention_rates(r: Rates, att: Any, head_dim: int) -> None:
         flops = 2.0 * batch_heads * seq * seq * int(hd)  # the profiler's causal forward count
         seqs.append(seq)
         fw.append(flops / f_s)
-        bw.append(2.5 * flops / b_s)  # the profiler counts backward as 2.5x forward
+        bw.append(factor * flops / b_s)  # the backward's FLOPs as the profiler counted them
     if seqs:
         r.attn_points = (seqs, fw, bw)
+        r.attn_bwd_flops = factor
 
 
 def rates_for(spec: Any, dtype: str, head_dim: int) -> Rates:
