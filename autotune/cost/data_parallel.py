@@ -18,12 +18,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from autotune.cost.compute import LayerCompute
-from autotune.plan import Plan
+from autotune.cost.compute import DTYPE_BYTES, LayerCompute
+from autotune.plan import GRAD_REDUCE_DTYPE, Plan
 
 ADAM_BYTES_PER_PARAM = 30.0
 """Adam step traffic per parameter: reads 16-bit weight and grad, fp32 master, m, v (16 B), writes
 weight, master, m, v (14 B)."""
+
+
+def grad_reduce_dtype(dtype: str) -> str:
+    """The precision gradients are accumulated and reduced in over the data-parallel ranks for a plan
+    computing in ``dtype``: ``autotune.plan.GRAD_REDUCE_DTYPE`` (fp32, Megatron's default under
+    ``--bf16``/``--fp16``, what the runtime's mixed precision does; the exporters emit the matching
+    flag) under 16-bit compute, the compute dtype itself otherwise."""
+    return GRAD_REDUCE_DTYPE if DTYPE_BYTES[dtype] < DTYPE_BYTES[GRAD_REDUCE_DTYPE] else dtype
 
 
 def stage_params(model: Any, plan: Plan) -> tuple[tuple[float, float], ...]:
@@ -35,12 +43,13 @@ def stage_params(model: Any, plan: Plan) -> tuple[tuple[float, float], ...]:
     p, n_chunks = plan.degrees.pp, len(plan.shares.layers)
     out = []
     for pp_i in range(p):
+        mine = plan.stages_of_rank(pp_i)  # the schedule's placement
         params = sum(plan.layers_of_stage(pp_i)) * lp
-        if pp_i == 0:
+        if 0 in mine:
             params += emb
-        if (n_chunks - 1) % p == pp_i:  # the last chunk: final norm and LM head
+        if n_chunks - 1 in mine:  # the last chunk: final norm and LM head
             params += head
-            if model.tied_embeddings and pp_i != 0:
+            if model.tied_embeddings and 0 not in mine:
                 params += model.vocab * model.hidden  # a copy of the tied embedding on the last stage
         out.append((params, lp))
     return tuple(out)
@@ -69,11 +78,12 @@ def grad_sync(ctx: Any) -> tuple[float, float]:
     if s.shard_n <= 1:
         return 0.0, 0.0
     K, link, n, mf = ctx.collectives, ctx.links.dp, s.shard_n, ctx.mf
-    grad_bytes = s.bpe * (ctx.params / s.tp)
+    params = ctx.params / s.tp
+    grad_bytes = DTYPE_BYTES[grad_reduce_dtype(s.dtype)] * params  # reduced in fp32 under 16-bit compute
     if s.zero == 0:
         return mf * K.all_reduce(link, n, grad_bytes), 0.0
-    if s.zero in (1, 2):  # updated weights back to every rank
-        return mf * K.reduce_scatter(link, n, grad_bytes), mf * K.all_gather(link, n, grad_bytes)
+    if s.zero in (1, 2):  # updated weights back to every rank, in the compute dtype
+        return mf * K.reduce_scatter(link, n, grad_bytes), mf * K.all_gather(link, n, s.bpe * params)
     return mf * K.reduce_scatter(link, n, grad_bytes), 0.0
 
 

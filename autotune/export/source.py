@@ -15,7 +15,7 @@ from typing import Any
 from autotune.errors import InputError
 from autotune.export.common import ExportContext
 from autotune.plan import Plan, load_plan
-from autotune.specs.cluster import cluster_from_dict, load_cluster
+from autotune.specs.cluster import NODE_KEYS, cluster_from_dict, load_cluster
 from autotune.specs.model import load_model, model_from_dict
 
 
@@ -99,7 +99,7 @@ def _cluster_from_record(name: str, spec: dict[str, Any] | None, digest: str, st
         raise InputError(f"the study records cluster {name!r} without its spec; pass its file with --cluster",
                          field="--cluster")
     d = {"name": spec.get("name", name),
-         "nodes": [{k: n[k] for k in ("count", "devices_per_node", "device", "intra_node") if k in n}
+         "nodes": [{k: n[k] for k in NODE_KEYS if k in n}
                    for n in spec.get("nodes", [])],
          "inter_node": spec.get("inter_node"),
          "overrides": spec.get("overrides") or []}
@@ -131,9 +131,11 @@ def from_study(name: str, storage: str, cluster_opt: str | None) -> tuple[Plan, 
         cluster = load_cluster(cluster_opt, storage=storage)
     else:
         cluster = _cluster_from_record(str(ua.get("cluster") or ""), ua.get("cluster_spec"), digest, storage)
+    from autotune.validate import calibration_for  # only where it was measured (precision, runtime)
+
     ctx = ExportContext(model=model, cluster=cluster, seq_len=ua["seq_len"], global_batch=ua["global_batch"],
                         study=name, trial=t.number, storage=storage, source=f"study {name}",
-                        calibration=ua.get("calibration"), cluster_digest=digest or cluster.digest)
+                        calibration=calibration_for(ua, plan), cluster_digest=digest or cluster.digest)
     return plan, ctx
 
 

@@ -182,12 +182,8 @@ def _no_sync() -> None:
 def emulate_busy(seconds: float) -> None:
     """Stand still for ``seconds`` as a slower device would still be computing; the profiler's
     ``profilers.emulation`` is used when it exists so trial and profile emulate alike."""
-    try:
-        from profilers.emulation import emulate_delay
-    except ImportError:  # the runtime without the profilers package: plain sleep
-        if seconds > 0:
-            time.sleep(seconds)
-        return
+    from profilers.emulation import emulate_delay
+
     emulate_delay(seconds)
 
 
@@ -209,12 +205,11 @@ def install_comm_timing() -> None:
     for name in _COMM_FUNCS:
         if hasattr(dist, name):
             setattr(dist, name, _CLOCK.wrap(getattr(dist, name)))
-    try:  # the pipeline schedules wait for their p2p batches here
-        from torch.distributed.pipelining import schedules
+    # the pipeline schedules wait for their p2p batches here (a torch without it fails loudly:
+    # pipeline communication would otherwise go uncounted)
+    from torch.distributed.pipelining import schedules
 
-        schedules._wait_batch_p2p = _CLOCK.wrap(schedules._wait_batch_p2p)
-    except (ImportError, AttributeError):
-        pass
+    schedules._wait_batch_p2p = _CLOCK.wrap(schedules._wait_batch_p2p)
 
 
 # ---- memory -------------------------------------------------------------------------------------
@@ -403,7 +398,12 @@ def train(plan: Plan, spec: ModelSpec, seq_len: int, global_batch: int, *, steps
     clk.sync = functools.partial(torch.cuda.synchronize, device) if (
         device.type == "cuda" and not cuda_events) else _no_sync
     mesh = build_mesh(plan, rank, device, timeout_s=timeout_s)
-    trainer = RankTrainer(plan, spec, mesh, seq_len, global_batch, seed, data=data)
+    if plan.schedule == "helixpipe":  # hand-written runtime: no torch.distributed.pipelining schedule has it
+        from autotune.runtime.helix import HelixTrainer
+
+        trainer: Any = HelixTrainer(plan, spec, mesh, seq_len, global_batch, seed, data=data)
+    else:
+        trainer = RankTrainer(plan, spec, mesh, seq_len, global_batch, seed, data=data)
     losses, times, splits = [], [], []
     reset_peak_memory(device)
     for i in range(warmup + steps):
