@@ -152,10 +152,14 @@ def mismatch(nodes: list[tuple[DeviceType, int]], machines: list[Machine]) -> st
 def check_machines(user_attrs: dict[str, Any], cluster: Any, storage: str | None, machines: list[Machine],
                    study_name: str) -> None:
     """Raise ``ClusterMismatch`` (one line) unless ``machines`` are the study's cluster."""
-    why = mismatch(study_nodes(user_attrs, cluster, storage), machines)
+    nodes = study_nodes(user_attrs, cluster, storage)
+    why = mismatch(nodes, machines)
     if why is not None:
-        raise ClusterMismatch(f"study {study_name!r} cannot be validated here: {why}; run validate on the "
-                              "study's cluster (or search this machine's own cluster)", field="--study")
+        cpu_study = all(t.kind == "cpu" for t, _ in nodes)
+        gpu_launch = any(d.kind != "cpu" for m in machines for d in m.devices)
+        hint = ("--device cpu runs on this machine's CPU workers" if cpu_study and gpu_launch else
+                "run validate on the study's cluster (or search this machine's own cluster)")
+        raise ClusterMismatch(f"study {study_name!r} cannot be validated here: {why}; {hint}", field="--study")
 
 
 def runtime_version() -> str:

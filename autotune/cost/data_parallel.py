@@ -43,12 +43,13 @@ def stage_params(model: Any, plan: Plan) -> tuple[tuple[float, float], ...]:
     p, n_chunks = plan.degrees.pp, len(plan.shares.layers)
     out = []
     for pp_i in range(p):
+        mine = plan.stages_of_rank(pp_i)  # the schedule's placement
         params = sum(plan.layers_of_stage(pp_i)) * lp
-        if pp_i == 0:
+        if 0 in mine:
             params += emb
-        if (n_chunks - 1) % p == pp_i:  # the last chunk: final norm and LM head
+        if n_chunks - 1 in mine:  # the last chunk: final norm and LM head
             params += head
-            if model.tied_embeddings and pp_i != 0:
+            if model.tied_embeddings and 0 not in mine:
                 params += model.vocab * model.hidden  # a copy of the tied embedding on the last stage
         out.append((params, lp))
     return tuple(out)

@@ -126,10 +126,10 @@ def rank_memory(ctx: Any, kept: float, full: float) -> tuple[float, dict[str, fl
     the last chunk's logits in flight, and the allocator's reserve."""
     s = ctx.step
     states = model_states(ctx.params / s.tp, s.dtype, s.zero, s.shard_n, ctx.layer_params / s.tp)
-    inflight, last_inflight = peak_in_flight(s.plan.schedule, s.pp, s.v, ctx.microbatches, ctx.pp_index, ctx.layers)
+    inflight, last_inflight = peak_in_flight(s.schedule, s.pp, s.v, ctx.microbatches, ctx.pp_index, ctx.layers)
     acts = kept * inflight + (full - kept if s.recompute != "none" else 0.0)
     logits = 0.0
-    if (s.n_chunks - 1) % s.pp == ctx.pp_index:
+    if s.n_chunks - 1 in s.chunks[ctx.pp_index]:
         logits = ctx.tokens_local * s.model.vocab / s.tp * (s.bpe + 4.0) * last_inflight
     alloc = states["weights"] + states["gradients"] + states["optimizer"] + acts + logits
     res = reserve(ctx.spec, alloc)

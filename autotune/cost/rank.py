@@ -18,6 +18,7 @@ from typing import Any
 from autotune.cost import context_parallel as CP
 from autotune.cost import cpu as _cpu
 from autotune.cost import data_parallel as DP
+from autotune.cost import layers as LY
 from autotune.cost import memory as M
 from autotune.cost import pipeline_parallel as PP
 from autotune.cost import tensor_parallel as TP
@@ -62,7 +63,7 @@ class RankCost:
     """Seconds per micro-batch of each model chunk on the rank, forward."""
     bwd: tuple[float, ...]
     p2p: float
-    """Seconds of one send to the next stage."""
+    """Seconds of one send to the next stage (of the rank's first chunk; ``p2p_chunks`` per chunk)."""
     compute_s: float
     tp_comm_s: float
     hp_comm_s: float
@@ -78,6 +79,10 @@ class RankCost:
     optimizer: float
     memory_total: float
     memory_terms: dict[str, float]
+    wgt: tuple[float, ...] = ()
+    """Weight-gradient part of each chunk's backward (``pipeline_parallel.chunk_times``)."""
+    p2p_chunks: tuple[float, ...] = ()
+    """Seconds of one send of each chunk, on the link it takes (``pipeline_parallel.chunk_send_times``)."""
 
 
 def block_times(ctx: RankContext, lc: LayerCompute) -> BlockTimes:
@@ -128,18 +133,23 @@ def rank_cost(ctx: RankContext) -> RankCost:
     lc = layer_compute(s.model, ctx.rates, tokens=ctx.tokens_local, tp=s.tp, heads_local=ctx.heads,
                        keysum=ctx.keysum, block_seq=ctx.tokens, blocks=ctx.ring, micro_batch=s.mbs,
                        act_bytes=full - scores)
+    # measured layers first (cost/layers.py), then the kernel curves / datasheet of compute.py
+    blk, hd, emb = LY.piece(ctx, "block"), LY.piece(ctx, "head"), LY.piece(ctx, "embed")
+    if blk is not None:
+        lc = LY.measured_block(lc, blk)
     b = block_times(ctx, lc)
-    head = head_compute(s.model, ctx.rates, tokens=ctx.tokens_local, tp=s.tp)
+    head = (hd.fwd, hd.bwd) if hd is not None else head_compute(s.model, ctx.rates, tokens=ctx.tokens_local, tp=s.tp)
     head_tp = _cpu.head_tp_comm(ctx) if s.tp > 1 and ctx.rates.cpu is not None else (0.0, 0.0)
-    ch = PP.chunk_times(ctx, b, TP.embedding_comm(ctx), head, head_tp)
-    p2p = PP.send_time(ctx)
-    pp_sends = PP.sends_per_microbatch(ctx, p2p)
+    ch = PP.chunk_times(ctx, b, TP.embedding_comm(ctx), head, head_tp,
+                        embed=(emb.fwd, emb.bwd) if emb is not None else None, layer_w=ctx.cf * lc.gemm_fwd)
+    p2ps = PP.chunk_send_times(ctx)
+    pp_sends = PP.sends_per_microbatch(ctx, p2ps)
     overl, fixed = DP.grad_sync(ctx)
     dp_raw = DP.step_comm(ctx, overl, fixed)
     total, terms = M.rank_memory(ctx, kept, full)
     m_d = ctx.microbatches
     return RankCost(
-        spec=ctx.spec, fwd=ch.fwd, bwd=ch.bwd, p2p=p2p,
+        spec=ctx.spec, fwd=ch.fwd, bwd=ch.bwd, p2p=p2ps[0], wgt=ch.wgt, p2p_chunks=p2ps,
         compute_s=m_d * ch.compute, tp_comm_s=m_d * ch.tp, hp_comm_s=m_d * ch.hp, cp_comm_s=m_d * ch.cp_raw,
         pp_comm_s=m_d * pp_sends, dp_comm_s=dp_raw, comm_s=m_d * (ch.tp + ch.hp + ch.cp_raw + pp_sends) + dp_raw,
         exposed_in_ops=m_d * ch.exposed, busy=m_d * (sum(ch.fwd) + sum(ch.bwd)),

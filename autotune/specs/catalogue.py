@@ -76,6 +76,12 @@ class DeviceSpec:
     backward); empty: fused on cuda/rocm (PyTorch SDPA, Transformer Engine), materialized on CPU
     (the math kernel). A cluster file may override it per node group (``attention: materialized``)."""
 
+    layer_profiles: tuple[dict[str, Any], ...] = field(default=(), compare=False, hash=False)
+    """Per-layer profiles measured on this device (``profilers/layers.py`` documents, or imported from
+    other planners' files), attached by a cluster file's ``layer_profile: layers:ID``; the cost
+    model prices a block, the head and the embedding from them where the model and dtype match
+    (``autotune/cost/layers.py``)."""
+
     def framework_reserve(self) -> float:
         """Bytes the framework holds on this device (the named ``framework_reserve`` memory term)."""
         if self.framework_reserve_bytes is not None:
@@ -95,6 +101,7 @@ class DeviceSpec:
         d = dataclasses.asdict(self)
         if d.get("profile") is None:
             d.pop("profile", None)
+        d["layer_profiles"] = [f"layers:{lp.get('id')}" for lp in self.layer_profiles]
         return d
 
 

@@ -10,7 +10,8 @@ Keys (every key with its unit and meaning: docs/files.md)::
     overrides:                                              # optional, by global node index
       - {nodes: [0, 2], bandwidth: "12.5GB/s", latency: "20us"}
 
-A node group may also set ``framework_reserve`` (bytes the framework holds per device: CUDA
+A node group may also name per-layer profiles measured on its device (``layer_profile: layers:3``
+or a list; ``autotune profile --layers`` / ``profile import --format``), set ``framework_reserve`` (bytes the framework holds per device: CUDA
 context, NCCL buffers; default the catalogue's ``FRAMEWORK_RESERVE``) and ``attention`` (``fused`` or
 ``materialized``: how the target runtime runs attention, which decides the activation memory).
 
@@ -37,6 +38,8 @@ from autotune.specs.catalogue import ATTENTION_IMPLS, CATALOGUE, DeviceSpec, dev
 from autotune.specs.user_device import device_from_mapping, device_to_mapping
 from autotune.units import parse_bandwidth, parse_bytes, parse_time
 
+NODE_KEYS = ("count", "devices_per_node", "device", "intra_node", "framework_reserve", "attention", "layer_profile")
+"""The keys of a node group (what a study record keeps of a cluster to rebuild it)."""
 DEFAULT_INTER_BANDWIDTH = 12.5e9  # 100 Gbit/s Ethernet per device when a file gives none
 DEFAULT_INTER_LATENCY = 10e-6
 
@@ -164,7 +167,7 @@ class ClusterSpec:
             "nodes": [
                 {"count": g.count, "devices_per_node": g.devices_per_node,
                  "device": device_to_mapping(g.device) if g.device.provenance == "user" else g.device.name,
-                 "provenance": g.device.provenance, "intra_node": g.intra_node.to_dict(), **_runtime_keys(g.device)}
+                 "provenance": g.device.provenance, "intra_node": g.intra_node.to_dict(), **_group_terms(g.device)}
                 for g in self.groups
             ],
             "inter_node": self.inter_node.to_dict(),
@@ -174,18 +177,16 @@ class ClusterSpec:
         }
 
 
-def _runtime_keys(dev: DeviceSpec) -> dict[str, str]:
-    """A node group's ``framework_reserve``/``attention`` as the file writes them (only when set)."""
-    out = {}
+def _group_terms(dev: DeviceSpec) -> dict[str, Any]:
+    """The node-group keys that changed the device (read back by ``_runtime_overrides``)."""
+    out: dict[str, Any] = {}
     if dev.framework_reserve_bytes is not None:
         out["framework_reserve"] = f"{dev.framework_reserve_bytes!r}B"
     if dev.attention_impl:
         out["attention"] = dev.attention_impl
+    if dev.layer_profiles:
+        out["layer_profile"] = [f"layers:{lp.get('id')}" for lp in dev.layer_profiles]
     return out
-
-
-NODE_KEYS = ("count", "devices_per_node", "device", "intra_node", "framework_reserve", "attention")
-"""The keys of one node group in a cluster file."""
 
 
 def cluster_from_record(name: str, spec: dict[str, Any] | None, storage: str | None = None,
@@ -238,9 +239,29 @@ def _link(d: Any, field: str, default_bw: float | None, default_lat: float, kind
     return Link(bandwidth=bw, latency=lat, kind=kind)
 
 
-def _runtime_overrides(dev: DeviceSpec, nd: dict[str, Any], where: str) -> DeviceSpec:
-    """The node group's ``framework_reserve`` and ``attention`` replace the device's defaults."""
+def _layer_profiles(refs: Any, where: str, storage: str | None) -> tuple[dict[str, Any], ...]:
+    """``layers:ID`` (or a list of them) -> the stored layer-profile documents."""
+    refs = refs if isinstance(refs, list) else [refs]
+    out = []
+    for i, ref in enumerate(refs):
+        if not isinstance(ref, str) or not ref.startswith("layers:"):
+            raise InputError(f"expected layers:ID (see `autotune profile list`), got {ref!r}", field=where)
+        from autotune.commands.common import DEFAULT_STORAGE
+        from profilers.store import load_layer_profile
+
+        try:
+            out.append(load_layer_profile(ref, storage or DEFAULT_STORAGE))
+        except InputError as e:
+            raise InputError(e.message, field=where if len(refs) == 1 else f"{where}[{i}]") from None
+    return tuple(out)
+
+
+def _runtime_overrides(dev: DeviceSpec, nd: dict[str, Any], where: str, storage: str | None = None) -> DeviceSpec:
+    """The node group's ``framework_reserve`` and ``attention`` replace the device's defaults; its
+    ``layer_profile`` attaches measured per-layer profiles."""
     changes: dict[str, Any] = {}
+    if nd.get("layer_profile") is not None:
+        changes["layer_profiles"] = _layer_profiles(nd["layer_profile"], f"{where}.layer_profile", storage)
     if nd.get("framework_reserve") is not None:
         changes["framework_reserve_bytes"] = parse_bytes(nd["framework_reserve"], field=f"{where}.framework_reserve",
                                                         allow_zero=True)
@@ -275,7 +296,7 @@ def cluster_from_dict(d: dict[str, Any], source: str | None = None, storage: str
                     raise InputError(e.message, field=f"{where}.device") from None
             else:
                 dev = device_from_catalogue(dev_name, field=f"{where}.device")
-            dev = _runtime_overrides(dev, nd, where)
+            dev = _runtime_overrides(dev, nd, where, storage)
             intra = _link(nd.get("intra_node"), f"{where}.intra_node", dev.intra_node_bandwidth,
                           dev.intra_node_latency, "intra")
             groups.append(NodeGroup(count=count, devices_per_node=dpn, device=dev, intra_node=intra))

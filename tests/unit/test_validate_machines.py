@@ -110,3 +110,13 @@ def test_an_estimator_that_raises_is_an_error_not_a_dropped_plan(tmp_path):
 
     with pytest.raises(RuntimeError, match="cost model bug"):
         validate("e", url, options=ValidateOptions(top=2), runner=toy_runner(1.3), estimator=broken)
+
+
+def test_a_cpu_study_on_a_gpu_launch_points_at_device_cpu():
+    from autotune.machines import ClusterMismatch, check_machines
+
+    ua = {"cluster": "local:2", "cluster_spec": {"nodes": [{"count": 1, "devices_per_node": 2, "device": "CPU"}]}}
+    gpu = Machine("g", (DeviceType("cuda", "H200"),))
+    with pytest.raises(ClusterMismatch, match="--device cpu"):
+        check_machines(ua, load_cluster("local:2"), None, [gpu], "s")
+    check_machines(ua, load_cluster("local:2"), None, [Machine("c", (DeviceType("cpu", "any"),))], "s")
