@@ -12,8 +12,9 @@ owns a contiguous block of ranks (so a stage can sit on one device type)::
 Shares (uneven splits). Along each dimension the share at index i is the same for every coordinate
 of the other dimensions, so the runtime can execute it:
 
-* ``layers``:  ``pp * virtual_stages`` entries in model order (virtual stage j lives on pp rank
-  ``j % pp``), each >= 1, summing to the model's layers;
+* ``layers``:  ``pp * virtual_stages`` entries in model order (which pp rank holds virtual stage j
+  is the schedule's placement, ``autotune/schedules``: ``j % pp`` for the looped schedules), each
+  >= 1, summing to the model's layers;
 * ``tokens``:  ``cp`` entries summing to the sequence length; with ``cp_layout = "zigzag"`` each CP
   rank holds two chunks (front and mirrored back) so causal work balances; inside a CP shard the
   Ulysses (hp) ranks split the tokens evenly;
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import InputError, suggest
+from autotune.schedules import names, schedule_of
 from autotune.specs import fields as F
 
 SCHEMA_VERSION = 2
@@ -40,9 +42,9 @@ states, gradients reduced in ``GRAD_REDUCE_DTYPE``); version-1 plans load unchan
 READABLE_SCHEMA_VERSIONS = (1, 2)
 DIMS = ("dp", "pp", "cp", "hp", "tp")
 MESH_ORDER = ("pp", "dp", "cp", "hp", "tp")
-SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "helixpipe")
-"""Every pipeline schedule name a Plan may carry (one registry: the constructor, the JSON parser, the
-search space and the schema test read it; a new schedule is added here and where it is built)."""
+SCHEDULES = names()
+"""Every pipeline schedule name a Plan may carry: the registry of ``autotune.schedules`` (one module
+each; the constructor, the JSON parser, the search space and the schema test read it)."""
 RECOMPUTE = ("none", "selective", "full")
 HELIX_FOLDS = (1, 2)
 """HelixPipe's fold counts (the fork's ``--num-fold``: two folds hide one another's transfers)."""
@@ -149,9 +151,9 @@ class Plan:
     num_microbatches: int | None = None
     """Micro-batches of the largest DP replica per step (None: as many as the batch allows)."""
     schedule: str = "1f1b"
-    """Pipeline schedule: gpipe, 1f1b, interleaved_1f1b."""
+    """Pipeline schedule, a name ``autotune.schedules.get_schedule`` knows (gpipe, 1f1b, ...)."""
     virtual_stages: int = 1
-    """Model chunks per pipeline rank (> 1 only with interleaved_1f1b)."""
+    """Model chunks per pipeline rank (the schedule says which counts it runs)."""
     helix_folds: int = 1
     """HelixPipe's fold count F (1 or 2): micro-batches go through the attention-parallel pipeline
     in groups of pp * F, each operation running back to back for the F folds so one fold's
@@ -237,10 +239,20 @@ class Plan:
         assert self.shares.samples is not None, "resolve the plan first"
         return self.shares.samples[dp_index] // self.micro_batch_size
 
+    def stages_of_rank(self, pp_index: int) -> tuple[int, ...]:
+        """Virtual stages (model chunks, in model order) on pp rank ``pp_index``: the schedule's placement."""
+        return schedule_of(self).stages_of_rank(pp_index, self.degrees.pp, self.virtual_stages)
+
     def layers_of_stage(self, pp_index: int) -> list[int]:
         """Layer counts of the virtual stages on pp rank ``pp_index`` (one entry per chunk)."""
         assert self.shares.layers is not None, "resolve the plan first"
-        return [self.shares.layers[j] for j in range(pp_index, len(self.shares.layers), self.degrees.pp)]
+        return [self.shares.layers[j] for j in self.stages_of_rank(pp_index)]
+
+    def layout(self) -> tuple[Any, ...]:
+        """What tells two layouts apart, as opposed to share variations of one layout: degrees,
+        schedule, virtual stages and micro-batch size. ``validate`` measures the best plan of each
+        layout first and ``search`` shows one plan per layout, by this one rule."""
+        return (self.degrees, self.schedule, self.virtual_stages, self.micro_batch_size)
 
     def is_even(self) -> bool:
         """True when every resolved share is an even split (the Megatron/torchtitan baseline shape)."""
@@ -393,16 +405,11 @@ def _check_basic(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batc
         p.append(f"seq_len: must be positive, got {seq_len}")
     if d.cp * d.hp > seq_len:
         p.append(f"degrees.cp: cp({d.cp})*hp({d.hp}) > seq_len({seq_len})")
-    if plan.schedule == "interleaved_1f1b" and plan.virtual_stages < 2:
-        p.append("virtual_stages: interleaved_1f1b needs virtual_stages >= 2")
-    if plan.schedule != "interleaved_1f1b" and plan.virtual_stages != 1:
-        p.append(f"virtual_stages: {plan.schedule} runs one stage per rank, got virtual_stages({plan.virtual_stages})")
+    p += schedule_of(plan).check_shape(d.pp, plan.virtual_stages)
     if plan.helix_folds not in HELIX_FOLDS:
         p.append(f"helix_folds: must be one of {', '.join(map(str, HELIX_FOLDS))}, got {plan.helix_folds}")
     elif plan.helix_folds != 1 and plan.schedule != "helixpipe":
         p.append(f"helix_folds: only helixpipe folds micro-batches, {plan.schedule} needs helix_folds(1)")
-    if plan.schedule == "interleaved_1f1b" and d.pp < 2:
-        p.append("schedule: interleaved_1f1b needs pp >= 2")
     if plan.dtype not in {k for dev in cluster.device_types() for k in dev.peak_flops}:
         p.append(f"dtype: no device in the cluster supports {plan.dtype}")
     return p
@@ -437,16 +444,8 @@ def _check_resolved(plan: Plan, model: Any, cluster: Any, seq_len: int, global_b
         if plan.num_microbatches != max(counts):
             p.append(f"num_microbatches: {plan.num_microbatches} but the largest replica runs "
                      f"samples({max(sh.samples)})/micro_batch_size({mbs}) = {max(counts)}")
-        if plan.schedule in ("1f1b", "interleaved_1f1b") and d.pp > 1 and min(counts) < d.pp:
-            p.append(f"num_microbatches: {plan.schedule} needs at least pp({d.pp}) micro-batches per replica, "
-                     f"a replica has {min(counts)}")
-        if plan.schedule == "interleaved_1f1b" and any(c % d.pp for c in counts):
-            p.append(f"num_microbatches: interleaved_1f1b needs micro-batches per replica divisible by pp({d.pp}), "
-                     f"got {counts}")
-    if plan.schedule == "helixpipe":  # its own shape rules (autotune/schedules/helixpipe.py)
-        from autotune.schedules.helixpipe import plan_problems
-
-        p += plan_problems(plan, model)
+        p += schedule_of(plan).check_microbatches(d.pp, plan.virtual_stages, counts)
+    p += schedule_of(plan).check_plan(plan, model)  # rules of its own (helixpipe: L % p, even layers, ...)
     # placement: a permutation of the cluster's devices, tp groups inside one node
     pl = plan.placement or ()
     if len(pl) != d.world:
@@ -644,11 +643,20 @@ def _load_plan(path_or_inline: str | Path) -> tuple[Plan, bool]:
     return plan, isinstance(data, dict) and data.get("dtype") is not None
 
 
+def plan_schema() -> dict[str, Any]:
+    """The shipped JSON Schema (autotune/schema/plan.schema.json) with the schedule names of the
+    registry (``autotune.schedules``) as the ``schedule`` enum: the file does not list them, so
+    that a new schedule is one module."""
+    schema = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+    schema["properties"]["schedule"]["enum"] = list(SCHEDULES)
+    return schema
+
+
 def check_schema(d: dict[str, Any], source: str | None = None) -> None:
-    """Validate a plan dict against the shipped JSON Schema (autotune/schema/plan.schema.json)."""
+    """Validate a plan dict against the plan's JSON Schema (``plan_schema``)."""
     import jsonschema
 
-    schema = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+    schema = plan_schema()
     errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(d), key=lambda e: list(e.path))
     if errors:
         e = errors[0]

@@ -29,6 +29,7 @@ from autotune.cost import data_parallel as DP
 from autotune.cost import ulysses as U
 from autotune.cost.compute import DTYPE_BYTES, Rates, cached_rates, causal_keys
 from autotune.plan import Degrees, Plan
+from autotune.schedules import schedule_of
 from autotune.specs.cluster import Link
 
 
@@ -75,10 +76,18 @@ class StepContext:
     """Causal (query, key) pairs of each CP shard (``compute.causal_keys``)."""
     ring: tuple[Any, ...]
     """Each CP shard's ring blocks (``cpu.ring_blocks``), priced on CPU only (else None)."""
-    stage_params: tuple[tuple[float, float], ...]
-    """(parameters of the pipeline rank before tp sharding, one block's) per pipeline rank."""
+    stage_params: tuple[tuple[float, float, float], ...]
+    """(parameters of the pipeline rank before tp sharding, one block's, those outside its blocks)
+    per pipeline rank."""
     dp_links: tuple[Link, ...]
     """The slowest link of each pipeline rank's parameter-sharing (dp x cp x hp) group."""
+    schedule: Any = None
+    """The plan's pipeline schedule (``autotune.schedules.schedule_of``): placement and order."""
+    chunks: tuple[tuple[int, ...], ...] = ()
+    """Model chunks of each pipeline rank (the schedule's placement), in model order."""
+    hop_peers: tuple[tuple[tuple[int, bool, bool], ...], ...] = ()
+    """Per pipeline rank, per chunk: (peer pipeline rank whose link prices its sends, sends
+    forward, sends backward); see ``_hop_peers``."""
 
 
 def step_context(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: int,
@@ -91,6 +100,8 @@ def step_context(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batc
     tokens, zig = rp.shares.tokens, rp.cp_layout == "zigzag" and d.cp > 1
     on_cpu = d.cp > 1 and any(g.device.kind == "cpu" for g in cluster.groups)
     blk, shard_n = d.dp * d.cp * d.hp * d.tp, d.dp * d.cp * d.hp
+    sched = schedule_of(rp)
+    chunks = tuple(rp.stages_of_rank(i) for i in range(d.pp))
     return StepContext(
         plan=rp, model=model, cluster=cluster, topo=topo, seq_len=seq_len, global_batch=global_batch,
         calibration=calibration or {}, dtype=rp.dtype, bpe=DTYPE_BYTES[rp.dtype],
@@ -104,7 +115,28 @@ def step_context(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batc
         keysums=tuple(causal_keys(tokens, i, zig, seq_len) for i in range(d.cp)),
         ring=tuple(_cpu.ring_blocks(tokens, i, zig, seq_len) if on_cpu else None for i in range(d.cp)),
         stage_params=DP.stage_params(model, rp),
-        dp_links=tuple(topo.group_link([devs[i * blk + k * d.tp] for k in range(shard_n)]) for i in range(d.pp)))
+        dp_links=tuple(topo.group_link([devs[i * blk + k * d.tp] for k in range(shard_n)]) for i in range(d.pp)),
+        schedule=sched, chunks=chunks, hop_peers=_hop_peers(sched, d.pp, rp.virtual_stages, chunks))
+
+
+def _hop_peers(sched: Any, p: int, v: int, chunks: tuple[tuple[int, ...], ...]) -> tuple:
+    """Per pipeline rank, per chunk j: (peer, sends forward, sends backward). A chunk sends its
+    output to the rank of chunk j + 1 and its input gradient to that of j - 1 unless they sit on the
+    same rank (the turn of a V). Its sends are priced on the link to the rank of the next chunk; where
+    that is local, to the previous one's; the last chunk's on the link to the next pipeline rank, so
+    the looped schedules price as they always did."""
+    n = p * v
+    rank_of = [sched.stage_rank(j, p, v) for j in range(n)]
+    out = []
+    for s in range(p):
+        row = []
+        for j in chunks[s]:
+            fwd_out = j < n - 1 and rank_of[j + 1] != s
+            bwd_out = j > 0 and rank_of[j - 1] != s
+            q = rank_of[j + 1] if fwd_out else ((s + 1) % p if j == n - 1 or not bwd_out else rank_of[j - 1])
+            row.append((q, fwd_out, bwd_out))
+        out.append(tuple(row))
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -117,6 +149,9 @@ class Links:
     pp: Link
     """To the next pipeline rank (the last stage: to the first)."""
     dp: Link
+    pp_hops: tuple[tuple[Link, bool, bool], ...] = ()
+    """Per chunk of the rank: (link its sends are priced on, sends forward, sends backward), from
+    the schedule's placement (``StepContext.hop_peers``)."""
 
 
 @dataclass(frozen=True)
@@ -149,6 +184,8 @@ class RankContext:
     """Parameters of its pipeline rank before tp sharding."""
     layer_params: float
     """Parameters of one block before tp sharding."""
+    rest_params: float
+    """Parameters of its pipeline rank outside its blocks (embedding, final norm, head) before tp."""
     keysum: float
     ring: Any
     tokens_local: float
@@ -162,9 +199,9 @@ class RankContext:
 
 
 
-def _group_links(s: StepContext, r0: int, c: Mapping[str, int], cache: dict) -> tuple[Link, Link, Link, Link]:
-    """(tp, hp, cp, pp) links of the groups the tp group starting at rank ``r0`` belongs to (hp and
-    cp groups cached by their first rank; the dp link is the pipeline rank's)."""
+def _group_links(s: StepContext, r0: int, c: Mapping[str, int], cache: dict) -> tuple[Link, Link, Link, Link, tuple]:
+    """(tp, hp, cp, pp, pp hops) links of the groups the tp group starting at rank ``r0`` belongs to
+    (hp and cp groups cached by their first rank; the dp link is the pipeline rank's)."""
     topo, devs, node_of = s.topo, s.devs, s.topo.node_of
     d0 = devs[r0]
     tp_link = topo.node_link(node_of[d0], node_of[d0]) if s.tp > 1 else C._SELF
@@ -183,7 +220,11 @@ def _group_links(s: StepContext, r0: int, c: Mapping[str, int], cache: dict) -> 
         blk = s.dp * s.cp * s.hp * s.tp
         nxt = r0 + blk if c["pp"] < s.pp - 1 else r0 - (s.pp - 1) * blk
         pp_link = topo.node_link(node_of[d0], node_of[devs[nxt]])
-    return tp_link, hp_link, cp_link, pp_link
+        hops = tuple((topo.node_link(node_of[d0], node_of[devs[r0 + (q - c["pp"]) * blk]]), f, b)
+                     for q, f, b in s.hop_peers[c["pp"]])
+    else:
+        hops = ((C._SELF, False, False),) * s.v
+    return tp_link, hp_link, cp_link, pp_link, hops
 
 
 @lru_cache(maxsize=512)
@@ -205,12 +246,13 @@ def tp_groups(s: StepContext) -> list[tuple[int, int, RankContext]]:
     out = []
     for r0, c in _tp_group_coords(plan.degrees):
         spec = s.cluster.devices[s.devs[r0]].spec
-        tp_l, hp_l, cp_l, pp_l = _group_links(s, r0, c, link_cache)
+        tp_l, hp_l, cp_l, pp_l, hops = _group_links(s, r0, c, link_cache)
         m_d = s.microbatches[c["dp"]]
-        key = (c["pp"], c["cp"], c["hp"], id(spec), id(tp_l), id(hp_l), id(cp_l), id(pp_l), m_d)
+        key = (c["pp"], c["cp"], c["hp"], id(spec), id(tp_l), id(hp_l), id(cp_l), id(pp_l),
+               tuple(id(h[0]) for h in hops), m_d)
         ctx = contexts.get(key)
         if ctx is None:
-            links = Links(tp=tp_l, hp=hp_l, cp=cp_l, pp=pp_l, dp=s.dp_links[c["pp"]])
+            links = Links(tp=tp_l, hp=hp_l, cp=cp_l, pp=pp_l, dp=s.dp_links[c["pp"]], pp_hops=hops)
             ctx = contexts[key] = _rank_context(s, c, spec, links, m_d, cal.get(spec.name) or {})
         out.append((r0, c["dp"], ctx))
     return out
@@ -220,10 +262,10 @@ def _rank_context(s: StepContext, c: Mapping[str, int], spec: Any, links: Links,
                   cal: Mapping[str, float]) -> RankContext:
     tokens = s.plan.shares.tokens[c["cp"]]
     tok = s.mbs * tokens / s.hp
-    params, layer_params = s.stage_params[c["pp"]]
+    params, layer_params, rest = s.stage_params[c["pp"]]
     return RankContext(
         step=s, coords=c, spec=spec, rates=cached_rates(spec, s.dtype, s.model.head_dim),
         collectives=C.collectives_for(spec), cf=float(cal.get("compute", 1.0)), mf=float(cal.get("comm", 1.0)),
         links=links, tokens=tokens, heads=s.plan.shares.heads[c["hp"]], microbatches=m_d,
-        layers=tuple(s.plan.layers_of_stage(c["pp"])), params=params, layer_params=layer_params,
+        layers=tuple(s.plan.layers_of_stage(c["pp"])), params=params, layer_params=layer_params, rest_params=rest,
         keysum=s.keysums[c["cp"]], ring=s.ring[c["cp"]], tokens_local=tok, hidden_bytes=s.bpe * tok * s.model.hidden)

@@ -80,7 +80,7 @@ def _first_ranks(groups: list) -> dict[tuple[int, int], int]:
 def stage_rows(s: StepContext, groups: list, sims: list, per_rep_stage: dict, rows: list, stage_end: list,
                stage_mem: list) -> list[dict[str, Any]]:
     """One row per pipeline stage, from the rank that paces it in the replica that ends it last."""
-    p, v, dp = s.pp, s.v, s.dp
+    p, dp = s.pp, s.dp
     first_rank = _first_ranks(groups)
     stages = []
     for st in range(p):
@@ -93,7 +93,7 @@ def stage_rows(s: StepContext, groups: list, sims: list, per_rep_stage: dict, ro
             "stage": st, "layers": list(s.plan.layers_of_stage(st)),
             "devices": sorted({c.spec.name for d in range(dp) for c in per_rep_stage[(d, st)].values()}),
             "pacing_replica": pace, "pacing_rank": pr, "microbatches": sim.m,
-            "fwd_s": [sim.fwd[ci * p + st] for ci in range(v)], "bwd_s": [sim.bwd[ci * p + st] for ci in range(v)],
+            "fwd_s": [sim.fwd[j] for j in s.chunks[st]], "bwd_s": [sim.bwd[j] for j in s.chunks[st]],
             "compute_s": r["compute_s"], "tp_comm_s": r["tp_comm_s"], "cp_comm_s": r["cp_comm_s"],
             "hp_comm_s": r["hp_comm_s"], "pp_comm_s": r["pp_comm_s"], "dp_comm_s": r["dp_comm_s"],
             "exposed_comm_s": r["exposed_comm_s"], "dp_exposed_s": r["dp_exposed_s"], "optimizer_s": r["optimizer_s"],

@@ -50,6 +50,7 @@ from autotune.export.common import (
     with_even,
 )
 from autotune.plan import Plan
+from autotune.schedules import schedule_of
 
 NAME = "megatron"
 HELIX_FORK = ("HelixPipe's Megatron-LM fork (the code of arXiv 2507.00394, branch dev): upstream Megatron-LM "
@@ -69,8 +70,8 @@ def reasons(plan: Plan, ctx: ExportContext) -> list[str]:
     r.add(d.cp > 1 and plan.cp_layout == "contiguous",
           "cp_layout contiguous: Megatron's causal context parallelism always uses the load-balanced "
           "(zigzag) chunk order")
-    r.add(d.pp > 1 and plan.schedule == "gpipe", "schedule gpipe: Megatron pipelines run 1F1B "
-          "(interleaved with virtual stages), there is no GPipe schedule")
+    why = schedule_of(plan).refusal(NAME)
+    r.add(d.pp > 1 and why is not None, why or "")
     r.add(plan.zero_stage >= 2, f"zero_stage {plan.zero_stage}: Megatron's distributed optimizer "
           "(--use-distributed-optimizer) shards optimizer states only (ZeRO-1)")
     r.add(d.hp > 1 and (ctx.model.heads // d.tp) % d.hp != 0,
@@ -89,9 +90,12 @@ def reasons(plan: Plan, ctx: ExportContext) -> list[str]:
 
 
 def candidates(plan: Plan, ctx: ExportContext) -> list[Plan]:
-    base = with_even(plan, "tokens", "heads", "samples").replace(
-        cp_layout="zigzag", schedule="1f1b" if plan.schedule == "gpipe" else plan.schedule,
-        zero_stage=min(plan.zero_stage, 1))
+    base = with_even(plan, "tokens", "heads", "samples")
+    if plan.degrees.pp > 1 and schedule_of(plan).refusal(NAME):  # the nearest schedule Megatron runs: 1F1B
+        base = base.replace(schedule="1f1b")
+        if plan.virtual_stages != 1:
+            base = with_even(base, "layers").replace(virtual_stages=1)
+    base = base.replace(cp_layout="zigzag", zero_stage=min(plan.zero_stage, 1))
     out = [base, even_everything(base)]
     if plan.degrees.hp > 1:
         out += [fold(base, "hp", "cp"), fold(base, "hp", "dp")]

@@ -43,6 +43,7 @@ from autotune.runtime.optimizer import LR, WEIGHT_DECAY, ShardedOptimizer, Train
 from autotune.runtime.pipeline import build_schedule, build_stage_models
 from autotune.runtime.precision import TORCH_DTYPES
 from autotune.runtime.sharding import shard_stage_modules
+from autotune.schedules import schedule_of
 from autotune.specs.model import ModelSpec
 
 DTYPES = TORCH_DTYPES
@@ -434,10 +435,9 @@ def train(plan: Plan, spec: ModelSpec, seq_len: int, global_batch: int, *, steps
     # the peak is measured over this baseline (imports, process groups): what the plan itself needs
     # (weights, gradients, optimizer states, activations, communication buffers)
     baseline = reset_peak_memory(device)
-    if plan.schedule == "helixpipe":  # hand-written runtime: no torch.distributed.pipelining schedule has it
-        from autotune.runtime.helix import HelixTrainer
-
-        trainer: Any = HelixTrainer(plan, spec, mesh, seq_len, global_batch, seed, data=data)
+    sched = schedule_of(plan)
+    if hasattr(sched, "build_trainer"):  # a hand-written runtime (helixpipe): no torch schedule has it
+        trainer: Any = sched.build_trainer(plan, spec, mesh, seq_len, global_batch, seed, data=data)
     else:
         trainer = RankTrainer(plan, spec, mesh, seq_len, global_batch, seed, data=data)
     losses, times, splits = [], [], []

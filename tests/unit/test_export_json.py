@@ -12,7 +12,7 @@ from autotune.errors import InputError
 from autotune.export import export, write_atomic
 from autotune.export import json_plan as J
 from autotune.export.common import ExportContext
-from autotune.plan import SCHEMA_PATH, Degrees, Plan, PlanError, Shares, load_plan
+from autotune.plan import Degrees, Plan, PlanError, Shares, load_plan, plan_schema
 from autotune.specs.cluster import load_cluster
 from autotune.specs.model import PRESETS
 
@@ -31,7 +31,7 @@ def test_written_plan_matches_schema_and_round_trips(tmp_path):
     out = export(plan, ctx, "json")
     path = write_atomic(tmp_path / "plan.json", out.text, check=J.check_file)
     data = json.loads(path.read_text())
-    jsonschema.Draft202012Validator(json.loads(SCHEMA_PATH.read_text())).validate(data)
+    jsonschema.Draft202012Validator(plan_schema()).validate(data)
     back = load_plan(path)
     assert back.replace(provenance=None) == plan.replace(provenance=None)
     prov = data["provenance"]
