@@ -169,3 +169,39 @@ def launch_local(kind: str, nproc: int, *, quick: bool, emulate: dict[int, float
         if not res.exists():
             raise WorkError("profile failed: rank 0 wrote no result")
         return json.loads(res.read_text(encoding="utf-8"))
+
+
+def node_command(nnodes: int, nproc: int, kind: str, *, quick: bool, timeout_s: float, out: str | Path,
+                 run_id: str = "autotune-profile"):
+    """This node's torchrun line of a profile across ``nnodes`` hosts: c10d rendezvous at
+    ``"${MASTER_ADDR}":"${MASTER_PORT:-29500}"`` (autotune.export.launch's convention), ``nproc``
+    ranks of ``python -m profilers.worker`` here. The same line runs on every node."""
+    from autotune.export.launch import ENDPOINT, NodeCommand
+
+    argv = ["torchrun", "--nnodes", str(nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", ENDPOINT,
+            "--rdzv-id", run_id, "--nproc-per-node", str(nproc), "-m", "profilers.worker", "--out", str(out),
+            "--device", kind, "--timeout", f"{timeout_s:g}", *(["--quick"] if quick else [])]
+    return NodeCommand(node=-1, node_rank=-1, argv=argv)
+
+
+def launch_node(nnodes: int, kind: str, nproc: int, *, quick: bool, timeout_s: float = 60.0) -> dict[str, Any] | None:
+    """Run this node's part of a multi-node profile (``node_command`` through bash, so what runs is
+    the printed line); returns the whole result on the node that got rank 0, None on the others."""
+    import subprocess
+    import sys
+
+    with tempfile.TemporaryDirectory(prefix="autotune-profile-") as tmp:
+        cmd = node_command(nnodes, nproc, kind, quick=quick, timeout_s=timeout_s, out=tmp)
+        env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
+        limit = timeout_s * 3 + 120  # rendezvous, then the ranks' own process-group timeouts
+        try:
+            proc = subprocess.run(["bash", "-c", cmd.shell()], env=env, capture_output=True, text=True,
+                                  timeout=limit)
+        except subprocess.TimeoutExpired:
+            raise WorkError(f"profile failed: this node's ranks did not finish within {limit:.0f} s; "
+                            "nothing was stored") from None
+        if proc.returncode != 0:
+            raise WorkError(f"profile failed on this node: torchrun exited with code {proc.returncode} "
+                            f"({_clean(proc.stderr or proc.stdout or 'no output')}); nothing was stored")
+        res = Path(tmp) / "result.json"
+        return json.loads(res.read_text(encoding="utf-8")) if res.exists() else None

@@ -125,3 +125,29 @@ def alive(pids: list[int]) -> list[int]:
         if state != "Z":
             out.append(pid)
     return out
+
+
+def test_a_profile_spans_two_agents(tmp_path):
+    from profilers import store
+
+    url = f"sqlite:///{tmp_path}/p.db"
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    procs = [subprocess.Popen([sys.executable, "-m", "autotune", "profile", "--nnodes", "2", "--nproc", "1", "--quick",
+                               "--device", "cpu", "--storage", url, "--json"], cwd=tmp_path, env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=900)
+        assert p.returncode == 0, err[-2000:]
+        outs.append(json.loads(out))
+    assert sum(1 for o in outs if o.get("stored") is False) == 1  # one host stores, the other says so
+    (prof,) = store.list_profiles(url)
+    doc = store.load_profile(prof["id"], url)
+    assert prof["nproc"] == 2
+    links = doc["fits"]["links"]
+    bw = links["p2p_bandwidth"]
+    # the matrix spans both agents' ranks: measured both ways between rank 0 (one agent) and rank 1 (the other)
+    assert len(bw) == 2 and all(len(row) == 2 for row in bw)
+    assert bw[0][1] and bw[1][0] and bw[0][1] > 0 and bw[1][0] > 0
+    assert (0, 1) in {tuple(p["pair"]) for p in links["p2p_pairs"]}
+    assert set(doc["fits"]["compute"]) == {"0", "1"}  # one rank per agent (--nproc 1 each), both measured
