@@ -310,19 +310,10 @@ def even_split(total: int, parts: int) -> list[int]:
 # ---- validation ---------------------------------------------------------------------------------
 def _check_basic(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: int) -> list[str]:
     """What can be checked before defaults are filled in."""
-    d, p = plan.degrees, []
-    world = cluster.num_devices
-    if d.world != world:
-        p.append(f"degrees: {d.product_text()} = {d.world} != devices({world})")
-    if model.heads % d.tp:
-        p.append(f"degrees.tp: heads({model.heads}) not divisible by tp({d.tp})")
-    if model.kv_heads % d.tp:
-        p.append(f"degrees.tp: kv_heads({model.kv_heads}) not divisible by tp({d.tp})")
-    if d.hp > model.heads // max(d.tp, 1):
-        p.append(f"degrees.hp: hp({d.hp}) > heads per tp rank({model.heads // max(d.tp, 1)})")
-    if d.pp * plan.virtual_stages > model.layers:
-        p.append(f"degrees.pp: pp({d.pp})*virtual_stages({plan.virtual_stages}) > layers({model.layers}): "
-                 "a stage would have no layers")
+    from autotune.divisibility import degree_problems
+
+    d = plan.degrees
+    p = [f"{f}: {t}" for f, t in degree_problems(d, model, cluster.num_devices, plan.virtual_stages)]
     if d.dp > global_batch:
         p.append(f"degrees.dp: dp({d.dp}) > global_batch({global_batch})")
     if seq_len < 1:
@@ -369,12 +360,9 @@ def _check_resolved(plan: Plan, model: Any, cluster: Any, seq_len: int, global_b
         if plan.num_microbatches != max(counts):
             p.append(f"num_microbatches: {plan.num_microbatches} but the largest replica runs "
                      f"samples({max(sh.samples)})/micro_batch_size({mbs}) = {max(counts)}")
-        if plan.schedule in ("1f1b", "interleaved_1f1b") and d.pp > 1 and min(counts) < d.pp:
-            p.append(f"num_microbatches: {plan.schedule} needs at least pp({d.pp}) micro-batches per replica, "
-                     f"a replica has {min(counts)}")
-        if plan.schedule == "interleaved_1f1b" and any(c % d.pp for c in counts):
-            p.append(f"num_microbatches: interleaved_1f1b needs micro-batches per replica divisible by pp({d.pp}), "
-                     f"got {counts}")
+        from autotune.divisibility import microbatch_problems
+
+        p += [f"{f}: {t}" for f, t in microbatch_problems(plan.schedule, d.pp, counts)]
     # placement: a permutation of the cluster's devices, tp groups inside one node
     pl = plan.placement or ()
     if len(pl) != d.world:

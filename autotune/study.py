@@ -262,8 +262,11 @@ def worker_count_ok(storage: str, workers: int) -> None:
         raise InputError(f"--workers {workers} is more than 4 per core on this machine", field="--workers")
 
 
-def cluster_from_record(name: str, spec: dict[str, Any] | None, storage: str | None = None) -> Any:
-    """Rebuild a study's cluster: ``local``/``local:N`` by name, anything else from its stored spec."""
+def cluster_from_record(name: str, spec: dict[str, Any] | None, storage: str | None = None,
+                        digest: str | None = None) -> Any:
+    """Rebuild a study's cluster: ``local``/``local:N`` and this machine's GPUs (``local-<GPU>[:N]``)
+    by name, anything else from its stored spec (``digest``: the study's record of it, else the
+    spec's own). The one rebuilder: ``study_workload`` and ``apply`` (autotune/export/source.py) ask it."""
     from autotune.specs.cluster import cluster_from_dict, load_cluster
 
     if name == "local" or name.startswith("local:"):
@@ -276,7 +279,8 @@ def cluster_from_record(name: str, spec: dict[str, Any] | None, storage: str | N
          "nodes": [{k: n[k] for k in ("count", "devices_per_node", "device", "intra_node") if k in n}
                    for n in spec.get("nodes", [])],
          "inter_node": spec.get("inter_node"), "overrides": spec.get("overrides") or []}
-    return cluster_from_dict(d, source=f"study cluster {name}", storage=storage, digest=str(spec.get("digest") or ""))
+    return cluster_from_dict(d, source=f"study cluster {name}", storage=storage,
+                             digest=str(digest or spec.get("digest") or ""))
 
 
 def study_workload(study: Any, storage: str | None = None) -> tuple[Any, Any, int, int]:

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from autotune.divisibility import degree_problems, microbatch_multiple, min_microbatches
 from autotune.plan import MESH_ORDER, RECOMPUTE, SCHEDULES, Degrees, Placement, Plan, PlanError, Shares
 from search_spaces import _balance as B
 from search_spaces.base import Infeasible, SearchContext, family_of
@@ -104,15 +105,11 @@ class DefaultSpace:
                                               f"devices({self.n})", "")
         deg = Degrees(dp=self.n // inner, pp=pp, cp=cp, hp=hp, tp=tp)
         fam = family_of(deg)
-        for what, total, div in (("heads", model.heads, tp), ("kv_heads", model.kv_heads, tp)):
-            if total % div:
-                return Infeasible("divisibility", f"{what}({total}) not divisible by tp({tp})", fam)
-        if hp > model.heads // tp:
-            return Infeasible("divisibility", f"hp({hp}) > heads per tp rank({model.heads // tp})", fam)
         schedule = p["schedule"] if pp > 1 else "1f1b"
         vs = 2 ** p["vpp_exp"] if schedule == "interleaved_1f1b" else 1
-        if pp * vs > model.layers:
-            return Infeasible("divisibility", f"pp({pp})*virtual_stages({vs}) > layers({model.layers})", fam)
+        bad = degree_problems(deg, model, self.n, vs)  # the plan's own rules (autotune/divisibility.py)
+        if bad:
+            return Infeasible("divisibility", bad[0][1], fam)
         sp = bool(p["sp"]) and tp > 1
         zero = int(p["zero_stage"]) if deg.dp * cp * hp > 1 else 0
         mbs = 2 ** p["mbs_exp"]
@@ -121,8 +118,8 @@ class DefaultSpace:
 
         # the cheap limits first: most points of a grid or a hill climb that are no plan fail here,
         # before the placement and the shares are computed
-        unit = mbs * (pp if schedule == "interleaved_1f1b" else 1)
-        min_units = pp if (schedule == "1f1b" and pp > 1) else 1
+        unit = mbs * microbatch_multiple(schedule, pp)  # samples per replica come in these units
+        min_units = min_microbatches(schedule, pp) // microbatch_multiple(schedule, pp)
         if ctx.global_batch % unit:
             return Infeasible("batch", f"global_batch({ctx.global_batch}) not divisible by micro_batch_size({mbs})"
                                        f"*pp({pp}) for interleaved 1F1B", fam)
