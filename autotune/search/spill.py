@@ -48,14 +48,21 @@ def _study_prefix(study_name: str) -> str:
     return f"{_safe(study_name)}-{hashlib.sha1(study_name.encode()).hexdigest()[:8]}-"
 
 
-def trial_to_json(t: Any) -> str:
+def trial_to_json(t: Any, user_json: dict[str, str] | None = None) -> str:
+    """One line; ``user_json``: the user attrs already encoded, key by key (search/bulk.encode_attrs),
+    spliced in rather than encoded twice."""
     from optuna.distributions import distribution_to_json
 
-    return json.dumps({
+    head = json.dumps({
         "state": t.state.name, "value": t.value, "params": t.params,
         "distributions": {k: distribution_to_json(d) for k, d in t.distributions.items()},
-        "user_attrs": t.user_attrs, "constraints": dict(getattr(t, "constraints", None) or {}),
+        "constraints": dict(getattr(t, "constraints", None) or {}),
+        **({"user_attrs": t.user_attrs} if user_json is None else {}),
     }, separators=(",", ":"), default=str)
+    if user_json is None:
+        return head
+    attrs = ",".join(f"{json.dumps(k)}:{v}" for k, v in user_json.items())
+    return head[:-1] + ',"user_attrs":{' + attrs + "}}"
 
 
 def trial_from_json(line: str) -> Any:
@@ -83,9 +90,9 @@ class Spill:
             fcntl.flock(self._fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         return self._fh
 
-    def append(self, trial: Any) -> None:
+    def append(self, trial: Any, user_json: dict[str, str] | None = None) -> None:
         fh = self._open()
-        fh.write(trial_to_json(trial) + "\n")
+        fh.write(trial_to_json(trial, user_json) + "\n")
         fh.flush()  # into the kernel: survives SIGKILL of this process
 
     def clear(self) -> None:

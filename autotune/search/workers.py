@@ -51,7 +51,7 @@ def _worker(args: dict[str, Any]) -> None:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     ws = Workspace(args["name"], args["storage"], space.distributions(), make_sampler(opts.sampler, args["seed"]),
-                   opts.batch_s)
+                   opts.batch_s, pull_each_batch=True)
     ev.prime(ws.rows)
     deadline = args["deadline_wall"] and _to_monotonic(args["deadline_wall"])
     try:
