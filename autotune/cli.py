@@ -15,7 +15,19 @@ import typer
 from rich.markup import escape
 
 from autotune import __version__
-from autotune.commands import apply, dashboard, estimate, models, profile, search, trial, tune, validate
+from autotune.commands import (
+    apply,
+    dashboard,
+    devices,
+    estimate,
+    models,
+    profile,
+    search,
+    studies,
+    trial,
+    tune,
+    validate,
+)
 from autotune.commands.common import emit_json, err_console
 from autotune.errors import AutotuneError, InputError
 
@@ -54,7 +66,7 @@ app = typer.Typer(
 
 _EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True}
 
-for _mod in (profile, search, estimate, trial, validate, apply, dashboard, tune):
+for _mod in (profile, search, estimate, trial, validate, apply, dashboard, tune, devices, studies):
     _name = _mod.__name__.rsplit(".", 1)[1]
     if hasattr(_mod, "app"):  # a command group (e.g. `profile list`)
         app.add_typer(_mod.app, name=_name, help=_mod.HELP)

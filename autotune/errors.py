@@ -8,6 +8,7 @@ command-line option) and the field, so the CLI prints one line such as
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterable
 
 
@@ -53,11 +54,32 @@ class WorkError(AutotuneError):
     kind = "work"
 
 
-def suggest(name: str, choices: Iterable[str], n: int = 3) -> str:
-    """'; did you mean X, Y?' for the nearest names, or '; known: ...' when none is close."""
-    choices = list(choices)
+def _family(name: str) -> str:
+    """The leading letters and digits of a name: ``H100-SXM`` -> ``h100``, ``A100-40GB`` -> ``a100``."""
+    m = re.match(r"[a-z]*[0-9]*", name.lower())
+    return m.group(0) if m else ""
+
+
+def nearest(name: str, choices: Iterable[str], n: int = 3) -> list[str]:
+    """Choices ranked for a mistyped ``name``: every choice that starts with it (``H100`` ->
+    ``H100-SXM, H100-PCIe, H100-NVL``, all of them, since a prefix is a family the user named), then
+    the same family (``A100-80`` -> the A100s); only when neither exists, the closest spellings
+    (difflib)."""
+    choices = list(dict.fromkeys(choices))
+    low = name.lower()
+    prefix = [c for c in choices if c.lower().startswith(low) and c.lower() != low]
+    fam = _family(name)
+    family = [c for c in choices if fam and _family(c) == fam and c not in prefix]
+    if prefix or family:  # the user named a family: show it, not look-alikes of other families
+        return (prefix + family)[:max(n, len(prefix))]
     lowered = {c.lower(): c for c in choices}
-    close = difflib.get_close_matches(name.lower(), list(lowered), n=n, cutoff=0.5)
+    return [lowered[c] for c in difflib.get_close_matches(low, list(lowered), n=n, cutoff=0.5)]
+
+
+def suggest(name: str, choices: Iterable[str], n: int = 3) -> str:
+    """'; did you mean X, Y?' for the nearest names (``nearest``), or '; known: ...' when none is close."""
+    choices = list(choices)
+    close = nearest(name, choices, n)
     if close:
-        return "; did you mean " + ", ".join(lowered[c] for c in close) + "?"
+        return "; did you mean " + ", ".join(close) + "?"
     return "; known: " + ", ".join(sorted(choices))

@@ -12,8 +12,9 @@ owns a contiguous block of ranks (so a stage can sit on one device type)::
 Shares (uneven splits). Along each dimension the share at index i is the same for every coordinate
 of the other dimensions, so the runtime can execute it:
 
-* ``layers``:  ``pp * virtual_stages`` entries in model order (virtual stage j lives on pp rank
-  ``j % pp``), each >= 1, summing to the model's layers;
+* ``layers``:  ``pp * virtual_stages`` entries in model order (which pp rank holds virtual stage j
+  is the schedule's placement, ``autotune/schedules``: ``j % pp`` for the looped schedules), each
+  >= 1, summing to the model's layers;
 * ``tokens``:  ``cp`` entries summing to the sequence length; with ``cp_layout = "zigzag"`` each CP
   rank holds two chunks (front and mirrored back) so causal work balances; inside a CP shard the
   Ulysses (hp) ranks split the tokens evenly;
@@ -32,15 +33,31 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import InputError, suggest
+from autotune.schedules import names, schedule_of
 from autotune.specs import fields as F
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2: ``dtype`` is the mixed-precision recipe (low-precision compute, fp32 master weights and AdamW
+states, gradients reduced in ``GRAD_REDUCE_DTYPE``); version-1 plans load unchanged."""
+READABLE_SCHEMA_VERSIONS = (1, 2)
 DIMS = ("dp", "pp", "cp", "hp", "tp")
 MESH_ORDER = ("pp", "dp", "cp", "hp", "tp")
-SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
+SCHEDULES = names()
+"""Every pipeline schedule name a Plan may carry: the registry of ``autotune.schedules`` (one module
+each; the constructor, the JSON parser, the search space and the schema test read it)."""
 RECOMPUTE = ("none", "selective", "full")
+HELIX_FOLDS = (1, 2)
+"""HelixPipe's fold counts (the fork's ``--num-fold``: two folds hide one another's transfers)."""
 CP_LAYOUTS = ("zigzag", "contiguous")
-DTYPES = ("bf16", "fp16", "fp32")
+DTYPES = ("bf16", "fp16", "fp32", "fp32-strict")  # fp32: TF32 GEMMs where the device has them
+DTYPE_CHOICES = ("auto", *DTYPES)
+"""What ``--dtype`` takes: ``auto`` is bf16 where every device of the cluster has it, else fp16
+(``choose_dtype``)."""
+ZERO_STAGES = (0, 1, 2, 3)
+GRAD_REDUCE_DTYPE = "fp32"
+"""Mixed precision: the precision gradients are accumulated and reduced in over the data-parallel
+ranks, whatever the compute dtype (Megatron's default under --bf16; the runtime does this, the cost
+model prices these bytes, the exporters emit the matching flag)."""
 SCHEMA_PATH = Path(__file__).parent / "schema" / "plan.schema.json"
 
 
@@ -62,6 +79,12 @@ class Degrees:
     """Head-parallel (Ulysses all-to-all) ranks."""
     tp: int = 1
     """Tensor-parallel (Megatron) ranks."""
+
+    def __post_init__(self) -> None:
+        for d in DIMS:
+            v = getattr(self, d)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise PlanError(f"must be a positive integer, got {v!r}", field=f"degrees.{d}")
 
     @property
     def world(self) -> int:
@@ -128,9 +151,13 @@ class Plan:
     num_microbatches: int | None = None
     """Micro-batches of the largest DP replica per step (None: as many as the batch allows)."""
     schedule: str = "1f1b"
-    """Pipeline schedule: gpipe, 1f1b, interleaved_1f1b."""
+    """Pipeline schedule, a name ``autotune.schedules.get_schedule`` knows (gpipe, 1f1b, ...)."""
     virtual_stages: int = 1
-    """Model chunks per pipeline rank (> 1 only with interleaved_1f1b)."""
+    """Model chunks per pipeline rank (the schedule says which counts it runs)."""
+    helix_folds: int = 1
+    """HelixPipe's fold count F (1 or 2): micro-batches go through the attention-parallel pipeline
+    in groups of pp * F, each operation running back to back for the F folds so one fold's
+    transfers overlap the other's compute (autotune/schedules/helixpipe.py). 1 for other schedules."""
     recompute: str = "none"
     """Activation recomputation: none, selective (attention core), full (whole blocks)."""
     zero_stage: int = 0
@@ -149,6 +176,16 @@ class Plan:
     measured: dict[str, Any] | None = None
     provenance: dict[str, Any] | None = None
     schema_version: int = SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        """The enumerated fields are checked here, so a Plan built in code is as safe as one read from
+        JSON (a misspelt schedule must not be priced as another one)."""
+        for name, choices in (("schedule", SCHEDULES), ("recompute", RECOMPUTE), ("cp_layout", CP_LAYOUTS),
+                              ("dtype", DTYPES)):
+            _check_choice(getattr(self, name), choices, name)
+        z = self.zero_stage
+        if isinstance(z, bool) or z not in ZERO_STAGES:
+            raise PlanError(f"must be 0, 1, 2 or 3, got {z!r}", field="zero_stage")
 
     # ---- mesh arithmetic ----------------------------------------------------------------------
     @property
@@ -202,10 +239,14 @@ class Plan:
         assert self.shares.samples is not None, "resolve the plan first"
         return self.shares.samples[dp_index] // self.micro_batch_size
 
+    def stages_of_rank(self, pp_index: int) -> tuple[int, ...]:
+        """Virtual stages (model chunks, in model order) on pp rank ``pp_index``: the schedule's placement."""
+        return schedule_of(self).stages_of_rank(pp_index, self.degrees.pp, self.virtual_stages)
+
     def layers_of_stage(self, pp_index: int) -> list[int]:
         """Layer counts of the virtual stages on pp rank ``pp_index`` (one entry per chunk)."""
         assert self.shares.layers is not None, "resolve the plan first"
-        return [self.shares.layers[j] for j in range(pp_index, len(self.shares.layers), self.degrees.pp)]
+        return [self.shares.layers[j] for j in self.stages_of_rank(pp_index)]
 
     def is_even(self) -> bool:
         """True when every resolved share is an even split (the Megatron/torchtitan baseline shape)."""
@@ -269,6 +310,7 @@ class Plan:
             "num_microbatches": self.num_microbatches,
             "schedule": self.schedule,
             "virtual_stages": self.virtual_stages,
+            "helix_folds": self.helix_folds,
             "recompute": self.recompute,
             "zero_stage": self.zero_stage,
             "sequence_parallel": self.sequence_parallel,
@@ -301,6 +343,34 @@ class Plan:
         return cls.from_dict(data, source=source)
 
 
+def _check_choice(value: Any, choices: tuple[str, ...], field: str) -> None:
+    if value not in choices:
+        hint = suggest(value, choices) if isinstance(value, str) else "; known: " + ", ".join(choices)
+        raise PlanError(f"unknown {field} {value!r}" + hint, field=field)
+
+
+def choose_dtype(option: str, cluster: Any, plan_dtype: str | None = None) -> str:
+    """The precision a command runs in: ``option`` from ``--dtype`` (auto|bf16|fp16|fp32), checked
+    against every device of ``cluster`` (a device without it refuses the whole cluster up front).
+    ``auto`` keeps ``plan_dtype`` when a plan states one, else takes bf16 where every device has
+    it, else fp16 (V100, T4: the fp16 tensor cores with loss scaling)."""
+    _check_choice(option, DTYPE_CHOICES, "--dtype")
+    types = list(cluster.device_types())
+    lacking = lambda dt: sorted({t.name for t in types if dt not in t.peak_flops})  # noqa: E731
+    if option == "auto":
+        if plan_dtype is not None:
+            option = plan_dtype
+        else:
+            return "bf16" if not lacking("bf16") else "fp16"
+    missing = lacking(option)
+    if missing:
+        fallback = next((dt for dt in ("fp16", "fp32") if not lacking(dt)), None)
+        raise PlanError(f"{option} is not supported by {', '.join(missing)} in cluster "
+                        f"{getattr(cluster, 'name', '')!r}" + (f"; use --dtype {fallback}" if fallback else ""),
+                        field="--dtype" if plan_dtype is None or option != plan_dtype else "dtype")
+    return option
+
+
 def even_split(total: int, parts: int) -> list[int]:
     """``total`` into ``parts`` integers differing by at most one, larger ones first."""
     q, r = divmod(total, parts)
@@ -320,12 +390,11 @@ def _check_basic(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batc
         p.append(f"seq_len: must be positive, got {seq_len}")
     if d.cp * d.hp > seq_len:
         p.append(f"degrees.cp: cp({d.cp})*hp({d.hp}) > seq_len({seq_len})")
-    if plan.schedule == "interleaved_1f1b" and plan.virtual_stages < 2:
-        p.append("virtual_stages: interleaved_1f1b needs virtual_stages >= 2")
-    if plan.schedule != "interleaved_1f1b" and plan.virtual_stages != 1:
-        p.append(f"virtual_stages: {plan.schedule} runs one stage per rank, got virtual_stages({plan.virtual_stages})")
-    if plan.schedule == "interleaved_1f1b" and d.pp < 2:
-        p.append("schedule: interleaved_1f1b needs pp >= 2")
+    p += schedule_of(plan).check_shape(d.pp, plan.virtual_stages)
+    if plan.helix_folds not in HELIX_FOLDS:
+        p.append(f"helix_folds: must be one of {', '.join(map(str, HELIX_FOLDS))}, got {plan.helix_folds}")
+    elif plan.helix_folds != 1 and plan.schedule != "helixpipe":
+        p.append(f"helix_folds: only helixpipe folds micro-batches, {plan.schedule} needs helix_folds(1)")
     if plan.dtype not in {k for dev in cluster.device_types() for k in dev.peak_flops}:
         p.append(f"dtype: no device in the cluster supports {plan.dtype}")
     return p
@@ -360,9 +429,8 @@ def _check_resolved(plan: Plan, model: Any, cluster: Any, seq_len: int, global_b
         if plan.num_microbatches != max(counts):
             p.append(f"num_microbatches: {plan.num_microbatches} but the largest replica runs "
                      f"samples({max(sh.samples)})/micro_batch_size({mbs}) = {max(counts)}")
-        from autotune.divisibility import microbatch_problems
-
-        p += [f"{f}: {t}" for f, t in microbatch_problems(plan.schedule, d.pp, counts)]
+        p += schedule_of(plan).check_microbatches(d.pp, plan.virtual_stages, counts)
+    p += schedule_of(plan).check_plan(plan, model)  # rules of its own (helixpipe: L % p, even layers, ...)
     # placement: a permutation of the cluster's devices, tp groups inside one node
     pl = plan.placement or ()
     if len(pl) != d.world:
@@ -415,9 +483,9 @@ def _plan_from_dict(d: Any) -> Plan:
         raise InputError(f"a plan must be a JSON object, got {type(d).__name__}")
     F.reject_unknown(d, _PLAN_KEYS, None)
     sv = d.get("schema_version", SCHEMA_VERSION)
-    if sv != SCHEMA_VERSION:
-        raise InputError(f"schema_version {sv!r} is not supported (this autotune reads {SCHEMA_VERSION})",
-                         field="schema_version")
+    if isinstance(sv, bool) or sv not in READABLE_SCHEMA_VERSIONS:
+        raise InputError(f"schema_version {sv!r} is not supported (this autotune reads "
+                         f"{', '.join(map(str, READABLE_SCHEMA_VERSIONS))})", field="schema_version")
     deg = d.get("degrees")
     if not isinstance(deg, dict):
         raise InputError("missing required field (a mapping of dp, pp, cp, hp, tp)", field="degrees")
@@ -465,6 +533,7 @@ def _plan_from_dict(d: Any) -> Plan:
         num_microbatches=None if nmb is None else F.get_int(d, "num_microbatches", "num_microbatches"),
         schedule=F.get_str(d, "schedule", "schedule", default="1f1b", choices=SCHEDULES),
         virtual_stages=F.get_int(d, "virtual_stages", "virtual_stages", default=1),
+        helix_folds=F.get_int(d, "helix_folds", "helix_folds", default=1),
         recompute=F.get_str(d, "recompute", "recompute", default="none", choices=RECOMPUTE),
         zero_stage=zero,
         sequence_parallel=F.get_bool(d, "sequence_parallel", "sequence_parallel", default=False),
@@ -475,14 +544,17 @@ def _plan_from_dict(d: Any) -> Plan:
     )
 
 
-_INLINE_ALIASES = {"mbs": "micro_batch_size", "nmb": "num_microbatches", "vpp": "virtual_stages",
+_INLINE_ALIASES = {"mbs": "micro_batch_size", "nmb": "num_microbatches", "vpp": "virtual_stages", "folds": "helix_folds",
                    "zero": "zero_stage", "sp": "sequence_parallel"}
 
 
 def parse_inline(text: str) -> Plan:
-    """``dp=32,pp=2,tp=8`` (plus optional ``mbs=2,schedule=gpipe,recompute=full,zero=1,sp=1``)."""
+    """``dp=32,pp=2,tp=8`` (plus optional ``mbs=2,schedule=gpipe,recompute=full,zero=1,sp=1``), and
+    uneven shares as ``/``-separated lists: ``pp=2,layers=13/19`` (layers per stage, model order),
+    ``tokens=``, ``heads=``, ``samples=`` likewise (docs/files.md, "Plan")."""
     degrees: dict[str, Any] = {}
     rest: dict[str, Any] = {}
+    shares: dict[str, list[int]] = {}
     for part in text.split(","):
         if not part.strip():
             continue
@@ -496,10 +568,16 @@ def parse_inline(text: str) -> Plan:
             if not value.isdigit():
                 raise PlanError(f"expected a positive integer, got {value!r}", field=f"degrees.{key}")
             degrees[key] = int(value)
-        elif key in ("micro_batch_size", "num_microbatches", "virtual_stages", "zero_stage"):
+        elif key in ("micro_batch_size", "num_microbatches", "virtual_stages", "zero_stage", "helix_folds"):
             if not value.isdigit():
                 raise PlanError(f"expected an integer, got {value!r}", field=key)
             rest[key] = int(value)
+        elif key in ("layers", "tokens", "heads", "samples"):
+            parts = value.split("/")
+            if not all(x.strip().isdigit() for x in parts):
+                raise PlanError(f"expected counts separated by '/', e.g. {key}=13/19, got {value!r}",
+                                field=f"shares.{key}")
+            shares[key] = [int(x) for x in parts]
         elif key == "sequence_parallel":
             rest[key] = value.lower() in ("1", "true", "yes", "on")
         elif key in ("schedule", "recompute", "cp_layout", "dtype"):
@@ -507,8 +585,11 @@ def parse_inline(text: str) -> Plan:
         else:
             raise PlanError(f"unknown inline plan key {key!r}" + suggest(key, [*DIMS, *_INLINE_ALIASES,
                                                                                "schedule", "recompute",
-                                                                               "cp_layout", "dtype"]),
+                                                                               "cp_layout", "dtype", "layers",
+                                                                               "tokens", "heads", "samples"]),
                             field="plan")
+    if shares:
+        rest["shares"] = shares
     return Plan.from_dict({"degrees": degrees, **rest}, source="--plan")
 
 
@@ -529,11 +610,20 @@ def load_plan(path_or_inline: str | Path) -> Plan:
     return plan
 
 
+def plan_schema() -> dict[str, Any]:
+    """The shipped JSON Schema (autotune/schema/plan.schema.json) with the schedule names of the
+    registry (``autotune.schedules``) as the ``schedule`` enum: the file does not list them, so
+    that a new schedule is one module."""
+    schema = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+    schema["properties"]["schedule"]["enum"] = list(SCHEDULES)
+    return schema
+
+
 def check_schema(d: dict[str, Any], source: str | None = None) -> None:
-    """Validate a plan dict against the shipped JSON Schema (autotune/schema/plan.schema.json)."""
+    """Validate a plan dict against the plan's JSON Schema (``plan_schema``)."""
     import jsonschema
 
-    schema = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+    schema = plan_schema()
     errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(d), key=lambda e: list(e.path))
     if errors:
         e = errors[0]

@@ -183,6 +183,8 @@ def list_studies(storage: str) -> list[dict[str, Any]]:
                      "seq_len": ua.get("seq_len"), "global_batch": ua.get("global_batch"),
                      "space": ua.get("space"), "trials": s.n_trials,
                      "best_tokens_per_s": best.value if best is not None else None,
+                     "best_trial": best.number if best is not None else None,
+                     "best_plan": best.user_attrs.get("plan") if best is not None else None,
                      "best_measured_trial": ua.get("best_measured_trial")})
     return rows
 
@@ -267,7 +269,7 @@ def cluster_from_record(name: str, spec: dict[str, Any] | None, storage: str | N
     """Rebuild a study's cluster: ``local``/``local:N`` and this machine's GPUs (``local-<GPU>[:N]``)
     by name, anything else from its stored spec (``digest``: the study's record of it, else the
     spec's own). The one rebuilder: ``study_workload`` and ``apply`` (autotune/export/source.py) ask it."""
-    from autotune.specs.cluster import cluster_from_dict, load_cluster
+    from autotune.specs.cluster import NODE_KEYS, cluster_from_dict, load_cluster
 
     if name == "local" or name.startswith("local:"):
         return load_cluster(name)
@@ -276,7 +278,7 @@ def cluster_from_record(name: str, spec: dict[str, Any] | None, storage: str | N
     if not spec:
         raise InputError(f"the study records cluster {name!r} without its spec", field="--study")
     d = {"name": spec.get("name", name),
-         "nodes": [{k: n[k] for k in ("count", "devices_per_node", "device", "intra_node") if k in n}
+         "nodes": [{k: n[k] for k in NODE_KEYS if k in n}
                    for n in spec.get("nodes", [])],
          "inter_node": spec.get("inter_node"), "overrides": spec.get("overrides") or []}
     return cluster_from_dict(d, source=f"study cluster {name}", storage=storage,

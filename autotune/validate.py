@@ -13,6 +13,17 @@ one factor from step times. Those are one starting point of a robust fit on step
 the per-kind ratios miss (overlap, waits, launch overheads). The study then re-ranks its best plans
 with the calibration and records the best measured plan (``best_measured_trial``).
 
+Where: only on the study's own cluster (``autotune.machines``): a mismatch is refused before
+anything runs or is written. Each measurement records where it was made (``measured_on``: the
+machine and the runtime version); an earlier measurement is reused only when it was made on the same
+machine and runtime. The calibration is keyed by what was measured (``calibration_measured``:
+device types, precision, runtime version) and applied only to plans of that precision on those
+devices (the cost model applies a device type's factors only to that type's ranks).
+
+Memory: each validated plan's predicted memory per rank (the cost model's ``memory_bytes``) beside
+the peak the trial measured on that rank, the relative error per rank and its median
+(``memory_error``; docs/validation.md says what a CPU figure can and cannot tell about GPU memory).
+
 Errors: before (the search's prediction), after (calibration fitted on every validated plan:
 in-sample), and held out (``leave_one_out``: each plan priced with the calibration fitted on the
 others, from ``MIN_HELD_OUT`` plans on), the last being what a new plan can expect.
@@ -27,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.errors import InputError, WorkError
+from autotune.machines import Machine, check_machines, runtime_version, this_machine
 from autotune.plan import Plan
 from autotune.study import open_study, set_trial_attrs, study_workload, trial_plans
 
@@ -43,6 +55,9 @@ class ValidateOptions:
     seed: int = 0
     diverse: bool = True
     """Prefer the best plan of each distinct layout before near-copies of one (see validate())."""
+    data: str | None = None
+    """Token file the trials train on (autotune.runtime.data); None: the synthetic stream."""
+    data_dtype: str = "auto"
 
 
 def _layout(plan: Plan) -> tuple:
@@ -211,14 +226,47 @@ def held_out_errors(runs: list[dict[str, Any]], cluster: Any,
     return [abs(e) for e in leave_one_out(runs, cluster, step_of) if e is not None]
 
 
+def memory_errors(predicted: dict[str, Any], measured: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Predicted vs measured peak memory per rank: ``{"predicted_bytes", "measured_bytes", "error"
+    (per rank, (pred - meas) / meas), "median_error" (of |error|)}``; None without both figures."""
+    pred = predicted.get("memory_bytes") if predicted else None
+    meas = (measured or {}).get("peak_memory_bytes")
+    if not isinstance(pred, list) or not isinstance(meas, list) or not pred or len(pred) != len(meas):
+        return None
+    errs = [_rel_error(float(p), float(m)) for p, m in zip(pred, meas, strict=True)]
+    known = [abs(e) for e in errs if e is not None]
+    return {"predicted_bytes": [float(p) for p in pred], "measured_bytes": [float(m) for m in meas],
+            "error": errs, "median_error": statistics.median(known) if known else None}
+
+
+def calibration_for(user_attrs: dict[str, Any], plan: Plan) -> dict[str, dict[str, float]] | None:
+    """The study's calibration if it applies to ``plan`` (same precision and runtime as measured;
+    the cost model restricts it to the device types it names), else None (price uncalibrated)."""
+    cal, key = user_attrs.get("calibration"), user_attrs.get("calibration_measured")
+    if not cal or not isinstance(key, dict):
+        return None
+    if key.get("precision") != plan.dtype or key.get("runtime") != runtime_version():
+        return None
+    return cal
+
+
+def _same_place(before: Any, now: dict[str, Any]) -> bool:
+    """Whether an earlier measurement was made where this validation runs (same machines, runtime)."""
+    return isinstance(before, dict) and all(before.get(k) == now[k] for k in ("machine", "runtime"))
+
+
 MIN_HELD_OUT = 3
 """validate reports the leave-one-out error from this many successful runs on (each fit >= 2 plans)."""
 
 
 def validate(study_name: str, storage: str, *, options: ValidateOptions | None = None,
              runner: Callable[..., Any] | None = None, estimator: Callable[..., Any] | None = None,
-             progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Run the top K runnable plans of the study, store measured beside predicted, calibrate, re-rank."""
+             progress: Callable[[str], None] | None = None, machines: list[Machine] | None = None) -> dict[str, Any]:
+    """Run the top K runnable plans of the study, store measured beside predicted, calibrate, re-rank.
+
+    ``machines``: the nodes the trials launch on (default: this machine as ``options.device`` uses
+    it); they must be the study's cluster (``autotune.machines.check_machines``), else a
+    ``ClusterMismatch`` (exit 2) before anything runs or is written."""
     opts = options or ValidateOptions()
     if opts.top < 1:
         raise InputError(f"must be >= 1, got {opts.top}", field="--top")
@@ -236,6 +284,16 @@ def validate(study_name: str, storage: str, *, options: ValidateOptions | None =
         run_trial = runner
     study = open_study(study_name, storage)
     model, cluster, seq_len, global_batch = study_workload(study, storage)
+    data_kw = {}
+    if opts.data is not None or opts.data_dtype != "auto":  # checked once, before any trial starts
+        from autotune.runtime.data import prepare_data
+
+        prepare_data(opts.data, model.vocab, seq_len, global_batch, opts.warmup + opts.steps, dtype=opts.data_dtype)
+        data_kw = {"data": opts.data, "data_dtype": opts.data_dtype}
+    machines = machines if machines is not None else [this_machine(opts.device)]
+    check_machines(study.user_attrs, cluster, storage, machines, study_name)
+    measured_on = {"machine": "; ".join(m.describe() for m in machines), "hosts": [m.host for m in machines],
+                   "runtime": runtime_version()}
     ranked = trial_plans(study)
     if not ranked:
         raise WorkError(f"study {study_name!r} has no feasible plan to validate; run `autotune search` first")
@@ -254,8 +312,9 @@ def validate(study_name: str, storage: str, *, options: ValidateOptions | None =
                 continue
             if distinct and _layout(plan) in layouts:
                 continue
-            if t.user_attrs.get("measured") or t.user_attrs.get("failure"):
-                chosen.append((t, plan, True))  # validated before: reuse, do not run again
+            if (t.user_attrs.get("measured") or t.user_attrs.get("failure")) and _same_place(
+                    t.user_attrs.get("measured_on"), measured_on):
+                chosen.append((t, plan, True))  # validated before here: reuse, do not run again
                 layouts.add(_layout(plan))
                 continue
             if prepare is not None:
@@ -281,20 +340,25 @@ def validate(study_name: str, storage: str, *, options: ValidateOptions | None =
             say(f"trial {t.number}: running {plan.degrees.inline()} for real ({opts.warmup}+{opts.steps} steps)")
             try:
                 res = run_trial(plan, model, seq_len, global_batch, steps=opts.steps, warmup=opts.warmup,
-                                seed=opts.seed, timeout_s=opts.timeout_s, device=opts.device)
+                                seed=opts.seed, timeout_s=opts.timeout_s, device=opts.device, **data_kw)
                 measured, failure, losses = res.measured, res.failure, res.losses
             except InputError as e:  # refused before launch: recorded, the study goes on
                 measured, failure, losses = None, {"kind": "refused", "rank": None, "message": e.message}, []
         err = _rel_error(pred.get("step_time_s"), (measured or {}).get("step_time_s"))
-        attrs = {"measured": measured, "losses": losses, "failure": failure, "prediction_error": err}
+        memory = memory_errors(pred, measured) if failure is None else None
+        attrs = {"measured": measured, "losses": losses, "failure": failure, "prediction_error": err,
+                 "memory_error": memory, "measured_on": measured_on}
         if not done_before:
             t = set_trial_attrs(study, t, attrs)
         rows.append({"trial": t.number, "plan": plan.replace(measured=measured).to_dict(), "predicted": pred,
-                     "measured": measured, "failure": failure, "error": err})
+                     "measured": measured, "failure": failure, "error": err, "memory": memory})
         if measured and failure is None:
             runs.append({"plan": plan, "predicted": pred, "breakdown": t.user_attrs.get("breakdown"),
                          "measured": measured, "row": rows[-1]})
-    out: dict[str, Any] = {"study": study_name, "validated": rows, "skipped": skipped, "calibration": None,
+    mem = [r["memory"]["median_error"] for r in rows if r["memory"] and r["memory"]["median_error"] is not None]
+    out: dict[str, Any] = {"study": study_name, "measured_on": measured_on, "validated": rows, "skipped": skipped,
+                           "median_memory_error": statistics.median(mem) if mem else None, "calibration": None,
+                           "calibration_measured": None,
                            "median_error_before": None, "median_error_after": None,
                            "median_error_held_out": None, "calibration_errors": None, "best_measured": None,
                            "reranked": []}
@@ -302,12 +366,15 @@ def validate(study_name: str, storage: str, *, options: ValidateOptions | None =
         say("every validated plan failed; no calibration")
         return out
     ctx = (model, cluster, seq_len, global_batch)
+    # the calibration is fitted on one precision (the one most validated plans ran in): factors
+    # measured in bf16 say nothing about an fp32 plan
+    precisions = [r["plan"].dtype for r in runs]
+    precision = max(sorted(set(precisions)), key=precisions.count)
+    measured_here, runs = runs, [r for r in runs if r["plan"].dtype == precision]
 
-    def calibrated_step(plan: Plan, c: dict) -> float | None:
-        try:
-            return float(estimator(plan, *ctx, calibration=c).predicted["step_time_s"])
-        except Exception:  # noqa: BLE001 - a plan the calibrated model cannot price is left out
-            return None
+    def calibrated_step(plan: Plan, c: dict | None) -> float:
+        # no catch-all: an estimator that raises is an error with its own message
+        return float(estimator(plan, *ctx, calibration=c).predicted["step_time_s"])
 
     def run_step(run: dict[str, Any], c: dict) -> float | None:
         return calibrated_step(run["plan"], c)
@@ -336,20 +403,26 @@ def validate(study_name: str, storage: str, *, options: ValidateOptions | None =
     out["median_error_held_out"] = statistics.median(held) if held else None
     out["calibration_errors"] = {"before": out["median_error_before"], "after": out["median_error_after"],
                                  "held_out": out["median_error_held_out"], "plans": len(runs)}
+    key = {"devices": sorted(cal), "precision": precision, "runtime": measured_on["runtime"],
+           "machine": measured_on["machine"], "plans": len(runs)}
+    out["calibration_measured"] = key
     study.set_user_attr("calibration", cal)
+    study.set_user_attr("calibration_measured", key)
     study.set_user_attr("calibration_errors", out["calibration_errors"])
-    # re-rank the best predicted plans under the calibration
+    # re-rank the best predicted plans under the calibration (plans of another precision uncalibrated)
     reranked = []
     for t, plan in ranked[:RERANK]:
-        s = calibrated_step(plan, cal)
+        applies = plan.dtype == precision
+        s = calibrated_step(plan, cal if applies else None)
         if s:
             reranked.append({"trial": t.number, "degrees": plan.degrees.inline(), "calibrated_step_time_s": s,
-                             "calibrated_tokens_per_s": global_batch * seq_len / s,
+                             "calibrated_tokens_per_s": global_batch * seq_len / s, "calibrated": applies,
                              "predicted_tokens_per_s": (plan.predicted or {}).get("tokens_per_s")})
     reranked.sort(key=lambda x: -x["calibrated_tokens_per_s"])
     out["reranked"] = reranked
     study.set_user_attr("calibrated_ranking", [x["trial"] for x in reranked])
-    best = max((r for r in runs), key=lambda r: r["measured"]["tokens_per_s"])
+    # every run here was measured on the study's own cluster (checked above), whatever its precision
+    best = max(measured_here, key=lambda r: r["measured"]["tokens_per_s"])
     out["best_measured"] = {**best["row"]["plan"], "predicted": best["predicted"]}
     out["best_measured_trial"] = best["row"]["trial"]
     study.set_user_attr("best_measured_trial", best["row"]["trial"])

@@ -14,8 +14,17 @@ breakdown's pacing rank against the runtime's ``time_split``), then the median
 
 Repeats (``--repeat``) run every plan again and quote medians of the measured step times.
 
+``--fresh`` runs the *fresh set* instead: plans that no constant of the cost model was ever chosen
+on (docs/cpu-constants.md says which data chose each). A model the constants never saw
+(``FRESH_MODEL``: other width, depth, head count and GQA ratio than ``tiny`` and ``small``), another
+sequence length and batch, other layouts (interleaved 1F1B, contiguous CP, selective recomputation,
+mixed tp+dp / pp+dp, ZeRO-2/3 and fp16 where the runtime runs them: a layout the runtime refuses is
+listed and left out), repeats with other data seeds (``FRESH_SEEDS``) summarised by their median.
+It prints the error before calibration (the frozen constants alone) and validate's leave-one-out
+error inside the fresh set (the figure a new study reports), beside memory predicted vs measured.
+
     python benchmarks/bench_validate.py [--profile ID | --quick-profile] [--storage URL]
-        [--models tiny,small] [--steps 3] [--repeat 1] [--only NAME,...] [--json FILE]
+        [--models tiny,small] [--steps 3] [--repeat 1] [--only NAME,...] [--json FILE] [--fresh]
 """
 
 from __future__ import annotations
@@ -31,7 +40,34 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from autotune.specs.model import ModelSpec  # noqa: E402
+
 WORKLOADS = {"tiny": (128, 8), "small": (256, 8)}
+
+FRESH_MODEL = ModelSpec(name="fresh", layers=6, hidden=192, heads=6, kv_heads=2, ffn_hidden=512, vocab=1536,
+                        source="benchmarks/bench_validate.py --fresh: a shape no CPU constant was chosen on")
+"""head_dim 32, GQA 3:1, 6 layers: between tiny and small in every dimension, equal to neither."""
+FRESH_WORKLOAD = (192, 6)
+FRESH_SEEDS = (11, 12, 13)
+"""Data seeds of the fresh set's repeats (the constants were chosen on seed-0 trials)."""
+
+# every plan for 2 local ranks; none of them was run while a constant was chosen
+FRESH_PLANS: list[tuple[str, dict[str, Any]]] = [
+    ("dp2-mbs3", {"degrees": {"dp": 2}, "micro_batch_size": 3}),
+    ("dp2-mbs1-rcsel", {"degrees": {"dp": 2}, "micro_batch_size": 1, "recompute": "selective"}),
+    ("dp2-uneven", {"degrees": {"dp": 2}, "micro_batch_size": 1, "shares": {"samples": [2, 4]}}),
+    ("tp2-mbs2", {"degrees": {"tp": 2}, "micro_batch_size": 2}),
+    ("tp2-mbs6-sp-rcfull", {"degrees": {"tp": 2}, "micro_batch_size": 6, "sequence_parallel": True,
+                            "recompute": "full"}),
+    ("pp2-interleaved", {"degrees": {"pp": 2}, "micro_batch_size": 1, "schedule": "interleaved_1f1b",
+                         "virtual_stages": 3}),
+    ("pp2-1f1b-mbs3", {"degrees": {"pp": 2}, "micro_batch_size": 3, "schedule": "1f1b"}),
+    ("cp2-contiguous", {"degrees": {"cp": 2}, "micro_batch_size": 2, "cp_layout": "contiguous"}),
+    ("hp2-mbs3", {"degrees": {"hp": 2}, "micro_batch_size": 3}),
+    ("dp2-z2", {"degrees": {"dp": 2}, "micro_batch_size": 2, "zero_stage": 2}),
+    ("dp2-z3", {"degrees": {"dp": 2}, "micro_batch_size": 2, "zero_stage": 3}),
+    ("dp2-fp16", {"degrees": {"dp": 2}, "micro_batch_size": 2, "dtype": "fp16"}),
+]
 
 # (name, plan dict): every plan for 2 local ranks
 PLANS: list[tuple[str, dict[str, Any]]] = [
@@ -92,8 +128,9 @@ def split_of(measured: dict[str, Any], rank: int) -> dict[str, float]:
 
 
 def merge_runs(sets: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """One record per (model, plan): of its repeats, the one with the lowest step time (other
-    engineers' load on the shared machine only ever adds time), with how many there were and the
+    """One record per (model, plan): its repeats summarised by their median (the repeat whose step
+    time is the median, the lower one of an even count; the fastest would keep whichever repeat
+    luck favoured and bias every error towards over-prediction), with how many there were and the
     spread (max / min step time) so a disturbed plan shows."""
     by: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for runs in sets:
@@ -102,11 +139,17 @@ def merge_runs(sets: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     out = []
     for group in by.values():
         group = sorted(group, key=lambda g: g["measured"]["step_time_s"])
-        rec = dict(group[0])
+        rec = dict(group[(len(group) - 1) // 2])
         rec["repeats"] = len(group)
         rec["spread"] = group[-1]["measured"]["step_time_s"] / group[0]["measured"]["step_time_s"]
         out.append(rec)
     return out
+
+
+def model_of(name: str) -> ModelSpec:
+    from autotune.specs import load_model
+
+    return FRESH_MODEL if name == FRESH_MODEL.name else load_model(name)
 
 
 def main() -> None:
@@ -122,12 +165,18 @@ def main() -> None:
     ap.add_argument("--json", dest="json_out", help="write every run to this file")
     ap.add_argument("--runs", help="re-price the runs of earlier --json files (comma-separated: per plan the "
                                    "median over the files) instead of running trials")
+    ap.add_argument("--fresh", action="store_true", help="the fresh set: plans no constant was chosen on "
+                    "(FRESH_MODEL, FRESH_PLANS, seeds FRESH_SEEDS, --repeat defaults to 3)")
     args = ap.parse_args()
 
     from autotune.commands.tune import measured_cluster
     from autotune.cost import estimate
     from autotune.plan import Plan
-    from autotune.specs import load_model
+
+    plans, workloads, seeds = PLANS, {m: WORKLOADS[m] for m in args.models.split(",")}, (0,)
+    if args.fresh:
+        plans, workloads, seeds = FRESH_PLANS, {FRESH_MODEL.name: FRESH_WORKLOAD}, FRESH_SEEDS
+        args.repeat = args.repeat if args.repeat > 1 else len(FRESH_SEEDS)
 
     if args.runs:
         files = [json.loads(Path(f).read_text()) for f in args.runs.split(",")]
@@ -144,52 +193,63 @@ def main() -> None:
     only = {x for x in args.only.split(",") if x}
 
     if not args.runs:
-        from autotune.runtime.trial import run_trial
+        from autotune.errors import InputError
+        from autotune.runtime.trial import prepare, run_trial
 
-        for name in args.models.split(","):
-            seq, gb = WORKLOADS[name]
-            model = load_model(name)
-            for pname, d in PLANS:
+        left_out = []
+        for name, (seq, gb) in workloads.items():
+            model = model_of(name)
+            for pname, d in plans:
                 if only and pname not in only:
                     continue
                 plan = Plan.from_dict({**d, "dtype": d.get("dtype", "bf16")})
-                try:
-                    plan.resolve(model, cluster, seq, gb)
-                except Exception as e:  # noqa: BLE001
-                    log(f"{name} {pname}: not a plan here: {e}")
+                try:  # a plan the rules or the runtime refuse is said, and left out
+                    prepare(plan.resolve(model, cluster, seq, gb), model, seq, gb, device="cpu")
+                except InputError as e:
+                    log(f"{name} {pname}: left out: {e.message}")
+                    left_out.append((pname, e.message))
                     continue
                 steps_all, splits = [], []
                 for rep in range(args.repeat):
-                    log(f"{name} {pname}: trial {rep + 1}/{args.repeat} (load {load()})")
-                    res = run_trial(plan, model, seq, gb, steps=args.steps, warmup=args.warmup, timeout_s=300)
+                    seed = seeds[rep % len(seeds)]
+                    log(f"{name} {pname}: trial {rep + 1}/{args.repeat}, seed {seed} (load {load()})")
+                    res = run_trial(plan, model, seq, gb, steps=args.steps, warmup=args.warmup, timeout_s=300,
+                                    seed=seed, device="cpu")
                     if res.failure:
                         log(f"  failed: {res.failure}")
                         continue
-                    steps_all += res.measured["step_times_s"]
+                    steps_all.append(res.measured["step_time_s"])
                     splits.append(res.measured)
                 if not splits:
                     continue
                 m = dict(splits[-1])
-                m["step_time_s"] = statistics.median(steps_all)
+                m["step_time_s"] = statistics.median(steps_all)  # the median repeat, never the fastest
+                m["peak_memory_bytes"] = [statistics.median(s["peak_memory_bytes"][r] for s in splits)
+                                          for r in range(plan.world)]
                 # per-rank split: median over repeats
                 m["time_split"] = [
                     {k: statistics.median(split_of(s, r).get(k, 0.0) for s in splits)
                      for k in ("compute_s", "comm_s", "idle_s", "emulated_s")} | {"rank": r}
                     for r in range(plan.world)]
                 records.append({"model": name, "seq_len": seq, "global_batch": gb, "name": pname,
-                                "plan": d, "measured": m, "load": load()})
+                                "plan": d, "measured": m, "load": load(), "repeats": len(splits),
+                                "spread": max(steps_all) / min(steps_all)})
+        for pname, why in left_out:
+            print(f"left out {pname}: {why}")
         if args.json_out:
-            Path(args.json_out).write_text(json.dumps({"profile": pid, "storage": storage, "runs": records}))
+            Path(args.json_out).write_text(json.dumps({"profile": pid, "storage": storage, "runs": records,
+                                                       "fresh": args.fresh, "left_out": left_out}))
 
-    report(records, cluster, estimate, Plan, load_model, only)
+    report(records, cluster, estimate, Plan, model_of, only)
 
 
 def report(records, cluster, estimate, Plan, load_model, only) -> None:
-    from autotune.validate import calibrate_runs, held_out_errors
+    from autotune.validate import calibrate_runs, held_out_errors, memory_errors
 
     runs = []
-    print(f"{'model':6} {'plan':16} {'pred s':>8} {'meas s':>8} {'err':>7} | {'p.comp':>7} {'m.comp':>7} "
-          f"{'p.comm':>7} {'m.comm':>7} {'m.idle':>7}")
+    print(f"{'model':6} {'plan':18} {'pred s':>8} {'meas s':>8} {'err':>7} | {'p.comp':>7} {'m.comp':>7} "
+          f"{'p.comm':>7} {'m.comm':>7} {'m.idle':>7} | {'p.mem':>8} {'m.mem':>8} {'mem err':>7}")
+    mem_errs = []
     for rec in records:
         if only and rec["name"] not in only:
             continue
@@ -201,9 +261,14 @@ def report(records, cluster, estimate, Plan, load_model, only) -> None:
         cr = br["critical_rank"]
         row = br["ranks"][cr]
         ms = split_of(rec["measured"], cr)
-        print(f"{rec['model']:6} {rec['name']:16} {pred:8.4f} {meas:8.4f} {(pred - meas) / meas:+7.1%} | "
+        mem = memory_errors(est.predicted, rec["measured"])
+        if mem and mem["median_error"] is not None:
+            mem_errs.append(mem["median_error"])
+        mcell = (f"{max(mem['predicted_bytes']) / 2**20:7.1f}M {max(mem['measured_bytes']) / 2**20:7.1f}M "
+                 f"{mem['median_error']:7.0%}") if mem else f"{'n/a':>8} {'n/a':>8} {'n/a':>7}"
+        print(f"{rec['model']:6} {rec['name']:18} {pred:8.4f} {meas:8.4f} {(pred - meas) / meas:+7.1%} | "
               f"{row['compute_s']:7.4f} {ms.get('compute_s', 0):7.4f} {row['comm_s']:7.4f} "
-              f"{ms.get('comm_s', 0):7.4f} {ms.get('idle_s', 0):7.4f}")
+              f"{ms.get('comm_s', 0):7.4f} {ms.get('idle_s', 0):7.4f} | {mcell}")
         runs.append({"plan": est.plan, "predicted": est.predicted, "breakdown": br, "measured": rec["measured"],
                      "ctx": (model, cluster, rec["seq_len"], rec["global_batch"]), "model_name": rec["model"]})
     if not runs:
@@ -221,6 +286,9 @@ def report(records, cluster, estimate, Plan, load_model, only) -> None:
     print(f"median |pred - meas| / meas: before {statistics.median(before):.1%}, after (in-sample) "
           f"{statistics.median(inside):.1%}, leave-one-out {statistics.median(loo):.1%}")
     print(f"calibration (all plans): {json.dumps(cal)}")
+    if mem_errs:
+        print(f"memory: median over plans of the median |pred - meas| / meas over ranks {statistics.median(mem_errs):.1%} "
+              "(CPU: the process's resident high-water mark; docs/validation.md)")
     names = sorted({r["model_name"] for r in runs})
     if len(names) == 2:
         for a, b in (names, names[::-1]):

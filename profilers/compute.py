@@ -25,9 +25,11 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from autotune.cost.compute import ATTENTION_BWD_FLOPS
+from profilers.dtypes import dtype_support, trial_dtype
 from profilers.emulation import SlowdownEmulator
 from profilers.fits import affine_fit
-from profilers.overheads import call_gemm_shapes, fit_overheads, op_points, trial_dtype
+from profilers.overheads import call_gemm_shapes, fit_overheads, op_points
 from profilers.timing import Meter, Timing, repeats_for
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -103,36 +105,6 @@ def compute_plan(device: str, quick: bool) -> ComputePlan:
         max_gemm_flops=2.2e9 if quick else 4.3e9, max_attn_flops=4e9)
 
 
-def dtype_support(device: str, dtypes: tuple[str, ...]) -> tuple[list[str], dict[str, str]]:
-    """(dtypes to measure, {dtype: why not} for the others). A GEMM dtype counts as supported when
-    the device has a native kernel for it: on CPU oneDNN's check (bf16 needs AVX-512 or AMX, fp16
-    AVX-512-FP16 or AMX-FP16; without them torch runs a slow reference loop that no training would
-    use), on CUDA bf16 needs compute capability 8.0. The reason is stored with the profile."""
-    import torch
-
-    ok, why = [], {}
-    for dt in dtypes:
-        reason = None
-        if device.startswith("cuda"):
-            if dt == "bf16" and not torch.cuda.is_bf16_supported():
-                reason = f"{torch.cuda.get_device_name(torch.device(device))} has no native bf16 (needs sm_80+)"
-        elif dt in ("bf16", "fp16"):
-            check = getattr(torch.ops.mkldnn, f"_is_mkldnn_{dt}_supported", None)
-            try:
-                native = bool(check()) if check is not None else False
-            except RuntimeError:
-                native = False
-            if not native:
-                need = "AVX-512 (BF16) or AMX" if dt == "bf16" else "AVX-512-FP16 or AMX-FP16"
-                reason = (f"no native {dt} matmul on this CPU (oneDNN needs {need}; "
-                          f"torch.ops.mkldnn._is_mkldnn_{dt}_supported() is false)")
-        if reason:
-            why[dt] = reason
-        else:
-            ok.append(dt)
-    return ok, why
-
-
 def gemm_shapes(plan: ComputePlan) -> list[tuple[int, int, int]]:
     """(m, k, n) of a layer's matmuls: QKV (h -> 3h), out-proj (h -> h), MLP up (h -> 4h), down (4h -> h)."""
     shapes = []
@@ -152,9 +124,10 @@ def attention_points(plan: ComputePlan, trial: bool = False) -> list[tuple[int, 
 
 
 def attention_flops(b: int, h: int, s: int, d: int) -> tuple[float, float]:
-    """(forward, backward) FLOPs of causal attention: fwd 4bhs^2d/2, bwd 2.5 x fwd."""
+    """(forward, backward) FLOPs of causal attention: fwd 4bhs^2d/2, bwd ``ATTENTION_BWD_FLOPS``
+    (2.5) x fwd: the cost model's convention, so it prices a measured backward at its time."""
     fwd = 4.0 * b * h * s * s * d / 2.0
-    return fwd, 2.5 * fwd
+    return fwd, ATTENTION_BWD_FLOPS * fwd
 
 
 Progress = Callable[[str], None]
@@ -353,7 +326,8 @@ def fit_attention(samples: list[dict], kind: str = "attention") -> dict:
                              "fwd": {"flops_per_s": ffit["rate"], "overhead_s": ffit["alpha_s"], "r2": ffit["r2"]},
                              "bwd": {"flops_per_s": bfit["rate"], "overhead_s": bfit["alpha_s"], "r2": bfit["r2"]}}
         attention = {"dtype": p0["dtype"], "batch": p0["batch"], "heads": p0["heads"], "causal": True,
-                     "flops": "fwd = 2*batch*heads*seq^2*head_dim (causal), bwd = 2.5 * fwd",
+                     "flops": f"fwd = 2*batch*heads*seq^2*head_dim (causal), bwd = {ATTENTION_BWD_FLOPS:g} * fwd",
+                     "bwd_flops_factor": ATTENTION_BWD_FLOPS,
                      "by_head_dim": by_hd}
     return attention
 

@@ -55,14 +55,6 @@ def op_points(device: str) -> tuple[int, ...]:
     return () if device.startswith("cuda") else OP_ELEMS
 
 
-def trial_dtype(device: str) -> str:
-    """The dtype local trials compute in: bf16 where the device has native bf16, else fp32."""
-    from profilers.compute import dtype_support
-
-    ok, _ = dtype_support(device, ("bf16",))
-    return "bf16" if ok else "fp32"
-
-
 def fit_overheads(samples: list[dict], gemm: dict[str, dict]) -> dict:
     """``{"gemm_call_s": {dtype: s}, "op_s": s, "op": {dtype, name, elems, s, per_element_s}}`` from one rank's ``gemm_call`` and
     ``op`` samples (keys absent when not measured); ``gemm`` is the rank's GEMM fit, whose best

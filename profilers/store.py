@@ -9,6 +9,11 @@ Tables (prefixed so they sit beside Optuna's in the same file):
   unstable flag, raw repeat times, derived metrics).
 - ``autotune_profile_fits``: the fits per rank (compute) and for the whole run (links), in the
   shape docs/contracts.md "Profiles" documents.
+- ``autotune_layer_profiles``: per-layer profiles (``profilers/layers.py``, or imported from
+  Sailor / Metis / Galvatron files by ``profilers/foreign/``): one row per (device, model, dtype)
+  with its points (piece, tp, micro-batch, sequence -> forward/backward seconds and activation
+  bytes) in a JSON column and its own ``schema_version`` (``LAYER_SCHEMA_VERSION``); referred to as
+  ``layers:ID``.
 
 A profile is written in a single transaction after all ranks have finished (``save_profile``), so
 a failed run leaves the database as it was; imports likewise. Export/import use a JSON document
@@ -98,6 +103,25 @@ class ProfileFit(Base):
     kind: Mapped[str] = mapped_column(String(20))
     data: Mapped[dict] = mapped_column(JSON)
     run: Mapped[ProfileRun] = relationship(back_populates="fits")
+
+
+class LayerProfileRow(Base):
+    __tablename__ = "autotune_layer_profiles"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    label: Mapped[str | None] = mapped_column(String(200))
+    created_at: Mapped[str] = mapped_column(String(40))
+    device_kind: Mapped[str] = mapped_column(String(20))
+    device_name: Mapped[str] = mapped_column(String(200))
+    model_name: Mapped[str] = mapped_column(String(200))
+    model: Mapped[dict] = mapped_column(JSON)
+    """The model shape the points are valid for (``profilers.layers.model_dict``)."""
+    dtype: Mapped[str] = mapped_column(String(20))
+    origin: Mapped[str] = mapped_column(String(20), default="measured")
+    """``measured`` here, ``imported`` (an autotune export) or the foreign format it was read from."""
+    source: Mapped[str] = mapped_column(String(500), default="")
+    meta: Mapped[dict] = mapped_column(JSON)
+    points: Mapped[list] = mapped_column(JSON)
+    schema_version: Mapped[int] = mapped_column(Integer)
 
 
 _ENGINES: dict[str, Any] = {}
@@ -319,14 +343,19 @@ def _unsupported_of(fit: Any) -> dict[str, str]:
 
 
 def import_file(path: str | Path, storage: str) -> int:
-    p = Path(path)
-    try:
-        doc = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError("no such file", source=str(p)) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InputError(f"not a readable JSON file ({e})", source=str(p)) from None
-    return import_profile(doc, storage, source=str(p))
+    """Import an autotune export: a kernel profile (returns its id) or, by its ``kind``, a layer
+    profile (use ``import_any`` to know which)."""
+    return import_any(path, storage)[1]
+
+
+def import_any(path: str | Path, storage: str) -> tuple[str, int]:
+    """(``profile`` or ``layers``, new id) of an autotune export of either kind."""
+    from profilers.layers import LAYER_DOC_KIND
+
+    doc = read_json_file(path)
+    if isinstance(doc, dict) and doc.get("kind") == LAYER_DOC_KIND:
+        return "layers", import_layer_doc(doc, storage, source=str(path))
+    return "profile", import_profile(doc, storage, source=str(path))
 
 
 def device_spec_from_profile(ref: str | int, storage: str | None = None):
@@ -357,6 +386,8 @@ def device_spec_from_profile(ref: str | int, storage: str | None = None):
         rate = g.get("peak_flops_per_s")
         best = g.get("best_flops_per_s") or 0.0
         peak[dt] = float(rate) if rate and math.isfinite(rate) and rate < 4 * best else float(best)
+    if info["device_kind"] == "cpu" and "fp32" in peak:
+        peak["fp32-strict"] = peak["fp32"]  # no tensor cores: strict fp32 is the measured fp32
     mem = fit.get("memory") or {}
     per_host = max(1, info["hosts"].count(info["hosts"][r]) if r < len(info["hosts"]) else 1)
     capacity = float(mem.get("capacity_bytes") or 0.0)
@@ -392,3 +423,138 @@ def device_spec_from_profile(ref: str | int, storage: str | None = None):
 def _min_offdiag(m: Any) -> float | None:
     vals = [v for row in (m or []) for v in row if isinstance(v, (int, float)) and v > 0]
     return min(vals) if vals else None
+
+
+# ---- per-layer profiles -------------------------------------------------------------------------
+LAYER_REF_PREFIX = "layers:"
+
+
+def parse_layer_ref(ref: str | int) -> int:
+    """``"layers:3"`` or ``"3"`` -> 3."""
+    text = str(ref).strip()
+    if text.startswith(LAYER_REF_PREFIX):
+        text = text[len(LAYER_REF_PREFIX):]
+    try:
+        lid = int(text)
+    except ValueError:
+        lid = 0
+    if lid < 1:
+        raise InputError(f"bad layer profile id {ref!r}; write layers:ID (see `autotune profile list`)", field="id")
+    return lid
+
+
+def _check_number(v: Any, where: str, source: str | None, *, positive: bool = False) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or (positive and v <= 0):
+        raise _doc_error(f"expected a {'positive' if positive else 'non-negative'} number, got {v!r}", source, where)
+    return float(v)
+
+
+def check_layer_doc(doc: Any, source: str | None = None) -> dict[str, Any]:
+    """Validate a layer-profile document (measured, exported or converted from a foreign format);
+    returns it normalised. Every problem is one InputError naming the field."""
+    from profilers.layers import LAYER_DOC_KIND, LAYER_SCHEMA_VERSION, PIECES
+
+    if not isinstance(doc, dict):
+        raise _doc_error("expected a JSON object written by `autotune profile export layers:ID`", source)
+    if doc.get("kind") != LAYER_DOC_KIND:
+        raise _doc_error(f"not a layer profile (kind is {doc.get('kind')!r}, expected {LAYER_DOC_KIND!r})",
+                         source, "kind")
+    if doc.get("schema_version") != LAYER_SCHEMA_VERSION:
+        raise _doc_error(f"unsupported schema_version {doc.get('schema_version')!r} (this build reads "
+                         f"{LAYER_SCHEMA_VERSION})", source, "schema_version")
+    for k in ("device_kind", "device_name", "dtype"):
+        if not isinstance(doc.get(k), str) or not doc[k]:
+            raise _doc_error("missing or not a string", source, k)
+    model = doc.get("model")
+    if not isinstance(model, dict) or not isinstance(model.get("name"), str):
+        raise _doc_error("missing or not an object with a name", source, "model")
+    points = doc.get("points")
+    if not isinstance(points, list) or not points:
+        raise _doc_error("missing or empty list", source, "points")
+    out = []
+    for i, pt in enumerate(points):
+        where = f"points[{i}]"
+        if not isinstance(pt, dict):
+            raise _doc_error("expected an object", source, where)
+        if pt.get("piece") not in PIECES:
+            raise _doc_error(f"piece must be one of {', '.join(PIECES)}, got {pt.get('piece')!r}", source,
+                             f"{where}.piece")
+        for k in ("tp", "micro_batch", "seq"):
+            v = pt.get(k)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise _doc_error(f"expected a positive integer, got {v!r}", source, f"{where}.{k}")
+        q = dict(pt)
+        q["fwd_s"] = _check_number(pt.get("fwd_s"), f"{where}.fwd_s", source)
+        q["bwd_s"] = _check_number(pt.get("bwd_s"), f"{where}.bwd_s", source)
+        if pt.get("activation_bytes") is not None:
+            q["activation_bytes"] = _check_number(pt["activation_bytes"], f"{where}.activation_bytes", source)
+        out.append(q)
+    return {**doc, "points": out}
+
+
+def save_layer_profile(doc: dict[str, Any], storage: str, *, label: str | None = None,
+                       source: str | None = None) -> int:
+    """Store a layer-profile document (validated first) in one transaction; returns its id."""
+    doc = check_layer_doc(doc, source)
+    row = LayerProfileRow(label=label if label is not None else doc.get("label"),
+                          created_at=doc.get("created_at") or _now(), device_kind=doc["device_kind"],
+                          device_name=doc["device_name"], model_name=doc["model"]["name"],
+                          model=_finite(doc["model"]), dtype=doc["dtype"], origin=doc.get("origin") or "measured",
+                          source=str(doc.get("source") or "")[:500], meta=_finite(doc.get("meta") or {}),
+                          points=_finite(doc["points"]), schema_version=doc["schema_version"])
+    eng = engine_for(storage)
+    try:
+        with Session(eng) as s, s.begin():
+            s.add(row)
+            s.flush()
+            return int(row.id)
+    except SQLAlchemyError as e:
+        raise WorkError(f"could not store the layer profile in {storage}: {str(e).splitlines()[0]}") from None
+
+
+def _layer_doc(row: LayerProfileRow) -> dict[str, Any]:
+    from profilers.layers import LAYER_DOC_KIND, LAYER_UNITS
+
+    return {"kind": LAYER_DOC_KIND, "schema_version": row.schema_version, "units": LAYER_UNITS, "id": row.id,
+            "label": row.label, "created_at": row.created_at, "device_kind": row.device_kind,
+            "device_name": row.device_name, "model": row.model, "dtype": row.dtype, "origin": row.origin,
+            "source": row.source, "meta": row.meta, "points": row.points}
+
+
+def load_layer_profile(ref: str | int, storage: str) -> dict[str, Any]:
+    """The export document of layer profile ``layers:ID``."""
+    lid = parse_layer_ref(ref)
+    with Session(engine_for(storage)) as s:
+        row = s.get(LayerProfileRow, lid)
+        if row is None:
+            known = [str(i) for i in s.scalars(select(LayerProfileRow.id).order_by(LayerProfileRow.id)).all()]
+            hint = (f"known: {', '.join('layers:' + k for k in known[-10:])}" if known
+                    else "the store has no layer profiles yet; run `autotune profile --layers MODEL`")
+            raise InputError(f"no layer profile {lid} in {storage} ({hint})", field="id")
+        return _layer_doc(row)
+
+
+def list_layer_profiles(storage: str) -> list[dict[str, Any]]:
+    with Session(engine_for(storage)) as s:
+        rows = s.scalars(select(LayerProfileRow).order_by(LayerProfileRow.id)).all()
+        return [{k: v for k, v in _layer_doc(r).items() if k not in ("points", "units")} | {"points": len(r.points)}
+                for r in rows]
+
+
+def import_layer_doc(doc: Any, storage: str, source: str | None = None) -> int:
+    """Store an exported layer profile as a new one (``origin`` imported unless it names a format)."""
+    doc = check_layer_doc(doc, source)
+    origin = doc.get("origin") if doc.get("origin") not in (None, "measured") else "imported"
+    meta = dict(doc.get("meta") or {}, imported_from={"id": doc.get("id"), "file": source})
+    return save_layer_profile({**doc, "origin": origin, "meta": meta}, storage, source=source)
+
+
+def read_json_file(path: str | Path) -> Any:
+    """A JSON file's content; a missing or unreadable file is one InputError naming it."""
+    p = Path(path)
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError("no such file", source=str(p)) from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InputError(f"not a readable JSON file ({e})", source=str(p)) from None

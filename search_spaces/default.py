@@ -7,8 +7,9 @@ Parameters (one fixed distribution per name for the whole study, so TPE models e
   (for tp: of the gcd of devices per node, so tp stays inside a node); for a power-of-two count the
   index is the exponent. ``dp`` is what is left; a product that does not divide the devices is
   rejected as infeasible (divisibility), as the issue asks, rather than re-parametrised.
-* ``mbs_exp``: micro-batch size 2**e; ``schedule``, ``vpp_exp`` (virtual stages 2**e with
-  interleaved 1F1B); ``recompute``; ``zero_stage``; ``sp`` (Megatron sequence parallelism).
+* ``mbs_exp``: micro-batch size 2**e; ``schedule`` (every schedule ``autotune.schedules`` registers;
+  its module says which virtual stages and micro-batch counts it runs), ``vpp_exp`` (virtual stages
+  2**e where the schedule offers several, e.g. interleaved 1F1B); ``recompute``; ``zero_stage``; ``sp`` (Megatron sequence parallelism).
 * ``placement``: ``node`` puts ranks on devices in node order (the plan default, what Megatron and
   torchtitan do); ``pp``/``dp``/``cp``/``hp`` sort devices fastest first and enumerate ranks with that
   dimension outermost (tp innermost, so tp groups stay on one node), so each index of that
@@ -27,8 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from autotune.divisibility import degree_problems, microbatch_multiple, min_microbatches
+from autotune.divisibility import degree_problems
 from autotune.plan import MESH_ORDER, RECOMPUTE, SCHEDULES, Degrees, Placement, Plan, PlanError, Shares
+from autotune.schedules import get_schedule
 from search_spaces import _balance as B
 from search_spaces.base import Infeasible, SearchContext, family_of
 
@@ -38,6 +40,13 @@ MAX_MBS = 16
 SHARE_FLOATS = {"layers_speed": (0.0, 1.5), "tokens_speed": (0.0, 1.5), "heads_speed": (0.0, 1.5),
                 "samples_speed": (0.0, 1.5), "layers_mem": (0.0, 1.0), "samples_mem": (0.0, 1.0)}
 GRID_LIMIT = 1_000_000  # points; priced directly (no sampler), ~1 ms each at 32 devices
+
+
+def _virtual_stages(sched: Any, pp: int, vpp_exp: int) -> int:
+    """The schedule's virtual stages for the sampled ``vpp_exp``: 2**e where it offers that count,
+    else its first choice (one stage per rank for most; two for a V)."""
+    choices = sched.virtual_stage_choices(pp)
+    return 2 ** vpp_exp if 2 ** vpp_exp in choices else choices[0]
 
 
 def space(ctx: SearchContext) -> DefaultSpace:
@@ -106,7 +115,10 @@ class DefaultSpace:
         deg = Degrees(dp=self.n // inner, pp=pp, cp=cp, hp=hp, tp=tp)
         fam = family_of(deg)
         schedule = p["schedule"] if pp > 1 else "1f1b"
-        vs = 2 ** p["vpp_exp"] if schedule == "interleaved_1f1b" else 1
+        sched = get_schedule(schedule)
+        vs = _virtual_stages(sched, pp, p["vpp_exp"])
+        if sched.check_shape(pp, vs):
+            return Infeasible("divisibility", "; ".join(sched.check_shape(pp, vs)), fam)
         bad = degree_problems(deg, model, self.n, vs)  # the plan's own rules (autotune/divisibility.py)
         if bad:
             return Infeasible("divisibility", bad[0][1], fam)
@@ -118,11 +130,13 @@ class DefaultSpace:
 
         # the cheap limits first: most points of a grid or a hill climb that are no plan fail here,
         # before the placement and the shares are computed
-        unit = mbs * microbatch_multiple(schedule, pp)  # samples per replica come in these units
-        min_units = min_microbatches(schedule, pp) // microbatch_multiple(schedule, pp)
+        # (the schedule's micro-batch rules: counts per replica a multiple of k, at least min_units * k)
+        k = sched.microbatch_multiple(pp, vs) if pp > 1 else 1
+        unit = mbs * k
+        min_units = -(-sched.min_microbatches(pp, vs) // k) if pp > 1 else 1
         if ctx.global_batch % unit:
             return Infeasible("batch", f"global_batch({ctx.global_batch}) not divisible by micro_batch_size({mbs})"
-                                       f"*pp({pp}) for interleaved 1F1B", fam)
+                                       f"*{k} for {schedule} with pp({pp})", fam)
         if ctx.global_batch // unit < deg.dp * min_units:
             return Infeasible("batch", f"global_batch({ctx.global_batch}) gives dp({deg.dp}) replicas fewer than "
                                        f"{min_units * unit} samples each (micro_batch_size {mbs}, {schedule} "
@@ -154,7 +168,7 @@ class DefaultSpace:
         tokens = B.proportional_split(ctx.seq_len // granule, along("cp", "tokens_speed"), 1)
         heads = B.proportional_split(model.heads // tp, along("hp", "heads_speed"), 1)
         lw = along("pp", "layers_speed", "layers_mem")
-        chunk_w = np.array([lw[j % pp] for j in range(pp * vs)])
+        chunk_w = np.array([lw[sched.stage_rank(j, pp, vs)] for j in range(pp * vs)])
         offset = None
         if float(p["layers_speed"]) > 0 and pp > 1:
             offset = np.zeros(pp * vs)
@@ -271,8 +285,9 @@ class DefaultSpace:
         for tp, pp, cp, hp in self._degree_tuples():
             dp = self.n // (tp * pp * cp * hp)
             deg = Degrees(dp=dp, pp=pp, cp=cp, hp=hp, tp=tp)
-            scheds = [("1f1b", 2)] if pp == 1 else [("1f1b", 2), ("gpipe", 2), ("interleaved_1f1b", 2),
-                                                    ("interleaved_1f1b", 4)]
+            scheds = [("1f1b", 2)] if pp == 1 else [("1f1b", 2)] + [
+                (name, vs if vs > 1 else 2) for name in SCHEDULES if name != "1f1b"
+                for vs in get_schedule(name).virtual_stage_choices(pp)]
             zeros = [0] if dp * cp * hp == 1 else [0, 1, 2, 3]
             sps = [False] if tp == 1 else [False, True]
             places = self.distinct_placements(deg)

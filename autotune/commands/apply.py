@@ -11,6 +11,7 @@ target can express, priced by the cost model; nothing is written then. ``-o`` wr
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -41,15 +42,43 @@ def _tag(ctx: ExportContext) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", raw)
 
 
-def _with_prediction(plan: Plan, ctx: ExportContext) -> Plan:
-    """A plan without ``predicted`` (hand-written) gets one from the cost model when it is there."""
-    if plan.predicted:
+def _price(plan: Plan, ctx: ExportContext, force: bool) -> Plan:
+    """The plan priced on the cluster it is exported for, never with the prediction it carried in (a
+    file can hold a stale or hand-edited ``predicted``). No cluster given: no prediction at all,
+    rather than figures for a cluster nobody has. What the cluster cannot run (a device it lacks, a
+    precision its devices lack) is an InputError from the cost model: exit 2, nothing written; a plan
+    that does not fit in memory is refused too unless ``--force``."""
+    plan = plan.replace(predicted=None)
+    if ctx.cluster_assumed:
         return plan
-    try:
-        priced, _ = predict(plan, ctx)
-    except InputError:
-        return plan
+    priced, _ = predict(plan, ctx)
+    p = priced.predicted or {}
+    if p.get("feasible") is False and not force:
+        raise InputError(f"the plan does not fit {ctx.cluster.name}: {p.get('infeasible_reason')}; pass --force "
+                         "to export it anyway", field="--plan")
     return priced
+
+
+def _check_output(output: str, fmt: str, force: bool) -> None:
+    """Refuse a file whose extension (or content) says it holds another format, unless ``--force``:
+    ``-o best.json -f torchtitan`` once overwrote a plan JSON with TOML."""
+    if force:
+        return
+    suffix = Path(output).suffix.lower()
+    want = exporter(fmt).SUFFIX
+    claimed = {exporter(f).SUFFIX for f in FORMATS} | {".yaml", ".yml"}
+    if suffix in claimed and suffix != want:
+        raise InputError(f"{output!r} says {suffix} but --format {fmt} writes {want}; name the file *{want} or "
+                         "pass --force", field="--output")
+    p = Path(output)
+    if fmt != "json" and p.is_file():
+        try:
+            head = json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError):
+            return
+        if isinstance(head, dict) and "degrees" in head and "schema_version" in head:
+            raise InputError(f"{output!r} holds an autotune plan; --format {fmt} would overwrite it (pass --force "
+                             "to do so, or pick another file)", field="--output")
 
 
 def _launch(plan: Plan, ctx: ExportContext, dry_run: bool, steps: int, json_: bool) -> None:
@@ -113,6 +142,8 @@ def command(
     cluster: Annotated[str | None, typer.Option("--cluster", "-c", help="Cluster file, `local` or `local:N` "
                                                 "(default: what the study or plan records).")] = None,
     storage: StorageOpt = DEFAULT_STORAGE,
+    force: Annotated[bool, typer.Option("--force", help="Write even when the file's extension or content says "
+                                        "another format, or the plan does not fit in memory.")] = False,
     json_: JsonOpt = False,
 ) -> None:
     """Export a plan for Megatron, torchtitan, DeepSpeed, Accelerate or JSON, or launch it."""
@@ -124,6 +155,8 @@ def command(
         raise InputError("--launch runs the plan with autotune's own runtime; it writes no export "
                          "(drop -o/--format, or export without --launch)", field="--launch")
     mod = exporter(fmt)
+    if output:
+        _check_output(output, fmt, force)
     if study is not None:
         for opt, v in (("--model", model), ("--seq-len", seq_len), ("--global-batch", global_batch)):
             if v is not None:
@@ -136,7 +169,7 @@ def command(
     if launch:
         _launch(plan, ctx, dry_run, steps, json_)
         return
-    plan = _with_prediction(plan, ctx)
+    plan = _price(plan, ctx, force)
     try:
         result = export(plan, ctx, fmt)
     except ExportRefused as e:
@@ -155,8 +188,9 @@ def command(
                    "text": None if written else result.text})
         return
     if written:
-        err_console.print(f"wrote {written} ({fmt}) for {describe(plan)}; {predicted_text(plan.predicted)}",
-                          highlight=False, soft_wrap=True)
+        priced = ("not priced: no cluster given (pass --cluster for a prediction)" if ctx.cluster_assumed
+                  else f"{predicted_text(plan.predicted)} on {ctx.cluster.name}")
+        err_console.print(f"wrote {written} ({fmt}) for {describe(plan)}; {priced}", highlight=False, soft_wrap=True)
     else:
         typer.echo(result.text, nl=False)
 

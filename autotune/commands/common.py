@@ -16,10 +16,12 @@ from rich.console import Console
 
 DEFAULT_STORAGE = "sqlite:///results/autotune.db"
 
-# Wide enough for plan tables when output is piped (rich falls back to 80 columns there).
-console = Console(width=None if sys.stdout.isatty() else 160)
-err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+# The terminal's width, or COLUMNS when piped (80 when neither says): tables fit it by leaving
+# columns out (autotune/dashboard/tables.py), never by cutting cells.
+console = Console()
+err_console = Console(stderr=True)
 
+WideOpt = Annotated[bool, typer.Option("--wide", help="Show every table column, however wide the table gets.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout and nothing else there.")]
 StorageOpt = Annotated[str, typer.Option("--storage", help="SQLAlchemy/Optuna storage URL (PostgreSQL for many "
                                                           "workers, or a journal file path ending in .log).")]
@@ -32,6 +34,12 @@ GlobalBatchOpt = Annotated[int, typer.Option("--global-batch", "-b", help="Globa
 SeedOpt = Annotated[int, typer.Option("--seed", help="Random seed.")]
 PlanOpt = Annotated[str, typer.Option("--plan", "-p", help="Plan JSON file, or inline degrees such as "
                                                           "`dp=2,pp=2,tp=2` (with optional mbs=, schedule=, ...).")]
+DataOpt = Annotated[str | None, typer.Option(
+    "--data", help="Token file to train on: a flat uint16/uint32 array (nanoGPT's train.bin) or a Megatron "
+                   "indexed dataset (PREFIX.bin + PREFIX.idx). Default: a learnable synthetic stream.")]
+DataDtypeOpt = Annotated[str, typer.Option(
+    "--data-dtype", help="Token dtype of a flat --data file: auto (uint16 for vocabularies up to 65,536, "
+                         "else uint32), uint16 or uint32.")]
 EmulateOpt = Annotated[list[str] | None, typer.Option(
     "--emulate-slowdown", help="RANK=FACTOR: make that rank behave as a device FACTOR times slower "
                                "(emulated heterogeneity; labelled as emulated everywhere). Repeatable.")]

@@ -7,7 +7,15 @@ from typing import Annotated
 
 import typer
 
-from autotune.commands.common import DEFAULT_STORAGE, JsonOpt, StorageOpt, console, emit_json, err_console
+from autotune.commands.common import (
+    DEFAULT_STORAGE,
+    JsonOpt,
+    StorageOpt,
+    WideOpt,
+    console,
+    emit_json,
+    err_console,
+)
 from autotune.errors import InputError
 
 HELP = "Show a study: terminal view (live with --watch), self-contained HTML report, or optuna-dashboard."
@@ -26,6 +34,7 @@ def command(
     serve: Annotated[bool, typer.Option("--serve", help="Start optuna-dashboard on 127.0.0.1 over the storage "
                                                         "(Ctrl-C stops).")] = False,
     port: Annotated[int, typer.Option("--port", help="Port for --serve.", min=1, max=65535)] = 8080,
+    wide: WideOpt = False,
     json_: JsonOpt = False,
 ) -> None:
     from autotune.dashboard import serve as serve_mod
@@ -51,7 +60,7 @@ def command(
             emit_json(out)
             return
         if not json_:
-            console.print(terminal.render(view, limit if not html else min(limit, 10)))
+            console.print(terminal.render(view, limit if not html else min(limit, 10), console, wide))
             if html:
                 rep = out["report"]
                 notes = "".join(f"\n  {k}: {v}" for k, v in rep["notes"].items())

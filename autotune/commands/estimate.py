@@ -6,6 +6,7 @@ from typing import Any
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from autotune.commands.common import (
     ClusterOpt,
@@ -15,9 +16,11 @@ from autotune.commands.common import (
     PlanOpt,
     SeqLenOpt,
     StorageOpt,
+    WideOpt,
     console,
     emit_json,
 )
+from autotune.dashboard.tables import Col, fit
 from autotune.units import fmt_bytes, fmt_count, fmt_time
 
 HELP = "Predict step time, tokens/s, MFU and per-device memory of one plan on a cluster."
@@ -26,7 +29,8 @@ HELP = "Predict step time, tokens/s, MFU and per-device memory of one plan on a 
 def command(model: ModelOpt, cluster: ClusterOpt, plan: PlanOpt, seq_len: SeqLenOpt, global_batch: GlobalBatchOpt,
             timeline: bool = typer.Option(False, "--timeline", help="Include the simulated pipeline events "
                                                                     "(breakdown.timeline) in --json output."),
-            storage: StorageOpt = "sqlite:///results/autotune.db", json_: JsonOpt = False) -> None:
+            storage: StorageOpt = "sqlite:///results/autotune.db", wide: WideOpt = False,
+            json_: JsonOpt = False) -> None:
     """Predict step time, tokens/s, MFU and per-device memory of one plan on a cluster."""
     from autotune.cost import estimate
     from autotune.plan import load_plan
@@ -39,7 +43,7 @@ def command(model: ModelOpt, cluster: ClusterOpt, plan: PlanOpt, seq_len: SeqLen
     if json_:
         emit_json(est.to_dict())
         return
-    _print(est, m, c)
+    _print(est, m, c, wide)
 
 
 def _rank_ranges(rows: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
@@ -54,13 +58,13 @@ def _rank_ranges(rows: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]
     return [(f"{a}" if a == b else f"{a}-{b}", r) for a, b, r in out]
 
 
-def _print(est: Any, model: Any, cluster: Any) -> None:
+def _print(est: Any, model: Any, cluster: Any, wide: bool = False) -> None:
     pr, bd, plan = est.predicted, est.breakdown, est.plan
     head = Table(title=f"{model.name} on {cluster.name}: {plan.degrees.inline()} {plan.schedule}, "
                        f"mbs {plan.micro_batch_size} x {plan.num_microbatches} micro-batches, recompute "
-                       f"{plan.recompute}, zero {plan.zero_stage}", show_header=False)
+                       f"{plan.recompute}, zero {plan.zero_stage}", show_header=False, title_justify="left")
     head.add_column("figure")
-    head.add_column("value", justify="right")
+    head.add_column("value", justify="right", overflow="fold")
     head.add_row("step time", fmt_time(pr["step_time_s"]))
     head.add_row("tokens/s", fmt_count(pr["tokens_per_s"]))
     head.add_row("MFU", f"{pr['mfu'] * 100:.1f}%")
@@ -69,32 +73,45 @@ def _print(est: Any, model: Any, cluster: Any) -> None:
                                 f"{fmt_bytes(min(pr['capacity_bytes']))} min)")
     head.add_row("feasible", "yes" if pr["feasible"] else f"[red]no[/]: {pr['infeasible_reason']}")
     console.print(head)
+    console.print(_stage_table(bd, plan, wide))
+    console.print(_rank_table(bd, wide))
+    console.print(f"throughput from: {'; '.join(bd['throughput_source'])}", highlight=False, soft_wrap=False)
 
-    st = Table(title="Per pipeline stage (its slowest rank, per step; exposed = communication compute does not hide)")
-    cols = ("stage", "layers", "devices", "fwd/mb", "bwd/mb", "compute", "tp", "cp", "hp", "pp", "dp", "exposed",
-            "bubble", "memory")
-    for col in cols:
-        st.add_column(col, justify="left" if col in ("devices", "layers") else "right")
+
+def _stage_table(bd: dict[str, Any], plan: Any, wide: bool) -> Table:
+    """One row per pipeline stage (its slowest rank). Layers are listed per model chunk the stage
+    holds: with ``virtual_stages`` v > 1 a stage holds v chunks, so ``4+4`` is 4 layers in each."""
+    cols = [Col("stage", priority=0), Col("layers", "left", 0), Col("devices", "left", 0),
+            Col("fwd/mb", priority=4), Col("bwd/mb", priority=4), Col("compute", priority=0),
+            Col("tp comm", priority=3), Col("cp comm", priority=3), Col("hp comm", priority=3),
+            Col("pp comm", priority=3), Col("dp comm", priority=3), Col("exposed comm", priority=1),
+            Col("bubble", priority=1), Col("memory", priority=0)]
+    rows = []
     for s in bd["stages"]:
-        st.add_row(str(s["stage"]), ",".join(map(str, s["layers"])), ",".join(s["devices"]),
-                   ",".join(fmt_time(x) for x in s["fwd_s"]), ",".join(fmt_time(x) for x in s["bwd_s"]),
-                   *(fmt_time(s[k]) for k in ("compute_s", "tp_comm_s", "cp_comm_s", "hp_comm_s", "pp_comm_s",
-                                              "dp_comm_s")), fmt_time(s["exposed_comm_s"] + s["dp_exposed_s"]),
-                   f"{fmt_time(s['bubble_s'])} ({s['bubble_fraction'] * 100:.0f}%)", fmt_bytes(s["memory_bytes"]))
-    console.print(st)
+        rows.append([str(s["stage"]), "+".join(map(str, s["layers"])), ",".join(s["devices"]),
+                     ",".join(fmt_time(x) for x in s["fwd_s"]), ",".join(fmt_time(x) for x in s["bwd_s"]),
+                     *(fmt_time(s[k]) for k in ("compute_s", "tp_comm_s", "cp_comm_s", "hp_comm_s", "pp_comm_s",
+                                                "dp_comm_s")), fmt_time(s["exposed_comm_s"] + s["dp_exposed_s"]),
+                     f"{fmt_time(s['bubble_s'])} ({s['bubble_fraction'] * 100:.0f}%)" if s["bubble_s"] else "-",
+                     fmt_bytes(s["memory_bytes"])])
+    chunks = f"; layers per model chunk (+ between the {plan.virtual_stages} chunks of a stage)" \
+        if plan.virtual_stages > 1 else ""
+    return fit(console, cols, rows, wide=wide, title="Per pipeline stage (its slowest rank, per step)",
+               caption=f"comm: communication time; exposed: the part compute does not hide{chunks}")
 
-    rt = Table(title="Per rank (per step)")
-    for col in ("ranks", "stage", "device", "compute", "comm", "exposed", "idle", "weights+grads+optim",
-                "activations", "logits", "reserve", "memory", "capacity"):
-        rt.add_column(col, justify="left" if col in ("ranks", "device") else "right")
+
+def _rank_table(bd: dict[str, Any], wide: bool) -> Table:
+    cols = [Col("ranks", "left", 0), Col("stage", priority=0), Col("device", "left", 0), Col("compute", priority=1),
+            Col("comm", priority=2), Col("exposed comm", priority=1), Col("idle", priority=2),
+            Col("weights+grads+optim", priority=4), Col("activations", priority=4), Col("logits", priority=5),
+            Col("reserve", priority=5), Col("memory", priority=0), Col("capacity", priority=0)]
+    rows = []
     for label, r in _rank_ranges(bd["ranks"]):
         t = r["memory"]
         over = r["memory_bytes"] > r["capacity_bytes"]
-        rt.add_row(label, str(r["stage"]), r["device"], fmt_time(r["compute_s"]), fmt_time(r["comm_s"]),
-                   fmt_time(r["exposed_comm_s"] + r["dp_exposed_s"]), fmt_time(r["bubble_s"]),
-                   fmt_bytes(t["weights"] + t["gradients"] + t["optimizer"]), fmt_bytes(t["activations"]),
-                   fmt_bytes(t["logits"]), fmt_bytes(t["reserve"]),
-                   f"[red]{fmt_bytes(r['memory_bytes'])}[/]" if over else fmt_bytes(r["memory_bytes"]),
-                   fmt_bytes(r["capacity_bytes"]))
-    console.print(rt)
-    console.print(f"throughput from: {'; '.join(bd['throughput_source'])}", highlight=False)
+        rows.append([label, str(r["stage"]), r["device"], fmt_time(r["compute_s"]), fmt_time(r["comm_s"]),
+                     fmt_time(r["exposed_comm_s"] + r["dp_exposed_s"]), fmt_time(r["bubble_s"]),
+                     fmt_bytes(t["weights"] + t["gradients"] + t["optimizer"]), fmt_bytes(t["activations"]),
+                     fmt_bytes(t["logits"]), fmt_bytes(t["reserve"]),
+                     Text(fmt_bytes(r["memory_bytes"]), style="red" if over else ""), fmt_bytes(r["capacity_bytes"])])
+    return fit(console, cols, rows, wide=wide, title="Per rank (per step)")

@@ -1,5 +1,8 @@
 """`autotune profile`: measure this machine's devices and links and store the profile;
 `profile list | show ID | export ID -o f.json | import f.json` manage stored profiles.
+`profile --layers MODEL` times the model's pieces instead (``profilers/layers.py``), stored as
+``layers:ID``; `profile import --format sailor|metis|galvatron FILE...` reads other planners'
+per-layer profiles (``profilers/foreign/``).
 
 The measuring lives in ``profilers/`` (timing, compute, links, worker, store); this module only
 parses options, draws progress on stderr and prints the summary (a table, or one JSON object).
@@ -53,11 +56,23 @@ def run(
     emulate: EmulateOpt = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds a rank may stay silent before it counts as "
                                                              "hung (then all ranks are stopped).", min=1.0)] = 60.0,
+    layers: Annotated[str | None, typer.Option("--layers", help="Time MODEL's real pieces (embedding, one decoder "
+                                                                "layer, norm + LM head + loss; fwd and bwd) over "
+                                                                "micro-batches, sequences and tp shards instead.",
+                                               metavar="MODEL")] = None,
+    mbs: Annotated[str | None, typer.Option("--mbs", help="--layers: micro-batch sizes, e.g. 1,2,4.")] = None,
+    seq: Annotated[str | None, typer.Option("--seq", help="--layers: sequence lengths, e.g. 128,256.")] = None,
+    tp: Annotated[str | None, typer.Option("--tp", help="--layers: tp shards (a shard's weights on one device).")]
+    = None,
+    dtype: Annotated[str, typer.Option("--dtype", help="--layers: fp32, bf16 or fp16.")] = "fp32",
     storage: StorageOpt = DEFAULT_STORAGE,
     json_: JsonOpt = False,
 ) -> None:
     """Run a profile (when no sub-command is given)."""
     if ctx.invoked_subcommand is not None:
+        return
+    if layers is not None:
+        _run_layers(layers, device, mbs, seq, tp, dtype, label, storage, json_)
         return
     from profilers.launch import check_request, default_nproc, launch_local
     from profilers.store import engine_for, load_profile, save_profile
@@ -86,6 +101,57 @@ def run(
         _print_summary(summary)
         err_console.print(f"stored profile {pid} in {storage} ({wall:.1f} s); use it in a cluster file as "
                           f"device: profile:{pid}", highlight=False)
+
+
+def _run_layers(model_ref: str, device: str, mbs: str | None, seq: str | None, tp: str | None, dtype: str,
+                label: str | None, storage: str, json_: bool) -> None:
+    from autotune.specs.model import load_model
+    from profilers.layers import default_sweep, parse_grid, profile_layers, shard_sizes
+    from profilers.store import engine_for, save_layer_profile
+
+    model = load_model(model_ref)
+    engine_for(storage)  # a bad --storage fails before the measuring
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    elif device not in ("cpu", "cuda"):
+        raise InputError(f"must be auto, cpu or cuda, got {device!r}", field="--device")
+    sweep = default_sweep(model, device, dtype)
+    sweep.micro_batches = parse_grid(mbs, "mbs") or sweep.micro_batches
+    sweep.seq_lens = parse_grid(seq, "seq") or sweep.seq_lens
+    if tp is not None:
+        sweep.tp, sweep.notes = shard_sizes(model, parse_grid(tp, "tp"))
+    with Progress(TextColumn("[bold]layers[/]"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console,
+                  transient=True, disable=not err_console.is_terminal and json_) as prog:
+        task = prog.add_task("building pieces", total=None)
+        doc = profile_layers(model, device, sweep,
+                             lambda done, total, what: prog.update(task, completed=done, total=total, description=what))
+    lid = save_layer_profile(doc, storage, label=label)
+    if json_:
+        emit_json({"id": f"layers:{lid}", **{k: v for k, v in doc.items() if k != "units"}})
+        return
+    _print_layers(doc, lid)
+    err_console.print(f"stored layer profile layers:{lid} in {storage} ({doc['meta']['measure_s']:.1f} s); use it in a "
+                      f"cluster file as layer_profile: layers:{lid}", highlight=False)
+
+
+def _print_layers(doc: dict[str, Any], lid: int | str) -> None:
+    t = Table(title=f"layers:{lid}: {doc['model']['name']} on {doc['device_name']} ({doc['device_kind']}, "
+                    f"{doc['dtype']}, {doc['origin']})")
+    for c in ("piece", "tp", "mbs", "seq", "fwd", "bwd", "activations", ""):
+        t.add_column(c, justify="left" if c in ("piece", "") else "right")
+    for p in doc["points"]:
+        act = p.get("activation_bytes")
+        t.add_row(p["piece"], str(p["tp"]), str(p["micro_batch"]), str(p["seq"]), fmt_time(p["fwd_s"]),
+                  fmt_time(p["bwd_s"]), fmt_bytes(act) if act is not None else "-",
+                  "unstable" if p.get("unstable") else "")
+    console.print(t)
+    for note in (doc.get("meta") or {}).get("notes") or []:
+        console.print(note, highlight=False, markup=False)
+    for note in (doc.get("meta") or {}).get("assumed") or []:
+        console.print(f"assumed: {note}", highlight=False, markup=False)
 
 
 def _print_summary(s: dict[str, Any]) -> None:
@@ -140,11 +206,12 @@ def _print_summary(s: dict[str, Any]) -> None:
 @app.command("list")
 def list_cmd(storage: StorageOpt = DEFAULT_STORAGE, json_: JsonOpt = False) -> None:
     """List stored profiles."""
-    from profilers.store import list_profiles
+    from profilers.store import list_layer_profiles, list_profiles
 
     rows = list_profiles(storage)
+    layer_rows = list_layer_profiles(storage)
     if json_:
-        emit_json({"profiles": rows})
+        emit_json({"profiles": rows, "layer_profiles": layer_rows})
         return
     t = Table(title=f"profiles in {storage}")
     for c in ("id", "label", "created", "device", "ranks", "hosts", "quick", "emulated", "origin", "unstable"):
@@ -154,13 +221,29 @@ def list_cmd(storage: StorageOpt = DEFAULT_STORAGE, json_: JsonOpt = False) -> N
                   str(r["nproc"]), ",".join(sorted(set(r["hosts"]))), "yes" if r["quick"] else "",
                   ", ".join(f"{k}={v:g}x" for k, v in (r["emulated"] or {}).items()), r["origin"], str(r["unstable"]))
     console.print(t)
+    if layer_rows:
+        lt = Table(title=f"layer profiles in {storage}")
+        for c in ("id", "label", "created", "device", "model", "dtype", "origin", "points"):
+            lt.add_column(c)
+        for r in layer_rows:
+            lt.add_row(f"layers:{r['id']}", r["label"] or "", r["created_at"], f"{r['device_kind']}: {r['device_name']}",
+                       r["model"]["name"], r["dtype"], r["origin"], str(r["points"]))
+        console.print(lt)
 
 
 @app.command("show")
 def show_cmd(profile_id: IdArg, storage: StorageOpt = DEFAULT_STORAGE, json_: JsonOpt = False) -> None:
-    """Show one profile: fits per rank, p2p matrix, collectives."""
-    from profilers.store import load_profile
+    """Show one profile: fits per rank, p2p matrix, collectives (or a layer profile, layers:ID)."""
+    from profilers.store import LAYER_REF_PREFIX, load_layer_profile, load_profile
     from profilers.summary import summarize_profile
+
+    if profile_id.startswith(LAYER_REF_PREFIX):
+        doc = load_layer_profile(profile_id, storage)
+        if json_:
+            emit_json(doc)
+        else:
+            _print_layers(doc, doc["id"])
+        return
 
     s = summarize_profile(load_profile(profile_id, storage))
     if json_:
@@ -173,9 +256,17 @@ def show_cmd(profile_id: IdArg, storage: StorageOpt = DEFAULT_STORAGE, json_: Js
 def export_cmd(profile_id: IdArg,
                out: Annotated[Path, typer.Option("--output", "-o", help="JSON file to write.")],
                storage: StorageOpt = DEFAULT_STORAGE, json_: JsonOpt = False) -> None:
-    """Write a profile (samples, fits, units, schema_version) to a JSON file."""
-    from profilers.store import load_profile
+    """Write a profile (samples, fits, units, schema_version) to a JSON file (layers:ID: a layer profile)."""
+    from profilers.store import LAYER_REF_PREFIX, load_layer_profile, load_profile
 
+    if profile_id.startswith(LAYER_REF_PREFIX):
+        doc = load_layer_profile(profile_id, storage)
+        _write_json(doc, out)
+        if json_:
+            emit_json({"id": f"layers:{doc['id']}", "path": str(out), "points": len(doc["points"])})
+        else:
+            err_console.print(f"wrote layers:{doc['id']} to {out} ({len(doc['points'])} points)", highlight=False)
+        return
     doc = load_profile(profile_id, storage)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -188,14 +279,74 @@ def export_cmd(profile_id: IdArg,
         err_console.print(f"wrote profile {doc['run']['id']} to {out} ({len(doc['samples'])} samples)", highlight=False)
 
 
-@app.command("import")
-def import_cmd(path: Annotated[Path, typer.Argument(help="JSON file written by `autotune profile export`.")],
-               storage: StorageOpt = DEFAULT_STORAGE, json_: JsonOpt = False) -> None:
-    """Store a profile exported elsewhere (it gets a new id here)."""
-    from profilers.store import import_file
+def _write_json(doc: dict[str, Any], out: Path) -> None:
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    except OSError as e:
+        raise InputError(f"cannot write: {e.strerror}", source=str(out), field="--output") from None
 
-    pid = import_file(path, storage)
+
+FORMATS = ("autotune", "sailor", "metis", "galvatron")
+
+
+@app.command("import")
+def import_cmd(paths: Annotated[list[Path], typer.Argument(help="JSON file(s) written by `autotune profile export`, "
+                                                                "or another planner's profile files (--format).")],
+               fmt: Annotated[str, typer.Option("--format", help="autotune (an export), or the per-layer profiles of "
+                                                                 "sailor, metis or galvatron.")] = "autotune",
+               model: Annotated[str | None, typer.Option("--model", help="Foreign formats: the model they were "
+                                                                         "measured on (preset or model file).")] = None,
+               device: Annotated[str | None, typer.Option("--device", help="Foreign formats: catalogue device they "
+                                                                           "were measured on (when the files do not "
+                                                                           "say).")] = None,
+               seq: Annotated[int | None, typer.Option("--seq", help="Foreign formats: sequence length (Sailor and "
+                                                                     "Metis files do not record it).", min=1)] = None,
+               dtype: Annotated[str | None, typer.Option("--dtype", help="Foreign formats: precision (bf16, fp16, "
+                                                                         "fp32) when the files do not say.")] = None,
+               label: Annotated[str | None, typer.Option("--label", help="Name stored with a foreign import.")] = None,
+               storage: StorageOpt = DEFAULT_STORAGE, json_: JsonOpt = False) -> None:
+    """Store a profile exported elsewhere (it gets a new id here), or import other planners' per-layer profiles."""
+    from profilers.store import engine_for, import_any
+
+    if fmt not in FORMATS:
+        raise InputError(f"must be one of {', '.join(FORMATS)}, got {fmt!r}", field="--format")
+    engine_for(storage)
+    if fmt != "autotune":
+        _import_foreign(fmt, paths, model, device, seq, dtype, label, storage, json_)
+        return
+    done = [(str(p), *import_any(p, storage)) for p in paths]
     if json_:
-        emit_json({"id": pid, "path": str(path)})
-    else:
-        err_console.print(f"imported {path} as profile {pid}; use it as device: profile:{pid}", highlight=False)
+        emit_json({"imported": [{"path": p, "id": f"layers:{i}" if kind == "layers" else i} for p, kind, i in done]}
+                  if len(done) > 1 else {"id": f"layers:{done[0][2]}" if done[0][1] == "layers" else done[0][2],
+                                         "path": done[0][0]})
+        return
+    for p, kind, i in done:
+        ref = f"layers:{i}" if kind == "layers" else str(i)
+        use = f"layer_profile: {ref}" if kind == "layers" else f"device: profile:{i}"
+        err_console.print(f"imported {p} as {'layer profile ' if kind == 'layers' else 'profile '}{ref}; use it as "
+                          f"{use}", highlight=False)
+
+
+def _import_foreign(fmt: str, paths: list[Path], model_ref: str | None, device: str | None, seq: int | None,
+                    dtype: str | None, label: str | None, storage: str, json_: bool) -> None:
+    from autotune.specs.catalogue import device_from_catalogue
+    from autotune.specs.model import load_model
+    from profilers.foreign import ImportContext, read_foreign
+    from profilers.store import save_layer_profile
+
+    if model_ref is None:
+        raise InputError(f"{fmt} profiles need the model they were measured on: --model PRESET|FILE", field="--model")
+    if dtype is not None and dtype not in ("bf16", "fp16", "fp32"):
+        raise InputError(f"must be bf16, fp16 or fp32, got {dtype!r}", field="--dtype")
+    if device is not None:
+        device = device_from_catalogue(device, field="--device").name
+    doc = read_foreign(fmt, paths, ImportContext(model=load_model(model_ref), device=device, seq=seq, dtype=dtype))
+    lid = save_layer_profile(doc, storage, label=label, source=str(paths[0]))
+    if json_:
+        emit_json({"id": f"layers:{lid}", "format": fmt, "device": doc["device_name"], "points": len(doc["points"]),
+                   "assumed": doc["meta"]["assumed"]})
+        return
+    _print_layers({**doc, "origin": fmt}, lid)
+    err_console.print(f"imported {len(paths)} {fmt} file(s) as layer profile layers:{lid} ({doc['device_name']}); use "
+                      f"it in a cluster file as layer_profile: layers:{lid}", highlight=False)

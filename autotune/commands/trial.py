@@ -9,6 +9,8 @@ import typer
 from rich.table import Table
 
 from autotune.commands.common import (
+    DataDtypeOpt,
+    DataOpt,
     EmulateOpt,
     GlobalBatchOpt,
     JsonOpt,
@@ -41,6 +43,8 @@ def command(
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds before every process is killed.",
                                            min=1)] = 600.0,
     device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
+    data: DataOpt = None,
+    data_dtype: DataDtypeOpt = "auto",
     json_: JsonOpt = False,
 ) -> None:
     """Run a plan for real on local processes (torch.distributed) and measure it."""
@@ -49,10 +53,15 @@ def command(
 
     emulate = parse_emulation(emulate_slowdown)
     p = load_plan(plan)
-    if not json_:
-        err_console.print(f"running {p.degrees.inline()} on {p.world} local processes ...", highlight=False)
+
+    def announce(resolved) -> None:
+        if not json_:
+            err_console.print(f"running {resolved.degrees.inline()} on {resolved.world} local processes ...",
+                              highlight=False)
+
     result = run_trial(p, model, seq_len, global_batch, steps=steps, warmup=warmup, seed=seed,
-                       emulate_slowdown=emulate, timeout_s=timeout, device=device, nproc=nproc)
+                       emulate_slowdown=emulate, timeout_s=timeout, device=device, nproc=nproc,
+                       data=data, data_dtype=data_dtype, on_launch=announce)
     out = result.to_dict()
     if json_:
         emit_json(out)
@@ -81,4 +90,18 @@ def _show(out: dict) -> None:
         t.add_row(str(s["rank"]), fmt_bytes(mem), fmt_time(s["compute_s"]), fmt_time(s["comm_s"]),
                   fmt_time(s["idle_s"]), f"{100 * s['coverage']:.0f}%")
     console.print(t)
-    console.print("losses: " + ", ".join(f"{x:.4f}" for x in out["losses"]), highlight=False)
+    show_losses(out["losses"], m.get("warmup", 0), m.get("data"))
+
+
+SPARKS = "▁▂▃▄▅▆▇█"
+
+
+def show_losses(losses: list[float], warmup: int, data: str | None) -> None:
+    """The loss curve: a sparkline of every step (warm-up included), first and last, then the values."""
+    if not losses:
+        return
+    lo, hi = min(losses), max(losses)
+    spark = "".join(SPARKS[round((x - lo) / (hi - lo) * (len(SPARKS) - 1)) if hi > lo else 0] for x in losses)
+    console.print(f"loss curve ({len(losses)} steps, {warmup} warm-up; data: {data or 'synthetic'}): "
+                  f"{spark}  {losses[0]:.4f} -> {losses[-1]:.4f}", highlight=False, soft_wrap=True)
+    console.print("losses: " + ", ".join(f"{x:.4f}" for x in losses), highlight=False, soft_wrap=True)

@@ -1,8 +1,8 @@
 """`autotune tune`: the whole loop on this machine with defaults (the README's first command).
 
 profile this machine (quick) -> search the model on ``local`` -> validate the top 3 for real ->
-export the best measured plan to ``results/plans/``. A step whose part is not in this build (no
-profiler yet) is skipped with a note rather than failing the loop.
+export the best measured plan to ``results/plans/``. A failing step fails the loop with its message
+(a machine that cannot be profiled as asked is the one step skipped, with a note).
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import typer
 
 from autotune.commands.common import (
     DEFAULT_STORAGE,
+    DataDtypeOpt,
+    DataOpt,
     JsonOpt,
     SeedOpt,
     StorageOpt,
@@ -30,21 +32,17 @@ HELP = "The whole loop on this machine: profile, search, validate the top 3, exp
 
 def profile_quick(storage: str, nproc: int, say: Any) -> tuple[str | None, str]:
     """Profile this machine with the profiler's library (quick mode); skip with a note if absent."""
-    try:
-        from profilers.launch import check_request, launch_local
-        from profilers.store import save_profile
-    except ImportError as exc:
-        return None, f"profile skipped: the profiler is not in this build ({exc})"
+    from profilers.launch import check_request, launch_local
+    from profilers.store import save_profile
+
     say(f"profiling this machine (quick, {nproc} ranks) ...")
     t0 = time.perf_counter()
     try:
         kind = check_request("auto", nproc)
         result = launch_local(kind, nproc, quick=True, timeout_s=60.0)
         pid = save_profile(result, storage, label="tune", nproc=nproc, wall_s=time.perf_counter() - t0)
-    except InputError as e:
+    except InputError as e:  # this machine cannot be profiled as asked: said, the loop uses `local`
         return None, f"profile skipped: {e}"
-    except Exception as e:  # noqa: BLE001 - the loop goes on with catalogue figures
-        return None, f"profile failed ({type(e).__name__}: {e}); searching with the derived CPU figures"
     return str(pid), f"profiled this machine: profile {pid} ({time.perf_counter() - t0:.1f} s)"
 
 
@@ -68,18 +66,15 @@ def export_best(plan_dict: dict[str, Any], study: str, storage: str, out_dir: Pa
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", study)
     path = out_dir / f"{safe}.json"
     out_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        from autotune.export import ExportContext, export, write_atomic
-        from autotune.export.json_plan import check_file
-        from autotune.study import open_study, study_workload
+    from autotune.export import ExportContext, export, write_atomic
+    from autotune.export.json_plan import check_file
+    from autotune.study import open_study, study_workload
 
-        model, cluster, seq_len, gb = study_workload(open_study(study, storage), storage)
-        ctx = ExportContext(model=model, cluster=cluster, seq_len=seq_len, global_batch=gb, study=study,
-                            storage=storage, source=f"study {study}", cluster_digest=cluster.digest)
-        ex = export(plan, ctx, "json")
-        write_atomic(path, ex.text, check=check_file)
-    except ImportError:  # no exporter in this build: the plan JSON itself
-        path.write_text(plan.to_json() + "\n", encoding="utf-8")
+    model, cluster, seq_len, gb = study_workload(open_study(study, storage), storage)
+    ctx = ExportContext(model=model, cluster=cluster, seq_len=seq_len, global_batch=gb, study=study,
+                        storage=storage, source=f"study {study}", cluster_digest=cluster.digest)
+    ex = export(plan, ctx, "json")
+    write_atomic(path, ex.text, check=check_file)
     return path
 
 
@@ -94,6 +89,8 @@ def command(
     storage: StorageOpt = DEFAULT_STORAGE,
     out_dir: Annotated[Path, typer.Option("--out-dir", help="Where the best plan JSON goes.")] = Path("results/plans"),
     seed: SeedOpt = 0,
+    data: DataOpt = None,
+    data_dtype: DataDtypeOpt = "auto",
     json_: JsonOpt = False,
 ) -> None:
     """The whole loop on this machine: profile, search, validate the top 3, export the best plan."""
@@ -105,6 +102,10 @@ def command(
     say = (lambda _m: None) if json_ else (lambda s: err_console.print(s, highlight=False))
     notes: list[str] = []
     m = load_model(model)
+    if data is not None or data_dtype != "auto":  # a bad token file fails before the profile and search
+        from autotune.runtime.data import prepare_data
+
+        prepare_data(data, m.vocab, seq_len, global_batch, ValidateOptions().warmup + steps, dtype=data_dtype)
     cluster = load_cluster("local")
     profile_id = None
     if profile:
@@ -121,7 +122,8 @@ def command(
                  options=SearchOptions(trials=trials, seed=seed, top=top), progress=say)
     notes += res.notes
     say(f"validating the top {top} for real ...")
-    val = validate(name, storage, options=ValidateOptions(top=top, steps=steps, seed=seed), progress=say)
+    val = validate(name, storage, options=ValidateOptions(top=top, steps=steps, seed=seed, data=data,
+                                                                data_dtype=data_dtype), progress=say)
     if val["best_measured"] is None:
         raise WorkError("every validated plan failed: " + "; ".join(
             f"trial {r['trial']}: {(r['failure'] or {}).get('message')}" for r in val["validated"]))

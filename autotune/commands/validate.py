@@ -8,6 +8,8 @@ import typer
 
 from autotune.commands.common import (
     DEFAULT_STORAGE,
+    DataDtypeOpt,
+    DataOpt,
     JsonOpt,
     SeedOpt,
     StorageOpt,
@@ -30,13 +32,15 @@ def command(
     seed: SeedOpt = 0,
     diverse: Annotated[bool, typer.Option("--diverse/--no-diverse", help="Best plan of each distinct layout "
                                           "(degrees, schedule, micro-batch) first, then near-copies.")] = True,
+    data: DataOpt = None,
+    data_dtype: DataDtypeOpt = "auto",
     json_: JsonOpt = False,
 ) -> None:
     """Run the study's top plans for real, store measured beside predicted, calibrate the cost model, re-rank."""
     from autotune.validate import ValidateOptions, validate
 
     opts = ValidateOptions(top=top, steps=steps, warmup=warmup, timeout_s=timeout, device=device, seed=seed,
-                           diverse=diverse)
+                           diverse=diverse, data=data, data_dtype=data_dtype)
     out = validate(study, storage, options=opts,
                    progress=None if json_ else (lambda s: err_console.print(s, highlight=False)))
     if json_:
@@ -51,6 +55,7 @@ def show(out: dict[str, Any]) -> None:
     plans = [{**r["plan"], "predicted": r["predicted"], "measured": r["measured"], "failure": r["failure"],
               "error": r["error"]} for r in out["validated"]]
     console.print(plan_table(plans, f"validated plans of study {out['study']}", measured=True))
+    memory_table(out)
     for r in out["validated"]:
         if r["failure"]:
             console.print(f"trial {r['trial']} failed ({r['failure']['kind']}): {r['failure']['message']}",
@@ -65,9 +70,40 @@ def show(out: dict[str, Any]) -> None:
                                                  else "n/a after, ")
                       + (f"{held:.1%} held out (leave-one-out)" if held is not None
                          else "held out n/a (needs 3 validated plans)"), highlight=False)
-        console.print(f"calibration: {out['calibration']}", highlight=False)
+        key = out.get("calibration_measured") or {}
+        console.print(f"calibration: {out['calibration']} (measured on {key.get('machine')}, "
+                      f"{key.get('precision')}, {key.get('runtime')}; applied to {key.get('precision')} plans "
+                      f"on {', '.join(key.get('devices') or [])} only)", highlight=False)
     if out.get("best_measured"):
         m = out["best_measured"]["measured"]
         console.print(f"best measured: trial {out['best_measured_trial']} "
                       f"({','.join(f'{k}={v}' for k, v in out['best_measured']['degrees'].items() if v > 1)}) "
                       f"{m['tokens_per_s']:,.0f} tokens/s", highlight=False)
+
+
+def memory_table(out: dict[str, Any]) -> None:
+    """Predicted vs measured peak memory per rank of every validated plan, and the median error."""
+    from rich.table import Table
+
+    from autotune.units import fmt_bytes
+
+    rows = [r for r in out["validated"] if r.get("memory")]
+    if not rows:
+        return
+    t = Table(title="memory per rank: predicted / measured peak (error)", title_justify="left")
+    t.add_column("trial", justify="right")
+    t.add_column("degrees")
+    t.add_column("per rank")
+    t.add_column("median |err|", justify="right")
+    for r in rows:
+        m = r["memory"]
+        cells = [f"{fmt_bytes(p)} / {fmt_bytes(q)} ({e:+.0%})" if e is not None else f"{fmt_bytes(p)} / -"
+                 for p, q, e in zip(m["predicted_bytes"], m["measured_bytes"], m["error"], strict=True)]
+        degrees = ",".join(f"{k}={v}" for k, v in r["plan"]["degrees"].items() if v > 1) or "1"
+        med = m["median_error"]
+        t.add_row(str(r["trial"]), degrees, "; ".join(cells), f"{med:.1%}" if med is not None else "n/a")
+    console.print(t)
+    if out.get("median_memory_error") is not None:
+        console.print(f"median memory error over {len(rows)} plans: {out['median_memory_error']:.1%} "
+                      f"(measured on {out['measured_on']['machine']}; see docs/validation.md for what a CPU "
+                      "figure says about GPU memory)", highlight=False)

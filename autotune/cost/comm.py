@@ -13,23 +13,12 @@ A ring or an all-to-all runs at the pace of its slowest pair, so each group uses
 among its members (``Topology.group_link``). Bandwidths are per device and per direction (the
 catalogue's convention).
 
-Measured collectives (CPU): where a CPU device's profile holds a ``collective_table`` (nccl-tests
-conventions, measured with gloo by ``profilers/links.py``), a collective inside the host over a
-group size the table covers takes the measured time at that size, interpolated log-log in bytes
-(below the smallest size its time: the latency floor; above the largest, that point's algorithm
-bandwidth). gloo's loopback costs are far from alpha-beta with a datasheet figure (a 64 KiB
-reduce-scatter takes ~0.5 ms, an all-reduce of the same ~0.2 ms), so the table replaces the
-formulas there. A point-to-point exchange between two ranks (a CP ring pass, a pipeline send and
-its matching receive) is priced as the two-rank all-to-all that moves the same bytes each way.
-Accelerators keep the formulas (their tables, when profiled, cover group sizes the trials there
-do not use alone).
+Measured collectives: a profiled CPU's gloo table replaces the formulas where it covers the op and
+group size (``cpu.GlooTable``, CPU trial physics); accelerators keep the formulas.
 """
 
 from __future__ import annotations
 
-import bisect
-import math
-import statistics
 from typing import Any
 
 from autotune.specs.cluster import Link
@@ -64,89 +53,29 @@ def all_to_all(link: Link, n: int, max_bytes: float) -> float:
     return (n - 1) * link.latency + max_bytes / link.bandwidth
 
 
-_TABLE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+class AlphaBeta:
+    """The formulas above behind the interface every collective model offers (``cpu.GlooTable``
+    has the same methods): ``op(link, group size, bytes)``, ``p2p(link, bytes)``."""
+
+    all_reduce = staticmethod(all_reduce)
+    all_gather = staticmethod(all_gather)
+    reduce_scatter = staticmethod(reduce_scatter)
+    all_to_all = staticmethod(all_to_all)
+    p2p = staticmethod(p2p)
 
 
-class Collectives:
-    """The collective times one device type's ranks see: the formulas above, or the measured table
-    (see the module docstring). ``all_to_all(link, n, max_bytes)`` and ``p2p(link, n)`` take the
-    formulas' arguments."""
-
-    def __init__(self, table: list[dict[str, Any]] | None = None):
-        self.curves: dict[tuple[str, int], tuple[list[float], list[float]]] = {}
-        acc: dict[tuple[str, int], dict[float, list[float]]] = {}
-        for row in table or []:
-            try:
-                op, n, b, t = row["op"], int(row["group_size"]), float(row["bytes"]), float(row["time_s"])
-            except (KeyError, TypeError, ValueError):
-                continue
-            if op in _TABLE_OPS and n >= 2 and b > 0 and t > 0 and math.isfinite(t):
-                acc.setdefault((op, n), {}).setdefault(b, []).append(t)
-        for key, by_bytes in acc.items():
-            xs = sorted(by_bytes)
-            self.curves[key] = (xs, [statistics.median(by_bytes[x]) for x in xs])
-
-    def _measured(self, op: str, link: Link, n: int, nbytes: float) -> float | None:
-        if link.kind not in ("intra", "self"):
-            return None
-        c = self.curves.get((op, n))
-        if c is None:
-            return None
-        xs, ys = c
-        if nbytes <= xs[0]:
-            return ys[0]
-        if nbytes >= xs[-1]:
-            return ys[-1] * nbytes / xs[-1]
-        k = bisect.bisect_right(xs, nbytes)
-        w = (math.log(nbytes) - math.log(xs[k - 1])) / (math.log(xs[k]) - math.log(xs[k - 1]))
-        return math.exp(math.log(ys[k - 1]) + w * (math.log(ys[k]) - math.log(ys[k - 1])))
-
-    def _priced(self, op: str, formula: Any, link: Link, n: int, nbytes: float,
-                table_bytes: float | None = None) -> float:
-        """The measured time where the table covers it, else the formula's."""
-        if n < 2 or nbytes <= 0:
-            return 0.0
-        t = self._measured(op, link, n, nbytes if table_bytes is None else table_bytes) if self.curves else None
-        return formula(link, n, nbytes) if t is None else t
-
-    def all_reduce(self, link: Link, n: int, nbytes: float) -> float:
-        return self._priced("all_reduce", all_reduce, link, n, nbytes)
-
-    def all_gather(self, link: Link, n: int, nbytes: float) -> float:
-        return self._priced("all_gather", all_gather, link, n, nbytes)
-
-    def reduce_scatter(self, link: Link, n: int, nbytes: float) -> float:
-        return self._priced("reduce_scatter", reduce_scatter, link, n, nbytes)
-
-    def all_to_all(self, link: Link, n: int, max_bytes: float) -> float:
-        # the table's bytes are each rank's whole input, its own part included
-        return self._priced("all_to_all", all_to_all, link, n, max_bytes,
-                            max_bytes * n / (n - 1) if n >= 2 else None)
-
-    def p2p(self, link: Link, nbytes: float) -> float:
-        if nbytes <= 0:
-            return 0.0
-        t = self._measured("all_to_all", link, 2, 2.0 * nbytes) if self.curves and link.kind != "self" else None
-        return p2p(link, nbytes) if t is None else t
-
-
-FORMULAS = Collectives()
+FORMULAS = AlphaBeta()
 """The alpha-beta formulas (every device without a measured table)."""
 
-_COLLECTIVES: dict[int, tuple[Any, Collectives]] = {}
 
-
-def collectives_for(spec: Any) -> Collectives:
-    """The collective model of a DeviceSpec: measured table for a profiled CPU, else the formulas."""
+def collectives_for(spec: Any) -> Any:
+    """The collective model of a DeviceSpec: a profiled CPU's measured gloo table
+    (``cpu.measured_collectives``), else the formulas."""
     if spec.kind != "cpu":
         return FORMULAS
-    hit = _COLLECTIVES.get(id(spec))
-    if hit is None or hit[0] is not spec:
-        table = ((spec.profile or {}).get("links") or {}).get("collective_table")
-        if len(_COLLECTIVES) > 64:
-            _COLLECTIVES.clear()
-        hit = _COLLECTIVES[id(spec)] = (spec, Collectives(table) if table else FORMULAS)
-    return hit[1]
+    from autotune.cost.cpu import measured_collectives  # cpu.py builds on this module's formulas
+
+    return measured_collectives(spec)
 
 
 class Topology:

@@ -32,22 +32,28 @@ In flight: the schedule decides how many micro-batches' activations a rank holds
 (``pipeline.peak_in_flight``: min(p - s, m) under 1F1B, m under GPipe). The last stage also keeps
 the logits (compute dtype plus an fp32 copy for the loss) of its micro-batches in flight.
 
-Reserve: the caching allocator's fragmentation and the runtime's buffers (CUDA/ROCm context,
-NCCL and cuBLAS workspaces): ``RESERVE_FIXED`` bytes per accelerator plus ``RESERVE_FRACTION`` of
-everything else (PyTorch's caching allocator typically keeps 5-10% more than is allocated).
+Reserve: the runtime's buffers (CUDA/ROCm context, NCCL and cuBLAS workspaces), the device's
+named ``framework_reserve`` (``DeviceSpec.framework_reserve()``: autotune/specs/catalogue.py
+``FRAMEWORK_RESERVE`` with its sources, overridable per node group in the cluster file), plus the
+caching allocator's fragmentation, ``RESERVE_FRACTION`` of everything else (PyTorch's caching
+allocator typically keeps 5-10% more than is allocated).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-RESERVE_FIXED = {"cuda": 1.0 * 2**30, "rocm": 1.0 * 2**30, "cpu": 0.0}
+from autotune.cost.pipeline import peak_in_flight
+
+TERM_NAMES = ("weights", "gradients", "optimizer", "activations", "logits", "reserve")
+"""The terms a rank's memory adds up (an infeasible plan's reason names the largest)."""
+
 RESERVE_FRACTION = 0.05
 
 
 def state_bytes_per_param(dtype: str) -> tuple[float, float, float]:
     """(weights, gradients, optimizer states) bytes per parameter."""
-    if dtype == "fp32":
+    if dtype.startswith("fp32"):
         return 4.0, 4.0, 8.0
     return 2.0, 2.0, 12.0
 
@@ -99,5 +105,54 @@ def layer_activation_bytes(model: Any, *, micro_batch: int, tokens_local: float,
     return kept, full, scores * scale
 
 
-def reserve(kind: str, allocated: float) -> float:
-    return RESERVE_FIXED.get(kind, 0.0) + RESERVE_FRACTION * allocated
+def reserve(spec: Any, allocated: float) -> float:
+    """The framework's fixed reserve on ``spec`` (a DeviceSpec) plus the allocator's fraction."""
+    return spec.framework_reserve() + RESERVE_FRACTION * allocated
+
+
+def block_activations(ctx: Any) -> tuple[float, float, float]:
+    """``layer_activation_bytes`` of one block on the rank of ``ctx`` (a ``context.RankContext``):
+    (kept per micro-batch, full, of which the scores)."""
+    s = ctx.step
+    return layer_activation_bytes(
+        s.model, micro_batch=s.mbs, tokens_local=ctx.tokens / s.hp, cp_tokens=ctx.tokens, seq_len=s.seq_len,
+        heads_local=ctx.heads, tp=s.tp, sequence_parallel=s.sp, recompute=s.recompute, act_bytes=s.bpe,
+        fused_attention=ctx.spec.fused_attention())
+
+
+def rank_memory(ctx: Any, kept: float, full: float) -> tuple[float, dict[str, float]]:
+    """(bytes, terms) on the rank of ``ctx``: its model states (ZeRO-sharded), the activations of
+    the layer-micro-batches its schedule holds at once (plus one block rebuilt under recompute),
+    the last chunk's logits in flight, and the allocator's reserve."""
+    s = ctx.step
+    states = model_states(ctx.params / s.tp, s.dtype, s.zero, s.shard_n, ctx.layer_params / s.tp)
+    inflight, last_inflight = peak_in_flight(s.schedule, s.pp, s.v, ctx.microbatches, ctx.pp_index, ctx.layers)
+    acts = kept * inflight + (full - kept if s.recompute != "none" else 0.0)
+    logits = 0.0
+    if s.n_chunks - 1 in s.chunks[ctx.pp_index]:
+        logits = ctx.tokens_local * s.model.vocab / s.tp * (s.bpe + 4.0) * last_inflight
+    alloc = states["weights"] + states["gradients"] + states["optimizer"] + acts + logits
+    res = reserve(ctx.spec, alloc)
+    terms = {**states, "activations": acts, "logits": logits, "reserve": res,
+             "activation_per_layer_microbatch": kept, "layers_microbatches_in_flight": inflight}
+    return alloc + res, terms
+
+
+def peak_rank_memory(plan: Any, model: Any, cluster: Any, seq_len: int, global_batch: int
+                     ) -> tuple[float, int, dict[str, float]]:
+    """(bytes, rank, terms) of the rank that needs the most memory under ``plan`` (resolved here):
+    the cost model's memory, for checks that need no timing (the runtime's pre-launch check)."""
+    from autotune.cost.context import step_context, tp_groups
+
+    step = step_context(plan, model, cluster, seq_len, global_batch, None)
+    best: tuple[float, int, dict[str, float]] | None = None
+    seen: dict[int, tuple[float, dict[str, float]]] = {}
+    for r0, _, ctx in tp_groups(step):
+        hit = seen.get(id(ctx))
+        if hit is None:
+            kept, full, _ = block_activations(ctx)
+            hit = seen[id(ctx)] = rank_memory(ctx, kept, full)
+        if best is None or hit[0] > best[0]:
+            best = (hit[0], r0, hit[1])
+    assert best is not None
+    return best

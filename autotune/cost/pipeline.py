@@ -1,20 +1,17 @@
 """Event simulation of a pipeline schedule over uneven stages.
 
-Model stages ``j = 0 .. p*v-1`` (v virtual stages per pipeline rank, chunk ``c = j // p`` on rank
-``j % p``) each take ``fwd[j]`` / ``bwd[j]`` seconds per micro-batch; moving a micro-batch's
-activation (or its gradient) from j to j+1 takes ``p2p[j]``. Each rank runs its operations in the
-schedule's order; an operation starts when the rank is free and its input has arrived:
+Model chunks ``j = 0 .. p*v-1`` (in model order; which pipeline rank holds each is the schedule's
+``stage_rank``: ``j % p`` for the looped schedules, a V for ZB-V) each take ``fwd[j]`` / ``bwd[j]``
+seconds per micro-batch; ``wgt[j]`` of ``bwd[j]`` is the weight-gradient part (W), the rest the
+input-gradient part (I), for schedules that split the backward. Moving a micro-batch's activation
+(or its gradient) between chunk j and j+1 takes ``p2p[j]`` (0 where both sit on one rank). Each
+rank runs its operations in the schedule's order (``autotune/schedules``, the same order the
+runtime runs and the Gantt chart draws); an operation starts when the rank is free and its input
+has arrived:
 
-    F(j, i) waits for F(j-1, i) + p2p[j-1];   B(j, i) waits for B(j+1, i) + p2p[j] (last stage: F(j, i)).
-
-The orders are those of Megatron-LM / torch.distributed.pipelining:
-
-* ``gpipe``: all forwards, then all backwards (Huang et al. 2019);
-* ``1f1b``: ``min(p - s - 1, m)`` warm-up forwards, then one forward one backward, then the
-  remaining backwards (PipeDream-Flush, Narayanan et al. 2021);
-* ``interleaved_1f1b``: forwards in groups of p micro-batches per chunk, warm-up
-  ``(p - s - 1) * 2 + (v - 1) * p`` (Narayanan et al. 2021, section 2.2; Megatron's
-  ``forward_backward_pipelining_with_interleaving``).
+    F(j, i) waits for F(j-1, i) + p2p[j-1];
+    B(j, i) and I(j, i) wait for the input gradient of j+1, B(j+1, i) or I(j+1, i), + p2p[j]
+    (the last chunk: for F(j, i));     W(j, i) waits for I(j, i).
 
 Nothing is assumed about the bubble: with equal stages and no p2p time 1F1B's idle fraction comes
 out as ``(p-1)/(m+p-1)`` (tests/unit/test_cost_pipeline.py), and a slow stage sets the pace.
@@ -24,68 +21,48 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
-FWD, BWD = 0, 1
+from autotune.schedules import B, F, I, Op, Schedule, W, as_schedule
+
+FWD, BWD = F, B  # the names this module used before the split backward
+EVENT_KIND = {F: "fwd", B: "bwd", I: "bwd", W: "wgrad"}
+"""Timeline kind of each operation kind: the input-gradient part is backward work on the critical
+path; the weight-gradient part is drawn apart (it is what zero-bubble schedules move into bubbles)."""
 
 
-@lru_cache(maxsize=4096)
-def op_order(schedule: str, p: int, v: int, m: int, s: int) -> tuple[tuple[int, int, int], ...]:
-    """(kind, chunk, micro-batch) in the order pipeline rank ``s`` runs them."""
-    if schedule == "interleaved_1f1b" and v > 1:
-        total = m * v
-
-        def mb(k: int) -> int:
-            return (k // (p * v)) * p + k % p
-
-        fwd = [(FWD, (k // p) % v, mb(k)) for k in range(total)]
-        bwd = [(BWD, v - 1 - (k // p) % v, mb(k)) for k in range(total)]
-        warm = min((p - s - 1) * 2 + (v - 1) * p, total)
-    else:
-        fwd = [(FWD, 0, i) for i in range(m)]
-        bwd = [(BWD, 0, i) for i in range(m)]
-        warm = m if schedule == "gpipe" else min(p - s - 1, m)
-    order = fwd[:warm]
-    for k in range(len(fwd) - warm):
-        order.append(fwd[warm + k])
-        order.append(bwd[k])
-    order += bwd[len(fwd) - warm:]
-    return tuple(order)
+def op_order(schedule: Schedule | str, p: int, v: int, m: int, s: int) -> tuple[Op, ...]:
+    """(kind, model chunk, micro-batch) in the order pipeline rank ``s`` runs them (``schedule``: a
+    configured instance, ``autotune.schedules.schedule_of(plan)``, or a registered name)."""
+    return as_schedule(schedule).op_order(p, v, m, s)
 
 
 @lru_cache(maxsize=4096)
-def peak_in_flight(schedule: str, p: int, v: int, m: int, s: int, layers: tuple[int, ...]) -> tuple[int, int]:
+def peak_in_flight(schedule: Schedule | str, p: int, v: int, m: int, s: int, layers: tuple[int, ...]) -> tuple[int, int]:
     """(most layer-micro-batches whose activations rank ``s`` holds at once, most micro-batches of
-    its last chunk in flight): forwards done minus backwards done, weighted by each chunk's layers
-    (``layers[c]``), maximised over the rank's order. 1F1B gives min(p - s, m) micro-batches
-    (Narayanan et al. 2021), GPipe m."""
-    held = peak = 0
-    last = peak_last = 0
-    for kind, c, _ in op_order(schedule, p, v, m, s):
-        if kind == FWD:
-            held += layers[c]
-            if c == v - 1:
-                last += 1
-                peak_last = max(peak_last, last)
-            peak = max(peak, held)
-        else:
-            held -= layers[c]
-            if c == v - 1:
-                last -= 1
-    return peak, peak_last
+    the last chunk in flight there), ``layers[c]`` the layers of its c-th chunk. 1F1B gives
+    min(p - s, m) micro-batches (Narayanan et al. 2021), GPipe m; see ``Schedule.in_flight``."""
+    return as_schedule(schedule).in_flight(p, v, m, s, layers)
 
 
 @dataclass
 class Simulation:
-    """Finish and start times of every operation, per model stage and micro-batch."""
+    """Finish times of every operation, per model chunk and micro-batch."""
 
+    schedule: Schedule
     p: int
     v: int
     m: int
     f_end: list[list[float]]
     b_end: list[list[float]]
+    """End of the backward that produces the chunk's input gradient (B, or I when split)."""
+    w_end: list[list[float]] | None
+    """End of the weight-gradient backward (None when the schedule does not split it)."""
     fwd: tuple[float, ...]
     bwd: tuple[float, ...]
     p2p: tuple[float, ...]
+    """Hop times as simulated (0 where both chunks sit on one rank)."""
+    wgt: tuple[float, ...] | None
     rank_finish: list[float]
     """When each pipeline rank finishes its last operation."""
     rank_busy: list[float]
@@ -97,28 +74,43 @@ class Simulation:
         span = self.makespan
         return (span - self.rank_busy[s]) / span if span > 0 else 0.0
 
-    def events(self, schedule: str, ranks: list[int] | None = None) -> list[dict]:
-        """Timeline events of every pipeline rank: fwd, bwd, comm (p2p sends) and bubble (idle gaps),
-        ``rank`` the representative mesh rank of the stage when ``ranks`` is given."""
+    def duration(self, kind: int, j: int) -> float:
+        if kind == F:
+            return self.fwd[j]
+        if kind == B:
+            return self.bwd[j]
+        assert self.wgt is not None
+        return self.wgt[j] if kind == W else self.bwd[j] - self.wgt[j]
+
+    def events(self, schedule: Schedule | str | None = None, ranks: list[int] | None = None) -> list[dict]:
+        """Timeline events of every pipeline rank, in the schedule's order: fwd, bwd (B or I),
+        wgrad (W), comm (p2p sends) and bubble (idle gaps); ``chunk`` is the index of the operation's
+        model chunk among the rank's chunks; ``rank`` the representative mesh rank of the stage when
+        ``ranks`` is given."""
+        sched = as_schedule(schedule) if schedule is not None else self.schedule
         out: list[dict] = []
         p, v, m = self.p, self.v, self.m
+        n = p * v
         for s in range(p):
             rank = ranks[s] if ranks else s
+            local = {j: c for c, j in enumerate(sched.stages_of_rank(s, p, v))}
             t = 0.0
-            for kind, c, i in op_order(schedule, p, v, m, s):
-                j = c * p + s
-                if kind == FWD:
-                    end, dur = self.f_end[j][i], self.fwd[j]
-                    send = self.p2p[j] if j < p * v - 1 else 0.0
+            for kind, j, i in sched.op_order(p, v, m, s):
+                if kind == F:
+                    end = self.f_end[j][i]
+                    send = self.p2p[j] if j < n - 1 else 0.0
+                elif kind == W:
+                    assert self.w_end is not None
+                    end, send = self.w_end[j][i], 0.0
                 else:
-                    end, dur = self.b_end[j][i], self.bwd[j]
+                    end = self.b_end[j][i]
                     send = self.p2p[j - 1] if j > 0 else 0.0
-                start = end - dur
+                start = end - self.duration(kind, j)
                 if start > t + 1e-15:
                     out.append({"stage": s, "rank": rank, "kind": "bubble", "microbatch": None, "start": t,
                                 "end": start})
-                out.append({"stage": s, "rank": rank, "kind": "fwd" if kind == FWD else "bwd", "microbatch": i,
-                            "chunk": c, "start": start, "end": end})
+                out.append({"stage": s, "rank": rank, "kind": EVENT_KIND[kind], "microbatch": i,
+                            "chunk": local[j], "start": start, "end": end})
                 if send > 0:
                     out.append({"stage": s, "rank": rank, "kind": "comm", "comm": "pp", "microbatch": i,
                                 "start": end, "end": end + send})
@@ -129,13 +121,26 @@ class Simulation:
         return out
 
 
-def simulate(schedule: str, p: int, v: int, m: int, fwd: tuple[float, ...], bwd: tuple[float, ...],
-             p2p: tuple[float, ...]) -> Simulation:
-    """Run the schedule; ``fwd``/``bwd`` have p*v entries, ``p2p`` p*v - 1 (seconds)."""
+def simulate(schedule: Schedule | str, p: int, v: int, m: int, fwd: tuple[float, ...], bwd: tuple[float, ...],
+             p2p: tuple[float, ...], wgt: tuple[float, ...] | None = None) -> Any:
+    """Run the schedule; ``fwd``/``bwd`` (and ``wgt``, the weight-gradient part of ``bwd``, needed by
+    schedules that split the backward) have p*v entries, ``p2p`` p*v - 1 (seconds)."""
+    return as_schedule(schedule).simulate(p, v, m, fwd, bwd, p2p, wgt)
+
+
+def simulate_chain(sched: Schedule, p: int, v: int, m: int, fwd: tuple[float, ...], bwd: tuple[float, ...],
+                   p2p: tuple[float, ...], wgt: tuple[float, ...] | None = None) -> Simulation:
+    """The chain of model chunks run in ``sched.op_order`` (the default ``Schedule.simulate``)."""
     n = p * v
+    if sched.splits_backward and wgt is None:
+        raise ValueError(f"schedule {sched.name} splits the backward: give wgt, the weight-gradient seconds")
+    rank_of = [sched.stage_rank(j, p, v) for j in range(n)]
+    hop = tuple(0.0 if rank_of[j] == rank_of[j + 1] else p2p[j] for j in range(n - 1))
     f_end: list[list[float]] = [[-1.0] * m for _ in range(n)]
     b_end: list[list[float]] = [[-1.0] * m for _ in range(n)]
-    orders = [op_order(schedule, p, v, m, s) for s in range(p)]
+    w_end: list[list[float]] | None = [[-1.0] * m for _ in range(n)] if sched.splits_backward else None
+    igr = tuple(bwd[j] - wgt[j] for j in range(n)) if wgt is not None else bwd
+    orders = [sched.op_order(p, v, m, s) for s in range(p)]
     ptr = [0] * p
     free = [0.0] * p
     busy = [0.0] * p
@@ -147,44 +152,56 @@ def simulate(schedule: str, p: int, v: int, m: int, fwd: tuple[float, ...], bwd:
             ops, k, t = orders[s], ptr[s], free[s]
             nops = len(ops)
             while k < nops:
-                kind, c, i = ops[k]
-                j = c * p + s
-                if kind == FWD:
+                kind, j, i = ops[k]
+                if kind == F:
                     if j:
                         dep = f_end[j - 1][i]
                         if dep < 0:
                             break
-                        dep += p2p[j - 1]
+                        dep += hop[j - 1]
                         if dep > t:
                             t = dep
                     t += fwd[j]
                     busy[s] += fwd[j]
                     f_end[j][i] = t
-                else:
+                elif kind != W:  # B or I: needs the input gradient of the next chunk
                     if j < last:
                         dep = b_end[j + 1][i]
                         if dep < 0:
                             break
-                        dep += p2p[j]
+                        dep += hop[j]
                     else:
                         dep = f_end[j][i]
+                        if dep < 0:
+                            break
                     if dep > t:
                         t = dep
-                    t += bwd[j]
-                    busy[s] += bwd[j]
+                    d = bwd[j] if kind == B else igr[j]
+                    t += d
+                    busy[s] += d
                     b_end[j][i] = t
+                else:
+                    assert w_end is not None and wgt is not None
+                    dep = b_end[j][i]
+                    if dep < 0:
+                        break
+                    if dep > t:
+                        t = dep
+                    t += wgt[j]
+                    busy[s] += wgt[j]
+                    w_end[j][i] = t
                 k += 1
             advanced += k - ptr[s]
             ptr[s], free[s] = k, t
         if not advanced:  # pragma: no cover - a schedule whose order deadlocks is a bug here
-            raise RuntimeError(f"pipeline schedule {schedule} deadlocked (p={p}, v={v}, m={m})")
+            raise RuntimeError(f"pipeline schedule {sched.name} deadlocked (p={p}, v={v}, m={m})")
         remaining -= advanced
-    return Simulation(p=p, v=v, m=m, f_end=f_end, b_end=b_end, fwd=fwd, bwd=bwd, p2p=p2p,
-                      rank_finish=free, rank_busy=busy, makespan=max(free))
+    return Simulation(schedule=sched, p=p, v=v, m=m, f_end=f_end, b_end=b_end, w_end=w_end, fwd=fwd, bwd=bwd,
+                      p2p=hop, wgt=wgt, rank_finish=free, rank_busy=busy, makespan=max(free))
 
 
 @lru_cache(maxsize=2048)
-def simulate_cached(schedule: str, p: int, v: int, m: int, fwd: tuple[float, ...], bwd: tuple[float, ...],
-                    p2p: tuple[float, ...]) -> Simulation:
+def simulate_cached(schedule: Schedule | str, p: int, v: int, m: int, fwd: tuple[float, ...], bwd: tuple[float, ...],
+                    p2p: tuple[float, ...], wgt: tuple[float, ...] | None = None) -> Any:
     """``simulate`` memoised: DP replicas with equal shares and devices share one simulation."""
-    return simulate(schedule, p, v, m, fwd, bwd, p2p)
+    return simulate(schedule, p, v, m, fwd, bwd, p2p, wgt)

@@ -114,8 +114,10 @@ class StudyContext:
         import inspect
 
         from autotune.plan import Plan
+        from autotune.validate import calibration_for
 
-        kw: dict[str, Any] = {"calibration": self.ua.get("calibration")}
+        # the study's calibration only where it was measured (same precision and runtime)
+        kw: dict[str, Any] = {"calibration": calibration_for(self.ua, Plan.from_dict(plan))}
         try:  # estimate fills the timeline only when asked (the search does not ask, to stay fast)
             params = inspect.signature(estimate).parameters
             if "timeline" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):
@@ -124,9 +126,7 @@ class StudyContext:
             pass
         try:
             est = estimate(Plan.from_dict(plan), self.model, self.cluster, wl[0], wl[1], **kw)
-        except AutotuneError as e:
+        except AutotuneError as e:  # a plan the cost model refuses: said on the chart; a crash is an error
             return None, f"the cost model refused the plan: {e}"
-        except Exception as e:  # noqa: BLE001 - a chart is not worth failing the whole report for
-            return None, f"the cost model failed on the plan: {type(e).__name__}: {e}"
         bd = getattr(est, "breakdown", None)
         return (bd, None) if isinstance(bd, dict) else (None, "the cost model returned no breakdown")

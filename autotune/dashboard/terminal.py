@@ -8,10 +8,10 @@ from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console, Group
-from rich.table import Table
 from rich.text import Text
 
 from autotune.dashboard.data import StudyView, TrialRow, distinct, load_view, speedup
+from autotune.dashboard.tables import Col, fit
 from autotune.units import fmt_bytes, fmt_count
 
 
@@ -65,29 +65,34 @@ def _state(r: TrialRow) -> Text:
     return Text(s, style=_STATE_STYLE.get(s, "dim"))
 
 
-def table(view: StudyView, limit: int | None = None) -> Table:
-    t = Table(title=f"study {view.name}: trials, best first (* best)", title_justify="left", expand=False)
-    for col, just in (("#", "right"), ("degrees", "left"), ("shares", "left"), ("schedule mbs x m", "left"),
-                      ("predicted tok/s", "right"),
-                      ("measured tok/s", "right"), ("error", "right"), ("peak memory / capacity", "right"),
-                      ("state", "left"), ("reason", "left")):
-        t.add_column(col, justify=just, overflow="fold")
+def table(view: StudyView, limit: int | None = None, console: Console | None = None,
+          wide: bool = False) -> Group:
+    """The trials, one line per distinct plan, best first, fitted to ``console``'s width (all columns
+    without a console or with ``wide``); why a trial failed or is infeasible is written under the
+    table, one line each, so a long reason never squeezes the columns."""
+    cols = [Col("#", priority=0), Col("degrees", "left", 0), Col("shares", "left", 2),
+            Col("schedule mbs x m", "left", 3), Col("predicted tok/s", priority=0), Col("measured tok/s", priority=1),
+            Col("error", priority=1), Col("peak memory / capacity", priority=2), Col("state", "left", 0)]
     groups = distinct(view.rows)
     shown = groups if limit is None else groups[:limit]
+    rows, reasons = [], []
     for r, members in shown:
         mark = "*" if any(m is view.best for m in members) else ""
         tag = " (even best)" if any(m is view.even_best for m in members) else ""
         same = f" +{len(members) - 1}" if len(members) > 1 else ""
         err = Text(f"{r.error:+.1%}", style="yellow" if abs(r.error) > 0.2 else "") if r.error is not None else "-"
-        t.add_row(f"{r.number}{mark}{same}", r.degrees_text() + tag, shares_text(r.shares), r.settings_text(),
-                  _tps(r.predicted_tps), _tps(r.measured_tps), err, _memory(r), _state(r), r.reason or "")
+        rows.append([f"{r.number}{mark}{same}", r.degrees_text() + tag, shares_text(r.shares, sep=" "),
+                     r.settings_text(), _tps(r.predicted_tps), _tps(r.measured_tps), err, _memory(r), _state(r)])
+        if r.reason:
+            reasons.append(Text(f"#{r.number} {r.state_text()}: {r.reason}", style="dim"))
     notes = []
     if len(shown) < len(groups):
         notes.append(f"{len(groups) - len(shown)} more plans not shown (--limit)")
     if len(groups) < len(view.rows):
         notes.append("+N: N more trials of the same plan")
-    t.caption = "; ".join(notes) or None
-    return t
+    fitted = fit(console or Console(width=10_000), cols, rows, wide=wide or console is None,
+                 title=f"study {view.name}: trials, best first (* best)", caption="; ".join(notes) or None)
+    return Group(fitted, *reasons)
 
 
 def summary(view: StudyView) -> Text:
@@ -122,13 +127,13 @@ def summary(view: StudyView) -> Text:
     return txt
 
 
-def render(view: StudyView, limit: int | None = None) -> Group:
-    return Group(summary(view), table(view, limit))
+def render(view: StudyView, limit: int | None = None, console: Console | None = None, wide: bool = False) -> Group:
+    return Group(summary(view), table(view, limit, console, wide))
 
 
-def show(name: str, storage: str, console: Console, limit: int | None = None) -> StudyView:
+def show(name: str, storage: str, console: Console, limit: int | None = None, wide: bool = False) -> StudyView:
     view = load_view(name, storage)
-    console.print(render(view, limit))
+    console.print(render(view, limit, console, wide))
     return view
 
 
@@ -145,7 +150,7 @@ def watch(name: str, storage: str, console: Console, *, interval: float = 2.0, l
     def frame(v: StudyView) -> Group:
         stamp = Text(f"refreshing every {interval:g}s (Ctrl-C to stop); last read {time.strftime('%H:%M:%S')}",
                      style="dim")
-        return Group(render(v, limit), stamp)
+        return Group(render(v, limit, console), stamp)
 
     try:
         with Live(frame(view), console=console, auto_refresh=False, transient=False) as live:

@@ -66,7 +66,7 @@ def candidates(plan: Plan, ctx: ExportContext) -> list[Plan]:
     d = plan.degrees
     zero = plan.zero_stage if d.hp > 1 else {1: 2}.get(plan.zero_stage, plan.zero_stage)
     base = even_everything(plan).replace(
-        schedule="1f1b", virtual_stages=1, cp_layout="zigzag", sequence_parallel=False,
+        schedule="1f1b", virtual_stages=1, helix_folds=1, cp_layout="zigzag", sequence_parallel=False,
         recompute="full" if plan.recompute == "selective" else plan.recompute)
     starts = [base]
     if d.pp > 1:
@@ -110,7 +110,7 @@ def config(plan: Plan, ctx: ExportContext) -> dict[str, Any]:
                 "activation_checkpointing": plan.recompute == "full"}
     return {
         "parallelism_config": pc,
-        "accelerator": {"mixed_precision": {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[plan.dtype],
+        "accelerator": {"mixed_precision": {"bf16": "bf16", "fp16": "fp16", "fp32": "no", "fp32-strict": "no"}[plan.dtype],
                         "gradient_accumulation_steps": plan.num_microbatches},
         "fsdp_plugin": fsdp,
         "deepspeed_plugin": ds,

@@ -35,6 +35,7 @@ from autotune.export.common import (
     with_even,
 )
 from autotune.plan import Plan, even_split
+from autotune.schedules import schedule_of
 
 NAME = "deepspeed"
 SUFFIX = ".json"
@@ -60,8 +61,8 @@ def reasons(plan: Plan, ctx: ExportContext) -> list[str]:
     r.add(d.pp > 1 and lay is not None and list(lay) != uniform_parts(ctx.model.layers, d.pp),
           f"shares.layers {list(lay or ())}: DeepSpeed's PipelineModule partitions uniformly "
           f"({uniform_parts(ctx.model.layers, d.pp)}) or by parameters, not by an explicit list")
-    r.add(d.pp > 1 and plan.schedule != "1f1b", f"schedule {plan.schedule}: DeepSpeed's pipeline engine runs "
-          "its own 1F1B schedule (TrainSchedule), one stage per rank")
+    why = schedule_of(plan).refusal(NAME)
+    r.add(d.pp > 1 and why is not None, why or "")
     r.add(d.pp > 1 and plan.zero_stage >= 2, f"zero_stage {plan.zero_stage} with pp({d.pp}): DeepSpeed's "
           "pipeline engine supports ZeRO stage 0 or 1 only")
     r.add(plan.recompute == "selective", "recompute selective: DeepSpeed checkpoints whole layers "
@@ -77,7 +78,7 @@ def reasons(plan: Plan, ctx: ExportContext) -> list[str]:
 def candidates(plan: Plan, ctx: ExportContext) -> list[Plan]:
     d = plan.degrees
     base = even_everything(plan).replace(
-        schedule="1f1b", virtual_stages=1,
+        schedule="1f1b", virtual_stages=1, helix_folds=1,
         zero_stage=min(plan.zero_stage, 1) if d.pp > 1 else plan.zero_stage,
         recompute="full" if plan.recompute == "selective" else plan.recompute,
         sequence_parallel=False)

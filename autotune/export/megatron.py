@@ -19,6 +19,11 @@ Mapping (argument names from megatron/training/arguments.py):
   uniform --recompute-num-layers 1``); ``zero_stage`` 1 -> ``--use-distributed-optimizer``;
   ``sequence_parallel`` -> ``--sequence-parallel``.
 
+HelixPipe (``schedule helixpipe``) is the variant of Megatron-LM that names the fork it needs
+(``HELIX_FORK``: upstream Megatron has no attention-parallel pipeline): ``--attention-pipeline
+--num-fold F --num-layers-per-virtual-pipeline-stage 1 --transfer-weight``, and
+``--checkpoint-without-attn`` for its recomputation (``recompute full``).
+
 Megatron cannot express: uneven token, head or sample shares (CP cuts the sequence into 2*cp equal
 chunks, heads split evenly over tp and the a2a group, every DP rank takes global/dp samples), a
 contiguous CP layout (its causal CP always load-balances), GPipe (1F1B only), ZeRO-2/3 through
@@ -46,8 +51,11 @@ from autotune.export.common import (
     with_even,
 )
 from autotune.plan import Plan
+from autotune.schedules import schedule_of
 
 NAME = "megatron"
+HELIX_FORK = ("HelixPipe's Megatron-LM fork (the code of arXiv 2507.00394, branch dev): upstream Megatron-LM "
+              "has no --attention-pipeline")
 SUFFIX = ".sh"
 
 WHY = {
@@ -63,8 +71,8 @@ def reasons(plan: Plan, ctx: ExportContext) -> list[str]:
     r.add(d.cp > 1 and plan.cp_layout == "contiguous",
           "cp_layout contiguous: Megatron's causal context parallelism always uses the load-balanced "
           "(zigzag) chunk order")
-    r.add(d.pp > 1 and plan.schedule == "gpipe", "schedule gpipe: Megatron pipelines run 1F1B "
-          "(interleaved with virtual stages), there is no GPipe schedule")
+    why = schedule_of(plan).refusal(NAME)
+    r.add(d.pp > 1 and why is not None, why or "")
     r.add(plan.zero_stage >= 2, f"zero_stage {plan.zero_stage}: Megatron's distributed optimizer "
           "(--use-distributed-optimizer) shards optimizer states only (ZeRO-1)")
     heads = even_heads_problem(ctx.model, d.tp, d.hp, "hp")  # autotune/divisibility.py
@@ -83,9 +91,12 @@ def reasons(plan: Plan, ctx: ExportContext) -> list[str]:
 
 
 def candidates(plan: Plan, ctx: ExportContext) -> list[Plan]:
-    base = with_even(plan, "tokens", "heads", "samples").replace(
-        cp_layout="zigzag", schedule="1f1b" if plan.schedule == "gpipe" else plan.schedule,
-        zero_stage=min(plan.zero_stage, 1))
+    base = with_even(plan, "tokens", "heads", "samples")
+    if plan.degrees.pp > 1 and schedule_of(plan).refusal(NAME):  # the nearest schedule Megatron runs: 1F1B
+        base = base.replace(schedule="1f1b")
+        if plan.virtual_stages != 1:
+            base = with_even(base, "layers").replace(virtual_stages=1)
+    base = base.replace(cp_layout="zigzag", zero_stage=min(plan.zero_stage, 1))
     out = [base, even_everything(base)]
     if plan.degrees.hp > 1:
         out += [fold(base, "hp", "cp"), fold(base, "hp", "dp")]
@@ -170,9 +181,15 @@ def arguments(plan: Plan, ctx: ExportContext) -> list[str]:
             a += ["--cp-comm-type", "a2a+p2p", "--hierarchical-context-parallel-sizes", str(d.hp), str(d.cp)]
         else:
             a += ["--cp-comm-type", "a2a" if d.hp > 1 else "p2p"]
-    a += layer_args(plan)
+    if plan.schedule == "helixpipe":  # the fork's switches (HELIX_FORK)
+        a += ["--attention-pipeline", "--num-fold", str(plan.helix_folds),
+              "--num-layers-per-virtual-pipeline-stage", "1", "--transfer-weight"]
+    else:
+        a += layer_args(plan)
     a += ["--micro-batch-size", str(plan.micro_batch_size), "--global-batch-size", str(ctx.global_batch)]
-    if plan.recompute == "selective":
+    if plan.schedule == "helixpipe" and plan.recompute == "full":
+        a.append("--checkpoint-without-attn")
+    elif plan.recompute == "selective":
         a += ["--recompute-granularity", "selective"]
     elif plan.recompute == "full":
         a += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
@@ -218,6 +235,8 @@ def render(plan: Plan, ctx: ExportContext) -> Export:
     args = arguments(plan, ctx)
     prov = provenance(plan, ctx)
     lines = ["#!/usr/bin/env bash", "# Megatron-LM / Megatron Core arguments for pretrain_gpt.py"]
+    if plan.schedule == "helixpipe":
+        lines.append(f"# REQUIRES {HELIX_FORK}")
     lines += comment_lines(prov)
     lines.append(f"# world size {plan.world} = {plan.degrees.product_text()}; ranks in Megatron's "
                  "tp-cp-ep-dp-pp order")
@@ -233,6 +252,8 @@ def render(plan: Plan, ctx: ExportContext) -> Export:
     lines.append(")")
     lines.append('# torchrun ... pretrain_gpt.py "${MEGATRON_PARALLEL_ARGS[@]}" <data, tokenizer and optimizer args>')
     data: dict[str, Any] = {"args": args, "provenance": prov}
+    if plan.schedule == "helixpipe":
+        data["requires"] = HELIX_FORK
     return Export(format=NAME, text="\n".join(lines) + "\n", data=data, suffix=SUFFIX)
 
 

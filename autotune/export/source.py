@@ -125,9 +125,11 @@ def from_study(name: str, storage: str, cluster_opt: str | None) -> tuple[Plan, 
         cluster = load_cluster(cluster_opt, storage=storage)
     else:
         cluster = _cluster_from_record(str(ua.get("cluster") or ""), ua.get("cluster_spec"), digest, storage)
+    from autotune.validate import calibration_for  # only where it was measured (precision, runtime)
+
     ctx = ExportContext(model=model, cluster=cluster, seq_len=ua["seq_len"], global_batch=ua["global_batch"],
                         study=name, trial=t.number, storage=storage, source=f"study {name}",
-                        calibration=ua.get("calibration"), cluster_digest=digest or cluster.digest)
+                        calibration=calibration_for(ua, plan), cluster_digest=digest or cluster.digest)
     return plan, ctx
 
 

@@ -4,9 +4,11 @@
   FSDP or HSDP by ``zero_stage``: 0 -> replicate, 3 -> shard, 2 -> shard with
   ``fsdp_reshard_after_forward = "never"``, i.e. parameters stay gathered through backward as in
   ZeRO-2), ``tensor_parallel_degree``, ``pipeline_parallel_degree``, ``context_parallel_degree``,
-  ``pipeline_parallel_schedule`` (GPipe, 1F1B, Interleaved1F1B), ``pipeline_parallel_microbatch_size``
-  and ``module_fqns_per_model_part`` (one list of module names per (virtual) stage, so uneven
-  stages are exact; stage j runs on pp rank ``j % pp`` for looped schedules);
+  ``pipeline_parallel_schedule`` (the name each schedule module gives for torchtitan: GPipe, 1F1B,
+  Interleaved1F1B, ZBVZeroBubble), ``pipeline_parallel_microbatch_size`` and
+  ``module_fqns_per_model_part`` (one list of module names per (virtual) stage in model order, so
+  uneven stages are exact; torchtitan places them on pp ranks looped, or as a V for ZBVZeroBubble and
+  DualPipeV, as the schedule modules do);
 * ``[training]``: ``local_batch_size`` (per DP rank), ``global_batch_size`` (accumulation when it
   exceeds local x dp), ``seq_len``, ``mixed_precision_param``;
 * ``[activation_checkpoint]``: ``mode`` none|selective|full (selective per op).
@@ -35,12 +37,12 @@ from autotune.export.common import (
     with_even,
 )
 from autotune.plan import Plan
+from autotune.schedules import schedule_of
 
 NAME = "torchtitan"
 SUFFIX = ".toml"
 
-SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B"}
-PRECISION = {"bf16": "bfloat16", "fp32": "float32"}  # Training.mixed_precision_param
+PRECISION = {"bf16": "bfloat16", "fp32": "float32", "fp32-strict": "float32"}  # Training.mixed_precision_param
 WHY = {
     "tokens": "torchtitan context parallelism shards the sequence evenly",
     "heads": "torchtitan splits heads evenly over tensor-parallel ranks",
@@ -64,6 +66,8 @@ def reasons(plan: Plan, ctx: ExportContext) -> list[str]:
     r.add(d.tp > 1 and not plan.sequence_parallel,
           "sequence_parallel false with tp: torchtitan's tensor-parallel plan always shards norms along the sequence")
     r.add(plan.dtype == "fp16", "dtype fp16: torchtitan's training.mixed_precision_param is bfloat16 or float32")
+    why = schedule_of(plan).refusal(NAME)
+    r.add(d.pp > 1 and why is not None, why or "")
     r.items += placement_reasons(plan)
     return r.items
 
@@ -75,8 +79,12 @@ def candidates(plan: Plan, ctx: ExportContext) -> list[Plan]:
         zero = 2
     if zero == 0 and d.dp > 1 and (d.pp > 1 or d.cp > 1 or d.tp > 1 or d.hp > 1):
         zero = 3
-    base = with_even(plan, "tokens", "heads", "samples").replace(
+    base = with_even(plan, "tokens", "heads", "samples")
+    if d.pp > 1 and schedule_of(plan).refusal(NAME):
+        base = with_even(base, "layers").replace(schedule="1f1b", virtual_stages=1)
+    base = base.replace(
         cp_layout="zigzag", zero_stage=zero, sequence_parallel=plan.sequence_parallel or d.tp > 1,
+        helix_folds=1,
         dtype="bf16" if plan.dtype == "fp16" else plan.dtype)
     out = [base, even_everything(base)]
     if d.hp > 1:
@@ -118,7 +126,7 @@ def config(plan: Plan, ctx: ExportContext) -> dict[str, dict[str, Any]]:
         par["fsdp_reshard_after_forward"] = "always"
     local = ctx.global_batch // d.dp
     if d.pp > 1:
-        par["pipeline_parallel_schedule"] = SCHEDULES[plan.schedule]
+        par["pipeline_parallel_schedule"] = schedule_of(plan).targets[NAME]
         par["pipeline_parallel_microbatch_size"] = plan.micro_batch_size
         par["module_fqns_per_model_part"] = module_parts(plan, ctx)
         local_batch = local  # the schedule splits it into local / microbatch_size micro-batches

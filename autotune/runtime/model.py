@@ -4,9 +4,12 @@ RMSNorm (Zhang & Sennrich 2019), rotary embeddings (Su et al. 2021, rotate-half 
 applied at each token's *global* position, GQA attention through ``scaled_dot_product_attention``
 (or the CP/HP ``sharded_attention``), SwiGLU MLP (Shazeer 2020), LM head and cross-entropy.
 
-Every layout builds the same weights: each parameter is drawn at its full shape from a generator
-seeded by (seed, parameter name) and the rank keeps its shard, so a tp=2 run and the single-process
-reference start from identical numbers. Parameter names are global (``layers.7.attn.wq.weight``)
+Every layout builds the same weights, and each rank builds only its own shard: the modules are made
+on the ``meta`` device (no storage), then ``materialize`` allocates them on the rank's device and
+``init_weights`` draws each *slice* of a parameter along its shard dimension (a row of a
+column-parallel weight, a column of a row-parallel one) from its own generator seeded by (seed,
+parameter name, slice index), on the device, so a tp=2 run and the single-process reference start
+from identical numbers and no rank ever holds a full unsharded tensor. Parameter names are global (``layers.7.attn.wq.weight``)
 whichever stage holds the layer, so a run's final weights can be compared name by name.
 """
 
@@ -176,10 +179,26 @@ class StageModel(nn.Module):
             if not spec.tied_embeddings:
                 self.head = ColumnParallelLinear(spec.hidden, spec.vocab, tp, sp)
             self.vocab_start = tp.index * (spec.vocab // tp.size)
-        positions = layout.positions if layout.positions is not None else torch.arange(seq_len)
-        cos, sin = rotary(positions, spec.head_dim, torch.float32)
+        self.seq_len = seq_len
+        cos, sin = self._rotary_tables(None)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
+
+    def _rotary_tables(self, device: torch.device | None) -> tuple[torch.Tensor, torch.Tensor]:
+        positions = self.layout.positions
+        if positions is None:
+            positions = torch.arange(self.seq_len, device=device)
+        elif device is not None:
+            positions = positions.to(device)
+        return rotary(positions, self.spec.head_dim, torch.float32)
+
+    def reset_buffers(self) -> None:
+        """Recompute the rotary tables on the parameters' device (after ``to_empty`` from meta),
+        in fp32 then in the buffers' dtype, as the constructor and ``.to(dtype)`` would."""
+        device = next(self.parameters()).device
+        cos, sin = self._rotary_tables(device)
+        self.cos = cos.to(self.cos.dtype)
+        self.sin = sin.to(self.sin.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.first:
@@ -200,20 +219,14 @@ class StageModel(nn.Module):
         return vocab_parallel_cross_entropy(logits, target, self.vocab_start, self.layout.tp)
 
 
-def full_shape(module: nn.Module, name: str, p: torch.Tensor, spec: ModelSpec) -> tuple[int, ...]:
-    """Shape of parameter ``p`` in the unsharded model."""
-    shard = getattr(module, "shard", None)
-    if shard is None:
-        return tuple(p.shape)
-    dim, _ = shard
-    shape = list(p.shape)
-    shape[dim] *= module.axis.size
-    return tuple(shape)
-
-
 def init_weights(model: nn.Module, spec: ModelSpec, seed: int) -> None:
-    """Deterministic init independent of the layout: N(0, 0.02) matrices, ones for norms, each drawn
-    whole from its own generator (seed, crc32(name)) and sliced to this rank's shard."""
+    """Deterministic init independent of the layout: N(0, 0.02) matrices, ones for norms.
+
+    A parameter sharded along dim ``d`` (``module.shard = (d, offset)``) is drawn one slice along
+    ``d`` at a time, global slice ``i`` from a generator seeded by (seed, crc32(name), i), on the
+    parameter's device: the rank draws only the slices it holds, and any split of ``d`` yields the
+    same numbers. Whether a parameter is sharded, and along which dim, is fixed by its module type
+    (not by the layout), so the same name is always drawn the same way."""
     with torch.no_grad():
         for mname, module in model.named_modules():
             for pname, p in module.named_parameters(recurse=False):
@@ -221,13 +234,40 @@ def init_weights(model: nn.Module, spec: ModelSpec, seed: int) -> None:
                 if isinstance(module, RMSNorm):
                     p.fill_(1.0)
                     continue
-                g = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
-                full = torch.empty(full_shape(module, pname, p, spec)).normal_(0.0, INIT_STD, generator=g)
+                base = seed * 1_000_003 + zlib.crc32(name.encode())
                 shard = getattr(module, "shard", None)
-                if shard is not None:
-                    dim, off = shard
-                    full = full.narrow(dim, off, p.shape[dim])
-                p.copy_(full.to(p.dtype))
+                if shard is None:
+                    g = _generator(p.device, base)
+                    p.copy_(torch.empty(p.shape, device=p.device).normal_(0.0, INIT_STD, generator=g))
+                    continue
+                dim, off = shard
+                moved = p.movedim(dim, 0)  # a view: slice i of the shard dim is moved[i]
+                buf = torch.empty(moved.shape, device=p.device)
+                for i in range(moved.shape[0]):
+                    buf[i].normal_(0.0, INIT_STD, generator=_generator(p.device, base * 65_537 + off + i))
+                moved.copy_(buf)
+
+
+def _generator(device: torch.device, seed: int) -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(seed % (2**63))
+
+
+def build_on_meta(build):
+    """``build()`` with every tensor it creates on the meta device (shapes only, no storage)."""
+    with torch.device("meta"):
+        return build()
+
+
+def materialize(model: nn.Module, spec: ModelSpec, seed: int, device: torch.device,
+                dtype: torch.dtype) -> nn.Module:
+    """Allocate a meta-built ``model`` on ``device``, draw its (sharded) weights there, recompute its
+    buffers and cast it to ``dtype``: the only full-size storage is this rank's shard."""
+    model.to_empty(device=device)
+    init_weights(model, spec, seed)
+    for m in model.modules():
+        if isinstance(m, StageModel):
+            m.reset_buffers()
+    return model.to(dtype=dtype)
 
 
 def shard_info(model: nn.Module) -> dict[str, tuple[int, int] | None]:

@@ -1,14 +1,13 @@
 """Pipeline parallelism with ``torch.distributed.pipelining``: one ``PipelineStage`` per model chunk.
 
-Each rank builds only its own chunks (virtual stage ``j`` lives on pp rank ``j % pp``, as
-``Plan.layers_of_stage`` says), with the uneven layer counts of ``shares.layers``; the embedding
+Each rank builds only its own chunks (which virtual stages live on which pp rank is the schedule's
+placement, ``Plan.stages_of_rank``: ``j % pp`` for the looped schedules, a V for ZB-V), with the uneven layer counts of ``shares.layers``; the embedding
 sits on stage 0 and the final norm, LM head and loss on the last stage. Stage shapes are given
 statically (``input_args``/``output_args``) so no metadata inference runs a forward that would
 issue tensor-parallel collectives on meta tensors.
 
-Schedules: GPipe (Huang et al. 2019), 1F1B (Narayanan et al. 2021, PipeDream-Flush; bubble
-``(p-1)/(m+p-1)``) and interleaved 1F1B (Narayanan et al. 2021, section 2.2; bubble divided by the
-number of virtual stages). The loss function returns a *sum* over tokens divided by the global token
+The schedule object comes from the plan's schedule module (``autotune/schedules``,
+``Schedule.build_runtime``: torch's GPipe, 1F1B, interleaved 1F1B, ZB-V, ...). The loss function returns a *sum* over tokens divided by the global token
 count and ``scale_grads=False``, so micro-batches and DP replicas of different sizes add up to the
 exact global mean (weighted DP).
 """
@@ -18,14 +17,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+from torch.distributed.pipelining import PipelineStage
 
 from autotune.plan import Plan
 from autotune.runtime.mesh import Mesh
 from autotune.runtime.model import Layout, StageModel
+from autotune.schedules import schedule_of
 from autotune.specs.model import ModelSpec
-
-SCHEDULE_CLASSES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}
 
 
 def stage_layer_ids(plan: Plan) -> list[list[int]]:
@@ -39,9 +37,8 @@ def stage_layer_ids(plan: Plan) -> list[list[int]]:
 
 
 def local_stage_indices(plan: Plan, pp_index: int) -> list[int]:
-    """Virtual stages on pp rank ``pp_index``: ``pp_index, pp_index + pp, ...``."""
-    total = plan.degrees.pp * plan.virtual_stages
-    return list(range(pp_index, total, plan.degrees.pp))
+    """Virtual stages on pp rank ``pp_index``, in model order (the schedule's placement)."""
+    return list(plan.stages_of_rank(pp_index))
 
 
 def build_stage_models(spec: ModelSpec, plan: Plan, mesh: Mesh, layout: Layout, seq_len: int) -> list[
@@ -79,7 +76,4 @@ def build_schedule(plan: Plan, mesh: Mesh, stages: list[tuple[int, StageModel]],
                               requires_grad=True)
         pstages.append(PipelineStage(module, j, total, device, input_args=(inp,), output_args=(out,),
                                      group=mesh["pp"].group))
-    cls = SCHEDULE_CLASSES[plan.schedule]
-    if plan.schedule == "interleaved_1f1b":
-        return cls(pstages, n_microbatches=n_microbatches, loss_fn=loss_fn, scale_grads=False), pstages
-    return cls(pstages[0], n_microbatches=n_microbatches, loss_fn=loss_fn, scale_grads=False), pstages
+    return schedule_of(plan).build_runtime(pstages, n_microbatches, loss_fn), pstages

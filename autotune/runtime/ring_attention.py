@@ -20,9 +20,12 @@ its send overlaps the next block's compute) and arrives back at its owner after 
 Masking uses segments ``(start, length)`` of global positions (``attention.shard_segments``):
 a key segment entirely before a query segment is fully visible, one entirely after is skipped,
 and a rank's own segment against itself gets the causal mask ``q_pos >= k_pos``. Sizes are known on
-every rank from the segments, so no size exchange is needed. Blocks run in torch's fused CPU
-attention kernel (on CPU) or in plain matmuls; the merge and the accumulators are fp32 whatever the
-input dtype.
+every rank from the segments, so no size exchange is needed. Blocks run in a fused attention
+kernel that returns the log-sum-exp and takes the final one back in its backward (the FlashAttention
+interface): torch's flash kernel for CPU, on CUDA its flash kernel (fp16/bf16, sm80+) or its
+memory-efficient kernel (fp32, older GPUs); the plain matmuls below are the reference and the
+fallback (a partially masked block, an unsupported head dim). The merge and the accumulators are fp32
+whatever the input dtype.
 """
 
 from __future__ import annotations
@@ -47,13 +50,17 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_index: 
 CAUSAL = "causal"
 """Block kind of a query segment against the same key segment (top-left causal mask)."""
 
-# torch's fused CPU attention returns the log-sum-exp and takes it back in its backward (the
-# FlashAttention interface), which is all a ring block needs: 2-6x faster than the matmuls below on
-# this machine's CPUs. Other devices use the matmuls (the CUDA kernels' lse layouts vary by version).
+# torch's fused attention kernels return the log-sum-exp and take it back in their backward (the
+# FlashAttention interface), which is all a ring block needs: on this machine's CPUs 2-6x faster than
+# the matmuls below; on CUDA the kernel that the cost model's attention figures were measured with.
 _FUSED_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 _FUSED_CPU_BWD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
+_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention", None)
+_FLASH_BWD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_backward", None)
+_EFFICIENT = getattr(torch.ops.aten, "_scaled_dot_product_efficient_attention", None)
+_EFFICIENT_BWD = getattr(torch.ops.aten, "_scaled_dot_product_efficient_attention_backward", None)
 USE_FUSED = True
-"""Use the fused CPU kernel where it applies (tests switch it off to check the matmul path)."""
+"""Use the fused kernels where they apply (tests switch it off to check the matmul path)."""
 
 
 def _pairs(qsegs: list[tuple[int, int]], ksegs: list[tuple[int, int]]):
@@ -88,6 +95,46 @@ def _fused(q: torch.Tensor, kind) -> bool:
     return USE_FUSED and _FUSED_CPU is not None and q.device.type == "cpu" and (kind is None or kind is CAUSAL)
 
 
+def cuda_kernel(q: torch.Tensor, kind) -> str | None:
+    """The fused CUDA kernel a block runs in: ``flash`` (fp16/bf16 on sm80+, head dim a multiple of
+    8 up to 256), ``efficient`` (any of fp32/fp16/bf16, head dim a multiple of 8 up to 128), or None
+    (not on CUDA, a partially masked block, another head dim: the matmul path)."""
+    if not USE_FUSED or q.device.type != "cuda" or not (kind is None or kind is CAUSAL):
+        return None
+    d = q.shape[-1]
+    if (_FLASH is not None and q.dtype in (torch.float16, torch.bfloat16) and d % 8 == 0 and d <= 256
+            and torch.cuda.get_device_capability(q.device)[0] >= 8):
+        return "flash"
+    if _EFFICIENT is not None and d % 8 == 0 and d <= 128:
+        return "efficient"
+    return None
+
+
+def _cuda_forward(name: str, q, k, v, scale: float, causal: bool):
+    """(out, lse [B, H, T] fp32, aux for the backward) of one block in CUDA kernel ``name``."""
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    if name == "flash":
+        o, lse, cq, ck, mq, mk, seed, offset, _ = _FLASH(q, k, v, 0.0, causal, False, scale=scale)
+        return o, lse, ("flash", cq, ck, mq, mk, seed, offset, lse.shape[-1])
+    o, lse, seed, offset = _EFFICIENT(q, k, v, None, True, 0.0, causal, scale=scale)
+    return o, lse, ("efficient", seed, offset, lse.shape[-1])  # lse may be padded (to 32 rows)
+
+
+def _cuda_backward(aux, do, q, k, v, out, lse, scale: float, causal: bool):
+    """dq, dk, dv of one block with the rows' *final* out and lse, in the kernel ``aux`` came from."""
+    t = lse.shape[-1]
+    if aux[-1] > t:  # the kernel's lse layout is padded: give it back in that layout
+        lse = torch.nn.functional.pad(lse, (0, aux[-1] - t))
+    c = [x.contiguous() for x in (do, q, k, v, out)]
+    if aux[0] == "flash":
+        _, cq, ck, mq, mk, seed, offset, _ = aux
+        return _FLASH_BWD(*c, lse.contiguous(), cq, ck, mq, mk, 0.0, causal, seed, offset, scale=scale)
+    _, seed, offset, _ = aux
+    dq, dk, dv, _ = _EFFICIENT_BWD(c[0], c[1], c[2], c[3], None, c[4], lse.contiguous(), seed, offset, 0.0,
+                                   [True, True, True, False], causal, scale=scale)
+    return dq, dk, dv
+
+
 def _scores(q: torch.Tensor, k: torch.Tensor, scale: float, kind, row0: int = 0) -> torch.Tensor:
     """Scaled scores of query rows ``row0 ..`` of a block, masked by the block's kind."""
     s = torch.matmul(q, k.transpose(-1, -2)) * scale
@@ -119,9 +166,19 @@ def _safe(lse: torch.Tensor) -> torch.Tensor:
 
 def block_forward(q, k, v, scale: float, kind) -> tuple[torch.Tensor, torch.Tensor]:
     """One block's attention output (fp32) and log-sum-exp of the scaled scores (fp32)."""
+    o, lse, _ = block_forward_aux(q, k, v, scale, kind)
+    return o, lse
+
+
+def block_forward_aux(q, k, v, scale: float, kind):
+    """``block_forward`` plus what the block's kernel needs back in its backward (None but on CUDA)."""
+    name = cuda_kernel(q, kind)
+    if name is not None:
+        o, lse, aux = _cuda_forward(name, q, k, v, scale, kind is CAUSAL)
+        return o.float(), lse[..., :q.shape[-2]].float(), aux
     if _fused(q, kind):
         o, lse = _FUSED_CPU(q.contiguous(), k.contiguous(), v.contiguous(), 0.0, kind is CAUSAL, scale=scale)
-        return o.float(), lse.float()
+        return o.float(), lse.float(), None
     kf, vf = k.float(), v.float()
     outs, lses = [], []
     for r0, r1 in _row_chunks(q, k.shape[-2]):
@@ -129,11 +186,15 @@ def block_forward(q, k, v, scale: float, kind) -> tuple[torch.Tensor, torch.Tens
         lse = torch.logsumexp(s, dim=-1)
         outs.append(torch.matmul(torch.exp(s - _safe(lse)[..., None]), vf))
         lses.append(lse)
-    return torch.cat(outs, dim=2), torch.cat(lses, dim=2)
+    return torch.cat(outs, dim=2), torch.cat(lses, dim=2), None
 
 
-def block_backward(do, q, k, v, out, lse, delta, scale: float, kind):
-    """dq, dk, dv (fp32) of one block given the *final* out and lse of the rows (FlashAttention-2)."""
+def block_backward(do, q, k, v, out, lse, delta, scale: float, kind, aux=None):
+    """dq, dk, dv (fp32) of one block given the *final* out and lse of the rows (FlashAttention-2);
+    ``aux``: what ``block_forward_aux`` returned for the block (its CUDA kernel's state)."""
+    if aux is not None:
+        dq, dk, dv = _cuda_backward(aux, do, q, k, v, out, lse.float(), scale, kind is CAUSAL)
+        return dq.float(), dk.float(), dv.float()
     if _fused(q, kind):
         lse = lse.to(torch.float64 if q.dtype == torch.float64 else torch.float32)  # the kernel's lse dtype
         c = [t.contiguous() for t in (do, q, k, v, out, lse)]
@@ -196,6 +257,7 @@ class _RingAttention(torch.autograd.Function):
         o = [torch.zeros(x.shape, dtype=torch.float32, device=q.device) for x in qs]
         lse = [torch.full(x.shape[:-1], float("-inf"), dtype=torch.float32, device=q.device) for x in qs]
         kv = torch.stack([k, v]).contiguous()
+        aux = {}  # (step, query segment, key segment) -> the block kernel's state for its backward
         for step in range(n):
             j = (me - step) % n  # owner of the block held now
             if step < n - 1:  # overlap: the next block travels while this one is computed
@@ -203,14 +265,14 @@ class _RingAttention(torch.autograd.Function):
                 reqs = _exchange(kv, nxt, me, group, ranks)
             ke, ve = _kv_segments(kv, kv_index, segs[j])
             for a, c, kind in _pairs(segs[me], segs[j]):
-                ob, lb = block_forward(qs[a], ke[c], ve[c], scale, kind)
+                ob, lb, aux[step, a, c] = block_forward_aux(qs[a], ke[c], ve[c], scale, kind)
                 _merge(o[a], lse[a], ob, lb)
             if step < n - 1:
                 _wait(reqs)
                 kv = nxt
         out = torch.cat(o, dim=2).to(q.dtype)
         ctx.save_for_backward(q, k, v, kv_index, out, torch.cat(lse, dim=2))
-        ctx.segs, ctx.me, ctx.group, ctx.ranks, ctx.scale = segs, me, group, ranks, scale
+        ctx.segs, ctx.me, ctx.group, ctx.ranks, ctx.scale, ctx.aux = segs, me, group, ranks, scale, aux
         return out
 
     @staticmethod
@@ -236,7 +298,8 @@ class _RingAttention(torch.autograd.Function):
             dke = [torch.zeros(x.shape, dtype=torch.float32, device=q.device) for x in ke]
             dve = [torch.zeros(x.shape, dtype=torch.float32, device=q.device) for x in ve]
             for a, c, kind in _pairs(mine, segs[j]):
-                dqb, dkb, dvb = block_backward(dos[a], qs[a], ke[c], ve[c], outs[a], lses[a], deltas[a], scale, kind)
+                dqb, dkb, dvb = block_backward(dos[a], qs[a], ke[c], ve[c], outs[a], lses[a], deltas[a], scale, kind,
+                                               ctx.aux.get((step, a, c)))
                 dq[a] += dqb
                 dke[c] += dkb
                 dve[c] += dvb

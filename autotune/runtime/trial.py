@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import os
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +26,6 @@ from autotune.plan import Plan, PlanError
 from autotune.specs.model import ModelSpec, load_model
 
 DEFAULT_TIMEOUT_S = 600.0
-BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
 @dataclass
@@ -76,39 +76,10 @@ def check_runtime_support(plan: Plan, spec: ModelSpec) -> None:
         p.append(f"degrees.tp: ffn_hidden({spec.ffn_hidden}) not divisible by tp({d.tp})")
     if plan.zero_stage > 1:
         p.append(f"zero_stage: the runtime shards optimizer states only (zero_stage 0 or 1), got {plan.zero_stage}")
-    if d.cp * d.hp > 1:
-        try:
-            import autotune.runtime.attention  # noqa: F401
-        except ImportError as exc:
-            p.append(f"degrees.cp/hp: sharded attention (autotune/runtime/attention.py) is not available: {exc}")
     if plan.micro_batch_size < 1:
         p.append("micro_batch_size: must be >= 1")
     if p:
         raise PlanError("; ".join(p), field="plan")
-
-
-def rank_state_bytes(plan: Plan, spec: ModelSpec, seq_len: int) -> float:
-    """Largest per-rank memory the trial needs, roughly: weights + grads + AdamW's two moments in the
-    plan's dtype, plus activations of one micro-batch per layer in flight (Korthikanti et al. 2022:
-    ``s*b*h*(34 + 5*a*s/h)`` bytes per layer at 2-byte precision, without recomputation)."""
-    d, nb = plan.degrees, BYTES[plan.dtype]
-    tokens = max(plan.shares.tokens) // d.hp
-    b, h, a = plan.micro_batch_size, spec.hidden, spec.heads
-    worst = 0.0
-    for pp_i in range(d.pp):
-        layers = sum(plan.layers_of_stage(pp_i))
-        params = layers * spec.layer_params() / d.tp
-        if pp_i == 0:
-            params += spec.embedding_params() / d.tp
-        if pp_i == d.pp - 1:
-            params += spec.head_params() / d.tp
-        act_layer = tokens * b * h * (34 + 5 * a * tokens / h) / d.tp * (nb / 2)
-        in_flight = min(d.pp - pp_i, plan.num_microbatches or 1) if plan.schedule != "gpipe" else (
-            plan.num_microbatches or 1)
-        act = layers * act_layer * in_flight * (0.1 if plan.recompute == "full" else 1.0)
-        shard = (d.dp * d.cp * d.hp) if plan.zero_stage >= 1 else 1
-        worst = max(worst, params * (nb * 2 + 2 * nb / shard) + act)  # weights, grads, AdamW's 2 moments
-    return worst
 
 
 def _device_memory(kind: str, world: int) -> float:
@@ -146,22 +117,38 @@ def prepare(plan: Plan | dict[str, Any], model: ModelSpec | str, seq_len: int, g
                             field="plan")
     # placement names physical devices of the cluster the plan was made for; locally rank r is process r
     local = plan.replace(placement=None)
-    resolved = local.resolve(spec, load_cluster(f"local:{world}"), seq_len, global_batch)
+    cluster = load_cluster(f"local:{world}")
+    resolved = local.resolve(spec, cluster, seq_len, global_batch)
     check_runtime_support(resolved, spec)
-    need, have = rank_state_bytes(resolved, spec, seq_len), _device_memory(kind, world)
-    if need > have:
-        from autotune.units import fmt_bytes
-
-        raise PlanError(f"model {spec.name} needs about {fmt_bytes(need)} on its busiest rank "
-                        f"(weights, gradients, AdamW states, activations) > {fmt_bytes(have)} per "
-                        f"{'GPU' if kind == 'cuda' else 'local worker'}", field="plan")
+    _check_memory(resolved, spec, cluster, seq_len, global_batch, kind)
     return resolved, spec, kind
+
+
+def _check_memory(plan: Plan, spec: ModelSpec, cluster: Any, seq_len: int, global_batch: int, kind: str) -> None:
+    """Refuse a plan whose busiest rank needs more memory than a local device has, by the cost
+    model's memory (``autotune/cost/memory.py``: the one memory model the search prices with)."""
+    from autotune.cost.memory import TERM_NAMES, peak_rank_memory
+    from autotune.units import fmt_bytes
+
+    need, rank, terms = peak_rank_memory(plan, spec, cluster, seq_len, global_batch)
+    have = _device_memory(kind, plan.world)
+    if need > have:
+        worst = max(TERM_NAMES, key=lambda k: terms[k])
+        raise PlanError(f"model {spec.name} needs about {fmt_bytes(need)} on its busiest rank ({rank}; "
+                        f"largest: {worst} {fmt_bytes(terms[worst])}) > {fmt_bytes(have)} per "
+                        f"{'GPU' if kind == 'cuda' else 'local worker'}", field="plan")
 
 
 def run_trial(plan: Plan | dict[str, Any], model: ModelSpec | str, seq_len: int, global_batch: int, *,
               steps: int = 5, warmup: int = 2, seed: int = 0, emulate_slowdown: dict[int, float] | None = None,
-              timeout_s: float = DEFAULT_TIMEOUT_S, device: str = "auto", nproc: int | None = None) -> TrialResult:
-    """Launch ``plan`` on local processes, train ``warmup + steps`` steps, measure the last ``steps``."""
+              timeout_s: float = DEFAULT_TIMEOUT_S, device: str = "auto", nproc: int | None = None,
+              data: str | None = None, data_dtype: str = "auto",
+              on_launch: Callable[[Plan], None] | None = None) -> TrialResult:
+    """Launch ``plan`` on local processes, train ``warmup + steps`` steps, measure the last ``steps``.
+    ``data``: a token file (autotune.runtime.data; checked here, before any process starts), else
+    the synthetic stream. ``on_launch(plan)`` is called once every check has passed, just before the
+    processes start."""
+    from autotune.runtime.data import prepare_data
     from autotune.runtime.launcher import launch
 
     if steps < 1:
@@ -175,9 +162,12 @@ def run_trial(plan: Plan | dict[str, Any], model: ModelSpec | str, seq_len: int,
             raise InputError(f"rank {r} is not in the plan's world 0..{resolved.world - 1}", field="--emulate-slowdown")
         if not (f >= 1.0 and math.isfinite(f)):
             raise InputError(f"factor must be >= 1, got {f}", field="--emulate-slowdown")
+    data_desc = prepare_data(data, spec.vocab, seq_len, global_batch, warmup + steps, dtype=data_dtype)
     payload = {"plan": resolved.to_dict(), "model": spec.to_dict(), "seq_len": seq_len,
                "global_batch": global_batch, "steps": steps, "warmup": warmup, "seed": seed,
-               "emulate_slowdown": emulate, "timeout_s": timeout_s}
+               "emulate_slowdown": emulate, "timeout_s": timeout_s, "data": data_desc}
+    if on_launch is not None:
+        on_launch(resolved)
     res = launch("autotune.runtime.worker:trial_job", payload, resolved.world, timeout_s=timeout_s, device=kind)
     if res.failure is not None:
         return TrialResult(plan=resolved.to_dict(), measured=None, losses=[], failure=res.failure)
@@ -192,6 +182,7 @@ def run_trial(plan: Plan | dict[str, Any], model: ModelSpec | str, seq_len: int,
         "step_times_s": per_step,
         "steps": steps, "warmup": warmup, "seed": seed, "device": kind,
         "emulated_slowdown": {str(k): v for k, v in emulate.items()} or None,
+        "data": data_desc["path"] if data_desc else "synthetic",
         "launch_wall_s": res.wall_s,
     }
     return TrialResult(plan=resolved.replace(measured=measured).to_dict(), measured=measured,

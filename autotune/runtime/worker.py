@@ -1,6 +1,7 @@
 """One rank of a trial: build its part of the plan, warm up, measure steps, report.
 
-Measurement (per measured step, every rank):
+Measurement (per measured step, every rank; on CUDA with CUDA events on the working stream, read
+after the step's one synchronisation, so no region or call waits for the GPU: ``CudaStopwatch``):
 
 * step time: from a barrier before the step to the end of a barrier after it (all ranks agree);
 * ``comm_s``: wall time inside torch.distributed calls (collectives, pipeline p2p waits), patched in
@@ -35,15 +36,52 @@ import torch.distributed as dist
 from autotune.plan import Plan
 from autotune.runtime import data as D
 from autotune.runtime.mesh import Mesh, build_mesh
-from autotune.runtime.model import Layout, RMSNorm, init_weights, shard_info
+from autotune.runtime.model import Layout, RMSNorm, build_on_meta, materialize, shard_info
 from autotune.runtime.optimizer import LR, WEIGHT_DECAY, TrainOptimizer  # noqa: F401 - re-exported
 from autotune.runtime.pipeline import build_schedule, build_stage_models
 from autotune.specs.model import ModelSpec
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = {"fp32": torch.float32, "fp32-strict": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _COMM_FUNCS = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single", "reduce_scatter",
                "reduce_scatter_tensor", "reduce_scatter_single",
                "all_to_all_single", "all_to_all", "broadcast", "batch_isend_irecv", "send", "recv", "barrier")
+
+
+class WallStopwatch:
+    """Host time (CPU: an operator's work is done when its call returns). Spans are known at once."""
+
+    deferred = False
+
+    @staticmethod
+    def mark() -> float:
+        return time.perf_counter()
+
+    @staticmethod
+    def seconds(start: float, end: float) -> float:
+        return end - start
+
+
+class CudaStopwatch:
+    """CUDA events recorded on the current (working) stream: a span is the stream's time between two
+    points, read only after the step's one synchronisation (``CommClock.settle``), so nothing waits
+    for the GPU inside the step and DDP bucket overlap and the CP ring's overlap really happen. A
+    synchronous NCCL call makes the working stream wait for the NCCL stream, so its span is the
+    communication the working stream sees (exposed); an async launch's span is ~0 and its ``wait``
+    carries what the overlap did not hide."""
+
+    deferred = True
+
+    def __init__(self, event_type: Any = None) -> None:
+        self.event_type = event_type or torch.cuda.Event
+
+    def mark(self) -> Any:
+        e = self.event_type(enable_timing=True)
+        e.record()
+        return e
+
+    @staticmethod
+    def seconds(start: Any, end: Any) -> float:
+        return start.elapsed_time(end) / 1e3  # milliseconds
 
 
 class CommClock:
@@ -58,12 +96,19 @@ class CommClock:
         self._in_comm = False
         self._region_comm = 0.0
         self._in_region = False
+        self._region = 0
+        self._comm_spans: list[tuple[Any, Any, int | None]] = []
+        self._region_spans: list[tuple[Any, Any, int]] = []
+        self.stopwatch: Any = WallStopwatch()
+        """``WallStopwatch`` (CPU) or ``CudaStopwatch`` (CUDA: spans settled once per step)."""
         self.sync = _no_sync
-        """On CUDA, ``torch.cuda.synchronize``: kernels and NCCL calls are asynchronous, so a region
-        or a communication call is timed to its completion (slower, but the split is then honest)."""
+        """Only for CUDA with an emulated slowdown: the emulation stands still on the host for a
+        multiple of the measured compute, which needs that time at once, so regions and calls are
+        then timed to completion with ``torch.cuda.synchronize``."""
 
     def reset(self) -> None:
         self.comm = self.compute = self.emulated = self.idle = 0.0
+        self._comm_spans, self._region_spans = [], []
 
     def wrap(self, fn):
         @functools.wraps(fn)
@@ -72,16 +117,20 @@ class CommClock:
                 return fn(*a, **k)
             self._in_comm = True
             self.sync()
-            t = time.perf_counter()
+            start = self.stopwatch.mark()
             try:
                 return fn(*a, **k)
             finally:
                 self.sync()
-                dt = time.perf_counter() - t
+                end = self.stopwatch.mark()
                 self._in_comm = False
-                self.comm += dt
-                if self._in_region:
-                    self._region_comm += dt
+                if self.stopwatch.deferred:
+                    self._comm_spans.append((start, end, self._region if self._in_region else None))
+                else:
+                    dt = self.stopwatch.seconds(start, end)
+                    self.comm += dt
+                    if self._in_region:
+                        self._region_comm += dt
         return timed
 
     def timed_call(self, fn, *a, **k):
@@ -95,18 +144,35 @@ class CommClock:
             yield
             return
         self._in_region, self._region_comm = True, 0.0
-        t = time.perf_counter()
+        self._region += 1
+        start = self.stopwatch.mark()
         try:
             yield
         finally:
             self.sync()
-            pure = max(0.0, time.perf_counter() - t - self._region_comm)
+            end = self.stopwatch.mark()
             self._in_region = False
-            self.compute += pure
-            if self.slowdown > 1.0:
-                extra = (self.slowdown - 1.0) * pure
-                emulate_busy(extra)
-                self.emulated += extra
+            if self.stopwatch.deferred:
+                self._region_spans.append((start, end, self._region))
+            else:
+                pure = max(0.0, self.stopwatch.seconds(start, end) - self._region_comm)
+                self.compute += pure
+                if self.slowdown > 1.0:
+                    extra = (self.slowdown - 1.0) * pure
+                    emulate_busy(extra)
+                    self.emulated += extra
+
+    def settle(self) -> None:
+        """Turn the step's recorded spans into seconds (CUDA: after the step's synchronisation)."""
+        inside: dict[int, float] = {}
+        for start, end, region in self._comm_spans:
+            dt = self.stopwatch.seconds(start, end)
+            self.comm += dt
+            if region is not None:
+                inside[region] = inside.get(region, 0.0) + dt
+        for start, end, region in self._region_spans:
+            self.compute += max(0.0, self.stopwatch.seconds(start, end) - inside.get(region, 0.0))
+        self._comm_spans, self._region_spans = [], []
 
 
 def _no_sync() -> None:
@@ -116,12 +182,8 @@ def _no_sync() -> None:
 def emulate_busy(seconds: float) -> None:
     """Stand still for ``seconds`` as a slower device would still be computing; the profiler's
     ``profilers.emulation`` is used when it exists so trial and profile emulate alike."""
-    try:
-        from profilers.emulation import emulate_delay
-    except ImportError:  # the runtime without the profilers package: plain sleep
-        if seconds > 0:
-            time.sleep(seconds)
-        return
+    from profilers.emulation import emulate_delay
+
     emulate_delay(seconds)
 
 
@@ -143,12 +205,11 @@ def install_comm_timing() -> None:
     for name in _COMM_FUNCS:
         if hasattr(dist, name):
             setattr(dist, name, _CLOCK.wrap(getattr(dist, name)))
-    try:  # the pipeline schedules wait for their p2p batches here
-        from torch.distributed.pipelining import schedules
+    # the pipeline schedules wait for their p2p batches here (a torch without it fails loudly:
+    # pipeline communication would otherwise go uncounted)
+    from torch.distributed.pipelining import schedules
 
-        schedules._wait_batch_p2p = _CLOCK.wrap(schedules._wait_batch_p2p)
-    except (ImportError, AttributeError):
-        pass
+    schedules._wait_batch_p2p = _CLOCK.wrap(schedules._wait_batch_p2p)
 
 
 # ---- memory -------------------------------------------------------------------------------------
@@ -203,11 +264,16 @@ def local_positions(ctx: Any, seq_len: int) -> torch.Tensor | None:
 class RankTrainer:
     """This rank's model chunks, optimizer and (with pp > 1) pipeline schedule."""
 
-    def __init__(self, plan: Plan, spec: ModelSpec, mesh: Mesh, seq_len: int, global_batch: int, seed: int):
+    def __init__(self, plan: Plan, spec: ModelSpec, mesh: Mesh, seq_len: int, global_batch: int, seed: int,
+                 data: dict[str, Any] | None = None):
         self.plan, self.spec, self.mesh, self.seq_len, self.global_batch, self.seed = (
             plan, spec, mesh, seq_len, global_batch, seed)
+        self.data = D.source_from(data, spec.vocab, seed)  # None: the synthetic stream of ``seed``
         self.device = mesh.device
         self.dtype = DTYPES[plan.dtype]
+        if plan.dtype.startswith("fp32") and torch.device(self.device).type == "cuda":
+            # fp32 runs its GEMMs in TF32 where the GPU has it, as the catalogue prices it
+            torch.backends.cuda.matmul.allow_tf32 = plan.dtype == "fp32"
         tp = mesh["tp"]
         self.sp = plan.sequence_parallel and tp.size > 1
         self.ctx = attention_context(plan, mesh, spec, seq_len)
@@ -219,10 +285,10 @@ class RankTrainer:
         layout = Layout(tp=tp, sp=self.sp, attn_ctx=self.ctx,
                         positions=None if self.positions is None else self.positions.to(self.device),
                         recompute=plan.recompute)
-        self.stages = build_stage_models(spec, plan, mesh, layout, seq_len)
+        # shapes on the meta device, then only this rank's shards are allocated and drawn, on its device
+        self.stages = build_on_meta(lambda: build_stage_models(spec, plan, mesh, layout, seq_len))
         for _, m in self.stages:
-            init_weights(m, spec, seed)
-            m.to(device=self.device, dtype=self.dtype)
+            materialize(m, spec, seed, self.device, self.dtype)
         self.params = [p for _, m in self.stages for p in m.parameters()]
         # with sequence parallelism the norms of the tp ranks saw different tokens: sum their gradients
         self.tp_replicated = [p for _, m in self.stages for mod in m.modules() if isinstance(mod, RMSNorm)
@@ -255,8 +321,8 @@ class RankTrainer:
     def step(self, step_index: int) -> float:
         """One optimizer step; returns this rank's contribution to the global mean loss."""
         clk = clock()
-        tokens = D.synthetic_tokens(self.seed, self.spec.vocab, self.global_batch, self.seq_len, step_index)
-        inputs, targets = D.local_batch(tokens, self.plan, self.dp_index, self.positions)
+        inputs, targets = D.replica_batch(self.data, step_index, self.plan, self.dp_index, self.positions,
+                                          self.global_batch, self.seq_len)
         inputs, targets = inputs.to(self.device), targets.to(self.device)
         for p in self.params:
             p.grad = None
@@ -321,15 +387,23 @@ def _timed_region(clk: CommClock, fn):
 
 def train(plan: Plan, spec: ModelSpec, seq_len: int, global_batch: int, *, steps: int, warmup: int, seed: int,
           device: torch.device, emulate_slowdown: dict[int, float] | None = None, export_state: bool = False,
-          timeout_s: float | None = None) -> dict[str, Any]:
+          timeout_s: float | None = None, data: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run one resolved plan on the initialised default process group; returns this rank's report."""
     rank = dist.get_rank()
     install_comm_timing()
     clk = clock()
     clk.slowdown = float((emulate_slowdown or {}).get(rank, 1.0))
-    clk.sync = functools.partial(torch.cuda.synchronize, device) if device.type == "cuda" else _no_sync
+    cuda_events = device.type == "cuda" and clk.slowdown == 1.0
+    clk.stopwatch = CudaStopwatch() if cuda_events else WallStopwatch()
+    clk.sync = functools.partial(torch.cuda.synchronize, device) if (
+        device.type == "cuda" and not cuda_events) else _no_sync
     mesh = build_mesh(plan, rank, device, timeout_s=timeout_s)
-    trainer = RankTrainer(plan, spec, mesh, seq_len, global_batch, seed)
+    if plan.schedule == "helixpipe":  # hand-written runtime: no torch.distributed.pipelining schedule has it
+        from autotune.runtime.helix import HelixTrainer
+
+        trainer: Any = HelixTrainer(plan, spec, mesh, seq_len, global_batch, seed, data=data)
+    else:
+        trainer = RankTrainer(plan, spec, mesh, seq_len, global_batch, seed, data=data)
     losses, times, splits = [], [], []
     reset_peak_memory(device)
     for i in range(warmup + steps):
@@ -337,8 +411,9 @@ def train(plan: Plan, spec: ModelSpec, seq_len: int, global_batch: int, *, steps
         clk.reset()
         t0 = time.perf_counter()
         contribution = trainer.step(i)
-        if device.type == "cuda":
+        if device.type == "cuda":  # the step's one synchronisation; its event spans are readable now
             torch.cuda.synchronize(device)
+        clk.settle()
         t_idle = time.perf_counter()
         comm_before = clk.comm
         dist.barrier()
@@ -375,7 +450,7 @@ def _median_split(splits: list[dict[str, float]], times: list[float], rank: int)
 
 
 def reference_run(spec: ModelSpec, seq_len: int, global_batch: int, *, steps: int, seed: int,
-                  dtype: str = "fp32", micro_batch_size: int = 1) -> dict[str, Any]:
+                  dtype: str = "fp32", micro_batch_size: int = 1, data: dict[str, Any] | None = None) -> dict[str, Any]:
     """The single-process training every plan must reproduce: same data, same init, same AdamW."""
     from autotune.plan import Degrees, Shares
     from autotune.runtime.mesh import single_process_mesh
@@ -384,7 +459,8 @@ def reference_run(spec: ModelSpec, seq_len: int, global_batch: int, *, steps: in
                 num_microbatches=global_batch // micro_batch_size,
                 shares=Shares(layers=(spec.layers,), tokens=(seq_len,), heads=(spec.heads,),
                               samples=(global_batch,)))
-    trainer = RankTrainer(plan, spec, single_process_mesh(plan, torch.device("cpu")), seq_len, global_batch, seed)
+    trainer = RankTrainer(plan, spec, single_process_mesh(plan, torch.device("cpu")), seq_len, global_batch, seed,
+                          data=data)
     losses = [trainer.step(i) for i in range(steps)]
     return {"losses": losses, "state": {k: v[0] for k, v in trainer.export_state().items()}}
 
@@ -398,7 +474,7 @@ def trial_job(payload: dict[str, Any], rank: int, world: int, device: torch.devi
     emulate = {int(k): float(v) for k, v in (payload.get("emulate_slowdown") or {}).items()}
     return train(plan, spec, payload["seq_len"], payload["global_batch"], steps=payload["steps"],
                  warmup=payload["warmup"], seed=payload["seed"], device=device, emulate_slowdown=emulate,
-                 timeout_s=payload.get("timeout_s"))
+                 timeout_s=payload.get("timeout_s"), data=payload.get("data"))
 
 
 def plans_job(payload: dict[str, Any], rank: int, world: int, device: torch.device) -> list[dict[str, Any]]:

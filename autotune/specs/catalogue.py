@@ -20,6 +20,15 @@ GB = 1e9
 GiB = 2.0**30
 T = 1e12
 
+FRAMEWORK_RESERVE = {"cuda": 2.0 * GiB, "rocm": 2.0 * GiB, "cpu": 0.0}
+ATTENTION_IMPLS = ("fused", "materialized")
+"""Bytes per device the training framework holds before the model's first tensor: the CUDA context
+with PyTorch's kernels loaded (~0.5-1 GiB: PyTorch notes "CUDA memory management"), NCCL's
+communicator buffers (NCCL_BUFFSIZE 4 MiB x channels x peers: ~0.3-1 GiB per communicator on 8
+GPUs, several communicators for tp/pp/dp) and cuBLAS/cuDNN workspaces; 2-3 GB is what the
+peer-planner simulator of issue 18 reserved. The allocator's fragmentation is the separate
+``RESERVE_FRACTION`` of autotune/cost/memory.py. Override per node group in a cluster file."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class DeviceSpec:
@@ -30,7 +39,8 @@ class DeviceSpec:
     kind: str
     """``cuda``, ``rocm`` or ``cpu``: which runtime backend drives it."""
     peak_flops: dict[str, float]
-    """Dense peak FLOP/s per dtype (``bf16``, ``fp16``, ``fp32``); a dtype missing is unsupported."""
+    """Dense peak FLOP/s per dtype (``bf16``, ``fp16``, ``fp32`` (TF32 tensor cores where the device
+    has them), ``fp32-strict`` (IEEE fp32, no tensor cores)); a dtype missing is unsupported."""
     memory_bytes: float
     """Memory capacity in bytes."""
     memory_bandwidth: float
@@ -53,6 +63,33 @@ class DeviceSpec:
     """Where the numbers come from."""
     profile: dict[str, Any] | None = field(default=None, compare=False, hash=False)
     """For ``measured`` devices: the profile's fits (see profilers/), read by the cost model."""
+    sm_count: int = 0
+    """Streaming multiprocessors (NVIDIA) or compute units (AMD) that GEMM tiles are spread over
+    (wave quantisation in the size-aware datasheet model); 0 when unknown (CPU, profiles)."""
+    framework_reserve_bytes: float | None = None
+    """Memory the framework holds on the device beyond the model: CUDA/ROCm context, NCCL buffers,
+    cuBLAS workspaces; None: ``FRAMEWORK_RESERVE`` of its kind. A cluster file may override it per
+    node group (``framework_reserve: 3GB``)."""
+    attention_impl: str = ""
+    """How the target runtime runs attention: ``fused`` (flash / memory-efficient kernels keep the
+    log-sum-exp per query, never the s x s scores) or ``materialized`` (the scores are stored for
+    backward); empty: fused on cuda/rocm (PyTorch SDPA, Transformer Engine), materialized on CPU
+    (the math kernel). A cluster file may override it per node group (``attention: materialized``)."""
+
+    layer_profiles: tuple[dict[str, Any], ...] = field(default=(), compare=False, hash=False)
+    """Per-layer profiles measured on this device (``profilers/layers.py`` documents, or imported from
+    other planners' files), attached by a cluster file's ``layer_profile: layers:ID``; the cost
+    model prices a block, the head and the embedding from them where the model and dtype match
+    (``autotune/cost/layers.py``)."""
+
+    def framework_reserve(self) -> float:
+        """Bytes the framework holds on this device (the named ``framework_reserve`` memory term)."""
+        if self.framework_reserve_bytes is not None:
+            return float(self.framework_reserve_bytes)
+        return FRAMEWORK_RESERVE.get(self.kind, 0.0)
+
+    def fused_attention(self) -> bool:
+        return (self.attention_impl or ("materialized" if self.kind == "cpu" else "fused")) == "fused"
 
     def flops(self, dtype: str) -> float:
         if dtype not in self.peak_flops:
@@ -64,64 +101,99 @@ class DeviceSpec:
         d = dataclasses.asdict(self)
         if d.get("profile") is None:
             d.pop("profile", None)
+        d["layer_profiles"] = [f"layers:{lp.get('id')}" for lp in self.layer_profiles]
         return d
 
 
-def _gpu(name: str, bf16: float, fp16: float, fp32: float, mem: float, mem_bw: float, intra: float,
-         interconnect: str, pcie: float, nic: float, source: str, frac: float = 0.6,
-         kind: str = "cuda") -> DeviceSpec:
-    peak = {"fp16": fp16 * T, "fp32": fp32 * T}
+def _gpu(name: str, bf16: float, fp16: float, tf32: float, fp32: float, mem: float, mem_bw: float, intra: float,
+         interconnect: str, pcie: float, nic: float, source: str, frac: float = 0.6, kind: str = "cuda",
+         sms: int = 0) -> DeviceSpec:
+    """A datasheet entry. ``tf32``: dense TF32 (or AMD's TF32/XF32 matrix) tensor peak, 0 when the
+    device has none; ``fp32``: the non-tensor-core FP32 peak. Plan dtype ``fp32`` prices ``tf32`` where
+    there is one: fp32 training on Ampere and later runs its GEMMs on tensor cores in TF32 (Megatron's
+    and Hugging Face's ``--tf32``, torch's ``set_float32_matmul_precision("high")``, which the runtime
+    sets for ``fp32``); issue 18 measured A100:V100 at ~3.4x in fp32, the TF32 ratio, not the 1.24x of
+    the CUDA-core peaks. ``fp32-strict`` is always the non-tensor-core peak (IEEE fp32 GEMMs)."""
+    peak = {"fp16": fp16 * T, "fp32": (tf32 or fp32) * T, "fp32-strict": fp32 * T}
     if bf16:
         peak["bf16"] = bf16 * T
     return DeviceSpec(name=name, kind=kind, peak_flops=peak, memory_bytes=mem, memory_bandwidth=mem_bw,
                       intra_node_bandwidth=intra, interconnect=interconnect, pcie_bandwidth=pcie,
-                      nic_bandwidth=nic, achievable_fraction=frac, source=source)
+                      nic_bandwidth=nic, achievable_fraction=frac, source=source, sm_count=sms)
 
 
-# fp32 here is the non-tensor-core FP32 peak (TF32 is not used for training math by default).
 # achievable_fraction: ~0.6 of dense peak is what Megatron-LM reports for large GEMMs on A100/H100
 # (Narayanan et al. 2021 report 52% MFU end to end on A100); consumer/PCIe parts a little lower.
+# Columns: bf16, fp16, tf32 (dense tensor-core TF32, 0 = none), fp32 (non-tensor-core) TFLOPS.
+# Memory variants of one chip are separate entries (same compute, their own capacity and bandwidth).
 CATALOGUE: dict[str, DeviceSpec] = {
     d.name: d
     for d in (
-        _gpu("H100-SXM", 989, 989, 67, 80 * GB, 3.35e12, 450 * GB, "NVLink 4", 64 * GB, 50 * GB,
-             "NVIDIA H100 Tensor Core GPU datasheet (SXM5): 989 TFLOPS BF16 dense, 80GB HBM3 3.35TB/s, "
-             "NVLink 900GB/s bidirectional, PCIe Gen5; ConnectX-7 400Gb/s per GPU in DGX H100"),
-        _gpu("H100-PCIe", 756, 756, 51, 80 * GB, 2.0e12, 300 * GB, "NVLink bridge", 64 * GB, 25 * GB,
-             "NVIDIA H100 datasheet (PCIe): 756 TFLOPS BF16 dense, 80GB HBM2e 2TB/s, NVLink bridge 600GB/s "
-             "bidirectional, PCIe Gen5 128GB/s bidirectional", frac=0.55),
-        _gpu("H200", 989, 989, 67, 141 * GB, 4.8e12, 450 * GB, "NVLink 4", 64 * GB, 50 * GB,
-             "NVIDIA H200 datasheet (SXM): 989 TFLOPS BF16 dense, 141GB HBM3e 4.8TB/s, NVLink 900GB/s "
-             "bidirectional"),
-        _gpu("H20", 148, 148, 44, 96 * GB, 4.0e12, 450 * GB, "NVLink 4", 64 * GB, 50 * GB,
-             "NVIDIA H20 product brief: 148 TFLOPS BF16 dense, 96GB HBM3 4.0TB/s, NVLink 900GB/s bidirectional",
-             frac=0.7),
-        _gpu("A100-40GB", 312, 312, 19.5, 40 * GB, 1.555e12, 300 * GB, "NVLink 3", 32 * GB, 25 * GB,
-             "NVIDIA A100 datasheet (SXM4 40GB): 312 TFLOPS BF16 dense, 40GB HBM2 1.555TB/s, NVLink 600GB/s "
-             "bidirectional, PCIe Gen4; HDR 200Gb/s per GPU in DGX A100"),
-        _gpu("A100-80GB", 312, 312, 19.5, 80 * GB, 2.039e12, 300 * GB, "NVLink 3", 32 * GB, 25 * GB,
-             "NVIDIA A100 datasheet (SXM4 80GB): 312 TFLOPS BF16 dense, 80GB HBM2e 2.039TB/s, NVLink 600GB/s "
-             "bidirectional"),
-        _gpu("L40S", 362, 362, 91.6, 48 * GB, 864 * GB, 32 * GB, "PCIe Gen4", 32 * GB, 12.5 * GB,
-             "NVIDIA L40S datasheet: 362 TFLOPS BF16 dense (733 sparse), 48GB GDDR6 864GB/s, PCIe Gen4 x16, "
-             "no NVLink", frac=0.5),
-        _gpu("L4", 121, 121, 30.3, 24 * GB, 300 * GB, 32 * GB, "PCIe Gen4", 32 * GB, 6.25 * GB,
-             "NVIDIA L4 datasheet: 121 TFLOPS BF16 dense (242 sparse), 24GB GDDR6 300GB/s, PCIe Gen4 x16",
-             frac=0.5),
-        _gpu("A10", 125, 125, 31.2, 24 * GB, 600 * GB, 32 * GB, "PCIe Gen4", 32 * GB, 6.25 * GB,
-             "NVIDIA A10 datasheet: 125 TFLOPS BF16 dense (250 sparse), 24GB GDDR6 600GB/s, PCIe Gen4 x16",
-             frac=0.5),
-        _gpu("RTX-4090", 165, 165, 82.6, 24 * GB, 1008 * GB, 32 * GB, "PCIe Gen4", 32 * GB, 3.125 * GB,
-             "NVIDIA Ada Lovelace whitepaper (RTX 4090): 165.2 TFLOPS BF16 dense with FP32 accumulate, "
-             "24GB GDDR6X 1008GB/s, PCIe Gen4, no NVLink", frac=0.5),
-        _gpu("V100", 0, 125, 15.7, 32 * GB, 900 * GB, 150 * GB, "NVLink 2", 16 * GB, 12.5 * GB,
-             "NVIDIA V100 datasheet (SXM2 32GB): 125 TFLOPS FP16 tensor, no BF16, 32GB HBM2 900GB/s, NVLink "
-             "300GB/s bidirectional", frac=0.5),
-        _gpu("MI300X", 1307, 1307, 163.4, 192 * GB, 5.3e12, 448 * GB, "Infinity Fabric", 64 * GB, 50 * GB,
-             "AMD Instinct MI300X datasheet: 1307.4 TFLOPS BF16 dense, 192GB HBM3 5.3TB/s, 7 Infinity Fabric "
-             "links 896GB/s aggregate bidirectional", frac=0.45, kind="rocm"),
+        _gpu("H100-SXM", 989, 989, 494.7, 67, 80 * GB, 3.35e12, 450 * GB, "NVLink 4", 64 * GB, 50 * GB,
+             "NVIDIA H100 Tensor Core GPU datasheet (SXM5): 989 TFLOPS BF16 dense, 494.7 TF32 dense, 67 FP32, "
+             "80GB HBM3 3.35TB/s, NVLink 900GB/s bidirectional, PCIe Gen5; ConnectX-7 400Gb/s per GPU in DGX "
+             "H100; 132 SMs (NVIDIA H100 whitepaper)", sms=132),
+        _gpu("H100-PCIe", 756, 756, 378, 51, 80 * GB, 2.0e12, 300 * GB, "NVLink bridge", 64 * GB, 25 * GB,
+             "NVIDIA H100 datasheet (PCIe): 756 TFLOPS BF16 dense, 378 TF32 dense, 51 FP32, 80GB HBM2e 2TB/s, "
+             "NVLink bridge 600GB/s bidirectional, PCIe Gen5 128GB/s bidirectional; 114 SMs", frac=0.55, sms=114),
+        _gpu("H100-NVL", 835, 835, 417.5, 60, 94 * GB, 3.9e12, 300 * GB, "NVLink bridge", 64 * GB, 25 * GB,
+             "NVIDIA H100 NVL datasheet: 835 TFLOPS BF16 dense (1671 sparse), 417.5 TF32 dense, 60 FP32, 94GB "
+             "HBM3 3.9TB/s, NVLink bridge 600GB/s bidirectional, PCIe Gen5; 132 SMs", frac=0.55, sms=132),
+        _gpu("H200", 989, 989, 494.7, 67, 141 * GB, 4.8e12, 450 * GB, "NVLink 4", 64 * GB, 50 * GB,
+             "NVIDIA H200 datasheet (SXM): 989 TFLOPS BF16 dense, 494.7 TF32 dense, 67 FP32, 141GB HBM3e "
+             "4.8TB/s, NVLink 900GB/s bidirectional; 132 SMs", sms=132),
+        _gpu("H20", 148, 148, 74, 44, 96 * GB, 4.0e12, 450 * GB, "NVLink 4", 64 * GB, 50 * GB,
+             "NVIDIA H20 product brief: 148 TFLOPS BF16 dense, 74 TF32 dense, 44 FP32, 96GB HBM3 4.0TB/s, "
+             "NVLink 900GB/s bidirectional; 78 SMs", frac=0.7, sms=78),
+        _gpu("A100-40GB", 312, 312, 156, 19.5, 40 * GB, 1.555e12, 300 * GB, "NVLink 3", 32 * GB, 25 * GB,
+             "NVIDIA A100 datasheet (SXM4 40GB): 312 TFLOPS BF16 dense, 156 TF32 dense, 19.5 FP32, 40GB HBM2 "
+             "1.555TB/s, NVLink 600GB/s bidirectional, PCIe Gen4; HDR 200Gb/s per GPU in DGX A100; 108 SMs "
+             "(NVIDIA A100 whitepaper)", sms=108),
+        _gpu("A100-80GB", 312, 312, 156, 19.5, 80 * GB, 2.039e12, 300 * GB, "NVLink 3", 32 * GB, 25 * GB,
+             "NVIDIA A100 datasheet (SXM4 80GB): 312 TFLOPS BF16 dense, 156 TF32 dense, 19.5 FP32, 80GB HBM2e "
+             "2.039TB/s, NVLink 600GB/s bidirectional; 108 SMs", sms=108),
+        _gpu("A100-PCIe-40GB", 312, 312, 156, 19.5, 40 * GB, 1.555e12, 32 * GB, "PCIe Gen4", 32 * GB, 25 * GB,
+             "NVIDIA A100 datasheet (PCIe 40GB): 312 TFLOPS BF16 dense, 156 TF32 dense, 19.5 FP32, 40GB HBM2 "
+             "1.555TB/s, PCIe Gen4 64GB/s bidirectional (no NVLink bridge assumed); 108 SMs", frac=0.55, sms=108),
+        _gpu("A100-PCIe-80GB", 312, 312, 156, 19.5, 80 * GB, 1.935e12, 300 * GB, "NVLink bridge", 32 * GB,
+             25 * GB, "NVIDIA A100 datasheet (PCIe 80GB): 312 TFLOPS BF16 dense, 156 TF32 dense, 19.5 FP32, 80GB "
+             "HBM2e 1.935TB/s, NVLink bridge 600GB/s bidirectional for 2 GPUs; 108 SMs", frac=0.55, sms=108),
+        _gpu("L40S", 362, 362, 183, 91.6, 48 * GB, 864 * GB, 32 * GB, "PCIe Gen4", 32 * GB, 12.5 * GB,
+             "NVIDIA L40S datasheet: 362 TFLOPS BF16 dense (733 sparse), 183 TF32 dense, 91.6 FP32, 48GB GDDR6 "
+             "864GB/s, PCIe Gen4 x16, no NVLink; 142 SMs", frac=0.5, sms=142),
+        _gpu("L4", 121, 121, 60, 30.3, 24 * GB, 300 * GB, 32 * GB, "PCIe Gen4", 32 * GB, 6.25 * GB,
+             "NVIDIA L4 datasheet: 121 TFLOPS BF16 dense (242 sparse), 60 TF32 dense, 30.3 FP32, 24GB GDDR6 "
+             "300GB/s, PCIe Gen4 x16; 58 SMs", frac=0.5, sms=58),
+        _gpu("A10", 125, 125, 62.5, 31.2, 24 * GB, 600 * GB, 32 * GB, "PCIe Gen4", 32 * GB, 6.25 * GB,
+             "NVIDIA A10 datasheet: 125 TFLOPS BF16 dense (250 sparse), 62.5 TF32 dense, 31.2 FP32, 24GB GDDR6 "
+             "600GB/s, PCIe Gen4 x16; 72 SMs", frac=0.5, sms=72),
+        _gpu("RTX-4090", 165, 165, 82.6, 82.6, 24 * GB, 1008 * GB, 32 * GB, "PCIe Gen4", 32 * GB, 3.125 * GB,
+             "NVIDIA Ada Lovelace whitepaper (RTX 4090): 165.2 TFLOPS BF16 dense with FP32 accumulate, 82.6 "
+             "TF32 dense, 82.6 FP32, 24GB GDDR6X 1008GB/s, PCIe Gen4, no NVLink; 128 SMs", frac=0.5, sms=128),
+        _gpu("V100", 0, 125, 0, 15.7, 32 * GB, 900 * GB, 150 * GB, "NVLink 2", 16 * GB, 12.5 * GB,
+             "NVIDIA V100 datasheet (SXM2 32GB): 125 TFLOPS FP16 tensor, no BF16, no TF32 (fp32 is 15.7 "
+             "TFLOPS on CUDA cores), 32GB HBM2 900GB/s, NVLink 300GB/s bidirectional; 80 SMs (Volta "
+             "whitepaper)", frac=0.5, sms=80),
+        _gpu("V100-16GB", 0, 125, 0, 15.7, 16 * GB, 900 * GB, 150 * GB, "NVLink 2", 16 * GB, 12.5 * GB,
+             "NVIDIA V100 datasheet (SXM2 16GB): 125 TFLOPS FP16 tensor, no BF16, no TF32 (fp32 15.7 TFLOPS "
+             "on CUDA cores), 16GB HBM2 900GB/s, NVLink 300GB/s bidirectional; 80 SMs", frac=0.5, sms=80),
+        _gpu("V100-PCIe-16GB", 0, 112, 0, 14, 16 * GB, 900 * GB, 16 * GB, "PCIe Gen3", 16 * GB, 12.5 * GB,
+             "NVIDIA V100 datasheet (PCIe 16GB): 112 TFLOPS FP16 tensor, no BF16, no TF32, 14 FP32, 16GB HBM2 "
+             "900GB/s, PCIe Gen3 32GB/s bidirectional; 80 SMs", frac=0.45, sms=80),
+        _gpu("MI300X", 1307, 1307, 653.7, 163.4, 192 * GB, 5.3e12, 448 * GB, "Infinity Fabric", 64 * GB, 50 * GB,
+             "AMD Instinct MI300X datasheet: 1307.4 TFLOPS BF16 dense, 653.7 TF32 dense, 163.4 FP32 matrix, "
+             "192GB HBM3 5.3TB/s, 7 Infinity Fabric links 896GB/s aggregate bidirectional; 304 CUs",
+             frac=0.45, kind="rocm", sms=304),
     )
 }
+
+ALIASES: dict[str, str] = {
+    "V100-32GB": "V100", "V100-SXM2-32GB": "V100", "V100-SXM2-16GB": "V100-16GB",
+    "H100-80GB": "H100-SXM", "H100-94GB": "H100-NVL", "A100-SXM4-40GB": "A100-40GB",
+    "A100-SXM4-80GB": "A100-80GB", "H200-141GB": "H200",
+}
+"""Other names users write for a catalogue entry (memory-variant spellings); ``V100`` is the SXM2
+32GB part, as it always was here."""
 
 
 def _cpu_flops_per_cycle(flags: set[str]) -> int:
@@ -162,7 +234,7 @@ def local_cpu(devices: int = 1) -> DeviceSpec:
     except (ValueError, OSError, AttributeError):
         pass
     return DeviceSpec(
-        name="CPU", kind="cpu", peak_flops={"fp32": fp32, "bf16": fp32, "fp16": fp32},
+        name="CPU", kind="cpu", peak_flops={"fp32": fp32, "fp32-strict": fp32, "bf16": fp32, "fp16": fp32},
         memory_bytes=mem / devices, memory_bandwidth=20 * GB / devices, intra_node_bandwidth=1.0 * GB,
         intra_node_latency=50e-6, interconnect="loopback (gloo)", pcie_bandwidth=20 * GB, nic_bandwidth=1.0 * GB,
         achievable_fraction=0.25, provenance="derived",
@@ -175,6 +247,7 @@ def device_from_catalogue(name: str, field: str | None = None) -> DeviceSpec:
     if name in CATALOGUE:
         return CATALOGUE[name]
     lowered = {k.lower(): v for k, v in CATALOGUE.items()}
+    lowered.update({k.lower(): CATALOGUE[v] for k, v in ALIASES.items()})
     if name.lower() in lowered:
         return lowered[name.lower()]
     if name.upper() == "CPU":

@@ -1,6 +1,6 @@
 """Cluster files: groups of identical nodes, their devices and the links between them.
 
-Keys (see shared/design.md)::
+Keys (every key with its unit and meaning: docs/files.md)::
 
     name: mixed-h100-a100
     nodes:
@@ -10,12 +10,18 @@ Keys (see shared/design.md)::
     overrides:                                              # optional, by global node index
       - {nodes: [0, 2], bandwidth: "12.5GB/s", latency: "20us"}
 
+A node group may also name per-layer profiles measured on its device (``layer_profile: layers:3``
+or a list; ``autotune profile --layers`` / ``profile import --format``), set ``framework_reserve`` (bytes the framework holds per device: CUDA
+context, NCCL buffers; default the catalogue's ``FRAMEWORK_RESERVE``) and ``attention`` (``fused`` or
+``materialized``: how the target runtime runs attention, which decides the activation memory).
+
 Device ``i`` of the flattened cluster is device ``i % devices_per_node`` of node ``i // ...`` in
 node order; the Plan's placement maps mesh ranks onto these indices.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -28,9 +34,12 @@ from typing import Any
 
 from autotune.errors import InputError
 from autotune.specs import fields as F
-from autotune.specs.catalogue import CATALOGUE, DeviceSpec, device_from_catalogue, local_cpu
-from autotune.units import parse_bandwidth, parse_time
+from autotune.specs.catalogue import ATTENTION_IMPLS, CATALOGUE, DeviceSpec, device_from_catalogue, local_cpu
+from autotune.specs.user_device import device_from_mapping, device_to_mapping
+from autotune.units import parse_bandwidth, parse_bytes, parse_time
 
+NODE_KEYS = ("count", "devices_per_node", "device", "intra_node", "framework_reserve", "attention", "layer_profile")
+"""The keys of a node group (what a study record keeps of a cluster to rebuild it)."""
 DEFAULT_INTER_BANDWIDTH = 12.5e9  # 100 Gbit/s Ethernet per device when a file gives none
 DEFAULT_INTER_LATENCY = 10e-6
 
@@ -48,6 +57,10 @@ class Link:
 
     def time(self, nbytes: float) -> float:
         return self.latency + nbytes / self.bandwidth
+
+    def to_dict(self) -> dict[str, str]:
+        """With units, as a cluster file writes them (``repr`` keeps every bit of the float)."""
+        return {"bandwidth": f"{self.bandwidth!r}B/s", "latency": f"{self.latency!r}s"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -147,20 +160,33 @@ class ClusterSpec:
         return sum(d.spec.flops(dtype) for d in self.devices)
 
     def to_dict(self) -> dict[str, Any]:
+        """The cluster as a cluster file would write it (units on every figure, inline devices as
+        their mapping), so a study's record rebuilds through ``cluster_from_dict`` like a file."""
         return {
             "name": self.name,
             "nodes": [
-                {"count": g.count, "devices_per_node": g.devices_per_node, "device": g.device.name,
-                 "provenance": g.device.provenance,
-                 "intra_node": {"bandwidth": g.intra_node.bandwidth, "latency": g.intra_node.latency}}
+                {"count": g.count, "devices_per_node": g.devices_per_node,
+                 "device": device_to_mapping(g.device) if g.device.provenance == "user" else g.device.name,
+                 "provenance": g.device.provenance, "intra_node": g.intra_node.to_dict(), **_group_terms(g.device)}
                 for g in self.groups
             ],
-            "inter_node": {"bandwidth": self.inter_node.bandwidth, "latency": self.inter_node.latency},
-            "overrides": [{"nodes": [a, b], "bandwidth": lk.bandwidth, "latency": lk.latency}
-                          for a, b, lk in self.overrides],
+            "inter_node": self.inter_node.to_dict(),
+            "overrides": [{"nodes": [a, b], **lk.to_dict()} for a, b, lk in self.overrides],
             "num_devices": self.num_devices,
             "digest": self.digest,
         }
+
+
+def _group_terms(dev: DeviceSpec) -> dict[str, Any]:
+    """The node-group keys that changed the device (read back by ``_runtime_overrides``)."""
+    out: dict[str, Any] = {}
+    if dev.framework_reserve_bytes is not None:
+        out["framework_reserve"] = f"{dev.framework_reserve_bytes!r}B"
+    if dev.attention_impl:
+        out["attention"] = dev.attention_impl
+    if dev.layer_profiles:
+        out["layer_profile"] = [f"layers:{lp.get('id')}" for lp in dev.layer_profiles]
+    return out
 
 
 ProfileResolver = Callable[[str, str | None], DeviceSpec]
@@ -194,6 +220,37 @@ def _link(d: Any, field: str, default_bw: float | None, default_lat: float, kind
     return Link(bandwidth=bw, latency=lat, kind=kind)
 
 
+def _layer_profiles(refs: Any, where: str, storage: str | None) -> tuple[dict[str, Any], ...]:
+    """``layers:ID`` (or a list of them) -> the stored layer-profile documents."""
+    refs = refs if isinstance(refs, list) else [refs]
+    out = []
+    for i, ref in enumerate(refs):
+        if not isinstance(ref, str) or not ref.startswith("layers:"):
+            raise InputError(f"expected layers:ID (see `autotune profile list`), got {ref!r}", field=where)
+        from autotune.commands.common import DEFAULT_STORAGE
+        from profilers.store import load_layer_profile
+
+        try:
+            out.append(load_layer_profile(ref, storage or DEFAULT_STORAGE))
+        except InputError as e:
+            raise InputError(e.message, field=where if len(refs) == 1 else f"{where}[{i}]") from None
+    return tuple(out)
+
+
+def _runtime_overrides(dev: DeviceSpec, nd: dict[str, Any], where: str, storage: str | None = None) -> DeviceSpec:
+    """The node group's ``framework_reserve`` and ``attention`` replace the device's defaults; its
+    ``layer_profile`` attaches measured per-layer profiles."""
+    changes: dict[str, Any] = {}
+    if nd.get("layer_profile") is not None:
+        changes["layer_profiles"] = _layer_profiles(nd["layer_profile"], f"{where}.layer_profile", storage)
+    if nd.get("framework_reserve") is not None:
+        changes["framework_reserve_bytes"] = parse_bytes(nd["framework_reserve"], field=f"{where}.framework_reserve",
+                                                        allow_zero=True)
+    if nd.get("attention") is not None:
+        changes["attention_impl"] = F.get_str(nd, "attention", f"{where}.attention", choices=ATTENTION_IMPLS)
+    return dataclasses.replace(dev, **changes) if changes else dev
+
+
 def cluster_from_dict(d: dict[str, Any], source: str | None = None, storage: str | None = None,
                       resolve_profile: ProfileResolver | None = None, digest: str = "") -> ClusterSpec:
     resolve_profile = resolve_profile or _default_profile_resolver
@@ -207,17 +264,20 @@ def cluster_from_dict(d: dict[str, Any], source: str | None = None, storage: str
             where = f"nodes[{i}]"
             if not isinstance(nd, dict):
                 raise InputError(f"expected a mapping, got {nd!r}", field=where)
-            F.reject_unknown(nd, {"count", "devices_per_node", "device", "intra_node"}, where)
+            F.reject_unknown(nd, set(NODE_KEYS), where)
             count = F.get_int(nd, "count", f"{where}.count", default=1)
             dpn = F.get_int(nd, "devices_per_node", f"{where}.devices_per_node")
-            dev_name = F.get_str(nd, "device", f"{where}.device")
-            if dev_name.startswith("profile:"):
+            raw_dev = F.get(nd, "device", f"{where}.device")
+            if isinstance(raw_dev, dict):  # described inline (autotune/specs/user_device.py)
+                dev = device_from_mapping(raw_dev, f"{where}.device")
+            elif (dev_name := F.get_str(nd, "device", f"{where}.device")).startswith("profile:"):
                 try:
                     dev = resolve_profile(dev_name, storage)
                 except InputError as e:
                     raise InputError(e.message, field=f"{where}.device") from None
             else:
                 dev = device_from_catalogue(dev_name, field=f"{where}.device")
+            dev = _runtime_overrides(dev, nd, where, storage)
             intra = _link(nd.get("intra_node"), f"{where}.intra_node", dev.intra_node_bandwidth,
                           dev.intra_node_latency, "intra")
             groups.append(NodeGroup(count=count, devices_per_node=dpn, device=dev, intra_node=intra))

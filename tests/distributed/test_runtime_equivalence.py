@@ -30,14 +30,6 @@ LOSS_RTOL = 1e-5
 # weights are compared at an absolute tolerance well below lr * steps = 3e-3.
 WEIGHT_ATOL, WEIGHT_RTOL = 1e-4, 1e-4
 
-try:  # CP/HP attention is a separate part of the runtime; test it when it is there
-    from autotune.runtime import attention  # noqa: F401
-
-    HAVE_SHARDED_ATTENTION = True
-except ImportError:
-    HAVE_SHARDED_ATTENTION = False
-
-
 def factorisations(world: int) -> list[dict[str, int]]:
     dims = ("dp", "pp", "cp", "hp", "tp")
     out = []
@@ -115,8 +107,6 @@ def resolved(item: dict, world: int) -> Plan | None:
 def cases(world: int) -> list[tuple[str, dict]]:
     out = []
     for deg in factorisations(world):
-        if (deg["cp"] > 1 or deg["hp"] > 1) and not HAVE_SHARDED_ATTENTION:
-            continue
         name = ",".join(f"{k}{v}" for k, v in deg.items() if v > 1)
         vs = variants(deg)
         if world == 4:  # keep the launch short: even, uneven and two of the other options, rotating
@@ -136,14 +126,13 @@ def sample_of_8() -> list[tuple[str, dict]]:
         ("dp2,pp2,tp2-uneven", dict(base, degrees={"dp": 2, "pp": 2, "tp": 2}, shares={"layers": [3, 5]})),
         ("pp4,tp2-sp-recompute", dict(base, degrees={"pp": 4, "tp": 2}, sequence_parallel=True,
                                       recompute="full", shares={"layers": [1, 2, 2, 3]})),
+        ("dp2,cp2,tp2-zero1-uneven", dict(base, degrees={"dp": 2, "cp": 2, "tp": 2}, zero_stage=1,
+                                          shares={"tokens": [4, 12], "samples": [1, 3]})),
+        ("cp2,hp2,tp2-uneven", dict(base, degrees={"cp": 2, "hp": 2, "tp": 2},
+                                    shares={"tokens": [4, 12], "heads": [1, 3]})),
+        ("dp2,cp2,pp2-uneven", dict(base, degrees={"dp": 2, "cp": 2, "pp": 2},
+                                    shares={"tokens": [12, 4], "layers": [5, 3]})),
     ]
-    if HAVE_SHARDED_ATTENTION:
-        picks.append(("dp2,cp2,tp2-zero1-uneven", dict(base, degrees={"dp": 2, "cp": 2, "tp": 2}, zero_stage=1,
-                                                       shares={"tokens": [4, 12], "samples": [1, 3]})))
-        picks.append(("cp2,hp2,tp2-uneven", dict(base, degrees={"cp": 2, "hp": 2, "tp": 2},
-                                                 shares={"tokens": [4, 12], "heads": [1, 3]})))
-        picks.append(("dp2,cp2,pp2-uneven", dict(base, degrees={"dp": 2, "cp": 2, "pp": 2},
-                                                 shares={"tokens": [12, 4], "layers": [5, 3]})))
     return [(f"w8-{n}", item) for n, item in picks]
 
 

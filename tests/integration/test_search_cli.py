@@ -8,8 +8,6 @@ import sys
 
 import pytest
 
-pytest.importorskip("autotune.cost", reason="the cost model (issue 3) is not in this build")
-
 
 def run(*args, timeout=300):
     return subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True, text=True, timeout=timeout)

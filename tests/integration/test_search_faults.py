@@ -21,8 +21,6 @@ from pathlib import Path
 import optuna
 import pytest
 
-pytest.importorskip("autotune.cost", reason="the cost model (issue 3) is not in this build")
-
 pytestmark = pytest.mark.slow
 
 CLUSTER = {"name": "a100x16", "nodes": [{"count": 2, "devices_per_node": 8, "device": "A100-80GB"}],

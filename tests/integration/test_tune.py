@@ -8,8 +8,6 @@ import sys
 
 import pytest
 
-pytest.importorskip("autotune.cost", reason="the cost model (issue 3) is not in this build")
-
 
 @pytest.mark.slow
 def test_tune_prints_best_with_predicted_and_measured(in_tmp):

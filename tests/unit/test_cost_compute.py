@@ -78,3 +78,20 @@ def test_gemm_points_interpolate_log_linearly_and_clamp():
     assert r.gemm_time(1e7) == pytest.approx(1e7 / 2e11)  # halfway in log(flops)
     assert r.gemm_time(1e10) == pytest.approx(1e10 / 3e11)  # clamped at the largest measured
     assert rates_for(device(), "bf16", 64).gemm_time(1e9) == pytest.approx(1e9 / (1e12 * 0.5))
+
+
+@pytest.mark.parametrize("factor", [None, 2.5, 3.0])
+def test_profiled_attention_backward_is_priced_at_its_measured_time(factor):
+    """At a profiled sequence length the priced (forward, backward) of the profiled shape are the
+    measured seconds, whatever backward FLOP convention the profile declares (2.5 when absent, the
+    profiler's own: profilers/compute.py attention_flops)."""
+    from profilers.compute import attention_flops
+
+    att = {"batch": 1, "heads": 4, "by_head_dim": {"64": {"points": [[256, 1.0e-3, 2.5e-3], [1024, 9e-3, 2.6e-2]]}}}
+    if factor is not None:
+        att["bwd_flops_factor"] = factor
+    r = rates_for(device(profile={"attention": att}), "bf16", 64)
+    for seq, f_s, b_s in att["by_head_dim"]["64"]["points"]:
+        fwd_flops, _ = attention_flops(1, 4, seq, 64)
+        f, b = r.attention_time(fwd_flops, seq)
+        assert f == pytest.approx(f_s, rel=1e-12) and b == pytest.approx(b_s, rel=1e-12)

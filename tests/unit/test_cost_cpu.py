@@ -12,6 +12,7 @@ from _cost_helpers import HUGE, device, one_node
 from autotune.cost import comm as C
 from autotune.cost import estimate
 from autotune.cost.compute import CPU_GEMM_CALL_S, SHORT_CALL_EXPONENT, rates_for, ring_blocks
+from autotune.cost.cpu import GlooTable
 from autotune.plan import parse_inline
 from autotune.specs import Link, ModelSpec
 
@@ -52,7 +53,7 @@ INTRA = Link(bandwidth=1e9, latency=1e-5, kind="intra")
 
 
 def test_measured_collectives_follow_the_table():
-    K = C.Collectives(TABLE)
+    K = GlooTable(TABLE)
     assert K.all_reduce(INTRA, 2, 65536) == pytest.approx(3e-4)  # a measured row
     assert K.all_reduce(INTRA, 2, 100) == pytest.approx(2e-4)  # latency floor below the smallest
     mid = math.sqrt(65536 * 1048576)  # half way in log bytes: half way in log time
@@ -147,3 +148,56 @@ def test_dp_has_no_per_block_sync():
     a = estimate(parse_inline("dp=2"), MODEL, _cpu_cluster(0.0, 0.0), S, B).predicted["step_time_s"]
     b = estimate(parse_inline("dp=2"), MODEL, _cpu_cluster(1e-3, 0.5), S, B).predicted["step_time_s"]
     assert a == b
+
+
+def _corpus():
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    data = Path(__file__).resolve().parents[1] / "data"
+    spec = importlib.util.spec_from_file_location("make_cost_corpus", data / "make_cost_corpus.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    return gen, json.loads((data / "cost_corpus.json").read_text())["entries"]
+
+
+def _reprice(gen, entries):
+    from autotune.cost import compute
+
+    compute._RATES.clear()  # CPU rates read their defaults when built: build them again
+    return [gen.price(e) for e in entries]
+
+
+def test_gpu_predictions_do_not_depend_on_cpu_constants_or_code(monkeypatch):
+    """Every CPU constant moved far off: the corpus's GPU entries come out bit-identical while its
+    CPU entries move; then every function of cpu.py raising: GPU entries still price, unchanged."""
+    from autotune.cost import cpu
+
+    gen, entries = _corpus()
+    kinds = {k: gen.build_cluster(k).groups[0].device.kind for k in {e["cluster"] for e in entries}}
+    gpu = [e for e in entries if kinds[e["cluster"]] != "cpu"][::4]
+    cpu_entries = [e for e in entries if kinds[e["cluster"]] == "cpu"][::4]
+    assert gpu and cpu_entries
+    before_cpu = _reprice(gen, cpu_entries)
+    monkeypatch.setattr(cpu, "CPU_GEMM_CALL_S", {k: 7e-3 for k in cpu.CPU_GEMM_CALL_S})
+    for name in ("CPU_OP_S", "CPU_SYNC_CALL_S", "CPU_SYNC_SKEW"):
+        monkeypatch.setattr(cpu, name, getattr(cpu, name) * 13.0 + 1e-3)
+    for name in ("CPU_OPS_BLOCK_FWD", "CPU_OPS_HEAD_FWD", "CPU_OPS_RING_BLOCK_FWD"):
+        monkeypatch.setattr(cpu, name, getattr(cpu, name) * 7 + 3)
+    monkeypatch.setattr(cpu, "SHORT_CALL_EXPONENT", 0.3)
+    try:
+        after_cpu = _reprice(gen, cpu_entries)
+        assert sum(a != b for a, b in zip(after_cpu, before_cpu, strict=True)) > len(cpu_entries) // 2
+        assert _reprice(gen, gpu) == [{"predicted": e["predicted"], "breakdown": e["breakdown"]} for e in gpu]
+
+        def refuse(*_a, **_k):
+            raise AssertionError("a GPU estimate reached the CPU trial physics")
+
+        for name in ("cpu_rates", "block_extras", "head_ops", "sync_waits", "head_tp_comm", "ring_blocks",
+                     "measured_collectives"):
+            monkeypatch.setattr(cpu, name, refuse)
+        assert _reprice(gen, gpu) == [{"predicted": e["predicted"], "breakdown": e["breakdown"]} for e in gpu]
+    finally:
+        monkeypatch.undo()
+        _reprice(gen, [])

@@ -6,8 +6,9 @@ import pytest
 from _cost_helpers import GELU, one_node
 
 from autotune.cost import estimate
-from autotune.cost.memory import RESERVE_FIXED, RESERVE_FRACTION, layer_activation_bytes
+from autotune.cost.memory import RESERVE_FRACTION, layer_activation_bytes
 from autotune.plan import parse_inline
+from autotune.specs.catalogue import FRAMEWORK_RESERVE
 
 S, B = 128, 2
 s, b, h, a, L, V = S, B, GELU.hidden, GELU.heads, GELU.layers, GELU.vocab
@@ -32,7 +33,7 @@ def test_korthikanti_table_2(t):
 
 
 def _total(alloc):
-    return alloc + RESERVE_FIXED["cuda"] + RESERVE_FRACTION * alloc
+    return alloc + FRAMEWORK_RESERVE["cuda"] + RESERVE_FRACTION * alloc
 
 
 @pytest.mark.parametrize("recompute", ["none", "selective", "full"])
@@ -83,3 +84,28 @@ def test_cpu_devices_have_no_fixed_reserve():
     t = est.breakdown["ranks"][0]["memory"]
     alloc = t["weights"] + t["gradients"] + t["optimizer"] + t["activations"] + t["logits"]
     assert t["reserve"] == pytest.approx(RESERVE_FRACTION * alloc)
+
+
+@pytest.mark.parametrize("inline", ["dp=2", "pp=2", "tp=2,sp=1", "dp=2,zero=1,recompute=full", "cp=2,hp=2"])
+def test_runtime_prelaunch_check_asks_the_cost_model(inline, monkeypatch):
+    """The runtime refuses a local trial exactly when the cost model's busiest rank exceeds the
+    device: one memory model for the search and the pre-launch check."""
+    from autotune.cost.memory import peak_rank_memory
+    from autotune.errors import InputError
+    from autotune.runtime import trial
+    from autotune.specs import load_cluster, load_model
+
+    plan = parse_inline(inline + ",dtype=fp32")
+    model, S_, B_ = load_model("tiny"), 128, 8
+    cluster = load_cluster(f"local:{plan.world}")
+    need, rank, terms = peak_rank_memory(plan, model, cluster, S_, B_)
+    est = estimate(plan, model, cluster, S_, B_)
+    assert need == max(est.predicted["memory_bytes"])
+    assert est.predicted["memory_bytes"][rank] == need
+    assert need == pytest.approx(sum(terms[k] for k in ("weights", "gradients", "optimizer", "activations",
+                                                         "logits", "reserve")))
+    monkeypatch.setattr(trial, "_device_memory", lambda kind, world: need)
+    trial.prepare(plan, model, S_, B_, device="cpu")  # exactly enough: accepted
+    monkeypatch.setattr(trial, "_device_memory", lambda kind, world: need * (1 - 1e-9))
+    with pytest.raises(InputError, match="needs about"):
+        trial.prepare(plan, model, S_, B_, device="cpu")

@@ -138,7 +138,7 @@ def test_timeline_recomputed_through_the_cost_model(tmp_path, monkeypatch):
 
 def test_real_cost_model_timeline_matches_estimate(tmp_path):
     """With the real cost model (when it is installed), the recomputed timeline is estimate()'s own."""
-    cost = pytest.importorskip("autotune.cost")
+    import autotune.cost as cost
     if not hasattr(cost, "estimate"):
         pytest.skip("autotune.cost has no estimate() yet")
     from autotune.plan import Plan
@@ -188,12 +188,20 @@ def test_long_timeline_is_windowed_with_a_note(monkeypatch):
     assert f"of {len(tl.events)} events" in fig.layout.title.text
 
 
-def test_a_failing_cost_model_leaves_a_note_not_a_crash(tmp_path, monkeypatch):
-    def estimate(*a, **k):
+def test_a_refusing_cost_model_leaves_a_note_and_a_crashing_one_is_an_error(tmp_path, monkeypatch):
+    from autotune.errors import InputError
+
+    def refuses(*a, **k):
+        raise InputError("no such precision on this device", field="dtype")
+
+    def crashes(*a, **k):
         raise KeyError("half-built")
 
-    monkeypatch.setitem(sys.modules, "autotune.cost", types.SimpleNamespace(estimate=estimate))
     url = f"sqlite:///{tmp_path / 'a.db'}"
     make_study(url, timelines=False)
+    monkeypatch.setitem(sys.modules, "autotune.cost", types.SimpleNamespace(estimate=refuses))
     _, facts = build_charts(load_view("s", url))
-    assert "KeyError" in facts["notes"]["timeline"] and facts["timeline"] is None
+    assert "no such precision" in facts["notes"]["timeline"] and facts["timeline"] is None
+    monkeypatch.setitem(sys.modules, "autotune.cost", types.SimpleNamespace(estimate=crashes))
+    with pytest.raises(KeyError, match="half-built"):  # no chart drawn from a cost model that is broken
+        build_charts(load_view("s", url))

@@ -90,3 +90,15 @@ def test_repeated_plans_are_shown_once(tmp_path):
     firsts = [ln.split("│")[1].strip() for ln in out.splitlines() if ln.startswith("│")]
     assert firsts == ["1* +3", "4", "0", "2", "5", "3"]
     assert "+N: N more trials of the same plan" in out
+
+
+def test_the_table_fits_80_columns_and_keeps_every_reason(tmp_path):
+    url = f"sqlite:///{tmp_path / 'n.db'}"
+    make_study(url)
+    c = Console(width=80, record=True, force_terminal=False, color_system=None)
+    c.print(render(load_view("s", url), console=c))
+    out = c.export_text()
+    assert max(len(line) for line in out.splitlines()) <= 80 and "…" not in out
+    wide = text_of(render(load_view("s", url)))
+    reasons = [ln for ln in wide.splitlines() if ln.startswith("#")]
+    assert reasons and all(r in out.replace("\n", " ") or r[:60] in out for r in reasons)

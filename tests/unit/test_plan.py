@@ -4,7 +4,25 @@ import json
 import pytest
 
 from autotune.errors import InputError
-from autotune.plan import MESH_ORDER, Plan, PlanError, check_schema, even_split, load_plan, parse_inline
+from autotune.plan import (
+    CP_LAYOUTS,
+    DTYPES,
+    MESH_ORDER,
+    RECOMPUTE,
+    SCHEDULES,
+    SCHEMA_PATH,
+    SCHEMA_VERSION,
+    ZERO_STAGES,
+    Degrees,
+    Plan,
+    PlanError,
+    check_schema,
+    choose_dtype,
+    even_split,
+    load_plan,
+    parse_inline,
+    plan_schema,
+)
 from autotune.specs import load_model
 from autotune.specs.cluster import cluster_from_dict, local_cluster
 
@@ -96,7 +114,7 @@ def test_inline_and_file_loading(tmp_path):
     with pytest.raises(InputError, match="unknown inline plan key"):
         parse_inline("dq=2")
     f = tmp_path / "p.json"
-    f.write_text(json.dumps({"schema_version": 2, "degrees": {"dp": 1}}))
+    f.write_text(json.dumps({"schema_version": 3, "degrees": {"dp": 1}}))
     with pytest.raises(PlanError, match="schema_version"):
         load_plan(f)
     f.write_text("{not json")
@@ -106,3 +124,75 @@ def test_inline_and_file_loading(tmp_path):
 
 def test_even_split():
     assert even_split(10, 3) == [4, 3, 3] and sum(even_split(127, 8)) == 127
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"schedule": "zero_bubble"}, r"schedule: unknown schedule 'zero_bubble'"),
+    ({"schedule": "1F1B"}, r"did you mean 1f1b"),
+    ({"recompute": "ful"}, r"recompute: .*did you mean full"),
+    ({"cp_layout": "zig-zag"}, r"cp_layout: .*did you mean zigzag"),
+    ({"dtype": "bfloat16"}, r"dtype: unknown dtype 'bfloat16'"),
+    ({"zero_stage": 4}, r"zero_stage: must be 0, 1, 2 or 3"),
+    ({"zero_stage": True}, r"zero_stage"),
+])
+def test_plan_constructor_checks_enumerated_fields(kw, match):
+    """A Plan built in code is checked like one read from JSON (issue 13 point 5)."""
+    with pytest.raises(PlanError, match=match):
+        Plan(**kw)
+    with pytest.raises(PlanError, match=match.split(":")[0]):  # replace() goes through the constructor
+        Plan().replace(**kw)
+
+
+def test_plan_constructor_accepts_every_registered_value():
+    for sched in SCHEDULES:
+        for rc in RECOMPUTE:
+            for z in ZERO_STAGES:
+                for dt in DTYPES:
+                    for lay in CP_LAYOUTS:
+                        Plan(schedule=sched, recompute=rc, zero_stage=z, dtype=dt, cp_layout=lay)
+
+
+def test_degrees_must_be_positive():
+    with pytest.raises(PlanError, match=r"degrees.tp: must be a positive integer"):
+        Degrees(tp=0)
+
+
+def test_schema_file_enumerations_follow_the_registries():
+    """The JSON Schema lists exactly the values the Plan constructor accepts (the schedules come
+    from their registry, the file leaves them out)."""
+    props = json.loads(SCHEMA_PATH.read_text())["properties"]
+    assert "enum" not in props["schedule"]
+    assert plan_schema()["properties"]["schedule"]["enum"] == list(SCHEDULES)
+    assert props["recompute"]["enum"] == list(RECOMPUTE)
+    assert props["cp_layout"]["enum"] == list(CP_LAYOUTS)
+    assert props["dtype"]["enum"] == list(DTYPES)
+    assert SCHEMA_VERSION in props["schema_version"]["enum"]
+    assert [props["zero_stage"]["minimum"], props["zero_stage"]["maximum"]] == [min(ZERO_STAGES), max(ZERO_STAGES)]
+
+
+def test_version_1_plans_still_load(tmp_path):
+    f = tmp_path / "v1.json"
+    f.write_text(json.dumps({"schema_version": 1, "degrees": {"dp": 2}, "dtype": "fp16", "zero_stage": 1}))
+    p = load_plan(f)
+    assert p.dtype == "fp16" and p.zero_stage == 1 and p.schema_version == SCHEMA_VERSION
+    check_schema(p.to_dict())
+
+
+def _mixed_v100():
+    return cluster_from_dict({"name": "mixed", "nodes": [{"count": 1, "devices_per_node": 8, "device": "A100-40GB"},
+                                                          {"count": 1, "devices_per_node": 8, "device": "V100"}]})
+
+
+def test_auto_dtype_is_bf16_only_where_every_device_has_it():
+    assert choose_dtype("auto", two_nodes()) == "bf16"
+    mixed = _mixed_v100()
+    assert choose_dtype("auto", mixed) == "fp16"
+    assert choose_dtype("fp32", mixed) == "fp32"
+    with pytest.raises(PlanError, match=r"--dtype: bf16 is not supported by V100.*use --dtype fp16"):
+        choose_dtype("bf16", mixed)
+    # auto keeps what a plan states, and refuses it where the cluster cannot
+    assert choose_dtype("auto", two_nodes(), plan_dtype="fp16") == "fp16"
+    with pytest.raises(PlanError, match=r"dtype: bf16 is not supported"):
+        choose_dtype("auto", mixed, plan_dtype="bf16")
+    with pytest.raises(PlanError, match=r"did you mean bf16"):
+        choose_dtype("bf61", mixed)

@@ -1,0 +1,268 @@
+"""What one estimate knows, resolved once: the step (plan, workload, cluster) and each rank's place.
+
+``StepContext`` holds what every rank shares: the resolved plan's degrees and knobs, the model, the
+cluster's topology, and the per-dimension facts that do not depend on a rank (micro-batches per
+replica, each CP shard's causal work, the parameters of each pipeline stage, the DP group's link).
+``RankContext`` is one tensor-parallel group's view (its ranks share a node, hence a device type and
+links, and do identical work): its mesh coordinates (``Plan.coords``), device, throughput and
+collective models, calibration factors, the links of each group it belongs to and its shares
+(tokens, heads, micro-batches, layers). The per-dimension modules (``tensor_parallel``,
+``context_parallel``, ``ulysses``, ``data_parallel``, ``pipeline_parallel``, ``memory``,
+``compute``) are functions of a ``RankContext``.
+
+Later per-stage degrees (each pipeline stage its own device group with its own TP and DP, Ulysses
+groups of different sizes) change only how ``tp_groups`` enumerates groups and fills a context's
+degrees: the dimension modules read degrees from the context they are given (``docs/architecture.md``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from types import MappingProxyType
+from typing import Any
+
+from autotune.cost import comm as C
+from autotune.cost import cpu as _cpu
+from autotune.cost import data_parallel as DP
+from autotune.cost import ulysses as U
+from autotune.cost.compute import DTYPE_BYTES, Rates, cached_rates, causal_keys
+from autotune.plan import Degrees, Plan
+from autotune.schedules import schedule_of
+from autotune.specs.cluster import Link
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """The plan and workload of one estimate, shared by every rank."""
+
+    plan: Plan
+    """The resolved plan (shares, placement and micro-batch count filled in)."""
+    model: Any
+    cluster: Any
+    topo: C.Topology
+    seq_len: int
+    global_batch: int
+    calibration: Mapping[str, Mapping[str, float]]
+    dtype: str
+    bpe: int
+    """Bytes per element of the compute dtype."""
+    pp: int
+    dp: int
+    cp: int
+    hp: int
+    tp: int
+    v: int
+    """Virtual stages (model chunks) per pipeline rank."""
+    n_chunks: int
+    mbs: int
+    zigzag: bool
+    sp: bool
+    """Sequence parallelism in effect (tp > 1)."""
+    recompute: str
+    zero: int
+    shard_n: int
+    """Ranks holding the same parameters: dp * cp * hp (the ZeRO and gradient-sync group)."""
+    devs: tuple[int, ...]
+    """Cluster device index of every rank."""
+    microbatches: tuple[int, ...]
+    """Micro-batches of each DP replica."""
+    kv_ratio: float
+    a2a_heads: int
+    """Heads the busiest Ulysses rank exchanges (``ulysses.busiest_heads``)."""
+    cp_max_tokens: int
+    keysums: tuple[float, ...]
+    """Causal (query, key) pairs of each CP shard (``compute.causal_keys``)."""
+    ring: tuple[Any, ...]
+    """Each CP shard's ring blocks (``cpu.ring_blocks``), priced on CPU only (else None)."""
+    stage_params: tuple[tuple[float, float], ...]
+    """(parameters of the pipeline rank before tp sharding, one block's) per pipeline rank."""
+    dp_links: tuple[Link, ...]
+    """The slowest link of each pipeline rank's parameter-sharing (dp x cp x hp) group."""
+    schedule: Any = None
+    """The plan's pipeline schedule (``autotune.schedules.schedule_of``): placement and order."""
+    chunks: tuple[tuple[int, ...], ...] = ()
+    """Model chunks of each pipeline rank (the schedule's placement), in model order."""
+    hop_peers: tuple[tuple[tuple[int, bool, bool], ...], ...] = ()
+    """Per pipeline rank, per chunk: (peer pipeline rank whose link prices its sends, sends
+    forward, sends backward); see ``_hop_peers``."""
+
+
+def step_context(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: int,
+                 calibration: Mapping[str, Mapping[str, float]] | None) -> StepContext:
+    """Resolve ``plan`` (PlanError when it does not fit) and gather what every rank shares."""
+    rp = plan.resolve(model, cluster, seq_len, global_batch)
+    d = rp.degrees
+    topo = C.topology(cluster)
+    devs = tuple(topo.index[(e.node, e.device)] for e in rp.placement)
+    tokens, zig = rp.shares.tokens, rp.cp_layout == "zigzag" and d.cp > 1
+    on_cpu = d.cp > 1 and any(g.device.kind == "cpu" for g in cluster.groups)
+    blk, shard_n = d.dp * d.cp * d.hp * d.tp, d.dp * d.cp * d.hp
+    sched = schedule_of(rp)
+    chunks = tuple(rp.stages_of_rank(i) for i in range(d.pp))
+    return StepContext(
+        plan=rp, model=model, cluster=cluster, topo=topo, seq_len=seq_len, global_batch=global_batch,
+        calibration=calibration or {}, dtype=rp.dtype, bpe=DTYPE_BYTES[rp.dtype],
+        pp=d.pp, dp=d.dp, cp=d.cp, hp=d.hp, tp=d.tp, v=rp.virtual_stages, n_chunks=d.pp * rp.virtual_stages,
+        mbs=rp.micro_batch_size, zigzag=zig, sp=rp.sequence_parallel and d.tp > 1, recompute=rp.recompute,
+        zero=rp.zero_stage, shard_n=shard_n, devs=devs,
+        microbatches=tuple(s // rp.micro_batch_size for s in rp.shares.samples),
+        kv_ratio=model.kv_heads / model.heads,
+        a2a_heads=U.busiest_heads(d.hp, rp.shares.heads, model.heads // d.tp),
+        cp_max_tokens=max(tokens),
+        keysums=tuple(causal_keys(tokens, i, zig, seq_len) for i in range(d.cp)),
+        ring=tuple(_cpu.ring_blocks(tokens, i, zig, seq_len) if on_cpu else None for i in range(d.cp)),
+        stage_params=DP.stage_params(model, rp),
+        dp_links=tuple(topo.group_link([devs[i * blk + k * d.tp] for k in range(shard_n)]) for i in range(d.pp)),
+        schedule=sched, chunks=chunks, hop_peers=_hop_peers(sched, d.pp, rp.virtual_stages, chunks))
+
+
+def _hop_peers(sched: Any, p: int, v: int, chunks: tuple[tuple[int, ...], ...]) -> tuple:
+    """Per pipeline rank, per chunk j: (peer, sends forward, sends backward). A chunk sends its
+    output to the rank of chunk j + 1 and its input gradient to that of j - 1 unless they sit on the
+    same rank (the turn of a V). Its sends are priced on the link to the rank of the next chunk; where
+    that is local, to the previous one's; the last chunk's on the link to the next pipeline rank, so
+    the looped schedules price as they always did."""
+    n = p * v
+    rank_of = [sched.stage_rank(j, p, v) for j in range(n)]
+    out = []
+    for s in range(p):
+        row = []
+        for j in chunks[s]:
+            fwd_out = j < n - 1 and rank_of[j + 1] != s
+            bwd_out = j > 0 and rank_of[j - 1] != s
+            q = rank_of[j + 1] if fwd_out else ((s + 1) % p if j == n - 1 or not bwd_out else rank_of[j - 1])
+            row.append((q, fwd_out, bwd_out))
+        out.append(tuple(row))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Links:
+    """The slowest link of each group a rank belongs to (``comm._SELF`` for a group of one)."""
+
+    tp: Link
+    hp: Link
+    cp: Link
+    pp: Link
+    """To the next pipeline rank (the last stage: to the first)."""
+    dp: Link
+    pp_hops: tuple[tuple[Link, bool, bool], ...] = ()
+    """Per chunk of the rank: (link its sends are priced on, sends forward, sends backward), from
+    the schedule's placement (``StepContext.hop_peers``)."""
+
+
+@dataclass(frozen=True)
+class RankContext:
+    """One tensor-parallel group's place in the step (its ranks do identical work)."""
+
+    step: StepContext
+    coords: Mapping[str, int]
+    """Mesh coordinates (``Plan.coords``) of the first group with this context; the groups sharing
+    it differ at most in their DP index (``tp_groups`` gives each its own)."""
+    spec: Any
+    """The DeviceSpec its ranks run on."""
+    rates: Rates
+    collectives: Any
+    """``comm.FORMULAS`` or a profiled CPU's ``cpu.GlooTable``."""
+    cf: float
+    """Calibration factor on compute and memory-bound time for this device type."""
+    mf: float
+    """Calibration factor on communication time for this device type."""
+    links: Links
+    tokens: int
+    """Tokens of its CP shard."""
+    heads: int
+    """Query heads it attends (after tp and hp)."""
+    microbatches: int
+    """Micro-batches its DP replica runs."""
+    layers: tuple[int, ...]
+    """Layers of each model chunk on its pipeline rank."""
+    params: float
+    """Parameters of its pipeline rank before tp sharding."""
+    layer_params: float
+    """Parameters of one block before tp sharding."""
+    keysum: float
+    ring: Any
+    tokens_local: float
+    """Tokens it holds outside attention, over its micro-batch: mbs * tokens / hp."""
+    hidden_bytes: float
+    """One block's input activation on this rank: bytes per element * tokens_local * hidden."""
+
+    @property
+    def pp_index(self) -> int:
+        return self.coords["pp"]
+
+
+
+def _group_links(s: StepContext, r0: int, c: Mapping[str, int], cache: dict) -> tuple[Link, Link, Link, Link, tuple]:
+    """(tp, hp, cp, pp, pp hops) links of the groups the tp group starting at rank ``r0`` belongs to
+    (hp and cp groups cached by their first rank; the dp link is the pipeline rank's)."""
+    topo, devs, node_of = s.topo, s.devs, s.topo.node_of
+    d0 = devs[r0]
+    tp_link = topo.node_link(node_of[d0], node_of[d0]) if s.tp > 1 else C._SELF
+    hp_link = cp_link = pp_link = C._SELF
+    if s.hp > 1:
+        base = r0 - c["hp"] * s.tp
+        hp_link = cache.get(("hp", base))
+        if hp_link is None:
+            hp_link = cache[("hp", base)] = topo.group_link([devs[base + k * s.tp] for k in range(s.hp)])
+    if s.cp > 1:
+        base = r0 - c["cp"] * s.hp * s.tp
+        cp_link = cache.get(("cp", base))
+        if cp_link is None:
+            cp_link = cache[("cp", base)] = topo.group_link([devs[base + k * s.hp * s.tp] for k in range(s.cp)])
+    if s.pp > 1:
+        blk = s.dp * s.cp * s.hp * s.tp
+        nxt = r0 + blk if c["pp"] < s.pp - 1 else r0 - (s.pp - 1) * blk
+        pp_link = topo.node_link(node_of[d0], node_of[devs[nxt]])
+        hops = tuple((topo.node_link(node_of[d0], node_of[devs[r0 + (q - c["pp"]) * blk]]), f, b)
+                     for q, f, b in s.hop_peers[c["pp"]])
+    else:
+        hops = ((C._SELF, False, False),) * s.v
+    return tp_link, hp_link, cp_link, pp_link, hops
+
+
+@lru_cache(maxsize=512)
+def _tp_group_coords(degrees: Degrees) -> tuple[tuple[int, Mapping[str, int]], ...]:
+    """(first rank, ``Plan.coords``) of every tp group of a mesh, read-only, memoised per degrees
+    (the search prices many plans of the same degrees)."""
+    plan = Plan(degrees=degrees)
+    return tuple((r0, MappingProxyType(plan.coords(r0))) for r0 in range(0, degrees.world, degrees.tp))
+
+
+def tp_groups(s: StepContext) -> list[tuple[int, int, RankContext]]:
+    """(first rank, DP index, context) of every tensor-parallel group in rank order. Groups that see
+    the same step (same coordinates along pp/cp/hp, device type, links and micro-batches: DP replicas
+    of equal shares on equal devices) share one context object, so the cost of each is computed once (identity names them: links come from the
+    topology's caches)."""
+    plan, cal = s.plan, s.calibration
+    link_cache: dict[tuple[str, int], Link] = {}
+    contexts: dict[tuple, RankContext] = {}
+    out = []
+    for r0, c in _tp_group_coords(plan.degrees):
+        spec = s.cluster.devices[s.devs[r0]].spec
+        tp_l, hp_l, cp_l, pp_l, hops = _group_links(s, r0, c, link_cache)
+        m_d = s.microbatches[c["dp"]]
+        key = (c["pp"], c["cp"], c["hp"], id(spec), id(tp_l), id(hp_l), id(cp_l), id(pp_l),
+               tuple(id(h[0]) for h in hops), m_d)
+        ctx = contexts.get(key)
+        if ctx is None:
+            links = Links(tp=tp_l, hp=hp_l, cp=cp_l, pp=pp_l, dp=s.dp_links[c["pp"]], pp_hops=hops)
+            ctx = contexts[key] = _rank_context(s, c, spec, links, m_d, cal.get(spec.name) or {})
+        out.append((r0, c["dp"], ctx))
+    return out
+
+
+def _rank_context(s: StepContext, c: Mapping[str, int], spec: Any, links: Links, m_d: int,
+                  cal: Mapping[str, float]) -> RankContext:
+    tokens = s.plan.shares.tokens[c["cp"]]
+    tok = s.mbs * tokens / s.hp
+    params, layer_params = s.stage_params[c["pp"]]
+    return RankContext(
+        step=s, coords=c, spec=spec, rates=cached_rates(spec, s.dtype, s.model.head_dim),
+        collectives=C.collectives_for(spec), cf=float(cal.get("compute", 1.0)), mf=float(cal.get("comm", 1.0)),
+        links=links, tokens=tokens, heads=s.plan.shares.heads[c["hp"]], microbatches=m_d,
+        layers=tuple(s.plan.layers_of_stage(c["pp"])), params=params, layer_params=layer_params,
+        keysum=s.keysums[c["cp"]], ring=s.ring[c["cp"]], tokens_local=tok, hidden_bytes=s.bpe * tok * s.model.hidden)

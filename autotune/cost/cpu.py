@@ -1,0 +1,349 @@
+"""CPU trial physics: what eager PyTorch on a few cores pays that a GPU kernel stream does not.
+
+Local trials (``autotune trial`` / ``validate`` on ``local:N``) run the real runtime on CPU processes
+over gloo. At their small shapes fixed per-call costs rival the work, so the cost model adds, for a
+device of ``kind == "cpu"`` only:
+
+* a fixed cost per GEMM call (``gemm_call_s``): oneDNN packs its operands on every call, so a bf16
+  128x64x64 product takes ~25 us whatever its FLOPs (measured: 25 us at 1 MFLOP, 66 us at 34 MFLOP,
+  then ~1 TFLOP/s on one core of this project's Xeon with AMX); the GEMM rate by size is the
+  profile's measured points interpolated (not the affine fit, pulled down by calls that leave cache);
+* a fixed cost per elementwise operator (``op_s``: dispatch, allocation and the autograd node; the
+  profile measures it as the intercept of a bf16 multiply's time against its elements, ~2 us here)
+  times the operators a block issues (``CPU_OPS_BLOCK_FWD``), backward twice that;
+* attention from the profile's measured *times* per (batch x head) call, interpolated in log(seq)
+  and linearly in head_dim (torch's CPU flash kernel works in fixed blocks, so at short sequences its
+  time hardly falls with the FLOPs), and with context parallelism one kernel call per ring block
+  (``ring_blocks``) plus its online-softmax merge;
+* collectives from the profile's measured gloo table (``GlooTable``) where it covers the op and the
+  group size: gloo's loopback costs are far from alpha-beta with a datasheet figure (a 64 KiB
+  reduce-scatter takes ~0.5 ms, an all-reduce of the same ~0.2 ms);
+* waits at every blocking collective inside a block (``sync_waits``): two ranks sharing two cores
+  drift apart between syncs, and the one that arrives first waits;
+* the vocab-parallel loss's and LM head's small tp collectives (``head_tp_comm``), which a GPU
+  finishes in microseconds beside milliseconds of blocks.
+
+The device model (``compute.py``, ``comm.py``) asks this module only where the device is a CPU, so
+no GPU figure can depend on a constant here (``tests/unit/test_cost_cpu.py`` changes them all and
+checks GPU predictions unchanged). Per-call constants are read from ``profile["overheads"]``
+(``profilers/overheads.py``) when measured, else the defaults below (torch 2.13 on this project's
+2-core machine; validate's calibration scales them with the rest).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.cost import comm as C
+from autotune.cost.interp import loglinear, loglog
+
+CPU_GEMM_CALL_S = {"bf16": 25e-6, "fp16": 25e-6, "fp32": 8e-6, "fp32-strict": 8e-6}
+"""Seconds per GEMM call on CPU beyond its FLOPs (one thread; see the module docstring)."""
+CPU_OP_S = 6e-6
+"""Seconds per elementwise operator on CPU (dispatch, allocation, autograd bookkeeping; a bf16
+multiply of 32k elements takes ~8 us on one core here). Only the fallback for profiles without
+``overheads.op_s``: the profiler's intercept (~2 us here) gave a lower held-out error."""
+CPU_OPS_BLOCK_FWD = 44
+"""Elementwise operators one block issues forward in the runtime's model: 2 RMSNorms x 9 (float,
+pow, mean, add, rsqrt, mul, weight cast, mul, cast back), rotary on q and k 2 x 6 (chunk, neg,
+cat, 2 mul, add), GQA repeat of k and v 2, 5 views/transposes of q, k, v and the output, SwiGLU 2
+(silu, mul), residual adds 2, the tp entry points 2, the attention kernel's own set-up ~3."""
+CPU_SYNC_CALL_S = 0.3e-3
+"""CPU: seconds a blocking collective inside a block costs beyond its measured time (waking the
+rank that waited; the profile times its collectives back to back, both ranks already there)."""
+CPU_SYNC_SKEW = 0.1
+"""CPU: the wait at a synchronisation inside a block, as a fraction of the compute since the last
+one (two ranks sharing two cores drift apart between syncs). 0.1 on a quiet machine
+(``benchmarks/bench_validate.py`` at load < 2); other load raises it (~0.45 at load 3), which the
+calibration's comm factor then absorbs."""
+CPU_OPS_HEAD_FWD = 12
+"""Final norm (9) and the loss (float cast, log-softmax, gather: 3)."""
+CPU_OPS_RING_BLOCK_FWD = 10
+"""Operators per ring block forward beyond the kernel: split, GQA index_select of k and v, the
+online-softmax merge in fp32 (casts, two exp, sub, mul x2, add, log)."""
+SHORT_CALL_EXPONENT = 1.0
+"""CPU attention below the shortest profiled sequence: time ~ seq^1, far slower to fall than the
+FLOPs (seq^2). Trials here put the true exponent between 0.3 (a whole 128-token call, 0.35 ms per
+head fwd+bwd, against ~0.45 at 256) and 0.75 (a 32-token ring block, 0.12 ms); 1 is what
+``benchmarks/bench_validate.py`` chose: it leaves tiny and small with the same bias, so one
+calibration factor serves both (0.5 over-prices the short ring blocks of tiny's CP by 2x)."""
+
+
+@dataclass
+class CpuRates:
+    """The CPU-only terms of one device type at one dtype (``Rates.cpu``)."""
+
+    gemm_call_s: float
+    """Fixed seconds per GEMM call."""
+    op_s: float
+    """Fixed seconds per elementwise operator."""
+    sync_call_s: float
+    """Seconds per blocking collective inside a block beyond its measured time."""
+    sync_skew: float
+    """Wait at a sync inside a block per second of compute since the last sync."""
+    gemm_points: tuple[list[float], list[float]] | None = None
+    """The profile's GEMM rates by size (median per size), interpolated rather than fitted: the
+    affine fit over the profiled sizes is pulled down by the largest calls (which leave the cache),
+    ~460 GFLOP/s on this machine where the block's GEMMs run at 800-1000."""
+    attn_head_times: dict[int, tuple[list[float], list[float], list[float]]] | None = None
+    """{head_dim: (seq, fwd s, bwd s) of one (batch x head) causal call} from the profile."""
+
+    def gemm_time(self, flops: float, fallback_rate: float) -> float:
+        """The per-call cost, then the measured rate at this size (``fallback_rate`` without points)."""
+        rate = loglinear(*self.gemm_points, flops) if self.gemm_points is not None else fallback_rate
+        return self.gemm_call_s + flops / rate
+
+    def attention_head_time(self, seq: float, head_dim: int) -> tuple[float, float] | None:
+        """(forward, backward) seconds of one causal (batch x head) call over ``seq`` tokens, from
+        the profile's measured times (None without them): log-log in seq between points and beyond
+        the longest (that segment's slope), linear in head_dim between profiled head dims and as
+        sqrt(head_dim) above the largest; below the smallest head dim that one's time, below the
+        shortest sequence as seq ** SHORT_CALL_EXPONENT. A short call costs far more than its FLOPs
+        (trials here: 0.35 ms per head backward at seq 128 / head_dim 8, 0.5 ms at 256 / 32, where
+        FLOP scaling from 256 / 64 gives 0.05 and 0.2)."""
+        if not self.attn_head_times:
+            return None
+        e = SHORT_CALL_EXPONENT
+        per_hd = {hd: (loglog(seqs, fw, seq, e), loglog(seqs, bw, seq, e)) for hd, (seqs, fw, bw) in
+                  self.attn_head_times.items()}
+        hds = sorted(per_hd)
+        if head_dim <= hds[0]:
+            return per_hd[hds[0]]
+        if head_dim >= hds[-1]:
+            f, b = per_hd[hds[-1]]
+            r = math.sqrt(head_dim / hds[-1])
+            return f * r, b * r
+        k = bisect.bisect_right(hds, head_dim)
+        lo, hi = hds[k - 1], hds[k]
+        w = (head_dim - lo) / (hi - lo)
+        f = per_hd[lo][0] + w * (per_hd[hi][0] - per_hd[lo][0])
+        b = per_hd[lo][1] + w * (per_hd[hi][1] - per_hd[lo][1])
+        return f, b
+
+
+def _overhead(over: dict[str, Any], key: str, dtype: str, default: float) -> float:
+    """A measured per-call constant: a number, or {dtype: number} (the profiler measures GEMM calls
+    per dtype); ``default`` where absent or not a finite non-negative number."""
+    v = over.get(key)
+    if isinstance(v, dict):
+        v = v.get(dtype)
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+    return float(v) if ok else default
+
+
+def _gemm_points(prof: dict[str, Any], dtype: str) -> tuple[list[float], list[float]] | None:
+    gemm = (prof.get("gemm") or {}).get(dtype)
+    if not isinstance(gemm, dict):
+        return None
+    pts = sorted((float(a), float(b)) for a, b in gemm.get("points") or [] if a > 0 and b > 0)
+    if not pts:
+        return None
+    by_size: dict[float, list[float]] = {}
+    for a, b in pts:
+        by_size.setdefault(a, []).append(b)
+    xs = sorted(by_size)
+    return xs, [sorted(by_size[x])[len(by_size[x]) // 2] for x in xs]
+
+
+def _attention_head_times(prof: dict[str, Any]) -> dict[int, tuple[list[float], list[float], list[float]]] | None:
+    att = prof.get("attention") or {}
+    by_hd = att.get("by_head_dim") if isinstance(att, dict) else None
+    if not (isinstance(by_hd, dict) and by_hd):
+        return None
+    batch_heads = float(att.get("batch", 1)) * float(att.get("heads", 1))
+    times = {}
+    for k, v in by_hd.items():
+        rows = sorted((float(a), float(b), float(c)) for a, b, c in (v.get("points") or [])
+                      if float(b) > 0 and float(c) > 0)
+        if rows:
+            times[int(k)] = ([x[0] for x in rows], [x[1] / batch_heads for x in rows],
+                             [x[2] / batch_heads for x in rows])
+    return times or None
+
+
+def cpu_rates(spec: Any, dtype: str) -> CpuRates:
+    """The CPU terms of a ``kind == "cpu"`` DeviceSpec: measured where its profile has them."""
+    prof = spec.profile or {}
+    over = prof.get("overheads") if isinstance(prof.get("overheads"), dict) else {}
+    return CpuRates(
+        gemm_call_s=_overhead(over, "gemm_call_s", dtype, CPU_GEMM_CALL_S.get(dtype, CPU_GEMM_CALL_S["fp32"])),
+        op_s=_overhead(over, "op_s", dtype, CPU_OP_S),
+        sync_call_s=_overhead(over, "sync_call_s", dtype, CPU_SYNC_CALL_S),
+        sync_skew=_overhead(over, "sync_skew", dtype, CPU_SYNC_SKEW),
+        gemm_points=_gemm_points(prof, dtype),
+        attn_head_times=_attention_head_times(prof))
+
+
+# ---- compute ---------------------------------------------------------------------------------------
+def ring_blocks(tokens: tuple[int, ...], index: int, zigzag: bool, seq_len: int) -> tuple[tuple[int, int, bool], ...]:
+    """The attention blocks CP rank ``index`` computes over one ring turn: ``(query length, key
+    length, causal)`` for every (own query segment, key segment of any rank) pair with a visible key,
+    the rule of ``autotune/runtime/ring_attention.py:_pairs`` over the segments of
+    ``autotune/runtime/attention.py:shard_segments`` (zigzag: a front and a mirrored back segment)."""
+    segs = []
+    a = 0
+    for t in tokens:
+        if zigzag and len(tokens) > 1:
+            f = t // 2
+            segs.append([(a, f), (seq_len - a - f, f)])
+            a += f
+        else:
+            segs.append([(a, t)])
+            a += t
+    out = []
+    for qs, ql in segs[index]:
+        for ksegs in segs:
+            for ks, kl in ksegs:
+                if ql and kl and ks < qs + ql:
+                    out.append((ql, kl, not (ks + kl <= qs + 1)))
+    return tuple(out)
+
+
+def block_extras(rates: Any, model: Any, *, elem: float, heads_local: int, micro_batch: int, block_seq: float,
+                 blocks: tuple[tuple[int, int, bool], ...] | None) -> tuple[float, tuple[float, float] | None]:
+    """(elementwise seconds with the block's per-operator costs, (attention fwd, bwd) seconds from
+    measured call times or None without them) of one block on a CPU rank; ``elem`` is the block's
+    memory-bound time. With cp > 1 (``blocks``) one kernel call per ring block (a causal one at its
+    length, a full one as the causal call with the same work, length sqrt(2 q k)); each block's fp32
+    merge streams o and lse."""
+    cpu = rates.cpu
+    elem = elem + CPU_OPS_BLOCK_FWD * cpu.op_s
+    if not cpu.attn_head_times:
+        return elem, None
+    n = heads_local * micro_batch
+    if blocks:
+        a_fwd = a_bwd = 0.0
+        for ql, kl, causal in blocks:
+            f, b = cpu.attention_head_time(ql if causal else math.sqrt(2.0 * ql * kl), model.head_dim)
+            a_fwd += f
+            a_bwd += b
+        a_fwd, a_bwd = a_fwd * n, a_bwd * n
+        merge = sum(ql for ql, _, _ in blocks) * n * model.head_dim * 4.0 * 4.0  # o read+written, fp32, x2
+        elem += len(blocks) * CPU_OPS_RING_BLOCK_FWD * cpu.op_s + rates.memory_time(merge)
+        return elem, (a_fwd, a_bwd)
+    f, b = cpu.attention_head_time(block_seq, model.head_dim)
+    return elem, (f * n, b * n)
+
+
+def head_ops(rates: Any) -> float:
+    """Seconds of the final norm's and the loss's operators (beyond their bytes)."""
+    return CPU_OPS_HEAD_FWD * rates.cpu.op_s
+
+
+# ---- communication ---------------------------------------------------------------------------------
+_TABLE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+
+
+class GlooTable:
+    """Collective times from a CPU profile's measured ``collective_table`` (nccl-tests conventions,
+    measured with gloo by ``profilers/links.py``): inside the host, over a group size the table
+    covers, the measured time at that size interpolated log-log in bytes (below the smallest size
+    its time: the latency floor; above the largest, that point's algorithm bandwidth); anything
+    else the alpha-beta formulas of ``comm.py``. A point-to-point exchange between two ranks (a CP
+    ring pass, a pipeline send and its matching receive) is the two-rank all-to-all that moves the
+    same bytes each way. Same methods as ``comm.FORMULAS``."""
+
+    def __init__(self, table: list[dict[str, Any]] | None = None):
+        self.curves: dict[tuple[str, int], tuple[list[float], list[float]]] = {}
+        acc: dict[tuple[str, int], dict[float, list[float]]] = {}
+        for row in table or []:
+            try:
+                op, n, b, t = row["op"], int(row["group_size"]), float(row["bytes"]), float(row["time_s"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            if op in _TABLE_OPS and n >= 2 and b > 0 and t > 0 and math.isfinite(t):
+                acc.setdefault((op, n), {}).setdefault(b, []).append(t)
+        for key, by_bytes in acc.items():
+            xs = sorted(by_bytes)
+            self.curves[key] = (xs, [statistics.median(by_bytes[x]) for x in xs])
+
+    def _measured(self, op: str, link: Any, n: int, nbytes: float) -> float | None:
+        if link.kind not in ("intra", "self"):
+            return None
+        c = self.curves.get((op, n))
+        if c is None:
+            return None
+        xs, ys = c
+        if nbytes <= xs[0]:
+            return ys[0]
+        if nbytes >= xs[-1]:
+            return ys[-1] * nbytes / xs[-1]
+        k = bisect.bisect_right(xs, nbytes)
+        w = (math.log(nbytes) - math.log(xs[k - 1])) / (math.log(xs[k]) - math.log(xs[k - 1]))
+        return math.exp(math.log(ys[k - 1]) + w * (math.log(ys[k]) - math.log(ys[k - 1])))
+
+    def _priced(self, op: str, formula: Any, link: Any, n: int, nbytes: float,
+                table_bytes: float | None = None) -> float:
+        """The measured time where the table covers it, else the formula's."""
+        if n < 2 or nbytes <= 0:
+            return 0.0
+        t = self._measured(op, link, n, nbytes if table_bytes is None else table_bytes) if self.curves else None
+        return formula(link, n, nbytes) if t is None else t
+
+    def all_reduce(self, link: Any, n: int, nbytes: float) -> float:
+        return self._priced("all_reduce", C.all_reduce, link, n, nbytes)
+
+    def all_gather(self, link: Any, n: int, nbytes: float) -> float:
+        return self._priced("all_gather", C.all_gather, link, n, nbytes)
+
+    def reduce_scatter(self, link: Any, n: int, nbytes: float) -> float:
+        return self._priced("reduce_scatter", C.reduce_scatter, link, n, nbytes)
+
+    def all_to_all(self, link: Any, n: int, max_bytes: float) -> float:
+        # the table's bytes are each rank's whole input, its own part included
+        return self._priced("all_to_all", C.all_to_all, link, n, max_bytes,
+                            max_bytes * n / (n - 1) if n >= 2 else None)
+
+    def p2p(self, link: Any, nbytes: float) -> float:
+        if nbytes <= 0:
+            return 0.0
+        t = self._measured("all_to_all", link, 2, 2.0 * nbytes) if self.curves and link.kind != "self" else None
+        return C.p2p(link, nbytes) if t is None else t
+
+
+_TABLES: dict[int, tuple[Any, Any]] = {}
+
+
+def measured_collectives(spec: Any) -> Any:
+    """The gloo table of a profiled CPU (cached per spec object), else ``comm.FORMULAS``."""
+    hit = _TABLES.get(id(spec))
+    if hit is None or hit[0] is not spec:
+        table = ((spec.profile or {}).get("links") or {}).get("collective_table")
+        if len(_TABLES) > 64:
+            _TABLES.clear()
+        hit = _TABLES[id(spec)] = (spec, GlooTable(table) if table else C.FORMULAS)
+    return hit[1]
+
+
+def sync_waits(ctx: Any, comp_f: float, comp_b: float) -> tuple[float, float]:
+    """(forward, backward) seconds one block waits at its blocking collectives (0 without any):
+    per call ``sync_call_s`` plus ``sync_skew`` of the compute between syncs. Calls per block and
+    micro-batch as the runtime issues them: Megatron f/g 2 all-reduces (4 with sequence parallelism:
+    an all-gather and a reduce-scatter each), Ulysses 2 all-to-alls, the ring's cp - 1 K/V passes
+    forward; backward the same, plus the ring's cp dK/dV passes and the recomputed forward's calls."""
+    s = ctx.step
+    tp, hp, cp = s.tp, s.hp, s.cp
+    calls_f = (4 if s.sp else 2) * (tp > 1) + 2 * (hp > 1) + (cp - 1)
+    if not calls_f:
+        return 0.0, 0.0
+    calls_b = calls_f + cp * (cp > 1) + (calls_f if s.recompute == "full" else 0)
+    cpu = ctx.rates.cpu
+    return (ctx.mf * (calls_f * cpu.sync_call_s + cpu.sync_skew * comp_f),
+            ctx.mf * (calls_b * cpu.sync_call_s + cpu.sync_skew * comp_b))
+
+
+def head_tp_comm(ctx: Any) -> tuple[float, float]:
+    """(forward, backward) seconds of the last stage's small tp collectives: the vocab-parallel
+    loss's two all-reduces (the max, then sum-exp and target logit) and the LM head's entry
+    (all-gather forward with sequence parallelism, the input gradient's all-reduce / reduce-scatter
+    backward). ~0.2 ms per call on CPU; microseconds on a GPU, so the device model leaves them out."""
+    K, link, tp, tok, act = ctx.collectives, ctx.links.tp, ctx.step.tp, ctx.tokens_local, ctx.hidden_bytes
+    sp = ctx.step.sp
+    f = ctx.mf * (K.all_reduce(link, tp, 4.0 * tok) + K.all_reduce(link, tp, 8.0 * tok)
+                  + (K.all_gather(link, tp, act) if sp else 0.0))
+    b = ctx.mf * (K.reduce_scatter(link, tp, act) if sp else K.all_reduce(link, tp, act))
+    return f, b

@@ -1,0 +1,192 @@
+"""Measured layers first: a block's, the head's and the embedding's time from a per-layer profile.
+
+A device may carry per-layer profiles (``DeviceSpec.layer_profiles``: ``autotune profile --layers``
+on that device, or another planner's files through ``profile import --format``). Where one matches
+the estimate (same model shape: hidden, heads, kv heads, MLP width, vocabulary, activation; same
+dtype) the compute module asks here first, and only falls back to its kernel curves (a kernel
+profile) or the datasheet when this says nothing. The pieces: ``block`` (one decoder layer),
+``head`` (final norm, LM head, loss) and ``embed``.
+
+Interpolation, per piece, over what was measured:
+
+* **tp shard**: a measured shard size is used as is; between two, log-log in the shard size; outside
+  the range, the nearest one scaled by its share of the work (``t0 / t``: a shard's FLOPs are 1/t of
+  the layer's) for ``block`` and ``head``, unscaled for ``embed`` (its output is the whole hidden).
+* **micro-batch** (per sequence length): log-log between measured micro-batches; below the smallest,
+  that segment's slope (clamped to [0, 1]: a smaller batch never costs more); above the largest,
+  slope 1 (a saturated device's time grows with the work).
+* **sequence**: log-log between measured lengths; outside, the edge segment's slope clamped to
+  [1, 2] above (between the MLP's linear and attention's quadratic growth), [0, 2] below; a profile of
+  one length scales linearly (the attention share's growth is then under-priced beyond it).
+
+The layer profile is used only where its pieces are the rank's work: no context or Ulysses split
+(cp = hp = 1: a shard of the sequence attends differently from a shorter sequence) and even heads.
+Each lookup says what priced it (``layers:ID (origin), measured | interpolated | extrapolated``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass
+from typing import Any
+
+SHAPE_KEYS = ("hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "activation")
+
+
+@dataclass(frozen=True)
+class Lookup:
+    fwd: float
+    bwd: float
+    source: str
+
+
+def _loglog(xs: list[float], ys: list[float], x: float, lo: tuple[float, float], hi: tuple[float, float],
+            above: float | None = None) -> tuple[float, bool]:
+    """y at x, linear in (log x, log y); (value, exact). ``lo``/``hi``: slope clamps below/above the
+    measured range; ``above`` fixes the slope above it."""
+    if x in xs:
+        return ys[xs.index(x)], True
+    if len(xs) == 1:
+        slope = hi[0] if x > xs[0] else lo[1]
+        slope = above if (above is not None and x > xs[0]) else slope
+        return ys[0] * (x / xs[0]) ** slope, False
+    if x < xs[0]:
+        k, clamp = 1, lo
+    elif x > xs[-1]:
+        k, clamp = len(xs) - 1, hi
+    else:
+        k, clamp = bisect.bisect_right(xs, x), None
+    x0, x1, y0, y1 = xs[k - 1], xs[k], max(ys[k - 1], 1e-30), max(ys[k], 1e-30)
+    slope = (math.log(y1) - math.log(y0)) / (math.log(x1) - math.log(x0))
+    if clamp is not None:
+        slope = above if (above is not None and x > xs[-1]) else min(max(slope, clamp[0]), clamp[1])
+        base_x, base_y = (x0, y0) if x < xs[0] else (x1, y1)
+        return base_y * (x / base_x) ** slope, False
+    return y0 * (x / x0) ** slope, False
+
+
+def _at_tp(rows: list[tuple[int, int, float, float]], mbs: int, seq: int) -> tuple[float, float, bool]:
+    """(fwd, bwd, exact) at (mbs, seq) from one shard's rows (micro_batch, seq, fwd_s, bwd_s)."""
+    seqs = sorted({r[1] for r in rows})
+    per_seq = []
+    exact_all = True
+    for s in seqs:
+        pts = sorted((r[0], r[2], r[3]) for r in rows if r[1] == s)
+        bs = [float(p[0]) for p in pts]
+        f, ef = _loglog(bs, [p[1] for p in pts], mbs, lo=(0.0, 1.0), hi=(1.0, 1.0), above=1.0)
+        b, eb = _loglog(bs, [p[2] for p in pts], mbs, lo=(0.0, 1.0), hi=(1.0, 1.0), above=1.0)
+        per_seq.append((f, b))
+        exact_all = exact_all and ef and eb
+    ss = [float(s) for s in seqs]
+    f, ef = _loglog(ss, [p[0] for p in per_seq], seq, lo=(0.0, 2.0), hi=(1.0, 2.0))
+    b, eb = _loglog(ss, [p[1] for p in per_seq], seq, lo=(0.0, 2.0), hi=(1.0, 2.0))
+    return f, b, exact_all and ef and eb
+
+
+class LayerTable:
+    """The points of one layer profile, by piece and shard."""
+
+    def __init__(self, doc: dict[str, Any]):
+        self.ref = f"layers:{doc.get('id')}"
+        self.origin = str(doc.get("origin") or "measured")
+        self.rows: dict[str, dict[int, list[tuple[int, int, float, float]]]] = {}
+        for p in doc.get("points") or []:
+            self.rows.setdefault(p["piece"], {}).setdefault(int(p["tp"]), []).append(
+                (int(p["micro_batch"]), int(p["seq"]), float(p["fwd_s"]), float(p["bwd_s"])))
+
+    def lookup(self, piece: str, mbs: int, seq: int, tp: int) -> Lookup | None:
+        shards = self.rows.get(piece)
+        if not shards:
+            return None
+        tps = sorted(shards)
+        if tp in shards:
+            f, b, exact = _at_tp(shards[tp], mbs, seq)
+        elif tps[0] < tp < tps[-1]:
+            k = bisect.bisect_right(tps, tp)
+            t0, t1 = tps[k - 1], tps[k]
+            (f0, b0, _), (f1, b1, _) = _at_tp(shards[t0], mbs, seq), _at_tp(shards[t1], mbs, seq)
+            w = (math.log(tp) - math.log(t0)) / (math.log(t1) - math.log(t0))
+            f = math.exp((1 - w) * math.log(max(f0, 1e-30)) + w * math.log(max(f1, 1e-30)))
+            b = math.exp((1 - w) * math.log(max(b0, 1e-30)) + w * math.log(max(b1, 1e-30)))
+            exact = False
+        else:
+            t0 = tps[0] if tp < tps[0] else tps[-1]
+            f, b, _ = _at_tp(shards[t0], mbs, seq)
+            scale = 1.0 if piece == "embed" else t0 / tp
+            f, b, exact = f * scale, b * scale, False
+        rows = shards.get(tp) or shards[tps[0]]
+        inside = (min(r[0] for r in rows) <= mbs <= max(r[0] for r in rows)
+                  and min(r[1] for r in rows) <= seq <= max(r[1] for r in rows) and tps[0] <= tp <= tps[-1])
+        how = "measured" if exact else ("interpolated" if inside else "extrapolated")
+        return Lookup(f, b, f"{self.ref} ({self.origin}), {how}")
+
+
+def matches(doc: dict[str, Any], model: Any, dtype: str) -> bool:
+    m = doc.get("model") or {}
+    return doc.get("dtype") == dtype and all(m.get(k) == getattr(model, k) for k in SHAPE_KEYS)
+
+
+_TABLES: dict[int, LayerTable] = {}
+
+
+def table_for(spec: Any, model: Any, dtype: str) -> LayerTable | None:
+    """The first of ``spec``'s layer profiles that fits ``model`` and ``dtype`` (None: none does)."""
+    for doc in getattr(spec, "layer_profiles", ()) or ():
+        if matches(doc, model, dtype):
+            key = id(doc)
+            if key not in _TABLES:
+                _TABLES[key] = LayerTable(doc)
+            return _TABLES[key]
+    return None
+
+
+def applies(ctx: Any) -> LayerTable | None:
+    """The layer table for this rank when its pieces are what the profile timed (cp = hp = 1, even
+    heads), else None."""
+    s = ctx.step
+    if s.cp > 1 or s.hp > 1 or ctx.heads != s.model.heads // s.tp:
+        return None
+    return table_for(ctx.spec, s.model, s.dtype)
+
+
+def piece(ctx: Any, name: str) -> Lookup | None:
+    """Seconds (fwd, bwd) of piece ``name`` for this rank's micro-batch, or None to fall back."""
+    table = applies(ctx)
+    if table is None:
+        return None
+    return table.lookup(name, ctx.step.mbs, ctx.tokens, ctx.step.tp)
+
+
+def sources(spec: Any, model: Any, dtype: str, mbs: int, seq: int, tp: int, cp_hp_split: bool,
+            fallback: str) -> dict[str, str]:
+    """What prices each compute term on ``spec``: the layer profile where it applies, else
+    ``fallback`` (the kernel profile or the datasheet, as ``Rates.source`` says)."""
+    table = None if cp_hp_split else table_for(spec, model, dtype)
+    out = {}
+    for name in ("embed", "block", "head"):
+        hit = table.lookup(name, mbs, seq, tp) if table is not None else None
+        out[name] = hit.source if hit is not None else fallback
+    return out
+
+
+def measured_block(lc: Any, hit: Lookup) -> Any:
+    """The kernel model's ``LayerCompute`` with its totals replaced by the measured block: each
+    forward term scaled so they sum to the measured forward (selective recomputation still finds
+    the attention core's share), backward the measured backward."""
+    from autotune.cost.compute import LayerCompute
+
+    scale = hit.fwd / lc.fwd if lc.fwd > 0 else 0.0
+
+    class MeasuredLayerCompute(LayerCompute):
+        @property
+        def fwd(self) -> float:
+            return hit.fwd
+
+        @property
+        def bwd(self) -> float:
+            return hit.bwd
+
+    return MeasuredLayerCompute(gemm_fwd=lc.gemm_fwd * scale, attn_fwd=lc.attn_fwd * scale,
+                                attn_bwd=hit.bwd * (lc.attn_bwd / lc.bwd if lc.bwd > 0 else 0.0),
+                                elem_fwd=lc.elem_fwd * scale)

@@ -1,0 +1,144 @@
+"""Pipeline parallelism: what each model chunk takes per micro-batch, the sends between stages,
+and one schedule simulation per DP replica (the simulation itself is ``pipeline.py``).
+
+Model chunk ``j`` (which pipeline rank holds it is the schedule's placement, ``StepContext.chunks``:
+``j = c * pp + s`` for the looped schedules, a V for ZB-V) runs its blocks; the first chunk also the
+embedding lookup (and its tp reduction), the last the LM head and loss. Each chunk's backward has a
+weight-gradient part (W, ``wgt``) that zero-bubble schedules run apart: one GEMM of the forward's
+size per weight matrix (Qi et al. 2023, "Zero Bubble Pipeline Parallelism", table 1: W = 24bsh^2,
+the forward's GEMM FLOPs); the input-gradient part (I) keeps the other GEMM, attention's backward,
+the elementwise work, recomputation and every collective. A stage of one DP
+replica runs at the pace of its slowest rank (its TP/CP/HP ranks synchronise every block), so the
+replica's schedule is simulated over the slowest rank's chunk times and the slowest sends. Sends
+follow Megatron's scatter/gather optimisation: each tp rank sends 1/tp of the activation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from autotune.cost.pipeline import simulate_cached
+
+if TYPE_CHECKING:
+    from autotune.cost.context import RankContext, StepContext
+
+
+@dataclass(frozen=True)
+class ChunkTimes:
+    """Per-micro-batch seconds of each chunk on one rank and the totals over one micro-batch."""
+
+    fwd: tuple[float, ...]
+    bwd: tuple[float, ...]
+    compute: float
+    tp: float
+    hp: float
+    cp_raw: float
+    exposed: float
+    """Communication inside the chunks that compute does not hide (tp, hp, the ring's excess,
+    ZeRO-3 gathers' excess)."""
+    wgt: tuple[float, ...] = ()
+    """Weight-gradient part of each chunk's backward (see the module docstring)."""
+
+
+def chunk_times(ctx: RankContext, b: Any, embedding_tp: float, head: tuple[float, float],
+                head_tp: tuple[float, float], embed: tuple[float, float] | None = None,
+                layer_w: float = 0.0) -> ChunkTimes:
+    """Chunk times from one block's times ``b`` (``rank.BlockTimes``): the blocks of each chunk, the
+    embedding (memory-bound lookup, or ``embed`` (fwd, bwd) measured by a layer profile, and
+    ``embedding_tp``) on chunk 0, the LM head's compute ``head`` and its small collectives
+    ``head_tp`` on the last chunk; ``layer_w`` one block's weight-gradient seconds (the LM head's:
+    its backward less its forward, one GEMM)."""
+    s = ctx.step
+    cf, act = ctx.cf, ctx.hidden_bytes
+    fwd, bwd, wgt = [], [], []
+    comp_total = tp_total = hp_total = cp_raw_total = exposed = 0.0
+    for j, n in zip(s.chunks[ctx.pp_index], ctx.layers, strict=True):
+        f, bw = n * b.layer_f, n * b.layer_b
+        wgt.append(n * layer_w + (cf * (head[1] - head[0]) if j == s.n_chunks - 1 else 0.0))
+        comp = n * (b.comp_f + b.comp_b)
+        tpc = n * (b.tp_f + b.tp_b)
+        if j == 0:  # embedding lookup and its tp reduction (vocab-parallel embedding)
+            ef, eb = embed if embed is not None else (ctx.rates.memory_time(act), 0.0)
+            f += cf * ef + embedding_tp
+            bw += cf * eb
+            comp += cf * (ef + eb)
+            tpc += embedding_tp
+        if j == s.n_chunks - 1:
+            f += cf * head[0] + head_tp[0]
+            bw += cf * head[1] + head_tp[1]
+            comp += cf * (head[0] + head[1])
+            tpc += head_tp[0] + head_tp[1]
+        fwd.append(f)
+        bwd.append(bw)
+        comp_total += comp
+        tp_total += tpc
+        hp_total += n * (b.hp_f + b.hp_b)
+        cp_raw_total += n * (b.cp_raw_f + b.cp_raw_b)
+        exposed += tpc + n * (b.hp_f + b.hp_b + b.cp_f + b.cp_b + b.z3_f + b.z3_b)
+    return ChunkTimes(fwd=tuple(fwd), bwd=tuple(bwd), compute=comp_total, tp=tp_total, hp=hp_total,
+                      cp_raw=cp_raw_total, exposed=exposed, wgt=tuple(wgt))
+
+
+def chunk_send_times(ctx: RankContext) -> tuple[float, ...]:
+    """Seconds of one send of each chunk of this rank, on the link its sends take
+    (``Links.pp_hops``): 1/tp of the activation per rank."""
+    s = ctx.step
+    if s.pp == 1:
+        return (0.0,) * s.v
+    return tuple(ctx.mf * ctx.collectives.p2p(link, ctx.hidden_bytes / s.tp) for link, _, _ in ctx.links.pp_hops)
+
+
+def sends_per_microbatch(ctx: RankContext, p2p: tuple[float, ...]) -> float:
+    """Seconds of the sends of one micro-batch on this rank (``p2p``: per chunk): out of every chunk
+    whose successor sits on another rank (forward), out of every chunk whose predecessor does (its
+    input gradient, backward)."""
+    total = 0.0
+    for t, (_, fwd_out, bwd_out) in zip(p2p, ctx.links.pp_hops, strict=True):
+        total += (t if fwd_out else 0.0) + (t if bwd_out else 0.0)
+    return total
+
+
+def replica_stages(groups: list[tuple[int, int, RankContext, Any]]) -> dict[tuple[int, int], dict[int, Any]]:
+    """{(replica, pipeline rank): {id(cost): cost}} from (first rank, DP index, context, cost) per
+    tp group: the distinct rank costs of each stage."""
+    per_rep_stage: dict[tuple[int, int], dict[int, Any]] = {}
+    for _, dp_i, ctx, cost in groups:
+        per_rep_stage.setdefault((dp_i, ctx.pp_index), {})[id(cost)] = cost
+    return per_rep_stage
+
+
+def simulate_replicas(s: StepContext, per_rep_stage: dict[tuple[int, int], dict[int, Any]]) -> list[Any]:
+    """One schedule simulation per DP replica over its stages' slowest chunk and send times, with
+    the replica's own micro-batch count (identical replicas share one cached simulation); a
+    schedule that splits the backward also gets the weight-gradient part of each chunk's."""
+    p, v, n_chunks = s.pp, s.v, s.n_chunks
+    split = s.schedule.splits_backward
+    sims = []
+    for d in range(s.dp):
+        fwd, bwd, p2p = [0.0] * n_chunks, [0.0] * n_chunks, [0.0] * max(n_chunks - 1, 0)
+        wgt = [0.0] * n_chunks
+        for st in range(p):
+            for c in per_rep_stage[(d, st)].values():
+                cf_, cb_, cw_, cp_ = c.fwd, c.bwd, c.wgt, c.p2p_chunks
+                for ci, j in enumerate(s.chunks[st]):
+                    if cf_[ci] > fwd[j]:
+                        fwd[j] = cf_[ci]
+                    if cb_[ci] > bwd[j]:
+                        bwd[j] = cb_[ci]
+                        wgt[j] = cw_[ci]  # of the slowest backward, so I = bwd - wgt >= 0
+                    if j < n_chunks - 1 and cp_[ci] > p2p[j]:
+                        p2p[j] = cp_[ci]
+        sims.append(simulate_cached(s.schedule, p, v, s.microbatches[d], tuple(fwd), tuple(bwd), tuple(p2p),
+                                    tuple(wgt) if split else None))
+    return sims
+
+
+def bubble_fraction(sims: list[Any], p: int) -> float:
+    """Idle share of the pipeline (fill, drain, waiting for a slower stage), averaged over stages and
+    replicas, of the pipeline's makespan."""
+    distinct: dict[int, list] = {}  # identical replicas share one (cached) simulation
+    for sim in sims:
+        distinct.setdefault(id(sim), [sim, 0])[1] += 1
+    total = sum(n * sum(sim.bubble_fraction(s) for s in range(p)) for sim, n in distinct.values())
+    return total / (len(sims) * p) if sims else 0.0

@@ -1,0 +1,157 @@
+"""One tensor-parallel group's costs: the per-dimension terms of a block composed, then its chunks,
+its step-level terms and its memory.
+
+A block's forward takes its compute plus what each dimension's communication leaves exposed: TP
+collectives (not overlapped), Ulysses all-to-alls, the ring's excess over the attention it hides
+behind, the ZeRO-3 gather's excess over the block it prefetches for. Recomputation adds its forward
+work (``full``: the whole block and its collectives; ``selective``: the attention core) to backward.
+On a CPU the waits at the block's blocking collectives (``cpu.sync_waits``) are charged to the
+dimension that synchronises, as the runtime's comm clock does. Calibration (``cf``, ``mf``)
+multiplies compute and communication per device type.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.cost import context_parallel as CP
+from autotune.cost import cpu as _cpu
+from autotune.cost import data_parallel as DP
+from autotune.cost import layers as LY
+from autotune.cost import memory as M
+from autotune.cost import pipeline_parallel as PP
+from autotune.cost import tensor_parallel as TP
+from autotune.cost import ulysses as U
+from autotune.cost.compute import LayerCompute, head_compute, layer_compute
+from autotune.cost.context import RankContext
+
+
+@dataclass
+class BlockTimes:
+    """Seconds of one block for one micro-batch on one rank, per term, forward and backward."""
+
+    comp_f: float
+    comp_b: float
+    tp_f: float
+    tp_b: float
+    hp_f: float
+    hp_b: float
+    cp_f: float
+    """The ring's exposed part (``cp_raw_f`` is all of it)."""
+    cp_b: float
+    cp_raw_f: float
+    cp_raw_b: float
+    z3_f: float
+    z3_b: float
+
+    @property
+    def layer_f(self) -> float:
+        return self.comp_f + self.tp_f + self.hp_f + self.cp_f + self.z3_f
+
+    @property
+    def layer_b(self) -> float:
+        return self.comp_b + self.tp_b + self.hp_b + self.cp_b + self.z3_b
+
+
+@dataclass
+class RankCost:
+    """Everything the estimate needs of one tensor-parallel group's ranks."""
+
+    spec: Any
+    fwd: tuple[float, ...]
+    """Seconds per micro-batch of each model chunk on the rank, forward."""
+    bwd: tuple[float, ...]
+    p2p: float
+    """Seconds of one send to the next stage (of the rank's first chunk; ``p2p_chunks`` per chunk)."""
+    compute_s: float
+    tp_comm_s: float
+    hp_comm_s: float
+    cp_comm_s: float
+    pp_comm_s: float
+    dp_comm_s: float
+    comm_s: float
+    exposed_in_ops: float
+    busy: float
+    """Seconds of forward and backward work over the step (pipeline bubbles excluded)."""
+    dp_overlappable: float
+    dp_exposed_fixed: float
+    optimizer: float
+    memory_total: float
+    memory_terms: dict[str, float]
+    wgt: tuple[float, ...] = ()
+    """Weight-gradient part of each chunk's backward (``pipeline_parallel.chunk_times``)."""
+    p2p_chunks: tuple[float, ...] = ()
+    """Seconds of one send of each chunk, on the link it takes (``pipeline_parallel.chunk_send_times``)."""
+
+
+def block_times(ctx: RankContext, lc: LayerCompute) -> BlockTimes:
+    """Compose one block's per-dimension terms (recompute and the CPU sync waits applied)."""
+    cf = ctx.cf
+    tp = TP.block_comm(ctx)
+    hp = U.block_comm(ctx)
+    cp_raw_f, cp_raw_b, cp_f, cp_b = CP.ring_comm(ctx, lc)
+    z3_f, z3_b = DP.zero3_block_exposed(ctx, lc)
+    b = BlockTimes(comp_f=cf * lc.fwd, comp_b=cf * lc.bwd, tp_f=tp, tp_b=tp, hp_f=hp, hp_b=hp, cp_f=cp_f,
+                   cp_b=cp_b, cp_raw_f=cp_raw_f, cp_raw_b=cp_raw_b, z3_f=z3_f, z3_b=z3_b)
+    recompute = ctx.step.recompute
+    if recompute == "full":
+        b.comp_b += b.comp_f
+        b.tp_b += b.tp_f
+        b.hp_b += b.hp_f
+        b.cp_b += b.cp_f
+        b.cp_raw_b += b.cp_raw_f
+    elif recompute == "selective":
+        b.comp_b += cf * lc.attn_fwd
+    if ctx.rates.cpu is not None:
+        _charge_sync(ctx, b)
+    return b
+
+
+def _charge_sync(ctx: RankContext, b: BlockTimes) -> None:
+    """CPU: each blocking collective inside a block also waits for the rank that drifted behind;
+    charged to the dimension that synchronises (tp, else hp, else the ring)."""
+    sync_f, sync_b = _cpu.sync_waits(ctx, b.comp_f, b.comp_b)
+    if sync_f == 0.0 and sync_b == 0.0:
+        return
+    s = ctx.step
+    if s.tp > 1:
+        b.tp_f, b.tp_b = b.tp_f + sync_f, b.tp_b + sync_b
+    elif s.hp > 1:
+        b.hp_f, b.hp_b = b.hp_f + sync_f, b.hp_b + sync_b
+    else:
+        b.cp_f, b.cp_b = b.cp_f + sync_f, b.cp_b + sync_b
+        b.cp_raw_f, b.cp_raw_b = b.cp_raw_f + sync_f, b.cp_raw_b + sync_b
+
+
+def rank_cost(ctx: RankContext) -> RankCost:
+    """Per-micro-batch chunk times, per-step terms and memory of one TP group's ranks."""
+    s = ctx.step
+    kept, full, scores = M.block_activations(ctx)
+    # elementwise traffic over the sbh tensors; the softmax over the scores is part of the attention
+    # kernel's throughput (fused attention never writes the s^2 scores to memory)
+    lc = layer_compute(s.model, ctx.rates, tokens=ctx.tokens_local, tp=s.tp, heads_local=ctx.heads,
+                       keysum=ctx.keysum, block_seq=ctx.tokens, blocks=ctx.ring, micro_batch=s.mbs,
+                       act_bytes=full - scores)
+    # measured layers first (cost/layers.py), then the kernel curves / datasheet of compute.py
+    blk, hd, emb = LY.piece(ctx, "block"), LY.piece(ctx, "head"), LY.piece(ctx, "embed")
+    if blk is not None:
+        lc = LY.measured_block(lc, blk)
+    b = block_times(ctx, lc)
+    head = (hd.fwd, hd.bwd) if hd is not None else head_compute(s.model, ctx.rates, tokens=ctx.tokens_local, tp=s.tp)
+    head_tp = _cpu.head_tp_comm(ctx) if s.tp > 1 and ctx.rates.cpu is not None else (0.0, 0.0)
+    ch = PP.chunk_times(ctx, b, TP.embedding_comm(ctx), head, head_tp,
+                        embed=(emb.fwd, emb.bwd) if emb is not None else None, layer_w=ctx.cf * lc.gemm_fwd)
+    p2ps = PP.chunk_send_times(ctx)
+    pp_sends = PP.sends_per_microbatch(ctx, p2ps)
+    overl, fixed = DP.grad_sync(ctx)
+    dp_raw = DP.step_comm(ctx, overl, fixed)
+    total, terms = M.rank_memory(ctx, kept, full)
+    m_d = ctx.microbatches
+    return RankCost(
+        spec=ctx.spec, fwd=ch.fwd, bwd=ch.bwd, p2p=p2ps[0], wgt=ch.wgt, p2p_chunks=p2ps,
+        compute_s=m_d * ch.compute, tp_comm_s=m_d * ch.tp, hp_comm_s=m_d * ch.hp, cp_comm_s=m_d * ch.cp_raw,
+        pp_comm_s=m_d * pp_sends, dp_comm_s=dp_raw, comm_s=m_d * (ch.tp + ch.hp + ch.cp_raw + pp_sends) + dp_raw,
+        exposed_in_ops=m_d * ch.exposed, busy=m_d * (sum(ch.fwd) + sum(ch.bwd)),
+        dp_overlappable=overl, dp_exposed_fixed=fixed, optimizer=DP.optimizer_time(ctx),
+        memory_total=total, memory_terms=terms)

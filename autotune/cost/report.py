@@ -1,0 +1,151 @@
+"""The estimate's answer: per-rank rows, ``predicted`` and the ``breakdown`` (docs/contracts.md
+"Cost model") from the rank costs, the replicas' simulations and the DP exposure."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from autotune.cost import layers as LY
+from autotune.cost.compute import cached_rates
+from autotune.cost.context import StepContext
+from autotune.cost.memory import TERM_NAMES
+from autotune.cost.pipeline_parallel import bubble_fraction
+from autotune.units import fmt_bytes
+
+ROW_KEYS = ("compute_s", "tp_comm_s", "cp_comm_s", "hp_comm_s", "pp_comm_s", "dp_comm_s", "exposed_comm_s",
+            "dp_exposed_s", "optimizer_s", "bubble_s")
+
+
+def rank_rows(s: StepContext, groups: list, exposed_of: dict, step: float) -> tuple[list, list, list, list, Any]:
+    """(memory, capacity, row per rank, peak memory per stage, infeasible reason or None)."""
+    world = s.plan.world
+    memory, capacity, rows = [0.0] * world, [0.0] * world, [None] * world
+    infeasible = None
+    templates: dict[tuple[int, float], dict[str, Any]] = {}
+    stage_mem = [0.0] * s.pp
+    for r0, dp_i, ctx, c in groups:
+        spec, pp_i = c.spec, ctx.pp_index
+        exposed = exposed_of[(dp_i, id(c))]
+        tmpl = templates.get((id(c), exposed))
+        if tmpl is None:
+            own = c.busy + exposed + c.optimizer
+            tmpl = templates[(id(c), exposed)] = {
+                "stage": pp_i, "device": spec.name, "compute_s": c.compute_s, "comm_s": c.comm_s,
+                "tp_comm_s": c.tp_comm_s, "cp_comm_s": c.cp_comm_s, "hp_comm_s": c.hp_comm_s,
+                "pp_comm_s": c.pp_comm_s, "dp_comm_s": c.dp_comm_s,
+                "exposed_comm_s": c.exposed_in_ops, "dp_exposed_s": exposed, "optimizer_s": c.optimizer,
+                "bubble_s": max(0.0, step - own), "memory_bytes": c.memory_total,
+                "capacity_bytes": spec.memory_bytes, "memory": c.memory_terms}
+        total = c.memory_total
+        for r in range(r0, r0 + s.tp):
+            memory[r] = total
+            capacity[r] = spec.memory_bytes
+            rows[r] = {"rank": r, **tmpl}
+        if total > stage_mem[pp_i]:
+            stage_mem[pp_i] = total
+        if total > spec.memory_bytes and infeasible is None:
+            terms = c.memory_terms
+            worst_term = max(TERM_NAMES, key=lambda k: terms[k])
+            infeasible = (f"rank {r0} ({spec.name}) memory {fmt_bytes(total)} > {fmt_bytes(spec.memory_bytes)}: "
+                          f"{worst_term} {fmt_bytes(terms[worst_term])}")
+    return memory, capacity, rows, stage_mem, infeasible
+
+
+def predicted_figures(s: StepContext, groups: list, sims: list, step: float, memory: list, capacity: list,
+                      infeasible: Any) -> tuple[dict[str, Any], float, float]:
+    """(``predicted``, model FLOPs per step, cluster peak FLOP/s)."""
+    tokens_step = float(s.global_batch) * s.seq_len
+    peak = s.tp * sum(c.spec.flops(s.dtype) for *_, c in groups)
+    model_flops = s.model.model_flops_per_token(s.seq_len) * tokens_step
+    return {
+        "step_time_s": step,
+        "tokens_per_s": tokens_step / step if step > 0 else math.inf,
+        "mfu": model_flops / (step * peak) if step > 0 and peak > 0 else 0.0,
+        "memory_bytes": memory,
+        "capacity_bytes": capacity,
+        "feasible": infeasible is None,
+        "infeasible_reason": infeasible,
+        "bubble_fraction": bubble_fraction(sims, s.pp),
+    }, model_flops, peak
+
+
+def _first_ranks(groups: list) -> dict[tuple[int, int], int]:
+    first_rank: dict[tuple[int, int], int] = {}
+    for r0, dp_i, _, c in groups:
+        first_rank.setdefault((dp_i, id(c)), r0)
+    return first_rank
+
+
+def stage_rows(s: StepContext, groups: list, sims: list, per_rep_stage: dict, rows: list, stage_end: list,
+               stage_mem: list) -> list[dict[str, Any]]:
+    """One row per pipeline stage, from the rank that paces it in the replica that ends it last."""
+    p, dp = s.pp, s.dp
+    first_rank = _first_ranks(groups)
+    stages = []
+    for st in range(p):
+        pace = max(range(dp), key=lambda d: sims[d].rank_finish[st])
+        slow = max(per_rep_stage[(pace, st)].values(), key=lambda c: c.busy)
+        pr = first_rank[(pace, id(slow))]
+        r = rows[pr]
+        sim = sims[pace]
+        stages.append({
+            "stage": st, "layers": list(s.plan.layers_of_stage(st)),
+            "devices": sorted({c.spec.name for d in range(dp) for c in per_rep_stage[(d, st)].values()}),
+            "pacing_replica": pace, "pacing_rank": pr, "microbatches": sim.m,
+            "fwd_s": [sim.fwd[j] for j in s.chunks[st]], "bwd_s": [sim.bwd[j] for j in s.chunks[st]],
+            "compute_s": r["compute_s"], "tp_comm_s": r["tp_comm_s"], "cp_comm_s": r["cp_comm_s"],
+            "hp_comm_s": r["hp_comm_s"], "pp_comm_s": r["pp_comm_s"], "dp_comm_s": r["dp_comm_s"],
+            "exposed_comm_s": r["exposed_comm_s"], "dp_exposed_s": r["dp_exposed_s"], "optimizer_s": r["optimizer_s"],
+            "pipeline_s": sim.rank_finish[st], "bubble_s": sim.makespan - sim.rank_busy[st],
+            "bubble_fraction": sim.bubble_fraction(st), "end_s": stage_end[st], "memory_bytes": stage_mem[st],
+        })
+    return stages
+
+
+def breakdown(s: StepContext, groups: list, sims: list, stages: list, rows: list, stage_end: list, step: float,
+              model_flops: float, peak: float) -> dict[str, Any]:
+    """The ``breakdown`` without its timeline: seconds per step of the rank that ends the step last
+    (what the search compares), the FLOPs, the stages and every rank's row."""
+    crit = max(range(s.pp), key=lambda st: stage_end[st])
+    cr = rows[stages[crit]["pacing_rank"]]
+    specs = {id(c.spec): c.spec for *_, c in groups}
+    hd = s.model.head_dim
+    return {
+        "step_time_s": step,
+        "pipeline_s": max(sim.makespan for sim in sims),
+        "critical_rank": stages[crit]["pacing_rank"],
+        **{k: cr[k] for k in ROW_KEYS},
+        "schedule": s.plan.schedule,
+        "flops": {"model_per_step": model_flops,
+                  "hardware_per_step": s.model.hardware_flops_per_token(s.seq_len, s.recompute)
+                  * (float(s.global_batch) * s.seq_len),
+                  "cluster_peak_per_s": peak},
+        "stages": stages,
+        "ranks": rows,
+        "throughput_source": sorted(f"{sp_.name}: {cached_rates(sp_, s.dtype, hd).source}" for sp_ in specs.values()),
+        # what priced each compute term per device type: a layer profile, else the kernel curves or
+        # the datasheet (autotune/cost/layers.py)
+        "compute_source": {sp_.name: LY.sources(sp_, s.model, s.dtype, s.mbs, s.seq_len, s.tp, s.cp > 1 or s.hp > 1,
+                                                cached_rates(sp_, s.dtype, hd).source)
+                           for sp_ in specs.values()},
+        "timeline": None,
+    }
+
+
+def timeline(s: StepContext, groups: list, sims: list, per_rep_stage: dict, exposed_of: dict) -> list[dict]:
+    """Gantt events of the replica that ends its pipeline last (one representative rank per
+    stage) and each stage's exposed DP sync after the pipeline."""
+    p, dp = s.pp, s.dp
+    first_rank = _first_ranks(groups)
+    pace = max(range(dp), key=lambda d: sims[d].makespan)
+    reps = [first_rank[(pace, id(max(per_rep_stage[(pace, st)].values(), key=lambda c: c.busy)))]
+            for st in range(p)]
+    events = sims[pace].events(s.plan.schedule, reps)
+    for st in range(p):
+        exposed = max(exposed_of[(pace, cid)] for cid in per_rep_stage[(pace, st)])
+        start = max(sim.rank_finish[st] for sim in sims)
+        if exposed > 0:
+            events.append({"stage": st, "rank": reps[st], "kind": "comm", "comm": "dp", "microbatch": None,
+                           "start": start, "end": start + exposed})
+    return events

@@ -1,0 +1,38 @@
+"""1F1B (PipeDream-Flush, Narayanan et al. 2021): ``min(p - s - 1, m)`` warm-up forwards on rank s,
+then one forward one backward, then the remaining backwards.
+
+Holds ``min(p - s, m)`` micro-batches on rank s; bubble ``(p-1)/(m+p-1)``. torch's
+``Schedule1F1B``, Megatron's ``forward_backward_pipelining_without_interleaving``, DeepSpeed's
+``TrainSchedule``, torchtitan's ``1F1B``.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from autotune.schedules.base import B, F, Op, Schedule
+
+
+class OneFOneB(Schedule):
+    name = "1f1b"
+    summary = "1F1B: warm-up forwards, then one forward one backward (Narayanan et al. 2021)"
+    torch_class = "Schedule1F1B"
+    targets = {"megatron": "1F1B", "torchtitan": "1F1B", "deepspeed": "TrainSchedule"}
+    refusals = {"accelerate": "schedule 1f1b: Accelerate has no training pipeline schedule"}
+
+    def min_microbatches(self, pp: int, virtual_stages: int) -> int:
+        return pp  # torch's Schedule1F1B refuses fewer micro-batches than stages
+
+    def op_order(self, pp: int, virtual_stages: int, m: int, rank: int) -> tuple[Op, ...]:
+        return _order(pp, m, rank)
+
+
+@lru_cache(maxsize=1024)
+def _order(p: int, m: int, s: int) -> tuple[Op, ...]:
+    warm = min(p - s - 1, m)
+    order = [Op(F, s, i) for i in range(warm)]
+    for k in range(m - warm):
+        order.append(Op(F, s, warm + k))
+        order.append(Op(B, s, k))
+    order += [Op(B, s, i) for i in range(m - warm, m)]
+    return tuple(order)

@@ -1,0 +1,129 @@
+"""Sailor (github.com/eth-easl/sailor) per-layer profiles.
+
+Read from the repository: ``docs/PROFILING.md`` ("Model Profiling"), the writer
+``third_party/Megatron-DeepSpeed/megatron/training.py`` (``args.sailor_profile`` block), the timing
+hooks ``sailor/profiling/profile_utils.py``, the gatherer ``sailor/profiling/gather_profs.py`` and the
+planner's reader ``sailor/Planner/sailor_planner/cpp_src/utils/read_json.cpp`` (``read_llm_profile``)
+with ``training.cpp``; examples ``sailor/Planner/sailor_planner/profiles/<model>/<gpu>/profile.json``.
+
+Two shapes are accepted:
+
+- the gathered ``profiles/<MODEL>/<GPU>/profile.json``: ``{mbs: {tp: {layer: [fwd, bwd, update]}}}``
+  (keys are strings), written by ``gather_profs.py`` from the per-run files;
+- a per-run file ``profile_<MODEL>_<GPU>_<TP>_<MBS>.json`` (``training.py``): ``{"timing": {layer:
+  [fwd, bwd, update]}, "memory": {layer: {"params_bytes", "act_mem_bytes", ...}}}``, tp and
+  micro-batch from the file name.
+
+Meanings and units: times in **seconds** per micro-batch (CUDA events, ``elapsed_time(...) / 1000``,
+averaged after 5 warm-up iterations); ``fwd`` and ``bwd`` of that layer, ``update`` the optimizer
+step of the whole model (the same number on every layer; not a layer's cost, not imported). Layer
+``"0"`` is the embedding, ``"1"`` .. ``"L"`` the transformer layers (all but the first copied from
+one measured layer), then the final norm (LLaMA models only, its own key) and the LM head with the
+loss (``"L+1"``, or ``"L+2"`` for LLaMA). ``memory``: ``params_bytes`` the layer's parameters,
+``act_mem_bytes`` the activation bytes its forward allocates for backward (tp shard, one micro-batch).
+The files do not say the sequence length (``--seq``; Sailor's runs use the model config's, 2048 for
+OPT and GPT-Neo) nor the precision (``--dtype``). The GPU comes from the directory or file name
+(``A100-40`` -> catalogue ``A100-40GB``, ...) unless ``--device`` names it.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from pathlib import Path
+from typing import Any
+
+from profilers.foreign import ImportContext, as_mapping, document, fail, load_json, need, number
+
+GPU_NAMES = {"A100-40": "A100-40GB", "A100-80": "A100-80GB", "V100-16": "V100-16GB", "V100-32": "V100",
+             "H100-80": "H100-SXM", "GH-96": "GH200-96GB"}
+"""Sailor's GPU directory names -> autotune catalogue names (GH200 has no catalogue entry: the
+profile is stored under that name and a cluster file names the device itself)."""
+
+RUN_FILE = re.compile(r"^profile_(?P<model>.+)_(?P<gpu>[^_]+)_(?P<tp>\d+)_(?P<mbs>\d+)\.json$")
+
+
+def _pieces(layers: dict[str, Any], model_layers: int, path: Path, where: str) -> dict[str, tuple[float, float]]:
+    """{embed, block, head: (fwd_s, bwd_s)} of one (mbs, tp) timing table."""
+    try:
+        idx = sorted(int(k) for k in layers)
+    except ValueError:
+        raise fail(path, "layer keys must be integers (\"0\", \"1\", ...)", where) from None
+    n = len(idx)
+    if idx != list(range(n)) or n not in (model_layers + 2, model_layers + 3):
+        raise fail(path, f"has layers {idx[0]}..{idx[-1]} ({n} entries); a {model_layers}-layer model has "
+                         f"{model_layers + 2} (embedding, layers, head) or {model_layers + 3} (LLaMA: + final norm)",
+                   where)
+
+    def fb(i: int) -> tuple[float, float]:
+        row = layers[str(i)]
+        if not isinstance(row, list) or len(row) < 2:
+            raise fail(path, f"expected [fwd_s, bwd_s, update_s], got {row!r}", f"{where}.{i}")
+        return number(row[0], path, f"{where}.{i}[0]"), number(row[1], path, f"{where}.{i}[1]")
+
+    blocks = [fb(i) for i in range(1, model_layers + 1)]
+    head = fb(n - 1)
+    if n == model_layers + 3:  # LLaMA: the final RMSNorm has its own entry; it belongs to the head piece
+        norm = fb(model_layers + 1)
+        head = (head[0] + norm[0], head[1] + norm[1])
+    return {"embed": fb(0), "block": (statistics.median(b[0] for b in blocks), statistics.median(b[1] for b in blocks)),
+            "head": head}
+
+
+def _points(table: dict[str, tuple[float, float]], tp: int, mbs: int, seq: int,
+            memory: dict[str, Any] | None, model_layers: int) -> list[dict]:
+    out = []
+    for piece, (f, b) in table.items():
+        pt = {"piece": piece, "tp": tp, "micro_batch": mbs, "seq": seq, "fwd_s": f, "bwd_s": b}
+        if memory:
+            key = {"embed": "0", "block": "2" if model_layers > 1 else "1", "head": str(len(memory) - 1)}[piece]
+            m = memory.get(key)
+            if isinstance(m, dict) and isinstance(m.get("act_mem_bytes"), (int, float)):
+                pt["activation_bytes"] = float(m["act_mem_bytes"])
+                pt["param_bytes"] = float(m.get("params_bytes") or 0.0)
+        out.append(pt)
+    return out
+
+
+def read(paths: list[Path], ctx: ImportContext) -> dict[str, Any]:
+    seq = need(ctx.seq, "--seq", "Sailor", "the sequence length")
+    dtype = need(ctx.dtype, "--dtype", "Sailor", "the precision")
+    points: list[dict] = []
+    gpus: set[str] = set()
+    for path in paths:
+        doc = as_mapping(load_json(path), path, None, "a JSON object")
+        run = RUN_FILE.match(path.name)
+        if "timing" in doc:  # one run: tp and micro-batch in the file name
+            if not run:
+                raise fail(path, "a per-run Sailor profile must be named profile_<MODEL>_<GPU>_<TP>_<MBS>.json")
+            timing = as_mapping(doc["timing"], path, "timing", "an object {layer: [fwd, bwd, update]}")
+            memory = doc.get("memory") if isinstance(doc.get("memory"), dict) else None
+            tp, mbs = int(run["tp"]), int(run["mbs"])
+            points += _points(_pieces(timing, ctx.model.layers, path, "timing"), tp, mbs, seq, memory,
+                              ctx.model.layers)
+            gpus.add(run["gpu"])
+            continue
+        if not doc:
+            raise fail(path, "empty profile")
+        for mbs_key, by_tp in doc.items():
+            if not mbs_key.isdigit():
+                raise fail(path, f"expected micro-batch sizes as keys ({{\"1\": {{tp: ...}}}}), got {mbs_key!r}")
+            by_tp = as_mapping(by_tp, path, mbs_key, "an object {tp: {layer: [fwd, bwd, update]}}")
+            for tp_key, layers in by_tp.items():
+                if not tp_key.isdigit():
+                    raise fail(path, f"expected tp degrees as keys, got {tp_key!r}", mbs_key)
+                where = f"{mbs_key}.{tp_key}"
+                layers = as_mapping(layers, path, where, "an object {layer: [fwd, bwd, update]}")
+                points += _points(_pieces(layers, ctx.model.layers, path, where), int(tp_key), int(mbs_key), seq,
+                                  None, ctx.model.layers)
+        gpus.add(path.parent.name)
+    device = ctx.device
+    if device is None:
+        names = {GPU_NAMES.get(g) for g in gpus}
+        if len(names) != 1 or None in names:
+            raise fail(paths[0], f"cannot tell the GPU from {', '.join(sorted(gpus))} (known: "
+                                 f"{', '.join(GPU_NAMES)}); give it with --device", "--device")
+        device = names.pop()
+    assumed = [f"sequence length {seq} (--seq)", f"precision {dtype} (--dtype)",
+               "block = median over the transformer layers' entries"]
+    return document("sailor", ctx, device, dtype, points, [str(p) for p in paths], assumed)

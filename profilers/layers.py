@@ -1,0 +1,282 @@
+"""Per-layer profiles: the model's real pieces timed on the device at hand.
+
+``autotune profile --layers MODEL`` builds the runtime's own modules (``autotune/runtime/model.py``
+``StageModel``: what a trial runs) for three pieces and times each forward and forward + backward
+over micro-batch sizes, sequence lengths and tensor-parallel shards:
+
+- ``embed``: the (vocabulary-parallel) embedding lookup of ``[b, s]`` token ids;
+- ``block``: one decoder block (norms, q/k/v/o projections, rotary, causal SDPA, SwiGLU or GeLU MLP,
+  residuals) on ``[b, s, hidden]``;
+- ``head``: the final norm, the LM head and the cross-entropy, averaged to one loss.
+
+A tp shard is timed as *the shard's weights on one device*: the layers are built with a tp axis of
+size ``t`` and no process group, so every weight has its shard's shape (heads / t, ffn / t, vocab / t)
+and no collective runs (tp communication is priced by the link model, not here). Token ids and
+targets are drawn inside the shard's vocabulary slice.
+
+Timing follows ``profilers/timing.py``: warm-up calls thrown away, repeats in interleaved rounds over
+the whole sweep, median of round medians, relative IQR spread with an ``unstable`` flag, CUDA events
+on GPU (``Meter`` picks them from the device), the calling thread's CPU time on a one-thread CPU
+rank. Backward is not separable from its forward's graph without re-running it, so each point times
+``fwd`` and ``fwd+bwd`` and reports ``bwd_s = fwd_bwd_s - fwd_s``.
+
+Activation memory is *measured*, on any device: the bytes of the distinct tensors autograd saves
+for backward during the forward (``torch.autograd.graph.saved_tensors_hooks``, deduplicated by
+storage, weights and buffers left out), the figure the cost model's activation term predicts;
+parameter bytes of the piece too.
+
+The result is a document (``layer_profile_doc``) that ``profilers/store.py`` keeps in
+``autotune_layer_profiles`` beside the kernel profiles; ``autotune/cost/layers.py`` reads it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from autotune.errors import InputError
+from profilers.timing import Meter, repeats_for
+
+PIECES = ("embed", "block", "head")
+DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+LAYER_DOC_KIND = "autotune-layer-profile"
+LAYER_SCHEMA_VERSION = 1
+LAYER_UNITS = {"time": "s per call of the piece (fwd_s, bwd_s, fwd_bwd_s)",
+               "memory": "bytes (activation_bytes: saved for backward per call; param_bytes: the shard's)",
+               "micro_batch": "samples", "seq": "tokens", "tp": "shards the piece's weights are split into"}
+
+
+@dataclass
+class LayerSweep:
+    """What to measure: the grid and the repeats."""
+
+    micro_batches: tuple[int, ...]
+    seq_lens: tuple[int, ...]
+    tp: tuple[int, ...]
+    dtype: str = "fp32"
+    rounds: int = 3
+    round_s: float = 0.01
+    """Target seconds per point per round (repeats sized from the warm-up call)."""
+    min_repeats: int = 2
+    max_repeats: int = 10
+    pieces: tuple[str, ...] = PIECES
+    threads: int = 1
+    notes: list[str] = field(default_factory=list)
+
+
+def shard_sizes(model: Any, wanted: tuple[int, ...]) -> tuple[tuple[int, ...], list[str]]:
+    """The tp degrees of ``wanted`` that split the model evenly (heads, kv heads, MLP width and the
+    vocabulary all divisible, as the runtime's tp layers require), and a note per one dropped."""
+    ok, notes = [], []
+    for t in wanted:
+        bad = [n for n, v in (("heads", model.heads), ("kv_heads", model.kv_heads), ("ffn_hidden", model.ffn_hidden),
+                              ("vocab", model.vocab)) if v % t]
+        if t < 1 or bad:
+            notes.append(f"tp {t} skipped: does not divide {', '.join(bad) or 'anything'}")
+        else:
+            ok.append(t)
+    return tuple(ok), notes
+
+
+def default_sweep(model: Any, device: str, dtype: str = "fp32", threads: int | None = None) -> LayerSweep:
+    """CPU: a grid that takes well under a minute for ``tiny``/``small`` (3 x 3 x 2 points per
+    piece); CUDA: training-sized micro-batches and sequences."""
+    cpu = not device.startswith("cuda")
+    if cpu:
+        mbs, seqs, tps = (1, 2, 4), (64, 128, 256), (1, 2)
+    else:
+        mbs, seqs, tps = (1, 2, 4, 8), (512, 1024, 2048, 4096), (1, 2, 4, 8)
+    tps, notes = shard_sizes(model, tps)
+    return LayerSweep(micro_batches=mbs, seq_lens=seqs, tp=tps, dtype=dtype, notes=notes,
+                      threads=threads or (1 if cpu else 1))
+
+
+def parse_grid(text: str | None, name: str) -> tuple[int, ...] | None:
+    """``"1,2,4"`` -> (1, 2, 4); None stays None; anything else is an input error on ``--name``."""
+    if text is None:
+        return None
+    try:
+        vals = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        vals = ()
+    if not vals or any(v < 1 for v in vals):
+        raise InputError(f"expected a comma-separated list of positive integers, got {text!r}", field=f"--{name}")
+    return tuple(sorted(set(vals)))
+
+
+class _SavedBytes:
+    """Bytes of the distinct storages autograd saves for backward while the context is open."""
+
+    def __init__(self) -> None:
+        self.seen: dict[int, int] = {}
+
+    def pack(self, t):
+        try:
+            st = t.untyped_storage()
+            self.seen.setdefault(st.data_ptr(), st.nbytes())
+        except (RuntimeError, NotImplementedError):  # tensors without storage (e.g. sparse)
+            self.seen.setdefault(id(t), t.numel() * t.element_size())
+        return t
+
+    @staticmethod
+    def unpack(t):
+        return t
+
+    @property
+    def total(self) -> int:
+        return sum(self.seen.values())
+
+
+def _tp_axis(t: int):
+    from autotune.runtime.mesh import Axis
+
+    # no process group: every tp layer keeps its shard's shape and skips its collectives
+    return Axis(size=t, index=0, ranks=list(range(t)), group=None)
+
+
+class _Piece:
+    """One piece at one (tp, micro_batch, seq): its module, inputs and the two timed calls."""
+
+    def __init__(self, piece: str, model: Any, t: int, b: int, s: int, device: str, dtype: Any, seed: int = 0):
+        import torch
+
+        from autotune.runtime.model import Layout, StageModel, build_on_meta, materialize
+
+        layout = Layout(tp=_tp_axis(t))
+        first, last, layers = piece == "embed", piece == "head", [0] if piece == "block" else []
+        dev = torch.device(device)
+        self.module = materialize(build_on_meta(lambda: StageModel(model, layout, layers, first, last, s)),
+                                  model, seed, dev, dtype)
+        g = torch.Generator(device="cpu").manual_seed(seed + 7919 * t + 31 * b + s)
+        vocab_shard = model.vocab // t
+        if first:
+            self.x = torch.randint(0, vocab_shard, (b, s), generator=g).to(dev)
+        else:
+            self.x = (torch.randn(b, s, model.hidden, generator=g) * 0.5).to(device=dev, dtype=dtype)
+        self.target = torch.randint(0, vocab_shard, (b, s), generator=g).to(dev) if last else None
+        self.piece = piece
+        self.param_bytes = sum(p.numel() * p.element_size() for p in self.module.parameters())
+
+    def _out(self):
+        x = self.x
+        if self.piece != "embed":
+            x = x.detach().requires_grad_(True)  # the gradient flows on to the previous stage
+        y = self.module(x)
+        if self.piece == "head":
+            y = self.module.token_losses(y, self.target).mean()
+        return y
+
+    def fwd(self) -> None:
+        self._out()
+
+    def fwd_bwd(self) -> None:
+        import torch
+
+        y = self._out()
+        y.backward(torch.ones_like(y) if y.dim() else None)
+        for p in self.module.parameters():
+            p.grad = None
+
+    def activation_bytes(self) -> int:
+        import torch
+
+        rec = _SavedBytes()
+        with torch.autograd.graph.saved_tensors_hooks(rec.pack, rec.unpack):
+            y = self._out()
+        del y
+        # weights and buffers (rotary tables) are model state, not activations
+        state = {t.untyped_storage().data_ptr() for t in (*self.module.parameters(), *self.module.buffers())}
+        return sum(n for ptr, n in rec.seen.items() if ptr not in state)
+
+
+Progress = Callable[[int, int, str], None]
+
+
+def run_layers(model: Any, device: str, sweep: LayerSweep, progress: Progress | None = None) -> list[dict[str, Any]]:
+    """Time every (piece, tp, micro_batch, seq) of ``sweep`` on ``device``; one point dict each."""
+    import torch
+
+    if sweep.dtype not in DTYPES:
+        raise InputError(f"must be one of {', '.join(DTYPES)}, got {sweep.dtype!r}", field="--dtype")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise InputError("--device cuda asked for but torch sees no CUDA device", field="--device")
+    dtype = getattr(torch, DTYPES[sweep.dtype])
+    if not sweep.tp:
+        raise InputError("no tp shard size divides the model (" + "; ".join(sweep.notes) + ")", field="--tp")
+    prev_threads = torch.get_num_threads()
+    if not device.startswith("cuda"):
+        torch.set_num_threads(sweep.threads)
+    clock = "thread" if not device.startswith("cuda") and sweep.threads == 1 else "wall"
+    try:
+        return _measure(model, device, sweep, dtype, clock, progress)
+    finally:
+        torch.set_num_threads(prev_threads)
+
+
+def _measure(model, device, sweep, dtype, clock, progress) -> list[dict[str, Any]]:
+    keys = [(piece, t, b, s) for piece in sweep.pieces for t in sweep.tp for b in sweep.micro_batches
+            for s in sweep.seq_lens]
+    total = len(keys) * (1 + sweep.rounds)
+    done = 0
+    pieces, meters, reps = {}, {}, {}
+    for key in keys:  # build and warm every point once, and size its rounds
+        p = pieces[key] = _Piece(key[0], model, key[1], key[2], key[3], device, dtype)
+        for kind, fn in (("fwd", p.fwd), ("fwd_bwd", p.fwd_bwd)):
+            m = meters[key, kind] = Meter(fn, device=device, clock=clock)
+            reps[key, kind] = repeats_for(m.warm(1), sweep.round_s, sweep.min_repeats, sweep.max_repeats)
+        done += 1
+        if progress:
+            progress(done, total, f"warm {key[0]} tp{key[1]} b{key[2]} s{key[3]}")
+    for r in range(sweep.rounds):  # interleaved rounds: a burst of load spoils one round, not a point
+        for key in keys:
+            for kind in ("fwd", "fwd_bwd"):
+                meters[key, kind].take(reps[key, kind])
+            done += 1
+            if progress:
+                progress(done, total, f"round {r + 1}/{sweep.rounds}")
+    out = []
+    for key in keys:
+        piece, t, b, s = key
+        tf, tfb = meters[key, "fwd"].timing(), meters[key, "fwd_bwd"].timing()
+        out.append({"piece": piece, "tp": t, "micro_batch": b, "seq": s,
+                    "fwd_s": tf.median_s, "fwd_bwd_s": tfb.median_s, "bwd_s": max(0.0, tfb.median_s - tf.median_s),
+                    "spread": max(tf.spread, tfb.spread), "unstable": bool(tf.unstable or tfb.unstable),
+                    "clock": tf.clock, "wall_fwd_bwd_s": tfb.wall_median_s,
+                    "activation_bytes": pieces[key].activation_bytes(), "param_bytes": pieces[key].param_bytes})
+    return out
+
+
+def model_dict(model: Any) -> dict[str, Any]:
+    """The shape fields of a ModelSpec (what a layer profile is valid for)."""
+    return {k: getattr(model, k) for k in ("name", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab",
+                                           "activation", "tied_embeddings")}
+
+
+def layer_profile_doc(model: Any, device: str, sweep: LayerSweep, points: list[dict[str, Any]],
+                      measure_s: float) -> dict[str, Any]:
+    """The stored/exported document of one layer profile (``profilers/store.py``)."""
+    import torch
+
+    from profilers.worker import device_name
+
+    return {"kind": LAYER_DOC_KIND, "schema_version": LAYER_SCHEMA_VERSION, "units": LAYER_UNITS,
+            "device_kind": "cuda" if device.startswith("cuda") else "cpu", "device_name": device_name(device),
+            # the kernel profiles' name for the same device (profilers/worker.py)
+            "model": model_dict(model), "dtype": sweep.dtype, "origin": "measured", "source": "autotune profile --layers",
+            "meta": {"threads": sweep.threads, "rounds": sweep.rounds, "torch": torch.__version__,
+                     "cores": os.cpu_count(), "measure_s": measure_s, "notes": sweep.notes,
+                     "grid": {"micro_batch": list(sweep.micro_batches), "seq": list(sweep.seq_lens),
+                              "tp": list(sweep.tp)}},
+            "points": points}
+
+
+def profile_layers(model: Any, device: str = "cpu", sweep: LayerSweep | None = None,
+                   progress: Progress | None = None) -> dict[str, Any]:
+    """Measure ``model``'s pieces on ``device`` and return the layer-profile document."""
+    sweep = sweep or default_sweep(model, device)
+    t0 = time.perf_counter()
+    points = run_layers(model, device, sweep, progress)
+    return layer_profile_doc(model, device, sweep, points, time.perf_counter() - t0)

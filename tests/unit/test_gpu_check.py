@@ -1,0 +1,68 @@
+"""The CPU-testable parts of benchmarks/gpu_check.py: which plans it runs for a GPU count, that each
+is a valid plan of its model, and the report's figures (the GPU run itself needs a GPU)."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import statistics
+from pathlib import Path
+
+import pytest
+
+from autotune.plan import Plan
+from autotune.specs.cluster import cluster_from_dict
+
+_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.py"
+_spec = importlib.util.spec_from_file_location("gpu_check", _PATH)
+gc = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(gc)
+
+
+def test_one_gpu_runs_the_single_device_plans_and_says_why_not_the_rest():
+    plans, skipped = gc.select_plans(1)
+    assert [Plan.from_dict(d).world for _, d in plans] == [1] * len(plans) and len(plans) >= 2
+    assert sorted(k for k, _ in skipped) == sorted(set(gc.KINDS) - {"dp"})
+    assert all("2 or more GPUs" in why for _, why in skipped)
+    with pytest.raises(ValueError):
+        gc.select_plans(0)
+
+
+@pytest.mark.parametrize("gpus", [2, 4, 8])
+def test_several_gpus_run_one_plan_per_parallelism_over_all_of_them(gpus):
+    plans, skipped = gc.select_plans(gpus)
+    assert [n for n, _ in plans] == list(gc.KINDS) and not skipped
+    cluster = cluster_from_dict({"name": "h", "nodes": [{"count": 1, "devices_per_node": gpus,
+                                                         "device": "H100-SXM"}]})
+    for name, d in plans:
+        plan = Plan.from_dict({**d, "dtype": "bf16"})
+        assert plan.world == gpus
+        dim = "dp" if name == "zero3" else name
+        assert getattr(plan.degrees, dim) == gpus
+        from autotune.cost import estimate
+
+        est = estimate(plan, gc.CHECK_MODEL, cluster, gc.CHECK_SEQ, gc.CHECK_BATCH)
+        assert est.predicted["feasible"], (name, est.predicted["infeasible_reason"])
+
+
+def _row(name, pred_s, meas_s, pred_mem, meas_mem):
+    return {"name": name, "predicted": {"step_time_s": pred_s, "memory_bytes": pred_mem},
+            "measured": {"step_time_s": meas_s, "peak_memory_bytes": meas_mem}, "failure": None}
+
+
+def test_the_report_prints_both_figures_and_their_errors():
+    rows = [_row("dp", 0.12, 0.10, [2e9, 2e9], [2.5e9, 1.0e9]),
+            _row("tp", 0.30, 0.40, [1e9, 1e9], [1e9, 1e9]),
+            {"name": "pp", "predicted": {"step_time_s": 0.2, "memory_bytes": [1.0, 1.0]}, "measured": None,
+             "failure": {"kind": "oom", "message": "CUDA out of memory"}}]
+    text = gc.report(rows, [("zero3", "the runtime refuses zero_stage 3")])
+    lines = {ln.split()[0]: ln for ln in text.splitlines()}
+    assert "+20.0%" in lines["dp"] and "-25.0%" in lines["tp"]
+    # the busiest rank's memory: dp's rank 0 (2.5 GB measured, 2 GB predicted: -20%)
+    assert "-20.0%" in lines["dp"]
+    assert "CUDA out of memory" in lines["pp"] and "refuses" in lines["zero3"]
+    median_t = statistics.median([0.2, 0.25])
+    # per plan the median over ranks of |memory error|: dp (0.2, 1.0) -> 0.6, tp 0 -> median 0.3
+    median_m = statistics.median([statistics.median([0.2, 1.0]), 0.0])
+    assert f"step time {median_t:.1%}" in text and f"memory {median_m:.1%}" in text
+    assert not math.isnan(median_m)
