@@ -15,7 +15,7 @@ from typing import Any
 from autotune.errors import InputError
 from autotune.export.common import ExportContext
 from autotune.plan import Plan, load_plan
-from autotune.specs.cluster import load_cluster
+from autotune.specs.cluster import cluster_from_record, load_cluster
 from autotune.specs.model import load_model, model_from_dict
 
 
@@ -93,12 +93,8 @@ def best_trial(study: Any) -> Any:
 
 
 def _cluster_from_record(name: str, spec: dict[str, Any] | None, digest: str, storage: str) -> Any:
-    """The study's cluster (autotune.study.cluster_from_record, the one rebuilder); where it cannot be
-    rebuilt, the error says to pass the cluster file."""
-    from autotune.study import cluster_from_record
-
     try:
-        return cluster_from_record(name, spec, storage, digest=digest)
+        return cluster_from_record(name, spec, storage, digest)
     except InputError as e:
         raise InputError(f"cannot rebuild the study's cluster ({e.message}); pass its file with --cluster",
                          field="--cluster") from None
