@@ -34,6 +34,7 @@ from typing import Any
 from sqlalchemy import JSON, Boolean, Float, ForeignKey, Integer, String, create_engine, select
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
+from sqlalchemy.pool import StaticPool
 
 from autotune.errors import InputError, WorkError
 
@@ -127,18 +128,33 @@ class LayerProfileRow(Base):
 _ENGINES: dict[str, Any] = {}
 
 
+def profile_url(storage: str) -> str:
+    """Where the profiles of a storage live, so that every ``--storage`` a study takes holds profiles
+    too: the same database for an SQLAlchemy URL; for an Optuna journal file (``x.log``, which holds
+    studies only) the SQLite file ``x.log.profiles.db`` beside it; for ``:memory:`` an SQLite database
+    of this process."""
+    if storage == ":memory:":
+        return "sqlite://"
+    if storage.endswith(".log") and "://" not in storage:
+        return f"sqlite:///{storage}.profiles.db"
+    return storage
+
+
 def engine_for(storage: str):
     """An engine for ``storage`` with the tables created; bad URLs are input errors on --storage."""
     if storage in _ENGINES:
         return _ENGINES[storage]
-    if "://" not in storage:
-        raise InputError(f"profiles need an SQLAlchemy URL such as sqlite:///results/autotune.db, got {storage!r}",
-                         field="--storage")
-    if storage.startswith("sqlite:///") and not storage.startswith("sqlite:///:memory:"):
-        path = Path(storage[len("sqlite:///"):])
+    url = profile_url(storage)
+    if "://" not in url:
+        raise InputError(f"profiles need an SQLAlchemy URL such as sqlite:///results/autotune.db, a journal "
+                         f"file ending in .log or :memory:, got {storage!r}", field="--storage")
+    if url.startswith("sqlite:///") and not url.startswith("sqlite:///:memory:"):
+        path = Path(url[len("sqlite:///"):])
         path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        eng = create_engine(storage)
+        # one shared connection for a database that lives in this process (sqlite://)
+        eng = create_engine(url, poolclass=StaticPool, connect_args={"check_same_thread": False}) \
+            if url == "sqlite://" else create_engine(url)
         Base.metadata.create_all(eng)
     except (ArgumentError, SQLAlchemyError, ImportError, ValueError) as e:
         raise InputError(f"cannot open storage {storage!r}: {str(e).splitlines()[0]}", field="--storage") from None

@@ -21,3 +21,119 @@ def in_tmp(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     os.makedirs("results", exist_ok=True)
     return tmp_path
+
+
+# ---- a throw-away PostgreSQL server -------------------------------------------------------------
+REQUIRE_POSTGRES = "AUTOTUNE_REQUIRE_POSTGRES"
+"""Set to 1 (CI does) to make a server that cannot be started a failure instead of a skip."""
+
+
+def _pg_bindir():
+    """Debian's server binaries (/usr/lib/postgresql/<major>/bin, newest first), else initdb on PATH."""
+    import glob
+    import shutil
+
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"),
+                   key=lambda p: int(p.split("/")[-3]) if p.split("/")[-3].isdigit() else 0)
+    if found:
+        return os.path.dirname(found[-1])
+    initdb = shutil.which("initdb")
+    return os.path.dirname(initdb) if initdb else None
+
+
+class _PostgresServer:
+    """initdb + pg_ctl in a temporary folder, on a free TCP port of 127.0.0.1, its unix socket in the
+    same folder. initdb refuses to run as root, so as root the server runs as the ``postgres`` user
+    that Debian's package creates (through runuser)."""
+
+    def __init__(self):
+        import socket
+        import subprocess
+        import tempfile
+
+        self.bindir = _pg_bindir()
+        if self.bindir is None:
+            raise RuntimeError("no PostgreSQL server binaries (initdb) found; install Debian's postgresql package")
+        try:
+            import psycopg  # noqa: F401
+        except ImportError as exc:
+            raise RuntimeError(f"the psycopg driver is not installed ({exc}); pip install 'psycopg[binary]'") from None
+        self.as_user = None
+        if os.geteuid() == 0:
+            import pwd
+
+            try:
+                pwd.getpwnam("postgres")
+            except KeyError:
+                raise RuntimeError("running as root and there is no 'postgres' user to run the server as") from None
+            self.as_user = "postgres"
+        self.dir = tempfile.mkdtemp(prefix="autotune-pg-")
+        if self.as_user:
+            import shutil
+
+            shutil.chown(self.dir, user=self.as_user)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.data = os.path.join(self.dir, "data")
+        self._run("initdb", "-D", self.data, "-A", "trust", "-U", "autotune", "--no-sync", "-E", "UTF8")
+        # fsync off: a throw-away cluster need not survive a power cut
+        opts = f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -F -c max_connections=200"
+        self._run("pg_ctl", "-D", self.data, "-o", opts, "-l", os.path.join(self.dir, "server.log"), "-w",
+                  "-t", "60", "start")
+        self.subprocess = subprocess
+
+    def _run(self, tool, *args):
+        import subprocess
+
+        cmd = [os.path.join(self.bindir, tool), *args]
+        if self.as_user:
+            cmd = ["runuser", "-u", self.as_user, "--", *cmd]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        if r.returncode != 0:
+            log = os.path.join(self.dir, "server.log")
+            tail = open(log).read()[-500:] if os.path.exists(log) else ""
+            raise RuntimeError(f"{tool} failed ({r.returncode}): {(r.stderr or r.stdout).strip()[-500:]} {tail}")
+
+    def url(self, database="postgres"):
+        return f"postgresql+psycopg://autotune@127.0.0.1:{self.port}/{database}"
+
+    def create_database(self, name):
+        import psycopg
+
+        with psycopg.connect(host="127.0.0.1", port=self.port, user="autotune", dbname="postgres",
+                             autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        return self.url(name)
+
+    def stop(self):
+        import shutil
+
+        try:
+            self._run("pg_ctl", "-D", self.data, "-m", "immediate", "-w", "stop")
+        finally:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """One server for the session; the tests skip with the reason where none can be started (and
+    fail instead when AUTOTUNE_REQUIRE_POSTGRES=1, as in CI)."""
+    try:
+        server = _PostgresServer()
+    except (RuntimeError, OSError) as exc:
+        reason = f"no PostgreSQL server could be started: {exc}"
+        if os.environ.get(REQUIRE_POSTGRES) == "1":
+            pytest.fail(f"{reason} ({REQUIRE_POSTGRES}=1)")
+        pytest.skip(reason)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def postgres_url(postgres_server, request):
+    """A fresh database of the session's server for this test."""
+    import re
+
+    name = "t_" + re.sub(r"[^a-z0-9]+", "_", request.node.name.lower())[:40] + f"_{os.getpid()}"
+    return postgres_server.create_database(name)

@@ -38,7 +38,6 @@ from autotune.cost.memory import TERM_NAMES  # noqa: F401  (its old home)
 from autotune.cost.pipeline_parallel import replica_stages, simulate_replicas
 from autotune.cost.rank import rank_cost
 from autotune.plan import Plan
-from autotune.schedules import helixpipe as HX
 
 
 @dataclass
@@ -61,16 +60,16 @@ def estimate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: i
     ``timeline=True`` also fills ``breakdown["timeline"]`` with the simulated events (None
     otherwise); ``calibration`` is ``{device type: {"compute": f, "comm": f}}`` from ``validate``."""
     s = step_context(plan, model, cluster, seq_len, global_batch, calibration)
-    helix = s.plan.schedule == "helixpipe"  # its data flow is no chain of stages: its own module prices it
+    own = None if s.schedule.chain else s.schedule  # a data flow that is no chain of stages prices itself
     costs: dict[int, Any] = {}
     groups = []
     for r0, dp_i, ctx in tp_groups(s):
         c = costs.get(id(ctx))
         if c is None:
-            c = costs[id(ctx)] = HX.rank_cost(ctx, rank_cost(ctx)) if helix else rank_cost(ctx)
+            c = costs[id(ctx)] = own.price_rank(ctx, rank_cost(ctx)) if own else rank_cost(ctx)
         groups.append((r0, dp_i, ctx, c))
     per_rep_stage = replica_stages(groups)
-    sims = HX.simulate_replicas(s, per_rep_stage) if helix else simulate_replicas(s, per_rep_stage)
+    sims = own.simulate_replicas(s, per_rep_stage) if own else simulate_replicas(s, per_rep_stage)
     step, stage_end, exposed_of = exposure(s.pp, s.dp, sims, per_rep_stage)
     memory, capacity, rows, stage_mem, infeasible = report.rank_rows(s, groups, exposed_of, step)
     predicted, model_flops, peak = report.predicted_figures(s, groups, sims, step, memory, capacity, infeasible)

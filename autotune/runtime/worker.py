@@ -39,6 +39,7 @@ from autotune.runtime.mesh import Mesh, build_mesh
 from autotune.runtime.model import Layout, RMSNorm, build_on_meta, materialize, shard_info
 from autotune.runtime.optimizer import LR, WEIGHT_DECAY, TrainOptimizer  # noqa: F401 - re-exported
 from autotune.runtime.pipeline import build_schedule, build_stage_models
+from autotune.schedules import schedule_of
 from autotune.specs.model import ModelSpec
 
 DTYPES = {"fp32": torch.float32, "fp32-strict": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -398,10 +399,9 @@ def train(plan: Plan, spec: ModelSpec, seq_len: int, global_batch: int, *, steps
     clk.sync = functools.partial(torch.cuda.synchronize, device) if (
         device.type == "cuda" and not cuda_events) else _no_sync
     mesh = build_mesh(plan, rank, device, timeout_s=timeout_s)
-    if plan.schedule == "helixpipe":  # hand-written runtime: no torch.distributed.pipelining schedule has it
-        from autotune.runtime.helix import HelixTrainer
-
-        trainer: Any = HelixTrainer(plan, spec, mesh, seq_len, global_batch, seed, data=data)
+    sched = schedule_of(plan)
+    if hasattr(sched, "build_trainer"):  # a hand-written runtime (helixpipe): no torch schedule has it
+        trainer: Any = sched.build_trainer(plan, spec, mesh, seq_len, global_batch, seed, data=data)
     else:
         trainer = RankTrainer(plan, spec, mesh, seq_len, global_batch, seed, data=data)
     losses, times, splits = [], [], []

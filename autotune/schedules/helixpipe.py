@@ -31,9 +31,10 @@ Pure Python (no torch): the cost model imports it in the search's inner loop.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from autotune.schedules.base import B, F, Op, Schedule
 
@@ -55,9 +56,33 @@ def block_rank(j: int, p: int) -> int:
     return j % p
 
 
-def attention_rank(i: int, offset: int, p: int) -> int:
-    """Pipeline rank of layer ``i``'s attention (0-based) for a micro-batch at ``offset``."""
-    return (i + 1 + offset) % p
+def attention_rank(i: int, offset: int, p: int, shares: tuple[int, ...] | None = None) -> int:
+    """Pipeline rank of layer ``i``'s attention (0-based) for a micro-batch at ``offset``.
+
+    ``shares`` (the plan's ``helix_attention``; None: L/p each, the published rotation): how many of
+    a micro-batch's L attentions each rank runs. The ranks take turns along a cycle of L slots in
+    which rank r appears ``shares[r]`` times, spread evenly (``attention_slots``); the micro-batch at
+    offset d starts d slots further on, as the published rotation does."""
+    if shares is None:
+        return (i + 1 + offset) % p
+    slots = attention_slots(shares)
+    return slots[(i + 1 + offset) % len(slots)]
+
+
+@lru_cache(maxsize=256)
+def attention_slots(shares: tuple[int, ...]) -> tuple[int, ...]:
+    """A cycle of ``sum(shares)`` slots where rank r appears ``shares[r]`` times, evenly interleaved
+    (smooth weighted round robin: each turn goes to the rank furthest behind its share)."""
+    total = sum(shares)
+    credit = [0] * len(shares)
+    out = []
+    for _ in range(total):
+        for r, w in enumerate(shares):
+            credit[r] += w
+        best = max(range(len(shares)), key=lambda r: (credit[r], -r))
+        credit[best] -= total
+        out.append(best)
+    return tuple(out)
 
 
 def offset_of(mb: int, p: int, folds: int) -> int:
@@ -66,11 +91,11 @@ def offset_of(mb: int, p: int, folds: int) -> int:
     return (mb // folds) % p
 
 
-def chain_rank(k: int, mb: int, p: int, folds: int) -> int:
+def chain_rank(k: int, mb: int, p: int, folds: int, shares: tuple[int, ...] | None = None) -> int:
     """Pipeline rank of chain position ``k`` of micro-batch ``mb``."""
     if k % 2 == 0:
         return block_rank(k // 2, p)
-    return attention_rank(k // 2, offset_of(mb, p, folds), p)
+    return attention_rank(k // 2, offset_of(mb, p, folds), p, shares)
 
 
 def is_block(k: int) -> bool:
@@ -82,7 +107,7 @@ def blocks_of_rank(rank: int, p: int, layers: int) -> tuple[int, ...]:
     return tuple(j for j in range(layers + 1) if block_rank(j, p) == rank)
 
 
-def problems(p: int, layers: int, m: int, folds: int) -> list[str]:
+def problems(p: int, layers: int, m: int, folds: int, shares: tuple[int, ...] | None = None) -> list[str]:
     """Why HelixPipe cannot run ``p`` ranks, ``layers`` layers, ``m`` micro-batches per replica."""
     out = []
     if p < 2:
@@ -93,14 +118,20 @@ def problems(p: int, layers: int, m: int, folds: int) -> list[str]:
     if m % (p * folds) or m < 1:
         out.append(f"num_microbatches: helixpipe needs micro-batches per replica divisible by "
                    f"pp({p})*helix_folds({folds}) = {p * folds}, got {m}")
+    if shares is not None and (len(shares) != p or sum(shares) != layers or min(shares) < 0):
+        out.append(f"helix_attention: {list(shares)} must give each of pp({p}) ranks its attentions per "
+                   f"micro-batch (>= 0), adding up to layers({layers})")
     return out
 
 
 # ---- order --------------------------------------------------------------------------------------
 @lru_cache(maxsize=1024)
-def rank_order(p: int, layers: int, m: int, folds: int, rank: int) -> tuple[HelixOp, ...]:
-    """Operations of pipeline rank ``rank`` in the order it runs them (see the module docstring)."""
-    bad = problems(p, layers, m, folds)
+def rank_order(p: int, layers: int, m: int, folds: int, rank: int,
+               shares: tuple[int, ...] | None = None) -> tuple[HelixOp, ...]:
+    """Operations of pipeline rank ``rank`` in the order it runs them (see the module docstring).
+    Any placement (``shares``) keeps it deadlock-free: every rank runs its operations in one global
+    order (ideal start, then fold) that every dependency respects."""
+    bad = problems(p, layers, m, folds, shares)
     if bad:
         raise ValueError("; ".join(bad))
     group = p * folds
@@ -108,39 +139,41 @@ def rank_order(p: int, layers: int, m: int, folds: int, rank: int) -> tuple[Heli
     for mb in range(m):
         g, d, f = mb // group, offset_of(mb, p, folds), mb % folds
         for k in range(2 * layers + 1):
-            if chain_rank(k, mb, p, folds) == rank:
+            if chain_rank(k, mb, p, folds, shares) == rank:
                 keyed.append(((g, d + k, f), k, mb))
     keyed.sort()
     fwd = [HelixOp(FWD, k, mb) for _, k, mb in keyed]
     return tuple(fwd) + tuple(HelixOp(BWD, op.k, op.microbatch) for op in reversed(fwd))
 
 
-def all_orders(p: int, layers: int, m: int, folds: int) -> tuple[tuple[HelixOp, ...], ...]:
-    return tuple(rank_order(p, layers, m, folds, r) for r in range(p))
+def all_orders(p: int, layers: int, m: int, folds: int,
+               shares: tuple[int, ...] | None = None) -> tuple[tuple[HelixOp, ...], ...]:
+    return tuple(rank_order(p, layers, m, folds, r, shares) for r in range(p))
 
 
-def peer(op: HelixOp, p: int, layers: int, folds: int) -> int | None:
+def peer(op: HelixOp, p: int, layers: int, folds: int, shares: tuple[int, ...] | None = None) -> int | None:
     """Pipeline rank the output of ``op`` goes to (None at the ends of the chain)."""
     nxt = op.k + 1 if op.kind == FWD else op.k - 1
     if nxt < 0 or nxt > 2 * layers:
         return None
-    return chain_rank(nxt, op.microbatch, p, folds)
+    return chain_rank(nxt, op.microbatch, p, folds, shares)
 
 
-def source(op: HelixOp, p: int, layers: int, folds: int) -> int | None:
+def source(op: HelixOp, p: int, layers: int, folds: int, shares: tuple[int, ...] | None = None) -> int | None:
     """Pipeline rank the input of ``op`` comes from (None: the data, or the loss)."""
     prev = op.k - 1 if op.kind == FWD else op.k + 1
     if prev < 0 or prev > 2 * layers:
         return None
-    return chain_rank(prev, op.microbatch, p, folds)
+    return chain_rank(prev, op.microbatch, p, folds, shares)
 
 
-def in_flight(p: int, layers: int, m: int, folds: int, rank: int) -> tuple[int, int]:
+def in_flight(p: int, layers: int, m: int, folds: int, rank: int,
+              shares: tuple[int, ...] | None = None) -> tuple[int, int]:
     """(most (block or attention) x micro-batch activations ``rank`` holds at once, most
     micro-batches whose logits it holds): from the order, forwards done minus backwards done."""
     held = peak = logits = peak_logits = 0
     last = 2 * layers
-    for op in rank_order(p, layers, m, folds, rank):
+    for op in rank_order(p, layers, m, folds, rank, shares):
         step = 1 if op.kind == FWD else -1
         held += step
         peak = max(peak, held)
@@ -168,18 +201,19 @@ class HelixSimulation:
     rank_finish: list[float]
     rank_busy: list[float]
     makespan: float = 0.0
+    shares: tuple[int, ...] | None = None
 
     @property
     def fwd(self) -> tuple[float, ...]:
         """Seconds of one micro-batch's forward operations on each rank (the chain schedules'
         per-stage figure, for the breakdown)."""
         return tuple(sum(self.op_fwd[k][r] for k in range(2 * self.layers + 1)
-                         if chain_rank(k, 0, self.p, self.folds) == r) for r in range(self.p))
+                         if chain_rank(k, 0, self.p, self.folds, self.shares) == r) for r in range(self.p))
 
     @property
     def bwd(self) -> tuple[float, ...]:
         return tuple(sum(self.op_bwd[k][r] for k in range(2 * self.layers + 1)
-                         if chain_rank(k, 0, self.p, self.folds) == r) for r in range(self.p))
+                         if chain_rank(k, 0, self.p, self.folds, self.shares) == r) for r in range(self.p))
 
     def bubble_fraction(self, s: int) -> float:
         span = self.makespan
@@ -198,7 +232,7 @@ class HelixSimulation:
         for s in range(p):
             rank = ranks[s] if ranks else s
             t = 0.0
-            for op in rank_order(p, L, m, F, s):
+            for op in rank_order(p, L, m, F, s, self.shares):
                 k, i = op.k, op.microbatch
                 if op.kind == FWD:
                     end, dur = self.f_end[i][k], self.op_fwd[k][s]
@@ -211,7 +245,7 @@ class HelixSimulation:
                 out.append({"stage": s, "rank": rank, "kind": "fwd" if op.kind == FWD else "bwd",
                             "microbatch": i, "chunk": k, "part": "block" if is_block(k) else "attention",
                             "start": start, "end": end})
-                dst = peer(op, p, L, F)
+                dst = peer(op, p, L, F, self.shares)
                 if dst is not None and dst != s:
                     hop = self.hop_time(k, op.kind, s, dst)
                     if hop > 0:
@@ -225,7 +259,8 @@ class HelixSimulation:
 
 
 def simulate(p: int, layers: int, m: int, folds: int, fwd: tuple[tuple[float, ...], ...],
-             bwd: tuple[tuple[float, ...], ...], hops: tuple[tuple[tuple[float, ...], ...], ...]) -> HelixSimulation:
+             bwd: tuple[tuple[float, ...], ...], hops: tuple[tuple[tuple[float, ...], ...], ...],
+             shares: tuple[int, ...] | None = None) -> HelixSimulation:
     """Time ``rank_order`` on every rank: an operation starts when its rank is free and its input
     has arrived (the producer's end plus the hop between the two ranks it really joins).
 
@@ -236,8 +271,8 @@ def simulate(p: int, layers: int, m: int, folds: int, fwd: tuple[tuple[float, ..
     n = 2 * layers + 1
     f_end = [[-1.0] * n for _ in range(m)]
     b_end = [[-1.0] * n for _ in range(m)]
-    orders = all_orders(p, layers, m, folds)
-    ranks_of = [[chain_rank(k, mb, p, folds) for k in range(n)] for mb in range(min(m, p * folds))]
+    orders = all_orders(p, layers, m, folds, shares)
+    ranks_of = [[chain_rank(k, mb, p, folds, shares) for k in range(n)] for mb in range(min(m, p * folds))]
     group = p * folds
     ptr = [0] * p
     free = [0.0] * p
@@ -289,14 +324,15 @@ def simulate(p: int, layers: int, m: int, folds: int, fwd: tuple[tuple[float, ..
             raise RuntimeError(f"helixpipe order deadlocked (p={p}, L={layers}, m={m}, F={folds})")
         remaining -= advanced
     return HelixSimulation(p=p, layers=layers, m=m, folds=folds, f_end=f_end, b_end=b_end, op_fwd=fwd, op_bwd=bwd,
-                           hops=hops, rank_finish=free, rank_busy=busy, makespan=max(free))
+                           hops=hops, rank_finish=free, rank_busy=busy, makespan=max(free), shares=shares)
 
 
 @lru_cache(maxsize=512)
 def simulate_cached(p: int, layers: int, m: int, folds: int, fwd: tuple[tuple[float, ...], ...],
                     bwd: tuple[tuple[float, ...], ...],
-                    hops: tuple[tuple[tuple[float, ...], ...], ...]) -> HelixSimulation:
-    return simulate(p, layers, m, folds, fwd, bwd, hops)
+                    hops: tuple[tuple[tuple[float, ...], ...], ...],
+                    shares: tuple[int, ...] | None = None) -> HelixSimulation:
+    return simulate(p, layers, m, folds, fwd, bwd, hops, shares)
 
 
 # ---- pricing (the cost model's side: autotune/cost/estimate.py asks these for helixpipe plans) ----
@@ -557,42 +593,32 @@ class _Lazy:
 HelixRankCost = _Lazy()
 
 
-# ---- the schedule registry's view (autotune/schedules/base.py) ----------------------------------
+# ---- the schedule module (autotune/schedules/base.py) --------------------------------------------
 class HelixPipe(Schedule):
-    """HelixPipe as a registered ``Schedule``: the plan's validation, the search space and the
-    exporters ask it; the cost model and the runtime still call this module's functions directly
-    (its data flow is no chain of model chunks)."""
+    """HelixPipe as the registry sees it; configured per plan with its folds (``for_plan``)."""
 
     name = "helixpipe"
-    chain = False  # parameter blocks and attentions on per-micro-batch ranks: simulate() above prices it
-    summary = "HelixPipe: attention-parallel pipeline, two-fold FILO (Zhang et al. 2025, arXiv 2507.00394)"
-    targets = {"megatron": "HelixPipe fork: --attention-pipeline --num-fold F"}
+    summary = ("HelixPipe: attention-parallel pipeline, two-fold first-in-last-out order, recomputation "
+               "without attention (Zhang et al. 2025, arXiv 2507.00394)")
+    chain = False
+    targets = {"megatron": "--attention-pipeline (HelixPipe's Megatron-LM fork)"}
     refusals = {
         "torchtitan": "schedule helixpipe: torchtitan's pipeline schedules run whole layers per stage; none "
                       "splits attention off the parameter blocks (HelixPipe needs its own fork of Megatron-LM)",
-        "deepspeed": "schedule helixpipe: DeepSpeed's pipeline engine runs its own 1F1B schedule "
-                     "(TrainSchedule), one stage per rank",
+        "deepspeed": "schedule helixpipe: DeepSpeed's pipeline engine runs its own 1F1B schedule (TrainSchedule) "
+                     "over whole layers, one stage per rank",
         "accelerate": "schedule helixpipe: Accelerate has no training pipeline schedule",
     }
 
-    def __init__(self, folds: int = 1, layers: int | None = None):
-        self.folds, self.layers = folds, layers
+    def __init__(self, folds: int = 1, layers: int | None = None, shares: tuple[int, ...] | None = None):
+        self.folds, self.layers, self.shares = folds, layers, shares
 
-    def for_plan(self, plan) -> HelixPipe:
-        layers = sum(plan.shares.layers) if plan.shares.layers else None
-        return HelixPipe(plan.helix_folds, layers)
+    def for_plan(self, plan: Any) -> HelixPipe:
+        layers = sum(plan.shares.layers) if plan.shares.layers is not None else None
+        return HelixPipe(plan.helix_folds, layers, getattr(plan, "helix_attention", None))
 
-    def options(self) -> tuple:
-        return (self.folds, self.layers)
-
-    def check_shape(self, pp: int, virtual_stages: int) -> list[str]:
-        return []  # check_plan says it all (plan_problems)
-
-    def check_microbatches(self, pp: int, virtual_stages: int, counts) -> list[str]:
-        return []
-
-    def check_plan(self, plan, model) -> list[str]:
-        return plan_problems(plan, model)
+    def options(self) -> tuple[Any, ...]:
+        return (self.folds, self.layers, self.shares)
 
     def min_microbatches(self, pp: int, virtual_stages: int) -> int:
         return pp * self.folds
@@ -600,12 +626,43 @@ class HelixPipe(Schedule):
     def microbatch_multiple(self, pp: int, virtual_stages: int) -> int:
         return pp * self.folds
 
-    def op_order(self, pp: int, virtual_stages: int, m: int, rank: int) -> tuple[Op, ...]:
-        """Chain positions stand for the stages (``rank_order``)."""
-        if self.layers is None:
-            raise ValueError("helixpipe's order needs the model's layers: use schedule_of(resolved plan)")
-        return tuple(Op(F if o.kind == FWD else B, o.k, o.microbatch)
-                     for o in rank_order(pp, self.layers, m, self.folds, rank))
+    def check_shape(self, pp: int, virtual_stages: int) -> list[str]:
+        return []  # check_plan says it all (plan_problems: it needs the model's layers)
 
-    def in_flight(self, pp: int, virtual_stages: int, m: int, rank: int, layers: tuple[int, ...]) -> tuple[int, int]:
-        return in_flight(pp, sum(layers) * pp, m, self.folds, rank)
+    def check_microbatches(self, pp: int, virtual_stages: int, counts: Sequence[int]) -> list[str]:
+        return []
+
+    def check_plan(self, plan: Any, model: Any) -> list[str]:
+        return plan_problems(plan, model)
+
+    def op_order(self, pp: int, virtual_stages: int, m: int, rank: int) -> tuple[Op, ...]:
+        """``rank_order`` as ``Op``: ``stage`` is the chain position k (2j block j, 2i+1 attention i)."""
+        if self.layers is None:
+            raise ValueError("helixpipe's order needs the layer count: configure it with for_plan(resolved plan)")
+        return tuple(Op(F if o.kind == FWD else B, o.k, o.microbatch)
+                     for o in rank_order(pp, self.layers, m, self.folds, rank, self.shares))
+
+    def in_flight(self, pp: int, virtual_stages: int, m: int, rank: int,
+                  layers: tuple[int, ...]) -> tuple[int, int]:
+        """(layer-micro-batches held: every micro-batch's L/p layers, first in last out; logits held)."""
+        L = self.layers if self.layers is not None else sum(layers) * pp
+        held, logits = in_flight(pp, L, m, self.folds, rank, self.shares)
+        n_attn = sum(1 for k in range(1, 2 * L + 1, 2) if chain_rank(k, 0, pp, self.folds, self.shares) == rank)
+        return m * n_attn, logits
+
+    def simulate(self, pp, virtual_stages, m, fwd, bwd, p2p, wgt=None):
+        raise NotImplementedError("helixpipe prices itself from each rank's operation times and the link matrix "
+                                  "(price_rank, simulate_replicas): its data flow is no chain of stages")
+
+    # the cost model's and the runtime's hooks for a schedule whose data flow is not a chain
+    def price_rank(self, ctx: Any, base: Any) -> Any:
+        return rank_cost(ctx, base)
+
+    def simulate_replicas(self, step: Any, per_rep_stage: Any) -> list[HelixSimulation]:
+        return simulate_replicas(step, per_rep_stage)
+
+    def build_trainer(self, plan: Any, spec: Any, mesh: Any, seq_len: int, global_batch: int, seed: int,
+                      data: Any = None) -> Any:
+        from autotune.runtime.helix import HelixTrainer
+
+        return HelixTrainer(plan, spec, mesh, seq_len, global_batch, seed, data=data)

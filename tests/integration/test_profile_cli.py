@@ -227,7 +227,7 @@ def test_a_rank_that_dies_or_hangs_stops_everything_and_stores_nothing(profiled,
     (["--nproc", "4096"], "--nproc"),
     (["--nproc", "2", "--emulate-slowdown", "5=2"], "--emulate-slowdown"),
     (["--emulate-slowdown", "1=0.5"], "--emulate-slowdown"),
-    (["--storage", "journal.log"], "--storage"),
+    (["--storage", "profiles.txt"], "--storage"),
 ])
 def test_impossible_requests_are_input_errors(capsys, tmp_path, args, field):
     if args[:2] == ["--device", "cuda"]:

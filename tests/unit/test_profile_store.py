@@ -176,7 +176,7 @@ def test_bad_profile_refs(ref, url):
 
 def test_bad_storage_url_is_an_input_error():
     with pytest.raises(InputError) as e:
-        store.engine_for("results/journal.log")
+        store.engine_for("results/profiles.txt")  # neither a URL nor a journal file (.log)
     assert e.value.field == "--storage"
     with pytest.raises(InputError):
         store.engine_for("nosuchdialect://x")
