@@ -21,7 +21,7 @@ from __future__ import annotations
 from functools import lru_cache
 from types import SimpleNamespace
 
-from autotune.schedules.base import B, F, I, W, Op, Schedule
+from autotune.schedules.base import B, F, I, Op, Schedule, W
 
 _KIND = {"F": F, "B": B, "I": I, "W": W}
 
