@@ -248,6 +248,12 @@ class Plan:
         assert self.shares.layers is not None, "resolve the plan first"
         return [self.shares.layers[j] for j in self.stages_of_rank(pp_index)]
 
+    def layout(self) -> tuple[Any, ...]:
+        """What tells two layouts apart, as opposed to share variations of one layout: degrees,
+        schedule, virtual stages and micro-batch size. ``validate`` measures the best plan of each
+        layout first and ``search`` shows one plan per layout, by this one rule."""
+        return (self.degrees, self.schedule, self.virtual_stages, self.micro_batch_size)
+
     def is_even(self) -> bool:
         """True when every resolved share is an even split (the Megatron/torchtitan baseline shape)."""
         return shares_are_even(self.shares.layers, self.shares.tokens, self.shares.heads, self.shares.samples)

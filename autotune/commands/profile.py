@@ -64,7 +64,8 @@ def run(
     seq: Annotated[str | None, typer.Option("--seq", help="--layers: sequence lengths, e.g. 128,256.")] = None,
     tp: Annotated[str | None, typer.Option("--tp", help="--layers: tp shards (a shard's weights on one device).")]
     = None,
-    dtype: Annotated[str, typer.Option("--dtype", help="--layers: fp32, bf16 or fp16.")] = "fp32",
+    dtype: Annotated[str, typer.Option("--dtype", help="--layers: auto (the dtype trials compute in here: bf16 where "
+                                                       "native, else fp32), fp32, bf16 or fp16.")] = "auto",
     storage: StorageOpt = DEFAULT_STORAGE,
     json_: JsonOpt = False,
 ) -> None:
@@ -117,6 +118,10 @@ def _run_layers(model_ref: str, device: str, mbs: str | None, seq: str | None, t
         device = "cuda" if torch.cuda.is_available() else "cpu"
     elif device not in ("cpu", "cuda"):
         raise InputError(f"must be auto, cpu or cuda, got {device!r}", field="--device")
+    if dtype == "auto":
+        from profilers.dtypes import trial_dtype
+
+        dtype = trial_dtype(device)
     sweep = default_sweep(model, device, dtype)
     sweep.micro_batches = parse_grid(mbs, "mbs") or sweep.micro_batches
     sweep.seq_lens = parse_grid(seq, "seq") or sweep.seq_lens
