@@ -36,7 +36,8 @@ PlanOpt = Annotated[str, typer.Option("--plan", "-p", help="Plan JSON file, or i
                                                           "`dp=2,pp=2,tp=2` (with optional mbs=, schedule=, ...).")]
 DtypeOpt = Annotated[str, typer.Option(
     "--dtype", help="Training precision: auto (bf16 where every device of the cluster has it, else fp16; "
-                    "a plan that states its precision keeps it), bf16, fp16 or fp32. bf16/fp16 are mixed "
+                    "a plan that states its precision keeps it), bf16, fp16, fp32 (TF32 where there is) or "
+                    "fp32-strict. bf16/fp16 are mixed "
                     "precision: fp32 master weights and AdamW states, gradients reduced in fp32, dynamic "
                     "loss scaling for fp16.")]
 DataOpt = Annotated[str | None, typer.Option(

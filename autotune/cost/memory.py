@@ -44,11 +44,14 @@ allocator typically keeps 5-10% more than is allocated).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.cost.compute import DTYPE_BYTES
 from autotune.cost.data_parallel import grad_reduce_dtype
 from autotune.cost.pipeline import peak_in_flight
+
+if TYPE_CHECKING:  # typing only: context.py builds on the dimension modules
+    from autotune.cost.context import RankContext
 
 TERM_NAMES = ("weights", "gradients", "optimizer", "activations", "logits", "reserve")
 """The terms a rank's memory adds up (an infeasible plan's reason names the largest)."""
@@ -115,7 +118,7 @@ def reserve(spec: Any, allocated: float) -> float:
     return spec.framework_reserve() + RESERVE_FRACTION * allocated
 
 
-def block_activations(ctx: Any) -> tuple[float, float, float]:
+def block_activations(ctx: RankContext) -> tuple[float, float, float]:
     """``layer_activation_bytes`` of one block on the rank of ``ctx`` (a ``context.RankContext``):
     (kept per micro-batch, full, of which the scores)."""
     s = ctx.step
@@ -125,7 +128,7 @@ def block_activations(ctx: Any) -> tuple[float, float, float]:
         fused_attention=ctx.spec.fused_attention())
 
 
-def rank_memory(ctx: Any, kept: float, full: float) -> tuple[float, dict[str, float]]:
+def rank_memory(ctx: RankContext, kept: float, full: float) -> tuple[float, dict[str, float]]:
     """(bytes, terms) on the rank of ``ctx``: its model states (ZeRO-sharded), the activations of
     the layer-micro-batches its schedule holds at once (plus one block rebuilt under recompute),
     the last chunk's logits in flight, and the allocator's reserve."""
