@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated, Any
 
 import typer
@@ -37,6 +38,8 @@ SamplerOpt = Annotated[str, typer.Option("--sampler", help="tpe (default), rando
 WorkersOpt = Annotated[int, typer.Option("--workers", "-w", help="Processes searching one study.")]
 TopOpt = Annotated[int, typer.Option("--top", "-k", help="Plans to show and print.")]
 SpaceOpt = Annotated[str, typer.Option("--space", help="Search space module in search_spaces/.")]
+DtypeOpt = Annotated[str, typer.Option("--dtype", help="auto (bf16 where every device has it, else fp16), bf16, "
+                                                       "fp16, fp32 (TF32 where there is) or fp32-strict.")]
 
 
 def command(
@@ -53,6 +56,7 @@ def command(
     seed: SeedOpt = 0,
     top: TopOpt = 5,
     space: SpaceOpt = "default",
+    dtype: DtypeOpt = "auto",
     wide: WideOpt = False,
     json_: JsonOpt = False,
 ) -> None:
@@ -66,7 +70,10 @@ def command(
     check_options(opts, storage)
     m = load_model(model)
     c = load_cluster(cluster, storage=storage)
-    name = study or default_study_name(m, c, seq_len, global_batch)
+    from autotune.plan import choose_dtype
+
+    opts = dataclasses.replace(opts, dtype=choose_dtype(dtype, c))
+    name = study or default_study_name(m, c, seq_len, global_batch) + ("" if opts.dtype == "bf16" else f"-{opts.dtype}")
     if not json_:
         err_console.print(f"searching {m.name} on {c.name} ({c.num_devices} devices), seq {seq_len}, batch "
                           f"{global_batch}: study {name!r} in {storage}", highlight=False)
