@@ -386,19 +386,10 @@ def even_split(total: int, parts: int) -> list[int]:
 # ---- validation ---------------------------------------------------------------------------------
 def _check_basic(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: int) -> list[str]:
     """What can be checked before defaults are filled in."""
-    d, p = plan.degrees, []
-    world = cluster.num_devices
-    if d.world != world:
-        p.append(f"degrees: {d.product_text()} = {d.world} != devices({world})")
-    if model.heads % d.tp:
-        p.append(f"degrees.tp: heads({model.heads}) not divisible by tp({d.tp})")
-    if model.kv_heads % d.tp:
-        p.append(f"degrees.tp: kv_heads({model.kv_heads}) not divisible by tp({d.tp})")
-    if d.hp > model.heads // max(d.tp, 1):
-        p.append(f"degrees.hp: hp({d.hp}) > heads per tp rank({model.heads // max(d.tp, 1)})")
-    if d.pp * plan.virtual_stages > model.layers:
-        p.append(f"degrees.pp: pp({d.pp})*virtual_stages({plan.virtual_stages}) > layers({model.layers}): "
-                 "a stage would have no layers")
+    from autotune.divisibility import degree_problems
+
+    d = plan.degrees
+    p = [f"{f}: {t}" for f, t in degree_problems(d, model, cluster.num_devices, plan.virtual_stages)]
     if d.dp > global_batch:
         p.append(f"degrees.dp: dp({d.dp}) > global_batch({global_batch})")
     if seq_len < 1:
