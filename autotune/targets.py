@@ -45,6 +45,21 @@ def refusals(target: str, plan: Plan, ctx: ExportContext) -> list[str]:
     return list(exporter(target).reasons(plan, ctx))
 
 
+def model_problems(target: str, model: Any) -> str | None:
+    """Why ``target`` cannot build ``model`` at all, whatever the plan (the runtime builds Llama-style
+    decoders only: no biases, rotary positions, RMSNorm). A search aimed at a target that cannot build
+    the model would find nothing, so it prices plans for the model as it is and says so instead."""
+    if target != "runtime":
+        return None
+    from autotune.runtime.trial import check_runtime_support
+
+    try:
+        check_runtime_support(Plan().replace(micro_batch_size=1), model)
+    except PlanError as e:
+        return e.message
+    return None
+
+
 def best_per_target(ranked: Iterable[tuple[Any, Plan]], ctx: ExportContext,
                     targets: tuple[str, ...] = TARGETS) -> dict[str, dict[str, Any] | None]:
     """For each target, the first plan of ``ranked`` (best first: ``study.iter_trial_plans``) that it
