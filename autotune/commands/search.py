@@ -31,7 +31,8 @@ HELP = "Search parallel plans with Optuna over degrees and uneven shares using t
 TrialsOpt = Annotated[int | None, typer.Option("--trials", "-n", help="Sampler trials (baselines, balanced starts "
                                                                       "and the polish, up to 8x, come on top); "
                                                                       "default 100, or the whole grid.")]
-TimeoutOpt = Annotated[float | None, typer.Option("--timeout", help="Stop after this many seconds.")]
+TimeoutOpt = Annotated[float | None, typer.Option("--timeout", help="Stop after this many seconds (the notes say "
+                                                                   "where it stopped).")]
 StudyOpt = Annotated[str | None, typer.Option("--study", help="Study name; the same name resumes (default: "
                                                               "MODEL@CLUSTER-sSEQ-bBATCH).")]
 SamplerOpt = Annotated[str, typer.Option("--sampler", help="tpe (default), random or grid (exhaustive where small).")]
@@ -61,6 +62,7 @@ def command(
     json_: JsonOpt = False,
 ) -> None:
     """Search parallel plans with Optuna over degrees and uneven shares using the cost model."""
+    from autotune.progress import Progress
     from autotune.search import SearchOptions, check_options, search
     from autotune.specs import load_cluster, load_model
     from autotune.study import default_study_name
@@ -77,8 +79,8 @@ def command(
     if not json_:
         err_console.print(f"searching {m.name} on {c.name} ({c.num_devices} devices), seq {seq_len}, batch "
                           f"{global_batch}: study {name!r} in {storage}", highlight=False)
-    res = search(m, c, seq_len, global_batch, study_name=name, storage=storage, options=opts,
-                 progress=None if json_ else (lambda s: err_console.print(s, highlight=False)))
+    with Progress(err_console, enabled=not json_) as live:  # a terminal only; nothing under --json or a pipe
+        res = search(m, c, seq_len, global_batch, study_name=name, storage=storage, options=opts, display=live)
     if json_:
         emit_json(res.to_dict())
         return

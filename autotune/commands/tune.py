@@ -54,8 +54,9 @@ def measured_cluster(profile_id: str, storage: str) -> Any:
     g = local.groups[0]
     d = {"name": "measured-local", "nodes": [{"count": 1, "devices_per_node": g.devices_per_node,
                                      "device": f"profile:{profile_id}",
-                                     "intra_node": {"bandwidth": g.intra_node.bandwidth,
-                                                    "latency": g.intra_node.latency}}]}
+                                     # cluster files write every figure with its unit
+                                     "intra_node": {"bandwidth": f"{g.intra_node.bandwidth!r}B/s",
+                                                    "latency": f"{g.intra_node.latency!r}s"}}]}
     return cluster_from_dict(d, source="local (measured)", storage=storage)
 
 
