@@ -291,9 +291,7 @@ class Plan:
                 samples = tuple(x * mbs for x in even_split(global_batch // mbs, d.dp))
             else:
                 samples = tuple(even_split(global_batch, d.dp))
-        placement = self.placement or tuple(
-            Placement(rank=r, node=cluster.devices[r].node, device=cluster.devices[r].local)
-            for r in range(min(d.world, cluster.num_devices)))
+        placement = self.placement or _node_order_placement(cluster, min(d.world, cluster.num_devices))
         nmb = self.num_microbatches
         if nmb is None and all(s % mbs == 0 for s in samples):
             nmb = max(samples) // mbs
@@ -437,8 +435,44 @@ def _check_resolved(plan: Plan, model: Any, cluster: Any, seq_len: int, global_b
                      f"samples({max(sh.samples)})/micro_batch_size({mbs}) = {max(counts)}")
         p += schedule_of(plan).check_microbatches(d.pp, plan.virtual_stages, counts)
     p += schedule_of(plan).check_plan(plan, model)  # rules of its own (helixpipe: L % p, even layers, ...)
-    # placement: a permutation of the cluster's devices, tp groups inside one node
-    pl = plan.placement or ()
+    p += _placement_problems(plan.placement or (), d, cluster)
+    return p
+
+
+_NODE_ORDER: dict[tuple[int, int], tuple[Any, tuple[Placement, ...]]] = {}
+_PLACEMENT_CHECKS: dict[tuple[int, int, Degrees], tuple[Any, tuple[Placement, ...], list[str]]] = {}
+
+
+def _node_order_placement(cluster: Any, n: int) -> tuple[Placement, ...]:
+    """Rank r on the r-th device of the cluster, for ranks 0..n-1. Memoised per (cluster object, n):
+    specs and Placement are frozen, so the shared tuple never changes; the entry holds the cluster,
+    so its id is not reused while cached. Every estimate of the search resolves a plan with it."""
+    hit = _NODE_ORDER.get((id(cluster), n))
+    if hit is None or hit[0] is not cluster:
+        if len(_NODE_ORDER) > 64:
+            _NODE_ORDER.clear()
+        hit = _NODE_ORDER[(id(cluster), n)] = (cluster, tuple(
+            Placement(rank=r, node=cluster.devices[r].node, device=cluster.devices[r].local) for r in range(n)))
+    return hit[1]
+
+
+def _placement_problems(pl: tuple[Placement, ...], d: Degrees, cluster: Any) -> list[str]:
+    """``_check_placement`` memoised per (cluster object, placement object, degrees): a pure function
+    of the three (all frozen); the entry holds the cluster and placement, so their ids are not reused
+    while cached. The node-order placement is one shared object per cluster, so the search checks it
+    once per degrees. A copy of the list goes out (callers append to theirs)."""
+    key = (id(cluster), id(pl), d)
+    hit = _PLACEMENT_CHECKS.get(key)
+    if hit is None or hit[0] is not cluster or hit[1] is not pl:
+        if len(_PLACEMENT_CHECKS) > 256:
+            _PLACEMENT_CHECKS.clear()
+        hit = _PLACEMENT_CHECKS[key] = (cluster, pl, _check_placement(pl, d, cluster))
+    return list(hit[2])
+
+
+def _check_placement(pl: tuple[Placement, ...], d: Degrees, cluster: Any) -> list[str]:
+    """Problems with a placement: a permutation of the cluster's devices, tp groups inside one node."""
+    p: list[str] = []
     if len(pl) != d.world:
         p.append(f"placement: {len(pl)} entries, expected {d.world}")
     else:
@@ -458,7 +492,7 @@ def _check_resolved(plan: Plan, model: Any, cluster: Any, seq_len: int, global_b
             seen.add(key)
         else:
             if d.tp > 1:
-                for g in plan.all_groups("tp"):
+                for g in Plan(degrees=d).all_groups("tp"):
                     nodes = {pl[r].node for r in g}
                     if len(nodes) > 1:
                         p.append(f"degrees.tp: tp group of ranks {g} crosses nodes {sorted(nodes)}; "

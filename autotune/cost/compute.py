@@ -257,14 +257,33 @@ def layer_compute(model: Any, rates: Rates, *, tokens: float, tp: int, heads_loc
     return LayerCompute(gemm_fwd=gemm, attn_fwd=a_fwd, attn_bwd=a_bwd, elem_fwd=elem)
 
 
+_SIZED: dict[tuple, tuple[Any, tuple[float, float, float, float]]] = {}
+
+
 def _sized_block(model: Any, sm: Any, *, tokens: float, tp: int, heads_local: int, keysum: float,
                  block_seq: float, micro_batch: int, act_bytes: float) -> LayerCompute:
+    """``_sized_block_times`` memoised: a pure function of the model (a frozen spec, held by identity
+    like ``cached_rates``), the frozen ``SizeModel`` and the shape, which the search meets again
+    and again (every plan of the same tp, shares and device type); a fresh LayerCompute each call."""
+    key = (id(model), sm, tokens, tp, heads_local, keysum, block_seq, micro_batch, act_bytes)
+    hit = _SIZED.get(key)
+    if hit is None or hit[0] is not model:
+        if len(_SIZED) > 4096:
+            _SIZED.clear()
+        hit = _SIZED[key] = (model, _sized_block_times(model, sm, tokens, tp, heads_local, keysum, block_seq,
+                                                       micro_batch, act_bytes))
+    return LayerCompute(*hit[1])
+
+
+def _sized_block_times(model: Any, sm: Any, tokens: float, tp: int, heads_local: int, keysum: float,
+                       block_seq: float, micro_batch: int, act_bytes: float) -> tuple[float, float, float, float]:
+    """(gemm_fwd, attn_fwd, attn_bwd, elem_fwd) of one block, every kernel priced from its shape."""
     h, kv, f = model.hidden, model.kv_dim, model.ffn_hidden
     gemm = (sm.gemm_time(tokens, (h + 2 * kv) / tp, h) + sm.gemm_time(tokens, h, h / tp)
             + sm.gemm_time(tokens, f * (model.mlp_matrices - 1) / tp, h) + sm.gemm_time(tokens, h, f / tp))
     a_fwd, a_bwd = sm.attention(micro_batch * heads_local, block_seq, model.head_dim, keysum)
     elem = sm.stream_time(2.0 * act_bytes, _datasheet.KERNELS_BLOCK_FWD)
-    return LayerCompute(gemm_fwd=gemm, attn_fwd=a_fwd, attn_bwd=a_bwd, elem_fwd=elem)
+    return gemm, a_fwd, a_bwd, elem
 
 
 def head_compute(model: Any, rates: Rates, *, tokens: float, tp: int) -> tuple[float, float]:

@@ -52,17 +52,19 @@ def grad_reduce_dtype(dtype: str) -> str:
     return GRAD_REDUCE_DTYPE if DTYPE_BYTES[dtype] < DTYPE_BYTES[GRAD_REDUCE_DTYPE] else dtype
 
 
-def stage_params(model: Any, plan: Plan) -> tuple[tuple[float, float, float], ...]:
+def stage_params(model: Any, plan: Plan, chunks: tuple[tuple[int, ...], ...] | None = None
+                 ) -> tuple[tuple[float, float, float], ...]:
     """(parameters held by each pipeline rank before tp sharding, one block's parameters, those
     outside its blocks): its blocks, the embedding on the first rank, the final norm and LM head
-    with the last model chunk (and a copy of a tied embedding there when that is another rank)."""
+    with the last model chunk (and a copy of a tied embedding there when that is another rank).
+    ``chunks``: ``plan.stages_of_rank`` of every pipeline rank when the caller has them already."""
     lp = float(model.layer_params())
     emb, head = float(model.embedding_params()), float(model.head_params())
     p, n_chunks = plan.degrees.pp, len(plan.shares.layers)
     out = []
     for pp_i in range(p):
-        mine = plan.stages_of_rank(pp_i)  # the schedule's placement
-        params, rest = sum(plan.layers_of_stage(pp_i)) * lp, 0.0
+        mine = chunks[pp_i] if chunks is not None else plan.stages_of_rank(pp_i)  # the schedule's placement
+        params, rest = sum(plan.shares.layers[j] for j in mine) * lp, 0.0
         if 0 in mine:
             params += emb
             rest += emb

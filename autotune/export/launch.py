@@ -67,15 +67,16 @@ ENDPOINT = "{addr}:{port}"
 
 
 def commands(plan: Plan, ctx: ExportContext, out: str | Path, *, steps: int = 5, warmup: int = 2, seed: int = 0,
-             timeout_s: float = 600.0, run_id: str = "autotune") -> list[NodeCommand]:
-    """One torchrun command per node the plan uses, in node-rank order."""
+             timeout_s: float = 600.0, run_id: str = "autotune", data: dict[str, Any] | None = None) -> list[NodeCommand]:
+    """One torchrun command per node the plan uses, in node-rank order. ``data``: a checked token
+    file (autotune.runtime.data.prepare_data), found at the same path on every host."""
     blocks, why = node_blocks(plan)
     if why:
         raise InputError(f"cannot launch with torchrun: {why}", field="placement")
     nproc = len(blocks[0][1])
     gpu = any(getattr(g.device, "kind", "cpu") != "cpu" for g in getattr(ctx.cluster, "groups", ()))
-    trial = json.dumps(payload(plan, ctx, steps=steps, warmup=warmup, seed=seed, timeout_s=timeout_s),
-                       separators=(",", ":"), sort_keys=True)
+    trial = json.dumps({**payload(plan, ctx, steps=steps, warmup=warmup, seed=seed, timeout_s=timeout_s),
+                        **({"data": data} if data else {})}, separators=(",", ":"), sort_keys=True)
     out_cmds = []
     for k, (node, devs) in enumerate(blocks):
         env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, devs))} if gpu and (
