@@ -404,6 +404,23 @@ def _check_basic(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batc
     return p
 
 
+def _sharding_problems(plan: Plan, counts: list[int]) -> list[str]:
+    """What the runtime's ZeRO-2/3 (FSDP2, autotune/runtime/sharding.py) does not compose with, as
+    measured against one process: a schedule that splits the backward into input and weight halves
+    runs the weight half outside FSDP2's backward hooks (ZeRO-3 then computed wrong gradients), and
+    its schedule runtime gathers per micro-batch, so replicas must run equal micro-batch counts."""
+    d = plan.degrees
+    if plan.zero_stage < 2 or d.dp * d.cp * d.hp == 1 or not schedule_of(plan).splits_backward:
+        return []
+    if plan.zero_stage == 3:
+        return [f"zero_stage: ZeRO-3 with {plan.schedule} (backward split into input and weight gradients) is "
+                "not run: the weight half runs outside FSDP2's backward hooks; use ZeRO-2 or an unsplit schedule"]
+    if len(set(counts)) > 1:
+        return [f"zero_stage: ZeRO-2 with {plan.schedule} needs the same micro-batch count on every replica "
+                f"(its schedule runtime gathers per micro-batch), got {counts}"]
+    return []
+
+
 def _check_shares(name: str, values: tuple[int, ...] | None, n: int, total: int, what: str,
                   multiple: int = 1, minimum: int = 1) -> list[str]:
     if values is None:
@@ -434,6 +451,7 @@ def _check_resolved(plan: Plan, model: Any, cluster: Any, seq_len: int, global_b
             p.append(f"num_microbatches: {plan.num_microbatches} but the largest replica runs "
                      f"samples({max(sh.samples)})/micro_batch_size({mbs}) = {max(counts)}")
         p += schedule_of(plan).check_microbatches(d.pp, plan.virtual_stages, counts)
+        p += _sharding_problems(plan, counts)
     p += schedule_of(plan).check_plan(plan, model)  # rules of its own (helixpipe: L % p, even layers, ...)
     p += _placement_problems(plan.placement or (), d, cluster)
     return p

@@ -172,7 +172,7 @@ def run_world(world: int) -> list[tuple[tuple, Plan, list[dict]]]:
         payload = {"model": SPEC.to_dict(), "plans": [p.to_dict() for _, p in reps], "seq_len": SEQ,
                    "global_batch": BATCH, "steps": STEPS, "seed": SEED, "timeout_s": 120, "init": init,
                    "refs": refs, "weight_atol": WEIGHT_ATOL, "weight_rtol": WEIGHT_RTOL}
-        res = launch("tests.distributed._enumeration_targets:parity_job", payload, world, timeout_s=1500,
+        res = launch("tests.distributed._enumeration_targets:parity_job", payload, world, timeout_s=3000,
                      device="cpu")
         assert res.failure is None, f"{res.failure}\n{res.extra.get('traceback', '')}"
         _RUNS[world] = [(key, plan, [res.results[r][i] for r in range(world)]) for i, (key, plan) in enumerate(reps)]
