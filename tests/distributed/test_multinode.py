@@ -29,7 +29,9 @@ def agents(tmp_path, nodes: int, per_node: int, plan: dict, steps: int = STEPS, 
     (tmp_path / "cluster.json").write_text(json.dumps(
         {"name": f"{nodes}x{per_node}", "nodes": [{"count": nodes, "devices_per_node": per_node, "device": "CPU"}]}))
     (tmp_path / "plan.json").write_text(json.dumps({**plan, "dtype": "fp32"}))
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    # Two "hosts" share this machine's cores: torchrun leaves OMP_NUM_THREADS unset for one rank per
+    # node, and two ranks each spinning all cores' OpenMP threads ran a tiny step 70x slower (6.7 s vs 0.09 s)
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"}
     verb = ["apply", "--launch"] if how == "apply" else ["trial"]
     return [subprocess.Popen([sys.executable, "-m", "autotune", verb[0], "-p", "plan.json", "-m", "tiny", "-s",
                               str(SEQ), "-b", str(BATCH), "-c", "cluster.json", *verb[1:], "--node-rank", str(k),
