@@ -265,20 +265,10 @@ def worker_count_ok(storage: str, workers: int) -> None:
 
 
 def cluster_from_record(name: str, spec: dict[str, Any] | None, storage: str | None = None) -> Any:
-    """Rebuild a study's cluster: ``local``/``local:N`` by name, anything else from its stored spec."""
-    from autotune.specs.cluster import NODE_KEYS, cluster_from_dict, load_cluster
+    """Rebuild a study's cluster (``autotune.specs.cluster.cluster_from_record``, the one rule)."""
+    from autotune.specs.cluster import cluster_from_record as rebuild
 
-    if name == "local" or name.startswith("local:"):
-        return load_cluster(name)
-    if name.startswith("local-"):  # this machine's GPUs: local-H100-SXM or local-H100-SXM:4
-        return load_cluster(f"local:{name.rsplit(':', 1)[1]}" if ":" in name else "local")
-    if not spec:
-        raise InputError(f"the study records cluster {name!r} without its spec", field="--study")
-    d = {"name": spec.get("name", name),
-         "nodes": [{k: n[k] for k in NODE_KEYS if k in n}
-                   for n in spec.get("nodes", [])],
-         "inter_node": spec.get("inter_node"), "overrides": spec.get("overrides") or []}
-    return cluster_from_dict(d, source=f"study cluster {name}", storage=storage, digest=str(spec.get("digest") or ""))
+    return rebuild(name, spec, storage)
 
 
 def study_workload(study: Any, storage: str | None = None) -> tuple[Any, Any, int, int]:

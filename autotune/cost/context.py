@@ -76,8 +76,9 @@ class StepContext:
     """Causal (query, key) pairs of each CP shard (``compute.causal_keys``)."""
     ring: tuple[Any, ...]
     """Each CP shard's ring blocks (``cpu.ring_blocks``), priced on CPU only (else None)."""
-    stage_params: tuple[tuple[float, float], ...]
-    """(parameters of the pipeline rank before tp sharding, one block's) per pipeline rank."""
+    stage_params: tuple[tuple[float, float, float], ...]
+    """(parameters of the pipeline rank before tp sharding, one block's, those outside its blocks)
+    per pipeline rank."""
     dp_links: tuple[Link, ...]
     """The slowest link of each pipeline rank's parameter-sharing (dp x cp x hp) group."""
     schedule: Any = None
@@ -183,6 +184,8 @@ class RankContext:
     """Parameters of its pipeline rank before tp sharding."""
     layer_params: float
     """Parameters of one block before tp sharding."""
+    rest_params: float
+    """Parameters of its pipeline rank outside its blocks (embedding, final norm, head) before tp."""
     keysum: float
     ring: Any
     tokens_local: float
@@ -259,10 +262,10 @@ def _rank_context(s: StepContext, c: Mapping[str, int], spec: Any, links: Links,
                   cal: Mapping[str, float]) -> RankContext:
     tokens = s.plan.shares.tokens[c["cp"]]
     tok = s.mbs * tokens / s.hp
-    params, layer_params = s.stage_params[c["pp"]]
+    params, layer_params, rest = s.stage_params[c["pp"]]
     return RankContext(
         step=s, coords=c, spec=spec, rates=cached_rates(spec, s.dtype, s.model.head_dim),
         collectives=C.collectives_for(spec), cf=float(cal.get("compute", 1.0)), mf=float(cal.get("comm", 1.0)),
         links=links, tokens=tokens, heads=s.plan.shares.heads[c["hp"]], microbatches=m_d,
-        layers=tuple(s.plan.layers_of_stage(c["pp"])), params=params, layer_params=layer_params,
+        layers=tuple(s.plan.layers_of_stage(c["pp"])), params=params, layer_params=layer_params, rest_params=rest,
         keysum=s.keysums[c["cp"]], ring=s.ring[c["cp"]], tokens_local=tok, hidden_bytes=s.bpe * tok * s.model.hidden)

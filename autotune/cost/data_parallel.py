@@ -1,13 +1,27 @@
-"""Data parallelism and ZeRO: gradient synchronisation, parameter gathers and the optimizer step.
+"""Data parallelism and ZeRO: gradient synchronisation, weight gathers and the optimizer step.
 
 The ranks holding the same parameters are the dp x cp x hp ranks of a pipeline stage (CP and
-Ulysses ranks hold whole weights, as DP replicas do); their ``shard_n`` is the ZeRO group
-(Rajbhandari et al. 2020). Per step:
+Ulysses ranks hold whole weights, as DP replicas do); they are the ZeRO group of ``shard_n`` ranks
+(Rajbhandari et al. 2020). Gradients are accumulated over a step's micro-batches and reduced once, in
+the last backward, in ``grad_reduce_dtype`` (fp32 under 16-bit compute); weights are gathered in the
+compute dtype. What each stage moves per step (``step_transfers``; P the rank's parameters, L its
+blocks of ``b`` parameters each, R = P - L*b the rest: embedding, final norm, LM head):
 
-* ZeRO 0: all-reduce of the gradients;
-* ZeRO 1 and 2: reduce-scatter of the gradients, then an all-gather of the updated weights;
-* ZeRO 3 (FSDP): reduce-scatter of the gradients, and each block's weights gathered in forward and
-  again in backward, prefetched behind the previous block's compute (only the excess is exposed).
+* ZeRO 0: all-reduce of the gradients (P);
+* ZeRO 1 (Megatron's distributed optimizer, the runtime's ``zero_stage 1``): reduce-scatter of the
+  gradients (P), then all-gather of the updated weights (P) after the optimizer step: exposed;
+* ZeRO 2 (FSDP2 ``reshard_after_forward=False``, ``autotune/runtime/sharding.py``): reduce-scatter of
+  the gradients (P); the weights are gathered once per step, at the first micro-batch's forward,
+  each block prefetched behind the previous block's forward (only the excess is exposed), the rest
+  (R) before any compute (exposed), and kept until the last backward;
+* ZeRO 3 (FSDP2 ``reshard_after_forward=True``): reduce-scatter of the gradients (P); every block's
+  weights gathered in every micro-batch's forward and again in its backward, each prefetched
+  behind the neighbouring block's compute (forward: the previous block's forward; backward: the
+  next block's backward including its recomputation: FSDP2's pre-backward gather serves the
+  recomputed forward too, so recomputation adds no third gather, only a longer window), and R
+  once per micro-batch. When the DP replicas run different micro-batch counts the runtime gathers
+  per step instead (each block once for the forwards, once again for the last backward): so is it
+  priced.
 
 The gradient reduction overlaps with the last micro-batch's backward (Megatron
 ``overlap_grad_reduce``) and starts when every replica of the stage has finished; the rest is
@@ -16,9 +30,10 @@ exposed. The optimizer step is memory-bound Adam over the rank's (ZeRO-sharded) 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from autotune.cost.compute import DTYPE_BYTES, LayerCompute
+from autotune.cost.compute import DTYPE_BYTES
 from autotune.plan import GRAD_REDUCE_DTYPE, Plan
 
 ADAM_BYTES_PER_PARAM = 30.0
@@ -34,68 +49,120 @@ def grad_reduce_dtype(dtype: str) -> str:
     return GRAD_REDUCE_DTYPE if DTYPE_BYTES[dtype] < DTYPE_BYTES[GRAD_REDUCE_DTYPE] else dtype
 
 
-def stage_params(model: Any, plan: Plan) -> tuple[tuple[float, float], ...]:
-    """(parameters held by each pipeline rank before tp sharding, one block's parameters): its
-    blocks, the embedding on the first rank, the final norm and LM head with the last model chunk
-    (and a copy of a tied embedding there when that is another rank)."""
+def stage_params(model: Any, plan: Plan) -> tuple[tuple[float, float, float], ...]:
+    """(parameters held by each pipeline rank before tp sharding, one block's parameters, those
+    outside its blocks): its blocks, the embedding on the first rank, the final norm and LM head
+    with the last model chunk (and a copy of a tied embedding there when that is another rank)."""
     lp = float(model.layer_params())
     emb, head = float(model.embedding_params()), float(model.head_params())
     p, n_chunks = plan.degrees.pp, len(plan.shares.layers)
     out = []
     for pp_i in range(p):
         mine = plan.stages_of_rank(pp_i)  # the schedule's placement
-        params = sum(plan.layers_of_stage(pp_i)) * lp
+        params, rest = sum(plan.layers_of_stage(pp_i)) * lp, 0.0
         if 0 in mine:
             params += emb
+            rest += emb
         if n_chunks - 1 in mine:  # the last chunk: final norm and LM head
             params += head
+            rest += head
             if model.tied_embeddings and 0 not in mine:
                 params += model.vocab * model.hidden  # a copy of the tied embedding on the last stage
-        out.append((params, lp))
+                rest += model.vocab * model.hidden
+        out.append((params, lp, rest))
     return tuple(out)
 
 
+@dataclass(frozen=True)
+class Transfer:
+    """One kind of collective a rank's ZeRO group runs in a step."""
+
+    op: str
+    """``all_reduce``, ``reduce_scatter`` or ``all_gather``."""
+    nbytes: float
+    """The whole (unsharded) buffer of one call, bytes."""
+    calls: int
+    """Calls per step."""
+    what: str
+
+
+def gathers_per_microbatch(s: Any) -> bool:
+    """ZeRO-3 gathers every micro-batch when every DP replica runs as many (the runtime's collectives
+    are matched by order over the group), else once per step."""
+    return len(set(s.microbatches)) == 1
+
+
+def step_transfers(ctx: Any) -> list[Transfer]:
+    """What the ZeRO group of the rank of ``ctx`` moves in one step (the module docstring's table)."""
+    s = ctx.step
+    if s.shard_n <= 1:
+        return []
+    g, w = DTYPE_BYTES[grad_reduce_dtype(s.dtype)], s.bpe
+    params, block, rest, n_blocks = ctx.params / s.tp, ctx.layer_params / s.tp, ctx.rest_params / s.tp, sum(ctx.layers)
+    if s.zero == 0:
+        return [Transfer("all_reduce", g * params, 1, "gradients")]
+    out = [Transfer("reduce_scatter", g * params, 1, "gradients")]
+    if s.zero == 1:
+        return out + [Transfer("all_gather", w * params, 1, "updated weights")]
+    per_step = s.zero == 2 or not gathers_per_microbatch(s)
+    rounds = (1 if s.zero == 2 else 2) if per_step else 2 * ctx.microbatches
+    out.append(Transfer("all_gather", w * block, rounds * n_blocks, "block weights"))
+    if rest > 0:
+        rest_rounds = (1 if s.zero == 2 else 2) if per_step else ctx.microbatches
+        out.append(Transfer("all_gather", w * rest, rest_rounds, "embedding, norm and head weights"))
+    return out
+
+
+def _seconds(ctx: Any, op: str, nbytes: float) -> float:
+    s = ctx.step
+    return ctx.mf * getattr(ctx.collectives, op)(ctx.links.dp, s.shard_n, nbytes)
+
+
 def _block_gather(ctx: Any) -> float:
-    """Seconds to all-gather one block's weights over the ZeRO group (ZeRO-3)."""
+    """Seconds to all-gather one block's weights over the ZeRO group."""
     s = ctx.step
-    return ctx.mf * ctx.collectives.all_gather(ctx.links.dp, s.shard_n, s.bpe * ctx.layer_params / s.tp)
+    return _seconds(ctx, "all_gather", s.bpe * ctx.layer_params / s.tp)
 
 
-def zero3_block_exposed(ctx: Any, lc: LayerCompute) -> tuple[float, float]:
-    """(forward, backward) seconds of one block's ZeRO-3 weight gather beyond the compute of the
-    block it is prefetched behind (0 below ZeRO-3 or without sharding)."""
+def zero3_block_exposed(ctx: Any, comp_f: float, comp_b: float) -> tuple[float, float]:
+    """(forward, backward) seconds of one block's ZeRO-3 weight gather per micro-batch beyond the
+    compute it is prefetched behind (``comp_f``, ``comp_b``: a block's forward and backward compute,
+    recomputation included); 0 below ZeRO-3, without sharding, or when the gathers are per step."""
     s = ctx.step
-    if s.zero < 3 or s.shard_n <= 1:
+    if s.zero < 3 or s.shard_n <= 1 or not gathers_per_microbatch(s):
         return 0.0, 0.0
     gather = _block_gather(ctx)
-    return max(0.0, gather - ctx.cf * lc.fwd), max(0.0, gather - ctx.cf * lc.bwd)
+    return max(0.0, gather - comp_f), max(0.0, gather - comp_b)
 
 
-def grad_sync(ctx: Any) -> tuple[float, float]:
-    """(seconds that can overlap the last backward, seconds exposed after it) of the step's
-    gradient synchronisation and weight all-gather."""
+def grad_sync(ctx: Any, comp_f: float, comp_b: float) -> tuple[float, float]:
+    """(seconds that can overlap the last backward, seconds exposed) of the step's gradient
+    reduction and of the weight gathers not priced inside the blocks (``comp_f``, ``comp_b`` as in
+    ``zero3_block_exposed``)."""
     s = ctx.step
     if s.shard_n <= 1:
         return 0.0, 0.0
-    K, link, n, mf = ctx.collectives, ctx.links.dp, s.shard_n, ctx.mf
-    params = ctx.params / s.tp
-    grad_bytes = DTYPE_BYTES[grad_reduce_dtype(s.dtype)] * params  # reduced in fp32 under 16-bit compute
+    t = step_transfers(ctx)
+    overl = _seconds(ctx, t[0].op, t[0].nbytes)
     if s.zero == 0:
-        return mf * K.all_reduce(link, n, grad_bytes), 0.0
-    if s.zero in (1, 2):  # updated weights back to every rank, in the compute dtype
-        return mf * K.reduce_scatter(link, n, grad_bytes), mf * K.all_gather(link, n, s.bpe * params)
-    return mf * K.reduce_scatter(link, n, grad_bytes), 0.0
+        return overl, 0.0
+    if s.zero == 1:
+        return overl, _seconds(ctx, "all_gather", t[1].nbytes)
+    n_blocks = sum(ctx.layers)
+    fixed = 0.0
+    if s.zero == 2 or not gathers_per_microbatch(s):  # block gathers once (twice under ZeRO-3) a step
+        gather = _block_gather(ctx)
+        fixed = n_blocks * max(0.0, gather - comp_f)
+        if s.zero >= 3:
+            fixed += n_blocks * max(0.0, gather - comp_b)
+    for x in t[2:]:  # the weights outside the blocks: nothing to hide behind
+        fixed += x.calls * _seconds(ctx, "all_gather", x.nbytes)
+    return overl, fixed
 
 
-def step_comm(ctx: Any, overlappable: float, fixed: float) -> float:
-    """Seconds of all DP communication in a step (hidden or not): the gradient sync, and with
-    ZeRO-3 every block's two gathers per micro-batch."""
-    s = ctx.step
-    raw = overlappable + fixed
-    if s.zero >= 3 and s.shard_n > 1:
-        gather = ctx.collectives.all_gather(ctx.links.dp, s.shard_n, s.bpe * ctx.layer_params / s.tp)
-        raw += ctx.microbatches * sum(ctx.layers) * 2.0 * ctx.mf * gather
-    return raw
+def step_comm(ctx: Any) -> float:
+    """Seconds of all DP communication in a step, hidden or not."""
+    return sum(x.calls * _seconds(ctx, x.op, x.nbytes) for x in step_transfers(ctx))
 
 
 def optimizer_time(ctx: Any) -> float:
@@ -121,7 +188,7 @@ def exposure(p: int, dp: int, sims: list[Any], per_rep_stage: dict[tuple[int, in
         for d in range(dp):
             window = sims[d].bwd[s]  # the last micro-batch's backward of chunk 0
             for cid, c in per_rep_stage[(d, s)].items():
-                exposed = max(0.0, c.dp_overlappable - window) + c.dp_exposed_fixed
+                exposed = max(0.0, c.dp_overlappable - (window - c.dp_in_window)) + c.dp_exposed_fixed
                 exposed_of[(d, cid)] = exposed
                 worst = max(worst, exposed + c.optimizer)
         stage_end.append(done + worst)

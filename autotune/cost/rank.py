@@ -76,6 +76,9 @@ class RankCost:
     """Seconds of forward and backward work over the step (pipeline bubbles excluded)."""
     dp_overlappable: float
     dp_exposed_fixed: float
+    dp_in_window: float
+    """ZeRO-3 gathers inside the backward of chunk 0 (the window the gradient reduction overlaps
+    with): the same link, so they do not hide it."""
     optimizer: float
     memory_total: float
     memory_terms: dict[str, float]
@@ -91,9 +94,8 @@ def block_times(ctx: RankContext, lc: LayerCompute) -> BlockTimes:
     tp = TP.block_comm(ctx)
     hp = U.block_comm(ctx)
     cp_raw_f, cp_raw_b, cp_f, cp_b = CP.ring_comm(ctx, lc)
-    z3_f, z3_b = DP.zero3_block_exposed(ctx, lc)
     b = BlockTimes(comp_f=cf * lc.fwd, comp_b=cf * lc.bwd, tp_f=tp, tp_b=tp, hp_f=hp, hp_b=hp, cp_f=cp_f,
-                   cp_b=cp_b, cp_raw_f=cp_raw_f, cp_raw_b=cp_raw_b, z3_f=z3_f, z3_b=z3_b)
+                   cp_b=cp_b, cp_raw_f=cp_raw_f, cp_raw_b=cp_raw_b, z3_f=0.0, z3_b=0.0)
     recompute = ctx.step.recompute
     if recompute == "full":
         b.comp_b += b.comp_f
@@ -103,6 +105,8 @@ def block_times(ctx: RankContext, lc: LayerCompute) -> BlockTimes:
         b.cp_raw_b += b.cp_raw_f
     elif recompute == "selective":
         b.comp_b += cf * lc.attn_fwd
+    # ZeRO-3: the gathers hide behind the neighbouring block's compute, recomputation included
+    b.z3_f, b.z3_b = DP.zero3_block_exposed(ctx, b.comp_f, b.comp_b)
     if ctx.rates.cpu is not None:
         _charge_sync(ctx, b)
     return b
@@ -144,8 +148,8 @@ def rank_cost(ctx: RankContext) -> RankCost:
                         embed=(emb.fwd, emb.bwd) if emb is not None else None, layer_w=ctx.cf * lc.gemm_fwd)
     p2ps = PP.chunk_send_times(ctx)
     pp_sends = PP.sends_per_microbatch(ctx, p2ps)
-    overl, fixed = DP.grad_sync(ctx)
-    dp_raw = DP.step_comm(ctx, overl, fixed)
+    overl, fixed = DP.grad_sync(ctx, b.comp_f, b.comp_b)
+    dp_raw = DP.step_comm(ctx)
     total, terms = M.rank_memory(ctx, kept, full)
     m_d = ctx.microbatches
     return RankCost(
@@ -153,5 +157,6 @@ def rank_cost(ctx: RankContext) -> RankCost:
         compute_s=m_d * ch.compute, tp_comm_s=m_d * ch.tp, hp_comm_s=m_d * ch.hp, cp_comm_s=m_d * ch.cp_raw,
         pp_comm_s=m_d * pp_sends, dp_comm_s=dp_raw, comm_s=m_d * (ch.tp + ch.hp + ch.cp_raw + pp_sends) + dp_raw,
         exposed_in_ops=m_d * ch.exposed, busy=m_d * (sum(ch.fwd) + sum(ch.bwd)),
-        dp_overlappable=overl, dp_exposed_fixed=fixed, optimizer=DP.optimizer_time(ctx),
+        dp_overlappable=overl, dp_exposed_fixed=fixed, dp_in_window=ctx.layers[0] * b.z3_b,
+        optimizer=DP.optimizer_time(ctx),
         memory_total=total, memory_terms=terms)

@@ -39,26 +39,19 @@ class StudyContext:
 
     @cached_property
     def cluster(self) -> Any:
-        from autotune.specs.cluster import cluster_from_dict, load_cluster
+        from autotune.specs.cluster import cluster_from_record
 
         name = str(self.ua.get("cluster") or "")
         spec = self.ua.get("cluster_spec")
+        if not name.startswith("local") and not (isinstance(spec, dict) and spec.get("nodes")):
+            self.problem = "the study records no cluster spec"
+            return None
         try:
-            if isinstance(spec, dict) and spec.get("nodes"):
-                # ClusterSpec.to_dict() adds keys a cluster file does not have (provenance, digest, ...)
-                d = {"name": spec.get("name", name),
-                     "nodes": [{k: n[k] for k in ("count", "devices_per_node", "device", "intra_node") if k in n}
-                               for n in spec["nodes"]],
-                     "inter_node": spec.get("inter_node"), "overrides": spec.get("overrides") or []}
-                return cluster_from_dict(d, source=f"study cluster {name}", storage=self.storage,
-                                         digest=str(self.ua.get("cluster_digest") or ""))
-            if name == "local" or name.startswith("local:"):
-                return load_cluster(name)
+            return cluster_from_record(name, spec if isinstance(spec, dict) else None, self.storage,
+                                       str(self.ua.get("cluster_digest") or ""))
         except AutotuneError as e:
             self.problem = f"the study's cluster cannot be rebuilt: {e}"
             return None
-        self.problem = "the study records no cluster spec"
-        return None
 
     def workload(self) -> tuple[int, int] | None:
         s, b = self.ua.get("seq_len"), self.ua.get("global_batch")

@@ -15,7 +15,7 @@ from typing import Any
 from autotune.errors import InputError
 from autotune.export.common import ExportContext
 from autotune.plan import Plan, load_plan
-from autotune.specs.cluster import NODE_KEYS, cluster_from_dict, load_cluster
+from autotune.specs.cluster import cluster_from_record, load_cluster
 from autotune.specs.model import load_model, model_from_dict
 
 
@@ -93,20 +93,10 @@ def best_trial(study: Any) -> Any:
 
 
 def _cluster_from_record(name: str, spec: dict[str, Any] | None, digest: str, storage: str) -> Any:
-    if name == "local" or name.startswith("local:"):
-        return load_cluster(name)
-    if not spec:
-        raise InputError(f"the study records cluster {name!r} without its spec; pass its file with --cluster",
-                         field="--cluster")
-    d = {"name": spec.get("name", name),
-         "nodes": [{k: n[k] for k in NODE_KEYS if k in n}
-                   for n in spec.get("nodes", [])],
-         "inter_node": spec.get("inter_node"),
-         "overrides": spec.get("overrides") or []}
     try:
-        return cluster_from_dict(d, source=f"study cluster {name}", storage=storage, digest=digest)
+        return cluster_from_record(name, spec, storage, digest)
     except InputError as e:
-        raise InputError(f"cannot rebuild the study's cluster ({e}); pass its file with --cluster",
+        raise InputError(f"cannot rebuild the study's cluster ({e.message}); pass its file with --cluster",
                          field="--cluster") from None
 
 

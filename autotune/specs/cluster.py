@@ -189,6 +189,25 @@ def _group_terms(dev: DeviceSpec) -> dict[str, Any]:
     return out
 
 
+def cluster_from_record(name: str, spec: dict[str, Any] | None, storage: str | None = None,
+                        digest: str = "") -> ClusterSpec:
+    """The one way to rebuild a study's cluster from what it recorded (``ClusterSpec.to_dict``):
+    ``local``/``local:N`` and this machine's GPUs (``local-H100-SXM[:N]``) by name, anything else from
+    its spec, read as a cluster file (the keys ``to_dict`` adds beside the file's are dropped)."""
+    if name == "local" or name.startswith("local:"):
+        return load_cluster(name)
+    if name.startswith("local-"):
+        return load_cluster(f"local:{name.rsplit(':', 1)[1]}" if ":" in name else "local")
+    if not spec or not spec.get("nodes"):
+        raise InputError(f"the study records cluster {name!r} without its spec; pass its file with --cluster",
+                         field="--cluster")
+    d = {"name": spec.get("name", name),
+         "nodes": [{k: n[k] for k in NODE_KEYS if k in n} for n in spec["nodes"]],
+         "inter_node": spec.get("inter_node"), "overrides": spec.get("overrides") or []}
+    return cluster_from_dict(d, source=f"study cluster {name}", storage=storage,
+                             digest=digest or str(spec.get("digest") or ""))
+
+
 ProfileResolver = Callable[[str, str | None], DeviceSpec]
 
 

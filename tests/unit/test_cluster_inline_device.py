@@ -79,3 +79,14 @@ def test_suggestions_rank_the_family_the_user_named():
     assert set(h100) == {n for n in names if n.startswith("H100")}
     assert set(nearest("A100", names)) == {n for n in names if n.startswith("A100")}
     assert nearest("V10", names)[0].startswith("V100")
+
+
+def test_node_group_overrides_survive_the_study_record():
+    from autotune.specs.cluster import cluster_from_record
+
+    d = copy.deepcopy(MIXED)
+    d["nodes"][1].update(framework_reserve="3GiB", attention="materialized")
+    c = cluster_from_dict(d)
+    again = cluster_from_record(c.name, c.to_dict())
+    assert again.groups == c.groups
+    assert again.groups[1].device.framework_reserve_bytes == 3 * 2**30
