@@ -252,6 +252,12 @@ class Plan:
         assert self.shares.layers is not None, "resolve the plan first"
         return [self.shares.layers[j] for j in self.stages_of_rank(pp_index)]
 
+    def layout(self) -> tuple[Any, ...]:
+        """What tells two layouts apart, as opposed to share variations of one layout: degrees,
+        schedule, virtual stages and micro-batch size. ``validate`` measures the best plan of each
+        layout first and ``search`` shows one plan per layout, by this one rule."""
+        return (self.degrees, self.schedule, self.virtual_stages, self.micro_batch_size)
+
     def is_even(self) -> bool:
         """True when every resolved share is an even split (the Megatron/torchtitan baseline shape)."""
         return shares_are_even(self.shares.layers, self.shares.tokens, self.shares.heads, self.shares.samples)
@@ -289,9 +295,7 @@ class Plan:
                 samples = tuple(x * mbs for x in even_split(global_batch // mbs, d.dp))
             else:
                 samples = tuple(even_split(global_batch, d.dp))
-        placement = self.placement or tuple(
-            Placement(rank=r, node=cluster.devices[r].node, device=cluster.devices[r].local)
-            for r in range(min(d.world, cluster.num_devices)))
+        placement = self.placement or _node_order_placement(cluster, min(d.world, cluster.num_devices))
         nmb = self.num_microbatches
         if nmb is None and all(s % mbs == 0 for s in samples):
             nmb = max(samples) // mbs
@@ -365,8 +369,8 @@ def choose_dtype(option: str, cluster: Any, plan_dtype: str | None = None) -> st
     if option == "auto":
         if plan_dtype is not None:
             option = plan_dtype
-        else:
-            return "bf16" if not lacking("bf16") else "fp16"
+        else:  # bf16, else fp16, else (a device with neither) fp32
+            option = next((dt for dt in ("bf16", "fp16") if not lacking(dt)), "fp32")
     missing = lacking(option)
     if missing:
         fallback = next((dt for dt in ("fp16", "fp32") if not lacking(dt)), None)
@@ -385,19 +389,10 @@ def even_split(total: int, parts: int) -> list[int]:
 # ---- validation ---------------------------------------------------------------------------------
 def _check_basic(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: int) -> list[str]:
     """What can be checked before defaults are filled in."""
-    d, p = plan.degrees, []
-    world = cluster.num_devices
-    if d.world != world:
-        p.append(f"degrees: {d.product_text()} = {d.world} != devices({world})")
-    if model.heads % d.tp:
-        p.append(f"degrees.tp: heads({model.heads}) not divisible by tp({d.tp})")
-    if model.kv_heads % d.tp:
-        p.append(f"degrees.tp: kv_heads({model.kv_heads}) not divisible by tp({d.tp})")
-    if d.hp > model.heads // max(d.tp, 1):
-        p.append(f"degrees.hp: hp({d.hp}) > heads per tp rank({model.heads // max(d.tp, 1)})")
-    if d.pp * plan.virtual_stages > model.layers:
-        p.append(f"degrees.pp: pp({d.pp})*virtual_stages({plan.virtual_stages}) > layers({model.layers}): "
-                 "a stage would have no layers")
+    from autotune.divisibility import degree_problems
+
+    d = plan.degrees
+    p = [f"{f}: {t}" for f, t in degree_problems(d, model, cluster.num_devices, plan.virtual_stages)]
     if d.dp > global_batch:
         p.append(f"degrees.dp: dp({d.dp}) > global_batch({global_batch})")
     if seq_len < 1:
@@ -448,8 +443,44 @@ def _check_resolved(plan: Plan, model: Any, cluster: Any, seq_len: int, global_b
                      f"samples({max(sh.samples)})/micro_batch_size({mbs}) = {max(counts)}")
         p += schedule_of(plan).check_microbatches(d.pp, plan.virtual_stages, counts)
     p += schedule_of(plan).check_plan(plan, model)  # rules of its own (helixpipe: L % p, even layers, ...)
-    # placement: a permutation of the cluster's devices, tp groups inside one node
-    pl = plan.placement or ()
+    p += _placement_problems(plan.placement or (), d, cluster)
+    return p
+
+
+_NODE_ORDER: dict[tuple[int, int], tuple[Any, tuple[Placement, ...]]] = {}
+_PLACEMENT_CHECKS: dict[tuple[int, int, Degrees], tuple[Any, tuple[Placement, ...], list[str]]] = {}
+
+
+def _node_order_placement(cluster: Any, n: int) -> tuple[Placement, ...]:
+    """Rank r on the r-th device of the cluster, for ranks 0..n-1. Memoised per (cluster object, n):
+    specs and Placement are frozen, so the shared tuple never changes; the entry holds the cluster,
+    so its id is not reused while cached. Every estimate of the search resolves a plan with it."""
+    hit = _NODE_ORDER.get((id(cluster), n))
+    if hit is None or hit[0] is not cluster:
+        if len(_NODE_ORDER) > 64:
+            _NODE_ORDER.clear()
+        hit = _NODE_ORDER[(id(cluster), n)] = (cluster, tuple(
+            Placement(rank=r, node=cluster.devices[r].node, device=cluster.devices[r].local) for r in range(n)))
+    return hit[1]
+
+
+def _placement_problems(pl: tuple[Placement, ...], d: Degrees, cluster: Any) -> list[str]:
+    """``_check_placement`` memoised per (cluster object, placement object, degrees): a pure function
+    of the three (all frozen); the entry holds the cluster and placement, so their ids are not reused
+    while cached. The node-order placement is one shared object per cluster, so the search checks it
+    once per degrees. A copy of the list goes out (callers append to theirs)."""
+    key = (id(cluster), id(pl), d)
+    hit = _PLACEMENT_CHECKS.get(key)
+    if hit is None or hit[0] is not cluster or hit[1] is not pl:
+        if len(_PLACEMENT_CHECKS) > 256:
+            _PLACEMENT_CHECKS.clear()
+        hit = _PLACEMENT_CHECKS[key] = (cluster, pl, _check_placement(pl, d, cluster))
+    return list(hit[2])
+
+
+def _check_placement(pl: tuple[Placement, ...], d: Degrees, cluster: Any) -> list[str]:
+    """Problems with a placement: a permutation of the cluster's devices, tp groups inside one node."""
+    p: list[str] = []
     if len(pl) != d.world:
         p.append(f"placement: {len(pl)} entries, expected {d.world}")
     else:
@@ -469,7 +500,7 @@ def _check_resolved(plan: Plan, model: Any, cluster: Any, seq_len: int, global_b
             seen.add(key)
         else:
             if d.tp > 1:
-                for g in plan.all_groups("tp"):
+                for g in Plan(degrees=d).all_groups("tp"):
                     nodes = {pl[r].node for r in g}
                     if len(nodes) > 1:
                         p.append(f"degrees.tp: tp group of ranks {g} crosses nodes {sorted(nodes)}; "
@@ -613,10 +644,27 @@ def parse_inline(text: str) -> Plan:
 
 def load_plan(path_or_inline: str | Path) -> Plan:
     """A plan JSON file, or an inline ``dp=2,pp=2`` string."""
+    return _load_plan(path_or_inline)[0]
+
+
+def load_plan_for(path_or_inline: str | Path, cluster: Any, dtype: str = "auto") -> Plan:
+    """``load_plan`` with the precision ``--dtype`` chooses for ``cluster`` (``choose_dtype``): an
+    explicit bf16/fp16/fp32 wins, ``auto`` keeps the precision the plan states and fills the
+    cluster's default where it states none (an inline ``dp=2`` or a file without ``dtype``)."""
+    plan, stated = _load_plan(path_or_inline)
+    chosen = choose_dtype(dtype, cluster, plan.dtype if stated else None)
+    if chosen == plan.dtype:
+        return plan
+    return plan.replace(dtype=chosen, predicted=None)  # a prediction in another precision is stale
+
+
+def _load_plan(path_or_inline: str | Path) -> tuple[Plan, bool]:
+    """(plan, whether it states its dtype)."""
     s = str(path_or_inline)
     p = Path(s)
     if "=" in s and not p.exists():
-        return parse_inline(s)
+        keys = {_INLINE_ALIASES.get(k.strip(), k.strip()) for k in (x.partition("=")[0] for x in s.split(","))}
+        return parse_inline(s), "dtype" in keys
     try:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -625,7 +673,8 @@ def load_plan(path_or_inline: str | Path) -> Plan:
         raise PlanError(f"cannot read plan file: {exc}", source=s) from None
     plan = Plan.from_json(text, source=s)
     check_schema(plan.to_dict(), source=s)
-    return plan
+    data = json.loads(text)
+    return plan, isinstance(data, dict) and data.get("dtype") is not None
 
 
 def plan_schema() -> dict[str, Any]:

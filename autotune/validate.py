@@ -60,10 +60,6 @@ class ValidateOptions:
     data_dtype: str = "auto"
 
 
-def _layout(plan: Plan) -> tuple:
-    return (plan.degrees, plan.schedule, plan.virtual_stages, plan.micro_batch_size)
-
-
 def _rel_error(pred: float | None, meas: float | None) -> float | None:
     if not pred or not meas:
         return None
@@ -304,18 +300,18 @@ def validate(study_name: str, storage: str, *, options: ValidateOptions | None =
     # what lets the calibration separate compute from communication and tells the user which layout
     # really wins, and a held-out error over near-copies of one plan would say little.
     for distinct in ((True, False) if opts.diverse else (False,)):
-        layouts = {_layout(p) for _, p, _ in chosen}
+        layouts = {p.layout() for _, p, _ in chosen}
         for t, plan in ranked:
             if len(chosen) >= opts.top:
                 break
             if any(c[0].number == t.number for c in chosen) or t.number in refused:
                 continue
-            if distinct and _layout(plan) in layouts:
+            if distinct and plan.layout() in layouts:
                 continue
             if (t.user_attrs.get("measured") or t.user_attrs.get("failure")) and _same_place(
                     t.user_attrs.get("measured_on"), measured_on):
                 chosen.append((t, plan, True))  # validated before here: reuse, do not run again
-                layouts.add(_layout(plan))
+                layouts.add(plan.layout())
                 continue
             if prepare is not None:
                 try:
@@ -325,7 +321,7 @@ def validate(study_name: str, storage: str, *, options: ValidateOptions | None =
                     skipped.append({"trial": t.number, "degrees": plan.degrees.inline(), "reason": e.message})
                     continue
             chosen.append((t, plan, False))
-            layouts.add(_layout(plan))
+            layouts.add(plan.layout())
     chosen.sort(key=lambda c: -float(c[0].value or 0.0))
     if not chosen:
         why = "; ".join(f"trial {s['trial']} ({s['degrees']}): {s['reason']}" for s in skipped[:3])

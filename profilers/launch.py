@@ -1,12 +1,13 @@
-"""Start the ranks of a local profile, watch them, and end them all on a fault.
+"""Start the ranks of a local profile; ``autotune.runtime.launcher.supervise``, the supervisor of
+every autotune launch, watches them and ends them all on a fault.
 
 Plain ``multiprocessing`` spawn (what ``torch.multiprocessing.spawn`` uses underneath, ~1.5x faster
 to start than torchrun here, torch-cpu-facts) so that the parent never imports torch: on a loaded
 2-core machine that import alone takes seconds. The parent polls: a rank that raises writes its
 error to ``rank{R}.err`` and exits 1, a rank that dies exits with its own code; either way every
 other rank is terminated. A rank that hangs is caught by the process-group timeout in its peers
-or, failing that, by our own deadline, after which every process still alive is killed. Either way the caller gets a ``WorkError`` and nothing
-was written to the database.
+or, failing that, by our own deadline, after which every process still alive is killed. Either
+way the caller gets a ``WorkError`` and nothing was written to the database.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import os
 import re
 import signal
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -104,22 +104,8 @@ def _clean(text: str) -> str:
     return re.sub(r"\s+", " ", line).strip()[:240]
 
 
-def _kill_all(procs) -> None:
-    procs = [p for p in procs if p.pid is not None]  # a failed start() leaves later ranks unstarted
-    for p in procs:
-        if p.is_alive():
-            p.terminate()
-    deadline = time.time() + 3
-    for p in procs:
-        p.join(max(0.0, deadline - time.time()))
-        if p.is_alive():
-            p.kill()
-            p.join(1)
-
-
-def _explain(procs, errors: dict[int, str], timeout_s: float) -> str:
+def _explain(codes: list[int | None], errors: dict[int, str], timeout_s: float) -> str:
     """One line naming the rank at fault: a rank that died by itself beats the peers that lost it."""
-    codes = [p.exitcode for p in procs]
     died = [i for i, c in enumerate(codes) if c not in _SECONDARY]
     if died:
         return f"rank {died[0]} died (exit code {codes[died[0]]})"
@@ -140,8 +126,8 @@ def launch_local(kind: str, nproc: int, *, quick: bool, emulate: dict[int, float
                  timeout_s: float = 60.0, progress: ProgressCb | None = None) -> dict[str, Any]:
     """Run ``nproc`` ranks on this machine; return rank 0's result dict (see profilers.worker)."""
     import multiprocessing as mp
-    import multiprocessing.connection
 
+    from autotune.runtime.launcher import stop_all, supervise
     from profilers.worker import _spawn_entry, free_port
 
     bad = [r for r in (emulate or {}) if r >= nproc]
@@ -157,31 +143,65 @@ def launch_local(kind: str, nproc: int, *, quick: bool, emulate: dict[int, float
                  for r in range(nproc)]
         # The peers' own process-group timeout normally fires first; this is the backstop.
         limit = timeout_s * 3 + 60
-        deadline = time.time() + limit
-        seen = 0
-        try:
-            for p in procs:
+        seen = [0]
+
+        def poll() -> None:
+            seen[0] = _read_progress(out / "progress.tsv", seen[0], progress)
+
+        for p in procs:
+            try:
                 p.start()
-            while True:
-                codes = [p.exitcode for p in procs]
-                seen = _read_progress(out / "progress.tsv", seen, progress)
-                if any(c not in (None, 0) for c in codes):
-                    time.sleep(0.3)  # let the peers that lost it write their errors too
-                    _kill_all(procs)
-                    errors = {r: (out / f"rank{r}.err").read_text(encoding="utf-8")
-                              for r in range(nproc) if (out / f"rank{r}.err").exists()}
-                    raise WorkError(f"profile failed: {_explain(procs, errors, timeout_s)}; all ranks were "
-                                    "stopped and nothing was stored")
-                if all(c == 0 for c in codes):
-                    break
-                if time.time() > deadline:
-                    alive = [i for i, p in enumerate(procs) if p.is_alive()]
-                    raise WorkError(f"profile failed: rank(s) {alive} hung (not finished within {limit:.0f} s); "
-                                    "all ranks were stopped and nothing was stored")
-                multiprocessing.connection.wait([p.sentinel for p in procs if p.exitcode is None], timeout=0.2)
-        finally:
-            _kill_all(procs)
+            except BaseException:
+                stop_all(procs)
+                raise
+        # grace 0.3 s: let the peers that lost a rank write their errors too
+        timed_out, codes = supervise(procs, timeout_s=limit, grace_s=0.3, poll=poll)
+        if timed_out:
+            alive = [i for i, c in enumerate(codes) if c is None]
+            raise WorkError(f"profile failed: rank(s) {alive} hung (not finished within {limit:.0f} s); "
+                            "all ranks were stopped and nothing was stored")
+        if any(c != 0 for c in codes):
+            errors = {r: (out / f"rank{r}.err").read_text(encoding="utf-8")
+                      for r in range(nproc) if (out / f"rank{r}.err").exists()}
+            raise WorkError(f"profile failed: {_explain(codes, errors, timeout_s)}; all ranks were "
+                            "stopped and nothing was stored")
         res = out / "result.json"
         if not res.exists():
             raise WorkError("profile failed: rank 0 wrote no result")
         return json.loads(res.read_text(encoding="utf-8"))
+
+
+def node_command(nnodes: int, nproc: int, kind: str, *, quick: bool, timeout_s: float, out: str | Path,
+                 run_id: str = "autotune-profile"):
+    """This node's torchrun line of a profile across ``nnodes`` hosts: c10d rendezvous at
+    ``"${MASTER_ADDR}":"${MASTER_PORT:-29500}"`` (autotune.export.launch's convention), ``nproc``
+    ranks of ``python -m profilers.worker`` here. The same line runs on every node."""
+    from autotune.export.launch import ENDPOINT, NodeCommand
+
+    argv = ["torchrun", "--nnodes", str(nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", ENDPOINT,
+            "--rdzv-id", run_id, "--nproc-per-node", str(nproc), "-m", "profilers.worker", "--out", str(out),
+            "--device", kind, "--timeout", f"{timeout_s:g}", *(["--quick"] if quick else [])]
+    return NodeCommand(node=-1, node_rank=-1, argv=argv)
+
+
+def launch_node(nnodes: int, kind: str, nproc: int, *, quick: bool, timeout_s: float = 60.0) -> dict[str, Any] | None:
+    """Run this node's part of a multi-node profile (``node_command`` through bash, so what runs is
+    the printed line); returns the whole result on the node that got rank 0, None on the others."""
+    import subprocess
+    import sys
+
+    with tempfile.TemporaryDirectory(prefix="autotune-profile-") as tmp:
+        cmd = node_command(nnodes, nproc, kind, quick=quick, timeout_s=timeout_s, out=tmp)
+        env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
+        limit = timeout_s * 3 + 120  # rendezvous, then the ranks' own process-group timeouts
+        try:
+            proc = subprocess.run(["bash", "-c", cmd.shell()], env=env, capture_output=True, text=True,
+                                  timeout=limit)
+        except subprocess.TimeoutExpired:
+            raise WorkError(f"profile failed: this node's ranks did not finish within {limit:.0f} s; "
+                            "nothing was stored") from None
+        if proc.returncode != 0:
+            raise WorkError(f"profile failed on this node: torchrun exited with code {proc.returncode} "
+                            f"({_clean(proc.stderr or proc.stdout or 'no output')}); nothing was stored")
+        res = Path(tmp) / "result.json"
+        return json.loads(res.read_text(encoding="utf-8")) if res.exists() else None

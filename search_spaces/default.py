@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from autotune.divisibility import degree_problems
 from autotune.plan import (
     HELIX_FOLDS,
     MESH_ORDER,
@@ -127,11 +128,6 @@ class DefaultSpace:
                                               f"devices({self.n})", "")
         deg = Degrees(dp=self.n // inner, pp=pp, cp=cp, hp=hp, tp=tp)
         fam = family_of(deg)
-        for what, total, div in (("heads", model.heads, tp), ("kv_heads", model.kv_heads, tp)):
-            if total % div:
-                return Infeasible("divisibility", f"{what}({total}) not divisible by tp({tp})", fam)
-        if hp > model.heads // tp:
-            return Infeasible("divisibility", f"hp({hp}) > heads per tp rank({model.heads // tp})", fam)
         schedule = p["schedule"] if pp > 1 else "1f1b"
         helix = schedule == "helixpipe"
         folds = int(p.get("helix_folds", 1)) if helix else 1
@@ -139,8 +135,9 @@ class DefaultSpace:
         vs = _virtual_stages(sched, pp, p["vpp_exp"])
         if sched.check_shape(pp, vs):
             return Infeasible("divisibility", "; ".join(sched.check_shape(pp, vs)), fam)
-        if pp * vs > model.layers:
-            return Infeasible("divisibility", f"pp({pp})*virtual_stages({vs}) > layers({model.layers})", fam)
+        bad = degree_problems(deg, model, self.n, vs)  # the plan's own rules (autotune/divisibility.py)
+        if bad:
+            return Infeasible("divisibility", bad[0][1], fam)
         sp = bool(p["sp"]) and tp > 1
         zero = int(p["zero_stage"]) if deg.dp * cp * hp > 1 else 0
         mbs = 2 ** p["mbs_exp"]

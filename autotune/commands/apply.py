@@ -21,6 +21,7 @@ import typer
 
 from autotune.commands.common import (
     DEFAULT_STORAGE,
+    DtypeOpt,
     JsonOpt,
     StorageOpt,
     console,
@@ -32,7 +33,7 @@ from autotune.export import FORMATS, ExportRefused, export, exporter, write_atom
 from autotune.export import launch as L
 from autotune.export.common import ExportContext, describe, predict, predicted_text
 from autotune.export.source import from_plan_file, from_study
-from autotune.plan import Plan
+from autotune.plan import Plan, choose_dtype
 
 HELP = "Export a plan for Megatron, torchtitan, DeepSpeed, Accelerate or JSON, or launch it."
 
@@ -81,45 +82,42 @@ def _check_output(output: str, fmt: str, force: bool) -> None:
                              "to do so, or pick another file)", field="--output")
 
 
-def _launch(plan: Plan, ctx: ExportContext, dry_run: bool, steps: int, json_: bool) -> None:
-    base = Path("results") / "launch" / _tag(ctx)
-    job, out = base / "job.pt", base / "out"
-    cmds = L.commands(plan, ctx, job, out)
-    if not dry_run and len(cmds) > 1:
-        raise InputError(f"the plan spans {len(cmds)} nodes; autotune runs single-node launches only. "
-                         "Use --dry-run to print the command for each node and run them there", field="--launch")
-    if dry_run:
-        try:
-            from autotune.runtime.trial import check_runtime_support
+def _launch(plan: Plan, ctx: ExportContext, dry_run: bool, steps: int, json_: bool, node_rank: int | None) -> None:
+    """Print each node's torchrun line (autotune.export.launch); without --dry-run run one of them here:
+    the only one, or node-rank K's (``--node-rank K``, on each host of a multi-node plan)."""
+    out = Path("results") / "launch" / _tag(ctx) / "out"
+    cmds = L.commands(plan, ctx, out, steps=steps, run_id=_tag(ctx))
+    if node_rank is not None and not 0 <= node_rank < len(cmds):
+        raise InputError(f"the plan runs on {len(cmds)} node(s): node-rank 0..{len(cmds) - 1}", field="--node-rank")
+    if not dry_run and len(cmds) > 1 and node_rank is None:
+        raise InputError(f"the plan spans {len(cmds)} nodes: on each host run `autotune apply ... --launch "
+                         "--node-rank K` with MASTER_ADDR set to node-rank 0's host (or --dry-run to print "
+                         "the command of each node)", field="--launch")
+    from autotune.runtime.trial import check_runtime_support
 
-            check_runtime_support(plan, ctx.model)
-        except ImportError:
-            pass
-        run_plan = plan
-    else:
-        run_plan = L.check_runnable(plan, ctx)
-    L.write_job(job, run_plan, ctx, steps=steps)
-    shown = [c.shell() for c in cmds]
+    check_runtime_support(plan, ctx.model)
+    if not dry_run and len(cmds) == 1:
+        L.check_runnable(plan, ctx)
+    chosen = cmds if node_rank is None else [cmds[node_rank]]
+    shown = [c.shell() for c in chosen]
     if not json_:
-        for c in cmds:
+        for c in chosen:
             prefix = f"# node {c.node} (node-rank {c.node_rank})\n" if len(cmds) > 1 else ""
             console.print(prefix + c.shell(), highlight=False, soft_wrap=True)
     if dry_run:
         if json_:
-            emit_json({"commands": shown, "job": str(job), "out": str(out), "ran": False,
-                       "plan": plan.to_dict()})
+            emit_json({"commands": shown, "out": str(out), "ran": False, "plan": plan.to_dict()})
         else:
-            err_console.print(f"dry run: job written to {job}; nothing started", highlight=False)
+            err_console.print("dry run: nothing written, nothing started", highlight=False)
         return
-    summary = L.run(cmds[0], out, world=plan.world, seq_len=ctx.seq_len, global_batch=ctx.global_batch,
-                    steps=steps, timeout_s=600.0)
+    summary = L.run(chosen[0], out, world=plan.world, seq_len=ctx.seq_len, global_batch=ctx.global_batch,
+                    steps=steps, timeout_s=600.0, nodes=len(cmds))
     if json_:
-        emit_json({"commands": shown, "job": str(job), "out": str(out), "ran": True, "measured": summary,
-                   "plan": plan.to_dict()})
+        emit_json({"commands": shown, "out": str(out), "ran": True, "measured": summary, "plan": plan.to_dict()})
     else:
-        console.print(f"ran {plan.world} ranks: {summary['step_time_s']:.4g} s/step, "
-                      f"{summary['tokens_per_s']:.4g} tokens/s, final loss {summary['losses'][-1]:.4f}",
-                      highlight=False)
+        console.print(f"ran ranks {summary['ranks'][0]}-{summary['ranks'][-1]} of {plan.world}: "
+                      f"{summary['step_time_s']:.4g} s/step, {summary['tokens_per_s']:.4g} tokens/s, "
+                      f"final loss {summary['losses'][-1]:.4f}", highlight=False)
 
 
 def command(
@@ -133,6 +131,8 @@ def command(
                                          "torchrun (prints the command first).")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="With --launch: only print the command.")] = False,
     steps: Annotated[int, typer.Option("--steps", help="With --launch: measured steps.", min=1)] = 5,
+    node_rank: Annotated[int | None, typer.Option("--node-rank", help="With --launch: run (or print) only the "
+                                                  "command of node-rank K of a multi-node plan.", min=0)] = None,
     model: Annotated[str | None, typer.Option("--model", "-m", help="With --plan: the model it is for "
                                               "(unless the file records it).")] = None,
     seq_len: Annotated[int | None, typer.Option("--seq-len", "-s", help="With --plan: sequence length.",
@@ -144,6 +144,7 @@ def command(
     storage: StorageOpt = DEFAULT_STORAGE,
     force: Annotated[bool, typer.Option("--force", help="Write even when the file's extension or content says "
                                         "another format, or the plan does not fit in memory.")] = False,
+    dtype: DtypeOpt = "auto",
     json_: JsonOpt = False,
 ) -> None:
     """Export a plan for Megatron, torchtitan, DeepSpeed, Accelerate or JSON, or launch it."""
@@ -151,6 +152,8 @@ def command(
         raise InputError("give exactly one of --study NAME or --plan FILE", field="--study/--plan")
     if dry_run and not launch:
         raise InputError("--dry-run only goes with --launch", field="--dry-run")
+    if node_rank is not None and not launch:
+        raise InputError("--node-rank only goes with --launch", field="--node-rank")
     if launch and (output or fmt != "json"):
         raise InputError("--launch runs the plan with autotune's own runtime; it writes no export "
                          "(drop -o/--format, or export without --launch)", field="--launch")
@@ -165,9 +168,14 @@ def command(
     else:
         assert plan_file is not None
         plan, ctx = from_plan_file(plan_file, model, seq_len, global_batch, cluster, storage)
+    # auto: the plan's own precision; checked against the cluster's devices when one is known
+    precision = (plan.dtype if dtype == "auto" else dtype) if getattr(ctx, "cluster_assumed", False) else (
+        choose_dtype(dtype, ctx.cluster, plan.dtype))
+    if precision != plan.dtype:  # exported in another precision: its prediction is re-priced
+        plan = plan.replace(dtype=precision, predicted=None)
     plan = plan.resolve(ctx.model, ctx.cluster, ctx.seq_len, ctx.global_batch)
     if launch:
-        _launch(plan, ctx, dry_run, steps, json_)
+        _launch(plan, ctx, dry_run, steps, json_, node_rank)
         return
     plan = _price(plan, ctx, force)
     try:

@@ -56,6 +56,10 @@ def run(
     emulate: EmulateOpt = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds a rank may stay silent before it counts as "
                                                              "hung (then all ranks are stopped).", min=1.0)] = 60.0,
+    nnodes: Annotated[int, typer.Option("--nnodes", help="Profile across this many hosts: run the same command on "
+                                                         "each, with MASTER_ADDR (and MASTER_PORT) naming one of "
+                                                         "them; torchrun's c10d rendezvous joins them and the "
+                                                         "host that gets rank 0 stores the profile.", min=1)] = 1,
     layers: Annotated[str | None, typer.Option("--layers", help="Time MODEL's real pieces (embedding, one decoder "
                                                                 "layer, norm + LM head + loss; fwd and bwd) over "
                                                                 "micro-batches, sequences and tp shards instead.",
@@ -64,7 +68,8 @@ def run(
     seq: Annotated[str | None, typer.Option("--seq", help="--layers: sequence lengths, e.g. 128,256.")] = None,
     tp: Annotated[str | None, typer.Option("--tp", help="--layers: tp shards (a shard's weights on one device).")]
     = None,
-    dtype: Annotated[str, typer.Option("--dtype", help="--layers: fp32, bf16 or fp16.")] = "fp32",
+    dtype: Annotated[str, typer.Option("--dtype", help="--layers: auto (the dtype trials compute in here: bf16 where "
+                                                       "native, else fp32), fp32, bf16 or fp16.")] = "auto",
     storage: StorageOpt = DEFAULT_STORAGE,
     json_: JsonOpt = False,
 ) -> None:
@@ -91,9 +96,23 @@ def run(
         def on_progress(done: int, total: int, what: str) -> None:
             prog.update(task, completed=done, total=total, description=what)
 
-        result = launch_local(kind, nproc, quick=quick, emulate=slow, timeout_s=timeout, progress=on_progress)
+        if nnodes > 1:
+            if slow:
+                raise InputError("--emulate-slowdown is for one host", field="--nnodes")
+            from profilers.launch import launch_node
+
+            prog.update(task, description=f"{nproc} ranks here, waiting for {nnodes} nodes")
+            result = launch_node(nnodes, kind, nproc, quick=quick, timeout_s=timeout)
+            if result is None:
+                err_console.print("this node's ranks are done; the host that ran rank 0 stores the profile",
+                                  highlight=False)
+                if json_:
+                    emit_json({"stored": False, "nnodes": nnodes, "nproc": nproc})
+                return
+        else:
+            result = launch_local(kind, nproc, quick=quick, emulate=slow, timeout_s=timeout, progress=on_progress)
     wall = time.perf_counter() - t0
-    pid = save_profile(result, storage, label=label, nproc=nproc, wall_s=wall)
+    pid = save_profile(result, storage, label=label, nproc=result.get("world", nproc), wall_s=wall)
     summary = summarize_profile(load_profile(pid, storage))
     if json_:
         emit_json(summary)
@@ -117,6 +136,10 @@ def _run_layers(model_ref: str, device: str, mbs: str | None, seq: str | None, t
         device = "cuda" if torch.cuda.is_available() else "cpu"
     elif device not in ("cpu", "cuda"):
         raise InputError(f"must be auto, cpu or cuda, got {device!r}", field="--device")
+    if dtype == "auto":
+        from profilers.dtypes import trial_dtype
+
+        dtype = trial_dtype(device)
     sweep = default_sweep(model, device, dtype)
     sweep.micro_batches = parse_grid(mbs, "mbs") or sweep.micro_batches
     sweep.seq_lens = parse_grid(seq, "seq") or sweep.seq_lens

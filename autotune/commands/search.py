@@ -2,38 +2,47 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
+from rich.console import Group
+from rich.text import Text
 
 from autotune.commands.common import (
     DEFAULT_STORAGE,
     ClusterOpt,
+    DtypeOpt,
     GlobalBatchOpt,
     JsonOpt,
     ModelOpt,
     SeedOpt,
     SeqLenOpt,
     StorageOpt,
+    WideOpt,
     console,
     emit_json,
     err_console,
 )
-from autotune.units import fmt_bytes
+from autotune.dashboard.tables import Col, fit
+from autotune.units import fmt_bytes, fmt_time
 
 HELP = "Search parallel plans with Optuna over degrees and uneven shares using the cost model."
 
 TrialsOpt = Annotated[int | None, typer.Option("--trials", "-n", help="Sampler trials (baselines, balanced starts "
                                                                       "and the polish, up to 8x, come on top); "
                                                                       "default 100, or the whole grid.")]
-TimeoutOpt = Annotated[float | None, typer.Option("--timeout", help="Stop after this many seconds.")]
+TimeoutOpt = Annotated[float | None, typer.Option("--timeout", help="Stop after this many seconds (the notes say "
+                                                                   "where it stopped).")]
 StudyOpt = Annotated[str | None, typer.Option("--study", help="Study name; the same name resumes (default: "
                                                               "MODEL@CLUSTER-sSEQ-bBATCH).")]
 SamplerOpt = Annotated[str, typer.Option("--sampler", help="tpe (default), random or grid (exhaustive where small).")]
 WorkersOpt = Annotated[int, typer.Option("--workers", "-w", help="Processes searching one study.")]
 TopOpt = Annotated[int, typer.Option("--top", "-k", help="Plans to show and print.")]
 SpaceOpt = Annotated[str, typer.Option("--space", help="Search space module in search_spaces/.")]
+TargetOpt = Annotated[str, typer.Option("--target", help="Who will run the plan: runtime (autotune's own, "
+                                                         "everything the space holds), megatron, torchtitan, "
+                                                         "deepspeed or accelerate (only what it can express).")]
 
 
 def command(
@@ -50,81 +59,175 @@ def command(
     seed: SeedOpt = 0,
     top: TopOpt = 5,
     space: SpaceOpt = "default",
+    wide: WideOpt = False,
+    dtype: DtypeOpt = "auto",
+    target: TargetOpt = "runtime",
     json_: JsonOpt = False,
 ) -> None:
     """Search parallel plans with Optuna over degrees and uneven shares using the cost model."""
+    from autotune.plan import choose_dtype
+    from autotune.progress import Progress
     from autotune.search import SearchOptions, check_options, search
     from autotune.specs import load_cluster, load_model
     from autotune.study import default_study_name
 
     opts = SearchOptions(trials=trials, timeout_s=timeout, sampler=sampler, workers=workers, seed=seed, top=top,
-                         space=space)
+                         space=space, target=target)
     check_options(opts, storage)
     m = load_model(model)
     c = load_cluster(cluster, storage=storage)
-    name = study or default_study_name(m, c, seq_len, global_batch)
+    # the precision is chosen (and a device that lacks it refused) before any point is priced
+    opts = dataclasses.replace(opts, dtype=choose_dtype(dtype, c))
+    # a study holds one precision and one target: another one is another default study
+    name = study or (default_study_name(m, c, seq_len, global_batch) + ("" if opts.dtype == "bf16" else f"-{opts.dtype}")
+                     + ("" if target == "runtime" else f"-{target}"))
     if not json_:
         err_console.print(f"searching {m.name} on {c.name} ({c.num_devices} devices), seq {seq_len}, batch "
                           f"{global_batch}: study {name!r} in {storage}", highlight=False)
-    res = search(m, c, seq_len, global_batch, study_name=name, storage=storage, options=opts,
-                 progress=None if json_ else (lambda s: err_console.print(s, highlight=False)))
+    with Progress(err_console, enabled=not json_) as live:  # a terminal only; nothing under --json or a pipe
+        res = search(m, c, seq_len, global_batch, study_name=name, storage=storage, options=opts, display=live)
     if json_:
         emit_json(res.to_dict())
         return
-    show(res.to_dict())
+    show(res.to_dict(), storage, wide)
 
 
 def _shares(p: dict[str, Any]) -> str:
+    """Uneven shares with their names; layers per stage always (``8+8`` when a stage holds two
+    model chunks of 8 layers, with virtual stages)."""
+    sh = p.get("shares") or {}
     out = []
-    for k in ("layers", "tokens", "heads", "samples"):
-        v = (p.get("shares") or {}).get(k)
-        if v and len(v) > 1:
-            out.append(f"{k[0]}{v}" if len(v) <= 6 else f"{k[0]}[{min(v)}..{max(v)} x{len(v)}]")
-    return " ".join(out) or "-"
+    layers = sh.get("layers")
+    pp, vs = (p.get("degrees") or {}).get("pp", 1), p.get("virtual_stages") or 1
+    if layers and len(layers) > 1:
+        stages = ["+".join(str(layers[j]) for j in range(s, len(layers), pp)) for s in range(pp)] if vs > 1 \
+            else [str(x) for x in layers]
+        out.append("layers " + "/".join(stages) if len(stages) <= 8 else f"layers {min(layers)}..{max(layers)}")
+    for k in ("tokens", "heads", "samples"):
+        v = sh.get(k)
+        if v and len(v) > 1 and max(v) != min(v):
+            out.append(f"{k} " + ("/".join(map(str, v)) if len(v) <= 4 else f"{min(v)}..{max(v)} x{len(v)}"))
+    return " ".join(out) or "even"
 
 
 def _options(p: dict[str, Any]) -> str:
-    bits = [f"mbs{p['micro_batch_size']}", p["schedule"] + (f"x{p['virtual_stages']}" if p.get("virtual_stages", 1) > 1
-                                                             else "")]
+    vs = p.get("virtual_stages", 1)
+    bits = [f"mbs{p['micro_batch_size']}x{p.get('num_microbatches')}"]
+    if p["schedule"] != "1f1b" or vs > 1:  # 1f1b is the default: said only in the caption
+        bits.append(p["schedule"] + (f"/v{vs}" if vs > 1 else ""))
     if p.get("recompute") != "none":
         bits.append(f"rc:{p['recompute']}")
     if p.get("zero_stage"):
         bits.append(f"zero{p['zero_stage']}")
     if p.get("sequence_parallel"):
         bits.append("sp")
+    if p.get("dtype") and p.get("dtype") != "bf16":
+        bits.append(p["dtype"])
     return " ".join(bits)
 
 
-def plan_table(plans: list[dict[str, Any]], title: str, measured: bool = False) -> Table:
-    t = Table(title=title)
-    for col in ("#", "degrees", "shares", "options", "pred tok/s", "MFU", "peak mem / capacity"):
-        t.add_column(col, justify="right" if col in ("#", "pred tok/s", "MFU") else "left")
+_TERMS = (("compute_s", "compute"), ("exposed", "exposed communication"), ("bubble_s", "pipeline bubble"),
+          ("optimizer_s", "optimizer step"))
+
+
+def _terms(bd: dict[str, Any] | None) -> dict[str, float]:
+    bd = bd or {}
+    return {"compute_s": float(bd.get("compute_s") or 0.0),
+            "exposed": float(bd.get("exposed_comm_s") or 0.0) + float(bd.get("dp_exposed_s") or 0.0),
+            "bubble_s": float(bd.get("bubble_s") or 0.0), "optimizer_s": float(bd.get("optimizer_s") or 0.0)}
+
+
+def why(p: dict[str, Any], bd: dict[str, Any] | None, best: dict[str, Any], best_bd: dict[str, Any] | None) -> str:
+    """One line on why a plan sits where it does: the best names where its step goes; every other
+    plan the term that costs it most against the best."""
+    step = (p.get("predicted") or {}).get("step_time_s")
+    best_step = (best.get("predicted") or {}).get("step_time_s")
+    if not step or not best_step:
+        return "not priced"
+    mine = _terms(bd)
+    if p is best:
+        parts = ", ".join(f"{label} {fmt_time(mine[k])}" for k, label in _TERMS if mine[k] > 0.005 * step)
+        return f"fastest: {fmt_time(step)}/step = {parts}"
+    theirs = _terms(best_bd)
+    key, label = max(_TERMS, key=lambda kl: mine[kl[0]] - theirs[kl[0]])
+    extra = mine[key] - theirs[key]
+    return (f"{step / best_step:.2f}x the best's step time; {label} {fmt_time(mine[key])} against "
+            f"{fmt_time(theirs[key])} (+{fmt_time(extra)})" if extra > 0 else
+            f"{step / best_step:.2f}x the best's step time")
+
+
+def plan_table(plans: list[dict[str, Any]], title: str, measured: bool = False, wide: bool = False,
+               breakdowns: list[dict[str, Any] | None] | None = None) -> Group:
+    """The plans, fitted to the terminal, with one line per plan under the table on why it is where
+    it is (when ``breakdowns`` are given)."""
+    cols = [Col("#", priority=0), Col("degrees", "left", 0), Col("shares", "left", 1), Col("options", "left", 1),
+            Col("pred tok/s", priority=0), Col("MFU", priority=3), Col("peak memory", priority=2)]
     if measured:
-        t.add_column("meas tok/s", justify="right")
-        t.add_column("error", justify="right")
+        cols += [Col("meas tok/s", priority=0), Col("error", priority=0)]
+    rows = []
     for i, p in enumerate(plans):
         pr = p.get("predicted") or {}
         deg = ",".join(f"{k}={v}" for k, v in p["degrees"].items() if v > 1) or "dp=1"
         mem, cap = pr.get("memory_bytes") or [], pr.get("capacity_bytes") or []
         j = max(range(len(mem)), key=lambda r: mem[r] / cap[r] if cap else mem[r]) if mem else None
-        memtxt = f"{fmt_bytes(mem[j])} / {fmt_bytes(cap[j])}" if j is not None and cap else "-"
+        memtxt = f"{fmt_bytes(mem[j])} ({mem[j] / cap[j]:.0%})" if j is not None and cap else "-"
         row = [str(i + 1), deg, _shares(p), _options(p), f"{pr.get('tokens_per_s', 0):,.0f}",
                f"{pr.get('mfu', 0):.1%}" if isinstance(pr.get("mfu"), (int, float)) else "-", memtxt]
         if measured:
             m = p.get("measured") or {}
             row += [f"{m['tokens_per_s']:,.0f}" if m.get("tokens_per_s") else "failed" if p.get("failure") else "-",
                     f"{p['error']:+.1%}" if isinstance(p.get("error"), (int, float)) else "-"]
-        t.add_row(*row)
-    return t
+        rows.append(row)
+    lines = []
+    if breakdowns is not None and plans:
+        lines = [Text(f"#{i + 1} {why(p, bd, plans[0], breakdowns[0])}", style="dim")
+                 for i, (p, bd) in enumerate(zip(plans, breakdowns, strict=True))]
+    caption = "options: micro-batch size x micro-batches, schedule when not 1f1b, recompute, ZeRO stage"
+    return Group(fit(console, cols, rows, wide=wide, title=title, caption=caption), *lines)
 
 
-def show(res: dict[str, Any]) -> None:
-    console.print(plan_table(res["top"], f"top {len(res['top'])} of {res['trials']} trials (study {res['study']})"))
+def distinct_layouts(study_name: str, storage: str, n: int) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
+    """The best plan of each of the ``n`` best layouts (``Plan.layout``, the rule ``validate`` uses),
+    best first, each with its stored breakdown."""
+    from autotune.study import iter_trial_plans, open_study
+
+    seen: set[tuple[Any, ...]] = set()
+    out = []
+    for t, plan in iter_trial_plans(open_study(study_name, storage)):
+        if plan.layout() in seen:
+            continue
+        seen.add(plan.layout())
+        out.append((t.user_attrs["plan"], t.user_attrs.get("breakdown")))
+        if len(out) >= n:
+            break
+    return out
+
+
+def targets_line(targets: dict[str, Any]) -> str:
+    """``best per target: runtime 1.00x (#12), megatron 0.87x (#40), ...`` (None: none of the best)."""
+    parts = [f"{t} {v['ratio']:.2f}x (#{v['trial']})" if v else f"{t} none among the best plans"
+             for t, v in targets.items()]
+    return "best plan each target can run, against the best: " + ", ".join(parts)
+
+
+def show(res: dict[str, Any], storage: str | None = None, wide: bool = False) -> None:
+    """The search's result for people: one plan per layout (unless the study cannot be read back),
+    the best even split, why the best wins, and the notes."""
+    top = distinct_layouts(res["study"], storage, len(res["top"])) if storage else []
+    if top:
+        console.print(plan_table([p for p, _ in top], f"best plan of each of the {len(top)} best layouts, of "
+                                 f"{res['trials']} trials (study {res['study']})", wide=wide,
+                                 breakdowns=[bd for _, bd in top]))
+    else:
+        console.print(plan_table(res["top"], f"top {len(res['top'])} of {res['trials']} trials (study "
+                                 f"{res['study']})", wide=wide))
     b = res.get("baseline_best")
     if b:
-        console.print(plan_table([b], "best even-split plan"))
+        console.print(plan_table([b], "best even-split plan", wide=wide))
     if res.get("why"):
         console.print(f"why the best wins: {res['why']}", highlight=False)
+    if res.get("targets"):
+        console.print(targets_line(res["targets"]), highlight=False)
     for n in res.get("notes") or []:
         console.print(f"[dim]note: {n}[/]", highlight=False)
     console.print(f"{res['new_trials']} new trials in {res['elapsed_s']:.1f} s", highlight=False)

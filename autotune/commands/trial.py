@@ -11,6 +11,7 @@ from rich.table import Table
 from autotune.commands.common import (
     DataDtypeOpt,
     DataOpt,
+    DtypeOpt,
     EmulateOpt,
     GlobalBatchOpt,
     JsonOpt,
@@ -45,14 +46,26 @@ def command(
     device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
     data: DataOpt = None,
     data_dtype: DataDtypeOpt = "auto",
+    cluster: Annotated[str | None, typer.Option("--cluster", "-c", help="With --node-rank: the cluster whose "
+                                                "nodes run the plan.")] = None,
+    node_rank: Annotated[int | None, typer.Option("--node-rank", help="Run node-rank K's ranks of a plan across "
+                                                  "hosts (MASTER_ADDR/MASTER_PORT name the rendezvous; run the "
+                                                  "same command with each K on its host).", min=0)] = None,
+    dtype: DtypeOpt = "auto",
     json_: JsonOpt = False,
 ) -> None:
     """Run a plan for real on local processes (torch.distributed) and measure it."""
-    from autotune.plan import load_plan
+    from autotune.plan import load_plan, load_plan_for
     from autotune.runtime.trial import run_trial
+    from autotune.specs import load_cluster
 
     emulate = parse_emulation(emulate_slowdown)
-    p = load_plan(plan)
+    # local workers take every precision; a GPU without bf16 is refused by run_trial's checks
+    p = load_plan_for(plan, load_cluster(f"local:{load_plan(plan).world}"), dtype)
+    if node_rank is not None or cluster is not None:
+        _across_hosts(p, model, cluster, node_rank, seq_len, global_batch, steps, warmup, seed, timeout, data,
+                      data_dtype, emulate, json_)
+        return
 
     def announce(resolved) -> None:
         if not json_:
@@ -74,6 +87,47 @@ def command(
             err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
             sys.exit(1)
         raise WorkError(message)
+
+
+def _across_hosts(p, model, cluster, node_rank, seq_len, global_batch, steps, warmup, seed, timeout, data,
+                  data_dtype, emulate, json_) -> None:
+    """This host's part of a trial across hosts: node-rank K's line of ``apply --launch`` (one source
+    for the commands, autotune.export.launch), run here through torchrun's c10d rendezvous."""
+    from autotune.errors import InputError
+    from autotune.export import launch as L
+    from autotune.export.common import ExportContext
+    from autotune.runtime.data import prepare_data
+    from autotune.runtime.trial import check_runtime_support
+    from autotune.specs import load_cluster, load_model
+
+    if cluster is None or node_rank is None:
+        raise InputError("a trial across hosts needs both --cluster and --node-rank", field="--node-rank")
+    if emulate:
+        raise InputError("emulated slowdowns are for local trials", field="--emulate-slowdown")
+    spec, cl = load_model(model), load_cluster(cluster)
+    resolved = p.resolve(spec, cl, seq_len, global_batch)
+    check_runtime_support(resolved, spec)
+    desc = prepare_data(data, spec.vocab, seq_len, global_batch, warmup + steps, dtype=data_dtype)
+    ctx = ExportContext(model=spec, cluster=cl, seq_len=seq_len, global_batch=global_batch)
+    cmds = L.commands(resolved, ctx, "results/trial/out", steps=steps, warmup=warmup, seed=seed, timeout_s=timeout,
+                      run_id="autotune-trial", data=desc)
+    if node_rank >= len(cmds):
+        raise InputError(f"the plan runs on {len(cmds)} node(s): node-rank 0..{len(cmds) - 1}", field="--node-rank")
+    cmd = cmds[node_rank]
+    if not json_:
+        err_console.print(f"running node-rank {node_rank} of {len(cmds)} ({resolved.degrees.inline()}) ...",
+                          highlight=False)
+    from pathlib import Path
+
+    summary = L.run(cmd, Path("results/trial/out"), world=resolved.world, seq_len=seq_len,
+                    global_batch=global_batch, steps=steps, timeout_s=timeout, nodes=len(cmds))
+    if json_:
+        emit_json({"command": cmd.shell(), "measured": summary, "losses": summary["losses"]})
+        return
+    console.print(f"node-rank {node_rank}: ranks {summary['ranks'][0]}-{summary['ranks'][-1]} of {resolved.world}, "
+                  f"step time {fmt_time(summary['step_time_s'])}, {summary['tokens_per_s']:,.0f} tokens/s",
+                  highlight=False)
+    show_losses(summary["losses"], warmup, data)
 
 
 def _show(out: dict) -> None:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.cost import cpu as _cpu
+from autotune.cost import datasheet as _datasheet
 from autotune.cost.cpu import (  # noqa: F401  (their old home: kept importable from here)
     CPU_GEMM_CALL_S,
     CPU_OP_S,
@@ -76,6 +77,8 @@ class Rates:
     source: str = "datasheet"
     cpu: _cpu.CpuRates | None = None
     """The CPU trial terms (``cpu.py``) of a ``kind == "cpu"`` device; None on accelerators."""
+    size: Any = None
+    """The shape-aware datasheet model (``datasheet.SizeModel``) of an unprofiled GPU, else None."""
 
     @property
     def gemm_call_s(self) -> float:
@@ -168,6 +171,10 @@ def rates_for(spec: Any, dtype: str, head_dim: int) -> Rates:
         r.cpu = _cpu.cpu_rates(spec, dtype)
     _gemm_rates(r, (prof.get("gemm") or {}).get(dtype))
     _attention_rates(r, prof.get("attention") or {}, head_dim)
+    if r.cpu is None and r.gemm_fit is None and r.gemm_points is None and r.attn_points is None:
+        r.size = _datasheet.size_model(spec, dtype, DTYPE_BYTES.get(dtype, 2))
+        if r.size is not None:
+            r.source = "datasheet (size-aware)"
     return r
 
 
@@ -233,6 +240,9 @@ def layer_compute(model: Any, rates: Rates, *, tokens: float, tp: int, heads_loc
     tokens for its heads); act_bytes: the block's stored activation bytes (elementwise traffic);
     blocks: with cp > 1 the ring's blocks (``cpu.ring_blocks``), priced one kernel call each on CPU."""
     h, kv, f = model.hidden, model.kv_dim, model.ffn_hidden
+    if rates.size is not None:  # an unprofiled GPU: every kernel priced from its shape (datasheet.py)
+        return _sized_block(model, rates.size, tokens=tokens, tp=tp, heads_local=heads_local, keysum=keysum,
+                            block_seq=block_seq, micro_batch=micro_batch, act_bytes=act_bytes)
     gemm = (rates.gemm_time(2.0 * tokens * h * (h + 2 * kv) / tp)          # fused QKV projection
             + rates.gemm_time(2.0 * tokens * h * h / tp)                    # output projection
             + rates.gemm_time(2.0 * tokens * h * f * (model.mlp_matrices - 1) / tp)  # up (and gate)
@@ -247,9 +257,42 @@ def layer_compute(model: Any, rates: Rates, *, tokens: float, tp: int, heads_loc
     return LayerCompute(gemm_fwd=gemm, attn_fwd=a_fwd, attn_bwd=a_bwd, elem_fwd=elem)
 
 
+_SIZED: dict[tuple, tuple[Any, tuple[float, float, float, float]]] = {}
+
+
+def _sized_block(model: Any, sm: Any, *, tokens: float, tp: int, heads_local: int, keysum: float,
+                 block_seq: float, micro_batch: int, act_bytes: float) -> LayerCompute:
+    """``_sized_block_times`` memoised: a pure function of the model (a frozen spec, held by identity
+    like ``cached_rates``), the frozen ``SizeModel`` and the shape, which the search meets again
+    and again (every plan of the same tp, shares and device type); a fresh LayerCompute each call."""
+    key = (id(model), sm, tokens, tp, heads_local, keysum, block_seq, micro_batch, act_bytes)
+    hit = _SIZED.get(key)
+    if hit is None or hit[0] is not model:
+        if len(_SIZED) > 4096:
+            _SIZED.clear()
+        hit = _SIZED[key] = (model, _sized_block_times(model, sm, tokens, tp, heads_local, keysum, block_seq,
+                                                       micro_batch, act_bytes))
+    return LayerCompute(*hit[1])
+
+
+def _sized_block_times(model: Any, sm: Any, tokens: float, tp: int, heads_local: int, keysum: float,
+                       block_seq: float, micro_batch: int, act_bytes: float) -> tuple[float, float, float, float]:
+    """(gemm_fwd, attn_fwd, attn_bwd, elem_fwd) of one block, every kernel priced from its shape."""
+    h, kv, f = model.hidden, model.kv_dim, model.ffn_hidden
+    gemm = (sm.gemm_time(tokens, (h + 2 * kv) / tp, h) + sm.gemm_time(tokens, h, h / tp)
+            + sm.gemm_time(tokens, f * (model.mlp_matrices - 1) / tp, h) + sm.gemm_time(tokens, h, f / tp))
+    a_fwd, a_bwd = sm.attention(micro_batch * heads_local, block_seq, model.head_dim, keysum)
+    elem = sm.stream_time(2.0 * act_bytes, _datasheet.KERNELS_BLOCK_FWD)
+    return gemm, a_fwd, a_bwd, elem
+
+
 def head_compute(model: Any, rates: Rates, *, tokens: float, tp: int) -> tuple[float, float]:
     """(fwd, bwd) seconds of the LM head (vocab-parallel over tp) and the cross-entropy on the last
     stage: GEMM 2*h*V/tp per token, and the fp32 logits read/written ~3 times by the softmax-loss."""
+    if rates.size is not None:
+        g = rates.size.gemm_time(tokens, model.vocab / tp, model.hidden)
+        e = rates.size.stream_time(3.0 * 4.0 * tokens * model.vocab / tp, _datasheet.KERNELS_HEAD_FWD)
+        return g + e, 2.0 * g + e
     g = rates.gemm_time(2.0 * tokens * model.hidden * model.vocab / tp)
     e = rates.memory_time(3.0 * 4.0 * tokens * model.vocab / tp)
     if rates.cpu is not None:

@@ -101,7 +101,8 @@ def step_context(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batc
     on_cpu = d.cp > 1 and any(g.device.kind == "cpu" for g in cluster.groups)
     blk, shard_n = d.dp * d.cp * d.hp * d.tp, d.dp * d.cp * d.hp
     sched = schedule_of(rp)
-    chunks = tuple(rp.stages_of_rank(i) for i in range(d.pp))
+    # the schedule's placement, asked once per estimate (Plan.stages_of_rank asks the registry each call)
+    chunks = tuple(sched.stages_of_rank(i, d.pp, rp.virtual_stages) for i in range(d.pp))
     return StepContext(
         plan=rp, model=model, cluster=cluster, topo=topo, seq_len=seq_len, global_batch=global_batch,
         calibration=calibration or {}, dtype=rp.dtype, bpe=DTYPE_BYTES[rp.dtype],
@@ -114,7 +115,7 @@ def step_context(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batc
         cp_max_tokens=max(tokens),
         keysums=tuple(causal_keys(tokens, i, zig, seq_len) for i in range(d.cp)),
         ring=tuple(_cpu.ring_blocks(tokens, i, zig, seq_len) if on_cpu else None for i in range(d.cp)),
-        stage_params=DP.stage_params(model, rp),
+        stage_params=DP.stage_params(model, rp, chunks),
         dp_links=tuple(topo.group_link([devs[i * blk + k * d.tp] for k in range(shard_n)]) for i in range(d.pp)),
         schedule=sched, chunks=chunks, hop_peers=_hop_peers(sched, d.pp, rp.virtual_stages, chunks))
 
@@ -267,5 +268,6 @@ def _rank_context(s: StepContext, c: Mapping[str, int], spec: Any, links: Links,
         step=s, coords=c, spec=spec, rates=cached_rates(spec, s.dtype, s.model.head_dim),
         collectives=C.collectives_for(spec), cf=float(cal.get("compute", 1.0)), mf=float(cal.get("comm", 1.0)),
         links=links, tokens=tokens, heads=s.plan.shares.heads[c["hp"]], microbatches=m_d,
-        layers=tuple(s.plan.layers_of_stage(c["pp"])), params=params, layer_params=layer_params, rest_params=rest,
+        layers=tuple(s.plan.shares.layers[j] for j in s.chunks[c["pp"]]),  # Plan.layers_of_stage
+        params=params, layer_params=layer_params, rest_params=rest,
         keysum=s.keysums[c["cp"]], ring=s.ring[c["cp"]], tokens_local=tok, hidden_bytes=s.bpe * tok * s.model.hidden)

@@ -36,10 +36,13 @@ import bisect
 import math
 import statistics
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.cost import comm as C
 from autotune.cost.interp import loglinear, loglog
+
+if TYPE_CHECKING:  # typing only: context.py builds on the dimension modules
+    from autotune.cost.context import RankContext
 
 CPU_GEMM_CALL_S = {"bf16": 25e-6, "fp16": 25e-6, "fp32": 8e-6, "fp32-strict": 8e-6}
 """Seconds per GEMM call on CPU beyond its FLOPs (one thread; see the module docstring)."""
@@ -319,7 +322,7 @@ def measured_collectives(spec: Any) -> Any:
     return hit[1]
 
 
-def sync_waits(ctx: Any, comp_f: float, comp_b: float) -> tuple[float, float]:
+def sync_waits(ctx: RankContext, comp_f: float, comp_b: float) -> tuple[float, float]:
     """(forward, backward) seconds one block waits at its blocking collectives (0 without any):
     per call ``sync_call_s`` plus ``sync_skew`` of the compute between syncs. Calls per block and
     micro-batch as the runtime issues them: Megatron f/g 2 all-reduces (4 with sequence parallelism:
@@ -336,7 +339,7 @@ def sync_waits(ctx: Any, comp_f: float, comp_b: float) -> tuple[float, float]:
             ctx.mf * (calls_b * cpu.sync_call_s + cpu.sync_skew * comp_b))
 
 
-def head_tp_comm(ctx: Any) -> tuple[float, float]:
+def head_tp_comm(ctx: RankContext) -> tuple[float, float]:
     """(forward, backward) seconds of the last stage's small tp collectives: the vocab-parallel
     loss's two all-reduces (the max, then sum-exp and target logit) and the LM head's entry
     (all-gather forward with sequence parallelism, the input gradient's all-reduce / reduce-scatter

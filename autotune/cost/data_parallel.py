@@ -31,10 +31,13 @@ exposed. The optimizer step is memory-bound Adam over the rank's (ZeRO-sharded) 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.cost.compute import DTYPE_BYTES
 from autotune.plan import GRAD_REDUCE_DTYPE, Plan
+
+if TYPE_CHECKING:  # typing only: context.py builds on the dimension modules
+    from autotune.cost.context import RankContext
 
 ADAM_BYTES_PER_PARAM = 30.0
 """Adam step traffic per parameter: reads 16-bit weight and grad, fp32 master, m, v (16 B), writes
@@ -49,17 +52,19 @@ def grad_reduce_dtype(dtype: str) -> str:
     return GRAD_REDUCE_DTYPE if DTYPE_BYTES[dtype] < DTYPE_BYTES[GRAD_REDUCE_DTYPE] else dtype
 
 
-def stage_params(model: Any, plan: Plan) -> tuple[tuple[float, float, float], ...]:
+def stage_params(model: Any, plan: Plan, chunks: tuple[tuple[int, ...], ...] | None = None
+                 ) -> tuple[tuple[float, float, float], ...]:
     """(parameters held by each pipeline rank before tp sharding, one block's parameters, those
     outside its blocks): its blocks, the embedding on the first rank, the final norm and LM head
-    with the last model chunk (and a copy of a tied embedding there when that is another rank)."""
+    with the last model chunk (and a copy of a tied embedding there when that is another rank).
+    ``chunks``: ``plan.stages_of_rank`` of every pipeline rank when the caller has them already."""
     lp = float(model.layer_params())
     emb, head = float(model.embedding_params()), float(model.head_params())
     p, n_chunks = plan.degrees.pp, len(plan.shares.layers)
     out = []
     for pp_i in range(p):
-        mine = plan.stages_of_rank(pp_i)  # the schedule's placement
-        params, rest = sum(plan.layers_of_stage(pp_i)) * lp, 0.0
+        mine = chunks[pp_i] if chunks is not None else plan.stages_of_rank(pp_i)  # the schedule's placement
+        params, rest = sum(plan.shares.layers[j] for j in mine) * lp, 0.0
         if 0 in mine:
             params += emb
             rest += emb
@@ -92,7 +97,7 @@ def gathers_per_microbatch(s: Any) -> bool:
     return len(set(s.microbatches)) == 1
 
 
-def step_transfers(ctx: Any) -> list[Transfer]:
+def step_transfers(ctx: RankContext) -> list[Transfer]:
     """What the ZeRO group of the rank of ``ctx`` moves in one step (the module docstring's table)."""
     s = ctx.step
     if s.shard_n <= 1:
@@ -113,18 +118,18 @@ def step_transfers(ctx: Any) -> list[Transfer]:
     return out
 
 
-def _seconds(ctx: Any, op: str, nbytes: float) -> float:
+def _seconds(ctx: RankContext, op: str, nbytes: float) -> float:
     s = ctx.step
     return ctx.mf * getattr(ctx.collectives, op)(ctx.links.dp, s.shard_n, nbytes)
 
 
-def _block_gather(ctx: Any) -> float:
+def _block_gather(ctx: RankContext) -> float:
     """Seconds to all-gather one block's weights over the ZeRO group."""
     s = ctx.step
     return _seconds(ctx, "all_gather", s.bpe * ctx.layer_params / s.tp)
 
 
-def zero3_block_exposed(ctx: Any, comp_f: float, comp_b: float) -> tuple[float, float]:
+def zero3_block_exposed(ctx: RankContext, comp_f: float, comp_b: float) -> tuple[float, float]:
     """(forward, backward) seconds of one block's ZeRO-3 weight gather per micro-batch beyond the
     compute it is prefetched behind (``comp_f``, ``comp_b``: a block's forward and backward compute,
     recomputation included); 0 below ZeRO-3, without sharding, or when the gathers are per step."""
@@ -135,7 +140,7 @@ def zero3_block_exposed(ctx: Any, comp_f: float, comp_b: float) -> tuple[float, 
     return max(0.0, gather - comp_f), max(0.0, gather - comp_b)
 
 
-def grad_sync(ctx: Any, comp_f: float, comp_b: float) -> tuple[float, float]:
+def grad_sync(ctx: RankContext, comp_f: float, comp_b: float) -> tuple[float, float]:
     """(seconds that can overlap the last backward, seconds exposed) of the step's gradient
     reduction and of the weight gathers not priced inside the blocks (``comp_f``, ``comp_b`` as in
     ``zero3_block_exposed``)."""
@@ -160,12 +165,12 @@ def grad_sync(ctx: Any, comp_f: float, comp_b: float) -> tuple[float, float]:
     return overl, fixed
 
 
-def step_comm(ctx: Any) -> float:
+def step_comm(ctx: RankContext) -> float:
     """Seconds of all DP communication in a step, hidden or not."""
     return sum(x.calls * _seconds(ctx, x.op, x.nbytes) for x in step_transfers(ctx))
 
 
-def optimizer_time(ctx: Any) -> float:
+def optimizer_time(ctx: RankContext) -> float:
     """Seconds of the Adam step over the rank's parameters (sharded from ZeRO-1 on)."""
     s = ctx.step
     shard = s.shard_n if s.zero >= 1 else 1

@@ -190,3 +190,28 @@ def measured_block(lc: Any, hit: Lookup) -> Any:
     return MeasuredLayerCompute(gemm_fwd=lc.gemm_fwd * scale, attn_fwd=lc.attn_fwd * scale,
                                 attn_bwd=hit.bwd * (lc.attn_bwd / lc.bwd if lc.bwd > 0 else 0.0),
                                 elem_fwd=lc.elem_fwd * scale)
+
+
+def predicted_pieces(plan: Any, model: Any, cluster: Any, seq_len: int, global_batch: int) -> dict[str, Lookup]:
+    """What the cost model prices one micro-batch's ``embed``, ``block`` and ``head`` at on the first
+    rank of ``plan`` (seconds fwd, bwd, and the source), as ``rank.rank_cost`` composes them:
+    the layer profile where it applies, else the compute module's kernel or datasheet model."""
+    from autotune.cost import memory as M
+    from autotune.cost.compute import head_compute, layer_compute
+    from autotune.cost.context import step_context, tp_groups
+
+    s = step_context(plan, model, cluster, seq_len, global_batch, None)
+    ctx = tp_groups(s)[0][2]
+    fallback = ctx.rates.source
+    _, full, scores = M.block_activations(ctx)
+    lc = layer_compute(s.model, ctx.rates, tokens=ctx.tokens_local, tp=s.tp, heads_local=ctx.heads,
+                       keysum=ctx.keysum, block_seq=ctx.tokens, blocks=ctx.ring, micro_batch=s.mbs,
+                       act_bytes=full - scores)
+    hf, hb = head_compute(s.model, ctx.rates, tokens=ctx.tokens_local, tp=s.tp)
+    out = {"block": Lookup(lc.fwd, lc.bwd, fallback), "head": Lookup(hf, hb, fallback),
+           "embed": Lookup(ctx.rates.memory_time(ctx.hidden_bytes), 0.0, fallback)}
+    for name in out:
+        hit = piece(ctx, name)
+        if hit is not None:
+            out[name] = hit
+    return out

@@ -1,8 +1,11 @@
 """Memory of one rank: model states, activations, logits and an allocator reserve.
 
 Model states (Rajbhandari et al. 2020, "ZeRO", section 3.1): mixed-precision Adam keeps per
-parameter 2 bytes of 16-bit weights, 2 of 16-bit gradients and 12 of fp32 optimizer state (master
-weights, momentum, variance): 16 bytes. In fp32 training there is no master copy: 4 + 4 + 8. ZeRO
+parameter 2 bytes of 16-bit weights and 12 of fp32 optimizer state (master weights, momentum,
+variance), and its gradients in the precision they are accumulated and reduced in
+(``data_parallel.grad_reduce_dtype``: fp32, 4 bytes, as Megatron does under ``--bf16``: its
+distributed-optimizer table counts 18 bytes a parameter, 2 + 4 + 12; ZeRO's 16 assumed 16-bit
+gradients). In fp32 training there is no master copy: 4 + 4 + 8. ZeRO
 shards over the N ranks that hold the same parameters (dp x cp x hp here): stage 1 the optimizer
 states, stage 2 also the gradients, stage 3 also the weights (plus two gathered blocks of weights
 as the working set while a layer runs and the next is prefetched, as FSDP does).
@@ -41,9 +44,14 @@ allocator typically keeps 5-10% more than is allocated).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from autotune.cost.compute import DTYPE_BYTES
+from autotune.cost.data_parallel import grad_reduce_dtype
 from autotune.cost.pipeline import peak_in_flight
+
+if TYPE_CHECKING:  # typing only: context.py builds on the dimension modules
+    from autotune.cost.context import RankContext
 
 TERM_NAMES = ("weights", "gradients", "optimizer", "activations", "logits", "reserve")
 """The terms a rank's memory adds up (an infeasible plan's reason names the largest)."""
@@ -55,7 +63,7 @@ def state_bytes_per_param(dtype: str) -> tuple[float, float, float]:
     """(weights, gradients, optimizer states) bytes per parameter."""
     if dtype.startswith("fp32"):
         return 4.0, 4.0, 8.0
-    return 2.0, 2.0, 12.0
+    return 2.0, float(DTYPE_BYTES[grad_reduce_dtype(dtype)]), 12.0
 
 
 def model_states(params: float, dtype: str, zero_stage: int, shard: int, layer_params: float) -> dict[str, float]:
@@ -110,7 +118,7 @@ def reserve(spec: Any, allocated: float) -> float:
     return spec.framework_reserve() + RESERVE_FRACTION * allocated
 
 
-def block_activations(ctx: Any) -> tuple[float, float, float]:
+def block_activations(ctx: RankContext) -> tuple[float, float, float]:
     """``layer_activation_bytes`` of one block on the rank of ``ctx`` (a ``context.RankContext``):
     (kept per micro-batch, full, of which the scores)."""
     s = ctx.step
@@ -120,7 +128,7 @@ def block_activations(ctx: Any) -> tuple[float, float, float]:
         fused_attention=ctx.spec.fused_attention())
 
 
-def rank_memory(ctx: Any, kept: float, full: float) -> tuple[float, dict[str, float]]:
+def rank_memory(ctx: RankContext, kept: float, full: float) -> tuple[float, dict[str, float]]:
     """(bytes, terms) on the rank of ``ctx``: its model states (ZeRO-sharded), the activations of
     the layer-micro-batches its schedule holds at once (plus one block rebuilt under recompute),
     the last chunk's logits in flight, and the allocator's reserve."""

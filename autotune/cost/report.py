@@ -90,7 +90,7 @@ def stage_rows(s: StepContext, groups: list, sims: list, per_rep_stage: dict, ro
         r = rows[pr]
         sim = sims[pace]
         stages.append({
-            "stage": st, "layers": list(s.plan.layers_of_stage(st)),
+            "stage": st, "layers": [s.plan.shares.layers[j] for j in s.chunks[st]],
             "devices": sorted({c.spec.name for d in range(dp) for c in per_rep_stage[(d, st)].values()}),
             "pacing_replica": pace, "pacing_rank": pr, "microbatches": sim.m,
             "fwd_s": [sim.fwd[j] for j in s.chunks[st]], "bwd_s": [sim.bwd[j] for j in s.chunks[st]],

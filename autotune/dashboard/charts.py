@@ -8,9 +8,9 @@ from typing import Any
 import plotly.graph_objects as go
 
 from autotune.dashboard.data import DIMS, StudyView, TrialRow
-from autotune.dashboard.timeline import KINDS, Timeline
+from autotune.dashboard.timeline import COMPUTE_KINDS, KINDS, Timeline
 
-COLOURS = {"fwd": "#4C78A8", "bwd": "#F58518", "comm": "#54A24B", "bubble": "#E45756", "idle": "#BAB0AC"}
+COLOURS = {"fwd": "#4C78A8", "bwd": "#F58518", "wgrad": "#FFBF79", "comm": "#54A24B", "bubble": "#E45756", "idle": "#BAB0AC"}
 GiB = 1024 ** 3
 GANTT_LIMIT = 20_000
 """Most events drawn in the Gantt chart (plotly stays responsive up to about this many bars)."""
@@ -125,7 +125,7 @@ def gantt(tl: Timeline | None, why: str | None, row: TrialRow | None) -> go.Figu
             text=[str(e.get("microbatch", "")) if e.get("microbatch") is not None else "" for e in ev],
             textposition="inside", insidetextanchor="middle", marker={"color": COLOURS.get(kind, "#999")},
             # sends overlap the next operation in the simulation: a thin bar drawn over the compute
-            width=0.3 if kind not in ("fwd", "bwd", "bubble") else 0.8,
+            width=0.3 if kind not in (*COMPUTE_KINDS, "bubble") else 0.8,
             customdata=[[e.get("microbatch"), float(e["start"]) * 1e3, float(e["end"]) * 1e3] for e in ev],
             hovertemplate=f"{kind} mb %{{customdata[0]}}<br>%{{customdata[1]:.3f}}–%{{customdata[2]:.3f}} ms"
                           "<extra>%{y}</extra>"))

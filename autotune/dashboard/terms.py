@@ -61,7 +61,7 @@ def from_cost_stages(bd: dict[str, Any] | None) -> dict[int, dict[str, float]] |
 
 def from_timeline(tl: Timeline) -> dict[int, dict[str, float]]:
     per = time_by_kind(tl)
-    return {s: {"fwd": d["fwd"], "bwd": d["bwd"], "comm (exposed)": d["comm"], "bubble": d["bubble"],
+    return {s: {"fwd": d["fwd"], "bwd": d["bwd"] + d["wgrad"], "comm (exposed)": d["comm"], "bubble": d["bubble"],
                 "idle": d["idle"], "comm_overlapped": d["comm_overlapped"]} for s, d in per.items()}
 
 

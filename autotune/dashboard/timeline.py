@@ -1,8 +1,10 @@
 """The pipeline timeline of a plan and the time it spends per kind of work, per stage.
 
 Events come from the cost model's pipeline simulation, ``breakdown["timeline"]`` (docs/contracts.md,
-cost model): ``{"stage", "rank", "kind" (fwd|bwd|comm|bubble), "microbatch", "start", "end"}`` in
-seconds. A trial stored without one is recomputed through ``autotune.cost.estimate`` when the cost
+cost model): ``{"stage", "rank", "kind" (fwd|bwd|wgrad|comm|bubble), "microbatch", "start", "end"}``
+in seconds, one per operation of the schedule's own order (``autotune/schedules``: the order the
+simulation times and the runtime runs); ``wgrad`` is the weight-gradient half of a backward that a
+zero-bubble schedule runs apart (``bwd`` is then the input-gradient half). A trial stored without one is recomputed through ``autotune.cost.estimate`` when the cost
 model is importable; otherwise there is no timeline, and the report says so rather than drawing a
 made-up one.
 """
@@ -12,7 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-KINDS = ("fwd", "bwd", "comm", "bubble")
+KINDS = ("fwd", "bwd", "wgrad", "comm", "bubble")
+COMPUTE_KINDS = ("fwd", "bwd", "wgrad")
+"""Kinds that are work of the rank (drawn as full bars; the rest of the step is comm or idle)."""
 
 
 @dataclass
@@ -83,8 +87,8 @@ def _uncovered(a: float, b: float, covered: list[tuple[float, float]]) -> float:
 
 
 def time_by_kind(tl: Timeline) -> dict[int, dict[str, float]]:
-    """Seconds of each kind per stage, summing to the step time: fwd, bwd, bubble, exposed comm (the
-    part of a send that no fwd/bwd/bubble of the same rank covers: the simulation overlaps p2p sends
+    """Seconds of each kind per stage, summing to the step time: fwd, bwd, wgrad, bubble, exposed comm
+    (the part of a send that no fwd/bwd/wgrad/bubble of the same rank covers: the simulation overlaps p2p sends
     with the next operation), idle (the rest of the step no event covers), and ``comm_overlapped``
     beside them (hidden sends, not part of the sum). Where a stage's events come from several ranks
     (tp/dp/cp copies of the same stage) the ranks are averaged, so a stage counts once per step."""
@@ -96,10 +100,10 @@ def time_by_kind(tl: Timeline) -> dict[int, dict[str, float]]:
     counts: dict[int, int] = {}
     for (stage, _), evs in by_rank.items():
         d = dict.fromkeys((*KINDS, "idle", "comm_overlapped"), 0.0)
-        busy = _merge([(float(e["start"]), float(e["end"])) for e in evs if e["kind"] in ("fwd", "bwd", "bubble")])
+        busy = _merge([(float(e["start"]), float(e["end"])) for e in evs if e["kind"] in (*COMPUTE_KINDS, "bubble")])
         for e in evs:
             a, b = float(e["start"]), float(e["end"])
-            if e["kind"] in ("fwd", "bwd", "bubble"):
+            if e["kind"] in (*COMPUTE_KINDS, "bubble"):
                 d[e["kind"]] += b - a
             else:  # comm, or a kind this dashboard does not know: time beside the compute
                 exposed = _uncovered(a, b, busy)

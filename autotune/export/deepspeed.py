@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from autotune.divisibility import even_heads_problem
 from autotune.export.common import (
     Collected,
     Export,
@@ -68,8 +69,8 @@ def reasons(plan: Plan, ctx: ExportContext) -> list[str]:
           "(activation_checkpointing), not the attention core alone")
     r.add(plan.sequence_parallel and d.tp > 1, "sequence_parallel: DeepSpeed AutoTP has no Megatron "
           "sequence parallelism for norms and dropout")
-    r.add(d.hp > 1 and (ctx.model.heads // d.tp) % d.hp != 0,
-          f"heads per tp rank ({ctx.model.heads // d.tp}) not divisible by sequence_parallel_size({d.hp})")
+    heads = even_heads_problem(ctx.model, d.tp, d.hp, "sequence_parallel_size")  # autotune/divisibility.py
+    r.add(heads is not None, heads or "")
     r.items += placement_reasons(plan)
     return r.items
 

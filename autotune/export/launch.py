@@ -1,22 +1,26 @@
-"""``apply --launch``: the torchrun command that runs a plan with autotune's own runtime worker
-(``python -m autotune.runtime.worker --job JOB --out DIR``, autotune/runtime/worker.py), and running it.
+"""``apply --launch``: the torchrun command of each node that runs a plan with autotune's own runtime,
+and running one of them here.
 
-torchrun numbers ranks node by node: node-rank ``k`` with ``n`` processes holds global ranks
-``[k*n, (k+1)*n)``, local rank ``j`` being global ``k*n + j``. The plan's placement says which
-physical device holds each mesh rank, so the command for the node that holds ranks ``[k*n, ...)``
-gets ``--node-rank k`` and, on GPUs, ``CUDA_VISIBLE_DEVICES`` listing the placed devices in local
-rank order (the worker binds local rank j to visible device j). A placement that does not give
-every node a contiguous block of ranks cannot be launched this way and is refused.
+The printed line is the command: a dry run prints it and writes nothing; a real launch runs that
+very text through ``bash -c``, so the two cannot drift apart. Everything the ranks need travels on
+the line itself (the trial as JSON, shell-quoted), so nothing has to be copied to the nodes first.
 
-The job file and the results are the runtime's (``autotune.runtime.launcher.write_job`` /
-``read_results``); under torchrun the worker initialises the process group from torchrun's environment.
+Several nodes meet through torchrun's c10d rendezvous at ``"${MASTER_ADDR}":"${MASTER_PORT:-29500}"``
+(double quotes: the shell expands the variables, the host of node-rank 0 and a free port there;
+``${MASTER_ADDR:?...}`` stops with a message where it is unset). c10d numbers the nodes in the order they join, but the study's
+cluster decides which node holds which ranks: each line carries ``--node-rank K`` for our entry
+(``python -m autotune.runtime.launcher``), which makes local rank ``j`` of that node the global rank
+``K * nproc + j`` (autotune.runtime.launcher.torchrun_main). The plan's placement says which
+physical device holds each rank, so node-rank ``k`` gets the ranks ``[k*n, (k+1)*n)`` and, on
+GPUs, ``CUDA_VISIBLE_DEVICES`` listing the placed devices in local rank order. A placement that
+does not give every node a contiguous block of ranks cannot be launched this way and is refused.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
-import shutil
 import statistics
 import subprocess
 import sys
@@ -28,9 +32,13 @@ from autotune.errors import InputError, WorkError
 from autotune.export.common import ExportContext, node_blocks
 from autotune.plan import Plan
 
-WORKER_MODULE = "autotune.runtime.worker"
-TRIAL_TARGET = "autotune.runtime.worker:trial_job"
+ENTRY_MODULE = "autotune.runtime.launcher"
 DEFAULT_PORT = 29500
+ADDR_VAR = "MASTER_ADDR"
+ADDR_REF = '"${MASTER_ADDR:?set MASTER_ADDR to the host of node-rank 0}"'
+"""How a line names the rendezvous host: a shell variable each node sets, expanded by the shell."""
+PORT_REF = f'"${{MASTER_PORT:-{DEFAULT_PORT}}}"'
+"""and its port: ``MASTER_PORT`` where set, else torchrun's default."""
 
 
 @dataclass
@@ -39,41 +47,48 @@ class NodeCommand:
     """Physical node index (cluster order)."""
     node_rank: int
     argv: list[str]
+    """The command's words; ``ENDPOINT`` stands for the rendezvous host and port (see ``shell``)."""
     env: dict[str, str] = field(default_factory=dict)
 
     def shell(self) -> str:
+        """The line a user pastes: every word shell-quoted except the rendezvous host variable."""
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
-        return (env + " " if env else "") + " ".join(shlex.quote(a) for a in self.argv)
+        return (env + " " if env else "") + " ".join(_word(a) for a in self.argv)
 
 
-def torchrun_argv() -> list[str]:
-    """``torchrun`` of this Python environment (its console script, else ``python -m torch.distributed.run``)."""
-    exe = shutil.which("torchrun", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-    return [exe] if exe else [sys.executable, "-m", "torch.distributed.run"]
+def _word(arg: str) -> str:
+    if arg != ENDPOINT:
+        return shlex.quote(arg)
+    return f"{ADDR_REF}:{PORT_REF}"
 
 
-def commands(plan: Plan, ctx: ExportContext, job: str | Path, out: str | Path, *,
-             master_addr: str | None = None, master_port: int = DEFAULT_PORT) -> list[NodeCommand]:
-    """One torchrun command per node the plan uses, in node-rank order."""
+ENDPOINT = "{addr}:{port}"
+"""The rendezvous endpoint word in ``argv``; ``shell`` writes it with the two variables."""
+
+
+def commands(plan: Plan, ctx: ExportContext, out: str | Path, *, steps: int = 5, warmup: int = 2, seed: int = 0,
+             timeout_s: float = 600.0, run_id: str = "autotune", data: dict[str, Any] | None = None) -> list[NodeCommand]:
+    """One torchrun command per node the plan uses, in node-rank order. ``data``: a checked token
+    file (autotune.runtime.data.prepare_data), found at the same path on every host."""
     blocks, why = node_blocks(plan)
     if why:
         raise InputError(f"cannot launch with torchrun: {why}", field="placement")
     nproc = len(blocks[0][1])
     gpu = any(getattr(g.device, "kind", "cpu") != "cpu" for g in getattr(ctx.cluster, "groups", ()))
-    tail = ["-m", WORKER_MODULE, "--job", str(job), "--out", str(out)]
-    if len(blocks) == 1:
-        node, devs = blocks[0]
-        env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, devs))} if gpu and devs != list(range(nproc)) else {}
-        return [NodeCommand(node=node, node_rank=0, env=env,
-                            argv=[*torchrun_argv(), "--standalone", "--nnodes", "1", "--nproc-per-node", str(nproc),
-                                  *tail])]
-    addr = master_addr or os.environ.get("MASTER_ADDR") or "$MASTER_ADDR"
+    trial = json.dumps({**payload(plan, ctx, steps=steps, warmup=warmup, seed=seed, timeout_s=timeout_s),
+                        **({"data": data} if data else {})}, separators=(",", ":"), sort_keys=True)
     out_cmds = []
     for k, (node, devs) in enumerate(blocks):
-        env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, devs))} if gpu else {}
+        env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, devs))} if gpu and (
+            len(blocks) > 1 or devs != list(range(nproc))) else {}
+        if len(blocks) == 1:
+            rdzv = ["--standalone", "--nnodes", "1"]
+        else:
+            rdzv = ["--nnodes", str(len(blocks)), "--rdzv-backend", "c10d",
+                    "--rdzv-endpoint", ENDPOINT, "--rdzv-id", run_id]
         out_cmds.append(NodeCommand(node=node, node_rank=k, env=env, argv=[
-            "torchrun", "--nnodes", str(len(blocks)), "--node-rank", str(k), "--nproc-per-node", str(nproc),
-            "--master-addr", addr, "--master-port", str(master_port), *tail]))
+            "torchrun", *rdzv, "--nproc-per-node", str(nproc), "-m", ENTRY_MODULE,
+            "--node-rank", str(k), "--out", str(out), "--trial", trial]))
     return out_cmds
 
 
@@ -82,18 +97,6 @@ def payload(plan: Plan, ctx: ExportContext, *, steps: int, warmup: int, seed: in
     return {"plan": plan.replace(placement=None).to_dict(), "model": ctx.model.to_dict(), "seq_len": ctx.seq_len,
             "global_batch": ctx.global_batch, "steps": steps, "warmup": warmup, "seed": seed,
             "emulate_slowdown": {}, "timeout_s": timeout_s}
-
-
-def write_job(path: Path, plan: Plan, ctx: ExportContext, *, steps: int = 5, warmup: int = 2, seed: int = 0,
-              timeout_s: float = 600.0, device: str = "auto") -> None:
-    """The runtime's torchrun job file (``autotune.runtime.launcher.write_job``), written all or nothing."""
-    from autotune.runtime.launcher import write_job as runtime_write_job  # the runtime half: imports torch
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    runtime_write_job(tmp, TRIAL_TARGET, payload(plan, ctx, steps=steps, warmup=warmup, seed=seed,
-                                                 timeout_s=timeout_s), device=device, pg_timeout_s=timeout_s)
-    os.replace(tmp, path)
 
 
 def check_runnable(plan: Plan, ctx: ExportContext) -> Plan:
@@ -108,30 +111,37 @@ def check_runnable(plan: Plan, ctx: ExportContext) -> Plan:
 
 
 def run(cmd: NodeCommand, out: Path, *, world: int, seq_len: int, global_batch: int, steps: int,
-        timeout_s: float) -> dict[str, Any]:
-    """Run one node's command here and summarise the ranks' reports as ``trial`` does (step time:
-    median over measured steps of the slowest rank's time)."""
+        timeout_s: float, nodes: int = 1) -> dict[str, Any]:
+    """Run one node's printed line here (``bash -c``) and summarise the ranks' reports as ``trial``
+    does (step time: median over measured steps of the slowest rank's time; with several nodes,
+    this node's ranks, which wait for the others at every step's closing barrier)."""
     from autotune.runtime.launcher import read_results
 
+    n = world // nodes
+    mine = range(cmd.node_rank * n, (cmd.node_rank + 1) * n)
     out.mkdir(parents=True, exist_ok=True)
-    for f in list(out.glob("result-*.pt")) + list(out.glob("failure-*.pt")):
-        f.unlink()
-    env = {**os.environ, **cmd.env}
+    for r in mine:  # this node's earlier results; another node may share the folder
+        for f in (out / f"result-{r}.pt", out / f"failure-{r}.pt"):
+            f.unlink(missing_ok=True)
+    env = {**os.environ, **({ADDR_VAR: "127.0.0.1"} if nodes == 1 and ADDR_VAR not in os.environ else {})}
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")  # this env's torchrun
     try:
-        proc = subprocess.run(cmd.argv, env=env, capture_output=True, text=True, timeout=timeout_s + 60)
+        proc = subprocess.run(["bash", "-c", cmd.shell()], env=env, capture_output=True, text=True,
+                              timeout=timeout_s + 60)
     except subprocess.TimeoutExpired:
-        raise WorkError(f"torchrun did not finish within {timeout_s + 60:g} s") from None
-    res = read_results(out, world)
+        raise WorkError(f"node {cmd.node}: torchrun did not finish within {timeout_s + 60:g} s") from None
+    res = read_results(out, world, ranks=mine)
     if res.failure is not None:
         f = res.failure
         tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-1:] or ["no output"]
-        raise WorkError(f"torchrun exited with code {proc.returncode}; rank {f['rank']} failed ({f['kind']}): "
-                        f"{f['message']}" + ("" if f["kind"] != "error" or "left no result" not in f["message"]
-                                             else f"; last line: {tail[0]}"))
+        raise WorkError(f"node {cmd.node} (node-rank {cmd.node_rank}): torchrun exited with code {proc.returncode}; "
+                        f"rank {f['rank']} failed ({f['kind']}): {f['message']}"
+                        + ("" if "left no result" not in f["message"] else f"; last line: {tail[0]}"))
     reports = sorted(res.results or [], key=lambda r: r["rank"])
     per_step = [max(rep["step_times"][i] for rep in reports) for i in range(steps)]
     step = statistics.median(per_step)
-    return {"returncode": proc.returncode, "step_time_s": step,
+    return {"returncode": proc.returncode, "node": cmd.node, "node_rank": cmd.node_rank,
+            "ranks": [rep["rank"] for rep in reports], "step_time_s": step,
             "tokens_per_s": global_batch * seq_len / step if step > 0 else 0.0,
             "peak_memory_bytes": [rep["peak_memory_bytes"] for rep in reports],
             "losses": reports[0]["losses"]}

@@ -36,6 +36,7 @@ import re
 import shlex
 from typing import Any
 
+from autotune.divisibility import even_heads_problem
 from autotune.export.common import (
     Collected,
     Export,
@@ -74,8 +75,8 @@ def reasons(plan: Plan, ctx: ExportContext) -> list[str]:
     r.add(d.pp > 1 and why is not None, why or "")
     r.add(plan.zero_stage >= 2, f"zero_stage {plan.zero_stage}: Megatron's distributed optimizer "
           "(--use-distributed-optimizer) shards optimizer states only (ZeRO-1)")
-    r.add(d.hp > 1 and (ctx.model.heads // d.tp) % d.hp != 0,
-          f"heads per tp rank ({ctx.model.heads // d.tp}) not divisible by hp({d.hp})")
+    heads = even_heads_problem(ctx.model, d.tp, d.hp, "hp")  # autotune/divisibility.py
+    r.add(heads is not None, heads or "")
     # Transformer Engine's a2a context parallelism splits query heads and KV groups over the a2a ranks
     r.add(d.hp > 1 and (ctx.model.kv_heads // d.tp) % d.hp != 0,
           f"kv heads per tp rank ({ctx.model.kv_heads // d.tp}) not divisible by hp({d.hp}): Megatron's a2a "

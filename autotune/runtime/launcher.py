@@ -25,6 +25,7 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,20 +58,22 @@ def write_job(path: str | Path, target: str, payload: Any, *, device: str = "aut
     return path
 
 
-def read_results(out_dir: str | Path, world: int) -> LaunchResult:
-    """Results (or the earliest failure) a torchrun launch left in ``out_dir``."""
+def read_results(out_dir: str | Path, world: int, ranks: range | None = None) -> LaunchResult:
+    """Results (or the earliest failure) a torchrun launch left in ``out_dir``: of every rank, or of
+    ``ranks`` (those of one node of a multi-node launch)."""
     import torch
 
     out = Path(out_dir)
+    ranks = ranks if ranks is not None else range(world)
     failures = [torch.load(f, weights_only=False) for f in out.glob("failure-*.pt")]
     if failures:
         first = min(failures, key=lambda x: x["time"])
         return LaunchResult(results=None, failure={k: first[k] for k in ("kind", "rank", "message")})
-    missing = [r for r in range(world) if not (out / f"result-{r}.pt").exists()]
+    missing = [r for r in ranks if not (out / f"result-{r}.pt").exists()]
     if missing:
         return LaunchResult(results=None, failure={"kind": "error", "rank": missing[0],
                                                    "message": f"rank {missing[0]} left no result"})
-    return LaunchResult(results=[torch.load(out / f"result-{r}.pt", weights_only=False) for r in range(world)])
+    return LaunchResult(results=[torch.load(out / f"result-{r}.pt", weights_only=False) for r in ranks])
 
 
 def free_port() -> int:
@@ -103,9 +106,10 @@ def resolve_target(target: str):
     return getattr(importlib.import_module(mod), fn)
 
 
-def worker_entry(local_rank: int, job_path: str, out_dir: str, *, rank: int, world: int,
+def worker_entry(local_rank: int, job_path: str | dict[str, Any], out_dir: str, *, rank: int, world: int,
                  init_from_env: bool = False, parent: int | None = None) -> None:
-    """Body of every rank: init the group, run the target, write the result, exit cleanly."""
+    """Body of every rank: init the group, run the target, write the result, exit cleanly. ``job``
+    is a job file (torch.save) or the job itself."""
     if parent is not None:
         _watch_parent(parent)
     out = Path(out_dir)
@@ -113,13 +117,13 @@ def worker_entry(local_rank: int, job_path: str, out_dir: str, *, rank: int, wor
         import torch
         import torch.distributed as dist
 
-        job = torch.load(job_path, weights_only=False)
+        job = job_path if isinstance(job_path, dict) else torch.load(job_path, weights_only=False)
         device = _pick_device(job.get("device", "auto"), local_rank)
         from autotune.runtime.mesh import backend_for
 
         timeout = datetime.timedelta(seconds=float(job.get("pg_timeout_s", 600)))
-        if init_from_env:
-            dist.init_process_group(backend_for(device), timeout=timeout)
+        if init_from_env:  # under torchrun: its rendezvous store, our rank numbering
+            dist.init_process_group(backend_for(device), rank=rank, world_size=world, timeout=timeout)
         else:
             dist.init_process_group(backend_for(device), rank=rank, world_size=world, timeout=timeout,
                                     init_method=f"tcp://127.0.0.1:{job['port']}")
@@ -194,32 +198,65 @@ def launch(target: str, payload: Any, world: int, *, timeout_s: float = 300.0, d
     return last
 
 
-def _supervise(procs, tmp: Path, world: int, timeout_s: float) -> LaunchResult:
-    import torch
+def supervise(procs: list[Any], *, timeout_s: float, grace_s: float = GRACE_S,
+              failed: Callable[[], bool] | None = None,
+              poll: Callable[[], None] | None = None) -> tuple[bool, list[int | None]]:
+    """The one process supervisor of autotune's launches (trials here, profiles in profilers.launch).
+
+    Waits until every process has exited; or until one has failed (a non-zero exit code, or
+    ``failed()`` says so, e.g. a failure file) and ``grace_s`` has passed for its peers to record
+    what they saw; or until ``timeout_s``. Then ends every process still alive (``stop_all``), so
+    nothing outlives the launch. ``poll`` runs on every round (progress). Returns whether the
+    timeout ended it, and the exit codes as they were before anything was stopped (None: still
+    running then), which tell the processes that failed by themselves from those ended here."""
+    import multiprocessing.connection
 
     deadline = time.monotonic() + timeout_s
     failed_at: float | None = None
     timed_out = False
-    while True:
-        alive = [p for p in procs if p.exitcode is None]
-        if not alive:
-            break
-        bad = any(p.exitcode not in (None, 0) for p in procs) or any(tmp.glob("failure-*.pt"))
-        now = time.monotonic()
-        if bad and failed_at is None:
-            failed_at = now
-        if failed_at is not None and now - failed_at > GRACE_S:
-            break
-        if now > deadline:
-            timed_out = True
-            break
-        time.sleep(0.05)
-    for p in procs:  # end every process of the trial
+    codes: list[int | None] = []
+    try:
+        while True:
+            if poll is not None:
+                poll()
+            codes = [p.exitcode for p in procs]
+            if all(c is not None for c in codes):
+                break
+            now = time.monotonic()
+            if failed_at is None and (any(c not in (None, 0) for c in codes) or (failed is not None and failed())):
+                failed_at = now
+            if failed_at is not None and now - failed_at > grace_s:
+                break
+            if now > deadline:
+                timed_out = True
+                break
+            multiprocessing.connection.wait([p.sentinel for p in procs if p.exitcode is None], timeout=0.05)
+    finally:
+        codes = [p.exitcode for p in procs]
+        stop_all(procs)
+    return timed_out, codes
+
+
+def stop_all(procs: list[Any], grace_s: float = 3.0) -> None:
+    """SIGTERM every process still alive, SIGKILL those that have not gone after ``grace_s``, reap all."""
+    procs = [p for p in procs if p.pid is not None]  # a failed start() leaves later ranks unstarted
+    for p in procs:
+        if p.exitcode is None:
+            with _suppress():
+                p.terminate()
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
         if p.exitcode is None:
             with _suppress():
                 os.kill(p.pid, signal.SIGKILL)
-    for p in procs:
-        p.join(timeout=10)
+            p.join(5)
+
+
+def _supervise(procs, tmp: Path, world: int, timeout_s: float) -> LaunchResult:
+    import torch
+
+    timed_out, codes = supervise(procs, timeout_s=timeout_s, failed=lambda: any(tmp.glob("failure-*.pt")))
     failures = []
     for f in tmp.glob("failure-*.pt"):
         with _suppress():
@@ -231,12 +268,12 @@ def _supervise(procs, tmp: Path, world: int, timeout_s: float) -> LaunchResult:
     if timed_out:
         return LaunchResult(results=None, failure={"kind": "timeout", "rank": None,
                                                    "message": f"the trial did not finish within {timeout_s:g} s"})
-    for r, p in enumerate(procs):
-        if p.exitcode not in (0, None) and not (tmp / f"result-{r}.pt").exists():
-            sig = -p.exitcode if p.exitcode < 0 else None
+    for r, code in enumerate(codes):  # a rank that died by itself, not one stopped here
+        if code not in (0, None) and not (tmp / f"result-{r}.pt").exists():
+            sig = -code if code < 0 else None
             kind = "oom" if sig == signal.SIGKILL else "error"
             why = f"killed by signal {sig}" + (" (likely the out-of-memory killer)" if kind == "oom" else "") \
-                if sig else f"exited with code {p.exitcode}"
+                if sig else f"exited with code {code}"
             return LaunchResult(results=None, failure={"kind": kind, "rank": r, "message": f"rank {r} {why}"})
     results = []
     for r in range(world):
@@ -254,3 +291,34 @@ class _suppress:
 
     def __exit__(self, *exc):
         return True
+
+
+TRIAL_TARGET = "autotune.runtime.worker:trial_job"
+
+
+def torchrun_main(argv: list[str] | None = None) -> None:
+    """The entry ``apply --launch`` lines run under torchrun: ``torchrun ... -m autotune.runtime.launcher
+    --node-rank K --out DIR --trial JSON``. The study's cluster, not the order in which c10d lets the
+    nodes join, decides the ranks: local rank ``j`` of node-rank ``K`` is global rank ``K * nproc + j``."""
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(prog="python -m autotune.runtime.launcher")
+    ap.add_argument("--node-rank", type=int, required=True, help="this node's place in the plan's node order")
+    ap.add_argument("--out", required=True, help="directory for the per-rank results")
+    ap.add_argument("--trial", required=True, help="the trial payload as JSON (autotune.export.launch.payload)")
+    ap.add_argument("--device", default="auto")
+    args = ap.parse_args(argv)
+    env = os.environ
+    local_rank, nproc, world = int(env["LOCAL_RANK"]), int(env["LOCAL_WORLD_SIZE"]), int(env["WORLD_SIZE"])
+    payload = json.loads(args.trial)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    job = {"target": TRIAL_TARGET, "payload": payload, "port": None, "device": args.device,
+           "pg_timeout_s": float(payload.get("timeout_s", 600.0))}
+    # the torchrun agent is our parent: a node whose agent is killed must not leave ranks behind
+    worker_entry(local_rank, job, args.out, rank=args.node_rank * nproc + local_rank, world=world,
+                 init_from_env=True, parent=os.getppid())
+
+
+if __name__ == "__main__":
+    torchrun_main()

@@ -164,8 +164,8 @@ def test_launch_dry_run_prints_the_torchrun_command(tmp_path):
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     (cmd,) = out["commands"]
-    assert "--nproc-per-node 2" in cmd and "-m autotune.runtime.worker" in cmd and out["ran"] is False
-    assert (tmp_path / out["job"]).exists()
+    assert "--nproc-per-node 2" in cmd and "-m autotune.runtime.launcher" in cmd and out["ran"] is False
+    assert not (tmp_path / "results").exists()  # a dry run writes nothing
 
 
 @pytest.mark.slow

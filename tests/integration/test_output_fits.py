@@ -86,3 +86,46 @@ def test_styled_cells_count_as_their_text():
     console = Console(width=80, record=True, file=open(os.devnull, "w"))
     console.print(fit(console, [Col("m", priority=0)], [[Text("1GiB", style="red")]]))
     assert "1GiB" in console.export_text()
+
+
+def _study_with_layouts(url):
+    """Three trials: two share variations of one layout (dp=2,pp=2) and one other layout (dp=4)."""
+    import optuna
+
+    from autotune.cost import estimate
+    from autotune.plan import Plan
+    from autotune.specs import load_cluster, load_model
+
+    model, cluster = load_model("tiny"), load_cluster("local:4")
+    s = optuna.create_study(study_name="s", storage=url, direction="maximize")
+    for k, v in {"model": "tiny", "cluster": "local:4", "seq_len": 128, "global_batch": 8}.items():
+        s.set_user_attr(k, v)
+    for inline in ("dp=2,pp=2,layers=3/1", "dp=2,pp=2,layers=2/2", "dp=4"):
+        from autotune.plan import load_plan
+
+        est = estimate(load_plan(inline), model, cluster, 128, 8)
+        plan = est.plan.replace(predicted=est.predicted)
+        s.add_trial(optuna.trial.create_trial(value=est.predicted["tokens_per_s"], params={}, distributions={},
+                                              user_attrs={"plan": plan.to_dict(), "breakdown": est.breakdown}))
+    assert isinstance(plan, Plan)
+    return s
+
+
+def test_search_shows_one_plan_per_layout_with_a_line_on_why(tmp_path, monkeypatch):
+    import autotune.commands.search as S
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    study = _study_with_layouts(url)
+    top = S.distinct_layouts("s", url, 5)
+    assert len(top) == 2  # the two dp=2,pp=2 plans are one layout
+    assert {tuple(sorted(p["degrees"].items())) for p, _ in top} == {
+        tuple(sorted({"dp": 2, "pp": 2, "cp": 1, "hp": 1, "tp": 1}.items())),
+        tuple(sorted({"dp": 4, "pp": 1, "cp": 1, "hp": 1, "tp": 1}.items()))}
+    assert top[0][0]["predicted"]["tokens_per_s"] == study.best_value
+    console = Console(width=80, record=True, file=open(os.devnull, "w"))
+    monkeypatch.setattr(S, "console", console)
+    S.show({"study": "s", "trials": 3, "top": [p for p, _ in top], "baseline_best": None, "why": None,
+            "notes": [], "new_trials": 3, "elapsed_s": 0.1}, url)
+    out = console.export_text()
+    assert _widest(out) <= 80 and "…" not in out
+    assert "#1 fastest:" in out and "#2 " in out and "the best's step time" in out

@@ -30,7 +30,7 @@ def test_search_json_contract_and_resume(in_tmp):
     assert out2["trials"] == out["trials"] + out2["new_trials"] and out2["new_trials"] > 0
     # the table output names the best even-split plan and says why the best wins
     r3 = run(*BASE, "--trials", "5", "--study", "cli")
-    assert r3.returncode == 0 and "best even-split plan" in r3.stdout and "top" in r3.stdout
+    assert r3.returncode == 0 and "best even-split plan" in r3.stdout and "best layouts" in r3.stdout
 
 
 def test_search_bad_input_is_one_line(in_tmp):

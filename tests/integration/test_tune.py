@@ -17,6 +17,8 @@ def test_tune_prints_best_with_predicted_and_measured(in_tmp):
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     best = out["best"]
+    # the search ran on this machine's measured profile, not on a fallback to the catalogue figures
+    assert out["profile"] is not None and not any("not usable" in n for n in out["notes"]), out["notes"]
     assert best["predicted"]["tokens_per_s"] > 0 and best["measured"]["tokens_per_s"] > 0
     from autotune.plan import load_plan
 

@@ -98,3 +98,31 @@ def test_attention_implementation_changes_the_estimated_memory():
         mem[impl] = est.breakdown["ranks"][0]["memory"]["activations"]
     per_block = 5 * GELU.heads * s * s * b - 4 * GELU.heads * s * b
     assert mem["materialized"] - mem["fused"] == pytest.approx(GELU.layers * per_block)
+
+
+def test_search_on_a_v100_cluster_takes_fp16_where_bf16_is_missing(tmp_path, capsys):
+    # V100s have no bf16: --dtype auto (the default) searches fp16, an explicit bf16 is refused up front
+    import json
+    import sys
+
+    from autotune.cli import main
+
+    c = tmp_path / "v.yaml"
+    c.write_text("nodes:\n  - {count: 1, devices_per_node: 2, device: V100-16GB}\n")
+
+    def run(*extra):
+        old, sys.argv = sys.argv, ["autotune", "search", "-m", "tiny", "-c", str(c), "-s", "128", "-b", "4", "-n", "3",
+                                   "--storage", f"sqlite:///{tmp_path}/s.db", "--json", *extra]
+        try:
+            main()
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 1
+        finally:
+            sys.argv = old
+        return code, capsys.readouterr().out
+
+    code, out = run()
+    assert code == 0 and json.loads(out)["best"]["dtype"] == "fp16"
+    code, out = run("--dtype", "bf16")
+    assert code == 2 and "bf16" in json.loads(out)["error"]["message"]

@@ -57,9 +57,9 @@ def test_time_by_kind_against_hand_computed_gpipe():
     from test_dashboard_data import gpipe_timeline
 
     per = time_by_kind(Timeline(gpipe_timeline([0.006, 0.010], [0.012, 0.020], 8), "study"))
-    assert per[0] == pytest.approx({"fwd": 0.048, "bwd": 0.096, "comm": 0.0, "bubble": 0.114, "idle": 0.0,
+    assert per[0] == pytest.approx({"fwd": 0.048, "bwd": 0.096, "wgrad": 0.0, "comm": 0.0, "bubble": 0.114, "idle": 0.0,
                                     "comm_overlapped": 0.0})
-    assert per[1] == pytest.approx({"fwd": 0.080, "bwd": 0.160, "comm": 0.001, "bubble": 0.006, "idle": 0.011,
+    assert per[1] == pytest.approx({"fwd": 0.080, "bwd": 0.160, "wgrad": 0.0, "comm": 0.001, "bubble": 0.006, "idle": 0.011,
                                     "comm_overlapped": 0.0})
 
 
@@ -70,9 +70,9 @@ def test_sends_overlapped_with_compute_are_not_counted_twice():
           {"stage": 0, "kind": "fwd", "start": 1.0, "end": 2.0}, {"stage": 0, "kind": "comm", "start": 2.0, "end": 2.5},
           {"stage": 1, "kind": "bubble", "start": 0.0, "end": 1.5}, {"stage": 1, "kind": "fwd", "start": 1.5, "end": 2.0}]
     per = time_by_kind(Timeline(ev, "study"))
-    assert per[0] == pytest.approx({"fwd": 2.0, "bwd": 0.0, "comm": 0.5, "bubble": 0.0, "idle": 0.0,
+    assert per[0] == pytest.approx({"fwd": 2.0, "bwd": 0.0, "wgrad": 0.0, "comm": 0.5, "bubble": 0.0, "idle": 0.0,
                                     "comm_overlapped": 0.5})
-    assert per[1] == pytest.approx({"fwd": 0.5, "bwd": 0.0, "comm": 0.0, "bubble": 1.5, "idle": 0.5,
+    assert per[1] == pytest.approx({"fwd": 0.5, "bwd": 0.0, "wgrad": 0.0, "comm": 0.0, "bubble": 1.5, "idle": 0.5,
                                     "comm_overlapped": 0.0})
     for d in per.values():
         assert sum(v for k, v in d.items() if k != "comm_overlapped") == pytest.approx(2.5)

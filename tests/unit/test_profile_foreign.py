@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from autotune.errors import InputError
+from autotune.specs.cluster import cluster_from_dict
 from autotune.specs.model import load_model
 from profilers import store
 from profilers.foreign import ImportContext, read_foreign
@@ -250,3 +251,33 @@ def test_cli_imports_each_format_and_refuses_bad_input(capsys, tmp_path):
         code, out, err = cli(capsys, "profile", "import", *args, "--storage", url)
         assert code == 2 and err.strip().count("\n") == 0, (args, err)
     assert len(store.list_layer_profiles(url)) == 3  # nothing half-stored
+
+
+def test_sailors_published_profiles_price_the_estimate(tmp_path):
+    # Sailor's own OPT-350 measurements (benchmarks/data/sailor, MIT) imported, attached to the
+    # cluster file, and read back by the cost model at a measured point
+    from pathlib import Path
+
+    from autotune.cost.layers import predicted_pieces
+    from autotune.plan import parse_inline
+
+    data = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "sailor" / "OPT-350"
+    url = f"sqlite:///{tmp_path}/s.db"
+    model = _model(tmp_path, OPT350)
+    ids = {}
+    for gpu in ("A100-40", "V100-16"):
+        doc = read_foreign("sailor", [data / gpu / "profile.json"], ImportContext(model=model, seq=2048, dtype="fp32"))
+        ids[doc["device_name"]] = store.save_layer_profile(doc, url)
+    assert set(ids) == {"A100-40GB", "V100-16GB"}
+    for dev, gpu in (("A100-40GB", "A100-40"), ("V100-16GB", "V100-16")):
+        c = cluster_from_dict({"nodes": [{"devices_per_node": 2, "device": dev, "layer_profile": f"layers:{ids[dev]}"}]},
+                              storage=url)
+        raw = json.loads((data / gpu / "profile.json").read_text())["4"]["2"]
+        got = predicted_pieces(parse_inline("tp=2,mbs=4,dtype=fp32"), model, c, 2048, 4)
+        assert got["block"].fwd == pytest.approx(raw["2"][0]) and got["block"].bwd == pytest.approx(raw["2"][1])
+        assert got["head"].fwd == pytest.approx(raw["25"][0])
+        assert got["block"].source == f"layers:{ids[dev]} (sailor), measured"
+        # between measured micro-batches: between the neighbours' times
+        mid = predicted_pieces(parse_inline("tp=2,mbs=3,dtype=fp32"), model, c, 2048, 3)["block"]
+        lo, hi = (json.loads((data / gpu / "profile.json").read_text())[b]["2"]["2"][0] for b in ("2", "4"))
+        assert lo < mid.fwd < hi and "interpolated" in mid.source

@@ -129,3 +129,11 @@ def test_cli_layers_profile_export_import(capsys, tmp_path):
     assert code == 2 and "no layer profile 7" in err
     code, out, err = cli(capsys, "profile", "--layers", "tiny", "--mbs", "0", "--storage", url)
     assert code == 2 and "--mbs" in err
+
+
+@pytest.mark.gpu
+def test_the_same_code_times_the_pieces_on_cuda_with_events():
+    sweep = LayerSweep(micro_batches=(1, 2), seq_lens=(128,), tp=(1, 2), dtype="bf16", rounds=2)
+    d = profile_layers(TINY, "cuda", sweep)
+    assert d["device_kind"] == "cuda" and len(d["points"]) == 3 * 2 * 2
+    assert all(p["clock"] == "cuda" and p["fwd_s"] > 0 and p["activation_bytes"] > 0 for p in d["points"])

@@ -190,3 +190,33 @@ def test_trial_cli_refuses_bad_files_before_launching(tmp_path, capsys, monkeypa
         assert code == 2, (name, err)
         lines = err.strip().splitlines()
         assert len(lines) == 1 and "--data" in lines[0] and words in " ".join(err.split()), (name, err)
+
+
+def test_validate_and_tune_refuse_a_bad_file_before_any_trial(tmp_path, capsys):
+    import os
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    from _search_helpers import toy_estimate
+
+    from autotune.search import SearchOptions, search
+    from autotune.specs import load_cluster
+    from autotune.validate import ValidateOptions, validate
+
+    url = str(tmp_path / "v.log")
+    search(load_model("tiny"), load_cluster("local:2"), 128, 8, study_name="v", storage=url,
+           options=SearchOptions(trials=5), estimator=toy_estimate)
+
+    def runner(*a, **k):
+        raise AssertionError("a trial started for a bad data file")
+
+    bad = bad_files(tmp_path)
+    for name in ("short.bin", "big_ids.bin"):
+        with pytest.raises(InputError) as e:
+            validate("v", url, options=ValidateOptions(data=str(tmp_path / name)), runner=runner,
+                     estimator=toy_estimate)
+        assert bad[name] in e.value.message and e.value.field == "--data"
+    # tune checks the file before it profiles or searches anything
+    code, out, err = cli(capsys, "tune", "-m", "tiny", "-s", "128", "-b", "8", "--no-profile", "--storage",
+                         str(tmp_path / "t.log"), "--data", str(tmp_path / "odd.bin"))
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "whole number" in err, err
+    assert not (tmp_path / "t.log").exists()

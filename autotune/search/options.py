@@ -1,0 +1,104 @@
+"""What a search is asked to do (SearchOptions), what it answers (SearchResult), and the spaces it
+can search (search_spaces/<name>.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from autotune.errors import InputError
+from autotune.plan import Plan
+from autotune.study import worker_count_ok
+
+SAMPLERS = ("tpe", "random", "grid")
+DEFAULT_TRIALS = 100
+POLISH_FACTOR = 8  # the hill climb may price up to this many times the sampler's trials (it converges
+# sooner; each of its points costs one estimate, no sampler work, so it is the cheap part of the search)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchOptions:
+    trials: int | None = None
+    """Sampler trials (baselines and the polish's hill climb, up to POLISH_FACTOR x, come on top);
+    None: DEFAULT_TRIALS, or the whole grid."""
+    timeout_s: float | None = None
+    sampler: str = "tpe"
+    workers: int = 1
+    seed: int = 0
+    top: int = 5
+    space: str = "default"
+    batch_s: float = 1.0
+    polish: bool = True
+    dtype: str = "bf16"
+    target: str = "runtime"
+    """Who will run the plan (autotune/targets.py): the search explores only what it can run."""
+
+
+@dataclass
+class SearchResult:
+    study_name: str
+    storage: str
+    best: Plan
+    top: list[Plan]
+    baseline_best: Plan | None
+    trials: int
+    new_trials: int
+    elapsed_s: float
+    notes: list[str] = field(default_factory=list)
+    why: str = ""
+    best_trial: int = -1
+    baseline_trial: int | None = None
+    stopped: str | None = None
+    """Why the search ended before its budget (``timeout``), else None."""
+    targets: dict[str, Any] = field(default_factory=dict)
+    """Per export target, the best plan of the study it can express and its ratio to the best
+    (``targets.best_per_target``)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"best": self.best.to_dict(), "top": [p.to_dict() for p in self.top],
+                "baseline_best": self.baseline_best.to_dict() if self.baseline_best else None,
+                "trials": self.trials, "new_trials": self.new_trials, "elapsed_s": self.elapsed_s,
+                "study": self.study_name, "storage": self.storage, "best_trial": self.best_trial,
+                "baseline_trial": self.baseline_trial, "notes": self.notes, "why": self.why,
+                "stopped": self.stopped, "targets": self.targets}
+
+
+def check_options(opts: SearchOptions, storage: str) -> None:
+    if opts.sampler not in SAMPLERS:
+        from autotune.errors import suggest
+
+        raise InputError(f"unknown sampler {opts.sampler!r}" + suggest(opts.sampler, SAMPLERS), field="--sampler")
+    if opts.trials is not None and opts.trials < 1:
+        raise InputError(f"must be >= 1, got {opts.trials}", field="--trials")
+    if opts.timeout_s is not None and not opts.timeout_s > 0:
+        raise InputError(f"must be > 0 seconds, got {opts.timeout_s}", field="--timeout")
+    from autotune.targets import check_target
+
+    check_target(opts.target)
+    if opts.workers < 1:
+        raise InputError(f"must be >= 1, got {opts.workers}", field="--workers")
+    if opts.top < 1:
+        raise InputError(f"must be >= 1, got {opts.top}", field="--top")
+    worker_count_ok(storage, opts.workers)
+
+
+def space_names() -> list[str]:
+    import pkgutil
+
+    import search_spaces
+
+    return sorted({m.name for m in pkgutil.iter_modules(list(search_spaces.__path__))
+                   if not m.name.startswith("_") and m.name != "base"})
+
+
+def load_space(name: str) -> Any:
+    """The module ``search_spaces.<name>`` (works whether search_spaces is installed as a regular or,
+    by an old editable install, a namespace package)."""
+    import importlib
+
+    from autotune.errors import suggest
+
+    names = space_names()
+    if name not in names:
+        raise InputError(f"unknown search space {name!r}" + suggest(name, names), field="--space")
+    return importlib.import_module(f"search_spaces.{name}")

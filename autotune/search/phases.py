@@ -1,0 +1,162 @@
+"""The phases of a search, in the order ``search`` runs them (the grid, a sampler of its own, is in
+autotune/search/grid.py):
+
+1. ``run_baselines``: the space's even splits (the plans people write by hand), so the answer is
+   never worse than them.
+2. ``run_starts``: one speed-balanced start per degree layout, and its least-memory variant where it
+   does not fit, so every layout gets a fair first price.
+3. ``run_sampler``: TPE (multivariate, Watanabe 2023) or random sampling.
+4. ``run_polish``: a variable-neighbourhood hill climb from the best plan of each of the best
+   layouts. This, not TPE, is what reaches the grid optimum (measured: TPE + a one-step climb
+   reached 93.8% on 16 A100: ZeRO 1 -> 3 needs a pair move).
+
+Each phase prices points through the Evaluator (autotune/search/pricing.py) and records them in
+the Workspace (autotune/search/workspace.py); each stops at ``deadline`` (time.monotonic()).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from autotune.search.pricing import Evaluator
+from autotune.search.workspace import Row, Workspace
+
+
+def deadline_passed(deadline: float | None) -> bool:
+    import time
+
+    return deadline is not None and time.monotonic() >= deadline
+
+
+def pkey(params: dict[str, Any]) -> tuple:
+    """What makes two points of a space the same point."""
+    return tuple(sorted(params.items()))
+
+
+def run_baselines(ws: Workspace, ev: Evaluator, deadline: float | None) -> int:
+    have = {r.attrs.get("baseline_key") for r in ws.rows}
+    n = 0
+    for name, params in ev.space.baselines():
+        key = f"{name}:{sorted(params.items())}"
+        if key in have or deadline_passed(deadline):
+            continue
+        have.add(key)
+        out = ev.evaluate(params)
+        ws.record(params, out, {"baseline": name, "baseline_key": key})
+        n += 1
+    return n
+
+
+def run_starts(ws: Workspace, ev: Evaluator, deadline: float | None, budget: int, seed: int = 0) -> int:
+    """One balanced start per degree layout (``space.starts()``), and where it does not fit in
+    memory the same layout with the least memory: every layout that can run gets a fair first
+    price, so the polish can start from the best of each (TPE alone samples a few of them).
+    ``budget`` caps the cost-model calls: at 1024 devices there are ~800 layouts at ~10-30 ms an
+    estimate, so a seeded random subset of them gets a start there (at 8-128 devices all do)."""
+    if not hasattr(ev.space, "starts"):
+        return 0
+    have = {pkey(r.params) for r in ws.rows}
+    n = 0
+    calls0 = ev.calls
+    starts = ev.space.starts()
+    random.Random(seed).shuffle(starts)
+    for p in starts:
+        for q in (p, ev.space.memory_fallback(p)):
+            if deadline_passed(deadline) or ev.calls - calls0 >= budget:
+                return n
+            k = pkey(q)
+            if k in have:
+                break
+            have.add(k)
+            out = ev.evaluate(q)
+            ws.record(q, out, {"start": True})
+            n += 1
+            if out.constraints.get("memory", 0) <= 0:  # fits (or is no plan at all): no fallback
+                break
+    return n
+
+
+def run_sampler(ws: Workspace, ev: Evaluator, n: int, deadline: float | None) -> int:
+    done = 0
+    while done < n and not deadline_passed(deadline):
+        t = ws.mem.ask(ws.dists)
+        out = ev.evaluate(dict(t.params))
+        ws.record(t.params, out, trial=t)
+        done += 1
+    return done
+
+
+def _seeds(rows: list[Row], starts: int) -> list[tuple[dict[str, Any], float]]:
+    """The best trial of each of the best ``starts`` degree layouts: diverse starts, not near-copies."""
+    best: dict[str, Row] = {}
+    for r in rows:
+        if not (r.feasible and r.params and r.value is not None):
+            continue
+        k = json.dumps(r.attrs["plan"]["degrees"], sort_keys=True)
+        if k not in best or r.value > best[k].value:
+            best[k] = r
+    ranked = sorted(best.values(), key=lambda r: -r.value)[:starts]
+    return [(dict(r.params), float(r.value)) for r in ranked]
+
+
+class _Climb:
+    """The polish's shared state: values known per point, and the cost-model calls left."""
+
+    def __init__(self, ws: Workspace, ev: Evaluator, budget: int, deadline: float | None):
+        self.ws, self.ev = ws, ev
+        self.known: dict[tuple, float] = {pkey(r.params): (r.value if r.feasible else -1.0) for r in ws.rows}
+        self.calls0, self.budget, self.deadline = ev.calls, budget, deadline
+        self.done = 0
+
+    def spent(self) -> bool:
+        return self.ev.calls - self.calls0 >= self.budget or deadline_passed(self.deadline)
+
+    def value(self, q: dict[str, Any]) -> float | None:
+        """The value of point ``q`` (-1: no feasible plan), pricing it if new; None: out of budget."""
+        k = pkey(q)
+        v = self.known.get(k)
+        if v is not None:
+            return v
+        if self.spent():
+            return None
+        out, new = self.ev.evaluate_new(q)
+        if new:  # a point that is no plan or repeats a plan is not worth a trial
+            self.ws.record(q, out, {"polish": True}, sampler=False)  # no sampler after this
+            self.done += 1
+        v = self.known[k] = out.value if out.feasible else -1.0
+        return v
+
+    def best_move(self, params: dict[str, Any], value: float,
+                  movesets: list[Callable[[dict[str, Any]], Iterable[dict[str, Any]]]]) -> tuple[Any, float]:
+        """The best improving move of the first move set that has one (single moves before pairs)."""
+        best_p, best_v = None, value * (1 + 1e-9)
+        for moves in movesets:
+            for q in moves(params):
+                v = self.value(q)
+                if v is None:
+                    break
+                if v > best_v:
+                    best_p, best_v = q, v
+            if best_p is not None:
+                break  # a single move helps: no need for pairs
+        return best_p, best_v
+
+
+def run_polish(ws: Workspace, ev: Evaluator, budget: int, deadline: float | None, starts: int = 8) -> int:
+    """Variable-neighbourhood hill climb from the best plan of each of the best ``starts`` degree
+    layouts: take the best one-parameter move while one helps; where none does, the best move of two
+    coupled parameters (space.pair_moves). ``budget`` counts cost-model calls (a point that is no plan
+    or repeats a priced plan costs none, and is not recorded: the study would fill with them). Returns
+    the plans priced."""
+    climb = _Climb(ws, ev, budget, deadline)
+    movesets = [ev.space.neighbours] + ([ev.space.pair_moves] if hasattr(ev.space, "pair_moves") else [])
+    for params, value in _seeds(ws.rows, starts):
+        while not climb.spent():
+            best_p, best_v = climb.best_move(params, value, movesets)
+            if best_p is None:
+                break
+            params, value = best_p, best_v
+    return climb.done

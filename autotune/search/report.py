@@ -1,0 +1,137 @@
+"""What a finished search answers: the best plans of the study, the best even split beside them,
+one sentence on why the best wins, and, when nothing is feasible, what rules each family out."""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+from typing import Any
+
+from autotune.advice import nothing_fits
+from autotune.cost.tiebreak import rank
+from autotune.errors import WorkError
+from autotune.plan import Plan, shares_are_even
+from autotune.search.options import SearchResult
+from autotune.study import iter_trial_plans, plan_key
+
+
+def collect(study: Any, storage: str, top: int, elapsed: float, before: int, notes: list[str],
+            workload: tuple[Any, Any, int, int] | None = None) -> SearchResult:
+    trials = study.get_trials(deepcopy=False)
+    # the tie-break rule (autotune.cost.tiebreak) over enough of the best to fill ``top`` places
+    ranked = rank(list(itertools.islice(iter_trial_plans(study), 4 * top + 20)), plan=lambda tp: tp[1],
+                  tokens_per_s=lambda tp: float(tp[0].value or 0.0), top=top)
+    if not ranked:
+        memory_bound = [t for t in trials if t.user_attrs.get("infeasible_kind") == "memory"]
+        raise WorkError(nothing_fits(memory_bound) or "no feasible plan: " + infeasibility_report(trials))
+    best_t, best = ranked[0]
+    # the best even plan: parse only the stored plans whose shares are even (Plan.is_even's rule)
+    base_t, base = next(iter_trial_plans(study, where=looks_even), (None, None))
+    if base_t is not None:
+        study.set_user_attr("baseline_best_trial", base_t.number)
+    res = SearchResult(study_name=study.study_name, storage=storage, best=best, top=[p for _, p in ranked],
+                       baseline_best=base, trials=len(trials), new_trials=len(trials) - before, elapsed_s=elapsed,
+                       notes=notes, best_trial=best_t.number, baseline_trial=base_t.number if base_t else None)
+    if workload is not None:
+        res.targets = per_target(study, workload)
+    res.why = why_best(best, base, best_t.user_attrs.get("breakdown"), base_t.user_attrs.get("breakdown")
+                       if base_t else None)
+    return res
+
+
+TARGET_SCAN = 300
+"""How many of the study's best plans ``per_target`` reads to find each target's best (each costs
+parsing and every exporter's rules: ~1 s for 300 on 2 cores); a target with none among them is None."""
+
+
+def per_target(study: Any, workload: tuple[Any, Any, int, int]) -> dict[str, Any]:
+    """Per target, the best plan among the study's best TARGET_SCAN it can run (autotune/targets.py),
+    stored on the study (``best_per_target``: trial, tokens/s, ratio) for the dashboard too."""
+    from autotune.targets import best_per_target, context
+
+    found = best_per_target(itertools.islice(iter_trial_plans(study), TARGET_SCAN), context(*workload))
+    study.set_user_attr("best_per_target", {t: ({k: v[k] for k in ("trial", "tokens_per_s", "ratio")} if v else None)
+                                            for t, v in found.items()})
+    return found
+
+
+def looks_even(plan: dict[str, Any]) -> bool:
+    """Plan.is_even on a stored plan dict (its shares are resolved), without parsing the plan."""
+    sh = plan.get("shares") or {}
+    return shares_are_even(sh.get("layers"), sh.get("tokens"), sh.get("heads"), sh.get("samples"))
+
+
+def failure_summary(trials: list[Any]) -> str | None:
+    """``N plans`` the cost model raised on and the first message, or None when it never raised."""
+    msgs = [t.user_attrs["failure"].get("message", "") for t in trials
+            if isinstance(t.user_attrs.get("failure"), dict) and t.user_attrs.get("validated_from") is None]
+    if not msgs:
+        return None
+    return f"the cost model raised on {len(msgs)} plan{'s' if len(msgs) > 1 else ''} (e.g. {msgs[0]})"
+
+
+def infeasibility_report(trials: list[Any]) -> str:
+    """Per family, the limit that rules it out (the commonest kind) and its closest example; first,
+    when the cost model raised, how often and with what message (a crash is not a limit)."""
+    fams: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    for t in trials:
+        reason = t.user_attrs.get("infeasible_reason")
+        fam = t.user_attrs.get("family")
+        if not reason or not fam:
+            continue
+        fams[fam][t.user_attrs.get("infeasible_kind") or reason.split(":", 1)[0]].append(reason)
+    failed = failure_summary(trials)
+    if not fams:
+        return failed or "no trial produced a plan (every point was rejected before pricing)"
+    parts = [failed] if failed else []
+    for fam in sorted(fams):
+        kinds = fams[fam]
+        kind = max(kinds, key=lambda k: len(kinds[k]))
+        parts.append(f"{fam}: {kind} ({len(kinds[kind])} plans; e.g. {kinds[kind][0]})")
+    return "; ".join(parts)
+
+
+def _num(d: Any, key: str) -> float | None:
+    v = d.get(key) if isinstance(d, dict) else None
+    return float(v) if isinstance(v, (int, float)) else None
+
+
+def _differences(best: Plan, base: Plan) -> list[str]:
+    diffs = []
+    if best.degrees != base.degrees:
+        diffs.append(f"degrees {best.degrees.inline()} instead of {base.degrees.inline()}")
+    for k in ("layers", "tokens", "heads", "samples"):
+        v = getattr(best.shares, k)
+        if v is not None and len(set(v)) > 1:
+            diffs.append(f"uneven {k} {list(v)}")
+    for k in ("micro_batch_size", "schedule", "recompute", "zero_stage", "sequence_parallel"):
+        if getattr(best, k) != getattr(base, k):
+            diffs.append(f"{k} {getattr(best, k)}")
+    return diffs
+
+
+def _largest_saving(bd_best: Any, bd_base: Any) -> str:
+    if not (isinstance(bd_best, dict) and isinstance(bd_base, dict)):
+        return ""
+    deltas = [(k, _num(bd_base, k) - _num(bd_best, k)) for k in bd_best  # time terms only (seconds)
+              if k.endswith("_s") and k != "step_time_s" and _num(bd_best, k) is not None
+              and _num(bd_base, k) is not None]
+    deltas = [d for d in deltas if d[1] > 0]
+    if not deltas:
+        return ""
+    k, d = max(deltas, key=lambda x: x[1])
+    return f"; the largest saving is {k} ({d:.3g} s less)"
+
+
+def why_best(best: Plan, base: Plan | None, bd_best: Any, bd_base: Any) -> str:
+    """One sentence: how much faster the best plan is than the best even-split plan, and where from."""
+    if base is None:
+        return "no even-split plan is feasible here; the best plan needs uneven shares or options they lack"
+    pb, pe = best.predicted or {}, base.predicted or {}
+    tb, te = _num(pb, "step_time_s"), _num(pe, "step_time_s")
+    if tb is None or te is None or tb <= 0:
+        return ""
+    if plan_key(best.to_dict()) == plan_key(base.to_dict()):
+        return "the best plan is itself an even split"
+    return (f"{te / tb:.2f}x the best even-split plan ({base.degrees.inline()}): step {tb:.4g} s vs {te:.4g} s, "
+            "from " + (", ".join(_differences(best, base)) or "placement") + _largest_saving(bd_best, bd_base))

@@ -1,0 +1,36 @@
+"""Signal handling of search processes: a first Ctrl-C or SIGTERM stops the work, and nothing
+interrupts the final write of a batch (which would otherwise stop inside a database transaction)."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+from typing import Any
+
+
+def ignore(*_: Any) -> None:
+    """A handler that does nothing. Not SIG_IGN: a signal already pending when the handler changes
+    would then raise OSError ("ignored due to race condition") in whatever code runs next."""
+
+
+def sigterm_to_interrupt(*_: Any) -> None:
+    """The first of Ctrl-C (to the whole process group) and the parent's SIGTERM stops a worker;
+    the other must not interrupt the final flush that follows."""
+    signal.signal(signal.SIGINT, ignore)
+    signal.signal(signal.SIGTERM, ignore)
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def signals_deferred():
+    """Ignore SIGINT and SIGTERM inside the block (main thread only; elsewhere nothing changes)."""
+    try:
+        old = {sig: signal.signal(sig, ignore) for sig in (signal.SIGINT, signal.SIGTERM)}
+    except ValueError:  # not the main thread: signals are not ours to handle
+        yield
+        return
+    try:
+        yield
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)

@@ -1,0 +1,86 @@
+"""The size-aware datasheet model (autotune/cost/datasheet.py): tile and wave quantisation, the
+memory-bound regime, per-sample time falling with the micro-batch, and its error against measured
+per-layer times it was not fitted on (Sailor's GPT-Neo-2.7B layers; benchmarks/data/sailor)."""
+
+import dataclasses
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from autotune.cost.datasheet import LAUNCH_S, TILE, size_model
+from autotune.cost.layers import predicted_pieces
+from autotune.plan import parse_inline
+from autotune.specs.catalogue import CATALOGUE
+from autotune.specs.cluster import cluster_from_dict
+from autotune.specs.model import model_from_dict
+
+A100 = size_model(CATALOGUE["A100-40GB"], "bf16", 2)
+SAILOR = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "sailor"
+GPT_NEO = model_from_dict({"name": "gpt-neo-2.7b", "layers": 32, "hidden": 2560, "heads": 20, "ffn_hidden": 10240,
+                           "vocab": 50257, "activation": "gelu", "norm": "layernorm", "position": "learned",
+                           "max_positions": 2048, "bias": True})
+
+
+def test_a_partial_wave_costs_a_whole_one():
+    sms, k = A100.sms, 8192
+    one_over = A100.gemm_time(TILE * (sms + 1), TILE, k)  # one tile more than the SMs: two waves
+    two_full = A100.gemm_time(TILE * 2 * sms, TILE, k)
+    full = A100.gemm_time(TILE * sms, TILE, k)
+    assert one_over == pytest.approx(two_full)
+    assert (one_over - LAUNCH_S) == pytest.approx(2 * (full - LAUNCH_S))
+
+
+def test_a_partial_tile_costs_a_whole_one_and_thin_products_are_memory_bound():
+    k = 8192
+    assert A100.gemm_time(TILE * A100.sms - 64, TILE, k) == pytest.approx(A100.gemm_time(TILE * A100.sms, TILE, k))
+    m, n = 1 << 16, 1  # a matrix-vector product: its bytes, not its FLOPs, set the time
+    assert A100.gemm_time(m, n, k) == pytest.approx(2 * (m * k + k * n + m * n) / A100.mem_bw + LAUNCH_S)
+
+
+def test_only_unprofiled_gpus_get_the_size_model():
+    assert size_model(dataclasses.replace(CATALOGUE["A100-40GB"], sm_count=0), "bf16", 2) is None
+    assert size_model(dataclasses.replace(CATALOGUE["A100-40GB"], profile={"gemm": {}}), "bf16", 2) is None
+    v = size_model(CATALOGUE["V100-16GB"], "fp32", 4)
+    assert v.peak == CATALOGUE["V100-16GB"].flops("fp32-strict")  # no TF32 on Volta: CUDA cores
+    assert size_model(CATALOGUE["A100-40GB"], "fp32", 4).peak == CATALOGUE["A100-40GB"].flops("fp32") > v.peak
+
+
+def _cluster(dev, tp, attention="materialized"):
+    return cluster_from_dict({"nodes": [{"devices_per_node": tp, "device": dev, "attention": attention}]})
+
+
+def test_per_sample_time_falls_with_the_micro_batch():
+    per_sample = []
+    for b in (1, 2, 4, 8):
+        blk = predicted_pieces(parse_inline(f"tp=2,mbs={b},dtype=fp16"), GPT_NEO, _cluster("A100-40GB", 2, "fused"),
+                               2048, b)["block"]
+        per_sample.append((blk.fwd + blk.bwd) / b)
+        assert blk.source == "datasheet (size-aware)"
+    assert per_sample == sorted(per_sample, reverse=True) and per_sample[0] > 1.05 * per_sample[-1]
+
+
+def _errors(flat: bool) -> list[float]:
+    errs = []
+    for gpu, dev in (("A100-40", "A100-40GB"), ("V100-16", "V100-16GB")):
+        prof = json.loads((SAILOR / "GPT-Neo-2.7" / gpu / "profile.json").read_text())
+        for mbs, by_tp in prof.items():
+            for tp, layers in by_tp.items():
+                c = _cluster(dev, int(tp))
+                if flat:
+                    c = dataclasses.replace(c, groups=tuple(dataclasses.replace(
+                        g, device=dataclasses.replace(g.device, sm_count=0)) for g in c.groups))
+                blk = predicted_pieces(parse_inline(f"tp={tp},mbs={mbs},dtype=fp32"), GPT_NEO, c, 2048,
+                                       int(mbs))["block"]
+                measured = layers["2"][0] + layers["2"][1]  # Sailor: [fwd_s, bwd_s, update_s]
+                errs.append(abs(blk.fwd + blk.bwd - measured) / measured)
+    return errs
+
+
+def test_held_out_layers_are_priced_closer_than_by_the_flat_rate():
+    # LAUNCH_S was fitted on OPT-350's layers; GPT-Neo-2.7B (hidden 2560, head dim 128) was not seen
+    sized, flat = _errors(False), _errors(True)
+    assert len(sized) >= 20
+    assert statistics.median(sized) < 0.5 * statistics.median(flat)
+    assert statistics.median(sized) < 0.10
