@@ -364,8 +364,8 @@ def choose_dtype(option: str, cluster: Any, plan_dtype: str | None = None) -> st
     if option == "auto":
         if plan_dtype is not None:
             option = plan_dtype
-        else:
-            return "bf16" if not lacking("bf16") else "fp16"
+        else:  # bf16, else fp16, else (a device with neither) fp32
+            option = next((dt for dt in ("bf16", "fp16") if not lacking(dt)), "fp32")
     missing = lacking(option)
     if missing:
         fallback = next((dt for dt in ("fp16", "fp32") if not lacking(dt)), None)
@@ -635,10 +635,27 @@ def parse_inline(text: str) -> Plan:
 
 def load_plan(path_or_inline: str | Path) -> Plan:
     """A plan JSON file, or an inline ``dp=2,pp=2`` string."""
+    return _load_plan(path_or_inline)[0]
+
+
+def load_plan_for(path_or_inline: str | Path, cluster: Any, dtype: str = "auto") -> Plan:
+    """``load_plan`` with the precision ``--dtype`` chooses for ``cluster`` (``choose_dtype``): an
+    explicit bf16/fp16/fp32 wins, ``auto`` keeps the precision the plan states and fills the
+    cluster's default where it states none (an inline ``dp=2`` or a file without ``dtype``)."""
+    plan, stated = _load_plan(path_or_inline)
+    chosen = choose_dtype(dtype, cluster, plan.dtype if stated else None)
+    if chosen == plan.dtype:
+        return plan
+    return plan.replace(dtype=chosen, predicted=None)  # a prediction in another precision is stale
+
+
+def _load_plan(path_or_inline: str | Path) -> tuple[Plan, bool]:
+    """(plan, whether it states its dtype)."""
     s = str(path_or_inline)
     p = Path(s)
     if "=" in s and not p.exists():
-        return parse_inline(s)
+        keys = {_INLINE_ALIASES.get(k.strip(), k.strip()) for k in (x.partition("=")[0] for x in s.split(","))}
+        return parse_inline(s), "dtype" in keys
     try:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -647,7 +664,8 @@ def load_plan(path_or_inline: str | Path) -> Plan:
         raise PlanError(f"cannot read plan file: {exc}", source=s) from None
     plan = Plan.from_json(text, source=s)
     check_schema(plan.to_dict(), source=s)
-    return plan
+    data = json.loads(text)
+    return plan, isinstance(data, dict) and data.get("dtype") is not None
 
 
 def plan_schema() -> dict[str, Any]:

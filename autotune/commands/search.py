@@ -12,6 +12,7 @@ from rich.text import Text
 from autotune.commands.common import (
     DEFAULT_STORAGE,
     ClusterOpt,
+    DtypeOpt,
     GlobalBatchOpt,
     JsonOpt,
     ModelOpt,
@@ -42,8 +43,6 @@ SpaceOpt = Annotated[str, typer.Option("--space", help="Search space module in s
 TargetOpt = Annotated[str, typer.Option("--target", help="Who will run the plan: runtime (autotune's own, "
                                                          "everything the space holds), megatron, torchtitan, "
                                                          "deepspeed or accelerate (only what it can express).")]
-DtypeOpt = Annotated[str, typer.Option("--dtype", help="auto (bf16 where every device has it, else fp16), bf16, "
-                                                       "fp16, fp32 (TF32 where there is) or fp32-strict.")]
 
 
 def command(
@@ -60,12 +59,13 @@ def command(
     seed: SeedOpt = 0,
     top: TopOpt = 5,
     space: SpaceOpt = "default",
+    wide: WideOpt = False,
     dtype: DtypeOpt = "auto",
     target: TargetOpt = "runtime",
-    wide: WideOpt = False,
     json_: JsonOpt = False,
 ) -> None:
     """Search parallel plans with Optuna over degrees and uneven shares using the cost model."""
+    from autotune.plan import choose_dtype
     from autotune.progress import Progress
     from autotune.search import SearchOptions, check_options, search
     from autotune.specs import load_cluster, load_model
@@ -76,9 +76,9 @@ def command(
     check_options(opts, storage)
     m = load_model(model)
     c = load_cluster(cluster, storage=storage)
-    from autotune.plan import choose_dtype
-
+    # the precision is chosen (and a device that lacks it refused) before any point is priced
     opts = dataclasses.replace(opts, dtype=choose_dtype(dtype, c))
+    # a study holds one precision and one target: another one is another default study
     name = study or (default_study_name(m, c, seq_len, global_batch) + ("" if opts.dtype == "bf16" else f"-{opts.dtype}")
                      + ("" if target == "runtime" else f"-{target}"))
     if not json_:

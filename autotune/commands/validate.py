@@ -11,6 +11,7 @@ from autotune.commands.common import (
     DEFAULT_STORAGE,
     DataDtypeOpt,
     DataOpt,
+    DtypeOpt,
     JsonOpt,
     SeedOpt,
     StorageOpt,
@@ -36,10 +37,13 @@ def command(
                                           "(degrees, schedule, micro-batch) first, then near-copies.")] = True,
     data: DataOpt = None,
     data_dtype: DataDtypeOpt = "auto",
+    dtype: DtypeOpt = "auto",
     json_: JsonOpt = False,
 ) -> None:
     """Run the study's top plans for real, store measured beside predicted, calibrate the cost model, re-rank."""
     from autotune.validate import ValidateOptions, validate
+
+    check_study_dtype(study, storage, dtype)
 
     opts = ValidateOptions(top=top, steps=steps, warmup=warmup, timeout_s=timeout, device=device, seed=seed,
                            diverse=diverse, data=data, data_dtype=data_dtype)
@@ -49,6 +53,26 @@ def command(
         emit_json(out)
         return
     show(out)
+
+
+def check_study_dtype(study: str, storage: str, dtype: str) -> None:
+    """``--dtype`` on validate: ``auto`` runs the plans in the precision they were searched (and priced)
+    in; an explicit precision must be the study's, else one line says to search again with it."""
+    import itertools
+
+    from autotune.errors import InputError
+    from autotune.plan import choose_dtype
+    from autotune.study import iter_trial_plans, open_study, study_workload
+
+    if dtype == "auto":
+        return
+    st = open_study(study, storage)
+    choose_dtype(dtype, study_workload(st, storage)[1])  # the cluster must have it at all
+    searched = sorted({plan.dtype for _, plan in itertools.islice(iter_trial_plans(st), 200)})
+    if searched and searched != [dtype]:
+        raise InputError(f"study {study!r} was searched and priced in {', '.join(searched)}; validating it in "
+                         f"{dtype} would measure plans nobody priced: run `autotune search --dtype {dtype}` "
+                         "into a new study", field="--dtype")
 
 
 def _reporter(live: Progress, top: int) -> Callable[[str], None]:

@@ -221,8 +221,10 @@ def _group_links(s: StepContext, r0: int, c: Mapping[str, int], cache: dict) -> 
         blk = s.dp * s.cp * s.hp * s.tp
         nxt = r0 + blk if c["pp"] < s.pp - 1 else r0 - (s.pp - 1) * blk
         pp_link = topo.node_link(node_of[d0], node_of[devs[nxt]])
-        hops = tuple((topo.node_link(node_of[d0], node_of[devs[r0 + (q - c["pp"]) * blk]]), f, b)
-                     for q, f, b in s.hop_peers[c["pp"]])
+        base = r0 - c["pp"] * blk
+        # most hops go to the next pipeline rank: its link is pp_link already (same lookup, same object)
+        hops = tuple((pp_link if base + q * blk == nxt else topo.node_link(node_of[d0], node_of[devs[base + q * blk]]),
+                      f, b) for q, f, b in s.hop_peers[c["pp"]])
     else:
         hops = ((C._SELF, False, False),) * s.v
     return tp_link, hp_link, cp_link, pp_link, hops
@@ -250,7 +252,7 @@ def tp_groups(s: StepContext) -> list[tuple[int, int, RankContext]]:
         tp_l, hp_l, cp_l, pp_l, hops = _group_links(s, r0, c, link_cache)
         m_d = s.microbatches[c["dp"]]
         key = (c["pp"], c["cp"], c["hp"], id(spec), id(tp_l), id(hp_l), id(cp_l), id(pp_l),
-               tuple(id(h[0]) for h in hops), m_d)
+               tuple([id(h) for h, _, _ in hops]), m_d)
         ctx = contexts.get(key)
         if ctx is None:
             links = Links(tp=tp_l, hp=hp_l, cp=cp_l, pp=pp_l, dp=s.dp_links[c["pp"]], pp_hops=hops)

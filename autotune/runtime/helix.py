@@ -420,10 +420,13 @@ class HelixTrainer:
         layout = Layout(tp=tp, sp=self.sp, recompute="none")
         self.model = build_model(spec, plan, mesh, layout, seq_len, seed, self.device, self.dtype)
         self.params = list(self.model.parameters())
-        self.tp_replicated = [p for mod in self.model.modules() if isinstance(mod, RMSNorm)
-                              for p in mod.parameters()] if self.sp else []
+        norms = {id(p) for mod in self.model.modules() if isinstance(mod, RMSNorm)
+                 for p in mod.parameters()} if self.sp else set()
         clk = clock()
-        self.opt = TrainOptimizer(self.params, mesh.grad, plan.zero_stage, overlap=False, wait_clock=clk.timed_call)
+        # mixed precision and the tp sum of the sequence-parallel norms' gradients: the optimizer's
+        self.opt = TrainOptimizer(self.params, mesh.grad, plan.zero_stage, overlap=False, wait_clock=clk.timed_call,
+                                  dtype=plan.dtype, replicated=[i for i, p in enumerate(self.params) if id(p) in norms],
+                                  tp_axis=tp)
         self.dp_index = mesh["dp"].index
         self.n_micro = plan.microbatches_of_replica(self.dp_index)
         self.holds_ends = mesh["pp"].index == 0
@@ -435,29 +438,15 @@ class HelixTrainer:
 
         inputs, targets = D.replica_batch(self.data, step_index, self.plan, self.dp_index, None,
                                           self.global_batch, self.seq_len)
-        for p in self.params:
-            p.grad = None
+        self.opt.begin_step()
+        scale = self.opt.loss_scale.scale  # fp16: the loss is scaled through its divisor
+        self.runner.total_tokens = self.global_batch * self.seq_len / scale
         if self.holds_ends:
-            contribution = self.runner.step(inputs.to(self.device), targets.to(self.device))
+            contribution = self.runner.step(inputs.to(self.device), targets.to(self.device)) / scale
         else:
-            contribution = self.runner.step(None, None)
-        self._reduce_tp_replicated()
+            contribution = self.runner.step(None, None) / scale
         self.opt.reduce_and_step(clock().compute_region)
         return contribution if (self.holds_ends and self.mesh["tp"].index == 0) else 0.0
-
-    def _reduce_tp_replicated(self) -> None:
-        tp = self.mesh["tp"]
-        if self.tp_replicated and tp.group is not None:
-            for p in self.tp_replicated:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-            flat = torch.cat([p.grad.reshape(-1) for p in self.tp_replicated])
-            dist.all_reduce(flat, group=tp.group)
-            off = 0
-            for p in self.tp_replicated:
-                n = p.grad.numel()
-                p.grad.copy_(flat[off:off + n].view_as(p.grad))
-                off += n
 
     def export_state(self) -> dict[str, tuple[torch.Tensor, tuple[int, int] | None]]:
         return export_state(self.model)
@@ -472,6 +461,8 @@ def runtime_problems(plan: Plan, spec: ModelSpec) -> list[str]:
     if plan.recompute == "selective":
         out.append("recompute: helixpipe keeps the attention output (recompute 'full' checkpoints the parameter "
                    "blocks without attention); 'selective' would recompute the attention it exists to keep")
+    if plan.zero_stage > 1:
+        out.append(f"zero_stage: the helix runtime shards optimizer states only (ZeRO 0 or 1), got {plan.zero_stage}")
     if plan.virtual_stages != 1:
         out.append(f"virtual_stages: helixpipe places one-layer blocks itself, got virtual_stages({plan.virtual_stages})")
     counts = [s // plan.micro_batch_size for s in plan.shares.samples or ()]

@@ -497,6 +497,9 @@ def plan_problems(plan, model) -> list[str]:
     if plan.recompute == "selective":
         out.append("recompute: helixpipe keeps the attention output ('full' checkpoints the parameter blocks "
                    "without attention); 'selective' would recompute the attention it exists to keep")
+    if plan.zero_stage > 1:  # its trainer drives autotune's own TrainOptimizer, not FSDP2
+        out.append(f"zero_stage: the helixpipe runtime shards optimizer states only (ZeRO 0 or 1), "
+                   f"got {plan.zero_stage}")
     layers = plan.shares.layers
     if layers is not None and len(set(layers)) > 1:
         out.append(f"shares.layers: helixpipe holds L/p layers on every rank, got {list(layers)}")
