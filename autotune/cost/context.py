@@ -98,7 +98,7 @@ def step_context(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batc
     rp = plan.resolve(model, cluster, seq_len, global_batch)
     d = rp.degrees
     topo = C.topology(cluster)
-    devs = tuple(topo.index[(e.node, e.device)] for e in rp.placement)
+    devs = _devices(topo, rp.placement)
     tokens, zig = rp.shares.tokens, rp.cp_layout == "zigzag" and d.cp > 1
     on_cpu = d.cp > 1 and any(g.device.kind == "cpu" for g in cluster.groups)
     shard_n = d.dp * d.cp * d.hp
@@ -121,6 +121,22 @@ def step_context(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batc
         ring=tuple(_cpu.ring_blocks(tokens, i, zig, seq_len) if on_cpu else None for i in range(d.cp)),
         stage_params=DP.stage_params(model, rp, chunks),
         dp_links=dp_links, schedule=sched, chunks=chunks, hop_peers=hop_peers, group_links=group_links)
+
+
+_DEVICES: dict[tuple[int, int], tuple[C.Topology, tuple, tuple[int, ...]]] = {}
+
+
+def _devices(topo: C.Topology, placement: tuple) -> tuple[int, ...]:
+    """Cluster device index of every rank, memoised per (topology object, placement object): both
+    are immutable, the entry holds them so their ids are not reused while cached, and every plan
+    resolved with the node-order placement shares one placement object (``plan.py``)."""
+    key = (id(topo), id(placement))
+    hit = _DEVICES.get(key)
+    if hit is None or hit[0] is not topo or hit[1] is not placement:
+        if len(_DEVICES) > 256:
+            _DEVICES.clear()
+        hit = _DEVICES[key] = (topo, placement, tuple(topo.index[(e.node, e.device)] for e in placement))
+    return hit[2]
 
 
 def _hop_peers(sched: Any, p: int, v: int, chunks: tuple[tuple[int, ...], ...]) -> tuple:
