@@ -91,7 +91,7 @@ def run(
     t0 = time.perf_counter()
     with Progress(TextColumn("[bold]profile[/]"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console,
-                  transient=True, disable=not err_console.is_terminal and json_) as prog:
+                  transient=True, disable=json_ or not err_console.is_terminal) as prog:
         task = prog.add_task("starting ranks", total=None)
 
         def on_progress(done: int, total: int, what: str) -> None:
@@ -148,7 +148,7 @@ def _run_layers(model_ref: str, device: str, mbs: str | None, seq: str | None, t
         sweep.tp, sweep.notes = shard_sizes(model, parse_grid(tp, "tp"))
     with Progress(TextColumn("[bold]layers[/]"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console,
-                  transient=True, disable=not err_console.is_terminal and json_) as prog:
+                  transient=True, disable=json_ or not err_console.is_terminal) as prog:
         task = prog.add_task("building pieces", total=None)
         doc = profile_layers(model, device, sweep,
                              lambda done, total, what: prog.update(task, completed=done, total=total, description=what))
