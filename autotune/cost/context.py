@@ -88,8 +88,8 @@ class StepContext:
     hop_peers: tuple[tuple[tuple[int, bool, bool], ...], ...] = ()
     """Per pipeline rank, per chunk: (peer pipeline rank whose link prices its sends, sends
     forward, sends backward); see ``_hop_peers``."""
-    group_links: tuple[tuple[Link, Link, Link, Link, tuple], ...] = ()
-    """(tp, hp, cp, pp, pp hops) links of every tp group in rank order (``_group_links``)."""
+    group_links: tuple[tuple[Any, tuple, Links], ...] = ()
+    """(DeviceSpec, placement key, links) of every tp group in rank order (``_mesh_links``)."""
 
 
 def step_context(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: int,
@@ -224,11 +224,13 @@ _MESH_LINKS: dict[tuple, tuple[C.Topology, tuple, tuple]] = {}
 
 def _mesh_links(topo: C.Topology, devs: tuple[int, ...], d: Degrees, v: int, hop_peers: tuple
                 ) -> tuple[tuple, tuple]:
-    """(dp link of each pipeline rank, ``_group_links`` of every tp group), memoised per (topology
-    object, devices, degrees, virtual stages, hop peers): a pure function of them, and the links are the topology's
-    own cached objects, so the identities ``tp_groups`` keys contexts by come out the same. The
-    search resolves plan after plan of one mesh onto the same devices; the entry holds the topology,
-    so its id is not reused while cached."""
+    """(dp link of each pipeline rank, (DeviceSpec, placement key, ``Links``) of every tp group).
+    The placement key tells apart groups at different mesh coordinates along pp/cp/hp, on another
+    device type or other links (``tp_groups`` adds the micro-batches); groups of one key share one
+    Links object. Memoised per (topology object, devices, degrees, virtual stages, hop peers): a
+    pure function of them (links and specs are the topology's and cluster's own objects, so the
+    identities in the keys come out the same), and the search resolves plan after plan of one mesh
+    onto the same devices; the entry holds the topology, so its id is not reused while cached."""
     key = (id(topo), devs, d, v, hop_peers)
     hit = _MESH_LINKS.get(key)
     if hit is None or hit[0] is not topo:
@@ -237,8 +239,18 @@ def _mesh_links(topo: C.Topology, devs: tuple[int, ...], d: Degrees, v: int, hop
         blk, shard_n = d.dp * d.cp * d.hp * d.tp, d.dp * d.cp * d.hp
         dp_links = tuple(topo.group_link([devs[i * blk + k * d.tp] for k in range(shard_n)]) for i in range(d.pp))
         cache: dict[tuple[str, int], Link] = {}
-        groups = tuple(_group_links(topo, devs, d, hop_peers, v, r0, c, cache) for r0, c in _tp_group_coords(d))
-        hit = _MESH_LINKS[key] = (topo, dp_links, groups)
+        links_of: dict[tuple, Links] = {}
+        groups = []
+        for r0, c in _tp_group_coords(d):
+            tp_l, hp_l, cp_l, pp_l, hops = _group_links(topo, devs, d, hop_peers, v, r0, c, cache)
+            spec = topo.cluster.devices[devs[r0]].spec
+            place = (c["pp"], c["cp"], c["hp"], id(spec), id(tp_l), id(hp_l), id(cp_l), id(pp_l),
+                     tuple([id(h) for h, _, _ in hops]))
+            links = links_of.get(place)
+            if links is None:
+                links = links_of[place] = Links(tp=tp_l, hp=hp_l, cp=cp_l, pp=pp_l, dp=dp_links[c["pp"]], pp_hops=hops)
+            groups.append((spec, place, links))
+        hit = _MESH_LINKS[key] = (topo, dp_links, tuple(groups))
     return hit[1], hit[2]
 
 
@@ -289,14 +301,11 @@ def tp_groups(s: StepContext) -> list[tuple[int, int, RankContext]]:
     plan, cal = s.plan, s.calibration
     contexts: dict[tuple, RankContext] = {}
     out = []
-    for (r0, c), (tp_l, hp_l, cp_l, pp_l, hops) in zip(_tp_group_coords(plan.degrees), s.group_links, strict=True):
-        spec = s.cluster.devices[s.devs[r0]].spec
+    for (r0, c), (spec, place, links) in zip(_tp_group_coords(plan.degrees), s.group_links, strict=True):
         m_d = s.microbatches[c["dp"]]
-        key = (c["pp"], c["cp"], c["hp"], id(spec), id(tp_l), id(hp_l), id(cp_l), id(pp_l),
-               tuple([id(h) for h, _, _ in hops]), m_d)
+        key = (place, m_d)
         ctx = contexts.get(key)
         if ctx is None:
-            links = Links(tp=tp_l, hp=hp_l, cp=cp_l, pp=pp_l, dp=s.dp_links[c["pp"]], pp_hops=hops)
             ctx = contexts[key] = _rank_context(s, c, spec, links, m_d, cal.get(spec.name) or {})
         out.append((r0, c["dp"], ctx))
     return out
