@@ -124,10 +124,11 @@ def balance_text(key: str, plan, bd) -> str:
     v = measured_block(key, "V100-16", plan.micro_batch_size, plan.degrees.tp)
     meas = f"measured block V100/A100 at mbs {plan.micro_batch_size} tp {plan.degrees.tp}: " + (
         f"{1e3 * v:.1f}/{1e3 * a:.1f} ms = {v / a:.2f}" if a and v else "not measured")
-    pure = {st["devices"][0]: sum(st["layers"]) for st in bd["stages"] if len(st["devices"]) == 1}
-    if "A100-40GB" in pure and "V100-16GB" in pure:
-        return meas + f"; split A:V layers {pure['A100-40GB']}:{pure['V100-16GB']} = " \
-                      f"{pure['A100-40GB'] / pure['V100-16GB']:.2f} (the last stage also runs the head)"
+    # the last stage of each device type (dict order: a later stage overwrites an earlier one)
+    last = {st["devices"][0]: sum(st["layers"]) for st in bd["stages"] if len(st["devices"]) == 1}
+    if "A100-40GB" in last and "V100-16GB" in last:
+        return meas + f"; last A100 stage : last V100 stage layers {last['A100-40GB']}:{last['V100-16GB']} = " \
+                      f"{last['A100-40GB'] / last['V100-16GB']:.2f} (the last stage also runs the head)"
     samples = plan.shares.samples
     if samples:
         return meas + f"; data-parallel samples per replica {list(samples)}"
