@@ -158,6 +158,10 @@ class Plan:
     """HelixPipe's fold count F (1 or 2): micro-batches go through the attention-parallel pipeline
     in groups of pp * F, each operation running back to back for the F folds so one fold's
     transfers overlap the other's compute (autotune/schedules/helixpipe.py). 1 for other schedules."""
+    helix_attention: tuple[int, ...] | None = None
+    """HelixPipe only: attentions per micro-batch each pipeline rank runs (``pp`` entries summing to
+    the layers; None: L/p each, the published rotation). On a mixed cluster faster ranks can take
+    more of the rotating attention (``helixpipe.attention_slots`` interleaves them)."""
     recompute: str = "none"
     """Activation recomputation: none, selective (attention core), full (whole blocks)."""
     zero_stage: int = 0
@@ -315,6 +319,7 @@ class Plan:
             "schedule": self.schedule,
             "virtual_stages": self.virtual_stages,
             "helix_folds": self.helix_folds,
+            "helix_attention": list(self.helix_attention) if self.helix_attention is not None else None,
             "recompute": self.recompute,
             "zero_stage": self.zero_stage,
             "sequence_parallel": self.sequence_parallel,
@@ -399,6 +404,9 @@ def _check_basic(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batc
         p.append(f"helix_folds: must be one of {', '.join(map(str, HELIX_FOLDS))}, got {plan.helix_folds}")
     elif plan.helix_folds != 1 and plan.schedule != "helixpipe":
         p.append(f"helix_folds: only helixpipe folds micro-batches, {plan.schedule} needs helix_folds(1)")
+    if plan.helix_attention is not None and plan.schedule != "helixpipe":
+        p.append(f"helix_attention: only helixpipe places attention apart from its layer, {plan.schedule} "
+                 "needs helix_attention null")
     if plan.dtype not in {k for dev in cluster.device_types() for k in dev.peak_flops}:
         p.append(f"dtype: no device in the cluster supports {plan.dtype}")
     return p
@@ -592,6 +600,7 @@ def _plan_from_dict(d: Any) -> Plan:
         schedule=F.get_str(d, "schedule", "schedule", default="1f1b", choices=SCHEDULES),
         virtual_stages=F.get_int(d, "virtual_stages", "virtual_stages", default=1),
         helix_folds=F.get_int(d, "helix_folds", "helix_folds", default=1),
+        helix_attention=_int_list(d.get("helix_attention"), "helix_attention"),
         recompute=F.get_str(d, "recompute", "recompute", default="none", choices=RECOMPUTE),
         zero_stage=zero,
         sequence_parallel=F.get_bool(d, "sequence_parallel", "sequence_parallel", default=False),

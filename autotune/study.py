@@ -35,6 +35,9 @@ def _quiet() -> None:
 
 
 _MEMORY_STORAGES: dict[str, Any] = {}
+# one RDBStorage per URL and process: opening one checks the schema (alembic), which costs more than
+# a search's first hundred trials; a child process opens its own (an engine must not cross a fork)
+_RDB_STORAGES: dict[tuple[str, int], Any] = {}
 
 
 def storage_for(url: str, *, create: bool = True) -> Any:
@@ -56,6 +59,9 @@ def storage_for(url: str, *, create: bool = True) -> Any:
     if "://" not in url:
         raise InputError(f"bad storage {url!r}; write a SQLAlchemy URL such as sqlite:///results/autotune.db, "
                          "a journal file path ending in .log, or :memory:", field="--storage")
+    cached = _RDB_STORAGES.get((url, os.getpid()))
+    if cached is not None and (not url.startswith("sqlite:///") or Path(url[len("sqlite:///"):]).exists()):
+        return cached
     engine_kwargs: dict[str, Any] = {}
     if url.startswith("sqlite:///"):
         path = url[len("sqlite:///"):]
@@ -69,6 +75,7 @@ def storage_for(url: str, *, create: bool = True) -> Any:
         st = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
         if url.startswith("sqlite:///"):
             _sqlite_wal(st)
+        _RDB_STORAGES[(url, os.getpid())] = st
         return st
     except (ImportError, ModuleNotFoundError) as exc:
         raise InputError(f"storage {url!r} needs a database driver that is not installed: {exc}",

@@ -89,7 +89,7 @@ def command(
     if json_:
         emit_json(res.to_dict())
         return
-    show(res.to_dict(), storage, wide)
+    show(res.to_dict(), storage, wide, top=res.layouts)
 
 
 def _shares(p: dict[str, Any]) -> str:
@@ -187,20 +187,11 @@ def plan_table(plans: list[dict[str, Any]], title: str, measured: bool = False, 
 
 
 def distinct_layouts(study_name: str, storage: str, n: int) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
-    """The best plan of each of the ``n`` best layouts (``Plan.layout``, the rule ``validate`` uses),
-    best first, each with its stored breakdown."""
+    """The best plan of each of the ``n`` best layouts of a stored study (search.report.best_layouts)."""
+    from autotune.search.report import best_layouts
     from autotune.study import iter_trial_plans, open_study
 
-    seen: set[tuple[Any, ...]] = set()
-    out = []
-    for t, plan in iter_trial_plans(open_study(study_name, storage)):
-        if plan.layout() in seen:
-            continue
-        seen.add(plan.layout())
-        out.append((t.user_attrs["plan"], t.user_attrs.get("breakdown")))
-        if len(out) >= n:
-            break
-    return out
+    return best_layouts(iter_trial_plans(open_study(study_name, storage)), n)
 
 
 def targets_line(targets: dict[str, Any]) -> str:
@@ -210,10 +201,14 @@ def targets_line(targets: dict[str, Any]) -> str:
     return "best plan each target can run, against the best: " + ", ".join(parts)
 
 
-def show(res: dict[str, Any], storage: str | None = None, wide: bool = False) -> None:
-    """The search's result for people: one plan per layout (unless the study cannot be read back),
-    the best even split, why the best wins, and the notes."""
-    top = distinct_layouts(res["study"], storage, len(res["top"])) if storage else []
+def show(res: dict[str, Any], storage: str | None = None, wide: bool = False,
+         top: list[tuple[dict[str, Any], Any]] | None = None) -> None:
+    """The search's result for people: one plan per layout (``top``: SearchResult.layouts, from the
+    trials the search holds, as the CLI passes it: reading a study of thousands of trials back costs
+    more than the search; else read from ``storage``), the best even split, why the best wins, and
+    the notes."""
+    if top is None:
+        top = distinct_layouts(res["study"], storage, len(res["top"])) if storage else []
     if top:
         console.print(plan_table([p for p, _ in top], f"best plan of each of the {len(top)} best layouts, of "
                                  f"{res['trials']} trials (study {res['study']})", wide=wide,

@@ -50,6 +50,8 @@ class SearchResult:
     baseline_trial: int | None = None
     stopped: str | None = None
     """Why the search ended before its budget (``timeout``), else None."""
+    layouts: list[tuple[dict[str, Any], Any]] = field(default_factory=list)
+    """The best plan of each of the best ``top`` layouts with its breakdown (for the table; not in JSON)."""
     targets: dict[str, Any] = field(default_factory=dict)
     """Per export target, the best plan of the study it can express and its ratio to the best
     (``targets.best_per_target``)."""

@@ -32,6 +32,7 @@ def collect(study: Any, storage: str, top: int, elapsed: float, before: int, not
     res = SearchResult(study_name=study.study_name, storage=storage, best=best, top=[p for _, p in ranked],
                        baseline_best=base, trials=len(trials), new_trials=len(trials) - before, elapsed_s=elapsed,
                        notes=notes, best_trial=best_t.number, baseline_trial=base_t.number if base_t else None)
+    res.layouts = best_layouts(iter_trial_plans(study), top)
     if workload is not None:
         res.targets = per_target(study, workload)
     res.why = why_best(best, base, best_t.user_attrs.get("breakdown"), base_t.user_attrs.get("breakdown")
@@ -53,6 +54,21 @@ def per_target(study: Any, workload: tuple[Any, Any, int, int]) -> dict[str, Any
     study.set_user_attr("best_per_target", {t: ({k: v[k] for k in ("trial", "tokens_per_s", "ratio")} if v else None)
                                             for t, v in found.items()})
     return found
+
+
+def best_layouts(ranked: Any, n: int) -> list[tuple[dict[str, Any], Any]]:
+    """The best plan of each of the ``n`` best layouts (``Plan.layout``, the rule ``validate`` uses),
+    best first, as (plan dict, stored breakdown), from ``(trial, Plan)`` pairs best first."""
+    seen: set[Any] = set()
+    out = []
+    for t, plan in ranked:
+        if plan.layout() in seen:
+            continue
+        seen.add(plan.layout())
+        out.append((t.user_attrs["plan"], t.user_attrs.get("breakdown")))
+        if len(out) >= n:
+            break
+    return out
 
 
 def looks_even(plan: dict[str, Any]) -> bool:
