@@ -34,7 +34,6 @@ from autotune.plan import Plan
 
 ENTRY_MODULE = "autotune.runtime.launcher"
 DEFAULT_PORT = 29500
-ADDR_VAR = "MASTER_ADDR"
 ADDR_REF = '"${MASTER_ADDR:?set MASTER_ADDR to the host of node-rank 0}"'
 """How a line names the rendezvous host: a shell variable each node sets, expanded by the shell."""
 PORT_REF = f'"${{MASTER_PORT:-{DEFAULT_PORT}}}"'
@@ -123,8 +122,8 @@ def run(cmd: NodeCommand, out: Path, *, world: int, seq_len: int, global_batch: 
     for r in mine:  # this node's earlier results; another node may share the folder
         for f in (out / f"result-{r}.pt", out / f"failure-{r}.pt"):
             f.unlink(missing_ok=True)
-    env = {**os.environ, **({ADDR_VAR: "127.0.0.1"} if nodes == 1 and ADDR_VAR not in os.environ else {})}
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")  # this env's torchrun
+    # this environment's torchrun; its ranks watch their agent, so a killed torchrun leaves none behind
+    env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
     try:
         proc = subprocess.run(["bash", "-c", cmd.shell()], env=env, capture_output=True, text=True,
                               timeout=timeout_s + 60)
