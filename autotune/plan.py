@@ -158,6 +158,10 @@ class Plan:
     """HelixPipe's fold count F (1 or 2): micro-batches go through the attention-parallel pipeline
     in groups of pp * F, each operation running back to back for the F folds so one fold's
     transfers overlap the other's compute (autotune/schedules/helixpipe.py). 1 for other schedules."""
+    helix_attention: tuple[int, ...] | None = None
+    """HelixPipe only: attentions per micro-batch each pipeline rank runs (``pp`` entries summing to
+    the layers; None: L/p each, the published rotation). On a mixed cluster faster ranks can take
+    more of the rotating attention (``helixpipe.attention_slots`` interleaves them)."""
     recompute: str = "none"
     """Activation recomputation: none, selective (attention core), full (whole blocks)."""
     zero_stage: int = 0
@@ -315,6 +319,7 @@ class Plan:
             "schedule": self.schedule,
             "virtual_stages": self.virtual_stages,
             "helix_folds": self.helix_folds,
+            "helix_attention": list(self.helix_attention) if self.helix_attention is not None else None,
             "recompute": self.recompute,
             "zero_stage": self.zero_stage,
             "sequence_parallel": self.sequence_parallel,
@@ -364,8 +369,8 @@ def choose_dtype(option: str, cluster: Any, plan_dtype: str | None = None) -> st
     if option == "auto":
         if plan_dtype is not None:
             option = plan_dtype
-        else:
-            return "bf16" if not lacking("bf16") else "fp16"
+        else:  # bf16, else fp16, else (a device with neither) fp32
+            option = next((dt for dt in ("bf16", "fp16") if not lacking(dt)), "fp32")
     missing = lacking(option)
     if missing:
         fallback = next((dt for dt in ("fp16", "fp32") if not lacking(dt)), None)
@@ -399,9 +404,29 @@ def _check_basic(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batc
         p.append(f"helix_folds: must be one of {', '.join(map(str, HELIX_FOLDS))}, got {plan.helix_folds}")
     elif plan.helix_folds != 1 and plan.schedule != "helixpipe":
         p.append(f"helix_folds: only helixpipe folds micro-batches, {plan.schedule} needs helix_folds(1)")
+    if plan.helix_attention is not None and plan.schedule != "helixpipe":
+        p.append(f"helix_attention: only helixpipe places attention apart from its layer, {plan.schedule} "
+                 "needs helix_attention null")
     if plan.dtype not in {k for dev in cluster.device_types() for k in dev.peak_flops}:
         p.append(f"dtype: no device in the cluster supports {plan.dtype}")
     return p
+
+
+def _sharding_problems(plan: Plan, counts: list[int]) -> list[str]:
+    """What the runtime's ZeRO-2/3 (FSDP2, autotune/runtime/sharding.py) does not compose with, as
+    measured against one process: a schedule that splits the backward into input and weight halves
+    runs the weight half outside FSDP2's backward hooks (ZeRO-3 then computed wrong gradients), and
+    its schedule runtime gathers per micro-batch, so replicas must run equal micro-batch counts."""
+    d = plan.degrees
+    if plan.zero_stage < 2 or d.dp * d.cp * d.hp == 1 or not schedule_of(plan).splits_backward:
+        return []
+    if plan.zero_stage == 3:
+        return [f"zero_stage: ZeRO-3 with {plan.schedule} (backward split into input and weight gradients) is "
+                "not run: the weight half runs outside FSDP2's backward hooks; use ZeRO-2 or an unsplit schedule"]
+    if len(set(counts)) > 1:
+        return [f"zero_stage: ZeRO-2 with {plan.schedule} needs the same micro-batch count on every replica "
+                f"(its schedule runtime gathers per micro-batch), got {counts}"]
+    return []
 
 
 def _check_shares(name: str, values: tuple[int, ...] | None, n: int, total: int, what: str,
@@ -434,6 +459,7 @@ def _check_resolved(plan: Plan, model: Any, cluster: Any, seq_len: int, global_b
             p.append(f"num_microbatches: {plan.num_microbatches} but the largest replica runs "
                      f"samples({max(sh.samples)})/micro_batch_size({mbs}) = {max(counts)}")
         p += schedule_of(plan).check_microbatches(d.pp, plan.virtual_stages, counts)
+        p += _sharding_problems(plan, counts)
     p += schedule_of(plan).check_plan(plan, model)  # rules of its own (helixpipe: L % p, even layers, ...)
     p += _placement_problems(plan.placement or (), d, cluster)
     return p
@@ -574,6 +600,7 @@ def _plan_from_dict(d: Any) -> Plan:
         schedule=F.get_str(d, "schedule", "schedule", default="1f1b", choices=SCHEDULES),
         virtual_stages=F.get_int(d, "virtual_stages", "virtual_stages", default=1),
         helix_folds=F.get_int(d, "helix_folds", "helix_folds", default=1),
+        helix_attention=_int_list(d.get("helix_attention"), "helix_attention"),
         recompute=F.get_str(d, "recompute", "recompute", default="none", choices=RECOMPUTE),
         zero_stage=zero,
         sequence_parallel=F.get_bool(d, "sequence_parallel", "sequence_parallel", default=False),
@@ -635,10 +662,27 @@ def parse_inline(text: str) -> Plan:
 
 def load_plan(path_or_inline: str | Path) -> Plan:
     """A plan JSON file, or an inline ``dp=2,pp=2`` string."""
+    return _load_plan(path_or_inline)[0]
+
+
+def load_plan_for(path_or_inline: str | Path, cluster: Any, dtype: str = "auto") -> Plan:
+    """``load_plan`` with the precision ``--dtype`` chooses for ``cluster`` (``choose_dtype``): an
+    explicit bf16/fp16/fp32 wins, ``auto`` keeps the precision the plan states and fills the
+    cluster's default where it states none (an inline ``dp=2`` or a file without ``dtype``)."""
+    plan, stated = _load_plan(path_or_inline)
+    chosen = choose_dtype(dtype, cluster, plan.dtype if stated else None)
+    if chosen == plan.dtype:
+        return plan
+    return plan.replace(dtype=chosen, predicted=None)  # a prediction in another precision is stale
+
+
+def _load_plan(path_or_inline: str | Path) -> tuple[Plan, bool]:
+    """(plan, whether it states its dtype)."""
     s = str(path_or_inline)
     p = Path(s)
     if "=" in s and not p.exists():
-        return parse_inline(s)
+        keys = {_INLINE_ALIASES.get(k.strip(), k.strip()) for k in (x.partition("=")[0] for x in s.split(","))}
+        return parse_inline(s), "dtype" in keys
     try:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -647,7 +691,8 @@ def load_plan(path_or_inline: str | Path) -> Plan:
         raise PlanError(f"cannot read plan file: {exc}", source=s) from None
     plan = Plan.from_json(text, source=s)
     check_schema(plan.to_dict(), source=s)
-    return plan
+    data = json.loads(text)
+    return plan, isinstance(data, dict) and data.get("dtype") is not None
 
 
 def plan_schema() -> dict[str, Any]:

@@ -35,6 +35,9 @@ def _quiet() -> None:
 
 
 _MEMORY_STORAGES: dict[str, Any] = {}
+# one RDBStorage per URL and process: opening one checks the schema (alembic), which costs more than
+# a search's first hundred trials; a child process opens its own (an engine must not cross a fork)
+_RDB_STORAGES: dict[tuple[str, int], Any] = {}
 
 
 def storage_for(url: str, *, create: bool = True) -> Any:
@@ -56,6 +59,9 @@ def storage_for(url: str, *, create: bool = True) -> Any:
     if "://" not in url:
         raise InputError(f"bad storage {url!r}; write a SQLAlchemy URL such as sqlite:///results/autotune.db, "
                          "a journal file path ending in .log, or :memory:", field="--storage")
+    cached = _RDB_STORAGES.get((url, os.getpid()))
+    if cached is not None and (not url.startswith("sqlite:///") or Path(url[len("sqlite:///"):]).exists()):
+        return cached
     engine_kwargs: dict[str, Any] = {}
     if url.startswith("sqlite:///"):
         path = url[len("sqlite:///"):]
@@ -69,6 +75,7 @@ def storage_for(url: str, *, create: bool = True) -> Any:
         st = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
         if url.startswith("sqlite:///"):
             _sqlite_wal(st)
+        _RDB_STORAGES[(url, os.getpid())] = st
         return st
     except (ImportError, ModuleNotFoundError) as exc:
         raise InputError(f"storage {url!r} needs a database driver that is not installed: {exc}",
@@ -102,6 +109,8 @@ class StudyRecord:
     seq_len: int
     global_batch: int
     space: str = "default"
+    target: str = "runtime"
+    """Who runs its plans (autotune/targets.py): a study keeps to one target."""
 
     def cluster_digest(self) -> str:
         if self.cluster.digest:
@@ -112,7 +121,8 @@ class StudyRecord:
     def attrs(self) -> dict[str, Any]:
         return {"model": self.model.name, "model_spec": self.model.to_dict(), "cluster": self.cluster.name,
                 "cluster_spec": self.cluster.to_dict(), "cluster_digest": self.cluster_digest(),
-                "seq_len": self.seq_len, "global_batch": self.global_batch, "space": self.space}
+                "seq_len": self.seq_len, "global_batch": self.global_batch, "space": self.space,
+                "target": self.target}
 
 
 def default_study_name(model: Any, cluster: Any, seq_len: int, global_batch: int) -> str:
@@ -128,6 +138,8 @@ def _mismatch(have: dict[str, Any], want: dict[str, Any]) -> list[str]:
     for key in ("seq_len", "global_batch", "space"):
         if have.get(key) != want[key]:
             out.append(f"{key} {have.get(key)!r} (this search: {want[key]!r})")
+    if have.get("target", "runtime") != want.get("target", "runtime"):  # studies before targets: runtime
+        out.append(f"target {have.get('target', 'runtime')!r} (this search: {want['target']!r})")
     return out
 
 
@@ -203,8 +215,17 @@ def is_feasible(t: Any) -> bool:
 
 
 def best_feasible(study: Any) -> Any | None:
+    """The feasible trial the tie-break rule puts first (``autotune.cost.tiebreak``: within 1% of the
+    fastest, the simpler plan), so search, apply and the dashboard name the same best plan."""
+    from autotune.cost.tiebreak import best, ties
+
     ok = [t for t in study.get_trials(deepcopy=False) if is_feasible(t)]
-    return max(ok, key=lambda t: (t.value, -t.number)) if ok else None
+    if not ok:
+        return None
+    top = max(t.value for t in ok)
+    near = sorted((t for t in ok if ties(t.value, top)), key=lambda t: (-t.value, t.number))
+    return best([(t, Plan.from_dict(t.user_attrs["plan"])) for t in near], plan=lambda tp: tp[1],
+                tokens_per_s=lambda tp: tp[0].value)[0]
 
 
 def trial_plans(study: Any, *, feasible_only: bool = True, distinct: bool = True) -> list[tuple[Any, Plan]]:

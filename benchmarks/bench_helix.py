@@ -41,6 +41,19 @@ PLANS: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
+def measured_local(profile_id: str, storage: str):
+    """``local`` with its device replaced by the measured profile (as ``tune``'s measured_cluster,
+    with the link figures written with their units, as cluster files now require)."""
+    from autotune.specs.cluster import cluster_from_dict, load_cluster
+
+    g = load_cluster("local").groups[0]
+    d = {"name": "measured-local", "nodes": [{"count": 1, "devices_per_node": g.devices_per_node,
+                                              "device": f"profile:{profile_id}",
+                                              "intra_node": {"bandwidth": f"{g.intra_node.bandwidth}B/s",
+                                                             "latency": f"{g.intra_node.latency}s"}}]}
+    return cluster_from_dict(d, source="local (measured)", storage=storage)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", help="profile id in --storage (default: profile this machine first)")
@@ -57,14 +70,13 @@ def main() -> None:
 
     from bench_validate import get_profile, load, log
 
-    from autotune.commands.tune import measured_cluster
     from autotune.cost import estimate
     from autotune.plan import Plan
     from autotune.runtime.trial import run_trial
 
     Path("results").mkdir(exist_ok=True)
     pid = get_profile(args)
-    cluster = measured_cluster(pid, args.storage)
+    cluster = measured_local(pid, args.storage)
     print(f"profile {pid} ({args.storage}); model {MODEL.name}: L={MODEL.layers} h={MODEL.hidden} "
           f"heads={MODEL.heads} seq={args.seq} batch={BATCH} {args.dtype}; load {load()}")
     only = {x for x in args.only.split(",") if x}

@@ -134,7 +134,7 @@ def uneven() -> None:
         print(f"  even: {b.degrees.inline()}; why: {r.why}")
 
 
-def storage(quick: bool) -> None:
+def storage(quick: bool, pairs: int = 2) -> None:
     print("== 4. default storage (fresh SQLite file) vs in memory, same search ==")
     import tempfile
 
@@ -148,7 +148,7 @@ def storage(quick: bool) -> None:
                       131072, 512))
     for name, m, c, seq, batch in cases:
         got = {}
-        for where in (":memory:", "default", ":memory:", "default"):  # interleaved: load drifts
+        for where in (":memory:", "default") * pairs:  # interleaved: load drifts; the fastest of each kept
             with tempfile.TemporaryDirectory() as tmp:
                 url = ":memory:" if where == ":memory:" else DEFAULT_STORAGE.replace("results/", f"{tmp}/")
                 cpu = time.process_time()
@@ -167,6 +167,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", choices=("quality", "speed", "uneven", "storage"))
+    ap.add_argument("--pairs", type=int, default=2, help="storage: in-memory/default runs per case")
     a = ap.parse_args()
     if a.only in (None, "quality"):
         quality(a.quick)
@@ -175,7 +176,7 @@ def main() -> None:
     if a.only in (None, "uneven"):
         uneven()
     if a.only in (None, "storage"):
-        storage(a.quick)
+        storage(a.quick, a.pairs)
 
 
 if __name__ == "__main__":

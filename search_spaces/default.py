@@ -18,6 +18,9 @@ Parameters (one fixed distribution per name for the whole study, so TPE models e
   ``layers_tilt`` in [-2, 2]: the uneven shares, from a balanced start (search_spaces/_balance.py):
   share_i ~ speed_i**speed * memory_i**mem with speed the slowest rank holding index i; 0 is the
   even split, 1 the speed-balanced one; the LM head's work counts on the last stage.
+* HelixPipe (``schedule helixpipe``): ``helix_folds`` (1 or 2) and ``attention_speed`` in [0, 1.5], the
+  rotating attention's shares per pipeline rank ~ speed**attention_speed (0: the published rotation,
+  L/p each); its layers are always L/p per rank.
 """
 
 from __future__ import annotations
@@ -29,7 +32,17 @@ from typing import Any
 import numpy as np
 
 from autotune.divisibility import degree_problems
-from autotune.plan import MESH_ORDER, RECOMPUTE, SCHEDULES, Degrees, Placement, Plan, PlanError, Shares
+from autotune.plan import (
+    HELIX_FOLDS,
+    MESH_ORDER,
+    RECOMPUTE,
+    SCHEDULES,
+    Degrees,
+    Placement,
+    Plan,
+    PlanError,
+    Shares,
+)
 from autotune.schedules import get_schedule
 from search_spaces import _balance as B
 from search_spaces.base import Infeasible, SearchContext, family_of
@@ -38,7 +51,8 @@ NAME = "default"
 PLACEMENTS = ("node", "pp", "dp", "cp", "hp")
 MAX_MBS = 16
 SHARE_FLOATS = {"layers_speed": (0.0, 1.5), "tokens_speed": (0.0, 1.5), "heads_speed": (0.0, 1.5),
-                "samples_speed": (0.0, 1.5), "layers_mem": (0.0, 1.0), "samples_mem": (0.0, 1.0)}
+                "samples_speed": (0.0, 1.5), "layers_mem": (0.0, 1.0), "samples_mem": (0.0, 1.0),
+                "attention_speed": (0.0, 1.5)}
 GRID_LIMIT = 1_000_000  # points; priced directly (no sampler), ~1 ms each at 32 devices
 
 
@@ -85,7 +99,7 @@ class DefaultSpace:
             "tp_exp": Int(0, len(self.tp_divs) - 1), "pp_exp": Int(0, k), "cp_exp": Int(0, k), "hp_exp": Int(0, k),
             "mbs_exp": Int(0, self.mbs_max_exp), "schedule": Cat(SCHEDULES), "vpp_exp": Int(1, 2),
             "recompute": Cat(RECOMPUTE), "zero_stage": Int(0, 3), "sp": Cat((False, True)),
-            "placement": Cat(PLACEMENTS), "layers_tilt": Int(-2, 2),
+            "placement": Cat(PLACEMENTS), "layers_tilt": Int(-2, 2), "helix_folds": Cat(HELIX_FOLDS),
         }
         for name, (lo, hi) in SHARE_FLOATS.items():
             d[name] = Flt(lo, hi)
@@ -93,12 +107,12 @@ class DefaultSpace:
 
     def params(self, *, tp: int = 1, pp: int = 1, cp: int = 1, hp: int = 1, mbs: int = 1, schedule: str = "1f1b",
                vpp: int = 2, recompute: str = "none", zero: int = 0, sp: bool = False, placement: str = "node",
-               balance: float = 0.0, tilt: int = 0) -> dict[str, Any]:
+               balance: float = 0.0, tilt: int = 0, folds: int = 1) -> dict[str, Any]:
         """The parameter dict of a plan given by its degrees and options (for baselines and tests)."""
         p = {"tp_exp": self.tp_divs.index(tp), "pp_exp": self.divs.index(pp), "cp_exp": self.divs.index(cp),
              "hp_exp": self.divs.index(hp), "mbs_exp": int(math.log2(mbs)), "schedule": schedule,
              "vpp_exp": int(math.log2(vpp)), "recompute": recompute, "zero_stage": zero, "sp": sp,
-             "placement": placement, "layers_tilt": tilt}
+             "placement": placement, "layers_tilt": tilt, "helix_folds": folds}
         for name in SHARE_FLOATS:
             p[name] = balance if name.endswith("_speed") else 0.0
         return p
@@ -115,7 +129,9 @@ class DefaultSpace:
         deg = Degrees(dp=self.n // inner, pp=pp, cp=cp, hp=hp, tp=tp)
         fam = family_of(deg)
         schedule = p["schedule"] if pp > 1 else "1f1b"
-        sched = get_schedule(schedule)
+        helix = schedule == "helixpipe"
+        folds = int(p.get("helix_folds", 1)) if helix else 1
+        sched = get_schedule(schedule).for_plan(Plan(schedule=schedule, helix_folds=folds))
         vs = _virtual_stages(sched, pp, p["vpp_exp"])
         if sched.check_shape(pp, vs):
             return Infeasible("divisibility", "; ".join(sched.check_shape(pp, vs)), fam)
@@ -177,9 +193,15 @@ class DefaultSpace:
         if tokens is None or heads is None or layers is None:
             return Infeasible("divisibility", "a share cannot give every index at least one unit", fam)
         layers = B.tilt(layers, int(p["layers_tilt"]))
+        attention = None
+        if helix:  # L/p layers on every rank; the rotating attention shared by speed (attention_speed)
+            layers = B.proportional_split(model.layers, np.ones(pp), 1)
+            a = B.proportional_split(model.layers, along("pp", "attention_speed"), 1)
+            attention = tuple(a) if a is not None and len(set(a)) > 1 else None
         devs = self.ctx.cluster.devices
         plan = Plan(
             degrees=deg, micro_batch_size=mbs, schedule=schedule, virtual_stages=vs, recompute=p["recompute"],
+            helix_folds=folds, helix_attention=attention,
             zero_stage=zero, sequence_parallel=sp, cp_layout="zigzag", dtype=ctx.dtype,
             shares=Shares(layers=tuple(layers), tokens=tuple(t * granule for t in tokens), heads=tuple(heads),
                           samples=tuple(s * unit for s in samples)),
@@ -292,11 +314,12 @@ class DefaultSpace:
             sps = [False] if tp == 1 else [False, True]
             places = self.distinct_placements(deg)
             balances = [0.0, 1.0] if (het or pp > 1) else [0.0]
+            scheds = [(n, v, f) for n, v in scheds for f in (HELIX_FOLDS if n == "helixpipe" else (1,))]
             for mbs_e in range(self.mbs_max_exp + 1):
-                for (sched, vpp), rc, z, sp, pl, bal in itertools.product(scheds, RECOMPUTE, zeros, sps, places,
-                                                                          balances):
+                for (sched, vpp, f), rc, z, sp, pl, bal in itertools.product(scheds, RECOMPUTE, zeros, sps, places,
+                                                                             balances):
                     yield self.params(tp=tp, pp=pp, cp=cp, hp=hp, mbs=2 ** mbs_e, schedule=sched, vpp=vpp,
-                                      recompute=rc, zero=z, sp=sp, placement=pl, balance=bal)
+                                      recompute=rc, zero=z, sp=sp, placement=pl, balance=bal, folds=f)
 
     def grid_size(self, limit: int = GRID_LIMIT) -> int:
         """Points of the grid, counted up to ``limit`` + 1."""

@@ -21,6 +21,7 @@ import typer
 
 from autotune.commands.common import (
     DEFAULT_STORAGE,
+    DtypeOpt,
     JsonOpt,
     StorageOpt,
     console,
@@ -32,7 +33,7 @@ from autotune.export import FORMATS, ExportRefused, export, exporter, write_atom
 from autotune.export import launch as L
 from autotune.export.common import ExportContext, describe, predict, predicted_text
 from autotune.export.source import from_plan_file, from_study
-from autotune.plan import Plan
+from autotune.plan import Plan, choose_dtype
 
 HELP = "Export a plan for Megatron, torchtitan, DeepSpeed, Accelerate or JSON, or launch it."
 
@@ -146,6 +147,7 @@ def command(
     storage: StorageOpt = DEFAULT_STORAGE,
     force: Annotated[bool, typer.Option("--force", help="Write even when the file's extension or content says "
                                         "another format, or the plan does not fit in memory.")] = False,
+    dtype: DtypeOpt = "auto",
     json_: JsonOpt = False,
 ) -> None:
     """Export a plan for Megatron, torchtitan, DeepSpeed, Accelerate or JSON, or launch it."""
@@ -169,6 +171,11 @@ def command(
     else:
         assert plan_file is not None
         plan, ctx = from_plan_file(plan_file, model, seq_len, global_batch, cluster, storage)
+    # auto: the plan's own precision; checked against the cluster's devices when one is known
+    precision = (plan.dtype if dtype == "auto" else dtype) if getattr(ctx, "cluster_assumed", False) else (
+        choose_dtype(dtype, ctx.cluster, plan.dtype))
+    if precision != plan.dtype:  # exported in another precision: its prediction is re-priced
+        plan = plan.replace(dtype=precision, predicted=None)
     plan = plan.resolve(ctx.model, ctx.cluster, ctx.seq_len, ctx.global_batch)
     if launch:
         _launch(plan, ctx, dry_run, steps, json_, node_rank, timeout)

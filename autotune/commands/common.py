@@ -34,6 +34,12 @@ GlobalBatchOpt = Annotated[int, typer.Option("--global-batch", "-b", help="Globa
 SeedOpt = Annotated[int, typer.Option("--seed", help="Random seed.")]
 PlanOpt = Annotated[str, typer.Option("--plan", "-p", help="Plan JSON file, or inline degrees such as "
                                                           "`dp=2,pp=2,tp=2` (with optional mbs=, schedule=, ...).")]
+DtypeOpt = Annotated[str, typer.Option(
+    "--dtype", help="Training precision: auto (bf16 where every device of the cluster has it, else fp16; "
+                    "a plan that states its precision keeps it), bf16, fp16, fp32 (TF32 where there is) or "
+                    "fp32-strict. bf16/fp16 are mixed "
+                    "precision: fp32 master weights and AdamW states, gradients reduced in fp32, dynamic "
+                    "loss scaling for fp16.")]
 DataOpt = Annotated[str | None, typer.Option(
     "--data", help="Token file to train on: a flat uint16/uint32 array (nanoGPT's train.bin) or a Megatron "
                    "indexed dataset (PREFIX.bin + PREFIX.idx). Default: a learnable synthetic stream.")]

@@ -10,6 +10,7 @@ from rich.text import Text
 
 from autotune.commands.common import (
     ClusterOpt,
+    DtypeOpt,
     GlobalBatchOpt,
     JsonOpt,
     ModelOpt,
@@ -30,15 +31,16 @@ def command(model: ModelOpt, cluster: ClusterOpt, plan: PlanOpt, seq_len: SeqLen
             timeline: bool = typer.Option(False, "--timeline", help="Include the simulated pipeline events "
                                                                     "(breakdown.timeline) in --json output."),
             storage: StorageOpt = "sqlite:///results/autotune.db", wide: WideOpt = False,
+            dtype: DtypeOpt = "auto",
             json_: JsonOpt = False) -> None:
     """Predict step time, tokens/s, MFU and per-device memory of one plan on a cluster."""
     from autotune.cost import estimate
-    from autotune.plan import load_plan
+    from autotune.plan import load_plan_for
     from autotune.specs import load_cluster, load_model
 
     m = load_model(model)
     c = load_cluster(cluster, storage=storage)
-    p = load_plan(plan)
+    p = load_plan_for(plan, c, dtype)
     est = estimate(p, m, c, seq_len, global_batch, timeline=timeline)
     if json_:
         emit_json(est.to_dict())

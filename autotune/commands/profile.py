@@ -29,6 +29,7 @@ from autotune.commands.common import (
     err_console,
     parse_emulation,
 )
+from autotune.dashboard.tables import Col, fit
 from autotune.errors import InputError
 from autotune.units import fmt_bandwidth, fmt_bytes, fmt_time
 
@@ -90,7 +91,7 @@ def run(
     t0 = time.perf_counter()
     with Progress(TextColumn("[bold]profile[/]"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console,
-                  transient=True, disable=not err_console.is_terminal and json_) as prog:
+                  transient=True, disable=json_ or not err_console.is_terminal) as prog:
         task = prog.add_task("starting ranks", total=None)
 
         def on_progress(done: int, total: int, what: str) -> None:
@@ -147,7 +148,7 @@ def _run_layers(model_ref: str, device: str, mbs: str | None, seq: str | None, t
         sweep.tp, sweep.notes = shard_sizes(model, parse_grid(tp, "tp"))
     with Progress(TextColumn("[bold]layers[/]"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console,
-                  transient=True, disable=not err_console.is_terminal and json_) as prog:
+                  transient=True, disable=json_ or not err_console.is_terminal) as prog:
         task = prog.add_task("building pieces", total=None)
         doc = profile_layers(model, device, sweep,
                              lambda done, total, what: prog.update(task, completed=done, total=total, description=what))
@@ -182,19 +183,19 @@ def _print_summary(s: dict[str, Any]) -> None:
     title = (f"profile {s['id']}" + (f" ({s['label']})" if s.get("label") else "") + f": {s['device']} x{s['nproc']}"
              + f", {s['device_name']}" + (", EMULATED slowdown " + ", ".join(f"rank {r}={f:g}x" for r, f in emu.items())
                                          if emu else ""))
-    t = Table(title=title)
-    for c in ("rank", "host", "GEMM peak GFLOP/s", "attn fwd/bwd GFLOP/s", "mem copy", "memory"):
-        t.add_column(c, justify="left" if c in ("host",) else "right")
+    cols = [Col("rank", priority=0), Col("host", "left", 3), Col("GEMM peak GFLOP/s", priority=0),
+            Col("attn fwd/bwd GFLOP/s", priority=1), Col("mem copy", priority=2), Col("memory", priority=2)]
+    rows = []
     for rank, c in s["compute"].items():
         peaks = " ".join(f"{dt}:{_gflops(v)}" for dt, v in c["gemm_peak_flops_per_s"].items())
         attn = " ".join(f"d{hd}:{_gflops(a['fwd_flops_per_s'])}/{_gflops(a['bwd_flops_per_s'])}"
                         for hd, a in c["attention"].items())
         mem = c["memory"]
         tag = f" (emulated {c['emulated_slowdown']:g}x)" if c.get("emulated_slowdown") else ""
-        t.add_row(rank + tag, s["hosts"][int(rank)], peaks, attn,
-                  fmt_bandwidth(mem["bandwidth_bytes_per_s"]) if mem.get("bandwidth_bytes_per_s") else "-",
-                  fmt_bytes(mem["capacity_bytes"]) if mem.get("capacity_bytes") else "-")
-    console.print(t)
+        rows.append([rank + tag, s["hosts"][int(rank)], peaks, attn,
+                     fmt_bandwidth(mem["bandwidth_bytes_per_s"]) if mem.get("bandwidth_bytes_per_s") else "-",
+                     fmt_bytes(mem["capacity_bytes"]) if mem.get("capacity_bytes") else "-"])
+    console.print(fit(console, cols, rows, title=title))
     for rank, c in s["compute"].items():
         for dt, why in (c.get("gemm_unsupported") or {}).items():
             console.print(f"rank {rank}: {dt} GEMM not measured: {why}", highlight=False, markup=False)

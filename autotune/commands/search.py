@@ -12,6 +12,7 @@ from rich.text import Text
 from autotune.commands.common import (
     DEFAULT_STORAGE,
     ClusterOpt,
+    DtypeOpt,
     GlobalBatchOpt,
     JsonOpt,
     ModelOpt,
@@ -39,8 +40,9 @@ SamplerOpt = Annotated[str, typer.Option("--sampler", help="tpe (default), rando
 WorkersOpt = Annotated[int, typer.Option("--workers", "-w", help="Processes searching one study.")]
 TopOpt = Annotated[int, typer.Option("--top", "-k", help="Plans to show and print.")]
 SpaceOpt = Annotated[str, typer.Option("--space", help="Search space module in search_spaces/.")]
-DtypeOpt = Annotated[str, typer.Option("--dtype", help="auto (bf16 where every device has it, else fp16), bf16, "
-                                                       "fp16, fp32 (TF32 where there is) or fp32-strict.")]
+TargetOpt = Annotated[str, typer.Option("--target", help="Who will run the plan: runtime (autotune's own, "
+                                                         "everything the space holds), megatron, torchtitan, "
+                                                         "deepspeed or accelerate (only what it can express).")]
 
 
 def command(
@@ -57,25 +59,28 @@ def command(
     seed: SeedOpt = 0,
     top: TopOpt = 5,
     space: SpaceOpt = "default",
-    dtype: DtypeOpt = "auto",
     wide: WideOpt = False,
+    dtype: DtypeOpt = "auto",
+    target: TargetOpt = "runtime",
     json_: JsonOpt = False,
 ) -> None:
     """Search parallel plans with Optuna over degrees and uneven shares using the cost model."""
+    from autotune.plan import choose_dtype
     from autotune.progress import Progress
     from autotune.search import SearchOptions, check_options, search
     from autotune.specs import load_cluster, load_model
     from autotune.study import default_study_name
 
     opts = SearchOptions(trials=trials, timeout_s=timeout, sampler=sampler, workers=workers, seed=seed, top=top,
-                         space=space)
+                         space=space, target=target)
     check_options(opts, storage)
     m = load_model(model)
     c = load_cluster(cluster, storage=storage)
-    from autotune.plan import choose_dtype
-
+    # the precision is chosen (and a device that lacks it refused) before any point is priced
     opts = dataclasses.replace(opts, dtype=choose_dtype(dtype, c))
-    name = study or default_study_name(m, c, seq_len, global_batch) + ("" if opts.dtype == "bf16" else f"-{opts.dtype}")
+    # a study holds one precision and one target: another one is another default study
+    name = study or (default_study_name(m, c, seq_len, global_batch) + ("" if opts.dtype == "bf16" else f"-{opts.dtype}")
+                     + ("" if target == "runtime" else f"-{target}"))
     if not json_:
         err_console.print(f"searching {m.name} on {c.name} ({c.num_devices} devices), seq {seq_len}, batch "
                           f"{global_batch}: study {name!r} in {storage}", highlight=False)
@@ -84,7 +89,7 @@ def command(
     if json_:
         emit_json(res.to_dict())
         return
-    show(res.to_dict(), storage, wide)
+    show(res.to_dict(), storage, wide, top=res.layouts)
 
 
 def _shares(p: dict[str, Any]) -> str:
@@ -182,26 +187,28 @@ def plan_table(plans: list[dict[str, Any]], title: str, measured: bool = False, 
 
 
 def distinct_layouts(study_name: str, storage: str, n: int) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
-    """The best plan of each of the ``n`` best layouts (``Plan.layout``, the rule ``validate`` uses),
-    best first, each with its stored breakdown."""
+    """The best plan of each of the ``n`` best layouts of a stored study (search.report.best_layouts)."""
+    from autotune.search.report import best_layouts
     from autotune.study import iter_trial_plans, open_study
 
-    seen: set[tuple[Any, ...]] = set()
-    out = []
-    for t, plan in iter_trial_plans(open_study(study_name, storage)):
-        if plan.layout() in seen:
-            continue
-        seen.add(plan.layout())
-        out.append((t.user_attrs["plan"], t.user_attrs.get("breakdown")))
-        if len(out) >= n:
-            break
-    return out
+    return best_layouts(iter_trial_plans(open_study(study_name, storage)), n)
 
 
-def show(res: dict[str, Any], storage: str | None = None, wide: bool = False) -> None:
-    """The search's result for people: one plan per layout (unless the study cannot be read back),
-    the best even split, why the best wins, and the notes."""
-    top = distinct_layouts(res["study"], storage, len(res["top"])) if storage else []
+def targets_line(targets: dict[str, Any]) -> str:
+    """``best per target: runtime 1.00x (#12), megatron 0.87x (#40), ...`` (None: none of the best)."""
+    parts = [f"{t} {v['ratio']:.2f}x (#{v['trial']})" if v else f"{t} none among the best plans"
+             for t, v in targets.items()]
+    return "best plan each target can run, against the best: " + ", ".join(parts)
+
+
+def show(res: dict[str, Any], storage: str | None = None, wide: bool = False,
+         top: list[tuple[dict[str, Any], Any]] | None = None) -> None:
+    """The search's result for people: one plan per layout (``top``: SearchResult.layouts, from the
+    trials the search holds, as the CLI passes it: reading a study of thousands of trials back costs
+    more than the search; else read from ``storage``), the best even split, why the best wins, and
+    the notes."""
+    if top is None:
+        top = distinct_layouts(res["study"], storage, len(res["top"])) if storage else []
     if top:
         console.print(plan_table([p for p, _ in top], f"best plan of each of the {len(top)} best layouts, of "
                                  f"{res['trials']} trials (study {res['study']})", wide=wide,
@@ -214,6 +221,8 @@ def show(res: dict[str, Any], storage: str | None = None, wide: bool = False) ->
         console.print(plan_table([b], "best even-split plan", wide=wide))
     if res.get("why"):
         console.print(f"why the best wins: {res['why']}", highlight=False)
+    if res.get("targets"):
+        console.print(targets_line(res["targets"]), highlight=False)
     for n in res.get("notes") or []:
         console.print(f"[dim]note: {n}[/]", highlight=False)
     console.print(f"{res['new_trials']} new trials in {res['elapsed_s']:.1f} s", highlight=False)

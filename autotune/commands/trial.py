@@ -11,6 +11,7 @@ from rich.table import Table
 from autotune.commands.common import (
     DataDtypeOpt,
     DataOpt,
+    DtypeOpt,
     EmulateOpt,
     GlobalBatchOpt,
     JsonOpt,
@@ -50,14 +51,17 @@ def command(
     node_rank: Annotated[int | None, typer.Option("--node-rank", help="Run node-rank K's ranks of a plan across "
                                                   "hosts (MASTER_ADDR/MASTER_PORT name the rendezvous; run the "
                                                   "same command with each K on its host).", min=0)] = None,
+    dtype: DtypeOpt = "auto",
     json_: JsonOpt = False,
 ) -> None:
     """Run a plan for real on local processes (torch.distributed) and measure it."""
-    from autotune.plan import load_plan
+    from autotune.plan import load_plan, load_plan_for
     from autotune.runtime.trial import run_trial
+    from autotune.specs import load_cluster
 
     emulate = parse_emulation(emulate_slowdown)
-    p = load_plan(plan)
+    # local workers take every precision; a GPU without bf16 is refused by run_trial's checks
+    p = load_plan_for(plan, load_cluster(f"local:{load_plan(plan).world}"), dtype)
     if node_rank is not None or cluster is not None:
         _across_hosts(p, model, cluster, node_rank, seq_len, global_batch, steps, warmup, seed, timeout, data,
                       data_dtype, emulate, json_)

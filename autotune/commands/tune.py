@@ -18,6 +18,7 @@ from autotune.commands.common import (
     DEFAULT_STORAGE,
     DataDtypeOpt,
     DataOpt,
+    DtypeOpt,
     JsonOpt,
     SeedOpt,
     StorageOpt,
@@ -92,9 +93,11 @@ def command(
     seed: SeedOpt = 0,
     data: DataOpt = None,
     data_dtype: DataDtypeOpt = "auto",
+    dtype: DtypeOpt = "auto",
     json_: JsonOpt = False,
 ) -> None:
     """The whole loop on this machine: profile, search, validate the top 3, export the best plan."""
+    from autotune.plan import choose_dtype
     from autotune.search import SearchOptions, search
     from autotune.specs import load_cluster, load_model
     from autotune.study import default_study_name
@@ -117,10 +120,13 @@ def command(
                 cluster = measured_cluster(profile_id, storage)
             except InputError as e:
                 notes.append(f"measured profile not usable ({e}); searching on the catalogue `local`")
+    precision = choose_dtype(dtype, cluster)  # searched, validated (as searched) and exported in it
     name = "tune-" + default_study_name(m, cluster, seq_len, global_batch) + (f"-p{profile_id}" if profile_id else "")
+    if precision != "bf16":  # a study holds one precision: another one is another study (as `search` names it)
+        name += f"-{precision}"
     say(f"searching {m.name} on {cluster.name} ({cluster.num_devices} workers) ...")
     res = search(m, cluster, seq_len, global_batch, study_name=name, storage=storage,
-                 options=SearchOptions(trials=trials, seed=seed, top=top), progress=say)
+                 options=SearchOptions(trials=trials, seed=seed, top=top, dtype=precision), progress=say)
     notes += res.notes
     say(f"validating the top {top} for real ...")
     val = validate(name, storage, options=ValidateOptions(top=top, steps=steps, seed=seed, data=data,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
@@ -10,6 +11,7 @@ from autotune.commands.common import (
     DEFAULT_STORAGE,
     DataDtypeOpt,
     DataOpt,
+    DtypeOpt,
     JsonOpt,
     SeedOpt,
     StorageOpt,
@@ -17,6 +19,7 @@ from autotune.commands.common import (
     emit_json,
     err_console,
 )
+from autotune.progress import Progress
 
 HELP = "Run the study's top plans for real, store measured beside predicted, calibrate the cost model, re-rank."
 
@@ -34,19 +37,64 @@ def command(
                                           "(degrees, schedule, micro-batch) first, then near-copies.")] = True,
     data: DataOpt = None,
     data_dtype: DataDtypeOpt = "auto",
+    dtype: DtypeOpt = "auto",
     json_: JsonOpt = False,
 ) -> None:
     """Run the study's top plans for real, store measured beside predicted, calibrate the cost model, re-rank."""
     from autotune.validate import ValidateOptions, validate
 
+    check_study_dtype(study, storage, dtype)
+
     opts = ValidateOptions(top=top, steps=steps, warmup=warmup, timeout_s=timeout, device=device, seed=seed,
                            diverse=diverse, data=data, data_dtype=data_dtype)
-    out = validate(study, storage, options=opts,
-                   progress=None if json_ else (lambda s: err_console.print(s, highlight=False)))
+    with Progress(err_console, enabled=not json_, unit="plans") as live:
+        out = validate(study, storage, options=opts, progress=None if json_ else _reporter(live, top))
     if json_:
         emit_json(out)
         return
     show(out)
+
+
+def check_study_dtype(study: str, storage: str, dtype: str) -> None:
+    """``--dtype`` on validate: ``auto`` runs the plans in the precision they were searched (and priced)
+    in; an explicit precision must be the study's, else one line says to search again with it."""
+    import itertools
+
+    from autotune.errors import InputError
+    from autotune.plan import choose_dtype
+    from autotune.study import iter_trial_plans, open_study, study_workload
+
+    if dtype == "auto":
+        return
+    st = open_study(study, storage)
+    choose_dtype(dtype, study_workload(st, storage)[1])  # the cluster must have it at all
+    searched = sorted({plan.dtype for _, plan in itertools.islice(iter_trial_plans(st), 200)})
+    if searched and searched != [dtype]:
+        raise InputError(f"study {study!r} was searched and priced in {', '.join(searched)}; validating it in "
+                         f"{dtype} would measure plans nobody priced: run `autotune search --dtype {dtype}` "
+                         "into a new study", field="--dtype")
+
+
+def _reporter(live: Progress, top: int) -> Callable[[str], None]:
+    """validate's messages: on a terminal a live display (plans done of ``top``, elapsed, ETA from the
+    plans so far) with each message kept above it; elsewhere the plain lines, as before. Each
+    "running" message means the plan before it has finished."""
+    started = 0
+
+    def say(message: str) -> None:
+        nonlocal started
+        if not live.on:
+            err_console.print(message, highlight=False)
+            return
+        if message.startswith("trial ") and ": running " in message:
+            if started == 0:
+                live.phase("validating", total=top)
+            else:
+                live.advance()
+            started += 1
+        live.say(message)
+
+    return say
 
 
 def show(out: dict[str, Any]) -> None:

@@ -88,6 +88,8 @@ class StepContext:
     hop_peers: tuple[tuple[tuple[int, bool, bool], ...], ...] = ()
     """Per pipeline rank, per chunk: (peer pipeline rank whose link prices its sends, sends
     forward, sends backward); see ``_hop_peers``."""
+    group_links: tuple[tuple[Any, tuple, Links], ...] = ()
+    """(DeviceSpec, placement key, links) of every tp group in rank order (``_mesh_links``)."""
 
 
 def step_context(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: int,
@@ -96,13 +98,15 @@ def step_context(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batc
     rp = plan.resolve(model, cluster, seq_len, global_batch)
     d = rp.degrees
     topo = C.topology(cluster)
-    devs = tuple(topo.index[(e.node, e.device)] for e in rp.placement)
+    devs = _devices(topo, rp.placement)
     tokens, zig = rp.shares.tokens, rp.cp_layout == "zigzag" and d.cp > 1
     on_cpu = d.cp > 1 and any(g.device.kind == "cpu" for g in cluster.groups)
-    blk, shard_n = d.dp * d.cp * d.hp * d.tp, d.dp * d.cp * d.hp
+    shard_n = d.dp * d.cp * d.hp
     sched = schedule_of(rp)
     # the schedule's placement, asked once per estimate (Plan.stages_of_rank asks the registry each call)
     chunks = tuple(sched.stages_of_rank(i, d.pp, rp.virtual_stages) for i in range(d.pp))
+    hop_peers = _hop_peers(sched, d.pp, rp.virtual_stages, chunks)
+    dp_links, group_links = _mesh_links(topo, devs, d, rp.virtual_stages, hop_peers)
     return StepContext(
         plan=rp, model=model, cluster=cluster, topo=topo, seq_len=seq_len, global_batch=global_batch,
         calibration=calibration or {}, dtype=rp.dtype, bpe=DTYPE_BYTES[rp.dtype],
@@ -116,8 +120,23 @@ def step_context(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batc
         keysums=tuple(causal_keys(tokens, i, zig, seq_len) for i in range(d.cp)),
         ring=tuple(_cpu.ring_blocks(tokens, i, zig, seq_len) if on_cpu else None for i in range(d.cp)),
         stage_params=DP.stage_params(model, rp, chunks),
-        dp_links=tuple(topo.group_link([devs[i * blk + k * d.tp] for k in range(shard_n)]) for i in range(d.pp)),
-        schedule=sched, chunks=chunks, hop_peers=_hop_peers(sched, d.pp, rp.virtual_stages, chunks))
+        dp_links=dp_links, schedule=sched, chunks=chunks, hop_peers=hop_peers, group_links=group_links)
+
+
+_DEVICES: dict[tuple[int, int], tuple[C.Topology, tuple, tuple[int, ...]]] = {}
+
+
+def _devices(topo: C.Topology, placement: tuple) -> tuple[int, ...]:
+    """Cluster device index of every rank, memoised per (topology object, placement object): both
+    are immutable, the entry holds them so their ids are not reused while cached, and every plan
+    resolved with the node-order placement shares one placement object (``plan.py``)."""
+    key = (id(topo), id(placement))
+    hit = _DEVICES.get(key)
+    if hit is None or hit[0] is not topo or hit[1] is not placement:
+        if len(_DEVICES) > 256:
+            _DEVICES.clear()
+        hit = _DEVICES[key] = (topo, placement, tuple(topo.index[(e.node, e.device)] for e in placement))
+    return hit[2]
 
 
 def _hop_peers(sched: Any, p: int, v: int, chunks: tuple[tuple[int, ...], ...]) -> tuple:
@@ -200,31 +219,69 @@ class RankContext:
 
 
 
-def _group_links(s: StepContext, r0: int, c: Mapping[str, int], cache: dict) -> tuple[Link, Link, Link, Link, tuple]:
+_MESH_LINKS: dict[tuple, tuple[C.Topology, tuple, tuple]] = {}
+
+
+def _mesh_links(topo: C.Topology, devs: tuple[int, ...], d: Degrees, v: int, hop_peers: tuple
+                ) -> tuple[tuple, tuple]:
+    """(dp link of each pipeline rank, (DeviceSpec, placement key, ``Links``) of every tp group).
+    The placement key tells apart groups at different mesh coordinates along pp/cp/hp, on another
+    device type or other links (``tp_groups`` adds the micro-batches); groups of one key share one
+    Links object. Memoised per (topology object, devices, degrees, virtual stages, hop peers): a
+    pure function of them (links and specs are the topology's and cluster's own objects, so the
+    identities in the keys come out the same), and the search resolves plan after plan of one mesh
+    onto the same devices; the entry holds the topology, so its id is not reused while cached."""
+    key = (id(topo), devs, d, v, hop_peers)
+    hit = _MESH_LINKS.get(key)
+    if hit is None or hit[0] is not topo:
+        if len(_MESH_LINKS) > 256:
+            _MESH_LINKS.clear()
+        blk, shard_n = d.dp * d.cp * d.hp * d.tp, d.dp * d.cp * d.hp
+        dp_links = tuple(topo.group_link([devs[i * blk + k * d.tp] for k in range(shard_n)]) for i in range(d.pp))
+        cache: dict[tuple[str, int], Link] = {}
+        links_of: dict[tuple, Links] = {}
+        groups = []
+        for r0, c in _tp_group_coords(d):
+            tp_l, hp_l, cp_l, pp_l, hops = _group_links(topo, devs, d, hop_peers, v, r0, c, cache)
+            spec = topo.cluster.devices[devs[r0]].spec
+            place = (c["pp"], c["cp"], c["hp"], id(spec), id(tp_l), id(hp_l), id(cp_l), id(pp_l),
+                     tuple([id(h) for h, _, _ in hops]))
+            links = links_of.get(place)
+            if links is None:
+                links = links_of[place] = Links(tp=tp_l, hp=hp_l, cp=cp_l, pp=pp_l, dp=dp_links[c["pp"]], pp_hops=hops)
+            groups.append((spec, place, links))
+        hit = _MESH_LINKS[key] = (topo, dp_links, tuple(groups))
+    return hit[1], hit[2]
+
+
+def _group_links(topo: C.Topology, devs: tuple[int, ...], d: Degrees, hop_peers: tuple, v: int, r0: int,
+                 c: Mapping[str, int], cache: dict) -> tuple[Link, Link, Link, Link, tuple]:
     """(tp, hp, cp, pp, pp hops) links of the groups the tp group starting at rank ``r0`` belongs to
     (hp and cp groups cached by their first rank; the dp link is the pipeline rank's)."""
-    topo, devs, node_of = s.topo, s.devs, s.topo.node_of
+    node_of = topo.node_of
     d0 = devs[r0]
-    tp_link = topo.node_link(node_of[d0], node_of[d0]) if s.tp > 1 else C._SELF
+    tp_link = topo.node_link(node_of[d0], node_of[d0]) if d.tp > 1 else C._SELF
     hp_link = cp_link = pp_link = C._SELF
-    if s.hp > 1:
-        base = r0 - c["hp"] * s.tp
+    if d.hp > 1:
+        base = r0 - c["hp"] * d.tp
         hp_link = cache.get(("hp", base))
         if hp_link is None:
-            hp_link = cache[("hp", base)] = topo.group_link([devs[base + k * s.tp] for k in range(s.hp)])
-    if s.cp > 1:
-        base = r0 - c["cp"] * s.hp * s.tp
+            hp_link = cache[("hp", base)] = topo.group_link([devs[base + k * d.tp] for k in range(d.hp)])
+    if d.cp > 1:
+        base = r0 - c["cp"] * d.hp * d.tp
         cp_link = cache.get(("cp", base))
         if cp_link is None:
-            cp_link = cache[("cp", base)] = topo.group_link([devs[base + k * s.hp * s.tp] for k in range(s.cp)])
-    if s.pp > 1:
-        blk = s.dp * s.cp * s.hp * s.tp
-        nxt = r0 + blk if c["pp"] < s.pp - 1 else r0 - (s.pp - 1) * blk
+            cp_link = cache[("cp", base)] = topo.group_link([devs[base + k * d.hp * d.tp] for k in range(d.cp)])
+    if d.pp > 1:
+        blk = d.dp * d.cp * d.hp * d.tp
+        nxt = r0 + blk if c["pp"] < d.pp - 1 else r0 - (d.pp - 1) * blk
         pp_link = topo.node_link(node_of[d0], node_of[devs[nxt]])
-        hops = tuple((topo.node_link(node_of[d0], node_of[devs[r0 + (q - c["pp"]) * blk]]), f, b)
-                     for q, f, b in s.hop_peers[c["pp"]])
+        base = r0 - c["pp"] * blk
+        # most hops go to the next pipeline rank: its link is pp_link already (same lookup, same object)
+        hops = tuple((pp_link if base + q * blk == nxt else topo.node_link(node_of[d0], node_of[devs[base + q * blk]]),
+                      f, b) for q, f, b in hop_peers[c["pp"]])
     else:
-        hops = ((C._SELF, False, False),) * s.v
+        hops = ((C._SELF, False, False),) * v
     return tp_link, hp_link, cp_link, pp_link, hops
 
 
@@ -242,18 +299,13 @@ def tp_groups(s: StepContext) -> list[tuple[int, int, RankContext]]:
     of equal shares on equal devices) share one context object, so the cost of each is computed once (identity names them: links come from the
     topology's caches)."""
     plan, cal = s.plan, s.calibration
-    link_cache: dict[tuple[str, int], Link] = {}
     contexts: dict[tuple, RankContext] = {}
     out = []
-    for r0, c in _tp_group_coords(plan.degrees):
-        spec = s.cluster.devices[s.devs[r0]].spec
-        tp_l, hp_l, cp_l, pp_l, hops = _group_links(s, r0, c, link_cache)
+    for (r0, c), (spec, place, links) in zip(_tp_group_coords(plan.degrees), s.group_links, strict=True):
         m_d = s.microbatches[c["dp"]]
-        key = (c["pp"], c["cp"], c["hp"], id(spec), id(tp_l), id(hp_l), id(cp_l), id(pp_l),
-               tuple(id(h[0]) for h in hops), m_d)
+        key = (place, m_d)
         ctx = contexts.get(key)
         if ctx is None:
-            links = Links(tp=tp_l, hp=hp_l, cp=cp_l, pp=pp_l, dp=s.dp_links[c["pp"]], pp_hops=hops)
             ctx = contexts[key] = _rank_context(s, c, spec, links, m_d, cal.get(spec.name) or {})
         out.append((r0, c["dp"], ctx))
     return out

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 TILE = 128
 MIN_TILE = 16
@@ -80,6 +81,9 @@ class SizeModel:
 
     def gemm_time(self, m: float, n: float, k: float, batch: float = 1.0) -> float:
         """Seconds of ``batch`` independent (m x k) @ (k x n) products."""
+        return _gemm_time(self, m, n, k, batch)
+
+    def _gemm_time(self, m: float, n: float, k: float, batch: float) -> float:
         if m <= 0 or n <= 0 or k <= 0 or batch <= 0:
             return 0.0
         # a thin operand gets a thin tile (the libraries carry 16..128-wide kernels), else TILE
@@ -114,6 +118,13 @@ class SizeModel:
         scores = batch_heads * seq * seq * self.bpe
         fwd = bmm + self.stream_time(2.0 * SCORE_PASSES * scores, kernels=SCORE_PASSES)
         return fwd, 2.0 * bmm + self.stream_time(2.0 * SCORE_PASSES * scores, kernels=SCORE_PASSES)
+
+
+@lru_cache(maxsize=4096)
+def _gemm_time(sm: SizeModel, m: float, n: float, k: float, batch: float) -> float:
+    """``SizeModel.gemm_time`` memoised: a pure function of the frozen (hashable) SizeModel and the
+    shape, and the search prices the same shapes on the same GPUs over and over."""
+    return sm._gemm_time(m, n, k, batch)
 
 
 def _tile(dim: float) -> int:

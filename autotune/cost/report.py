@@ -56,7 +56,11 @@ def predicted_figures(s: StepContext, groups: list, sims: list, step: float, mem
                       infeasible: Any) -> tuple[dict[str, Any], float, float]:
     """(``predicted``, model FLOPs per step, cluster peak FLOP/s)."""
     tokens_step = float(s.global_batch) * s.seq_len
-    peak = s.tp * sum(c.spec.flops(s.dtype) for *_, c in groups)
+    flops: dict[int, float] = {}  # one catalogue lookup per spec object; the sum keeps group order
+    for *_, c in groups:
+        if id(c.spec) not in flops:
+            flops[id(c.spec)] = c.spec.flops(s.dtype)
+    peak = s.tp * sum(flops[id(c.spec)] for *_, c in groups)
     model_flops = s.model.model_flops_per_token(s.seq_len) * tokens_step
     return {
         "step_time_s": step,

@@ -301,14 +301,16 @@ def order(rows: list[TrialRow], best: TrialRow | None) -> list[TrialRow]:
 
 
 def _choose_best(study: Any, rows: list[TrialRow]) -> TrialRow | None:
-    """The study's ``best_measured_trial`` when validate set one, else the feasible trial with the
-    highest predicted tokens/s (as ``apply`` chooses)."""
+    """The study's ``best_measured_trial`` when validate set one, else ``study.best_feasible`` (the
+    fastest prediction, ties to the simpler plan), as ``search`` and ``apply`` choose."""
+    from autotune.study import best_feasible
+
     by_number = {r.number: r for r in rows}
     measured = study.user_attrs.get("best_measured_trial")
     if isinstance(measured, int) and measured in by_number and by_number[measured].plan is not None:
         return by_number[measured]
-    ok = [r for r in rows if r.feasible and r.predicted_tps is not None]
-    return max(ok, key=lambda r: (r.predicted_tps, -r.number)) if ok else None
+    t = best_feasible(study)
+    return by_number.get(t.number) if t is not None else None
 
 
 def _choose_even(study: Any, rows: list[TrialRow], best: TrialRow | None) -> TrialRow | None:

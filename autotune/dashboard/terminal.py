@@ -124,6 +124,10 @@ def summary(view: StudyView) -> Text:
                    f"({_tps(e.measured_tps or e.predicted_tps)} tok/s)")
     elif e is b:
         txt.append("; it is an even split")
+    targets = ua.get("best_per_target")
+    if targets:  # written by the search (autotune/search/report.py, per_target)
+        parts = [f"{t} {v['ratio']:.2f}x (#{v['trial']})" if v else f"{t} none of the best" for t, v in targets.items()]
+        txt.append("\nbest plan each target can run, against the best: " + ", ".join(parts))
     return txt
 
 

@@ -245,6 +245,7 @@ class Mailbox:
     def __init__(self, plan: Plan, mesh: Mesh, spec: ModelSpec, m: int, shapes: dict[str, tuple[int, ...]],
                  dtype: torch.dtype, wait: Any):
         self.p, self.L, self.m, self.F = plan.degrees.pp, spec.layers, m, plan.helix_folds
+        self.shares = plan.helix_attention
         self.me = mesh["pp"].index
         self.ranks, self.group = mesh["pp"].ranks, mesh["pp"].group
         self.device, self.dtype, self.shapes, self.wait = mesh.device, dtype, shapes, wait
@@ -254,8 +255,8 @@ class Mailbox:
             if src == self.me:
                 continue
             seq = []
-            for op in H.rank_order(self.p, self.L, m, self.F, src):
-                if H.peer(op, self.p, self.L, self.F) == self.me:
+            for op in H.rank_order(self.p, self.L, m, self.F, src, self.shares):
+                if H.peer(op, self.p, self.L, self.F, self.shares) == self.me:
                     seq.append(tuple(op))
             self.incoming[src] = seq
         self.posted: dict[int, int] = {}
@@ -316,6 +317,7 @@ class HelixRunner:
                  micro_batch: int, seq_len: int, total_tokens: int, dtype: torch.dtype, region: Any, wait: Any):
         self.plan, self.spec, self.model, self.m = plan, spec, model, n_micro
         self.p, self.L, self.F = plan.degrees.pp, spec.layers, plan.helix_folds
+        self.shares = plan.helix_attention
         self.me = mesh["pp"].index
         self.keep = plan.recompute == "full"
         self.total_tokens, self.region = total_tokens, region
@@ -326,7 +328,7 @@ class HelixRunner:
         shapes = {"x": (micro_batch, s_h, spec.hidden), "w": (qkv_rows, spec.hidden),
                   "o": (micro_batch, seq_len, model.heads * model.head_dim)}
         self.mail = Mailbox(plan, mesh, spec, n_micro, shapes, dtype, wait)
-        self.order = H.rank_order(self.p, self.L, n_micro, self.F, self.me)
+        self.order = H.rank_order(self.p, self.L, n_micro, self.F, self.me, self.shares)
 
     def _block(self, j, x, o, tokens, target):
         if self.keep:  # checkpointed: only the inputs are kept
@@ -334,7 +336,7 @@ class HelixRunner:
         return self.model.block(j, x, o, tokens, target, self.total_tokens)
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor | None) -> float:
-        p, L, F_ = self.p, self.L, self.F
+        p, L, F_, sh = self.p, self.L, self.F, self.shares
         mail = self.mail
         mail.reset()
         xs = D.split_microbatches(inputs, self.m) if inputs is not None else None
@@ -346,7 +348,7 @@ class HelixRunner:
             if kind == H.FWD:
                 ins: list[torch.Tensor] = []
                 if k > 0:
-                    src = H.source(op, p, L, F_)
+                    src = H.source(op, p, L, F_, sh)
                     ins = [t.requires_grad_(True) for t in mail.recv((H.FWD, k - 1, mb), src)]
                 with self.region():
                     if k % 2 == 0:
@@ -360,13 +362,13 @@ class HelixRunner:
                 if k == 2 * L:
                     loss_sum += float(outs[0].detach())
                 else:
-                    mail.send(tuple(op), H.peer(op, p, L, F_), list(outs))
+                    mail.send(tuple(op), H.peer(op, p, L, F_, sh), list(outs))
             else:
                 ins, outs = saved.pop((k, mb))
                 if k == 2 * L:
                     grads = [None]
                 else:
-                    grads = mail.recv((H.BWD, k + 1, mb), H.source(op, p, L, F_))
+                    grads = mail.recv((H.BWD, k + 1, mb), H.source(op, p, L, F_, sh))
                 with self.region():
                     if k % 2 == 1:  # the residual passes through the attention untouched
                         x, n, w = ins
@@ -376,7 +378,7 @@ class HelixRunner:
                         torch.autograd.backward(list(outs), grads if grads[0] is not None else None)
                         back = [t.grad for t in ins]
                 if k > 0:
-                    mail.send(tuple(op), H.peer(op, p, L, F_), back)
+                    mail.send(tuple(op), H.peer(op, p, L, F_, sh), back)
         mail.finish()
         return loss_sum
 
@@ -420,10 +422,13 @@ class HelixTrainer:
         layout = Layout(tp=tp, sp=self.sp, recompute="none")
         self.model = build_model(spec, plan, mesh, layout, seq_len, seed, self.device, self.dtype)
         self.params = list(self.model.parameters())
-        self.tp_replicated = [p for mod in self.model.modules() if isinstance(mod, RMSNorm)
-                              for p in mod.parameters()] if self.sp else []
+        norms = {id(p) for mod in self.model.modules() if isinstance(mod, RMSNorm)
+                 for p in mod.parameters()} if self.sp else set()
         clk = clock()
-        self.opt = TrainOptimizer(self.params, mesh.grad, plan.zero_stage, overlap=False, wait_clock=clk.timed_call)
+        # mixed precision and the tp sum of the sequence-parallel norms' gradients: the optimizer's
+        self.opt = TrainOptimizer(self.params, mesh.grad, plan.zero_stage, overlap=False, wait_clock=clk.timed_call,
+                                  dtype=plan.dtype, replicated=[i for i, p in enumerate(self.params) if id(p) in norms],
+                                  tp_axis=tp)
         self.dp_index = mesh["dp"].index
         self.n_micro = plan.microbatches_of_replica(self.dp_index)
         self.holds_ends = mesh["pp"].index == 0
@@ -435,29 +440,15 @@ class HelixTrainer:
 
         inputs, targets = D.replica_batch(self.data, step_index, self.plan, self.dp_index, None,
                                           self.global_batch, self.seq_len)
-        for p in self.params:
-            p.grad = None
+        self.opt.begin_step()
+        scale = self.opt.loss_scale.scale  # fp16: the loss is scaled through its divisor
+        self.runner.total_tokens = self.global_batch * self.seq_len / scale
         if self.holds_ends:
-            contribution = self.runner.step(inputs.to(self.device), targets.to(self.device))
+            contribution = self.runner.step(inputs.to(self.device), targets.to(self.device)) / scale
         else:
-            contribution = self.runner.step(None, None)
-        self._reduce_tp_replicated()
+            contribution = self.runner.step(None, None) / scale
         self.opt.reduce_and_step(clock().compute_region)
         return contribution if (self.holds_ends and self.mesh["tp"].index == 0) else 0.0
-
-    def _reduce_tp_replicated(self) -> None:
-        tp = self.mesh["tp"]
-        if self.tp_replicated and tp.group is not None:
-            for p in self.tp_replicated:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-            flat = torch.cat([p.grad.reshape(-1) for p in self.tp_replicated])
-            dist.all_reduce(flat, group=tp.group)
-            off = 0
-            for p in self.tp_replicated:
-                n = p.grad.numel()
-                p.grad.copy_(flat[off:off + n].view_as(p.grad))
-                off += n
 
     def export_state(self) -> dict[str, tuple[torch.Tensor, tuple[int, int] | None]]:
         return export_state(self.model)
@@ -472,11 +463,13 @@ def runtime_problems(plan: Plan, spec: ModelSpec) -> list[str]:
     if plan.recompute == "selective":
         out.append("recompute: helixpipe keeps the attention output (recompute 'full' checkpoints the parameter "
                    "blocks without attention); 'selective' would recompute the attention it exists to keep")
+    if plan.zero_stage > 1:
+        out.append(f"zero_stage: the helix runtime shards optimizer states only (ZeRO 0 or 1), got {plan.zero_stage}")
     if plan.virtual_stages != 1:
         out.append(f"virtual_stages: helixpipe places one-layer blocks itself, got virtual_stages({plan.virtual_stages})")
     counts = [s // plan.micro_batch_size for s in plan.shares.samples or ()]
     for c in sorted(set(counts)):
-        out += [x for x in H.problems(d.pp, spec.layers, c, plan.helix_folds) if x not in out]
+        out += [x for x in H.problems(d.pp, spec.layers, c, plan.helix_folds, plan.helix_attention) if x not in out]
     return out
 
 

@@ -52,11 +52,26 @@ class Mesh:
         return {d: a.index for d, a in self.axes.items()}
 
 
+_GROUPS: dict[tuple, dist.ProcessGroup] = {}
+
+
+def _new_group(ranks: list[int], timeout_s: float | None) -> dist.ProcessGroup:
+    """``dist.new_group``, once per rank set and timeout in this process: creating a gloo group costs
+    tenths of a second per rank, and a launch that runs many plans (the tests) meets the same rank
+    sets again. Every rank runs the same plans in the same order, so every rank hits or misses the
+    cache together and the collective ``new_group`` calls still match."""
+    key = (id(dist.group.WORLD), tuple(ranks), timeout_s)
+    group = _GROUPS.get(key)
+    if group is None:
+        kw = {} if timeout_s is None else {"timeout": datetime.timedelta(seconds=timeout_s)}
+        group = _GROUPS[key] = dist.new_group(ranks, **kw)
+    return group
+
+
 def build_mesh(plan: Plan, rank: int, device: torch.device, timeout_s: float | None = None) -> Mesh:
     """Create every group of ``plan`` (collective over the default group: all ranks must call it)."""
     if plan.world != dist.get_world_size():
         raise RuntimeError(f"plan world {plan.world} != process group world {dist.get_world_size()}")
-    kw = {} if timeout_s is None else {"timeout": datetime.timedelta(seconds=timeout_s)}
     mesh = Mesh(plan=plan, rank=rank, device=device)
     coords = plan.coords(rank)
     for dim in MESH_ORDER:
@@ -65,7 +80,7 @@ def build_mesh(plan: Plan, rank: int, device: torch.device, timeout_s: float | N
         group = None
         if size > 1:
             for ranks in plan.all_groups(dim):
-                g = dist.new_group(ranks, **kw)
+                g = _new_group(ranks, timeout_s)
                 if rank in ranks:
                     group = g
         mesh.axes[dim] = Axis(size=size, index=coords[dim], ranks=mine, group=group)
@@ -78,7 +93,7 @@ def build_mesh(plan: Plan, rank: int, device: torch.device, timeout_s: float | N
     group = None
     if len(mine) > 1:
         for key in sorted(grad_groups):
-            g = dist.new_group(grad_groups[key], **kw)
+            g = _new_group(grad_groups[key], timeout_s)
             if rank in grad_groups[key]:
                 group = g
     mesh.grad = Axis(size=len(mine), index=mine.index(rank), ranks=mine, group=group)

@@ -1,4 +1,5 @@
-"""AdamW over this rank's parameters, whole (zero_stage 0) or with states sharded (zero_stage 1).
+"""AdamW over this rank's parameters: whole (zero_stage 0), states sharded (zero_stage 1), or with
+gradients and parameters sharded too (zero_stage 2 and 3, ``ShardedOptimizer`` over FSDP2).
 
 zero_stage 1 is ZeRO stage 1 (Rajbhandari et al. 2020, section 5.1) in the shape of Megatron's
 distributed optimizer: gradients are reduce-scattered over the ranks that hold the same parameters
@@ -10,10 +11,13 @@ size so every slice has the same length (gloo's tensor collectives need equal si
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 import torch.distributed as dist
 
 from autotune.runtime.mesh import Axis
+from autotune.runtime.precision import REDUCE_DTYPE, LossScale
 
 LR = 1e-3
 WEIGHT_DECAY = 0.01
@@ -40,35 +44,36 @@ class OverlappedGradReduce:
     """DDP-style overlap (Li et al. 2020, "PyTorch Distributed", section 3.2.3): parameters are
     grouped into ~25 MiB buckets in reverse order (the order backward produces gradients); during the
     last micro-batch's backward, a bucket whose gradients are all accumulated is all-reduced
-    asynchronously while backward continues. ``finish`` waits and copies the sums back."""
+    asynchronously while backward continues. ``finish`` waits and copies the sums back.
+    ``masters[i]`` is the tensor whose ``.grad`` is reduced (the parameter itself in fp32);
+    ``notify(i)`` is called once its gradient of the micro-batch is accumulated."""
 
-    def __init__(self, params: list[torch.nn.Parameter], axis: Axis, wait_clock=None):
+    def __init__(self, masters: list[torch.Tensor], axis: Axis, wait_clock=None):
         self.axis, self.active, self.wait_clock = axis, False, wait_clock
-        self.buckets: list[list[torch.nn.Parameter]] = [[]]
+        self.masters = masters
+        self.buckets: list[list[int]] = [[]]
         size = 0
-        for p in reversed(params):
+        for i in reversed(range(len(masters))):
             if size >= BUCKET_BYTES:
                 self.buckets.append([])
                 size = 0
-            self.buckets[-1].append(p)
-            size += p.numel() * p.element_size()
-        self.owner = {id(p): i for i, b in enumerate(self.buckets) for p in b}
+            self.buckets[-1].append(i)
+            size += masters[i].numel() * REDUCE_DTYPE.itemsize
+        self.owner = {i: b for b, idx in enumerate(self.buckets) for i in idx}
         self.ready = [0] * len(self.buckets)
         self.works: list[tuple[int, torch.Tensor, object]] = []
-        for p in params:
-            p.register_post_accumulate_grad_hook(self._hook)
 
     def arm(self) -> None:
         """The next backward is the step's last: reduce buckets as they fill."""
         self.active, self.ready, self.works = True, [0] * len(self.buckets), []
 
-    def _hook(self, p: torch.nn.Parameter) -> None:
+    def notify(self, i: int) -> None:
         if not self.active:
             return
-        b = self.owner[id(p)]
+        b = self.owner[i]
         self.ready[b] += 1
         if self.ready[b] == len(self.buckets[b]):
-            flat = _flat([q.grad for q in self.buckets[b]])
+            flat = _flat([self.masters[j].grad for j in self.buckets[b]])
             self.works.append((b, flat, dist.all_reduce(flat, group=self.axis.group, async_op=True)))
 
     def finish(self) -> bool:
@@ -83,37 +88,118 @@ class OverlappedGradReduce:
                 self.wait_clock(w.wait)
             else:
                 w.wait()
-            _unflatten_into(flat, [q.grad for q in self.buckets[b]])
+            _unflatten_into(flat, [self.masters[j].grad for j in self.buckets[b]])
         return True
 
 
+def _reduce_replicated(grads: list[torch.Tensor], tp_axis: Axis | None) -> None:
+    """Sequence parallelism: the norms of the tp ranks saw different tokens; sum their gradients."""
+    if not grads or tp_axis is None or tp_axis.group is None:
+        return
+    flat = _flat(grads)
+    dist.all_reduce(flat, group=tp_axis.group)
+    _unflatten_into(flat, grads)
+
+
 class TrainOptimizer:
-    """Reduce gradients over the gradient group (SUM) and step AdamW."""
+    """Reduce gradients over the gradient group (SUM) and step AdamW (zero_stage 0 or 1).
+
+    ``replicated``: indices of parameters whose gradients are also summed over ``tp_axis``."""
 
     def __init__(self, params: list[torch.nn.Parameter], grad_axis: Axis | None, zero_stage: int = 0,
-                 overlap: bool = False, wait_clock=None):
+                 overlap: bool = False, wait_clock=None, *, dtype: str = "fp32",
+                 replicated: list[int] | None = None, tp_axis: Axis | None = None,
+                 masters: list[torch.Tensor] | None = None):
+        """``masters``: the fp32 initial values of low-precision ``params`` (default: their values)."""
         if zero_stage not in (0, 1):
-            raise ValueError(f"zero_stage {zero_stage} is not built (0 or 1)")
+            raise ValueError(f"zero_stage {zero_stage} is sharded by ShardedOptimizer, not here")
         self.params = params
         self.axis = grad_axis if grad_axis is not None and grad_axis.group is not None else None
         self.zero = zero_stage == 1 and self.axis is not None
+        self.replicated, self.tp_axis = list(replicated or []), tp_axis
+        self.loss_scale = LossScale(dtype)
+        self.low_precision = any(p.dtype != REDUCE_DTYPE for p in params)
+        # fp32: the parameters are their own masters; else fp32 copies own the gradients and the update
+        if self.low_precision:
+            init = masters if masters is not None else [p.detach() for p in params]
+            self.masters: list[torch.Tensor] = [torch.nn.Parameter(m.detach().to(REDUCE_DTYPE).clone())
+                                                for m in init]
+        else:
+            self.masters = list(params)
         if self.zero:
             n = self.axis.size
-            flat = _flat([p.detach() for p in params], pad_to=n)
+            flat = _flat([m.detach() for m in self.masters], pad_to=n)
             self.shard_len = flat.numel() // n
             start = self.axis.index * self.shard_len
             self.shard = torch.nn.Parameter(flat[start:start + self.shard_len].clone())
             self.opt = torch.optim.AdamW([self.shard], lr=LR, weight_decay=WEIGHT_DECAY)
+            if self.low_precision:  # Megatron keeps the master only as this rank's shard
+                self.masters = []
+                self._grads = [torch.zeros(p.shape, dtype=REDUCE_DTYPE, device=p.device) for p in params]
         else:
-            self.opt = torch.optim.AdamW(params, lr=LR, weight_decay=WEIGHT_DECAY)
-        self.overlap = (OverlappedGradReduce(params, self.axis, wait_clock)
+            self.opt = torch.optim.AdamW(self.masters, lr=LR, weight_decay=WEIGHT_DECAY)
+        self.overlap = (OverlappedGradReduce(self.masters, self.axis, wait_clock)
                         if overlap and self.axis is not None and not self.zero else None)
-
+        if self.low_precision or self.overlap is not None:
+            for i, p in enumerate(params):
+                p.register_post_accumulate_grad_hook(lambda _p, i=i: self._on_grad(i))
         self._reduced = False
+
+    # ---- gradients ----------------------------------------------------------------------------
+    def _accumulate(self, i: int) -> None:
+        """Move the low-precision gradient of parameter ``i`` into its fp32 accumulator."""
+        p = self.params[i]
+        if p.grad is None:
+            return
+        if self.zero:
+            self._grads[i].add_(p.grad)
+        else:
+            m = self.masters[i]
+            if m.grad is None:
+                m.grad = p.grad.to(REDUCE_DTYPE)
+            else:
+                m.grad.add_(p.grad)
+        p.grad = None
+
+    def _on_grad(self, i: int) -> None:
+        if self.low_precision:
+            self._accumulate(i)
+        if self.overlap is not None:
+            self.overlap.notify(i)
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+        if self.low_precision:
+            if self.zero:
+                for g in self._grads:
+                    g.zero_()
+            else:
+                for m in self.masters:
+                    m.grad = None
+
+    def _full_grads(self) -> list[torch.Tensor]:
+        """The fp32 gradient of every parameter (zeros where backward left none)."""
+        if self.low_precision:
+            for i in range(len(self.params)):  # whatever a schedule accumulated without the hook
+                self._accumulate(i)
+            if self.zero:
+                return self._grads
+        holders = self.masters
+        for m in holders:
+            if m.grad is None:
+                m.grad = torch.zeros_like(m)
+        return [m.grad for m in holders]
+
+    def begin_step(self) -> None:
+        self.zero_grad()
 
     def before_last_backward(self) -> None:
         if self.overlap is not None:
             self.overlap.arm()
+
+    def after_last_forward(self) -> None:
+        return None
 
     def finish_overlap(self) -> None:
         """Wait for the buckets reduced during backward (before any other change to the gradients:
@@ -122,21 +208,22 @@ class TrainOptimizer:
 
     def reduce_and_step(self, step_region) -> None:
         """``step_region``: a context manager timing the optimizer arithmetic as compute."""
-        for p in self.params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        grads = [p.grad for p in self.params]
+        grads = self._full_grads()
+        _reduce_replicated([grads[i] for i in self.replicated], self.tp_axis)
         if self.zero:
             flat = _flat(grads, pad_to=self.axis.size)
             mine = flat.new_empty(self.shard_len)
             rs = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
             rs(mine, flat, group=self.axis.group)
+            if not self.loss_scale.unscale_and_check([mine]):
+                return  # fp16 overflow on some rank: every rank skips this step
             self.shard.grad = mine
             with step_region():
                 self.opt.step()
-            full = flat.new_empty(self.shard_len * self.axis.size)
+            dtype = self.params[0].dtype  # gather in the compute dtype (fp32 plans: exactly as before)
+            full = torch.empty(self.shard_len * self.axis.size, dtype=dtype, device=mine.device)
             ag = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-            ag(full, self.shard.detach(), group=self.axis.group)
+            ag(full, self.shard.detach().to(dtype), group=self.axis.group)
             with torch.no_grad():
                 _unflatten_into(full, [p.data for p in self.params])
             return
@@ -146,9 +233,98 @@ class TrainOptimizer:
             flat = _flat(grads)
             dist.all_reduce(flat, group=self.axis.group)  # SUM: each loss is already / global tokens
             _unflatten_into(flat, grads)
+        if not self.loss_scale.unscale_and_check(grads):
+            return
         with step_region():
             self.opt.step()
+        if self.low_precision:
+            with torch.no_grad():
+                for p, m in zip(self.params, self.masters, strict=True):
+                    p.copy_(m)
+
+    def master_weights(self) -> list[torch.Tensor]:
+        """fp32 master weight of every parameter, in ``params`` order (ZeRO-1 in low precision gathers
+        the shards: a collective over the gradient group)."""
+        if not (self.zero and self.low_precision):
+            return [m.detach() for m in self.masters]
+        full = self.shard.new_empty(self.shard_len * self.axis.size)
+        dist.all_gather_into_tensor(full, self.shard.detach(), group=self.axis.group)
+        out = [torch.empty(p.shape, dtype=REDUCE_DTYPE, device=p.device) for p in self.params]
+        _unflatten_into(full, out)
+        return out
 
     def state_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for st in self.opt.state.values() for t in st.values()
                    if torch.is_tensor(t))
+
+
+class ShardedOptimizer:
+    """AdamW over FSDP2-sharded parameters (zero_stage 2 and 3; autotune/runtime/sharding.py).
+
+    The parameters are fp32 DTensor shards over the gradient group (the masters); FSDP2 all-gathers
+    them in the compute dtype and reduce-scatters the gradients in ``GRAD_REDUCE_DTYPE`` as a SUM
+    (each loss is already divided by the global token count, so uneven replicas weigh right).
+    Gradients are reduced once per step, during the last micro-batch's backward: the pipeline
+    schedules do so for their stages, and ``begin_step``/``before_last_backward`` do so for the
+    plain micro-batch loop (pp = 1)."""
+
+    def __init__(self, modules: list[torch.nn.Module], params: list[torch.nn.Parameter], *, dtype: str,
+                 replicated: list[int] | None = None, tp_axis: Axis | None = None, own_loop: bool = True,
+                 zero_stage: int = 3, gather_per_microbatch: bool = True):
+        self.modules, self.params = modules, params
+        self.zero_stage, self.gather_per_microbatch = zero_stage, gather_per_microbatch
+        self.replicated, self.tp_axis = list(replicated or []), tp_axis
+        self.loss_scale = LossScale(dtype)
+        self.own_loop = own_loop
+        self.opt = torch.optim.AdamW(params, lr=LR, weight_decay=WEIGHT_DECAY)
+
+    def _sync(self, last: bool) -> None:
+        """The plain micro-batch loop: reduce only in the last backward; between micro-batches keep
+        the gathered parameters unless ZeRO-3 gathers per micro-batch."""
+        if self.own_loop:
+            keep = not (self.zero_stage == 3 and self.gather_per_microbatch)
+            for m in self.modules:
+                m.set_requires_gradient_sync(last)
+                m.set_reshard_after_backward(last or not keep)
+
+    def begin_step(self) -> None:
+        self.opt.zero_grad(set_to_none=True)
+        self._sync(False)
+
+    def before_last_backward(self) -> None:
+        self._sync(True)
+
+    def after_last_forward(self) -> None:
+        """ZeRO-3 with per-step gathering: free the parameters so the last backward gathers again."""
+        if self.own_loop and self.zero_stage == 3 and not self.gather_per_microbatch:
+            from autotune.runtime.sharding import reshard_units
+
+            for m in self.modules:
+                reshard_units(m)
+
+    def finish_overlap(self) -> None:
+        return None
+
+    def reduce_and_step(self, step_region) -> None:
+        local = []
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            local.append(_local(p.grad))
+        _reduce_replicated([local[i] for i in self.replicated], self.tp_axis)
+        if not self.loss_scale.unscale_and_check(local):
+            return
+        with step_region() if step_region is not None else nullcontext():
+            self.opt.step()
+
+    def master_weights(self) -> list[torch.Tensor]:
+        """Whole fp32 weights (``full_tensor`` all-gathers over the gradient group: a collective)."""
+        return [p.detach().full_tensor() if hasattr(p, "full_tensor") else p.detach() for p in self.params]
+
+    def state_bytes(self) -> int:
+        return sum(_local(t).numel() * t.element_size() for st in self.opt.state.values() for t in st.values()
+                   if torch.is_tensor(t))
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t

@@ -74,8 +74,6 @@ def check_runtime_support(plan: Plan, spec: ModelSpec) -> None:
         p.append(f"degrees.tp: vocab({spec.vocab}) not divisible by tp({d.tp})")
     if spec.ffn_hidden % d.tp:
         p.append(f"degrees.tp: ffn_hidden({spec.ffn_hidden}) not divisible by tp({d.tp})")
-    if plan.zero_stage > 1:
-        p.append(f"zero_stage: the runtime shards optimizer states only (zero_stage 0 or 1), got {plan.zero_stage}")
     if plan.micro_batch_size < 1:
         p.append("micro_batch_size: must be >= 1")
     if p:
@@ -110,6 +108,9 @@ def prepare(plan: Plan | dict[str, Any], model: ModelSpec | str, seq_len: int, g
         n = torch.cuda.device_count()
         if world > n:
             raise PlanError(f"degrees: {plan.degrees.product_text()} = {world} > visible GPUs({n})", field="plan")
+        if plan.dtype == "bf16" and not torch.cuda.is_bf16_supported():
+            raise PlanError(f"bf16 is not supported by {torch.cuda.get_device_name(0)}; use --dtype fp16",
+                            field="dtype")
     else:
         limit = max(64, 8 * (os.cpu_count() or 1))
         if world > limit:
@@ -177,7 +178,9 @@ def run_trial(plan: Plan | dict[str, Any], model: ModelSpec | str, seq_len: int,
     measured = {
         "step_time_s": step_time,
         "tokens_per_s": global_batch * seq_len / step_time if step_time > 0 else 0.0,
+        # per rank, over the rank's own baseline (autotune/runtime/worker.py reset_peak_memory)
         "peak_memory_bytes": [r["peak_memory_bytes"] for r in reports],
+        "memory_baseline_bytes": [r["memory_baseline_bytes"] for r in reports],
         "time_split": [r["time_split"] for r in reports],
         "step_times_s": per_step,
         "steps": steps, "warmup": warmup, "seed": seed, "device": kind,

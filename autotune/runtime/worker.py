@@ -12,8 +12,10 @@ after the step's one synchronisation, so no region or call waits for the GPU: ``
 * ``idle_s``: waiting at the end-of-step barrier for slower ranks (load imbalance).
 
 What none of the three covers is Python glue of the schedules; ``coverage`` reports the share covered.
-Peak memory: CUDA ``max_memory_allocated``; CPU the process high-water mark ``VmHWM`` after
-resetting it through ``/proc/self/clear_refs`` (tracemalloc does not see torch's allocations).
+Peak memory (``peak_memory_bytes``, per rank): the peak over the rank's own baseline taken after its
+process groups exist and before its model is built; CUDA ``max_memory_allocated``, CPU the process
+high-water mark ``VmHWM`` after resetting it through ``/proc/self/clear_refs`` (tracemalloc does not
+see torch's allocations).
 
 Entry points: ``train(...)`` (one plan inside an initialised process group, many per launch in the
 tests) and ``python -m autotune.runtime.worker --job JOB --out DIR`` under torchrun.
@@ -36,13 +38,15 @@ import torch.distributed as dist
 from autotune.plan import Plan
 from autotune.runtime import data as D
 from autotune.runtime.mesh import Mesh, build_mesh
-from autotune.runtime.model import Layout, RMSNorm, build_on_meta, materialize, shard_info
-from autotune.runtime.optimizer import LR, WEIGHT_DECAY, TrainOptimizer  # noqa: F401 - re-exported
+from autotune.runtime.model import Block, Layout, RMSNorm, build_on_meta, materialize, shard_info
+from autotune.runtime.optimizer import LR, WEIGHT_DECAY, ShardedOptimizer, TrainOptimizer  # noqa: F401
 from autotune.runtime.pipeline import build_schedule, build_stage_models
+from autotune.runtime.precision import TORCH_DTYPES
+from autotune.runtime.sharding import shard_stage_modules
 from autotune.schedules import schedule_of
 from autotune.specs.model import ModelSpec
 
-DTYPES = {"fp32": torch.float32, "fp32-strict": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = TORCH_DTYPES
 _COMM_FUNCS = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single", "reduce_scatter",
                "reduce_scatter_tensor", "reduce_scatter_single",
                "all_to_all_single", "all_to_all", "broadcast", "batch_isend_irecv", "send", "recv", "barrier")
@@ -214,25 +218,37 @@ def install_comm_timing() -> None:
 
 
 # ---- memory -------------------------------------------------------------------------------------
-def reset_peak_memory(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-        return
-    with contextlib.suppress(OSError):
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-
-
-def peak_memory(device: torch.device) -> int:
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
+def _proc_status_bytes(key: str) -> int | None:
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith("VmHWM:"):
+                if line.startswith(key + ":"):
                     return int(line.split()[1]) * 1024
     except OSError:
-        pass
+        return None
+    return None
+
+
+def reset_peak_memory(device: torch.device) -> int:
+    """Start a peak-memory measurement; returns the baseline (bytes in use now), which the peak is
+    reported over. CUDA: allocated bytes; CPU: the resident set, whose high-water mark ``VmHWM`` is
+    reset to it by writing 5 to ``/proc/self/clear_refs`` (Linux)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return int(torch.cuda.memory_allocated(device))
+    with contextlib.suppress(OSError):  # not Linux: the peak below is then the process's lifetime peak
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    return _proc_status_bytes("VmRSS") or 0
+
+
+def peak_memory(device: torch.device) -> int:
+    """Absolute peak since ``reset_peak_memory`` (CUDA ``max_memory_allocated``; CPU ``VmHWM``)."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    hwm = _proc_status_bytes("VmHWM")
+    if hwm is not None:
+        return hwm
     import resource
 
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
@@ -287,16 +303,35 @@ class RankTrainer:
                         positions=None if self.positions is None else self.positions.to(self.device),
                         recompute=plan.recompute)
         # shapes on the meta device, then only this rank's shards are allocated and drawn, on its device
+        # (in fp32: the initial values of the fp32 master weights)
         self.stages = build_on_meta(lambda: build_stage_models(spec, plan, mesh, layout, seq_len))
         for _, m in self.stages:
-            materialize(m, spec, seed, self.device, self.dtype)
-        self.params = [p for _, m in self.stages for p in m.parameters()]
-        # with sequence parallelism the norms of the tp ranks saw different tokens: sum their gradients
-        self.tp_replicated = [p for _, m in self.stages for mod in m.modules() if isinstance(mod, RMSNorm)
-                              for p in mod.parameters()] if self.sp else []
-        # DDP-style overlap of the gradient all-reduce with backward where backward is ours (pp = 1)
-        self.opt = TrainOptimizer(self.params, mesh.grad, plan.zero_stage, overlap=plan.degrees.pp == 1,
-                                  wait_clock=clock().timed_call)
+            materialize(m, spec, seed, self.device, torch.float32)
+        modules = [m for _, m in self.stages]
+        # with sequence parallelism the norms of the tp ranks saw different tokens: their gradients
+        # are summed over tp too (by the optimizer, on the fp32 gradients)
+        norms = {id(p) for m in modules for mod in m.modules() if isinstance(mod, RMSNorm)
+                 for p in mod.parameters()} if self.sp else set()
+        replicated = [i for i, p in enumerate(p for m in modules for p in m.parameters()) if id(p) in norms]
+        self.sharded = plan.zero_stage >= 2 and mesh.grad.group is not None
+        if self.sharded:  # ZeRO-2/3: FSDP2 keeps fp32 shards and computes in the plan's dtype
+            # replicas with different micro-batch counts gather per step (autotune/runtime/sharding.py)
+            self.gather_per_microbatch = len(set(plan.shares.samples)) == 1
+            roots = shard_stage_modules(modules, Block, mesh.grad, plan.zero_stage, self.dtype, self.device,
+                                        gather_per_microbatch=self.gather_per_microbatch)
+            self.params = [p for m in modules for p in m.parameters()]
+            self.opt = ShardedOptimizer(roots, self.params, dtype=plan.dtype, replicated=replicated,
+                                        tp_axis=tp, own_loop=plan.degrees.pp == 1, zero_stage=plan.zero_stage,
+                                        gather_per_microbatch=self.gather_per_microbatch)
+        else:  # low-precision module copies; the optimizer keeps the fp32 masters
+            masters = [p.detach().clone() for m in modules for p in m.parameters()]
+            for m in modules:
+                m.to(dtype=self.dtype)
+            self.params = [p for m in modules for p in m.parameters()]
+            # DDP-style overlap of the gradient all-reduce with backward where backward is ours (pp = 1)
+            self.opt = TrainOptimizer(self.params, mesh.grad, min(plan.zero_stage, 1),
+                                      overlap=plan.degrees.pp == 1, wait_clock=clock().timed_call,
+                                      dtype=plan.dtype, replicated=replicated, tp_axis=tp, masters=masters)
         self.dp_index = mesh["dp"].index
         self.n_micro = plan.microbatches_of_replica(self.dp_index)
         self.total_tokens = global_batch * seq_len
@@ -310,14 +345,18 @@ class RankTrainer:
                 plan, mesh, self.stages, self.n_micro, plan.micro_batch_size, local_tokens, hidden_tokens,
                 self.dtype, self._loss)
             clk = clock()
+            if self.sharded and plan.zero_stage == 3 and not self.gather_per_microbatch:
+                for st in self.pstages:  # ZeRO-3 gathering per step: free before the last backward
+                    st.backward_one_chunk = _reshard_before_last(st.backward_one_chunk, st.submod, self.n_micro)
             for st in self.pstages:  # time every chunk as a compute region
                 for meth in ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk"):
                     if hasattr(st, meth):
                         setattr(st, meth, _timed_region(clk, getattr(st, meth)))
 
     def _loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """Sum of this micro-batch's token losses over the global token count (exact weighted mean)."""
-        return self.last.token_losses(logits, target).sum() / self.total_tokens
+        """Sum of this micro-batch's token losses over the global token count (exact weighted mean),
+        times the fp16 loss scale (1 otherwise)."""
+        return self.last.token_losses(logits, target).sum() / self.total_tokens * self.opt.loss_scale.scale
 
     def step(self, step_index: int) -> float:
         """One optimizer step; returns this rank's contribution to the global mean loss."""
@@ -325,8 +364,8 @@ class RankTrainer:
         inputs, targets = D.replica_batch(self.data, step_index, self.plan, self.dp_index, self.positions,
                                           self.global_batch, self.seq_len)
         inputs, targets = inputs.to(self.device), targets.to(self.device)
-        for p in self.params:
-            p.grad = None
+        self.opt.begin_step()
+        scale = self.opt.loss_scale.scale
         contribution = 0.0
         if self.schedule is None:
             model = self.stages[0][1]
@@ -336,46 +375,40 @@ class RankTrainer:
                     self.opt.before_last_backward()
                 with clk.compute_region():
                     loss = self._loss(model(x), y)
+                    if j == self.n_micro - 1:
+                        self.opt.after_last_forward()
                     loss.backward()
-                contribution += float(loss.detach())
+                contribution += float(loss.detach()) / scale
         else:
             losses: list[torch.Tensor] = []
             args = (inputs,) if self.first else ()
             self.schedule.step(*args, target=targets if self.last is not None else None,
                                losses=losses if self.last is not None else None)
-            contribution = float(sum(float(x.detach()) for x in losses))
+            contribution = float(sum(float(x.detach()) for x in losses)) / scale
         self.opt.finish_overlap()
-        self._reduce_tp_replicated()
         self.opt.reduce_and_step(clk.compute_region)
         # every tp rank holds the same loss: count it once
         return contribution if (self.last is not None and self.mesh["tp"].index == 0) else 0.0
 
-    def _reduce_tp_replicated(self) -> None:
-        tp = self.mesh["tp"]
-        if self.tp_replicated and tp.group is not None:
-            for p in self.tp_replicated:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-            flat = torch.cat([p.grad.reshape(-1) for p in self.tp_replicated])
-            dist.all_reduce(flat, group=tp.group)
-            _unflatten(flat, [p.grad for p in self.tp_replicated])
-
     def export_state(self) -> dict[str, tuple[torch.Tensor, tuple[int, int] | None]]:
-        """{name: (local tensor, (dim, offset) in the full tensor or None)} for comparisons."""
-        out = {}
-        for _, m in self.stages:
-            info = shard_info(m)
-            for name, p in m.named_parameters():
-                out[name] = (p.detach().float().cpu().clone(), info[name])
-        return out
+        """{name: (fp32 master weight, (dim, offset) of its tp shard in the full tensor or None)} for
+        comparisons (collective under ZeRO: every rank of the gradient group must call it)."""
+        names = [(name, shard_info(m)[name]) for _, m in self.stages for name, _ in m.named_parameters()]
+        weights = self.opt.master_weights()
+        return {name: (w.float().cpu().clone(), info) for (name, info), w in zip(names, weights, strict=True)}
 
 
-def _unflatten(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
-    off = 0
-    for t in tensors:
-        n = t.numel()
-        t.copy_(flat[off:off + n].view_as(t))
-        off += n
+def _reshard_before_last(backward_one_chunk, module, n_micro: int):
+    """Wrap a pipeline stage's ``backward_one_chunk`` so the last micro-batch's backward starts from
+    freed parameters (ZeRO-3 with per-step gathering, autotune/runtime/sharding.py)."""
+    from autotune.runtime.sharding import reshard_units
+
+    @functools.wraps(backward_one_chunk)
+    def run(bwd_chunk_id, *a, **k):
+        if bwd_chunk_id == n_micro - 1:
+            reshard_units(module)
+        return backward_one_chunk(bwd_chunk_id, *a, **k)
+    return run
 
 
 def _timed_region(clk: CommClock, fn):
@@ -399,13 +432,15 @@ def train(plan: Plan, spec: ModelSpec, seq_len: int, global_batch: int, *, steps
     clk.sync = functools.partial(torch.cuda.synchronize, device) if (
         device.type == "cuda" and not cuda_events) else _no_sync
     mesh = build_mesh(plan, rank, device, timeout_s=timeout_s)
+    # the peak is measured over this baseline (imports, process groups): what the plan itself needs
+    # (weights, gradients, optimizer states, activations, communication buffers)
+    baseline = reset_peak_memory(device)
     sched = schedule_of(plan)
     if hasattr(sched, "build_trainer"):  # a hand-written runtime (helixpipe): no torch schedule has it
         trainer: Any = sched.build_trainer(plan, spec, mesh, seq_len, global_batch, seed, data=data)
     else:
         trainer = RankTrainer(plan, spec, mesh, seq_len, global_batch, seed, data=data)
     losses, times, splits = [], [], []
-    reset_peak_memory(device)
     for i in range(warmup + steps):
         dist.barrier()
         clk.reset()
@@ -429,7 +464,8 @@ def train(plan: Plan, spec: ModelSpec, seq_len: int, global_batch: int, *, steps
                            "emulated_s": clk.emulated})
     report: dict[str, Any] = {
         "rank": rank, "losses": losses, "step_times": times,
-        "peak_memory_bytes": peak_memory(device),
+        "peak_memory_bytes": max(0, peak_memory(device) - baseline),
+        "memory_baseline_bytes": baseline,
         "time_split": _median_split(splits, times, rank),
         "local_tokens": trainer.local_tokens,
     }

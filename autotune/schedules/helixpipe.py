@@ -134,16 +134,69 @@ def rank_order(p: int, layers: int, m: int, folds: int, rank: int,
     bad = problems(p, layers, m, folds, shares)
     if bad:
         raise ValueError("; ".join(bad))
+    if shares is not None and len(set(shares)) > 1:
+        fwd = list(_listed_forward(p, layers, m, folds, shares)[rank])
+    else:
+        group = p * folds
+        keyed = []
+        for mb in range(m):
+            g, d, f = mb // group, offset_of(mb, p, folds), mb % folds
+            for k in range(2 * layers + 1):
+                if chain_rank(k, mb, p, folds, shares) == rank:
+                    keyed.append(((g, d + k, f), k, mb))
+        keyed.sort()
+        fwd = [HelixOp(FWD, k, mb) for _, k, mb in keyed]
+    return tuple(fwd) + tuple(HelixOp(BWD, op.k, op.microbatch) for op in reversed(fwd))
+
+
+@lru_cache(maxsize=64)
+def _listed_forward(p: int, layers: int, m: int, folds: int,
+                    shares: tuple[int, ...]) -> tuple[tuple[HelixOp, ...], ...]:
+    """Forward orders of every rank under uneven attention shares, by list scheduling: an operation
+    of rank r takes ``1 / speed_r`` with the speed its share implies (``shares[r] / (L/p)``, a rank
+    without attention at the slowest given speed), and a free rank runs, among the operations whose
+    input is ready, the one the published order puts first (group, ideal start, fold). Unlike the
+    group-major order this lets a rank start the next group while the last one's chain still runs:
+    with uneven speeds one group no longer paces the ranks in lockstep."""
+    import heapq
+
+    per = layers / p
+    positive = [x for x in shares if x > 0]
+    slow = min(positive) / per
+    dur = [1.0 / (x / per if x > 0 else slow) for x in shares]
+    n = 2 * layers + 1
     group = p * folds
-    keyed = []
+    ready: list[list] = [[] for _ in range(p)]
     for mb in range(m):
         g, d, f = mb // group, offset_of(mb, p, folds), mb % folds
-        for k in range(2 * layers + 1):
-            if chain_rank(k, mb, p, folds, shares) == rank:
-                keyed.append(((g, d + k, f), k, mb))
-    keyed.sort()
-    fwd = [HelixOp(FWD, k, mb) for _, k, mb in keyed]
-    return tuple(fwd) + tuple(HelixOp(BWD, op.k, op.microbatch) for op in reversed(fwd))
+        heapq.heappush(ready[0], ((g, d, f), 0.0, 0, mb))  # block 0 of every micro-batch is ready at 0
+    free = [0.0] * p
+    out: list[list[HelixOp]] = [[] for _ in range(p)]
+    pending = m * n
+    while pending:
+        # the rank that can start something earliest runs its first-priority ready operation
+        best = None
+        for r in range(p):
+            if not ready[r]:
+                continue
+            at = max(free[r], min(item[1] for item in ready[r]))
+            cand = [item for item in ready[r] if item[1] <= at]
+            item = min(cand)
+            if best is None or at < best[0] or (at == best[0] and r < best[1]):
+                best = (at, r, item)
+        assert best is not None, "helixpipe list schedule stalled"
+        at, r, item = best
+        ready[r].remove(item)
+        heapq.heapify(ready[r])
+        key, _, k, mb = item
+        out[r].append(HelixOp(FWD, k, mb))
+        free[r] = at + dur[r]
+        pending -= 1
+        if k + 1 < n:
+            nr = chain_rank(k + 1, mb, p, folds, shares)
+            g, d, f = key[0], offset_of(mb, p, folds), mb % folds
+            heapq.heappush(ready[nr], ((g, d + k + 1, f), free[r], k + 1, mb))
+    return tuple(tuple(o) for o in out)
 
 
 def all_orders(p: int, layers: int, m: int, folds: int,
@@ -362,6 +415,9 @@ class HelixRankTimes:
     compute_f: float
     """Compute (no communication) of one block + one attention, forward; for the step's terms."""
     compute_b: float
+    attn_compute_f: float
+    """Of which the attention's."""
+    attn_compute_b: float
     tp_f: float
     tp_b: float
     to_attention_bytes: float
@@ -413,7 +469,7 @@ def rank_times(ctx) -> HelixRankTimes:
     return HelixRankTimes(
         block_f=block_f, block_b=block_b, first_f=pre_f + emb, first_b=pre_b + (pre_f if keep else 0.0),
         last_f=last_f, last_b=last_b, attn_f=a_f + tpa_f, attn_b=a_b + tpa_b,
-        compute_f=a_f + p_f, compute_b=a_b + p_b, tp_f=tp1 + sync_f, tp_b=tp1 + sync_b + (tp1 + sync_f if keep else 0),
+        compute_f=a_f + p_f, compute_b=a_b + p_b, attn_compute_f=a_f, attn_compute_b=a_b, tp_f=tp1 + sync_f, tp_b=tp1 + sync_b + (tp1 + sync_f if keep else 0),
         to_attention_bytes=2.0 * x_bytes + s.bpe * (h + 2 * kv) * h / tp,
         to_block_bytes=x_bytes + s.bpe * s.mbs * ctx.tokens * h / tp)
 
@@ -460,7 +516,8 @@ def rank_memory(ctx, t: HelixRankTimes) -> tuple[float, dict[str, float]]:
     o_bytes = bpe * s.mbs * ctx.tokens * model.hidden / tp
     lse = 4.0 * s.mbs * ctx.tokens * ctx.heads
     m = ctx.microbatches
-    held, logits_held = in_flight(p, L, m, s.plan.helix_folds, r)
+    shares = s.plan.helix_attention
+    held, logits_held = in_flight(p, L, m, s.plan.helix_folds, r, shares)
     if s.recompute == "full":  # checkpoint without attention: block inputs; attention inputs, output, LSE
         per_block, per_attn = x_bytes + o_bytes, x_bytes + w_bytes + o_bytes + lse
         working = full
@@ -470,7 +527,7 @@ def rank_memory(ctx, t: HelixRankTimes) -> tuple[float, dict[str, float]]:
         working = 0.0
         logits_each = ctx.tokens_local * model.vocab / tp * (bpe + 4.0)
     ops_mb = held // m if m else 0  # operations of one micro-batch on this rank
-    n_attn = L // p
+    n_attn = shares[r] if shares is not None else L // p
     n_blocks = ops_mb - n_attn
     acts = m * (n_blocks * per_block + n_attn * per_attn) + working
     logits = logits_each * logits_held
@@ -497,12 +554,15 @@ def plan_problems(plan, model) -> list[str]:
     if plan.recompute == "selective":
         out.append("recompute: helixpipe keeps the attention output ('full' checkpoints the parameter blocks "
                    "without attention); 'selective' would recompute the attention it exists to keep")
+    if plan.zero_stage > 1:  # its trainer drives autotune's own TrainOptimizer, not FSDP2
+        out.append(f"zero_stage: the helixpipe runtime shards optimizer states only (ZeRO 0 or 1), "
+                   f"got {plan.zero_stage}")
     layers = plan.shares.layers
     if layers is not None and len(set(layers)) > 1:
         out.append(f"shares.layers: helixpipe holds L/p layers on every rank, got {list(layers)}")
     counts = sorted({s_ // plan.micro_batch_size for s_ in plan.shares.samples or ()})
     for c in counts or [plan.num_microbatches or 0]:
-        out += [x for x in problems(d.pp, model.layers, c, plan.helix_folds) if x not in out]
+        out += [x for x in problems(d.pp, model.layers, c, plan.helix_folds, plan.helix_attention) if x not in out]
     return out
 
 
@@ -515,15 +575,17 @@ def rank_cost(ctx, base):
     t = rank_times(ctx)
     s = ctx.step
     p, L, r, m = s.pp, s.model.layers, ctx.pp_index, ctx.microbatches
-    ks = [k for k in range(2 * L + 1) if chain_rank(k, 0, p, s.plan.helix_folds) == r]
+    ks = [k for k in range(2 * L + 1) if chain_rank(k, 0, p, s.plan.helix_folds, s.plan.helix_attention) == r]
     n_attn = sum(1 for k in ks if k % 2)
     fwd = sum(op_time(t, k, L, False) for k in ks)
     bwd = sum(op_time(t, k, L, True) for k in ks)
-    compute = n_attn * (t.compute_f + t.compute_b)  # one block + one attention per layer held
-    tp = n_attn * (t.tp_f + t.tp_b)
+    n_blk = len(ks) - n_attn
+    compute = n_blk * (t.compute_f + t.compute_b - t.attn_compute_f - t.attn_compute_b) + n_attn * (
+        t.attn_compute_f + t.attn_compute_b)
+    tp = n_blk * (1 - ATTENTION_TP_SHARE) * (t.tp_f + t.tp_b) + n_attn * ATTENTION_TP_SHARE * (t.tp_f + t.tp_b)
     total, terms = rank_memory(ctx, t)
-    sends = n_attn * 2.0 * (ctx.mf * ctx.collectives.p2p(ctx.links.pp, t.to_attention_bytes)
-                            + ctx.mf * ctx.collectives.p2p(ctx.links.pp, t.to_block_bytes))
+    sends = 2.0 * (n_blk * ctx.mf * ctx.collectives.p2p(ctx.links.pp, t.to_attention_bytes)
+                   + n_attn * ctx.mf * ctx.collectives.p2p(ctx.links.pp, t.to_block_bytes))
     return HelixRankCost(**{**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)},
                             "fwd": (fwd,), "bwd": (bwd,), "compute_s": m * compute, "tp_comm_s": m * tp,
                             "pp_comm_s": m * sends,
@@ -562,7 +624,7 @@ def simulate_replicas(s, per_rep_stage) -> list[HelixSimulation]:
                     row.append(c.mf * c.collectives.p2p(link, getattr(times[a], kind)))
                 rows.append(tuple(row))
             hops.append(tuple(rows))
-        sims.append(simulate_cached(p, L, s.microbatches[d], F, fwd, bwd, tuple(hops)))
+        sims.append(simulate_cached(p, L, s.microbatches[d], F, fwd, bwd, tuple(hops), s.plan.helix_attention))
     return sims
 
 

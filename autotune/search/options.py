@@ -30,6 +30,8 @@ class SearchOptions:
     batch_s: float = 1.0
     polish: bool = True
     dtype: str = "bf16"
+    target: str = "runtime"
+    """Who will run the plan (autotune/targets.py): the search explores only what it can run."""
 
 
 @dataclass
@@ -48,6 +50,11 @@ class SearchResult:
     baseline_trial: int | None = None
     stopped: str | None = None
     """Why the search ended before its budget (``timeout``), else None."""
+    layouts: list[tuple[dict[str, Any], Any]] = field(default_factory=list)
+    """The best plan of each of the best ``top`` layouts with its breakdown (for the table; not in JSON)."""
+    targets: dict[str, Any] = field(default_factory=dict)
+    """Per export target, the best plan of the study it can express and its ratio to the best
+    (``targets.best_per_target``)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"best": self.best.to_dict(), "top": [p.to_dict() for p in self.top],
@@ -55,7 +62,7 @@ class SearchResult:
                 "trials": self.trials, "new_trials": self.new_trials, "elapsed_s": self.elapsed_s,
                 "study": self.study_name, "storage": self.storage, "best_trial": self.best_trial,
                 "baseline_trial": self.baseline_trial, "notes": self.notes, "why": self.why,
-                "stopped": self.stopped}
+                "stopped": self.stopped, "targets": self.targets}
 
 
 def check_options(opts: SearchOptions, storage: str) -> None:
@@ -67,6 +74,9 @@ def check_options(opts: SearchOptions, storage: str) -> None:
         raise InputError(f"must be >= 1, got {opts.trials}", field="--trials")
     if opts.timeout_s is not None and not opts.timeout_s > 0:
         raise InputError(f"must be > 0 seconds, got {opts.timeout_s}", field="--timeout")
+    from autotune.targets import check_target
+
+    check_target(opts.target)
     if opts.workers < 1:
         raise InputError(f"must be >= 1, got {opts.workers}", field="--workers")
     if opts.top < 1:

@@ -121,8 +121,11 @@ def outcome_of(built: Plan, est: Any) -> Outcome:
 class Evaluator:
     """Prices points of a space, once per distinct plan."""
 
-    def __init__(self, space: Any, estimator: Callable[..., Any], calibration: dict | None = None):
+    def __init__(self, space: Any, estimator: Callable[..., Any], calibration: dict | None = None,
+                 target: str | None = None):
         self.space, self.estimator, self.calibration = space, estimator, calibration
+        self.target = target  # autotune/targets.py: plans it cannot run are limits, never priced
+        self._target_ctx: Any = None
         self.cache: dict[Any, Outcome] = {}  # by the (frozen, hashable) resolved Plan
         self.calls = 0
         self.failures = 0  # plans the cost model raised on (recorded as failed trials)
@@ -161,6 +164,9 @@ class Evaluator:
     def _price(self, built: Plan) -> Outcome:
         from search_spaces.base import family_of
 
+        refused = self._refused(built)
+        if refused:
+            return _no_plan("target", refused, family_of(built), built)
         self.calls += 1
         try:
             est = self._estimate(built, timeline=not self.has_timeline)
@@ -177,6 +183,23 @@ class Evaluator:
                                                                        "message": f"{type(e).__name__}: {e}"},
                                  "family": family_of(built), "baseline": None}, {}, failed=True)
         return outcome_of(built, est)
+
+    def _refused(self, built: Plan) -> str | None:
+        """Why the search's target cannot run ``built`` (its own rules: autotune/targets.py), or None."""
+        if self.target is None:
+            return None
+        from autotune.targets import context, refusals
+
+        if self._target_ctx is None:
+            from autotune.targets import model_problems
+
+            c = self.space.ctx
+            if model_problems(self.target, c.model):  # nothing would run: price for the model as it is
+                self.target = None
+                return None
+            self._target_ctx = context(c.model, c.cluster, c.seq_len, c.global_batch)
+        why = refusals(self.target, built, self._target_ctx)
+        return f"{self.target} cannot run it: " + "; ".join(why) if why else None
 
     def prime(self, rows: list[Row]) -> None:
         """Seed the cache from trials already in the study (resume costs no re-pricing)."""

@@ -7,17 +7,23 @@ import itertools
 from collections import defaultdict
 from typing import Any
 
+from autotune.advice import nothing_fits
+from autotune.cost.tiebreak import rank
 from autotune.errors import WorkError
 from autotune.plan import Plan, shares_are_even
 from autotune.search.options import SearchResult
 from autotune.study import iter_trial_plans, plan_key
 
 
-def collect(study: Any, storage: str, top: int, elapsed: float, before: int, notes: list[str]) -> SearchResult:
+def collect(study: Any, storage: str, top: int, elapsed: float, before: int, notes: list[str],
+            workload: tuple[Any, Any, int, int] | None = None) -> SearchResult:
     trials = study.get_trials(deepcopy=False)
-    ranked = list(itertools.islice(iter_trial_plans(study), top))
+    # the tie-break rule (autotune.cost.tiebreak) over enough of the best to fill ``top`` places
+    ranked = rank(list(itertools.islice(iter_trial_plans(study), 4 * top + 20)), plan=lambda tp: tp[1],
+                  tokens_per_s=lambda tp: float(tp[0].value or 0.0), top=top)
     if not ranked:
-        raise WorkError("no feasible plan: " + infeasibility_report(trials))
+        memory_bound = [t for t in trials if t.user_attrs.get("infeasible_kind") == "memory"]
+        raise WorkError(nothing_fits(memory_bound) or "no feasible plan: " + infeasibility_report(trials))
     best_t, best = ranked[0]
     # the best even plan: parse only the stored plans whose shares are even (Plan.is_even's rule)
     base_t, base = next(iter_trial_plans(study, where=looks_even), (None, None))
@@ -26,9 +32,43 @@ def collect(study: Any, storage: str, top: int, elapsed: float, before: int, not
     res = SearchResult(study_name=study.study_name, storage=storage, best=best, top=[p for _, p in ranked],
                        baseline_best=base, trials=len(trials), new_trials=len(trials) - before, elapsed_s=elapsed,
                        notes=notes, best_trial=best_t.number, baseline_trial=base_t.number if base_t else None)
+    res.layouts = best_layouts(iter_trial_plans(study), top)
+    if workload is not None:
+        res.targets = per_target(study, workload)
     res.why = why_best(best, base, best_t.user_attrs.get("breakdown"), base_t.user_attrs.get("breakdown")
                        if base_t else None)
     return res
+
+
+TARGET_SCAN = 300
+"""How many of the study's best plans ``per_target`` reads to find each target's best (each costs
+parsing and every exporter's rules: ~1 s for 300 on 2 cores); a target with none among them is None."""
+
+
+def per_target(study: Any, workload: tuple[Any, Any, int, int]) -> dict[str, Any]:
+    """Per target, the best plan among the study's best TARGET_SCAN it can run (autotune/targets.py),
+    stored on the study (``best_per_target``: trial, tokens/s, ratio) for the dashboard too."""
+    from autotune.targets import best_per_target, context
+
+    found = best_per_target(itertools.islice(iter_trial_plans(study), TARGET_SCAN), context(*workload))
+    study.set_user_attr("best_per_target", {t: ({k: v[k] for k in ("trial", "tokens_per_s", "ratio")} if v else None)
+                                            for t, v in found.items()})
+    return found
+
+
+def best_layouts(ranked: Any, n: int) -> list[tuple[dict[str, Any], Any]]:
+    """The best plan of each of the ``n`` best layouts (``Plan.layout``, the rule ``validate`` uses),
+    best first, as (plan dict, stored breakdown), from ``(trial, Plan)`` pairs best first."""
+    seen: set[Any] = set()
+    out = []
+    for t, plan in ranked:
+        if plan.layout() in seen:
+            continue
+        seen.add(plan.layout())
+        out.append((t.user_attrs["plan"], t.user_attrs.get("breakdown")))
+        if len(out) >= n:
+            break
+    return out
 
 
 def looks_even(plan: dict[str, Any]) -> bool:

@@ -146,7 +146,8 @@ def search(model: Any, cluster: Any, seq_len: int, global_batch: int, *, study_n
     check_options(opts, storage)
     t0 = time.monotonic()
     _ctx, space, ev = setup(model, cluster, seq_len, global_batch, opts, estimator)
-    record = StudyRecord(model=model, cluster=cluster, seq_len=seq_len, global_batch=global_batch, space=opts.space)
+    record = StudyRecord(model=model, cluster=cluster, seq_len=seq_len, global_batch=global_batch, space=opts.space,
+                         target=opts.target)
     create_or_open(study_name, storage, record)  # once, in the parent, before any worker starts
     ws = Workspace(study_name, storage, space.distributions(), make_sampler(opts.sampler, opts.seed), opts.batch_s)
     say = progress or (display.say if display is not None else (lambda _m: None))
@@ -154,6 +155,11 @@ def search(model: Any, cluster: Any, seq_len: int, global_batch: int, *, study_n
                t0 + opts.timeout_s if opts.timeout_s else None, say, display)
     if display is not None:
         display.deadline(run.deadline)
+    from autotune.targets import model_problems
+
+    if (why := model_problems(opts.target, model)) is not None:
+        run.notes.append(f"autotune's runtime cannot build {model.name} ({why}): the plans are priced for the "
+                         "frameworks that can; `validate` and `trial` will refuse them")
     ws.on_record = run.recorded
     before = _open(run)
     interrupted = False
@@ -173,6 +179,6 @@ def search(model: Any, cluster: Any, seq_len: int, global_batch: int, *, study_n
     known = ws.finished()
     if ev.failures:
         run.notes.append(failure_summary(known.get_trials(deepcopy=False)) + "; they are recorded as failed trials")
-    res = collect(known, storage, opts.top, time.monotonic() - t0, before, run.notes)
+    res = collect(known, storage, opts.top, time.monotonic() - t0, before, run.notes, run.workload)
     res.stopped = stopped
     return res

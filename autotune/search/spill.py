@@ -48,14 +48,27 @@ def _study_prefix(study_name: str) -> str:
     return f"{_safe(study_name)}-{hashlib.sha1(study_name.encode()).hexdigest()[:8]}-"
 
 
+_DIST_JSON: dict[int, tuple[Any, str]] = {}  # id -> (the distribution, kept alive so ids stay unique; its JSON)
+
+
+def _dist_json(d: Any) -> str:
+    """distribution_to_json, once per distribution object (a study's trials share them)."""
+    hit = _DIST_JSON.get(id(d))
+    if hit is None or hit[0] is not d:
+        from optuna.distributions import distribution_to_json
+
+        if len(_DIST_JSON) > 4096:  # objects made per trial would otherwise pile up
+            _DIST_JSON.clear()
+        hit = _DIST_JSON[id(d)] = (d, distribution_to_json(d))
+    return hit[1]
+
+
 def trial_to_json(t: Any, user_json: dict[str, str] | None = None) -> str:
     """One line; ``user_json``: the user attrs already encoded, key by key (search/bulk.encode_attrs),
     spliced in rather than encoded twice."""
-    from optuna.distributions import distribution_to_json
-
     head = json.dumps({
         "state": t.state.name, "value": t.value, "params": t.params,
-        "distributions": {k: distribution_to_json(d) for k, d in t.distributions.items()},
+        "distributions": {k: _dist_json(d) for k, d in t.distributions.items()},
         "constraints": dict(getattr(t, "constraints", None) or {}),
         **({"user_attrs": t.user_attrs} if user_json is None else {}),
     }, separators=(",", ":"), default=str)

@@ -32,7 +32,7 @@ def setup(model: Any, cluster: Any, seq_len: int, global_batch: int, opts: Searc
 
     ctx = SearchContext(model=model, cluster=cluster, seq_len=seq_len, global_batch=global_batch, dtype=opts.dtype)
     space = load_space(opts.space).space(ctx)
-    return ctx, space, Evaluator(space, estimator or default_estimator())
+    return ctx, space, Evaluator(space, estimator or default_estimator(), target=opts.target)
 
 
 def _to_monotonic(wall: float) -> float:

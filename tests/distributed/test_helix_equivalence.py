@@ -3,6 +3,7 @@
 fp32, fixed seed: per-step losses (rtol 1e-5) and the weights after AdamW of helixpipe plans with
 p = 2 and 4 pipeline ranks, F = 1 and 2 folds, without and with recomputation (checkpointed
 parameter blocks, attention kept), composed with DP and TP (with and without sequence parallelism),
+with the published attention rotation and with uneven attention shares (``helix_attention``),
 against ``reference_run``. All plans of one world size run in ONE launch (start-up dominates).
 """
 
@@ -29,7 +30,8 @@ CASES = {
     2: [("pp2-F1", dict(H, degrees={"pp": 2})),
         ("pp2-F2", dict(H, degrees={"pp": 2}, helix_folds=2)),
         ("pp2-F2-recompute", dict(H, degrees={"pp": 2}, helix_folds=2, recompute="full")),
-        ("pp2-F1-recompute-mbs2", dict(H, degrees={"pp": 2}, recompute="full", micro_batch_size=2))],
+        ("pp2-F1-recompute-mbs2", dict(H, degrees={"pp": 2}, recompute="full", micro_batch_size=2)),
+        ("pp2-F2-attention-5-3", dict(H, degrees={"pp": 2}, helix_folds=2, helix_attention=[5, 3]))],
     4: [("pp4-F1", dict(H, degrees={"pp": 4})),
         ("pp4-F2", dict(H, degrees={"pp": 4}, helix_folds=2)),
         ("pp4-F1-recompute", dict(H, degrees={"pp": 4}, recompute="full")),
@@ -38,7 +40,9 @@ CASES = {
         ("pp2-dp2-F1-recompute-zero1", dict(H, degrees={"pp": 2, "dp": 2}, recompute="full", zero_stage=1)),
         ("pp2-tp2-F2", dict(H, degrees={"pp": 2, "tp": 2}, helix_folds=2)),
         ("pp2-tp2-sp-F2-recompute", dict(H, degrees={"pp": 2, "tp": 2}, helix_folds=2, sequence_parallel=True,
-                                         recompute="full"))],
+                                         recompute="full")),
+        ("pp4-F1-recompute-attention-3-3-2-0", dict(H, degrees={"pp": 4}, recompute="full",
+                                                    helix_attention=[3, 3, 2, 0]))],
 }
 TIED_CASES = {2: [("tied-pp2-F2-recompute", dict(H, degrees={"pp": 2}, helix_folds=2, recompute="full"))]}
 _RUNS: dict[tuple[str, int], dict[str, list]] = {}

@@ -1,6 +1,6 @@
 """Schedule modules beyond the built-ins run with single-process parity: the zero-bubble ZB-V
 schedule (V placement, loss on pipeline rank 0, backward split into input and weight gradients)
-trains the same losses (rtol 1e-5) and the same weights after AdamW as one process, with even and
+and ZB1P (interleaved zero bubble, looped placement, split backward) train the same losses (rtol 1e-5) and the same weights after AdamW as one process, with even and
 uneven layer splits, composed with DP and TP. One launch per world size (tests/distributed style:
 plans_job runs every plan in the same workers)."""
 
@@ -22,18 +22,21 @@ LOSS_RTOL = 1e-5
 WEIGHT_ATOL, WEIGHT_RTOL = 1e-4, 1e-4  # as test_runtime_equivalence: AdamW moves ~0 gradients by ~lr
 
 BASE = {"schedule": "zbv", "virtual_stages": 2, "dtype": "fp32"}
+IZB = {"schedule": "interleaved_zb", "virtual_stages": 2, "dtype": "fp32"}
 CASES = {
     2: [
         ("pp2-even", dict(BASE, degrees={"pp": 2})),
         ("pp2-uneven", dict(BASE, degrees={"pp": 2}, shares={"layers": [1, 5, 2, 4]})),
         ("pp2-mbs2-recompute", dict(BASE, degrees={"pp": 2}, micro_batch_size=2, recompute="full",
                                     shares={"layers": [4, 2, 3, 3]})),
+        ("izb-pp2-uneven", dict(IZB, degrees={"pp": 2}, shares={"layers": [2, 4, 1, 5]})),
     ],
     4: [
         ("pp4-uneven", dict(BASE, degrees={"pp": 4}, shares={"layers": [1, 2, 1, 2, 1, 2, 2, 1]})),
         ("pp2-dp2-uneven", dict(BASE, degrees={"pp": 2, "dp": 2}, shares={"layers": [2, 4, 5, 1]})),
         ("pp2-tp2-sp", dict(BASE, degrees={"pp": 2, "tp": 2}, sequence_parallel=True,
                             shares={"layers": [3, 3, 2, 4]})),
+        ("izb-pp2-dp2-uneven", dict(IZB, degrees={"pp": 2, "dp": 2}, shares={"layers": [3, 2, 5, 2]})),
     ],
 }
 _RUNS: dict[int, dict[str, list[dict]]] = {}
@@ -79,12 +82,12 @@ def check(per_rank: list[dict]) -> None:
 
 
 @pytest.mark.parametrize("name", [n for n, _ in CASES[2]])
-def test_zbv_world2_matches_single_process(name):
+def test_world2_matches_single_process(name):
     check(run_world(2)[name])
 
 
 @pytest.mark.parametrize("name", [n for n, _ in CASES[4]])
-def test_zbv_world4_matches_single_process(name):
+def test_world4_matches_single_process(name):
     check(run_world(4)[name])
 
 

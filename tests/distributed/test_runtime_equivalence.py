@@ -90,8 +90,12 @@ def variants(deg: dict[str, int]) -> list[dict]:
         out.append(dict(base, cp_layout="contiguous", _id="cp-contiguous"))
     if BATCH // deg["dp"] // 2 >= deg["pp"]:  # two samples per micro-batch
         out.append(dict(base, micro_batch_size=2, _id="mbs2"))
-    if deg["dp"] * deg["cp"] * deg["hp"] > 1:  # ZeRO-1 shards AdamW states over the gradient group
+    if deg["dp"] * deg["cp"] * deg["hp"] > 1:  # ZeRO shards over the gradient group (dp x cp x hp)
         out.append(dict(base, zero_stage=1, shares=uneven, _id="zero1-uneven" if uneven else "zero1"))
+        out.append(dict(base, zero_stage=2, recompute="full", shares=uneven,
+                        _id="zero2-uneven" if uneven else "zero2"))
+        out.append(dict(base, zero_stage=3, recompute="selective", shares=uneven,
+                        _id="zero3-uneven" if uneven else "zero3"))
     return out
 
 
@@ -132,6 +136,9 @@ def sample_of_8() -> list[tuple[str, dict]]:
                                     shares={"tokens": [4, 12], "heads": [1, 3]})),
         ("dp2,cp2,pp2-uneven", dict(base, degrees={"dp": 2, "cp": 2, "pp": 2},
                                     shares={"tokens": [12, 4], "layers": [5, 3]})),
+        ("dp2,pp2,tp2-zero3-uneven", dict(base, degrees={"dp": 2, "pp": 2, "tp": 2}, zero_stage=3,
+                                          schedule="gpipe", sequence_parallel=True,
+                                          shares={"layers": [3, 5], "samples": [1, 3]})),
     ]
     return [(f"w8-{n}", item) for n, item in picks]
 

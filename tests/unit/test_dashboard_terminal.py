@@ -102,3 +102,14 @@ def test_the_table_fits_80_columns_and_keeps_every_reason(tmp_path):
     wide = text_of(render(load_view("s", url)))
     reasons = [ln for ln in wide.splitlines() if ln.startswith("#")]
     assert reasons and all(r in out.replace("\n", " ") or r[:60] in out for r in reasons)
+
+
+def test_the_summary_names_the_best_plan_each_target_can_run(tmp_path):
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    make_study(url)
+    s = optuna.load_study(study_name="s", storage=url)
+    s.set_user_attr("best_per_target", {"runtime": {"trial": 1, "tokens_per_s": 280.0, "ratio": 1.0},
+                                        "megatron": {"trial": 4, "tokens_per_s": 240.0, "ratio": 240 / 280},
+                                        "accelerate": None})
+    out = text_of(render(load_view("s", url)))
+    assert "runtime 1.00x (#1)" in out and "megatron 0.86x (#4)" in out and "accelerate none" in out

@@ -59,3 +59,27 @@ def test_plans_it_cannot_run_are_refused_with_the_rule():
                  MODEL, CLUSTER, SEQ, 4)
     with pytest.raises(PlanError, match="selective"):
         est(schedule="helixpipe", recompute="selective")
+
+
+MIXED = cluster_from_dict({"name": "h100-a100", "nodes": [
+    {"count": 2, "devices_per_node": 8, "device": "H100-SXM"}, {"count": 2, "devices_per_node": 8,
+                                                               "device": "A100-80GB"}],
+    "inter_node": {"bandwidth": "50GB/s", "latency": "10us"}})
+
+
+def test_on_a_mixed_cluster_the_slow_devices_gate_the_published_rotation_and_shares_by_speed_help():
+    """Stages 0-1 on H100, 2-3 on A100: every micro-batch's attention visits the A100s; giving the
+    H100 ranks more of the attention (3:1, their speed ratio) shortens the step."""
+    def step(**kw):
+        d = {"degrees": {"pp": 4, "tp": 8}, "sequence_parallel": True, "recompute": "full", "dtype": "bf16",
+             "schedule": "helixpipe", "helix_folds": 2, **kw}
+        return estimate(Plan.from_dict(d), MODEL, MIXED, 131072, 16)
+
+    even = step()
+    busy = [s["pipeline_s"] - s["bubble_s"] for s in even.breakdown["stages"]]
+    assert min(busy[2:]) > 2 * max(busy[:2])  # the A100 stages carry the same work at a third of the speed
+    weighted = step(helix_attention=[12, 12, 4, 4])
+    assert weighted.predicted["step_time_s"] < even.predicted["step_time_s"]
+    rows = weighted.breakdown["ranks"]
+    assert rows[0]["memory"]["layers_microbatches_in_flight"] == 16 * 12
+    assert rows[-1]["memory"]["layers_microbatches_in_flight"] == 16 * 4

@@ -174,3 +174,49 @@ def test_events_cover_each_rank_without_overlap():
         for a, b in zip(mine, mine[1:], strict=False):
             assert b["start"] == pytest.approx(a["end"])
     assert sum(1 for e in ev if e["kind"] == "fwd") == m * (2 * L + 1)
+
+
+WEIGHTED = [(2, 8, 4, 1, (5, 3)), (4, 8, 8, 2, (3, 3, 1, 1)), (4, 8, 4, 1, (0, 4, 2, 2)), (3, 6, 6, 2, (1, 2, 3))]
+
+
+@pytest.mark.parametrize("p,L,m,F,shares", WEIGHTED)
+def test_weighted_attention_shares_keep_the_order_whole_and_deadlock_free(p, L, m, F, shares):
+    seen = Counter()
+    for r in range(p):
+        for op in H.rank_order(p, L, m, F, r, shares):
+            assert H.chain_rank(op.k, op.microbatch, p, F, shares) == r
+            seen[op] += 1
+    assert len(seen) == 2 * m * (2 * L + 1) and set(seen.values()) == {1}
+    for mb in range(m):  # every micro-batch runs shares[r] of its attentions on rank r
+        per_rank = Counter(H.chain_rank(2 * i + 1, mb, p, F, shares) for i in range(L))
+        assert [per_rank.get(r, 0) for r in range(p)] == list(shares)
+    fwd, bwd = unit_times(p, L, t_a=1.7)
+    sim = H.simulate(p, L, m, F, fwd, bwd, ideal_links(p, 0.1), shares)  # raises if the order deadlocks
+    assert sim.makespan > 0
+
+
+def test_even_shares_are_the_published_rotation():
+    p, L = 4, 8
+    even = (2, 2, 2, 2)
+    assert H.attention_slots(even) == tuple(x % p for x in range(L))
+    for i in range(L):
+        for d in range(p):
+            assert H.attention_rank(i, d, p, even) == H.attention_rank(i, d, p)
+
+
+def test_attention_shares_that_do_not_add_up_are_refused():
+    assert any("helix_attention" in x for x in H.problems(2, 8, 4, 1, (5, 4)))
+    assert any("helix_attention" in x for x in H.problems(2, 8, 4, 1, (8,)))
+
+
+def test_weighted_shares_balance_a_slow_rank():
+    """Rank 1 twice as slow: giving it fewer attentions shortens the step."""
+    p, L, m, F = 2, 8, 8, 2
+    n = 2 * L + 1
+    speed = (1.0, 2.0)
+    fwd = tuple(tuple(1.0 * speed[r] for r in range(p)) for _ in range(n))
+    bwd = tuple(tuple(2 * x for x in row) for row in fwd)
+    links = ideal_links(p, 0.05)
+    even = H.simulate(p, L, m, F, fwd, bwd, links).makespan
+    weighted = H.simulate(p, L, m, F, fwd, bwd, links, (6, 2)).makespan
+    assert weighted < even

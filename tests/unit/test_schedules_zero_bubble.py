@@ -25,16 +25,22 @@ def h100(nodes=2):
                                                           "device": "H100-SXM"}]})
 
 
-@pytest.mark.parametrize("p,m", [(2, 1), (2, 4), (3, 7), (4, 8), (4, 3), (8, 16)])
-def test_order_is_torchs_own(p, m):
+@pytest.mark.parametrize("name,torch_name,p,v,m", [
+    ("zbv", "ZBVZeroBubble", 2, 2, 1), ("zbv", "ZBVZeroBubble", 2, 2, 4), ("zbv", "ZBVZeroBubble", 3, 2, 7),
+    ("zbv", "ZBVZeroBubble", 4, 2, 8), ("zbv", "ZBVZeroBubble", 4, 2, 3), ("zbv", "ZBVZeroBubble", 8, 2, 16),
+    ("interleaved_zb", "InterleavedZeroBubble", 2, 2, 4), ("interleaved_zb", "InterleavedZeroBubble", 4, 2, 8),
+    ("interleaved_zb", "InterleavedZeroBubble", 4, 4, 8), ("interleaved_zb", "InterleavedZeroBubble", 4, 2, 12)])
+def test_order_is_torchs_own(name, torch_name, p, v, m):
     """One source: the order the simulation times is the pipeline_order of torch's class, built as
     torch's schedule visualiser builds it (mock stages), i.e. what the runtime executes."""
     from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
 
-    ops = get_schedule_ops("ZBVZeroBubble", p, m, 2)
+    sched = get_schedule(name)
+    assert sched.targets["torchtitan"] == torch_name
+    ops = get_schedule_ops(torch_name, p, m, v)
     for r in range(p):
         want = [(a.computation_type.value, a.stage_index, a.microbatch_index) for a in ops[r] if a is not None]
-        got = [("FBIW"[o.kind], o.stage, o.microbatch) for o in ZBV.op_order(p, 2, m, r)]
+        got = [("FBIW"[o.kind], o.stage, o.microbatch) for o in sched.op_order(p, v, m, r)]
         assert got == want
 
 
@@ -59,7 +65,8 @@ def test_bubble_with_equal_f_i_w_is_one_chunk_op_per_stage_step(p):
     ob = simulate("1f1b", p, 1, m, (2 * f,) * p, (4 * f,) * p, (0.0,) * (p - 1))
     assert ob.makespan == pytest.approx(work + (p - 1) * 6 * f)
     il = simulate("interleaved_1f1b", p, 2, m, (f,) * n, (2 * f,) * n, (0.0,) * (n - 1))
-    assert sim.makespan < il.makespan < ob.makespan
+    zb1p = simulate("interleaved_zb", p, 2, m, (f,) * n, (2 * f,) * n, (0.0,) * (n - 1), (f,) * n)
+    assert sim.makespan <= zb1p.makespan < il.makespan < ob.makespan
 
 
 @pytest.mark.parametrize("p", [2, 4, 8])
