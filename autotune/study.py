@@ -224,6 +224,8 @@ def best_feasible(study: Any) -> Any | None:
         return None
     top = max(t.value for t in ok)
     near = sorted((t for t in ok if ties(t.value, top)), key=lambda t: (-t.value, t.number))
+    if len(near) == 1:  # no tie: nothing to parse
+        return near[0]
     return best([(t, Plan.from_dict(t.user_attrs["plan"])) for t in near], plan=lambda tp: tp[1],
                 tokens_per_s=lambda tp: tp[0].value)[0]
 

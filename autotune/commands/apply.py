@@ -82,11 +82,12 @@ def _check_output(output: str, fmt: str, force: bool) -> None:
                              "to do so, or pick another file)", field="--output")
 
 
-def _launch(plan: Plan, ctx: ExportContext, dry_run: bool, steps: int, json_: bool, node_rank: int | None) -> None:
+def _launch(plan: Plan, ctx: ExportContext, dry_run: bool, steps: int, json_: bool, node_rank: int | None,
+            timeout_s: float = 600.0) -> None:
     """Print each node's torchrun line (autotune.export.launch); without --dry-run run one of them here:
     the only one, or node-rank K's (``--node-rank K``, on each host of a multi-node plan)."""
     out = Path("results") / "launch" / _tag(ctx) / "out"
-    cmds = L.commands(plan, ctx, out, steps=steps, run_id=_tag(ctx))
+    cmds = L.commands(plan, ctx, out, steps=steps, run_id=_tag(ctx), timeout_s=timeout_s)
     if node_rank is not None and not 0 <= node_rank < len(cmds):
         raise InputError(f"the plan runs on {len(cmds)} node(s): node-rank 0..{len(cmds) - 1}", field="--node-rank")
     if not dry_run and len(cmds) > 1 and node_rank is None:
@@ -111,7 +112,7 @@ def _launch(plan: Plan, ctx: ExportContext, dry_run: bool, steps: int, json_: bo
             err_console.print("dry run: nothing written, nothing started", highlight=False)
         return
     summary = L.run(chosen[0], out, world=plan.world, seq_len=ctx.seq_len, global_batch=ctx.global_batch,
-                    steps=steps, timeout_s=600.0, nodes=len(cmds))
+                    steps=steps, timeout_s=timeout_s, nodes=len(cmds))
     if json_:
         emit_json({"commands": shown, "out": str(out), "ran": True, "measured": summary, "plan": plan.to_dict()})
     else:
@@ -131,6 +132,8 @@ def command(
                                          "torchrun (prints the command first).")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="With --launch: only print the command.")] = False,
     steps: Annotated[int, typer.Option("--steps", help="With --launch: measured steps.", min=1)] = 5,
+    timeout: Annotated[float, typer.Option("--timeout", help="With --launch: seconds a rank waits for a silent "
+                                           "peer (a dead host) before the launch fails.", min=1)] = 600.0,
     node_rank: Annotated[int | None, typer.Option("--node-rank", help="With --launch: run (or print) only the "
                                                   "command of node-rank K of a multi-node plan.", min=0)] = None,
     model: Annotated[str | None, typer.Option("--model", "-m", help="With --plan: the model it is for "
@@ -175,7 +178,7 @@ def command(
         plan = plan.replace(dtype=precision, predicted=None)
     plan = plan.resolve(ctx.model, ctx.cluster, ctx.seq_len, ctx.global_batch)
     if launch:
-        _launch(plan, ctx, dry_run, steps, json_, node_rank)
+        _launch(plan, ctx, dry_run, steps, json_, node_rank, timeout)
         return
     plan = _price(plan, ctx, force)
     try:

@@ -33,7 +33,8 @@ SeqLenOpt = Annotated[int, typer.Option("--seq-len", "-s", help="Sequence length
 GlobalBatchOpt = Annotated[int, typer.Option("--global-batch", "-b", help="Global batch in sequences.", min=1)]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Random seed.")]
 PlanOpt = Annotated[str, typer.Option("--plan", "-p", help="Plan JSON file, or inline degrees such as "
-                                                          "`dp=2,pp=2,tp=2` (with optional mbs=, schedule=, ...).")]
+                                                          "`dp=2,pp=2,tp=2` (with optional mbs=, schedule=, ..., and uneven "
+                                                          "shares such as layers=13/19); keys in docs/files.md.")]
 DtypeOpt = Annotated[str, typer.Option(
     "--dtype", help="Training precision: auto (bf16 where every device of the cluster has it, else fp16; "
                     "a plan that states its precision keeps it), bf16, fp16, fp32 (TF32 where there is) or "

@@ -34,7 +34,6 @@ from autotune.plan import Plan
 
 ENTRY_MODULE = "autotune.runtime.launcher"
 DEFAULT_PORT = 29500
-ADDR_VAR = "MASTER_ADDR"
 ADDR_REF = '"${MASTER_ADDR:?set MASTER_ADDR to the host of node-rank 0}"'
 """How a line names the rendezvous host: a shell variable each node sets, expanded by the shell."""
 PORT_REF = f'"${{MASTER_PORT:-{DEFAULT_PORT}}}"'
@@ -123,13 +122,9 @@ def run(cmd: NodeCommand, out: Path, *, world: int, seq_len: int, global_batch: 
     for r in mine:  # this node's earlier results; another node may share the folder
         for f in (out / f"result-{r}.pt", out / f"failure-{r}.pt"):
             f.unlink(missing_ok=True)
-    env = {**os.environ, **({ADDR_VAR: "127.0.0.1"} if nodes == 1 and ADDR_VAR not in os.environ else {})}
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")  # this env's torchrun
-    try:
-        proc = subprocess.run(["bash", "-c", cmd.shell()], env=env, capture_output=True, text=True,
-                              timeout=timeout_s + 60)
-    except subprocess.TimeoutExpired:
-        raise WorkError(f"node {cmd.node}: torchrun did not finish within {timeout_s + 60:g} s") from None
+    # this environment's torchrun; its ranks watch their agent, so a killed torchrun leaves none behind
+    env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
+    proc = _run_line(cmd.shell(), env, out, mine, timeout_s + 60, cmd.node)
     res = read_results(out, world, ranks=mine)
     if res.failure is not None:
         f = res.failure
@@ -145,3 +140,46 @@ def run(cmd: NodeCommand, out: Path, *, world: int, seq_len: int, global_batch: 
             "tokens_per_s": global_batch * seq_len / step if step > 0 else 0.0,
             "peak_memory_bytes": [rep["peak_memory_bytes"] for rep in reports],
             "losses": reports[0]["losses"]}
+
+
+AGENT_GRACE_S = 15.0
+"""How long torchrun may take to exit once every rank of this node has reported: an agent whose
+rendezvous store lived on a host that died can wait minutes for it; the result is known by then."""
+
+
+def _run_line(line: str, env: dict[str, str], out: Path, mine: range, limit_s: float,
+              node: int) -> subprocess.CompletedProcess:
+    """``bash -c line`` in a session of its own, ended (with its torchrun agent; the ranks watch their
+    agent and follow it) at ``limit_s``, on Ctrl-C, or ``AGENT_GRACE_S`` after every rank of this
+    node has left a result or a failure."""
+    import signal
+    import tempfile
+    import time
+
+    logs = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")  # a pipe left unread could fill up
+    proc = subprocess.Popen(["bash", "-c", line], env=env, stdout=logs[0], stderr=logs[1], text=True,
+                            start_new_session=True)
+    end, reported_at = time.monotonic() + limit_s, None
+    try:
+        while proc.poll() is None:
+            if reported_at is None and all((out / f"result-{r}.pt").exists() or (out / f"failure-{r}.pt").exists()
+                                           for r in mine):
+                reported_at = time.monotonic()
+            if time.monotonic() > end:
+                raise WorkError(f"node {node}: torchrun did not finish within {limit_s:g} s")
+            if reported_at is not None and time.monotonic() - reported_at > AGENT_GRACE_S:
+                break
+            time.sleep(0.2)
+    finally:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    proc.wait()
+    texts = []
+    for f in logs:
+        f.seek(0)
+        texts.append(f.read())
+        f.close()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, texts[0], texts[1])

@@ -33,11 +33,15 @@ def agents(tmp_path, nodes: int, per_node: int, plan: dict, steps: int = STEPS, 
     # node, and two ranks each spinning all cores' OpenMP threads ran a tiny step 70x slower (6.7 s vs 0.09 s)
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"}
     verb = ["apply", "--launch"] if how == "apply" else ["trial"]
-    return [subprocess.Popen([sys.executable, "-m", "autotune", verb[0], "-p", "plan.json", "-m", "tiny", "-s",
+    procs = []
+    for k in range(nodes):
+        if k == 1:  # node-rank 0 first: its agent hosts the rendezvous store, as on hosts named by MASTER_ADDR
+            time.sleep(2)
+        procs.append(subprocess.Popen([sys.executable, "-m", "autotune", verb[0], "-p", "plan.json", "-m", "tiny", "-s",
                               str(SEQ), "-b", str(BATCH), "-c", "cluster.json", *verb[1:], "--node-rank", str(k),
                               "--steps", str(steps), *extra, "--json"], cwd=tmp_path, env=env, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-            for k in range(nodes)]
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True))
+    return procs
 
 
 def descendants(pid: int) -> list[int]:
@@ -117,7 +121,8 @@ def test_a_trial_on_two_agents_of_two_ranks_matches_one_process(tmp_path):
 
 
 def test_a_dead_agent_fails_the_launch_cleanly(tmp_path):
-    procs = agents(tmp_path, 2, 1, {"degrees": {"dp": 2}}, steps=100_000)
+    # --timeout 60: a rank still joining its process group when its peer dies waits that long for it
+    procs = agents(tmp_path, 2, 1, {"degrees": {"dp": 2}}, steps=100_000, extra=("--timeout", "60"))
     end = time.monotonic() + 300
 
     def ranks_up(p) -> bool:
