@@ -239,7 +239,7 @@ def local_cpu(devices: int = 1) -> DeviceSpec:
         intra_node_latency=50e-6, interconnect="loopback (gloo)", pcie_bandwidth=20 * GB, nic_bandwidth=1.0 * GB,
         achievable_fraction=0.25, provenance="derived",
         source=f"/proc/cpuinfo: {cores} cores x {mhz:.0f} MHz x {_cpu_flops_per_cycle(flags)} FP32 FLOP/cycle "
-               f"/ {devices} workers; RAM from sysconf; gloo loopback ~1 GB/s (shared/torch-cpu-facts.md)",
+               f"/ {devices} workers; RAM from sysconf; gloo loopback ~1 GB/s (measured on 2-core machines; run `autotune profile` for this one)",
     )
 
 
