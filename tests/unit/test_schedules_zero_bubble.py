@@ -141,7 +141,8 @@ def test_torchtitan_runs_it_and_torch_reads_the_name_back():
     from torch.distributed.pipelining.schedules import ScheduleZBVZeroBubble, get_schedule_class
 
     ctx = ctx_for()
-    plan = Plan(degrees=Degrees(pp=2, dp=4), schedule="zbv", virtual_stages=2, zero_stage=3, dtype="bf16",
+    # ZeRO-2: the plan refuses ZeRO-3 with a split backward (its weight half runs outside FSDP2's hooks)
+    plan = Plan(degrees=Degrees(pp=2, dp=4), schedule="zbv", virtual_stages=2, zero_stage=2, dtype="bf16",
                 ).resolve(ctx.model, ctx.cluster, ctx.seq_len, ctx.global_batch)
     cfg = tomllib.loads(export(plan, ctx, "torchtitan").text)
     par = cfg["parallelism"]
