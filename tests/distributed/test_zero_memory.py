@@ -51,3 +51,17 @@ def test_accumulating_micro_batches_costs_what_the_cost_model_says(zero, monkeyp
     # the gradient buffer is most of the difference: half of it (the shards) is not new
     assert predicted > 0.5 * 4 * SPEC.param_count() / 2
     assert measured == pytest.approx(predicted, rel=TOLERANCE), (measured / 2**20, predicted / 2**20)
+
+
+def test_pipelined_zero3_frees_the_weights_zero2_keeps(monkeypatch):
+    """Under pipelining torch's stages turn FSDP's resharding after backward off; the runtime turns
+    it back on for ZeRO-3 (worker.py ``_reshard_in_every_backward``), so a ZeRO-3 stage holds its
+    gathered blocks alone where ZeRO-2 holds the whole stage: the measured difference is the cost
+    model's weights difference."""
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
+    base = {"degrees": {"dp": 2, "pp": 2}, "schedule": "1f1b", "micro_batch_size": 2, "dtype": "bf16"}
+    z2_m, z2_p = _peak(dict(base, zero_stage=2))
+    z3_m, z3_p = _peak(dict(base, zero_stage=3))
+    measured, predicted = z2_m - z3_m, z2_p - z3_p
+    assert predicted > 0.5 * 2 * SPEC.param_count() / 2  # most of a stage's 16-bit weights
+    assert measured == pytest.approx(predicted, rel=TOLERANCE), (measured / 2**20, predicted / 2**20)
