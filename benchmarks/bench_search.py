@@ -88,7 +88,7 @@ def quality(quick: bool) -> None:
         points = note.split(" points")[0].rsplit(" ", 1)[-1] if note else "?"
         print(f"{name:44s} grid {tps(g):12,.0f} tok/s ({points} points, exhaustive: {'exhaustive' in note}, "
               f"{tg:6.1f} s) | default {tps(d):12,.0f} ({d.trials} trials, {td:5.1f} s) = {ratio:.2%}  "
-              f"best {d.best.degrees.inline()}  [{load()}]")
+              f"best {d.best.plan.degrees.inline()}  [{load()}]")
     print(f"worst ratio: {worst:.2%} (asked >= 99%)")
 
 
@@ -98,7 +98,7 @@ def speed(quick: bool) -> None:
     c128 = cluster("4types-128", [("H100-SXM", 4), ("A100-80GB", 4), ("H200", 4), ("L40S", 4)])
     d, td = run(m, c128, 32768, 256)
     print(f"128 devices, 4 types, llama3-70b s=32k b=256: default {tps(d):,.0f} tok/s in {td:.1f} s "
-          f"({d.trials} trials; asked <= 10 s)  best {d.best.degrees.inline()}  [{load()}]")
+          f"({d.trials} trials; asked <= 10 s)  best {d.best.plan.degrees.inline()}  [{load()}]")
     if not quick:
         trials = 10 * DEFAULT_TRIALS  # 10x the sampler's trials, and so 10x the polish's budget
         L, tl = run(m, c128, 32768, 256, trials=trials)
@@ -107,7 +107,7 @@ def speed(quick: bool) -> None:
         c1024 = cluster("4types-1024", [("H100-SXM", 32), ("A100-80GB", 32), ("H200", 32), ("L40S", 32)])
         e, te = run(load_model("llama3-405b"), c1024, 131072, 512)
         print(f"1024 devices, 4 types, llama3-405b s=128k b=512: {tps(e):,.0f} tok/s in {te:.1f} s "
-              f"({e.trials} trials; asked <= 60 s)  best {e.best.degrees.inline()}  [{load()}]")
+              f"({e.trials} trials; asked <= 60 s)  best {e.best.plan.degrees.inline()}  [{load()}]")
 
 
 def uneven() -> None:
@@ -130,7 +130,7 @@ def uneven() -> None:
         print(f"{mname} s={seq} b={batch} on {'+'.join(f'{n * 8}x{g}' for g, n in groups)}: best {tps(r):,.0f} "
               f"tok/s vs even {b.predicted['tokens_per_s']:,.0f} = {tps(r) / b.predicted['tokens_per_s']:.2f}x "
               f"({t:.1f} s)")
-        print(f"  best: {r.best.degrees.inline()} shares {r.best.shares.to_dict()}")
+        print(f"  best: {r.best.plan.degrees.inline()} shares {r.best.plan.shares.to_dict()}")
         print(f"  even: {b.degrees.inline()}; why: {r.why}")
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from autotune.errors import InputError
 from autotune.plan import Plan, PlanError
+from autotune.plan_record import PlanRecord
 from autotune.specs.model import ModelSpec, load_model
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -171,7 +172,7 @@ def run_trial(plan: Plan | dict[str, Any], model: ModelSpec | str, seq_len: int,
         on_launch(resolved)
     res = launch("autotune.runtime.worker:trial_job", payload, resolved.world, timeout_s=timeout_s, device=kind)
     if res.failure is not None:
-        return TrialResult(plan=resolved.to_dict(), measured=None, losses=[], failure=res.failure)
+        return TrialResult(plan=PlanRecord(resolved).to_dict(), measured=None, losses=[], failure=res.failure)
     reports = sorted(res.results, key=lambda r: r["rank"])
     per_step = [max(r["step_times"][i] for r in reports) for i in range(steps)]
     step_time = statistics.median(per_step)
@@ -188,5 +189,5 @@ def run_trial(plan: Plan | dict[str, Any], model: ModelSpec | str, seq_len: int,
         "data": data_desc["path"] if data_desc else "synthetic",
         "launch_wall_s": res.wall_s,
     }
-    return TrialResult(plan=resolved.replace(measured=measured).to_dict(), measured=measured,
+    return TrialResult(plan=PlanRecord(resolved, measured=measured).to_dict(), measured=measured,
                        losses=reports[0]["losses"], failure=None)
