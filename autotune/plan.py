@@ -562,30 +562,8 @@ def _plan_from_dict(d: Any) -> Plan:
         raise InputError(f"expected a mapping, got {sh!r}", field="shares")
     F.reject_unknown(sh, {"layers", "tokens", "heads", "samples"}, "shares")
     shares = Shares(**{k: _int_list(sh.get(k), f"shares.{k}") for k in ("layers", "tokens", "heads", "samples")})
-    placement = None
-    if d.get("placement") is not None:
-        pl = d["placement"]
-        if not isinstance(pl, list):
-            raise InputError("expected a list of {rank, node, device}", field="placement")
-        items = []
-        for i, e in enumerate(pl):
-            if not isinstance(e, dict):
-                raise InputError(f"expected a mapping, got {e!r}", field=f"placement[{i}]")
-            F.reject_unknown(e, {"rank", "node", "device"}, f"placement[{i}]")
-            items.append(Placement(rank=F.get_int(e, "rank", f"placement[{i}].rank", minimum=0),
-                                   node=F.get_int(e, "node", f"placement[{i}].node", minimum=0),
-                                   device=F.get_int(e, "device", f"placement[{i}].device", minimum=0)))
-        placement = tuple(sorted(items, key=lambda x: x.rank))
-    workload = None
-    if d.get("workload") is not None:
-        w = d["workload"]
-        if not isinstance(w, dict):
-            raise InputError(f"expected a mapping, got {w!r}", field="workload")
-        F.reject_unknown(w, {"model", "seq_len", "global_batch", "cluster"}, "workload")
-        workload = Workload(model=F.get_str(w, "model", "workload.model"),
-                            seq_len=F.get_int(w, "seq_len", "workload.seq_len"),
-                            global_batch=F.get_int(w, "global_batch", "workload.global_batch"),
-                            cluster=str(w.get("cluster") or ""))
+    placement = None if d.get("placement") is None else _placement_from(d["placement"])
+    workload = None if d.get("workload") is None else _workload_from(d["workload"])
     nmb = d.get("num_microbatches")
     for key in RECORD_KEYS:  # read by autotune.plan_record; a Plan is the configuration alone
         if d.get(key) is not None and not isinstance(d[key], dict):
@@ -608,6 +586,30 @@ def _plan_from_dict(d: Any) -> Plan:
         dtype=F.get_str(d, "dtype", "dtype", default="bf16", choices=DTYPES),
         shares=shares, placement=placement, workload=workload,
     )
+
+
+def _placement_from(pl: Any) -> tuple[Placement, ...]:
+    if not isinstance(pl, list):
+        raise InputError("expected a list of {rank, node, device}", field="placement")
+    items = []
+    for i, e in enumerate(pl):
+        if not isinstance(e, dict):
+            raise InputError(f"expected a mapping, got {e!r}", field=f"placement[{i}]")
+        F.reject_unknown(e, {"rank", "node", "device"}, f"placement[{i}]")
+        items.append(Placement(rank=F.get_int(e, "rank", f"placement[{i}].rank", minimum=0),
+                               node=F.get_int(e, "node", f"placement[{i}].node", minimum=0),
+                               device=F.get_int(e, "device", f"placement[{i}].device", minimum=0)))
+    return tuple(sorted(items, key=lambda x: x.rank))
+
+
+def _workload_from(w: Any) -> Workload:
+    if not isinstance(w, dict):
+        raise InputError(f"expected a mapping, got {w!r}", field="workload")
+    F.reject_unknown(w, {"model", "seq_len", "global_batch", "cluster"}, "workload")
+    return Workload(model=F.get_str(w, "model", "workload.model"),
+                    seq_len=F.get_int(w, "seq_len", "workload.seq_len"),
+                    global_batch=F.get_int(w, "global_batch", "workload.global_batch"),
+                    cluster=str(w.get("cluster") or ""))
 
 
 _INLINE_ALIASES = {"mbs": "micro_batch_size", "nmb": "num_microbatches", "vpp": "virtual_stages", "folds": "helix_folds",
