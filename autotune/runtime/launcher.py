@@ -202,7 +202,8 @@ def launch(target: str, payload: Any, world: int, *, timeout_s: float = 300.0, d
 def supervise(procs: list[Any], *, timeout_s: float, grace_s: float = GRACE_S,
               failed: Callable[[], bool] | None = None,
               poll: Callable[[], None] | None = None) -> tuple[bool, list[int | None]]:
-    """The one process supervisor of autotune's launches (trials here, profiles in profilers.launch).
+    """The one process supervisor of autotune's launches (trials here, profiles in profilers.launch, the
+    torchrun lines of `apply --launch` and of a validation across hosts in autotune.export.launch).
 
     Waits until every process has exited; or until one has failed (a non-zero exit code, or
     ``failed()`` says so, e.g. a failure file) and ``grace_s`` has passed for its peers to record
