@@ -290,7 +290,7 @@ class Leader:
         try:
             self.store.set("end", json.dumps({"error": error, "code": code}))
             end = time.monotonic() + BYE_S
-            waiting = [k for k in range(1, self.nodes) if k not in self.gone]
+            waiting = [k for k in range(1, self.nodes) if k not in self.gone and self.store.check([f"machine/{k}"])]
             while time.monotonic() < end and not all(self.store.check([f"bye/{k}"]) for k in waiting):
                 time.sleep(0.1)
             deadline = time.monotonic() + BYE_S
@@ -312,15 +312,14 @@ def follow(study: str, node_rank: int, *, addr: str, port: int, say) -> dict[str
     except Exception as e:  # noqa: BLE001 - torch raises several kinds for a store it cannot reach
         raise WorkError(f"node-rank 0 did not answer at {addr}:{cport} within {JOIN_TIMEOUT_S:g} s ({e}); start "
                         f"`autotune validate --study {study} --node-rank 0` on {addr}") from None
-    joined = store.add(f"join/{node_rank}", 1)
     hello = json.loads(store.get("hello"))
     if hello["study"] != study:
         raise InputError(f"node-rank 0 validates study {hello['study']!r}, not {study!r}", field="--study")
-    if joined > 1:
-        raise InputError(f"another host already joined as node-rank {node_rank}", field="--node-rank")
     if not 0 < node_rank < hello["nodes"]:
         raise InputError(f"study {study!r} runs on {hello['nodes']} node(s): node-rank 1..{hello['nodes'] - 1} "
                          "join node-rank 0", field="--node-rank")
+    if store.add(f"join/{node_rank}", 1) > 1:
+        raise InputError(f"another host already joined as node-rank {node_rank}", field="--node-rank")
     store.set(f"machine/{node_rank}", machine_to_json(this_machine(hello["device"])))
     beat = Beat(addr, cport, node_rank)
 
