@@ -258,12 +258,15 @@ MIN_HELD_OUT = 3
 
 def validate(study_name: str, storage: str, *, options: ValidateOptions | None = None,
              runner: Callable[..., Any] | None = None, estimator: Callable[..., Any] | None = None,
-             progress: Callable[[str], None] | None = None, machines: list[Machine] | None = None) -> dict[str, Any]:
+             progress: Callable[[str], None] | None = None, machines: list[Machine] | None = None,
+             prepare: Callable[..., Any] | None = None) -> dict[str, Any]:
     """Run the top K runnable plans of the study, store measured beside predicted, calibrate, re-rank.
 
     ``machines``: the nodes the trials launch on (default: this machine as ``options.device`` uses
     it); they must be the study's cluster (``autotune.machines.check_machines``), else a
-    ``ClusterMismatch`` (exit 2) before anything runs or is written."""
+    ``ClusterMismatch`` (exit 2) before anything runs or is written. ``runner`` (run_trial's
+    signature) and ``prepare`` (raises InputError for a plan it cannot run) launch elsewhere than
+    local processes: across hosts, ``autotune.runtime.control.Leader``."""
     opts = options or ValidateOptions()
     if opts.top < 1:
         raise InputError(f"must be >= 1, got {opts.top}", field="--top")
@@ -277,7 +280,6 @@ def validate(study_name: str, storage: str, *, options: ValidateOptions | None =
     if runner is None:
         from autotune.runtime.trial import prepare, run_trial
     else:
-        prepare = None
         run_trial = runner
     study = open_study(study_name, storage)
     model, cluster, seq_len, global_batch = study_workload(study, storage)

@@ -3,8 +3,10 @@
 The ranks holding the same parameters are the dp x cp x hp ranks of a pipeline stage (CP and
 Ulysses ranks hold whole weights, as DP replicas do); they are the ZeRO group of ``shard_n`` ranks
 (Rajbhandari et al. 2020). Gradients are accumulated over a step's micro-batches and reduced once, in
-the last backward, in ``grad_reduce_dtype`` (fp32 under 16-bit compute); weights are gathered in the
-compute dtype. What each stage moves per step (``step_transfers``; P the rank's parameters, L its
+the last backward, in ``grad_reduce_dtype`` (fp32 under 16-bit compute), at every ZeRO stage (one
+reduce-scatter a step from ZeRO-1 on, not one per micro-batch as DeepSpeed's ZeRO-2 does: why, and
+what it costs in memory, ``grads_accumulate_unsharded`` and ``autotune/runtime/sharding.py``); weights
+are gathered in the compute dtype. What each stage moves per step (``step_transfers``; P the rank's parameters, L its
 blocks of ``b`` parameters each, R = P - L*b the rest: embedding, final norm, LM head):
 
 * ZeRO 0: all-reduce of the gradients (P);
@@ -25,7 +27,9 @@ blocks of ``b`` parameters each, R = P - L*b the rest: embedding, final norm, LM
 
 The gradient reduction overlaps with the last micro-batch's backward (Megatron
 ``overlap_grad_reduce``) and starts when every replica of the stage has finished; the rest is
-exposed. The optimizer step is memory-bound Adam over the rank's (ZeRO-sharded) parameters.
+exposed. Under ZeRO-2/3 with pipelining nothing of it overlaps: torch's pipeline stages run every
+backward without gradient sync and reduce-scatter after the last one (``perform_reduce_grad``), so
+the runtime's reduction follows the stage's compute. The optimizer step is memory-bound Adam over the rank's (ZeRO-sharded) parameters.
 """
 
 from __future__ import annotations
@@ -91,10 +95,31 @@ class Transfer:
     what: str
 
 
+def grads_accumulate_unsharded(zero: int, pp: int, microbatches: int) -> bool:
+    """Whether a ZeRO-2/3 rank holds whole (unsharded) gradients in ``grad_reduce_dtype`` through its
+    step: the runtime (FSDP2, ``autotune/runtime/sharding.py``) accumulates the micro-batches'
+    gradients unsharded and reduce-scatters once, in the last backward, so a rank running more than
+    one micro-batch keeps an accumulation buffer of all its parameters; under pipelining torch's
+    stages always accumulate so (every backward runs without gradient sync, the reduction follows the
+    last), even for one micro-batch. Only one micro-batch without pipelining reduce-scatters as it
+    goes and holds gradient shards alone. Below ZeRO-2 gradients are whole anyway."""
+    return zero >= 2 and (pp > 1 or microbatches > 1)
+
+
 def gathers_per_microbatch(s: Any) -> bool:
     """ZeRO-3 gathers every micro-batch when every DP replica runs as many (the runtime's collectives
     are matched by order over the group), else once per step."""
     return len(set(s.microbatches)) == 1
+
+
+def zero3_weights_gathered(s: Any) -> bool:
+    """Whether a ZeRO-3 rank (``s`` a ``StepContext``) holds all its weights gathered at some point of
+    the step, as ZeRO-2 does, rather than one block and the prefetched next: when the replicas run
+    different micro-batch counts the runtime gathers once a step and keeps the weights over the
+    forwards (``gathers_per_microbatch``), and under pipelining torch's stages keep each backward's
+    gathered weights until the next forward frees them (their backward turns resharding after
+    backward off), so the whole stage is gathered between a backward and the next forward."""
+    return s.zero >= 3 and (s.pp > 1 or not gathers_per_microbatch(s))
 
 
 def step_transfers(ctx: RankContext) -> list[Transfer]:
@@ -149,6 +174,9 @@ def grad_sync(ctx: RankContext, comp_f: float, comp_b: float) -> tuple[float, fl
         return 0.0, 0.0
     t = step_transfers(ctx)
     overl = _seconds(ctx, t[0].op, t[0].nbytes)
+    exposed_reduction = 0.0
+    if s.zero >= 2 and s.pp > 1:  # torch's stages reduce-scatter after the last backward, not in it
+        overl, exposed_reduction = 0.0, overl
     if s.zero == 0:
         return overl, 0.0
     if s.zero == 1:
@@ -162,7 +190,7 @@ def grad_sync(ctx: RankContext, comp_f: float, comp_b: float) -> tuple[float, fl
             fixed += n_blocks * max(0.0, gather - comp_b)
     for x in t[2:]:  # the weights outside the blocks: nothing to hide behind
         fixed += x.calls * _seconds(ctx, "all_gather", x.nbytes)
-    return overl, fixed
+    return overl, fixed + exposed_reduction
 
 
 def step_comm(ctx: RankContext) -> float:

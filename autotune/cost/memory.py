@@ -10,6 +10,18 @@ shards over the N ranks that hold the same parameters (dp x cp x hp here): stage
 states, stage 2 also the gradients, stage 3 also the weights (plus two gathered blocks of weights
 as the working set while a layer runs and the next is prefetched, as FSDP does).
 
+Gradients under ZeRO-2/3 are sharded only where the runtime holds them so: it reduce-scatters once a
+step, in the last backward, and accumulates the micro-batches before it unsharded
+(``data_parallel.grads_accumulate_unsharded``; autotune/runtime/sharding.py says why), so a rank
+running more than one micro-batch, or any pipeline stage, holds whole gradients (4 bytes a
+parameter under 16-bit compute): ZeRO-2 then needs the memory of ZeRO-1 at its peak, and ZeRO-3
+saves the weights alone. One micro-batch without pipelining holds gradient shards, as the ZeRO
+paper counts; under ZeRO-2 they never add to the gathered weights, which that backward frees unit by
+unit as it reduce-scatters the unit's gradients (only the excess of the shards over the weights
+counts: none under 16-bit compute from 2 ranks on). ZeRO-3 holds its weights whole like ZeRO-2 when
+the runtime gathers them once a step (replicas with different micro-batch counts) or under
+pipelining (``data_parallel.zero3_weights_gathered``).
+
 Activations per block and micro-batch (Korthikanti et al. 2022, "Reducing Activation Recomputation
 in Large Transformer Models", section 4 / Table 2), in bytes for 16-bit activations:
 ``s*b*h*(34 + 5*a*s/h)`` without parallelism. Its terms, generalised to GQA (kv width) and SwiGLU
@@ -47,7 +59,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from autotune.cost.compute import DTYPE_BYTES
-from autotune.cost.data_parallel import grad_reduce_dtype
+from autotune.cost.data_parallel import grad_reduce_dtype, grads_accumulate_unsharded, zero3_weights_gathered
 from autotune.cost.pipeline import peak_in_flight
 
 if TYPE_CHECKING:  # typing only: context.py builds on the dimension modules
@@ -66,16 +78,25 @@ def state_bytes_per_param(dtype: str) -> tuple[float, float, float]:
     return 2.0, float(DTYPE_BYTES[grad_reduce_dtype(dtype)]), 12.0
 
 
-def model_states(params: float, dtype: str, zero_stage: int, shard: int, layer_params: float) -> dict[str, float]:
-    """Weights, gradients and optimizer states of ``params`` parameters on one rank."""
+def model_states(params: float, dtype: str, zero_stage: int, shard: int, layer_params: float,
+                 grads_unsharded: bool = False, weights_gathered: bool = False) -> dict[str, float]:
+    """Weights, gradients and optimizer states of ``params`` parameters on one rank.
+    ``grads_unsharded``: under ZeRO-2/3 the rank accumulates whole gradients over its micro-batches
+    (``data_parallel.grads_accumulate_unsharded``), so they are not divided by the shard count;
+    ``weights_gathered``: under ZeRO-3 the rank holds all its weights gathered at some point of the
+    step (``data_parallel.zero3_weights_gathered``), as ZeRO-2 does."""
     w, g, o = state_bytes_per_param(dtype)
     n = max(shard, 1)
-    weights = params * w / (n if zero_stage >= 3 else 1)
-    if zero_stage >= 3 and n > 1:
+    sharded_weights = zero_stage >= 3 and not weights_gathered
+    weights = params * w / (n if sharded_weights else 1)
+    if sharded_weights and n > 1:
         weights += 2 * layer_params * w  # gathered working set (current and prefetched block)
-    return {"weights": weights,
-            "gradients": params * g / (n if zero_stage >= 2 else 1),
-            "optimizer": params * o / (n if zero_stage >= 1 else 1)}
+    grads = params * g / (n if zero_stage >= 2 and not grads_unsharded else 1)
+    if zero_stage == 2 and not grads_unsharded and n > 1:
+        # the one backward frees each unit's gathered weights as it reduce-scatters the unit's
+        # gradients: the shards take the room the weights leave, only what exceeds it adds
+        grads = max(0.0, grads - weights)
+    return {"weights": weights, "gradients": grads, "optimizer": params * o / (n if zero_stage >= 1 else 1)}
 
 
 def layer_activation_bytes(model: Any, *, micro_batch: int, tokens_local: float, cp_tokens: float, seq_len: int,
@@ -133,7 +154,9 @@ def rank_memory(ctx: RankContext, kept: float, full: float) -> tuple[float, dict
     the layer-micro-batches its schedule holds at once (plus one block rebuilt under recompute),
     the last chunk's logits in flight, and the allocator's reserve."""
     s = ctx.step
-    states = model_states(ctx.params / s.tp, s.dtype, s.zero, s.shard_n, ctx.layer_params / s.tp)
+    states = model_states(ctx.params / s.tp, s.dtype, s.zero, s.shard_n, ctx.layer_params / s.tp,
+                          grads_unsharded=grads_accumulate_unsharded(s.zero, s.pp, ctx.microbatches),
+                          weights_gathered=zero3_weights_gathered(s))
     inflight, last_inflight = peak_in_flight(s.schedule, s.pp, s.v, ctx.microbatches, ctx.pp_index, ctx.layers)
     acts = kept * inflight + (full - kept if s.recompute != "none" else 0.0)
     logits = 0.0

@@ -13,8 +13,22 @@ count. FSDP2 runs on a one-dimensional ``DeviceMesh`` made from the group the ru
   backward is done (what FSDP calls SHARD_GRAD_OP), gradients are reduce-scattered.
 
 Gradients are accumulated over the micro-batches of a step (fp32, unsharded) and reduce-scattered
-once, in the last backward (torch's pipeline stages do this for FSDP modules; ``ShardedOptimizer``
-does it for the plain micro-batch loop).
+once, in the last backward (torch's pipeline stages do this for FSDP modules, after the last
+backward; ``ShardedOptimizer`` does it for the plain micro-batch loop, in it). This is chosen over
+what DeepSpeed's ZeRO-2 and FSDP2's default do (reduce-scatter every micro-batch's gradients in its
+backward and accumulate only the shard), and the cost model prices the choice
+(``autotune/cost/memory.py``, ``data_parallel.grads_accumulate_unsharded``): a rank running more
+than one micro-batch, or any pipeline stage, holds a whole fp32 gradient buffer (4 bytes a
+parameter), so ZeRO-2 then needs ZeRO-1's memory at its peak; in exchange the step runs one
+reduce-scatter, not one per micro-batch. Why: with uneven samples per replica the replicas run
+different micro-batch counts, and collectives matched by order over the gradient group would need
+the replicas with fewer micro-batches to issue the missing reduce-scatters (with zero gradients,
+in FSDP2's unit order and sizes, interleaved at the right place with the per-step gathers below);
+torch's pipeline stages, which own the backward under pp > 1, turn gradient sync off for every
+backward and reduce after the last, so per-micro-batch reduction there would mean overriding
+their FSDP handling for every schedule, split backwards included. Measured on CPU (dp=2, bf16,
+1.9M-parameter blocks; tests/distributed/test_zero_memory.py): four micro-batches need the fp32
+buffer less the shards more than one micro-batch, within 15% of the cost model's difference.
 
 Uneven samples per replica: this is where FSDP2 alone cannot take the share. Its collectives are
 matched by order over the gradient group, and FSDP2 all-gathers per micro-batch, so replicas that run

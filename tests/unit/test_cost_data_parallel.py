@@ -107,3 +107,20 @@ def test_gradient_reduction_follows_the_plans_precision_rule():
 
     assert DP.grad_reduce_dtype("bf16") == DP.grad_reduce_dtype("fp16") == GRAD_REDUCE_DTYPE
     assert DP.grad_reduce_dtype("fp32") == "fp32"
+
+
+@pytest.mark.parametrize("zero", [2, 3])
+def test_pipelined_zero_reduction_follows_the_last_backward(zero):
+    """Under pipelining torch's stages reduce-scatter after the last backward (perform_reduce_grad):
+    nothing of the reduction overlaps, all of it is exposed; without pipelining it overlaps the last
+    backward as before."""
+    flat = _ctx(f"dp={N},zero={zero}")
+    piped = step_context(parse_inline(f"dp=2,pp=2,zero={zero}"), GELU, _cluster(), S, 8, None)
+    ctx = tp_groups(piped)[0][2]
+    rs = [t for t in DP.step_transfers(ctx) if t.op == "reduce_scatter"][0]
+    overl, fixed = DP.grad_sync(ctx, 1e9, 1e9)  # compute long enough to hide every gather
+    assert overl == 0.0
+    assert fixed == pytest.approx(DP._seconds(ctx, "reduce_scatter", rs.nbytes) + sum(
+        t.calls * DP._seconds(ctx, "all_gather", t.nbytes) for t in DP.step_transfers(ctx)[2:]))
+    flat_overl, _ = DP.grad_sync(flat, 1e9, 1e9)
+    assert flat_overl == pytest.approx(DP._seconds(flat, "reduce_scatter", DP.step_transfers(flat)[0].nbytes))

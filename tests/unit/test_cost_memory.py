@@ -53,7 +53,9 @@ def test_single_device_memory_total_by_hand(recompute):
     assert terms["weights"] + terms["gradients"] + terms["optimizer"] == pytest.approx(states)
 
 
-@pytest.mark.parametrize("zero,expected", [(0, 18.0), (1, 2 + 4 + 12 / 4), (2, 2 + 16 / 4), (3, 18 / 4)])
+# ZeRO-2 with one micro-batch: its 4/4 bytes of gradient shards fit in the 2 bytes of gathered weights
+# its backward frees (autotune/cost/memory.py), so they add nothing
+@pytest.mark.parametrize("zero,expected", [(0, 18.0), (1, 2 + 4 + 12 / 4), (2, 2 + 12 / 4), (3, 18 / 4)])
 def test_zero_stages_shard_over_dp(zero, expected):
     est = estimate(parse_inline(f"dp=4,zero={zero}"), GELU, one_node(4), S, 4)
     t = est.breakdown["ranks"][0]["memory"]
@@ -110,3 +112,30 @@ def test_runtime_prelaunch_check_asks_the_cost_model(inline, monkeypatch):
     monkeypatch.setattr(trial, "_device_memory", lambda kind, world: need * (1 - 1e-9))
     with pytest.raises(InputError, match="needs about"):
         trial.prepare(plan, model, S_, B_, device="cpu")
+
+
+@pytest.mark.parametrize("zero", [2, 3])
+def test_zero_gradients_are_whole_while_micro_batches_accumulate(zero):
+    """The runtime (FSDP2) reduce-scatters once a step, in the last backward: a rank running one
+    micro-batch holds gradient shards (the ZeRO paper's count), one running several holds the whole
+    fp32 accumulation buffer, and so does every pipeline stage (torch's stages always accumulate)."""
+    one = estimate(parse_inline(f"dp=4,zero={zero}"), GELU, one_node(4), S, 4)
+    four = estimate(parse_inline(f"dp=4,zero={zero}"), GELU, one_node(4), S, 16)
+    # one micro-batch: shards (under ZeRO-2 within the room its freed weights leave, module docstring)
+    assert one.breakdown["ranks"][0]["memory"]["gradients"] == pytest.approx(
+        max(0.0, 4 * PHI / 4 - 2 * PHI) if zero == 2 else 4 * PHI / 4)
+    assert four.breakdown["ranks"][0]["memory"]["gradients"] == pytest.approx(4 * PHI)
+    pipe = estimate(parse_inline(f"dp=2,pp=2,zero={zero},schedule=gpipe"), GELU, one_node(4), S, 2)
+    for row in pipe.breakdown["ranks"]:  # one micro-batch per replica, still whole under pipelining
+        stage_params = row["memory"]["optimizer"] / 12 * 2  # 12 bytes a parameter, sharded over dp=2
+        assert row["memory"]["gradients"] == pytest.approx(4 * stage_params)
+
+
+def test_zero3_weights_are_whole_when_gathered_per_step():
+    """Replicas with different micro-batch counts gather once a step and keep the weights over the
+    forwards (autotune/runtime/sharding.py): ZeRO-3 then holds the weights as ZeRO-2 does."""
+    even = estimate(parse_inline("dp=4,zero=3"), GELU, one_node(4), S, 16).breakdown["ranks"][0]["memory"]
+    uneven = estimate(parse_inline("dp=4,zero=3,samples=6/2/4/4"), GELU, one_node(4), S, 16)
+    assert even["weights"] == pytest.approx(2 * PHI / 4 + 2 * 2 * GELU.layer_params())
+    for row in uneven.breakdown["ranks"]:
+        assert row["memory"]["weights"] == pytest.approx(2 * PHI)
