@@ -85,11 +85,16 @@ def _run_part(line: str, node: int, node_rank: int, trial: dict[str, Any], poll)
     from autotune.export import launch as L
 
     cmd = _node_command(node, node_rank)
+    out = Path(trial["out"])
     try:
-        res, proc = L.run_node(cmd, Path(trial["out"]), world=trial["world"], nodes=len(trial["lines"]),
+        res, proc = L.run_node(cmd, out, world=trial["world"], nodes=len(trial["lines"]),
                                timeout_s=trial["timeout_s"], line=line, poll=poll)
     except WorkError as e:
         return {"error": e.args[0] if e.args else str(e)}
+    finally:  # this node's rank files, read (or useless) by now; node 0 removes the folder on its host
+        for r in L.node_ranks(cmd, trial["world"], len(trial["lines"])):
+            for f in (out / f"result-{r}.pt", out / f"failure-{r}.pt"):
+                f.unlink(missing_ok=True)
     if res.failure is not None:
         return {"failure": {**res.failure, "node": node, "text": L.failure_text(cmd, res.failure, proc)},
                 "time": res.extra.get("time", time.time())}

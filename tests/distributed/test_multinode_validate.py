@@ -40,9 +40,24 @@ def make_study(tmp_path: Path, nodes: list[dict]) -> str:
     return url
 
 
+def free_pair() -> int:
+    """A free port whose next port is free too (node-rank 0's control store listens there)."""
+    import socket
+
+    for _ in range(50):
+        port = free_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port + 1))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no two free ports in a row")
+
+
 def node_env() -> dict[str, str]:
     # two "hosts" on this machine's cores: one OpenMP thread a rank (docs/running.md)
-    return {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"}
+    return {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_pair()), "OMP_NUM_THREADS": "1"}
 
 
 def autotune(tmp_path: Path, env: dict[str, str], *args: str) -> subprocess.Popen:

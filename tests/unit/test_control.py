@@ -16,8 +16,24 @@ from autotune.errors import InputError, WorkError
 from autotune.export import launch as L
 from autotune.machines import this_machine
 from autotune.runtime import control as C
-from autotune.runtime.launcher import free_port
 from autotune.specs.cluster import cluster_from_dict
+
+
+def free_port() -> int:
+    """A free port whose next port is free too (node-rank 0's control store listens there)."""
+    import socket
+
+    from autotune.runtime.launcher import free_port as one
+
+    for _ in range(50):
+        port = one()
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port + 1))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no two free ports in a row")
 
 
 def two_nodes():
