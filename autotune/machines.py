@@ -8,8 +8,8 @@ compares the study's cluster with the machines it is about to launch on and refu
 
 What is compared, node by node:
 
-* the number of nodes (a local launch is one node; ``--hosts``/torchrun launches describe one
-  ``Machine`` per host and pass them to ``check_machines``: that is the seam for multi-node runs);
+* the number of nodes (a local launch is one node; a validation across hosts gathers one
+  ``Machine`` per host, autotune.runtime.control, and passes them all to ``check_machines``);
 * the device type of every node: its kind (cpu, cuda, rocm) and model: the catalogue name of a GPU
   (``H100-SXM``: the local GPU's name is matched to the catalogue as ``local`` does), the device
   name a profile recorded (``profile:ID``: the GPU name, or the CPU model on CPU), and nothing more
@@ -158,6 +158,9 @@ def check_machines(user_attrs: dict[str, Any], cluster: Any, storage: str | None
         cpu_study = all(t.kind == "cpu" for t, _ in nodes)
         gpu_launch = any(d.kind != "cpu" for m in machines for d in m.devices)
         hint = ("--device cpu runs on this machine's CPU workers" if cpu_study and gpu_launch else
+                f"run `autotune validate --study {study_name} --node-rank K` on each of its {len(nodes)} hosts "
+                "(MASTER_ADDR: node-rank 0's host), or --hosts FILE from one of them"
+                if len(nodes) > 1 and len(machines) == 1 else
                 "run validate on the study's cluster (or search this machine's own cluster)")
         raise ClusterMismatch(f"study {study_name!r} cannot be validated here: {why}; {hint}", field="--study")
 

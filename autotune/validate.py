@@ -40,7 +40,8 @@ from typing import Any
 from autotune.errors import InputError, WorkError
 from autotune.machines import Machine, check_machines, runtime_version, this_machine
 from autotune.plan import Plan
-from autotune.study import open_study, set_trial_attrs, study_workload, trial_plans
+from autotune.plan_record import PlanRecord
+from autotune.study import open_study, set_trial_attrs, study_workload, trial_plans, trial_record
 
 RERANK = 20
 
@@ -257,12 +258,15 @@ MIN_HELD_OUT = 3
 
 def validate(study_name: str, storage: str, *, options: ValidateOptions | None = None,
              runner: Callable[..., Any] | None = None, estimator: Callable[..., Any] | None = None,
-             progress: Callable[[str], None] | None = None, machines: list[Machine] | None = None) -> dict[str, Any]:
+             progress: Callable[[str], None] | None = None, machines: list[Machine] | None = None,
+             prepare: Callable[..., Any] | None = None) -> dict[str, Any]:
     """Run the top K runnable plans of the study, store measured beside predicted, calibrate, re-rank.
 
     ``machines``: the nodes the trials launch on (default: this machine as ``options.device`` uses
     it); they must be the study's cluster (``autotune.machines.check_machines``), else a
-    ``ClusterMismatch`` (exit 2) before anything runs or is written."""
+    ``ClusterMismatch`` (exit 2) before anything runs or is written. ``runner`` (run_trial's
+    signature) and ``prepare`` (raises InputError for a plan it cannot run) launch elsewhere than
+    local processes: across hosts, ``autotune.runtime.control.Leader``."""
     opts = options or ValidateOptions()
     if opts.top < 1:
         raise InputError(f"must be >= 1, got {opts.top}", field="--top")
@@ -276,7 +280,6 @@ def validate(study_name: str, storage: str, *, options: ValidateOptions | None =
     if runner is None:
         from autotune.runtime.trial import prepare, run_trial
     else:
-        prepare = None
         run_trial = runner
     study = open_study(study_name, storage)
     model, cluster, seq_len, global_batch = study_workload(study, storage)
@@ -328,7 +331,7 @@ def validate(study_name: str, storage: str, *, options: ValidateOptions | None =
         raise WorkError(f"none of the study's plans can run on this machine: {why}")
     runs, rows = [], []
     for t, plan, done_before in chosen:
-        pred = dict(plan.predicted or {})
+        pred = dict(trial_record(t).predicted or {})
         if done_before:
             measured, failure, losses = t.user_attrs.get("measured"), t.user_attrs.get("failure"), t.user_attrs.get(
                 "losses") or []
@@ -346,7 +349,8 @@ def validate(study_name: str, storage: str, *, options: ValidateOptions | None =
                  "memory_error": memory, "measured_on": measured_on}
         if not done_before:
             t = set_trial_attrs(study, t, attrs)
-        rows.append({"trial": t.number, "plan": plan.replace(measured=measured).to_dict(), "predicted": pred,
+        rows.append({"trial": t.number, "plan": PlanRecord(plan, predicted=pred, measured=measured).to_dict(),
+                     "predicted": pred,
                      "measured": measured, "failure": failure, "error": err, "memory": memory})
         if measured and failure is None:
             runs.append({"plan": plan, "predicted": pred, "breakdown": t.user_attrs.get("breakdown"),
@@ -413,7 +417,7 @@ def validate(study_name: str, storage: str, *, options: ValidateOptions | None =
         if s:
             reranked.append({"trial": t.number, "degrees": plan.degrees.inline(), "calibrated_step_time_s": s,
                              "calibrated_tokens_per_s": global_batch * seq_len / s, "calibrated": applies,
-                             "predicted_tokens_per_s": (plan.predicted or {}).get("tokens_per_s")})
+                             "predicted_tokens_per_s": trial_record(t).tokens_per_s()})
     reranked.sort(key=lambda x: -x["calibrated_tokens_per_s"])
     out["reranked"] = reranked
     study.set_user_attr("calibrated_ranking", [x["trial"] for x in reranked])

@@ -22,7 +22,9 @@ import typer
 from autotune.commands.common import (
     DEFAULT_STORAGE,
     DtypeOpt,
+    HostsOpt,
     JsonOpt,
+    RemoteShellOpt,
     StorageOpt,
     console,
     emit_json,
@@ -34,6 +36,7 @@ from autotune.export import launch as L
 from autotune.export.common import ExportContext, describe, predict, predicted_text
 from autotune.export.source import from_plan_file, from_study
 from autotune.plan import Plan, choose_dtype
+from autotune.plan_record import PlanRecord
 
 HELP = "Export a plan for Megatron, torchtitan, DeepSpeed, Accelerate or JSON, or launch it."
 
@@ -43,15 +46,14 @@ def _tag(ctx: ExportContext) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", raw)
 
 
-def _price(plan: Plan, ctx: ExportContext, force: bool) -> Plan:
+def _price(plan: Plan, ctx: ExportContext, force: bool) -> PlanRecord:
     """The plan priced on the cluster it is exported for, never with the prediction it carried in (a
     file can hold a stale or hand-edited ``predicted``). No cluster given: no prediction at all,
     rather than figures for a cluster nobody has. What the cluster cannot run (a device it lacks, a
     precision its devices lack) is an InputError from the cost model: exit 2, nothing written; a plan
     that does not fit in memory is refused too unless ``--force``."""
-    plan = plan.replace(predicted=None)
     if ctx.cluster_assumed:
-        return plan
+        return PlanRecord(plan)
     priced, _ = predict(plan, ctx)
     p = priced.predicted or {}
     if p.get("feasible") is False and not force:
@@ -83,17 +85,19 @@ def _check_output(output: str, fmt: str, force: bool) -> None:
 
 
 def _launch(plan: Plan, ctx: ExportContext, dry_run: bool, steps: int, json_: bool, node_rank: int | None,
-            timeout_s: float = 600.0) -> None:
+            timeout_s: float = 600.0, hosts_file: str | None = None, remote_shell: str | None = None) -> None:
     """Print each node's torchrun line (autotune.export.launch); without --dry-run run one of them here:
-    the only one, or node-rank K's (``--node-rank K``, on each host of a multi-node plan)."""
+    the only one, or node-rank K's (``--node-rank K``, on each host of a multi-node plan). With
+    ``--hosts FILE`` the lines are those that start every node from here (node-rank 0's as it is,
+    the others' through the remote shell, autotune.hostfile), and a real launch runs them all."""
     out = Path("results") / "launch" / _tag(ctx) / "out"
     cmds = L.commands(plan, ctx, out, steps=steps, run_id=_tag(ctx), timeout_s=timeout_s)
     if node_rank is not None and not 0 <= node_rank < len(cmds):
         raise InputError(f"the plan runs on {len(cmds)} node(s): node-rank 0..{len(cmds) - 1}", field="--node-rank")
-    if not dry_run and len(cmds) > 1 and node_rank is None:
+    if not dry_run and len(cmds) > 1 and node_rank is None and hosts_file is None:
         raise InputError(f"the plan spans {len(cmds)} nodes: on each host run `autotune apply ... --launch "
-                         "--node-rank K` with MASTER_ADDR set to node-rank 0's host (or --dry-run to print "
-                         "the command of each node)", field="--launch")
+                         "--node-rank K` with MASTER_ADDR set to node-rank 0's host, or start them all from here "
+                         "with --hosts FILE (or --dry-run to print the command of each node)", field="--launch")
     from autotune.runtime.trial import check_runtime_support
 
     check_runtime_support(plan, ctx.model)
@@ -101,10 +105,22 @@ def _launch(plan: Plan, ctx: ExportContext, dry_run: bool, steps: int, json_: bo
         L.check_runnable(plan, ctx)
     chosen = cmds if node_rank is None else [cmds[node_rank]]
     shown = [c.shell() for c in chosen]
+    remote: list[L.RemoteLine] = []
+    if hosts_file is not None:
+        from autotune import hostfile
+
+        hosts = hostfile.read_hosts(hosts_file)
+        hostfile.check_hosts(hosts, [int(c.argv[c.argv.index("--nproc-per-node") + 1]) for c in cmds], "the plan",
+                             hosts_file)
+        addr, port = hostfile.rendezvous(hosts)
+        shown = hostfile.node_lines(hosts, shown, hostfile.remote_shell(remote_shell), addr, port)
+        remote = [L.RemoteLine(c.node, c.node_rank, h.name, line)
+                  for c, h, line in zip(cmds[1:], hosts[1:], shown[1:], strict=True)]
     if not json_:
-        for c in chosen:
-            prefix = f"# node {c.node} (node-rank {c.node_rank})\n" if len(cmds) > 1 else ""
-            console.print(prefix + c.shell(), highlight=False, soft_wrap=True)
+        for i, (c, line) in enumerate(zip(chosen, shown, strict=True)):
+            where = f" on {hosts[i].name}" if hosts_file is not None else ""
+            prefix = f"# node {c.node} (node-rank {c.node_rank}){where}\n" if len(cmds) > 1 else ""
+            console.print(prefix + line, highlight=False, soft_wrap=True)
     if dry_run:
         if json_:
             emit_json({"commands": shown, "out": str(out), "ran": False, "plan": plan.to_dict()})
@@ -112,7 +128,8 @@ def _launch(plan: Plan, ctx: ExportContext, dry_run: bool, steps: int, json_: bo
             err_console.print("dry run: nothing written, nothing started", highlight=False)
         return
     summary = L.run(chosen[0], out, world=plan.world, seq_len=ctx.seq_len, global_batch=ctx.global_batch,
-                    steps=steps, timeout_s=timeout_s, nodes=len(cmds))
+                    steps=steps, timeout_s=timeout_s, nodes=len(cmds), line=shown[0] if hosts_file else None,
+                    remote=remote)
     if json_:
         emit_json({"commands": shown, "out": str(out), "ran": True, "measured": summary, "plan": plan.to_dict()})
     else:
@@ -136,6 +153,8 @@ def command(
                                            "peer (a dead host) before the launch fails.", min=1)] = 600.0,
     node_rank: Annotated[int | None, typer.Option("--node-rank", help="With --launch: run (or print) only the "
                                                   "command of node-rank K of a multi-node plan.", min=0)] = None,
+    hosts: HostsOpt = None,
+    remote_shell: RemoteShellOpt = None,
     model: Annotated[str | None, typer.Option("--model", "-m", help="With --plan: the model it is for "
                                               "(unless the file records it).")] = None,
     seq_len: Annotated[int | None, typer.Option("--seq-len", "-s", help="With --plan: sequence length.",
@@ -157,6 +176,11 @@ def command(
         raise InputError("--dry-run only goes with --launch", field="--dry-run")
     if node_rank is not None and not launch:
         raise InputError("--node-rank only goes with --launch", field="--node-rank")
+    if hosts is not None and (not launch or node_rank is not None):
+        raise InputError("--hosts goes with --launch and starts every node from here (no --node-rank)",
+                         field="--hosts")
+    if remote_shell is not None and hosts is None:
+        raise InputError("--remote-shell only goes with --hosts", field="--remote-shell")
     if launch and (output or fmt != "json"):
         raise InputError("--launch runs the plan with autotune's own runtime; it writes no export "
                          "(drop -o/--format, or export without --launch)", field="--launch")
@@ -167,22 +191,24 @@ def command(
         for opt, v in (("--model", model), ("--seq-len", seq_len), ("--global-batch", global_batch)):
             if v is not None:
                 raise InputError("the study records what its plans are for; drop it or use --plan", field=opt)
-        plan, ctx = from_study(study, storage, cluster)
+        record, ctx = from_study(study, storage, cluster)
     else:
         assert plan_file is not None
-        plan, ctx = from_plan_file(plan_file, model, seq_len, global_batch, cluster, storage)
+        record, ctx = from_plan_file(plan_file, model, seq_len, global_batch, cluster, storage)
+    plan = record.plan
     # auto: the plan's own precision; checked against the cluster's devices when one is known
     precision = (plan.dtype if dtype == "auto" else dtype) if getattr(ctx, "cluster_assumed", False) else (
         choose_dtype(dtype, ctx.cluster, plan.dtype))
-    if precision != plan.dtype:  # exported in another precision: its prediction is re-priced
-        plan = plan.replace(dtype=precision, predicted=None)
-    plan = plan.resolve(ctx.model, ctx.cluster, ctx.seq_len, ctx.global_batch)
+    plan = plan.replace(dtype=precision).resolve(ctx.model, ctx.cluster, ctx.seq_len, ctx.global_batch)
     if launch:
-        _launch(plan, ctx, dry_run, steps, json_, node_rank, timeout)
+        _launch(plan, ctx, dry_run, steps, json_, node_rank, timeout, hosts, remote_shell)
         return
-    plan = _price(plan, ctx, force)
+    # priced afresh on the cluster it is exported for (the file's or trial's prediction is not carried);
+    # where the plan came from is, and what was measured unless it ran in another precision
+    measured = record.measured if plan.dtype == record.plan.dtype else None
+    priced = _price(plan, ctx, force).replace(measured=measured, provenance=record.provenance)
     try:
-        result = export(plan, ctx, fmt)
+        result = export(priced, ctx, fmt)
     except ExportRefused as e:
         if json_:
             err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
@@ -195,12 +221,12 @@ def command(
         check = getattr(mod, "check_file", None)
         written = str(write_atomic(output, result.text, check=check))
     if json_:
-        emit_json({"format": fmt, "output": written, "content": result.data, "plan": plan.to_dict(),
+        emit_json({"format": fmt, "output": written, "content": result.data, "plan": priced.to_dict(),
                    "text": None if written else result.text})
         return
     if written:
         priced = ("not priced: no cluster given (pass --cluster for a prediction)" if ctx.cluster_assumed
-                  else f"{predicted_text(plan.predicted)} on {ctx.cluster.name}")
+                  else f"{predicted_text(priced.predicted)} on {ctx.cluster.name}")
         err_console.print(f"wrote {written} ({fmt}) for {describe(plan)}; {priced}", highlight=False, soft_wrap=True)
     else:
         typer.echo(result.text, nl=False)

@@ -47,6 +47,15 @@ DataOpt = Annotated[str | None, typer.Option(
 DataDtypeOpt = Annotated[str, typer.Option(
     "--data-dtype", help="Token dtype of a flat --data file: auto (uint16 for vocabularies up to 65,536, "
                          "else uint32), uint16 or uint32.")]
+HostsOpt = Annotated[str | None, typer.Option(
+    "--hosts", help="Hostfile (DeepSpeed/MPI: `HOSTNAME slots=N` a line, # comments): run across these hosts, "
+                    "the first being this one (node-rank 0); the others are started through the remote shell.")]
+RemoteShellOpt = Annotated[str | None, typer.Option(
+    "--remote-shell", help="With --hosts: how to run a command on another host, called as `SHELL HOST "
+                           "COMMAND` (default: $AUTOTUNE_REMOTE_SHELL, else ssh), e.g. 'ssh -p 2222'.")]
+NodeRankOpt = Annotated[int | None, typer.Option(
+    "--node-rank", help="Across hosts: this host's node-rank K (0 leads and stores; run the same command with "
+                        "each K on its host, MASTER_ADDR/MASTER_PORT naming node-rank 0's host).", min=0)]
 EmulateOpt = Annotated[list[str] | None, typer.Option(
     "--emulate-slowdown", help="RANK=FACTOR: make that rank behave as a device FACTOR times slower "
                                "(emulated heterogeneity; labelled as emulated everywhere). Repeatable.")]

@@ -19,7 +19,9 @@ from autotune.commands.common import (
     DataDtypeOpt,
     DataOpt,
     DtypeOpt,
+    HostsOpt,
     JsonOpt,
+    RemoteShellOpt,
     SeedOpt,
     StorageOpt,
     console,
@@ -47,24 +49,50 @@ def profile_quick(storage: str, nproc: int, say: Any) -> tuple[str | None, str]:
     return str(pid), f"profiled this machine: profile {pid} ({time.perf_counter() - t0:.1f} s)"
 
 
-def measured_cluster(profile_id: str, storage: str) -> Any:
-    """`local` with its device replaced by the measured profile (falls back to `local`)."""
+def measured_cluster(profile_id: str, storage: str, nodes: int = 1, per_node: int | None = None) -> Any:
+    """`local` with its device replaced by the measured profile (falls back to `local`); ``nodes``
+    such hosts of ``per_node`` devices each (``--hosts``)."""
+    return _like_this_machine(f"profile:{profile_id}", "measured-local", storage, nodes, per_node)
+
+
+def _like_this_machine(device: str, name: str, storage: str, nodes: int, per_node: int | None) -> Any:
     from autotune.specs.cluster import cluster_from_dict, load_cluster
 
-    local = load_cluster("local")
-    g = local.groups[0]
-    d = {"name": "measured-local", "nodes": [{"count": 1, "devices_per_node": g.devices_per_node,
-                                     "device": f"profile:{profile_id}",
-                                     # cluster files write every figure with its unit
-                                     "intra_node": {"bandwidth": f"{g.intra_node.bandwidth!r}B/s",
-                                                    "latency": f"{g.intra_node.latency!r}s"}}]}
-    return cluster_from_dict(d, source="local (measured)", storage=storage)
+    g = load_cluster("local").groups[0]
+    per_node = per_node or g.devices_per_node
+    if nodes > 1:
+        name = f"{name}-{nodes}x{per_node}"
+    d = {"name": name, "nodes": [{"count": nodes, "devices_per_node": per_node, "device": device,
+                                  # cluster files write every figure with its unit
+                                  "intra_node": {"bandwidth": f"{g.intra_node.bandwidth!r}B/s",
+                                                 "latency": f"{g.intra_node.latency!r}s"}}]}
+    return cluster_from_dict(d, source=f"{name} (this machine)", storage=storage)
+
+
+def host_slots(hosts_file: str) -> int | None:
+    """The ranks a host of ``tune --hosts FILE`` runs: the file's slots (all the same: tune searches
+    hosts alike, and torchrun runs one count a node), or None (as many as ``local`` has)."""
+    from autotune.hostfile import read_hosts
+
+    slots = {h.slots for h in read_hosts(hosts_file) if h.slots is not None}
+    if len(slots) > 1:
+        raise InputError(f"tune searches hosts alike; the file gives slots {sorted(slots)}", source=hosts_file,
+                         field="--hosts")
+    return slots.pop() if slots else None
+
+
+def hosts_cluster(device: str, hosts_file: str, storage: str, per_node: int | None) -> Any:
+    """``tune --hosts FILE``: the file's hosts, each with this machine's ``device`` (its measured
+    profile, else ``local``'s) and ``per_node`` devices (``host_slots``)."""
+    from autotune.hostfile import read_hosts
+
+    return _like_this_machine(device, "hosts", storage, len(read_hosts(hosts_file)), per_node)
 
 
 def export_best(plan_dict: dict[str, Any], study: str, storage: str, out_dir: Path) -> Path:
-    from autotune.plan import Plan
+    from autotune.plan_record import PlanRecord
 
-    plan = Plan.from_dict(plan_dict)
+    record = PlanRecord.from_dict(plan_dict)
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", study)
     path = out_dir / f"{safe}.json"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -75,7 +103,7 @@ def export_best(plan_dict: dict[str, Any], study: str, storage: str, out_dir: Pa
     model, cluster, seq_len, gb = study_workload(open_study(study, storage), storage)
     ctx = ExportContext(model=model, cluster=cluster, seq_len=seq_len, global_batch=gb, study=study,
                         storage=storage, source=f"study {study}", cluster_digest=cluster.digest)
-    ex = export(plan, ctx, "json")
+    ex = export(record, ctx, "json")
     write_atomic(path, ex.text, check=check_file)
     return path
 
@@ -94,6 +122,8 @@ def command(
     data: DataOpt = None,
     data_dtype: DataDtypeOpt = "auto",
     dtype: DtypeOpt = "auto",
+    hosts: HostsOpt = None,
+    remote_shell: RemoteShellOpt = None,
     json_: JsonOpt = False,
 ) -> None:
     """The whole loop on this machine: profile, search, validate the top 3, export the best plan."""
@@ -110,16 +140,28 @@ def command(
         from autotune.runtime.data import prepare_data
 
         prepare_data(data, m.vocab, seq_len, global_batch, ValidateOptions().warmup + steps, dtype=data_dtype)
-    cluster = load_cluster("local")
+    if remote_shell is not None and hosts is None:
+        raise InputError("--remote-shell only goes with --hosts", field="--remote-shell")
+    per_node = None
+    if hosts is not None:  # a bad file fails before the profile and search
+        from autotune import hostfile
+
+        hostfile.remote_shell(remote_shell)
+        per_node = host_slots(hosts)
+    cluster = load_cluster("local" if per_node is None else f"local:{per_node}")
+    device = cluster.groups[0].device.name  # what every host of --hosts is, as searched
     profile_id = None
     if profile:
         profile_id, note = profile_quick(storage, cluster.num_devices, say)
         notes.append(note)
         if profile_id is not None:
             try:
-                cluster = measured_cluster(profile_id, storage)
+                cluster = measured_cluster(profile_id, storage, per_node=per_node)
+                device = f"profile:{profile_id}"
             except InputError as e:
                 notes.append(f"measured profile not usable ({e}); searching on the catalogue `local`")
+    if hosts is not None:
+        cluster = hosts_cluster(device, hosts, storage, per_node)
     precision = choose_dtype(dtype, cluster)  # searched, validated (as searched) and exported in it
     name = "tune-" + default_study_name(m, cluster, seq_len, global_batch) + (f"-p{profile_id}" if profile_id else "")
     if precision != "bf16":  # a study holds one precision: another one is another study (as `search` names it)
@@ -129,8 +171,13 @@ def command(
                  options=SearchOptions(trials=trials, seed=seed, top=top, dtype=precision), progress=say)
     notes += res.notes
     say(f"validating the top {top} for real ...")
-    val = validate(name, storage, options=ValidateOptions(top=top, steps=steps, seed=seed, data=data,
-                                                                data_dtype=data_dtype), progress=say)
+    vopts = ValidateOptions(top=top, steps=steps, seed=seed, data=data, data_dtype=data_dtype)
+    if hosts is not None:  # across the hosts, started from here (autotune.runtime.control)
+        from autotune.runtime.control import lead
+
+        val = lead(name, storage, vopts, hosts_file=hosts, shell=remote_shell, progress=say)
+    else:
+        val = validate(name, storage, options=vopts, progress=say)
     if val["best_measured"] is None:
         raise WorkError("every validated plan failed: " + "; ".join(
             f"trial {r['trial']}: {(r['failure'] or {}).get('message')}" for r in val["validated"]))

@@ -12,13 +12,17 @@ from autotune.commands.common import (
     DataDtypeOpt,
     DataOpt,
     DtypeOpt,
+    HostsOpt,
     JsonOpt,
+    NodeRankOpt,
+    RemoteShellOpt,
     SeedOpt,
     StorageOpt,
     console,
     emit_json,
     err_console,
 )
+from autotune.errors import InputError
 from autotune.progress import Progress
 
 HELP = "Run the study's top plans for real, store measured beside predicted, calibrate the cost model, re-rank."
@@ -38,17 +42,42 @@ def command(
     data: DataOpt = None,
     data_dtype: DataDtypeOpt = "auto",
     dtype: DtypeOpt = "auto",
+    node_rank: NodeRankOpt = None,
+    hosts: HostsOpt = None,
+    remote_shell: RemoteShellOpt = None,
     json_: JsonOpt = False,
 ) -> None:
     """Run the study's top plans for real, store measured beside predicted, calibrate the cost model, re-rank."""
     from autotune.validate import ValidateOptions, validate
 
+    if node_rank is not None and hosts is not None:
+        raise InputError("--hosts starts every node from node-rank 0; drop --node-rank", field="--node-rank")
+    if remote_shell is not None and hosts is None:
+        raise InputError("--remote-shell only goes with --hosts", field="--remote-shell")
+    if node_rank:  # another host's part: no storage here, node-rank 0 sends the trials
+        from autotune.runtime.control import follow, master_from_env
+
+        addr, port = master_from_env()
+        say = (lambda _m: None) if json_ else (lambda m: err_console.print(m, highlight=False))
+        done = follow(study, node_rank, addr=addr, port=port, say=say)
+        if json_:
+            emit_json(done)
+        else:
+            console.print(f"node-rank {node_rank}: ran its part of {done['trials_run']} trial(s); node-rank 0 "
+                          "stores them", highlight=False)
+        return
     check_study_dtype(study, storage, dtype)
 
     opts = ValidateOptions(top=top, steps=steps, warmup=warmup, timeout_s=timeout, device=device, seed=seed,
                            diverse=diverse, data=data, data_dtype=data_dtype)
     with Progress(err_console, enabled=not json_, unit="plans") as live:
-        out = validate(study, storage, options=opts, progress=None if json_ else _reporter(live, top))
+        report = None if json_ else _reporter(live, top)
+        if node_rank == 0 or hosts is not None:
+            from autotune.runtime.control import lead
+
+            out = lead(study, storage, opts, hosts_file=hosts, shell=remote_shell, progress=report)
+        else:
+            out = validate(study, storage, options=opts, progress=report)
     if json_:
         emit_json(out)
         return

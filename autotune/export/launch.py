@@ -24,6 +24,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from typing import Any
 from autotune.errors import InputError, WorkError
 from autotune.export.common import ExportContext, node_blocks
 from autotune.plan import Plan
+from autotune.runtime.launcher import LaunchResult
 
 ENTRY_MODULE = "autotune.runtime.launcher"
 DEFAULT_PORT = 29500
@@ -110,28 +112,16 @@ def check_runnable(plan: Plan, ctx: ExportContext) -> Plan:
 
 
 def run(cmd: NodeCommand, out: Path, *, world: int, seq_len: int, global_batch: int, steps: int,
-        timeout_s: float, nodes: int = 1) -> dict[str, Any]:
+        timeout_s: float, nodes: int = 1, line: str | None = None, remote: list[RemoteLine] | None = None
+        ) -> dict[str, Any]:
     """Run one node's printed line here (``bash -c``) and summarise the ranks' reports as ``trial``
     does (step time: median over measured steps of the slowest rank's time; with several nodes,
-    this node's ranks, which wait for the others at every step's closing barrier)."""
-    from autotune.runtime.launcher import read_results
-
-    n = world // nodes
-    mine = range(cmd.node_rank * n, (cmd.node_rank + 1) * n)
-    out.mkdir(parents=True, exist_ok=True)
-    for r in mine:  # this node's earlier results; another node may share the folder
-        for f in (out / f"result-{r}.pt", out / f"failure-{r}.pt"):
-            f.unlink(missing_ok=True)
-    # this environment's torchrun; its ranks watch their agent, so a killed torchrun leaves none behind
-    env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
-    proc = _run_line(cmd.shell(), env, out, mine, timeout_s + 60, cmd.node)
-    res = read_results(out, world, ranks=mine)
+    this node's ranks, which wait for the others at every step's closing barrier). ``line``: the
+    text to run instead of ``cmd.shell()`` (``--hosts``: with the rendezvous variables in front);
+    ``remote``: the other nodes' lines, started from here through a remote shell (autotune.hostfile)."""
+    res, proc = run_node(cmd, out, world=world, nodes=nodes, timeout_s=timeout_s, line=line, remote=remote)
     if res.failure is not None:
-        f = res.failure
-        tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-1:] or ["no output"]
-        raise WorkError(f"node {cmd.node} (node-rank {cmd.node_rank}): torchrun exited with code {proc.returncode}; "
-                        f"rank {f['rank']} failed ({f['kind']}): {f['message']}"
-                        + ("" if "left no result" not in f["message"] else f"; last line: {tail[0]}"))
+        raise WorkError(failure_text(cmd, res.failure, proc))
     reports = sorted(res.results or [], key=lambda r: r["rank"])
     per_step = [max(rep["step_times"][i] for rep in reports) for i in range(steps)]
     step = statistics.median(per_step)
@@ -142,44 +132,135 @@ def run(cmd: NodeCommand, out: Path, *, world: int, seq_len: int, global_batch: 
             "losses": reports[0]["losses"]}
 
 
+@dataclass(frozen=True)
+class RemoteLine:
+    """Another node's line, started from here (``--hosts``): it runs that node's ranks over there."""
+    node: int
+    node_rank: int
+    host: str
+    line: str
+
+
+def failure_text(cmd: NodeCommand, failure: dict[str, Any], proc: subprocess.CompletedProcess) -> str:
+    """The one line that says which node reports what."""
+    tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-1:] or ["no output"]
+    return (f"node {cmd.node} (node-rank {cmd.node_rank}): torchrun exited with code {proc.returncode}; "
+            f"rank {failure['rank']} failed ({failure['kind']}): {failure['message']}"
+            + ("" if "left no result" not in failure["message"] else f"; last line: {tail[0]}"))
+
+
+def node_ranks(cmd: NodeCommand, world: int, nodes: int) -> range:
+    n = world // nodes
+    return range(cmd.node_rank * n, (cmd.node_rank + 1) * n)
+
+
+def run_node(cmd: NodeCommand, out: Path, *, world: int, nodes: int, timeout_s: float, line: str | None = None,
+             remote: list[RemoteLine] | None = None, poll: Callable[[], None] | None = None
+             ) -> tuple[LaunchResult, subprocess.CompletedProcess]:
+    """Run this node's line (and ``remote`` lines) until they end, and read this node's ranks'
+    results or their earliest failure. ``poll`` runs every round (it raises to stop everything: a
+    peer node that is gone). A remote line that fails by itself (an unreachable host) is the
+    failure reported, naming its node and host."""
+    from autotune.runtime.launcher import read_results
+
+    mine = node_ranks(cmd, world, nodes)
+    out.mkdir(parents=True, exist_ok=True)
+    for r in mine:  # this node's earlier results; another node may share the folder
+        for f in (out / f"result-{r}.pt", out / f"failure-{r}.pt"):
+            f.unlink(missing_ok=True)
+    # this environment's torchrun; its ranks watch their agent, so a killed torchrun leaves none behind
+    env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
+    lines = [line or cmd.shell(), *(r.line for r in remote or [])]
+    procs, codes = _run_lines(lines, env, out, mine, timeout_s + 60, cmd.node, poll)
+    res = read_results(out, world, ranks=mine)
+    for r, p, code in zip(remote or [], procs[1:], codes[1:], strict=True):
+        if code not in (0, None):
+            last = (p.stderr or p.stdout or "").strip().splitlines()[-1:] or ["no output"]
+            raise WorkError(f"node {r.node} (node-rank {r.node_rank}, host {r.host}): its line exited with code "
+                            f"{code}; last line: {last[0]}")
+    return res, procs[0]
+
+
 AGENT_GRACE_S = 15.0
 """How long torchrun may take to exit once every rank of this node has reported: an agent whose
 rendezvous store lived on a host that died can wait minutes for it; the result is known by then."""
 
 
-def _run_line(line: str, env: dict[str, str], out: Path, mine: range, limit_s: float,
-              node: int) -> subprocess.CompletedProcess:
-    """``bash -c line`` in a session of its own, ended (with its torchrun agent; the ranks watch their
-    agent and follow it) at ``limit_s``, on Ctrl-C, or ``AGENT_GRACE_S`` after every rank of this
-    node has left a result or a failure."""
-    import signal
-    import tempfile
-    import time
+class ShellLine:
+    """``bash -c LINE`` in a session of its own, seen as ``launcher.supervise`` sees a process: the
+    session (bash, torchrun; the ranks watch torchrun and follow it) is what ``terminate``/``kill`` end."""
 
-    logs = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")  # a pipe left unread could fill up
-    proc = subprocess.Popen(["bash", "-c", line], env=env, stdout=logs[0], stderr=logs[1], text=True,
-                            start_new_session=True)
-    end, reported_at = time.monotonic() + limit_s, None
+    def __init__(self, line: str, env: dict[str, str]):
+        import tempfile
+
+        self.logs = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")  # a pipe left unread could fill
+        self.popen = subprocess.Popen(["bash", "-c", line], env=env, stdout=self.logs[0], stderr=self.logs[1],
+                                      text=True, start_new_session=True)
+        self.pid = self.popen.pid
+        self.sentinel = os.pidfd_open(self.pid)  # readable once the process has exited
+        self._done: subprocess.CompletedProcess | None = None
+
+    @property
+    def exitcode(self) -> int | None:
+        return self.popen.poll()
+
+    def _signal(self, sig: int) -> None:
+        try:
+            os.killpg(self.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def terminate(self) -> None:
+        import signal
+
+        self._signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        import signal
+
+        self._signal(signal.SIGKILL)
+
+    def join(self, timeout: float | None = None) -> None:
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def finish(self) -> subprocess.CompletedProcess:
+        """Reap, end what is left of the session, and hand back the output (the same on every call)."""
+        if self._done is None:
+            self.kill()  # the session's leftovers (a torchrun whose bash has gone)
+            self.popen.wait()
+            os.close(self.sentinel)
+            texts = []
+            for f in self.logs:
+                f.seek(0)
+                texts.append(f.read())
+                f.close()
+            self._done = subprocess.CompletedProcess(self.popen.args, self.popen.returncode, texts[0], texts[1])
+        return self._done
+
+
+def _run_lines(lines: list[str], env: dict[str, str], out: Path, mine: range, limit_s: float, node: int,
+               poll: Callable[[], None] | None = None) -> tuple[list[subprocess.CompletedProcess], list[int | None]]:
+    """Run ``lines`` (``ShellLine``) under the one supervisor (``launcher.supervise``): until all have
+    ended; or one failed and ``AGENT_GRACE_S`` passed; or every rank of this node has left a result
+    or a failure and ``AGENT_GRACE_S`` passed; or ``limit_s``; or Ctrl-C, or ``poll`` raising. Then
+    everything still running is ended. Returns each line's output and its exit code as it was
+    before anything was stopped (None: still running then)."""
+    from autotune.runtime.launcher import supervise
+
+    procs: list[ShellLine] = []
     try:
-        while proc.poll() is None:
-            if reported_at is None and all((out / f"result-{r}.pt").exists() or (out / f"failure-{r}.pt").exists()
-                                           for r in mine):
-                reported_at = time.monotonic()
-            if time.monotonic() > end:
-                raise WorkError(f"node {node}: torchrun did not finish within {limit_s:g} s")
-            if reported_at is not None and time.monotonic() - reported_at > AGENT_GRACE_S:
-                break
-            time.sleep(0.2)
+        for line in lines:
+            procs.append(ShellLine(line, env))
+
+        def reported() -> bool:
+            return all((out / f"result-{r}.pt").exists() or (out / f"failure-{r}.pt").exists() for r in mine)
+
+        timed_out, codes = supervise(procs, timeout_s=limit_s, grace_s=AGENT_GRACE_S, failed=reported, poll=poll)
     finally:
-        if proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    proc.wait()
-    texts = []
-    for f in logs:
-        f.seek(0)
-        texts.append(f.read())
-        f.close()
-    return subprocess.CompletedProcess(proc.args, proc.returncode, texts[0], texts[1])
+        done = [p.finish() for p in procs]
+    if timed_out:
+        raise WorkError(f"node {node}: torchrun did not finish within {limit_s:g} s")
+    return done, codes

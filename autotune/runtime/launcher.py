@@ -68,7 +68,8 @@ def read_results(out_dir: str | Path, world: int, ranks: range | None = None) ->
     failures = [torch.load(f, weights_only=False) for f in out.glob("failure-*.pt")]
     if failures:
         first = min(failures, key=lambda x: x["time"])
-        return LaunchResult(results=None, failure={k: first[k] for k in ("kind", "rank", "message")})
+        return LaunchResult(results=None, failure={k: first[k] for k in ("kind", "rank", "message")},
+                            extra={"time": first["time"]})  # the earliest across nodes is the one reported
     missing = [r for r in ranks if not (out / f"result-{r}.pt").exists()]
     if missing:
         return LaunchResult(results=None, failure={"kind": "error", "rank": missing[0],
@@ -201,7 +202,8 @@ def launch(target: str, payload: Any, world: int, *, timeout_s: float = 300.0, d
 def supervise(procs: list[Any], *, timeout_s: float, grace_s: float = GRACE_S,
               failed: Callable[[], bool] | None = None,
               poll: Callable[[], None] | None = None) -> tuple[bool, list[int | None]]:
-    """The one process supervisor of autotune's launches (trials here, profiles in profilers.launch).
+    """The one process supervisor of autotune's launches (trials here, profiles in profilers.launch, the
+    torchrun lines of `apply --launch` and of a validation across hosts in autotune.export.launch).
 
     Waits until every process has exited; or until one has failed (a non-zero exit code, or
     ``failed()`` says so, e.g. a failure file) and ``grace_s`` has passed for its peers to record
@@ -238,7 +240,9 @@ def supervise(procs: list[Any], *, timeout_s: float, grace_s: float = GRACE_S,
 
 
 def stop_all(procs: list[Any], grace_s: float = 3.0) -> None:
-    """SIGTERM every process still alive, SIGKILL those that have not gone after ``grace_s``, reap all."""
+    """SIGTERM every process still alive, SIGKILL those that have not gone after ``grace_s``, reap all.
+    ``procs``: multiprocessing processes, or anything with their ``pid``, ``exitcode``, ``sentinel``,
+    ``terminate``, ``kill`` and ``join`` (autotune.export.launch.ShellLine: a node's torchrun line)."""
     procs = [p for p in procs if p.pid is not None]  # a failed start() leaves later ranks unstarted
     for p in procs:
         if p.exitcode is None:
@@ -249,7 +253,7 @@ def stop_all(procs: list[Any], grace_s: float = 3.0) -> None:
         p.join(max(0.0, deadline - time.monotonic()))
         if p.exitcode is None:
             with _suppress():
-                os.kill(p.pid, signal.SIGKILL)
+                p.kill()  # SIGKILL (a process; a ShellLine's whole session)
             p.join(5)
 
 

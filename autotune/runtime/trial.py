@@ -23,6 +23,7 @@ from typing import Any
 
 from autotune.errors import InputError
 from autotune.plan import Plan, PlanError
+from autotune.plan_record import PlanRecord
 from autotune.specs.model import ModelSpec, load_model
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -171,8 +172,19 @@ def run_trial(plan: Plan | dict[str, Any], model: ModelSpec | str, seq_len: int,
         on_launch(resolved)
     res = launch("autotune.runtime.worker:trial_job", payload, resolved.world, timeout_s=timeout_s, device=kind)
     if res.failure is not None:
-        return TrialResult(plan=resolved.to_dict(), measured=None, losses=[], failure=res.failure)
-    reports = sorted(res.results, key=lambda r: r["rank"])
+        return TrialResult(plan=PlanRecord(resolved).to_dict(), measured=None, losses=[], failure=res.failure)
+    return result_from_reports(resolved, res.results, global_batch=global_batch, seq_len=seq_len, steps=steps,
+                               warmup=warmup, seed=seed, device=kind, emulate=emulate, data=data_desc,
+                               wall_s=res.wall_s)
+
+
+def result_from_reports(resolved: Plan, reports: list[dict[str, Any]], *, global_batch: int, seq_len: int,
+                        steps: int, warmup: int, seed: int, device: str, emulate: dict[int, float] | None,
+                        data: dict[str, Any] | None, wall_s: float) -> TrialResult:
+    """The TrialResult of a run from every rank's report (``runtime.worker.train``), whichever
+    launch gathered them: local processes here, or the nodes of a run across hosts
+    (``autotune.runtime.control``)."""
+    reports = sorted(reports, key=lambda r: r["rank"])
     per_step = [max(r["step_times"][i] for r in reports) for i in range(steps)]
     step_time = statistics.median(per_step)
     measured = {
@@ -183,10 +195,10 @@ def run_trial(plan: Plan | dict[str, Any], model: ModelSpec | str, seq_len: int,
         "memory_baseline_bytes": [r["memory_baseline_bytes"] for r in reports],
         "time_split": [r["time_split"] for r in reports],
         "step_times_s": per_step,
-        "steps": steps, "warmup": warmup, "seed": seed, "device": kind,
-        "emulated_slowdown": {str(k): v for k, v in emulate.items()} or None,
-        "data": data_desc["path"] if data_desc else "synthetic",
-        "launch_wall_s": res.wall_s,
+        "steps": steps, "warmup": warmup, "seed": seed, "device": device,
+        "emulated_slowdown": {str(k): v for k, v in (emulate or {}).items()} or None,
+        "data": data["path"] if data else "synthetic",
+        "launch_wall_s": wall_s,
     }
-    return TrialResult(plan=resolved.replace(measured=measured).to_dict(), measured=measured,
+    return TrialResult(plan=PlanRecord(resolved, measured=measured).to_dict(), measured=measured,
                        losses=reports[0]["losses"], failure=None)
