@@ -19,9 +19,10 @@ step, in the last backward, and accumulates the micro-batches before it unsharde
 running more than one micro-batch, or any pipeline stage, holds whole gradients (4 bytes a
 parameter under 16-bit compute): ZeRO-2 then needs the memory of ZeRO-1 at its peak, and ZeRO-3
 saves the weights alone. One micro-batch without pipelining holds gradient shards, as the ZeRO
-paper counts; under ZeRO-2 they never add to the gathered weights, which that backward frees unit by
-unit as it reduce-scatters the unit's gradients (only the excess of the shards over the weights
-counts: none under 16-bit compute from 2 ranks on). ZeRO-3 holds its weights whole like ZeRO-2 when
+paper counts; where the weights are whole (ZeRO-2, ZeRO-3 gathered per step) they never add to
+them: that backward frees each unit's gathered weights as it reduce-scatters the unit's gradients
+(ZeRO-2) or starts with the weights freed (ZeRO-3), so only the excess of the shards over the
+weights counts (none under 16-bit compute from 2 ranks on). ZeRO-3 holds its weights whole like ZeRO-2 when
 the runtime gathers them once a step (replicas with different micro-batch counts,
 ``data_parallel.zero3_weights_gathered``).
 
@@ -90,7 +91,8 @@ def model_states(params: float, dtype: str, zero_stage: int, shard: int, layer_p
     step (``data_parallel.zero3_weights_gathered``), as ZeRO-2 does."""
     w, g, o = state_bytes_per_param(dtype)
     n = max(shard, 1)
-    if zero_stage >= 3 and not weights_gathered and n > 1:
+    sharded_weights = zero_stage >= 3 and not weights_gathered and n > 1
+    if sharded_weights:
         # FSDP2 keeps one sharded copy of each weight, the fp32 parameter: under 16-bit compute that
         # is the master the optimizer term counts, and only the gathered working set (current and
         # prefetched block) is held in the compute dtype
@@ -98,9 +100,10 @@ def model_states(params: float, dtype: str, zero_stage: int, shard: int, layer_p
     else:
         weights = params * w
     grads = params * g / (n if zero_stage >= 2 and not grads_unsharded else 1)
-    if zero_stage == 2 and not grads_unsharded and n > 1:
-        # the one backward frees each unit's gathered weights as it reduce-scatters the unit's
-        # gradients: the shards take the room the weights leave, only what exceeds it adds
+    if zero_stage >= 2 and not grads_unsharded and n > 1 and not sharded_weights:
+        # whole weights and one backward: it frees each unit's gathered weights as it reduce-scatters
+        # the unit's gradients (ZeRO-2), or starts from freed weights (ZeRO-3 gathered per step):
+        # the shards take the room the weights leave, only what exceeds it adds
         grads = max(0.0, grads - weights)
     return {"weights": weights, "gradients": grads, "optimizer": params * o / (n if zero_stage >= 1 else 1)}
 
