@@ -42,6 +42,9 @@ states, gradients reduced in ``GRAD_REDUCE_DTYPE``); version-1 plans load unchan
 READABLE_SCHEMA_VERSIONS = (1, 2)
 DIMS = ("dp", "pp", "cp", "hp", "tp")
 MESH_ORDER = ("pp", "dp", "cp", "hp", "tp")
+RECORD_KEYS = ("predicted", "measured", "provenance")
+"""Keys of a plan JSON that say what happened to the plan, not what it is: they travel beside the
+Plan in ``autotune.plan_record.PlanRecord``; ``Plan.from_dict`` checks and skips them."""
 SCHEDULES = names()
 """Every pipeline schedule name a Plan may carry: the registry of ``autotune.schedules`` (one module
 each; the constructor, the JSON parser, the search space and the schema test read it)."""
@@ -143,7 +146,10 @@ def shares_are_even(layers: Any, tokens: Any, heads: Any, samples: Any) -> bool:
 
 @dataclass(frozen=True, kw_only=True)
 class Plan:
-    """A parallel training plan. Build from JSON with ``Plan.from_dict``; fill defaults with ``resolve``."""
+    """A parallel training plan: configuration only, so plans hash and compare as configurations
+    (the search caches and deduplicates by them). What was predicted and measured for a plan, and
+    where it came from, travel beside it in ``autotune.plan_record.PlanRecord``. Build from JSON
+    with ``Plan.from_dict``; fill defaults with ``resolve``."""
 
     degrees: Degrees = field(default_factory=Degrees)
     micro_batch_size: int = 1
@@ -176,9 +182,6 @@ class Plan:
     shares: Shares = field(default_factory=Shares)
     placement: tuple[Placement, ...] | None = None
     workload: Workload | None = None
-    predicted: dict[str, Any] | None = None
-    measured: dict[str, Any] | None = None
-    provenance: dict[str, Any] | None = None
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -328,9 +331,6 @@ class Plan:
             "shares": self.shares.to_dict(),
             "placement": ([dataclasses.asdict(p) for p in self.placement] if self.placement is not None else None),
             "workload": dataclasses.asdict(self.workload) if self.workload else None,
-            "predicted": self.predicted,
-            "measured": self.measured,
-            "provenance": self.provenance,
         }
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -533,7 +533,7 @@ def validate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: i
 
 
 # ---- parsing ------------------------------------------------------------------------------------
-_PLAN_KEYS = {f.name for f in dataclasses.fields(Plan)}
+_PLAN_KEYS = {f.name for f in dataclasses.fields(Plan)} | set(RECORD_KEYS)
 
 
 def _int_list(v: Any, field: str) -> tuple[int, ...] | None:
@@ -562,32 +562,10 @@ def _plan_from_dict(d: Any) -> Plan:
         raise InputError(f"expected a mapping, got {sh!r}", field="shares")
     F.reject_unknown(sh, {"layers", "tokens", "heads", "samples"}, "shares")
     shares = Shares(**{k: _int_list(sh.get(k), f"shares.{k}") for k in ("layers", "tokens", "heads", "samples")})
-    placement = None
-    if d.get("placement") is not None:
-        pl = d["placement"]
-        if not isinstance(pl, list):
-            raise InputError("expected a list of {rank, node, device}", field="placement")
-        items = []
-        for i, e in enumerate(pl):
-            if not isinstance(e, dict):
-                raise InputError(f"expected a mapping, got {e!r}", field=f"placement[{i}]")
-            F.reject_unknown(e, {"rank", "node", "device"}, f"placement[{i}]")
-            items.append(Placement(rank=F.get_int(e, "rank", f"placement[{i}].rank", minimum=0),
-                                   node=F.get_int(e, "node", f"placement[{i}].node", minimum=0),
-                                   device=F.get_int(e, "device", f"placement[{i}].device", minimum=0)))
-        placement = tuple(sorted(items, key=lambda x: x.rank))
-    workload = None
-    if d.get("workload") is not None:
-        w = d["workload"]
-        if not isinstance(w, dict):
-            raise InputError(f"expected a mapping, got {w!r}", field="workload")
-        F.reject_unknown(w, {"model", "seq_len", "global_batch", "cluster"}, "workload")
-        workload = Workload(model=F.get_str(w, "model", "workload.model"),
-                            seq_len=F.get_int(w, "seq_len", "workload.seq_len"),
-                            global_batch=F.get_int(w, "global_batch", "workload.global_batch"),
-                            cluster=str(w.get("cluster") or ""))
+    placement = None if d.get("placement") is None else _placement_from(d["placement"])
+    workload = None if d.get("workload") is None else _workload_from(d["workload"])
     nmb = d.get("num_microbatches")
-    for key in ("predicted", "measured", "provenance"):
+    for key in RECORD_KEYS:  # read by autotune.plan_record; a Plan is the configuration alone
         if d.get(key) is not None and not isinstance(d[key], dict):
             raise InputError(f"expected a mapping or null, got {d[key]!r}", field=key)
     zero = F.get_int(d, "zero_stage", "zero_stage", default=0, minimum=0)
@@ -607,8 +585,31 @@ def _plan_from_dict(d: Any) -> Plan:
         cp_layout=F.get_str(d, "cp_layout", "cp_layout", default="zigzag", choices=CP_LAYOUTS),
         dtype=F.get_str(d, "dtype", "dtype", default="bf16", choices=DTYPES),
         shares=shares, placement=placement, workload=workload,
-        predicted=d.get("predicted"), measured=d.get("measured"), provenance=d.get("provenance"),
     )
+
+
+def _placement_from(pl: Any) -> tuple[Placement, ...]:
+    if not isinstance(pl, list):
+        raise InputError("expected a list of {rank, node, device}", field="placement")
+    items = []
+    for i, e in enumerate(pl):
+        if not isinstance(e, dict):
+            raise InputError(f"expected a mapping, got {e!r}", field=f"placement[{i}]")
+        F.reject_unknown(e, {"rank", "node", "device"}, f"placement[{i}]")
+        items.append(Placement(rank=F.get_int(e, "rank", f"placement[{i}].rank", minimum=0),
+                               node=F.get_int(e, "node", f"placement[{i}].node", minimum=0),
+                               device=F.get_int(e, "device", f"placement[{i}].device", minimum=0)))
+    return tuple(sorted(items, key=lambda x: x.rank))
+
+
+def _workload_from(w: Any) -> Workload:
+    if not isinstance(w, dict):
+        raise InputError(f"expected a mapping, got {w!r}", field="workload")
+    F.reject_unknown(w, {"model", "seq_len", "global_batch", "cluster"}, "workload")
+    return Workload(model=F.get_str(w, "model", "workload.model"),
+                    seq_len=F.get_int(w, "seq_len", "workload.seq_len"),
+                    global_batch=F.get_int(w, "global_batch", "workload.global_batch"),
+                    cluster=str(w.get("cluster") or ""))
 
 
 _INLINE_ALIASES = {"mbs": "micro_batch_size", "nmb": "num_microbatches", "vpp": "virtual_stages", "folds": "helix_folds",
@@ -662,27 +663,28 @@ def parse_inline(text: str) -> Plan:
 
 def load_plan(path_or_inline: str | Path) -> Plan:
     """A plan JSON file, or an inline ``dp=2,pp=2`` string."""
-    return _load_plan(path_or_inline)[0]
+    return read_plan(path_or_inline)[0]
 
 
 def load_plan_for(path_or_inline: str | Path, cluster: Any, dtype: str = "auto") -> Plan:
     """``load_plan`` with the precision ``--dtype`` chooses for ``cluster`` (``choose_dtype``): an
     explicit bf16/fp16/fp32 wins, ``auto`` keeps the precision the plan states and fills the
     cluster's default where it states none (an inline ``dp=2`` or a file without ``dtype``)."""
-    plan, stated = _load_plan(path_or_inline)
+    plan, _, stated = read_plan(path_or_inline)
     chosen = choose_dtype(dtype, cluster, plan.dtype if stated else None)
     if chosen == plan.dtype:
         return plan
-    return plan.replace(dtype=chosen, predicted=None)  # a prediction in another precision is stale
+    return plan.replace(dtype=chosen)
 
 
-def _load_plan(path_or_inline: str | Path) -> tuple[Plan, bool]:
-    """(plan, whether it states its dtype)."""
+def read_plan(path_or_inline: str | Path) -> tuple[Plan, dict[str, Any], bool]:
+    """(plan, the file's record keys (``RECORD_KEYS``: empty for an inline plan), whether it states
+    its dtype). ``autotune.plan_record.load_record`` gives the plan with its record."""
     s = str(path_or_inline)
     p = Path(s)
     if "=" in s and not p.exists():
         keys = {_INLINE_ALIASES.get(k.strip(), k.strip()) for k in (x.partition("=")[0] for x in s.split(","))}
-        return parse_inline(s), "dtype" in keys
+        return parse_inline(s), {}, "dtype" in keys
     try:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -690,9 +692,10 @@ def _load_plan(path_or_inline: str | Path) -> tuple[Plan, bool]:
     except (OSError, UnicodeDecodeError) as exc:
         raise PlanError(f"cannot read plan file: {exc}", source=s) from None
     plan = Plan.from_json(text, source=s)
-    check_schema(plan.to_dict(), source=s)
-    data = json.loads(text)
-    return plan, isinstance(data, dict) and data.get("dtype") is not None
+    data = json.loads(text)  # a mapping: from_json refused anything else
+    record = {k: data.get(k) for k in RECORD_KEYS}
+    check_schema({**plan.to_dict(), **record}, source=s)
+    return plan, record, data.get("dtype") is not None
 
 
 def plan_schema() -> dict[str, Any]:

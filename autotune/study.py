@@ -22,6 +22,7 @@ from typing import Any
 
 from autotune.errors import InputError, suggest
 from autotune.plan import Plan
+from autotune.plan_record import PlanRecord
 
 MEMORY_URL = ":memory:"
 # SQLite waits this long on a lock held by another worker instead of failing with "database is locked".
@@ -255,6 +256,14 @@ def iter_trial_plans(study: Any, *, feasible_only: bool = True, distinct: bool =
                 continue
             seen.add(key)
         yield t, Plan.from_dict(t.user_attrs["plan"])
+
+
+def trial_record(t: Any, source: str | None = None) -> PlanRecord:
+    """A trial's plan with what the study knows of it: the prediction stored with the plan and, on a
+    validated copy (``set_trial_attrs``), what the trial measured."""
+    rec = PlanRecord.from_dict(t.user_attrs["plan"], source=source or f"trial {t.number}")
+    measured = t.user_attrs.get("measured")
+    return rec.replace(measured=measured) if rec.measured is None and measured else rec
 
 
 def plan_key(plan_dict: dict[str, Any]) -> str:

@@ -16,6 +16,7 @@ from autotune.errors import InputError, suggest
 from autotune.export import FORMATS, exporter
 from autotune.export.common import ExportContext
 from autotune.plan import Plan, PlanError
+from autotune.study import trial_record
 
 TARGETS = ("runtime", *(f for f in FORMATS if f != "json"))
 """``runtime`` (the default) is autotune's own runtime; the others are the export formats that run
@@ -68,13 +69,14 @@ def best_per_target(ranked: Iterable[tuple[Any, Plan]], ctx: ExportContext,
     out: dict[str, dict[str, Any] | None] = {t: None for t in targets}
     best_tps = None
     for trial, plan in ranked:
-        tps = (plan.predicted or {}).get("tokens_per_s") or trial.value
+        record = trial_record(trial)
+        tps = record.tokens_per_s() or trial.value
         if best_tps is None:
             best_tps = tps
         for t in targets:
             if out[t] is None and not refusals(t, plan, ctx):
                 out[t] = {"trial": trial.number, "tokens_per_s": tps, "ratio": tps / best_tps if best_tps else None,
-                          "plan": plan.to_dict()}
+                          "plan": record.to_dict()}
         if all(v is not None for v in out.values()):
             break
     return out

@@ -40,7 +40,8 @@ from typing import Any
 from autotune.errors import InputError, WorkError
 from autotune.machines import Machine, check_machines, runtime_version, this_machine
 from autotune.plan import Plan
-from autotune.study import open_study, set_trial_attrs, study_workload, trial_plans
+from autotune.plan_record import PlanRecord
+from autotune.study import open_study, set_trial_attrs, study_workload, trial_plans, trial_record
 
 RERANK = 20
 
@@ -330,7 +331,7 @@ def validate(study_name: str, storage: str, *, options: ValidateOptions | None =
         raise WorkError(f"none of the study's plans can run on this machine: {why}")
     runs, rows = [], []
     for t, plan, done_before in chosen:
-        pred = dict(plan.predicted or {})
+        pred = dict(trial_record(t).predicted or {})
         if done_before:
             measured, failure, losses = t.user_attrs.get("measured"), t.user_attrs.get("failure"), t.user_attrs.get(
                 "losses") or []
@@ -348,7 +349,8 @@ def validate(study_name: str, storage: str, *, options: ValidateOptions | None =
                  "memory_error": memory, "measured_on": measured_on}
         if not done_before:
             t = set_trial_attrs(study, t, attrs)
-        rows.append({"trial": t.number, "plan": plan.replace(measured=measured).to_dict(), "predicted": pred,
+        rows.append({"trial": t.number, "plan": PlanRecord(plan, predicted=pred, measured=measured).to_dict(),
+                     "predicted": pred,
                      "measured": measured, "failure": failure, "error": err, "memory": memory})
         if measured and failure is None:
             runs.append({"plan": plan, "predicted": pred, "breakdown": t.user_attrs.get("breakdown"),
@@ -415,7 +417,7 @@ def validate(study_name: str, storage: str, *, options: ValidateOptions | None =
         if s:
             reranked.append({"trial": t.number, "degrees": plan.degrees.inline(), "calibrated_step_time_s": s,
                              "calibrated_tokens_per_s": global_batch * seq_len / s, "calibrated": applies,
-                             "predicted_tokens_per_s": (plan.predicted or {}).get("tokens_per_s")})
+                             "predicted_tokens_per_s": trial_record(t).tokens_per_s()})
     reranked.sort(key=lambda x: -x["calibrated_tokens_per_s"])
     out["reranked"] = reranked
     study.set_user_attr("calibrated_ranking", [x["trial"] for x in reranked])

@@ -24,6 +24,7 @@ from autotune.dashboard.data import load_view
 from autotune.dashboard.report import write_report
 from autotune.dashboard.terminal import render
 from autotune.plan import Degrees, Plan
+from autotune.plan_record import PlanRecord
 from autotune.specs.cluster import load_cluster
 from autotune.specs.model import PRESETS
 
@@ -68,7 +69,7 @@ def build(url: str, n: int) -> None:
         bd = {"timeline": timeline(0.001, 0.002, plan.degrees.pp, 32)} if tps > 400 else {}
         trials.append(optuna.trial.create_trial(
             value=tps if feasible else 0.0, constraints={"memory": -1.0 if feasible else 1.0},
-            user_attrs={"plan": plan.replace(predicted=pred).to_dict(), "breakdown": bd,
+            user_attrs={"plan": PlanRecord(plan, predicted=pred).to_dict(), "breakdown": bd,
                         "infeasible_reason": None if feasible else "memory: rank 0 over capacity",
                         "baseline": None, **meas}))
     study.add_trials(trials)

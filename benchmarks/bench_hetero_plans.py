@@ -153,7 +153,7 @@ def run_one(model, nodes: int, batch: int, variant: str, trials: int, url: str, 
     res = search(model, c, SEQ, batch, study_name=name, storage=url,
                  options=SearchOptions(trials=trials, dtype=dtype, seed=0, top=3))
     out = {"res": res, "wall": time.perf_counter() - t0, "cluster": c,
-           "best": (res.best, estimate(res.best, model, c, SEQ, batch))}
+           "best": (res.best.plan, estimate(res.best.plan, model, c, SEQ, batch))}
     if variant.startswith("sailor") and not no_split_sequence(res.best.to_dict()):
         import optuna
 

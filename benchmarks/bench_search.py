@@ -15,6 +15,8 @@
    ``sqlite:///results/autotune.db``) against ``:memory:``, at 128 devices (llama3-70b, 128k) and
    1024 devices (llama3-405b, 128k): wall and CPU seconds and their ratios (asked: <= 1.3x). CPU
    time is the search process's own, so it holds on a loaded machine where wall time does not.
+5. The CLI (``--only cli``): ``autotune search`` as a user runs it at 128 devices (llama3-70b, 128k,
+   b=16) with the default storage, process start-up and table included (asked: <= 10 s quiet).
 
 Sections 1-3 run on in-memory studies (``:memory:``): those figures are the search itself.
 """
@@ -88,7 +90,7 @@ def quality(quick: bool) -> None:
         points = note.split(" points")[0].rsplit(" ", 1)[-1] if note else "?"
         print(f"{name:44s} grid {tps(g):12,.0f} tok/s ({points} points, exhaustive: {'exhaustive' in note}, "
               f"{tg:6.1f} s) | default {tps(d):12,.0f} ({d.trials} trials, {td:5.1f} s) = {ratio:.2%}  "
-              f"best {d.best.degrees.inline()}  [{load()}]")
+              f"best {d.best.plan.degrees.inline()}  [{load()}]")
     print(f"worst ratio: {worst:.2%} (asked >= 99%)")
 
 
@@ -98,7 +100,7 @@ def speed(quick: bool) -> None:
     c128 = cluster("4types-128", [("H100-SXM", 4), ("A100-80GB", 4), ("H200", 4), ("L40S", 4)])
     d, td = run(m, c128, 32768, 256)
     print(f"128 devices, 4 types, llama3-70b s=32k b=256: default {tps(d):,.0f} tok/s in {td:.1f} s "
-          f"({d.trials} trials; asked <= 10 s)  best {d.best.degrees.inline()}  [{load()}]")
+          f"({d.trials} trials; asked <= 10 s)  best {d.best.plan.degrees.inline()}  [{load()}]")
     if not quick:
         trials = 10 * DEFAULT_TRIALS  # 10x the sampler's trials, and so 10x the polish's budget
         L, tl = run(m, c128, 32768, 256, trials=trials)
@@ -107,7 +109,7 @@ def speed(quick: bool) -> None:
         c1024 = cluster("4types-1024", [("H100-SXM", 32), ("A100-80GB", 32), ("H200", 32), ("L40S", 32)])
         e, te = run(load_model("llama3-405b"), c1024, 131072, 512)
         print(f"1024 devices, 4 types, llama3-405b s=128k b=512: {tps(e):,.0f} tok/s in {te:.1f} s "
-              f"({e.trials} trials; asked <= 60 s)  best {e.best.degrees.inline()}  [{load()}]")
+              f"({e.trials} trials; asked <= 60 s)  best {e.best.plan.degrees.inline()}  [{load()}]")
 
 
 def uneven() -> None:
@@ -130,7 +132,7 @@ def uneven() -> None:
         print(f"{mname} s={seq} b={batch} on {'+'.join(f'{n * 8}x{g}' for g, n in groups)}: best {tps(r):,.0f} "
               f"tok/s vs even {b.predicted['tokens_per_s']:,.0f} = {tps(r) / b.predicted['tokens_per_s']:.2f}x "
               f"({t:.1f} s)")
-        print(f"  best: {r.best.degrees.inline()} shares {r.best.shares.to_dict()}")
+        print(f"  best: {r.best.plan.degrees.inline()} shares {r.best.plan.shares.to_dict()}")
         print(f"  even: {b.degrees.inline()}; why: {r.why}")
 
 
@@ -163,10 +165,40 @@ def storage(quick: bool, pairs: int = 2) -> None:
               f"same best: {bm == bd}  [{load()}]")
 
 
+def cli_search(pairs: int = 2) -> None:
+    """The user's wait: ``autotune search`` as a process (start-up, the default SQLite file, the
+    table), 128 devices of 4 types, llama3-70b at 128k, b=16; the fastest of ``pairs`` runs."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    print("== 5. the CLI with its default storage (asked: 128 devices within 10 s on a quiet machine) ==")
+    spec = {"name": "4types-128", "inter_node": {"bandwidth": "25GB/s"},
+            "nodes": [{"count": 4, "devices_per_node": 8, "device": t}
+                      for t in ("H100-SXM", "A100-80GB", "H200", "L40S")]}
+    walls = []
+    for _ in range(pairs):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "four-types-128.json")
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump(spec, f)
+            t = time.monotonic()
+            r = subprocess.run([sys.executable, "-m", "autotune", "search", "-m", "llama3-70b", "-c", path,
+                                "-s", "131072", "-b", "16", "--json"], cwd=tmp, capture_output=True, text=True)
+            walls.append(time.monotonic() - t)
+            if r.returncode != 0:
+                raise SystemExit(f"autotune search failed: {r.stderr.strip().splitlines()[-1:]}")
+            trials = json.loads(r.stdout)["trials"]
+    print(f"autotune search -m llama3-70b -c four-types-128.json -s 131072 -b 16 (default storage): "
+          f"{min(walls):.1f} s wall (runs: {', '.join(f'{w:.1f}' for w in walls)}; {trials} trials)  [{load()}]")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--only", choices=("quality", "speed", "uneven", "storage"))
+    ap.add_argument("--only", choices=("quality", "speed", "uneven", "storage", "cli"))
     ap.add_argument("--pairs", type=int, default=2, help="storage: in-memory/default runs per case")
     a = ap.parse_args()
     if a.only in (None, "quality"):
@@ -175,6 +207,8 @@ def main() -> None:
         speed(a.quick)
     if a.only in (None, "uneven"):
         uneven()
+    if a.only in (None, "storage", "cli"):
+        cli_search()
     if a.only in (None, "storage"):
         storage(a.quick, a.pairs)
 

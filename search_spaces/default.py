@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -65,6 +65,28 @@ def _virtual_stages(sched: Any, pp: int, vpp_exp: int) -> int:
 
 def space(ctx: SearchContext) -> DefaultSpace:
     return DefaultSpace(ctx)
+
+
+class _Shape(NamedTuple):
+    """What a point's degrees and schedule decide (``DefaultSpace._shape``)."""
+
+    deg: Degrees
+    fam: str
+    schedule: str
+    sched: Any
+    vs: int
+    folds: int
+    sp: bool
+    zero: int
+    mbs: int
+
+
+class _Units(NamedTuple):
+    """The units the shares are counted in (``DefaultSpace._units``)."""
+
+    unit: int
+    min_units: int
+    granule: int
 
 
 class DefaultSpace:
@@ -119,7 +141,21 @@ class DefaultSpace:
 
     # ---- params -> plan ---------------------------------------------------------------------
     def build(self, p: dict[str, Any]) -> Plan | Infeasible:
-        ctx, model = self.ctx, self.ctx.model
+        """The point ``p`` as a resolved Plan, or the Infeasible limit that rules it out. The cheap
+        limits come first (the degrees and schedule, then the batch and sequence units): most points
+        of a grid or a hill climb that are no plan fail there, before the placement and the shares
+        are computed."""
+        shape = self._shape(p)
+        if isinstance(shape, Infeasible):
+            return shape
+        units = self._units(shape)
+        if isinstance(units, Infeasible):
+            return units
+        return self._plan(p, shape, units)
+
+    def _shape(self, p: dict[str, Any]) -> _Shape | Infeasible:
+        """Degrees, schedule and the per-plan switches of point ``p``, checked by the plan's own rules."""
+        model = self.ctx.model
         tp, pp = self.tp_divs[p["tp_exp"]], self.divs[p["pp_exp"]]
         cp, hp = self.divs[p["cp_exp"]], self.divs[p["hp_exp"]]
         inner = tp * pp * cp * hp
@@ -129,8 +165,7 @@ class DefaultSpace:
         deg = Degrees(dp=self.n // inner, pp=pp, cp=cp, hp=hp, tp=tp)
         fam = family_of(deg)
         schedule = p["schedule"] if pp > 1 else "1f1b"
-        helix = schedule == "helixpipe"
-        folds = int(p.get("helix_folds", 1)) if helix else 1
+        folds = int(p.get("helix_folds", 1)) if schedule == "helixpipe" else 1
         sched = get_schedule(schedule).for_plan(Plan(schedule=schedule, helix_folds=folds))
         vs = _virtual_stages(sched, pp, p["vpp_exp"])
         if sched.check_shape(pp, vs):
@@ -138,30 +173,40 @@ class DefaultSpace:
         bad = degree_problems(deg, model, self.n, vs)  # the plan's own rules (autotune/divisibility.py)
         if bad:
             return Infeasible("divisibility", bad[0][1], fam)
-        sp = bool(p["sp"]) and tp > 1
-        zero = int(p["zero_stage"]) if deg.dp * cp * hp > 1 else 0
-        mbs = 2 ** p["mbs_exp"]
+        return _Shape(deg=deg, fam=fam, schedule=schedule, sched=sched, vs=vs, folds=folds,
+                      sp=bool(p["sp"]) and tp > 1, zero=int(p["zero_stage"]) if deg.dp * cp * hp > 1 else 0,
+                      mbs=2 ** p["mbs_exp"])
+
+    def _units(self, sh: _Shape) -> _Units | Infeasible:
+        """The batch and sequence units the shares are counted in: samples in micro-batches times the
+        schedule's multiple k (counts per replica a multiple of k, at least ``min_units`` of them),
+        tokens in the CP token granule."""
+        ctx, deg, pp, mbs, fam = self.ctx, sh.deg, sh.deg.pp, sh.mbs, sh.fam
         if ctx.global_batch % mbs:
             return Infeasible("batch", f"global_batch({ctx.global_batch}) not divisible by micro_batch_size({mbs})", fam)
-
-        # the cheap limits first: most points of a grid or a hill climb that are no plan fail here,
-        # before the placement and the shares are computed
-        # (the schedule's micro-batch rules: counts per replica a multiple of k, at least min_units * k)
-        k = sched.microbatch_multiple(pp, vs) if pp > 1 else 1
+        k = sh.sched.microbatch_multiple(pp, sh.vs) if pp > 1 else 1
         unit = mbs * k
-        min_units = -(-sched.min_microbatches(pp, vs) // k) if pp > 1 else 1
+        min_units = -(-sh.sched.min_microbatches(pp, sh.vs) // k) if pp > 1 else 1
         if ctx.global_batch % unit:
             return Infeasible("batch", f"global_batch({ctx.global_batch}) not divisible by micro_batch_size({mbs})"
-                                       f"*{k} for {schedule} with pp({pp})", fam)
+                                       f"*{k} for {sh.schedule} with pp({pp})", fam)
         if ctx.global_batch // unit < deg.dp * min_units:
-            return Infeasible("batch", f"global_batch({ctx.global_batch}) gives dp({deg.dp}) replicas fewer than "
-                                       f"{min_units * unit} samples each (micro_batch_size {mbs}, {schedule} "
-                                       f"with pp({pp}))", fam)
-        granule = Plan(degrees=deg, cp_layout="zigzag", sequence_parallel=sp).token_granule()
+            return self._too_few_samples(sh, unit, min_units)
+        granule = Plan(degrees=deg, cp_layout="zigzag", sequence_parallel=sh.sp).token_granule()
         if ctx.seq_len % granule:
             return Infeasible("divisibility", f"seq_len({ctx.seq_len}) not divisible by {granule} "
-                                              f"(zigzag cp({cp}) x hp({hp}){' x tp' if sp else ''})", fam)
+                                              f"(zigzag cp({deg.cp}) x hp({deg.hp}){' x tp' if sh.sp else ''})", fam)
+        return _Units(unit=unit, min_units=min_units, granule=granule)
 
+    def _too_few_samples(self, sh: _Shape, unit: int, min_units: int) -> Infeasible:
+        return Infeasible("batch", f"global_batch({self.ctx.global_batch}) gives dp({sh.deg.dp}) replicas fewer "
+                                   f"than {min_units * unit} samples each (micro_batch_size {sh.mbs}, {sh.schedule} "
+                                   f"with pp({sh.deg.pp}))", sh.fam)
+
+    def _plan(self, p: dict[str, Any], sh: _Shape, u: _Units) -> Plan | Infeasible:
+        """The shares of point ``p`` (each weighted by the speed and memory of the devices along its
+        dimension), the placement, and the plan resolved."""
+        ctx, model, deg, vs = self.ctx, self.ctx.model, sh.deg, sh.vs
         dev_of_rank = self._placement(deg, p["placement"])
         mesh = tuple(getattr(deg, d) for d in MESH_ORDER)
         coords = self._coords(mesh)
@@ -175,42 +220,46 @@ class DefaultSpace:
             return B.weights(s, m, float(p[sp_key]), float(p[mem_key]) if mem_key else 0.0)
 
         # samples: units of mbs (x pp for interleaved, which needs counts divisible by pp)
-        samples = B.proportional_split(ctx.global_batch // unit, along("dp", "samples_speed", "samples_mem"),
-                                       min_units)
+        samples = B.proportional_split(ctx.global_batch // u.unit, along("dp", "samples_speed", "samples_mem"),
+                                       u.min_units)
         if samples is None:
-            return Infeasible("batch", f"global_batch({ctx.global_batch}) gives dp({deg.dp}) replicas fewer than "
-                                       f"{min_units * unit} samples each (micro_batch_size {mbs}, {schedule} "
-                                       f"with pp({pp}))", fam)
-        tokens = B.proportional_split(ctx.seq_len // granule, along("cp", "tokens_speed"), 1)
-        heads = B.proportional_split(model.heads // tp, along("hp", "heads_speed"), 1)
-        lw = along("pp", "layers_speed", "layers_mem")
-        chunk_w = np.array([lw[sched.stage_rank(j, pp, vs)] for j in range(pp * vs)])
-        offset = None
-        if float(p["layers_speed"]) > 0 and pp > 1:
-            offset = np.zeros(pp * vs)
-            offset[-1] = self._head_layers * min(1.0, float(p["layers_speed"]))
-        layers = B.proportional_split(model.layers, chunk_w, 1, offset)
+            return self._too_few_samples(sh, u.unit, u.min_units)
+        tokens = B.proportional_split(ctx.seq_len // u.granule, along("cp", "tokens_speed"), 1)
+        heads = B.proportional_split(model.heads // deg.tp, along("hp", "heads_speed"), 1)
+        layers, attention = self._layers(p, sh, along)
         if tokens is None or heads is None or layers is None:
-            return Infeasible("divisibility", "a share cannot give every index at least one unit", fam)
-        layers = B.tilt(layers, int(p["layers_tilt"]))
-        attention = None
-        if helix:  # L/p layers on every rank; the rotating attention shared by speed (attention_speed)
-            layers = B.proportional_split(model.layers, np.ones(pp), 1)
-            a = B.proportional_split(model.layers, along("pp", "attention_speed"), 1)
-            attention = tuple(a) if a is not None and len(set(a)) > 1 else None
-        devs = self.ctx.cluster.devices
+            return Infeasible("divisibility", "a share cannot give every index at least one unit", sh.fam)
+        devs = ctx.cluster.devices
         plan = Plan(
-            degrees=deg, micro_batch_size=mbs, schedule=schedule, virtual_stages=vs, recompute=p["recompute"],
-            helix_folds=folds, helix_attention=attention,
-            zero_stage=zero, sequence_parallel=sp, cp_layout="zigzag", dtype=ctx.dtype,
-            shares=Shares(layers=tuple(layers), tokens=tuple(t * granule for t in tokens), heads=tuple(heads),
-                          samples=tuple(s * unit for s in samples)),
+            degrees=deg, micro_batch_size=sh.mbs, schedule=sh.schedule, virtual_stages=vs, recompute=p["recompute"],
+            helix_folds=sh.folds, helix_attention=attention,
+            zero_stage=sh.zero, sequence_parallel=sh.sp, cp_layout="zigzag", dtype=ctx.dtype,
+            shares=Shares(layers=tuple(layers), tokens=tuple(t * u.granule for t in tokens), heads=tuple(heads),
+                          samples=tuple(s * u.unit for s in samples)),
             placement=tuple(Placement(rank=r, node=devs[int(i)].node, device=devs[int(i)].local)
                             for r, i in enumerate(dev_of_rank)))
         try:
             return plan.resolve(model, ctx.cluster, ctx.seq_len, ctx.global_batch)
         except PlanError as e:
-            return Infeasible("divisibility", e.message, fam)
+            return Infeasible("divisibility", e.message, sh.fam)
+
+    def _layers(self, p: dict[str, Any], sh: _Shape, along: Any) -> tuple[Any, tuple[int, ...] | None]:
+        """Layers per model chunk (weighted by the speed and memory of each chunk's pipeline rank, the
+        last chunk lightened by the head, then tilted), and HelixPipe's attention shares (L/p layers
+        on every rank; the rotating attention shared by speed)."""
+        pp, vs, n_layers = sh.deg.pp, sh.vs, self.ctx.model.layers
+        if sh.schedule == "helixpipe":
+            a = B.proportional_split(n_layers, along("pp", "attention_speed"), 1)
+            return B.proportional_split(n_layers, np.ones(pp), 1), (
+                tuple(a) if a is not None and len(set(a)) > 1 else None)
+        lw = along("pp", "layers_speed", "layers_mem")
+        chunk_w = np.array([lw[sh.sched.stage_rank(j, pp, vs)] for j in range(pp * vs)])
+        offset = None
+        if float(p["layers_speed"]) > 0 and pp > 1:
+            offset = np.zeros(pp * vs)
+            offset[-1] = self._head_layers * min(1.0, float(p["layers_speed"]))
+        layers = B.proportional_split(n_layers, chunk_w, 1, offset)
+        return (None if layers is None else B.tilt(layers, int(p["layers_tilt"]))), None
 
     def _coords(self, mesh: tuple[int, ...]) -> np.ndarray:
         c = self._coords_cache.get(mesh)

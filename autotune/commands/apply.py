@@ -36,6 +36,7 @@ from autotune.export import launch as L
 from autotune.export.common import ExportContext, describe, predict, predicted_text
 from autotune.export.source import from_plan_file, from_study
 from autotune.plan import Plan, choose_dtype
+from autotune.plan_record import PlanRecord
 
 HELP = "Export a plan for Megatron, torchtitan, DeepSpeed, Accelerate or JSON, or launch it."
 
@@ -45,15 +46,14 @@ def _tag(ctx: ExportContext) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", raw)
 
 
-def _price(plan: Plan, ctx: ExportContext, force: bool) -> Plan:
+def _price(plan: Plan, ctx: ExportContext, force: bool) -> PlanRecord:
     """The plan priced on the cluster it is exported for, never with the prediction it carried in (a
     file can hold a stale or hand-edited ``predicted``). No cluster given: no prediction at all,
     rather than figures for a cluster nobody has. What the cluster cannot run (a device it lacks, a
     precision its devices lack) is an InputError from the cost model: exit 2, nothing written; a plan
     that does not fit in memory is refused too unless ``--force``."""
-    plan = plan.replace(predicted=None)
     if ctx.cluster_assumed:
-        return plan
+        return PlanRecord(plan)
     priced, _ = predict(plan, ctx)
     p = priced.predicted or {}
     if p.get("feasible") is False and not force:
@@ -191,22 +191,24 @@ def command(
         for opt, v in (("--model", model), ("--seq-len", seq_len), ("--global-batch", global_batch)):
             if v is not None:
                 raise InputError("the study records what its plans are for; drop it or use --plan", field=opt)
-        plan, ctx = from_study(study, storage, cluster)
+        record, ctx = from_study(study, storage, cluster)
     else:
         assert plan_file is not None
-        plan, ctx = from_plan_file(plan_file, model, seq_len, global_batch, cluster, storage)
+        record, ctx = from_plan_file(plan_file, model, seq_len, global_batch, cluster, storage)
+    plan = record.plan
     # auto: the plan's own precision; checked against the cluster's devices when one is known
     precision = (plan.dtype if dtype == "auto" else dtype) if getattr(ctx, "cluster_assumed", False) else (
         choose_dtype(dtype, ctx.cluster, plan.dtype))
-    if precision != plan.dtype:  # exported in another precision: its prediction is re-priced
-        plan = plan.replace(dtype=precision, predicted=None)
-    plan = plan.resolve(ctx.model, ctx.cluster, ctx.seq_len, ctx.global_batch)
+    plan = plan.replace(dtype=precision).resolve(ctx.model, ctx.cluster, ctx.seq_len, ctx.global_batch)
     if launch:
         _launch(plan, ctx, dry_run, steps, json_, node_rank, timeout, hosts, remote_shell)
         return
-    plan = _price(plan, ctx, force)
+    # priced afresh on the cluster it is exported for (the file's or trial's prediction is not carried);
+    # where the plan came from is, and what was measured unless it ran in another precision
+    measured = record.measured if plan.dtype == record.plan.dtype else None
+    priced = _price(plan, ctx, force).replace(measured=measured, provenance=record.provenance)
     try:
-        result = export(plan, ctx, fmt)
+        result = export(priced, ctx, fmt)
     except ExportRefused as e:
         if json_:
             err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
@@ -219,12 +221,12 @@ def command(
         check = getattr(mod, "check_file", None)
         written = str(write_atomic(output, result.text, check=check))
     if json_:
-        emit_json({"format": fmt, "output": written, "content": result.data, "plan": plan.to_dict(),
+        emit_json({"format": fmt, "output": written, "content": result.data, "plan": priced.to_dict(),
                    "text": None if written else result.text})
         return
     if written:
         priced = ("not priced: no cluster given (pass --cluster for a prediction)" if ctx.cluster_assumed
-                  else f"{predicted_text(plan.predicted)} on {ctx.cluster.name}")
+                  else f"{predicted_text(priced.predicted)} on {ctx.cluster.name}")
         err_console.print(f"wrote {written} ({fmt}) for {describe(plan)}; {priced}", highlight=False, soft_wrap=True)
     else:
         typer.echo(result.text, nl=False)

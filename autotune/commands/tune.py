@@ -90,9 +90,9 @@ def hosts_cluster(device: str, hosts_file: str, storage: str, per_node: int | No
 
 
 def export_best(plan_dict: dict[str, Any], study: str, storage: str, out_dir: Path) -> Path:
-    from autotune.plan import Plan
+    from autotune.plan_record import PlanRecord
 
-    plan = Plan.from_dict(plan_dict)
+    record = PlanRecord.from_dict(plan_dict)
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", study)
     path = out_dir / f"{safe}.json"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -103,7 +103,7 @@ def export_best(plan_dict: dict[str, Any], study: str, storage: str, out_dir: Pa
     model, cluster, seq_len, gb = study_workload(open_study(study, storage), storage)
     ctx = ExportContext(model=model, cluster=cluster, seq_len=seq_len, global_batch=gb, study=study,
                         storage=storage, source=f"study {study}", cluster_digest=cluster.digest)
-    ex = export(plan, ctx, "json")
+    ex = export(record, ctx, "json")
     write_atomic(path, ex.text, check=check_file)
     return path
 

@@ -116,10 +116,9 @@ def zero3_weights_gathered(s: Any) -> bool:
     """Whether a ZeRO-3 rank (``s`` a ``StepContext``) holds all its weights gathered at some point of
     the step, as ZeRO-2 does, rather than one block and the prefetched next: when the replicas run
     different micro-batch counts the runtime gathers once a step and keeps the weights over the
-    forwards (``gathers_per_microbatch``), and under pipelining torch's stages keep each backward's
-    gathered weights until the next forward frees them (their backward turns resharding after
-    backward off), so the whole stage is gathered between a backward and the next forward."""
-    return s.zero >= 3 and (s.pp > 1 or not gathers_per_microbatch(s))
+    forwards (``gathers_per_microbatch``). Under pipelining the runtime frees each block after its
+    backward too (autotune/runtime/worker.py ``_reshard_in_every_backward``), so that is all."""
+    return s.zero >= 3 and not gathers_per_microbatch(s)
 
 
 def step_transfers(ctx: RankContext) -> list[Transfer]:

@@ -38,6 +38,7 @@ from autotune.cost.memory import TERM_NAMES  # noqa: F401  (its old home)
 from autotune.cost.pipeline_parallel import replica_stages, simulate_replicas
 from autotune.cost.rank import rank_cost
 from autotune.plan import Plan
+from autotune.plan_record import PlanRecord
 
 
 @dataclass
@@ -45,12 +46,16 @@ class Estimate:
     """What the cost model says about one plan."""
 
     plan: Plan
-    """The resolved plan with ``predicted`` set."""
+    """The resolved plan (configuration; the figures are ``predicted`` beside it)."""
     predicted: dict[str, Any]
     breakdown: dict[str, Any]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"plan": self.plan.to_dict(), "predicted": self.predicted, "breakdown": self.breakdown}
+        return {"plan": self.record().to_dict(), "predicted": self.predicted, "breakdown": self.breakdown}
+
+    def record(self) -> PlanRecord:
+        """The resolved plan with its prediction, as plan JSON carries it."""
+        return PlanRecord(self.plan, predicted=self.predicted)
 
 
 def estimate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: int, *,
@@ -77,4 +82,4 @@ def estimate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: i
     breakdown = report.breakdown(s, groups, sims, stages, rows, stage_end, step, model_flops, peak)
     if timeline:
         breakdown["timeline"] = report.timeline(s, groups, sims, per_rep_stage, exposed_of)
-    return Estimate(plan=s.plan.replace(predicted=predicted), predicted=predicted, breakdown=breakdown)
+    return Estimate(plan=s.plan, predicted=predicted, breakdown=breakdown)

@@ -130,7 +130,11 @@ def simulate(schedule: Schedule | str, p: int, v: int, m: int, fwd: tuple[float,
 
 def simulate_chain(sched: Schedule, p: int, v: int, m: int, fwd: tuple[float, ...], bwd: tuple[float, ...],
                    p2p: tuple[float, ...], wgt: tuple[float, ...] | None = None) -> Simulation:
-    """The chain of model chunks run in ``sched.op_order`` (the default ``Schedule.simulate``)."""
+    """The chain of model chunks run in ``sched.op_order`` (the default ``Schedule.simulate``).
+
+    Longer than a screen on purpose: it is the estimate's inner loop (every operation of every
+    micro-batch on every rank), kept as one loop over local variables rather than a call per
+    operation."""
     n = p * v
     if sched.splits_backward and wgt is None:
         raise ValueError(f"schedule {sched.name} splits the backward: give wgt, the weight-gradient seconds")

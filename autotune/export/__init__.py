@@ -1,6 +1,6 @@
 """Exporters: a resolved plan as the configuration of the framework people train with.
 
-``export(plan, ctx, fmt)`` returns an ``Export`` (file text plus the same content as data) or raises
+``export(plan or PlanRecord, ctx, fmt)`` returns an ``Export`` (file text plus the same content as data) or raises
 ``ExportRefused`` naming everything the target cannot express and the nearest plan it can, priced by
 the cost model. One module per target: json_plan, megatron, torchtitan, deepspeed, accelerate;
 ``launch`` builds the torchrun command of autotune's own runtime.
@@ -14,6 +14,7 @@ from autotune.errors import InputError, suggest
 from autotune.export import accelerate, deepspeed, json_plan, megatron, torchtitan
 from autotune.export.common import Export, ExportContext, ExportRefused, refuse_or_pass, write_atomic
 from autotune.plan import Plan
+from autotune.plan_record import PlanRecord
 
 EXPORTERS: dict[str, ModuleType] = {m.NAME: m for m in (json_plan, megatron, torchtitan, deepspeed, accelerate)}
 FORMATS = tuple(EXPORTERS)
@@ -28,8 +29,10 @@ def exporter(fmt: str) -> ModuleType:
     return EXPORTERS[fmt]
 
 
-def export(plan: Plan, ctx: ExportContext, fmt: str) -> Export:
-    """The plan (resolved against ``ctx``) in format ``fmt``, or ExportRefused."""
+def export(plan: Plan | PlanRecord, ctx: ExportContext, fmt: str) -> Export:
+    """The plan (resolved against ``ctx``; with what was predicted and measured for it when a
+    PlanRecord) in format ``fmt``, or ExportRefused."""
     mod = exporter(fmt)
-    refuse_or_pass(mod, plan, ctx)  # type: ignore[arg-type]
-    return mod.render(plan, ctx)
+    record = plan if isinstance(plan, PlanRecord) else PlanRecord(plan)
+    refuse_or_pass(mod, record, ctx)  # type: ignore[arg-type]
+    return mod.render(record, ctx)

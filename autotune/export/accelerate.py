@@ -29,6 +29,7 @@ from autotune.export.common import (
     provenance,
 )
 from autotune.plan import Plan
+from autotune.plan_record import PlanRecord
 
 NAME = "accelerate"
 SUFFIX = ".json"
@@ -146,8 +147,9 @@ def snippet(cfg: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def render(plan: Plan, ctx: ExportContext) -> Export:
+def render(record: PlanRecord, ctx: ExportContext) -> Export:
+    plan = record.plan
     cfg = config(plan, ctx)
-    prov = provenance(plan, ctx)
+    prov = provenance(record, ctx)
     out = {**cfg, "python": snippet(cfg), "world_size": plan.world, "nodes": node_order(plan), "provenance": prov}
     return Export(format=NAME, text=json.dumps(out, indent=2) + "\n", data=out, suffix=SUFFIX)

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 from autotune import __version__
 from autotune.errors import InputError
 from autotune.plan import DIMS, Degrees, Plan, Shares
+from autotune.plan_record import PlanRecord
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,14 +65,14 @@ class Exporter(Protocol):
 
     def reasons(self, plan: Plan, ctx: ExportContext) -> list[str]: ...
     def candidates(self, plan: Plan, ctx: ExportContext) -> list[Plan]: ...
-    def render(self, plan: Plan, ctx: ExportContext) -> Export: ...
+    def render(self, record: PlanRecord, ctx: ExportContext) -> Export: ...
 
 
 class ExportRefused(InputError):
     """The target cannot express the plan. Carries every reason and the nearest plan it can express
     (resolved, with ``predicted`` from the cost model when that is available)."""
 
-    def __init__(self, target: str, reasons: list[str], nearest: Plan | None, note: str = "",
+    def __init__(self, target: str, reasons: list[str], nearest: PlanRecord | None, note: str = "",
                  original: dict[str, Any] | None = None):
         self.target = target
         self.original = original
@@ -80,7 +81,7 @@ class ExportRefused(InputError):
         self.note = note
         msg = f"{target} cannot express this plan: " + "; ".join(self.reasons)
         if nearest is not None:
-            msg += f". Nearest plan {target} can express: {describe(nearest)}"
+            msg += f". Nearest plan {target} can express: {describe(nearest.plan)}"
             if nearest.predicted:
                 msg += f" ({predicted_text(nearest.predicted)}"
                 if original and original.get("tokens_per_s") and nearest.predicted.get("tokens_per_s"):
@@ -154,7 +155,7 @@ def with_even(plan: Plan, *names: str) -> Plan:
     sh = dataclasses.asdict(plan.shares)
     for n in names:
         sh[n] = None
-    out = plan.replace(shares=Shares(**sh), predicted=None, measured=None)
+    out = plan.replace(shares=Shares(**sh))
     if "samples" in names:
         out = out.replace(num_microbatches=None)  # re-counted from the new samples
     return out
@@ -180,8 +181,8 @@ def even_everything(plan: Plan) -> Plan:
 
 
 # ---- nearest expressible plan -------------------------------------------------------------------
-def predict(plan: Plan, ctx: ExportContext) -> tuple[Plan, str]:
-    """``plan`` with ``predicted`` from the cost model, or unchanged and a note saying why not."""
+def predict(plan: Plan, ctx: ExportContext) -> tuple[PlanRecord, str]:
+    """``plan`` resolved, with ``predicted`` from the cost model, and a note on what it was priced on."""
     from autotune.cost import estimate  # imported lazily (the CLI starts faster)
 
     if ctx.cluster_assumed:
@@ -190,11 +191,12 @@ def predict(plan: Plan, ctx: ExportContext) -> tuple[Plan, str]:
         note = ""
     # no catch-all: a cost model that fails is an error with its message, not an export without figures
     est = estimate(plan, ctx.model, ctx.cluster, ctx.seq_len, ctx.global_batch, calibration=ctx.calibration)
-    return est.plan.replace(predicted=est.predicted), note
+    return PlanRecord(est.plan, predicted=est.predicted), note
 
 
 def nearest_expressible(exporter: Exporter, plan: Plan, ctx: ExportContext,
-                        price: Callable[[Plan, ExportContext], tuple[Plan, str]] = predict) -> tuple[Plan | None, str]:
+                        price: Callable[[Plan, ExportContext], tuple[PlanRecord, str]] = predict
+                        ) -> tuple[PlanRecord | None, str]:
     """The fastest (by predicted tokens/s, else the first) candidate that resolves and that the
     target accepts; ``None`` when no candidate does."""
     seen: set[str] = set()
@@ -214,26 +216,27 @@ def nearest_expressible(exporter: Exporter, plan: Plan, ctx: ExportContext,
             break
     if not accepted:
         return None, "no candidate resolved against the model and cluster"
-    priced, notes = [], ""
+    priced: list[PlanRecord] = []
+    notes = ""
     for r in accepted[:8]:  # the closest few; pricing is cheap but not free
         try:
             p, note = price(r, ctx)
         except InputError as e:
-            p, note = r, f"cost model refused it: {e}"
+            p, note = PlanRecord(r), f"cost model refused it: {e}"
         notes = notes or note
         priced.append(p)
-    with_cost = [p for p in priced if p.predicted and p.predicted.get("tokens_per_s") is not None]
+    with_cost = [p for p in priced if p.tokens_per_s() is not None]
     if with_cost:
-        feasible = [p for p in with_cost if p.predicted.get("feasible", True)] or with_cost
-        return max(feasible, key=lambda p: p.predicted["tokens_per_s"]), notes
+        feasible = [p for p in with_cost if (p.predicted or {}).get("feasible", True)] or with_cost
+        return max(feasible, key=lambda p: p.tokens_per_s() or 0.0), notes
     return priced[0], notes
 
 
-def refuse_or_pass(exporter: Exporter, plan: Plan, ctx: ExportContext) -> None:
-    reasons = exporter.reasons(plan, ctx)
+def refuse_or_pass(exporter: Exporter, record: PlanRecord, ctx: ExportContext) -> None:
+    reasons = exporter.reasons(record.plan, ctx)
     if reasons:
-        nearest, note = nearest_expressible(exporter, plan, ctx)
-        raise ExportRefused(exporter.NAME, reasons, nearest, note, original=plan.predicted)
+        nearest, note = nearest_expressible(exporter, record.plan, ctx)
+        raise ExportRefused(exporter.NAME, reasons, nearest, note, original=record.predicted)
 
 
 # ---- placement under torchrun -------------------------------------------------------------------
@@ -302,9 +305,10 @@ def profile_ids(cluster: Any) -> list[str]:
     return out
 
 
-def provenance(plan: Plan, ctx: ExportContext) -> dict[str, Any]:
+def provenance(record: PlanRecord, ctx: ExportContext) -> dict[str, Any]:
+    """Where the exported plan came from; a plan file's own provenance becomes ``previous``."""
     cl = ctx.cluster
-    prev = dict(plan.provenance or {})
+    prev = dict(record.provenance or {})
     prov = {
         "tool": "autotune",
         "version": __version__,
@@ -319,7 +323,7 @@ def provenance(plan: Plan, ctx: ExportContext) -> dict[str, Any]:
         "study": ctx.study,
         "trial": ctx.trial,
         "source": ctx.source,
-        "measured": plan.measured is not None,
+        "measured": record.measured is not None,
     }
     if prev:
         prov["previous"] = {k: v for k, v in prev.items() if k != "previous"}

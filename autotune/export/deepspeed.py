@@ -35,6 +35,7 @@ from autotune.export.common import (
     with_even,
 )
 from autotune.plan import Plan, even_split
+from autotune.plan_record import PlanRecord
 from autotune.schedules import schedule_of
 
 NAME = "deepspeed"
@@ -121,9 +122,10 @@ def data_parallel_size(cfg: dict[str, Any], world: int) -> int:
     return world // (pp * tp * sp)
 
 
-def render(plan: Plan, ctx: ExportContext) -> Export:
+def render(record: PlanRecord, ctx: ExportContext) -> Export:
+    plan = record.plan
     cfg = config(plan, ctx)
-    prov = provenance(plan, ctx)
+    prov = provenance(record, ctx)
     partition = None
     if plan.degrees.pp > 1:
         lay = list(plan.shares.layers or ())

@@ -5,10 +5,12 @@ place, so a file that exists is a file ``autotune apply --plan`` accepts."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from autotune.export.common import Export, ExportContext, provenance
 from autotune.plan import Plan, check_schema, load_plan
+from autotune.plan_record import PlanRecord
 
 NAME = "json"
 SUFFIX = ".json"
@@ -22,11 +24,10 @@ def candidates(plan: Plan, ctx: ExportContext) -> list[Plan]:
     return [plan]
 
 
-def render(plan: Plan, ctx: ExportContext) -> Export:
-    out = plan.replace(provenance=provenance(plan, ctx))
-    d = out.to_dict()
+def render(record: PlanRecord, ctx: ExportContext) -> Export:
+    d = record.replace(provenance=provenance(record, ctx)).to_dict()
     check_schema(d, source="exported plan")
-    return Export(format=NAME, text=out.to_json() + "\n", data=d, suffix=SUFFIX)
+    return Export(format=NAME, text=json.dumps(d, indent=2) + "\n", data=d, suffix=SUFFIX)
 
 
 def check_file(path: Path) -> None:

@@ -51,6 +51,7 @@ from autotune.export.common import (
     with_even,
 )
 from autotune.plan import Plan
+from autotune.plan_record import PlanRecord
 from autotune.schedules import schedule_of
 
 NAME = "megatron"
@@ -231,9 +232,10 @@ def world_of(args: list[str], world: int) -> dict[str, int]:
             "remainder": gb % (mbs * dp) + world % (tp * pp * cp)}
 
 
-def render(plan: Plan, ctx: ExportContext) -> Export:
+def render(record: PlanRecord, ctx: ExportContext) -> Export:
+    plan = record.plan
     args = arguments(plan, ctx)
-    prov = provenance(plan, ctx)
+    prov = provenance(record, ctx)
     lines = ["#!/usr/bin/env bash", "# Megatron-LM / Megatron Core arguments for pretrain_gpt.py"]
     if plan.schedule == "helixpipe":
         lines.append(f"# REQUIRES {HELIX_FORK}")

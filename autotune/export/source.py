@@ -14,9 +14,11 @@ from typing import Any
 
 from autotune.errors import InputError
 from autotune.export.common import ExportContext
-from autotune.plan import Plan, load_plan
+from autotune.plan_record import PlanRecord, load_record
 from autotune.specs.cluster import cluster_from_record, load_cluster
 from autotune.specs.model import load_model, model_from_dict
+from autotune.study import best_feasible, trial_record
+from autotune.study import open_study as _open_study
 
 
 def _check_storage(storage: str) -> None:
@@ -30,46 +32,13 @@ def _check_storage(storage: str) -> None:
 
 def open_study(name: str, storage: str) -> Any:
     _check_storage(storage)
-    try:
-        from autotune.study import open_study as _open  # issue 6, when present
-    except ImportError:
-        _open = None
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        if _open is not None:
-            return _open(name, storage)
-        return optuna.load_study(study_name=name, storage=storage)
-    except KeyError:
-        try:
-            names = optuna.get_all_study_names(storage=storage)
-        except Exception:  # noqa: BLE001 - only for the hint
-            names = []
-        from autotune.errors import suggest
-
-        raise InputError(f"no study named {name!r} in {storage}" + (suggest(name, names) if names else
-                                                                    " (the storage holds no study)"),
-                         field="--study") from None
-
-
-def _feasible(t: Any) -> bool:
-    cons = getattr(t, "constraints", None) or t.system_attrs.get("constraints") or []
-    values = cons.values() if isinstance(cons, dict) else cons  # optuna 5: {name: value}; 4: [values]
-    if any(c > 0 for c in values):
-        return False
-    return not t.user_attrs.get("infeasible_reason") and "plan" in t.user_attrs
+    return _open_study(name, storage)
 
 
 def best_trial(study: Any) -> Any:
-    """``best_measured_trial`` when set, else the best feasible completed trial (autotune.study's
-    ``best_feasible`` when that module is there, the same rule written here otherwise)."""
+    """``best_measured_trial`` when set, else the feasible trial the study's own rule puts first
+    (``study.best_feasible``: the tie-break search and dashboard use)."""
     import optuna
-
-    try:
-        from autotune.study import best_feasible
-    except ImportError:
-        best_feasible = None
 
     by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
     measured = study.user_attrs.get("best_measured_trial")
@@ -81,11 +50,7 @@ def best_trial(study: Any) -> Any:
     if not done:
         raise InputError(f"study {study.study_name!r} has no completed trial; run `autotune search` on it first",
                          field="--study")
-    if best_feasible is not None:
-        best = best_feasible(study)
-    else:
-        ok = [t for t in done if _feasible(t) and t.value is not None]
-        best = max(ok, key=lambda t: (t.value, -t.number)) if ok else None
+    best = best_feasible(study)
     if best is None:
         raise InputError(f"study {study.study_name!r} has {len(done)} completed trials but none is feasible",
                          field="--study")
@@ -100,13 +65,12 @@ def _cluster_from_record(name: str, spec: dict[str, Any] | None, digest: str, st
                          field="--cluster") from None
 
 
-def from_study(name: str, storage: str, cluster_opt: str | None) -> tuple[Plan, ExportContext]:
+def from_study(name: str, storage: str, cluster_opt: str | None) -> tuple[PlanRecord, ExportContext]:
     study = open_study(name, storage)
     ua = study.user_attrs
     t = best_trial(study)
-    plan = Plan.from_dict(t.user_attrs["plan"], source=f"study {name} trial {t.number}")
-    if plan.measured is None and t.user_attrs.get("measured"):
-        plan = plan.replace(measured=t.user_attrs["measured"])
+    record = trial_record(t, source=f"study {name} trial {t.number}")
+    plan = record.plan
     if ua.get("model_spec"):
         model = model_from_dict(dict(ua["model_spec"]), source=f"study {name}")
     elif ua.get("model"):
@@ -126,14 +90,15 @@ def from_study(name: str, storage: str, cluster_opt: str | None) -> tuple[Plan, 
     ctx = ExportContext(model=model, cluster=cluster, seq_len=ua["seq_len"], global_batch=ua["global_batch"],
                         study=name, trial=t.number, storage=storage, source=f"study {name}",
                         calibration=calibration_for(ua, plan), cluster_digest=digest or cluster.digest)
-    return plan, ctx
+    return record, ctx
 
 
 def from_plan_file(path: str, model_opt: str | None, seq_len: int | None, global_batch: int | None,
-                   cluster_opt: str | None, storage: str) -> tuple[Plan, ExportContext]:
-    """A plan file; --model/--seq-len/--global-batch say what it is for unless it records them (and
-    must agree with what it records)."""
-    plan = load_plan(path)
+                   cluster_opt: str | None, storage: str) -> tuple[PlanRecord, ExportContext]:
+    """A plan file (with its record: provenance, predicted, measured); --model/--seq-len/--global-batch
+    say what it is for unless it records them (and must agree with what it records)."""
+    record = load_record(path)
+    plan = record.plan
     w = plan.workload
     model_name = model_opt or (w.model if w else None)
     if model_name is None:
@@ -141,7 +106,8 @@ def from_plan_file(path: str, model_opt: str | None, seq_len: int | None, global
     model = load_model(model_name)
     if w is not None and w.model and w.model != model.name:
         raise InputError(f"the plan is for model {w.model!r}, not {model.name!r}", source=path, field="workload.model")
-    prov_model = (plan.provenance or {}).get("model")
+    prov = record.provenance or {}
+    prov_model = prov.get("model")
     if prov_model and prov_model != model.name:
         raise InputError(f"the plan is for model {prov_model!r}, not {model.name!r}", source=path,
                          field="provenance.model")
@@ -170,6 +136,5 @@ def from_plan_file(path: str, model_opt: str | None, seq_len: int | None, global
         cluster, assumed = load_cluster(f"local:{plan.world}"), not (w is not None and w.cluster)
     ctx = ExportContext(model=model, cluster=cluster, seq_len=vals["seq_len"], global_batch=vals["global_batch"],
                         source=str(path), cluster_digest=cluster.digest, cluster_assumed=assumed,
-                        study=(plan.provenance or {}).get("study"), trial=(plan.provenance or {}).get("trial"),
-                        storage=storage)
-    return plan, ctx
+                        study=prov.get("study"), trial=prov.get("trial"), storage=storage)
+    return record, ctx

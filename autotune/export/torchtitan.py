@@ -37,6 +37,7 @@ from autotune.export.common import (
     with_even,
 )
 from autotune.plan import Plan
+from autotune.plan_record import PlanRecord
 from autotune.schedules import schedule_of
 
 NAME = "torchtitan"
@@ -162,9 +163,10 @@ def to_toml(cfg: dict[str, dict[str, Any]], header: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render(plan: Plan, ctx: ExportContext) -> Export:
+def render(record: PlanRecord, ctx: ExportContext) -> Export:
+    plan = record.plan
     cfg = config(plan, ctx)
-    prov = provenance(plan, ctx)
+    prov = provenance(record, ctx)
     header = ["# torchtitan job config: merge these sections into your train config TOML"]
     header += comment_lines(prov)
     header.append(f"# world size {plan.world} = {plan.degrees.product_text()} (NGPU={plan.world})")

@@ -242,6 +242,7 @@ class Leader:
                   data_dtype: str = "auto") -> Any:
         """validate's runner: the trial on every node, one TrialResult from all ranks."""
         from autotune.export import launch as L
+        from autotune.plan_record import PlanRecord
         from autotune.runtime.data import prepare_data
         from autotune.runtime.trial import TrialResult, _device_kind, result_from_reports
 
@@ -281,7 +282,7 @@ class Leader:
         finally:
             shutil.rmtree(out, ignore_errors=True)
         if failures:
-            return TrialResult(plan=resolved.to_dict(), measured=None, losses=[], failure=min(failures,
+            return TrialResult(plan=PlanRecord(resolved).to_dict(), measured=None, losses=[], failure=min(failures,
                                key=lambda f: f[0])[1])
         return result_from_reports(resolved, reports, global_batch=global_batch, seq_len=seq_len, steps=steps,
                                    warmup=warmup, seed=seed, device=_device_kind(device), emulate=None,

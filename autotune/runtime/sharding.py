@@ -8,7 +8,8 @@ count. FSDP2 runs on a one-dimensional ``DeviceMesh`` made from the group the ru
 
 * ZeRO-3 (Rajbhandari et al. 2020, P_os+g+p): ``reshard_after_forward=True``: each block's
   parameters are all-gathered for its forward, freed, and all-gathered again for its backward (and
-  for recomputation).
+  for recomputation), and freed after it (under pipelining too: torch's stages turn that off, the
+  runtime turns it back on, worker.py ``_reshard_in_every_backward``).
 * ZeRO-2 (P_os+g): ``reshard_after_forward=False``: the all-gathered parameters stay until the
   backward is done (what FSDP calls SHARD_GRAD_OP), gradients are reduce-scattered.
 

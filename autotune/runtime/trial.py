@@ -23,6 +23,7 @@ from typing import Any
 
 from autotune.errors import InputError
 from autotune.plan import Plan, PlanError
+from autotune.plan_record import PlanRecord
 from autotune.specs.model import ModelSpec, load_model
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -171,7 +172,7 @@ def run_trial(plan: Plan | dict[str, Any], model: ModelSpec | str, seq_len: int,
         on_launch(resolved)
     res = launch("autotune.runtime.worker:trial_job", payload, resolved.world, timeout_s=timeout_s, device=kind)
     if res.failure is not None:
-        return TrialResult(plan=resolved.to_dict(), measured=None, losses=[], failure=res.failure)
+        return TrialResult(plan=PlanRecord(resolved).to_dict(), measured=None, losses=[], failure=res.failure)
     return result_from_reports(resolved, res.results, global_batch=global_batch, seq_len=seq_len, steps=steps,
                                warmup=warmup, seed=seed, device=kind, emulate=emulate, data=data_desc,
                                wall_s=res.wall_s)
@@ -199,5 +200,5 @@ def result_from_reports(resolved: Plan, reports: list[dict[str, Any]], *, global
         "data": data["path"] if data else "synthetic",
         "launch_wall_s": wall_s,
     }
-    return TrialResult(plan=resolved.replace(measured=measured).to_dict(), measured=measured,
+    return TrialResult(plan=PlanRecord(resolved, measured=measured).to_dict(), measured=measured,
                        losses=reports[0]["losses"], failure=None)

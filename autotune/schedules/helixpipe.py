@@ -315,7 +315,9 @@ def simulate(p: int, layers: int, m: int, folds: int, fwd: tuple[tuple[float, ..
              bwd: tuple[tuple[float, ...], ...], hops: tuple[tuple[tuple[float, ...], ...], ...],
              shares: tuple[int, ...] | None = None) -> HelixSimulation:
     """Time ``rank_order`` on every rank: an operation starts when its rank is free and its input
-    has arrived (the producer's end plus the hop between the two ranks it really joins).
+    has arrived (the producer's end plus the hop between the two ranks it really joins). Longer than
+    a screen on purpose: the estimate's inner loop, one loop over local variables (as
+    ``cost.pipeline.simulate_chain``).
 
     ``fwd[k][r]`` / ``bwd[k][r]``: seconds of chain position ``k`` (``2L + 1`` entries) when it runs
     on pipeline rank ``r`` (a mixed cluster prices each rank's device); ``hops[t][src][dst]``:

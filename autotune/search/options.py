@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.errors import InputError
-from autotune.plan import Plan
+from autotune.plan_record import PlanRecord
 from autotune.study import worker_count_ok
 
 SAMPLERS = ("tpe", "random", "grid")
@@ -38,9 +38,10 @@ class SearchOptions:
 class SearchResult:
     study_name: str
     storage: str
-    best: Plan
-    top: list[Plan]
-    baseline_best: Plan | None
+    best: PlanRecord
+    """The best plan with its prediction (``study.trial_record`` of the best trial)."""
+    top: list[PlanRecord]
+    baseline_best: PlanRecord | None
     trials: int
     new_trials: int
     elapsed_s: float

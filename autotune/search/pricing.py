@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.errors import InputError, WorkError
 from autotune.plan import Placement, Plan
+from autotune.plan_record import PlanRecord
 
 if TYPE_CHECKING:
     from autotune.search.workspace import Row
@@ -66,12 +67,13 @@ class Outcome:
 _PLACEMENT_FIELDS = tuple(f.name for f in dataclasses.fields(Placement))
 
 
-def plan_dict(plan: Plan) -> Shared:
-    """``plan.to_dict()``, shared (see Shared), without ``dataclasses.asdict`` on every placement
-    entry (3 ms of a 5 ms estimate at 128 devices; tests/unit/test_search_study.py checks equality)."""
+def plan_dict(plan: Plan, predicted: dict[str, Any] | None = None) -> Shared:
+    """A trial's ``plan`` attribute: ``PlanRecord(plan, predicted).to_dict()`` (the plan JSON users
+    read), shared (see Shared), without ``dataclasses.asdict`` on every placement entry (3 ms of a
+    5 ms estimate at 128 devices; tests/unit/test_search_study.py checks equality)."""
     if plan.placement is None:
-        return Shared(plan.to_dict())
-    d = plan.replace(placement=None).to_dict()
+        return Shared(PlanRecord(plan, predicted=predicted).to_dict())
+    d = PlanRecord(plan.replace(placement=None), predicted=predicted).to_dict()
     d["placement"] = [{f: getattr(e, f) for f in _PLACEMENT_FIELDS} for e in plan.placement]
     return Shared(d)
 
@@ -102,9 +104,9 @@ def outcome_of(built: Plan, est: Any) -> Outcome:
     from search_spaces.base import family_of
 
     pred = dict(est.predicted)
-    plan = est.plan if est.plan is not None else built.replace(predicted=pred)
+    plan = est.plan if est.plan is not None else built
     bd = trim_breakdown(getattr(est, "breakdown", None))
-    attrs = {"plan": plan_dict(plan), "breakdown": Shared(bd) if isinstance(bd, dict) else bd,
+    attrs = {"plan": plan_dict(plan, pred), "breakdown": Shared(bd) if isinstance(bd, dict) else bd,
              "infeasible_reason": None, "family": family_of(plan), "baseline": None}
     mem, cap = pred.get("memory_bytes") or [], pred.get("capacity_bytes") or []
     over = max((m - c) / c for m, c in zip(mem, cap, strict=False)) if mem and cap else -1.0
@@ -209,7 +211,7 @@ class Evaluator:
             self._primed.add(id(r))
             if "plan" in r.attrs and r.value is not None:
                 try:
-                    key = Plan.from_dict(r.attrs["plan"]).replace(predicted=None, measured=None, provenance=None)
+                    key = Plan.from_dict(r.attrs["plan"])
                 except InputError:
                     continue
                 if key in self.cache:

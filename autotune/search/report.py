@@ -11,8 +11,9 @@ from autotune.advice import nothing_fits
 from autotune.cost.tiebreak import rank
 from autotune.errors import WorkError
 from autotune.plan import Plan, shares_are_even
+from autotune.plan_record import PlanRecord
 from autotune.search.options import SearchResult
-from autotune.study import iter_trial_plans, plan_key
+from autotune.study import iter_trial_plans, trial_record
 
 
 def collect(study: Any, storage: str, top: int, elapsed: float, before: int, notes: list[str],
@@ -24,19 +25,20 @@ def collect(study: Any, storage: str, top: int, elapsed: float, before: int, not
     if not ranked:
         memory_bound = [t for t in trials if t.user_attrs.get("infeasible_kind") == "memory"]
         raise WorkError(nothing_fits(memory_bound) or "no feasible plan: " + infeasibility_report(trials))
-    best_t, best = ranked[0]
+    best_t = ranked[0][0]
     # the best even plan: parse only the stored plans whose shares are even (Plan.is_even's rule)
     base_t, base = next(iter_trial_plans(study, where=looks_even), (None, None))
     if base_t is not None:
         study.set_user_attr("baseline_best_trial", base_t.number)
-    res = SearchResult(study_name=study.study_name, storage=storage, best=best, top=[p for _, p in ranked],
-                       baseline_best=base, trials=len(trials), new_trials=len(trials) - before, elapsed_s=elapsed,
+    res = SearchResult(study_name=study.study_name, storage=storage, best=trial_record(best_t),
+                       top=[trial_record(t) for t, _ in ranked],
+                       baseline_best=trial_record(base_t) if base_t is not None else None, trials=len(trials), new_trials=len(trials) - before, elapsed_s=elapsed,
                        notes=notes, best_trial=best_t.number, baseline_trial=base_t.number if base_t else None)
     res.layouts = best_layouts(iter_trial_plans(study), top)
     if workload is not None:
         res.targets = per_target(study, workload)
-    res.why = why_best(best, base, best_t.user_attrs.get("breakdown"), base_t.user_attrs.get("breakdown")
-                       if base_t else None)
+    res.why = why_best(res.best, res.baseline_best, best_t.user_attrs.get("breakdown"),
+                       base_t.user_attrs.get("breakdown") if base_t else None)
     return res
 
 
@@ -139,15 +141,15 @@ def _largest_saving(bd_best: Any, bd_base: Any) -> str:
     return f"; the largest saving is {k} ({d:.3g} s less)"
 
 
-def why_best(best: Plan, base: Plan | None, bd_best: Any, bd_base: Any) -> str:
+def why_best(best_rec: PlanRecord, base_rec: PlanRecord | None, bd_best: Any, bd_base: Any) -> str:
     """One sentence: how much faster the best plan is than the best even-split plan, and where from."""
-    if base is None:
+    if base_rec is None:
         return "no even-split plan is feasible here; the best plan needs uneven shares or options they lack"
-    pb, pe = best.predicted or {}, base.predicted or {}
-    tb, te = _num(pb, "step_time_s"), _num(pe, "step_time_s")
+    tb, te = _num(best_rec.predicted or {}, "step_time_s"), _num(base_rec.predicted or {}, "step_time_s")
     if tb is None or te is None or tb <= 0:
         return ""
-    if plan_key(best.to_dict()) == plan_key(base.to_dict()):
+    best, base = best_rec.plan, base_rec.plan
+    if best == base:
         return "the best plan is itself an even split"
     return (f"{te / tb:.2f}x the best even-split plan ({base.degrees.inline()}): step {tb:.4g} s vs {te:.4g} s, "
             "from " + (", ".join(_differences(best, base)) or "placement") + _largest_saving(bd_best, bd_base))

@@ -101,7 +101,7 @@ def enumerate_space(world: int) -> dict:
             if not est.predicted["feasible"]:
                 infeasible.append((params, est.predicted["infeasible_reason"]))
                 continue
-            key = built.replace(predicted=None).to_json()
+            key = built.to_json()
             if key in seen:
                 continue
             seen.add(key)

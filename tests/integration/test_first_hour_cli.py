@@ -80,7 +80,7 @@ def test_apply_reprices_on_the_cluster_and_never_echoes_the_stored_prediction(tm
     r = run("apply", "--plan", "plan.json", "-c", "local:4", "-f", "json", "--json", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    ref = estimate(plan.replace(predicted=None), model, cluster, 128, 8)
+    ref = estimate(plan, model, cluster, 128, 8)
     assert out["plan"]["predicted"]["step_time_s"] == pytest.approx(ref.predicted["step_time_s"])
     assert out["plan"]["predicted"]["tokens_per_s"] != 1e9
 

@@ -104,10 +104,10 @@ def _study_with_layouts(url):
         from autotune.plan import load_plan
 
         est = estimate(load_plan(inline), model, cluster, 128, 8)
-        plan = est.plan.replace(predicted=est.predicted)
+        plan = est.record()
         s.add_trial(optuna.trial.create_trial(value=est.predicted["tokens_per_s"], params={}, distributions={},
                                               user_attrs={"plan": plan.to_dict(), "breakdown": est.breakdown}))
-    assert isinstance(plan, Plan)
+    assert isinstance(plan.plan, Plan)
     return s
 
 

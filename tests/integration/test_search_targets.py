@@ -27,9 +27,9 @@ def test_search_for_a_target_returns_what_its_export_accepts(tmp_path, target):
     res = search(MODEL, CLUSTER, SEQ, BATCH, study_name="s", storage=url,
                  options=SearchOptions(trials=15, target=target, polish=False))
     for p in res.top:
-        assert refusals(target, p, _ctx()) == []
-    plan, ctx = from_study("s", url, None)
-    out = export(plan.resolve(ctx.model, ctx.cluster, ctx.seq_len, ctx.global_batch), ctx, target)
+        assert refusals(target, p.plan, _ctx()) == []
+    record, ctx = from_study("s", url, None)
+    out = export(record.plan.resolve(ctx.model, ctx.cluster, ctx.seq_len, ctx.global_batch), ctx, target)
     assert out.text
     stored = optuna.load_study(study_name="s", storage=url).user_attrs["best_per_target"]
     # the search kept to the target, so its best (up to the 1% tie-break) is the target's best

@@ -43,7 +43,7 @@ def toy_estimate(plan, model, cluster, seq_len, global_batch, *, calibration=Non
     pred = {"step_time_s": worst, "tokens_per_s": global_batch * seq_len / worst, "mfu": 0.3,
             "memory_bytes": mems, "capacity_bytes": caps, "feasible": not over,
             "infeasible_reason": f"rank {over[0]} memory {mems[over[0]]:.3g} > {caps[over[0]]:.3g}" if over else None}
-    return ToyEstimate(plan.replace(predicted=pred), pred, {"ranks": ranks, "timeline": []})
+    return ToyEstimate(plan, pred, {"ranks": ranks, "timeline": []})
 
 
 @dataclass

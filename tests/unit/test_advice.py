@@ -11,7 +11,7 @@ from autotune.units import fmt_bytes
 
 def priced(inline, model="llama3-70b", seq=8192, batch=8):
     est = estimate(load_plan(inline), load_model(model), load_cluster("local:2"), seq, batch)
-    plan = est.plan.replace(predicted=est.predicted).to_dict()
+    plan = est.record().to_dict()
     return SimpleNamespace(user_attrs={"plan": plan, "breakdown": est.breakdown,
                                        "infeasible_reason": est.predicted.get("infeasible_reason")}), est
 

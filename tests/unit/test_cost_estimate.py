@@ -23,7 +23,7 @@ def test_single_device_is_hardware_flops_over_achievable_throughput(recompute):
     assert est.predicted["mfu"] == pytest.approx(mfu)
     assert est.predicted["tokens_per_s"] == pytest.approx(4 * S / est.predicted["step_time_s"])
     assert est.predicted["bubble_fraction"] == pytest.approx(0.0)
-    assert est.predicted["feasible"] and est.plan.predicted == est.predicted
+    assert est.predicted["feasible"] and est.record().predicted == est.predicted
 
 
 def test_pure_dp_exposes_the_all_reduce_beyond_the_last_backward():

@@ -10,6 +10,7 @@ import pytest
 from autotune.dashboard.data import load_view
 from autotune.errors import InputError
 from autotune.plan import Degrees, Plan, Shares
+from autotune.plan_record import PlanRecord
 from autotune.specs.cluster import load_cluster
 from autotune.specs.model import PRESETS
 
@@ -56,7 +57,7 @@ def plan_attrs(plan: Plan, tps: float | None, mem_gib: float, feasible: bool = T
     pred = {"step_time_s": SEQ * BATCH / tps, "tokens_per_s": tps, "mfu": 0.3,
             "memory_bytes": [mem_gib * 2**30 * (1 + 0.05 * r) for r in range(plan.world)],
             "capacity_bytes": [cap] * plan.world, "feasible": feasible}
-    return plan.replace(predicted=pred).to_dict()
+    return PlanRecord(plan, predicted=pred).to_dict()
 
 
 def make_study(url: str, name: str = "s", *, timelines: bool = True, measured: bool = True) -> optuna.Study:
@@ -146,7 +147,7 @@ def test_capacity_from_cluster_when_prediction_lacks_it(tmp_path):
     url = f"sqlite:///{tmp_path / 'a.db'}"
     study = optuna.create_study(study_name="c", storage=url, direction="maximize")
     study.set_user_attr("cluster", CLUSTER)
-    plan = resolved(degrees=Degrees(dp=8)).replace(predicted={"tokens_per_s": 5.0, "memory_bytes": [1.0] * 8})
+    plan = PlanRecord(resolved(degrees=Degrees(dp=8)), predicted={"tokens_per_s": 5.0, "memory_bytes": [1.0] * 8})
     study.add_trial(optuna.trial.create_trial(state=DONE, value=5.0, user_attrs={"plan": plan.to_dict()}))
     r = load_view("c", url).rows[0]
     assert r.capacity_bytes == [d.spec.memory_bytes for d in load_cluster(CLUSTER).devices]

@@ -57,7 +57,7 @@ def test_view_after_validate_shows_measured_and_failures(tmp_path):
 
     url = f"sqlite:///{tmp_path}/v.db"
     res = searched(url, "v")
-    first = res.top[0].degrees.inline()
+    first = res.top[0].plan.degrees.inline()
     out = validate("v", url, options=ValidateOptions(top=3), runner=toy_runner(1.3, fail_degrees=(first,)),
                    estimator=toy_estimate)
     view = load_view("v", url)

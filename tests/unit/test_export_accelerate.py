@@ -56,6 +56,6 @@ def test_pipeline_and_cp_with_sp_refused():
     with pytest.raises(ExportRefused) as e:
         export(plan, ctx, "accelerate")
     assert len(e.value.reasons) == 2
-    near = e.value.nearest
+    near = e.value.nearest.plan
     assert near.degrees.pp == 1 and (near.degrees.cp == 1 or near.degrees.hp == 1) and near.world == 8
     assert A.reasons(near, ctx) == []

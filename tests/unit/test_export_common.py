@@ -7,6 +7,7 @@ from autotune.export import ExportRefused, export
 from autotune.export import torchtitan as T
 from autotune.export.common import ExportContext, fold, nearest_expressible
 from autotune.plan import Degrees, Plan, Shares
+from autotune.plan_record import PlanRecord
 from autotune.specs.cluster import load_cluster
 from autotune.specs.model import PRESETS
 
@@ -20,10 +21,10 @@ def test_fastest_accepted_candidate_wins_under_a_given_price():
     plan = Plan(degrees=Degrees(hp=2, dp=4), zero_stage=3).resolve(ctx.model, ctx.cluster, 256, 16)
     # price: pretend more data parallelism is faster, so hp folded into dp must win over hp -> cp
     def price(p, _ctx):
-        return p.replace(predicted={"tokens_per_s": float(p.degrees.dp), "step_time_s": 1.0 / p.degrees.dp,
-                                    "feasible": True}), ""
+        return PlanRecord(p, predicted={"tokens_per_s": float(p.degrees.dp), "step_time_s": 1.0 / p.degrees.dp,
+                                        "feasible": True}), ""
     near, _ = nearest_expressible(T, plan, ctx, price=price)
-    assert near.degrees == Degrees(dp=8)
+    assert near.plan.degrees == Degrees(dp=8)
     accepted = []
     for c in T.candidates(plan, ctx):
         try:
@@ -49,7 +50,7 @@ def test_refusal_prices_the_nearest_plan_with_the_cost_model():
     with pytest.raises(ExportRefused) as e:
         export(plan, ctx, "megatron")
     near = e.value.nearest
-    ref = cost.estimate(near.replace(predicted=None), ctx.model, ctx.cluster, 256, 16)
+    ref = cost.estimate(near.plan, ctx.model, ctx.cluster, 256, 16)
     assert near.predicted["tokens_per_s"] == pytest.approx(ref.predicted["tokens_per_s"])
     assert "tokens/s" in str(e.value)
 

@@ -67,7 +67,7 @@ def test_only_uniform_layer_splits_are_expressible():
         else:
             with pytest.raises(ExportRefused) as e:
                 export(plan, ctx, "deepspeed")
-            assert e.value.nearest.shares.layers == tuple(uniform[i + 1] - uniform[i] for i in range(4))
+            assert e.value.nearest.plan.shares.layers == tuple(uniform[i + 1] - uniform[i] for i in range(4))
 
 
 def test_ring_cp_is_refused_and_nearest_uses_ulysses():
@@ -76,8 +76,8 @@ def test_ring_cp_is_refused_and_nearest_uses_ulysses():
     with pytest.raises(ExportRefused) as e:
         export(plan, ctx, "deepspeed")
     assert "ring" in e.value.reasons[0]
-    assert e.value.nearest.degrees.cp == 1 and e.value.nearest.world == 8
-    assert D.reasons(e.value.nearest, ctx) == []
+    assert e.value.nearest.plan.degrees.cp == 1 and e.value.nearest.plan.world == 8
+    assert D.reasons(e.value.nearest.plan, ctx) == []
 
 
 def test_pipeline_with_zero2_refused():
@@ -85,4 +85,4 @@ def test_pipeline_with_zero2_refused():
     plan = resolved(ctx, degrees=Degrees(pp=2, dp=4), zero_stage=2)
     with pytest.raises(ExportRefused) as e:
         export(plan, ctx, "deepspeed")
-    assert e.value.nearest.zero_stage == 1
+    assert e.value.nearest.plan.zero_stage == 1

@@ -13,6 +13,7 @@ from autotune.export import export, write_atomic
 from autotune.export import json_plan as J
 from autotune.export.common import ExportContext
 from autotune.plan import Degrees, Plan, PlanError, Shares, load_plan, plan_schema
+from autotune.plan_record import PlanRecord, load_record
 from autotune.specs.cluster import load_cluster
 from autotune.specs.model import PRESETS
 
@@ -25,15 +26,15 @@ def ctx_for(**kw):
 
 def test_written_plan_matches_schema_and_round_trips(tmp_path):
     ctx = ctx_for(study="s1", trial=7, source="study s1")
-    plan = Plan(degrees=Degrees(pp=2, dp=2, cp=2), shares=Shares(layers=(3, 5), tokens=(160, 96)),
-                measured={"step_time_s": 1.5, "tokens_per_s": 100.0, "peak_memory_bytes": [1.0] * 8}).resolve(
+    plan = Plan(degrees=Degrees(pp=2, dp=2, cp=2), shares=Shares(layers=(3, 5), tokens=(160, 96))).resolve(
         ctx.model, ctx.cluster, ctx.seq_len, ctx.global_batch)
-    out = export(plan, ctx, "json")
+    measured = {"step_time_s": 1.5, "tokens_per_s": 100.0, "peak_memory_bytes": [1.0] * 8}
+    out = export(PlanRecord(plan, measured=measured), ctx, "json")
     path = write_atomic(tmp_path / "plan.json", out.text, check=J.check_file)
     data = json.loads(path.read_text())
     jsonschema.Draft202012Validator(plan_schema()).validate(data)
-    back = load_plan(path)
-    assert back.replace(provenance=None) == plan.replace(provenance=None)
+    back = load_record(path)
+    assert back.plan == plan and back.measured == measured
     prov = data["provenance"]
     assert prov["version"] == __version__ and prov["model"] == "small" and prov["study"] == "s1"
     assert prov["trial"] == 7 and "cluster_digest" in prov and prov["profile_ids"] == []

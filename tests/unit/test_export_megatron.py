@@ -124,7 +124,7 @@ def test_uneven_tokens_are_refused_with_an_even_nearest_plan():
         export(plan, ctx, "megatron")
     err = e.value
     assert any("shares.tokens [160, 96]" in r for r in err.reasons)
-    near = err.nearest
+    near = err.nearest.plan
     assert near is not None and near.degrees == plan.degrees and near.shares.tokens == (128, 128)
     assert M.reasons(near, ctx) == []
     assert "Nearest plan megatron can express" in str(err)
@@ -137,7 +137,7 @@ def test_gpipe_contiguous_and_zero3_each_named():
         export(plan, ctx, "megatron")
     text = " ".join(e.value.reasons)
     assert "gpipe" in text and "contiguous" in text and "zero_stage 3" in text
-    near = e.value.nearest
+    near = e.value.nearest.plan
     assert near.schedule == "1f1b" and near.cp_layout == "zigzag" and near.zero_stage == 1
 
 
@@ -157,6 +157,6 @@ def test_sequence_must_cut_into_two_chunks_per_cp_rank():
     with pytest.raises(ExportRefused) as e:
         export(plan, ctx, "megatron")
     assert any("2*context-parallel-size(2)" in r for r in e.value.reasons)
-    near = e.value.nearest
+    near = e.value.nearest.plan
     assert near is None or ctx.seq_len % (2 * near.degrees.cp * near.degrees.hp) == 0 or \
         near.degrees.cp * near.degrees.hp == 1

@@ -95,7 +95,7 @@ def test_ulysses_is_refused_and_folded_into_ring_cp():
     with pytest.raises(ExportRefused) as e:
         export(plan, ctx, "torchtitan")
     assert any("Ulysses" in r for r in e.value.reasons)
-    near = e.value.nearest
+    near = e.value.nearest.plan
     assert near.degrees.hp == 1 and near.world == plan.world
     assert T.reasons(near, ctx) == []
 
@@ -105,11 +105,11 @@ def test_ddp_with_tp_and_zero1_are_refused():
     plan = resolved(ctx, degrees=Degrees(dp=4, tp=2), zero_stage=0, sequence_parallel=True)
     with pytest.raises(ExportRefused) as e:
         export(plan, ctx, "torchtitan")
-    assert "DDP" in e.value.reasons[0] and e.value.nearest.zero_stage == 3
+    assert "DDP" in e.value.reasons[0] and e.value.nearest.plan.zero_stage == 3
     plan = resolved(ctx, degrees=Degrees(dp=8), zero_stage=1)
     with pytest.raises(ExportRefused) as e:
         export(plan, ctx, "torchtitan")
-    assert e.value.nearest.zero_stage == 2
+    assert e.value.nearest.plan.zero_stage == 2
 
 
 def test_fp16_is_refused_nearest_bf16():
@@ -117,4 +117,4 @@ def test_fp16_is_refused_nearest_bf16():
     plan = resolved(ctx, degrees=Degrees(dp=8), zero_stage=3, dtype="fp16")
     with pytest.raises(ExportRefused) as e:
         export(plan, ctx, "torchtitan")
-    assert e.value.nearest.dtype == "bf16"
+    assert e.value.nearest.plan.dtype == "bf16"

@@ -58,4 +58,4 @@ def test_other_targets_refuse_with_their_reason(fmt, why):
     assert any(why in r for r in info.value.reasons)
     near = info.value.nearest
     if near is not None:
-        assert near.schedule != "helixpipe" and near.helix_folds == 1
+        assert near.plan.schedule != "helixpipe" and near.plan.helix_folds == 1

@@ -23,6 +23,7 @@ from autotune.plan import (
     parse_inline,
     plan_schema,
 )
+from autotune.plan_record import PlanRecord
 from autotune.specs import load_model
 from autotune.specs.cluster import cluster_from_dict, local_cluster
 
@@ -47,12 +48,13 @@ def test_hand_written_degrees_only_gets_design_defaults():
 
 def test_json_round_trip_and_schema():
     c = local_cluster(4)
-    p = parse_inline("pp=2,hp=2").resolve(TINY, c, 64, 4).replace(
-        predicted={"step_time_s": 1.0, "tokens_per_s": 256.0, "mfu": 0.1, "memory_bytes": [1, 2, 3, 4],
-                   "feasible": True})
-    again = Plan.from_json(p.to_json())
-    assert again == p
-    check_schema(json.loads(p.to_json()))
+    p = parse_inline("pp=2,hp=2").resolve(TINY, c, 64, 4)
+    rec = PlanRecord(p, predicted={"step_time_s": 1.0, "tokens_per_s": 256.0, "mfu": 0.1,
+                                   "memory_bytes": [1, 2, 3, 4], "feasible": True})
+    assert Plan.from_json(p.to_json()) == p
+    assert PlanRecord.from_dict(json.loads(rec.to_json())) == rec
+    check_schema(json.loads(rec.to_json()))
+    assert list(rec.to_dict())[-3:] == ["predicted", "measured", "provenance"]  # the file's layout
 
 
 def test_mesh_coordinates_are_a_bijection_with_tp_innermost():
@@ -196,3 +198,25 @@ def test_auto_dtype_is_bf16_only_where_every_device_has_it():
         choose_dtype("auto", mixed, plan_dtype="bf16")
     with pytest.raises(PlanError, match=r"did you mean bf16"):
         choose_dtype("bf61", mixed)
+
+
+def test_a_plan_is_configuration_and_its_record_travels_beside_it():
+    """Issue 17, point 5: what was predicted or measured never changes what a plan is."""
+    import dataclasses
+
+    from autotune.cost import estimate
+    from autotune.plan import RECORD_KEYS
+
+    c = local_cluster(4)
+    p = parse_inline("pp=2,dp=2").resolve(TINY, c, 64, 4)
+    est = estimate(p, TINY, c, 64, 4)
+    assert est.plan == p and hash(est.plan) == hash(p) and len({est.plan, p}) == 1
+    rec = est.record()
+    assert rec.plan is est.plan and rec.predicted == est.predicted
+    stored = rec.replace(measured={"step_time_s": 1.0}, provenance={"study": "s"}).to_dict()
+    assert Plan.from_dict(stored) == p  # a record's JSON reads back as the same configuration
+    assert PlanRecord.from_dict(stored).measured == {"step_time_s": 1.0}
+    assert not set(RECORD_KEYS) & set(p.to_dict())
+    assert not set(RECORD_KEYS) & {f.name for f in dataclasses.fields(Plan)}
+    with pytest.raises(InputError, match="expected a mapping"):
+        PlanRecord.from_dict({**stored, "measured": [1]})

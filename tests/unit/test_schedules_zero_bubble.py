@@ -159,7 +159,7 @@ def test_other_targets_refuse_with_the_reason_and_offer_1f1b(fmt, why):
     with pytest.raises(ExportRefused) as info:
         export(plan, ctx, fmt)
     assert any(why in r for r in info.value.reasons)
-    near = info.value.nearest
+    near = info.value.nearest.plan
     assert near is not None and near.schedule == "1f1b" and near.virtual_stages == 1
 
 

@@ -137,13 +137,14 @@ def test_neighbours_stay_inside_the_distributions():
 def test_plan_dict_equals_to_dict_and_is_shared_not_copied():
     import copy
 
+    from autotune.plan_record import PlanRecord
     from autotune.search import plan_dict
 
     sp = space_for(model="llama3-8b", cluster=MIXED, seq=8192, batch=8)
     plan = sp.build(sp.params(tp=2, pp=2, cp=2, placement="pp", balance=1.0))
     assert isinstance(plan, Plan)
     d = plan_dict(plan)
-    assert d == plan.to_dict() and Plan.from_dict(dict(d)) == plan
+    assert d == PlanRecord(plan).to_dict() and Plan.from_dict(dict(d)) == plan
     assert copy.deepcopy(d) is d
 
 

@@ -53,7 +53,7 @@ def test_search_stores_the_contract_in_every_storage(tmp_path, kind):
     # the reported best is the best feasible trial; the even baseline is never better
     best_value = max(t.value for t, _ in trial_plans(study))
     assert res.best.predicted["tokens_per_s"] == pytest.approx(best_value)
-    assert res.baseline_best.is_even()
+    assert res.baseline_best.plan.is_even()
     assert res.best.predicted["tokens_per_s"] >= res.baseline_best.predicted["tokens_per_s"]
 
 

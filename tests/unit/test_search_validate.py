@@ -53,12 +53,12 @@ def test_validate_stores_measured_and_calibrates(tmp_path, journal):
 def test_a_failed_real_trial_is_recorded_and_the_rest_run(tmp_path):
     url = f"sqlite:///{tmp_path}/f.db"
     res = make_study(url, "f")
-    first = res.top[0].degrees.inline()
+    first = res.top[0].plan.degrees.inline()
     out = validate("f", url, options=ValidateOptions(top=3), runner=toy_runner(1.3, fail_degrees=(first,)),
                    estimator=toy_estimate)
     failed = [r for r in out["validated"] if r["failure"]]
     assert failed and all(r["failure"]["message"] == "boom" for r in failed)
-    assert out["best_measured"] is not None and out["best_measured"]["degrees"] != res.top[0].degrees.to_dict()
+    assert out["best_measured"] is not None and out["best_measured"]["degrees"] != res.top[0].plan.degrees.to_dict()
     t = {x.number: x for x in open_study("f", url).get_trials()}[failed[0]["trial"]]
     assert t.user_attrs["failure"]["kind"] == "error"
 
