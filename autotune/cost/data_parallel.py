@@ -5,9 +5,10 @@ Ulysses ranks hold whole weights, as DP replicas do); they are the ZeRO group of
 (Rajbhandari et al. 2020). Gradients are accumulated over a step's micro-batches and reduced once, in
 the last backward, in ``grad_reduce_dtype`` (fp32 under 16-bit compute), at every ZeRO stage (one
 reduce-scatter a step from ZeRO-1 on, not one per micro-batch as DeepSpeed's ZeRO-2 does: why, and
-what it costs in memory, ``grads_accumulate_unsharded`` and ``autotune/runtime/sharding.py``); weights
-are gathered in the compute dtype. What each stage moves per step (``step_transfers``; P the rank's parameters, L its
-blocks of ``b`` parameters each, R = P - L*b the rest: embedding, final norm, LM head):
+what it costs in memory, ``grads_accumulate_unsharded`` and ``autotune/runtime/sharding.py``);
+weights are gathered in the compute dtype. What each stage moves per step (``step_transfers``; P the
+rank's parameters, L its blocks of ``b`` parameters each, R = P - L*b the rest: embedding, final
+norm, LM head):
 
 * ZeRO 0: all-reduce of the gradients (P);
 * ZeRO 1 (Megatron's distributed optimizer, the runtime's ``zero_stage 1``): reduce-scatter of the
@@ -29,7 +30,8 @@ The gradient reduction overlaps with the last micro-batch's backward (Megatron
 ``overlap_grad_reduce``) and starts when every replica of the stage has finished; the rest is
 exposed. Under ZeRO-2/3 with pipelining nothing of it overlaps: torch's pipeline stages run every
 backward without gradient sync and reduce-scatter after the last one (``perform_reduce_grad``), so
-the runtime's reduction follows the stage's compute. The optimizer step is memory-bound Adam over the rank's (ZeRO-sharded) parameters.
+the runtime's reduction follows the stage's compute. The optimizer step is memory-bound Adam over
+the rank's (ZeRO-sharded) parameters.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ states, stage 2 also the gradients, stage 3 also the weights (plus two gathered 
 as the working set while a layer runs and the next is prefetched, as FSDP does). The runtime's
 ZeRO-3 (FSDP2 with a mixed-precision policy) keeps one sharded copy of a weight, in fp32: under
 16-bit compute that is the master copy the 12 bytes of optimizer state already count, so its weights
-term is the gathered blocks alone (DeepSpeed's ZeRO-3 also keeps a 16-bit shard: 2/N more a parameter).
+term is the gathered blocks alone (DeepSpeed's ZeRO-3 also keeps a 16-bit shard: 2/N bytes more a
+parameter).
 
 Gradients under ZeRO-2/3 are sharded only where the runtime holds them so: it reduce-scatters once a
 step, in the last backward, and accumulates the micro-batches before it unsharded
@@ -22,8 +23,8 @@ saves the weights alone. One micro-batch without pipelining holds gradient shard
 paper counts; where the weights are whole (ZeRO-2, ZeRO-3 gathered per step) they never add to
 them: that backward frees each unit's gathered weights as it reduce-scatters the unit's gradients
 (ZeRO-2) or starts with the weights freed (ZeRO-3), so only the excess of the shards over the
-weights counts (none under 16-bit compute from 2 ranks on). ZeRO-3 holds its weights whole like ZeRO-2 when
-the runtime gathers them once a step (replicas with different micro-batch counts,
+weights counts (none under 16-bit compute from 2 ranks on). ZeRO-3 holds its weights whole like
+ZeRO-2 when the runtime gathers them once a step (replicas with different micro-batch counts,
 ``data_parallel.zero3_weights_gathered``).
 
 Activations per block and micro-batch (Korthikanti et al. 2022, "Reducing Activation Recomputation
