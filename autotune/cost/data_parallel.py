@@ -176,12 +176,14 @@ def grad_sync(ctx: RankContext, comp_f: float, comp_b: float) -> tuple[float, fl
     t = step_transfers(ctx)
     overl = _seconds(ctx, t[0].op, t[0].nbytes)
     exposed_reduction = 0.0
-    if s.zero >= 2 and s.pp > 1:  # torch's stages reduce-scatter after the last backward, not in it
+    if s.pp > 1:  # the runtime reduces after the last backward under pipelining, not in it: torch's
+        # stages reduce-scatter after it (ZeRO-2/3), and the DDP-style overlap of ZeRO-0/1 and HelixPipe
+        # needs a backward of its own (runtime/worker.py: overlap only where pp == 1)
         overl, exposed_reduction = 0.0, overl
     if s.zero == 0:
-        return overl, 0.0
+        return overl, exposed_reduction
     if s.zero == 1:
-        return overl, _seconds(ctx, "all_gather", t[1].nbytes)
+        return overl, exposed_reduction + _seconds(ctx, "all_gather", t[1].nbytes)
     n_blocks = sum(ctx.layers)
     fixed = 0.0
     if s.zero == 2 or not gathers_per_microbatch(s):  # block gathers once (twice under ZeRO-3) a step
