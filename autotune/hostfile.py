@@ -122,19 +122,28 @@ def node_env(addr: str, port: int) -> dict[str, str]:
     return env
 
 
+def _assigned(addr: str, port: int) -> str:
+    return " ".join(f"{k}={shlex.quote(v)}" for k, v in node_env(addr, port).items())
+
+
+def here_prefix(addr: str, port: int) -> str:
+    """What node-rank 0's line starts with: the variables exported, not prefixed to the command
+    (its own words expand "${MASTER_ADDR}")."""
+    return f"export {_assigned(addr, port)} && "
+
+
 def node_lines(hosts: list[Host], commands: list[str], shell: list[str], addr: str, port: int,
                cwd: str | Path | None = None) -> list[str]:
     """One shell line per node: node-rank 0's runs here as it is, every other host's through the
     remote shell. ``commands``: each node's command (shell text). These are the lines a dry run
     prints and the launch runs (``bash -c LINE``)."""
-    # exported, not prefixed: the command's own words expand "${MASTER_ADDR}"
-    assigned = " ".join(f"{k}={shlex.quote(v)}" for k, v in node_env(addr, port).items())
+    assigned = _assigned(addr, port)
     bindir = os.path.dirname(sys.executable)
     where = shlex.quote(str(Path(cwd or os.getcwd()).resolve()))
     lines = []
     for k, (h, cmd) in enumerate(zip(hosts, commands, strict=True)):
         if k == 0:
-            lines.append(f"export {assigned} && {cmd}")
+            lines.append(here_prefix(addr, port) + cmd)
         else:
             inner = f'cd {where} && export {assigned} PATH={shlex.quote(bindir)}:"$PATH" && {cmd}'
             lines.append(" ".join(shlex.quote(w) for w in shell) + f" {shlex.quote(h.name)} {shlex.quote(inner)}")

@@ -172,34 +172,47 @@ def launch_local(kind: str, nproc: int, *, quick: bool, emulate: dict[int, float
 
 
 def node_command(nnodes: int, nproc: int, kind: str, *, quick: bool, timeout_s: float, out: str | Path,
-                 run_id: str = "autotune-profile"):
+                 run_id: str = "autotune-profile", node_rank: int | None = None):
     """This node's torchrun line of a profile across ``nnodes`` hosts: c10d rendezvous at
     ``"${MASTER_ADDR}":"${MASTER_PORT:-29500}"`` (autotune.export.launch's convention), ``nproc``
-    ranks of ``python -m profilers.worker`` here. The same line runs on every node."""
+    ranks of ``python -m profilers.worker`` here. The same line runs on every node; with
+    ``node_rank`` the ranks are numbered by it (node-rank 0 holds rank 0 and stores the profile)."""
     from autotune.export.launch import ENDPOINT, NodeCommand
 
+    place = ["--node-rank", str(node_rank)] if node_rank is not None else []
     argv = ["torchrun", "--nnodes", str(nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", ENDPOINT,
-            "--rdzv-id", run_id, "--nproc-per-node", str(nproc), "-m", "profilers.worker", "--out", str(out),
+            "--rdzv-id", run_id, "--nproc-per-node", str(nproc), "-m", "profilers.worker", *place, "--out", str(out),
             "--device", kind, "--timeout", f"{timeout_s:g}", *(["--quick"] if quick else [])]
-    return NodeCommand(node=-1, node_rank=-1, argv=argv)
+    return NodeCommand(node=-1 if node_rank is None else node_rank, node_rank=-1 if node_rank is None else node_rank,
+                       argv=argv)
 
 
-def launch_node(nnodes: int, kind: str, nproc: int, *, quick: bool, timeout_s: float = 60.0) -> dict[str, Any] | None:
+def launch_node(nnodes: int, kind: str, nproc: int, *, quick: bool, timeout_s: float = 60.0,
+                node_rank: int | None = None, remote: list[Any] | None = None,
+                prefix: str = "") -> dict[str, Any] | None:
     """Run this node's part of a multi-node profile (``node_command`` through bash, so what runs is
-    the printed line); returns the whole result on the node that got rank 0, None on the others."""
-    import subprocess
+    the printed line); returns the whole result on the node that got rank 0, None on the others.
+    ``remote`` (``--hosts``): the other nodes' lines (autotune.export.launch.RemoteLine), started
+    from here and watched with this node's; ``prefix``: what this node's line starts with there
+    (``export MASTER_ADDR=... &&``)."""
     import sys
 
+    from autotune.export.launch import run_lines
+
     with tempfile.TemporaryDirectory(prefix="autotune-profile-") as tmp:
-        cmd = node_command(nnodes, nproc, kind, quick=quick, timeout_s=timeout_s, out=tmp)
+        cmd = node_command(nnodes, nproc, kind, quick=quick, timeout_s=timeout_s, out=tmp, node_rank=node_rank)
         env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
         limit = timeout_s * 3 + 120  # rendezvous, then the ranks' own process-group timeouts
         try:
-            proc = subprocess.run(["bash", "-c", cmd.shell()], env=env, capture_output=True, text=True,
-                                  timeout=limit)
-        except subprocess.TimeoutExpired:
-            raise WorkError(f"profile failed: this node's ranks did not finish within {limit:.0f} s; "
-                            "nothing was stored") from None
+            procs, codes = run_lines([prefix + cmd.shell(), *(r.line for r in remote or [])], env, limit,
+                                     "profile failed: this node's ranks")
+        except WorkError as e:
+            raise WorkError(f"{e.args[0]}; nothing was stored") from None
+        for r, p, code in zip(remote or [], procs[1:], codes[1:], strict=True):
+            if code not in (0, None):
+                raise WorkError(f"profile failed on node-rank {r.node_rank} ({r.host}): its line exited with code "
+                                f"{code} ({_clean(p.stderr or p.stdout or 'no output')}); nothing was stored")
+        proc = procs[0]
         if proc.returncode != 0:
             raise WorkError(f"profile failed on this node: torchrun exited with code {proc.returncode} "
                             f"({_clean(proc.stderr or proc.stdout or 'no output')}); nothing was stored")

@@ -264,10 +264,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--storage", default=None, help="store the profile from rank 0 (one transaction)")
     p.add_argument("--label", default=None)
     p.add_argument("--emulate-slowdown", action="append", default=None)
+    p.add_argument("--node-rank", type=int, default=None,
+                   help="this node's place: its local rank j is rank K * nproc + j (default: torchrun's, "
+                        "the order the nodes joined in)")
     a = p.parse_args(argv)
     from profilers.emulation import parse_slowdown
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if a.node_rank is not None:  # node-rank 0 gets rank 0, whichever host joined first
+        rank = a.node_rank * int(os.environ["LOCAL_WORLD_SIZE"]) + int(os.environ["LOCAL_RANK"])
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     cfg = {"device": a.device, "quick": a.quick, "timeout_s": a.timeout, "out": str(out),

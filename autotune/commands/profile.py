@@ -22,7 +22,9 @@ from rich.table import Table
 from autotune.commands.common import (
     DEFAULT_STORAGE,
     EmulateOpt,
+    HostsOpt,
     JsonOpt,
+    RemoteShellOpt,
     StorageOpt,
     console,
     emit_json,
@@ -61,6 +63,11 @@ def run(
                                                          "each, with MASTER_ADDR (and MASTER_PORT) naming one of "
                                                          "them; torchrun's c10d rendezvous joins them and the "
                                                          "host that gets rank 0 stores the profile.", min=1)] = 1,
+    node_rank: Annotated[int | None, typer.Option("--node-rank", help="With --nnodes: this host's node-rank K "
+                                                   "(node-rank 0 gets rank 0 and stores the profile; default: "
+                                                   "the order the hosts join in decides).", min=0)] = None,
+    hosts: HostsOpt = None,
+    remote_shell: RemoteShellOpt = None,
     layers: Annotated[str | None, typer.Option("--layers", help="Time MODEL's real pieces (embedding, one decoder "
                                                                 "layer, norm + LM head + loss; fwd and bwd) over "
                                                                 "micro-batches, sequences and tp shards instead.",
@@ -86,8 +93,17 @@ def run(
 
     slow = parse_emulation(emulate)
     engine_for(storage)  # a bad --storage fails before minutes of measuring
+    remote, prefix = [], ""
+    if hosts is not None:  # every host from here: node-rank 0 is this one and stores
+        nnodes, nproc, node_rank = _hosts_request(hosts, nnodes, nproc, node_rank)
+    elif remote_shell is not None:
+        raise InputError("--remote-shell only goes with --hosts", field="--remote-shell")
+    if node_rank is not None and not node_rank < nnodes:
+        raise InputError(f"--nnodes {nnodes}: node-rank 0..{nnodes - 1}", field="--node-rank")
     kind = check_request(device, nproc)
     nproc = nproc or default_nproc(kind)
+    if hosts is not None:
+        remote, prefix = _remote_parts(hosts, remote_shell, nnodes, nproc, kind, quick, timeout)
     t0 = time.perf_counter()
     with Progress(TextColumn("[bold]profile[/]"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console,
@@ -103,7 +119,8 @@ def run(
             from profilers.launch import launch_node
 
             prog.update(task, description=f"{nproc} ranks here, waiting for {nnodes} nodes")
-            result = launch_node(nnodes, kind, nproc, quick=quick, timeout_s=timeout)
+            result = launch_node(nnodes, kind, nproc, quick=quick, timeout_s=timeout, node_rank=node_rank,
+                                 remote=remote, prefix=prefix)
             if result is None:
                 err_console.print("this node's ranks are done; the host that ran rank 0 stores the profile",
                                   highlight=False)
@@ -121,6 +138,45 @@ def run(
         _print_summary(summary)
         err_console.print(f"stored profile {pid} in {storage} ({wall:.1f} s); use it in a cluster file as "
                           f"device: profile:{pid}", highlight=False)
+
+
+def _hosts_request(hosts_file: str, nnodes: int, nproc: int | None, node_rank: int | None) -> tuple[int, int | None, int]:
+    """``--hosts FILE``: as many nodes as hosts, the file's slots as ranks a host (all the same:
+    torchrun runs one count a node), this host node-rank 0."""
+    from autotune.hostfile import read_hosts
+
+    hosts = read_hosts(hosts_file)
+    if node_rank is not None:
+        raise InputError("--hosts starts every node from node-rank 0 (this host); drop --node-rank",
+                         field="--node-rank")
+    if nnodes not in (1, len(hosts)):
+        raise InputError(f"--nnodes {nnodes}, but the file lists {len(hosts)} host(s)", field="--hosts")
+    slots = {h.slots for h in hosts if h.slots is not None}
+    if len(slots) > 1 or (slots and nproc is not None and slots != {nproc}):
+        got = sorted(slots | ({nproc} if nproc is not None else set()))
+        raise InputError(f"a profile runs the same ranks on every host; the file and --nproc give {got}",
+                         source=hosts_file, field="--hosts")
+    return len(hosts), nproc or (slots.pop() if slots else None), 0
+
+
+def _remote_parts(hosts_file: str, shell: str | None, nnodes: int, nproc: int, kind: str, quick: bool,
+                  timeout: float) -> tuple[list[Any], str]:
+    """The other hosts' ``autotune profile --nnodes N --node-rank K ...`` lines (through the remote
+    shell) and what this host's torchrun line starts with (autotune.hostfile)."""
+    import shlex
+
+    from autotune import hostfile
+    from autotune.export.launch import RemoteLine
+
+    hosts = hostfile.read_hosts(hosts_file)
+    words = hostfile.remote_shell(shell)
+    addr, port = hostfile.rendezvous(hosts)
+    cmds = [shlex.join(["autotune", "profile", "--nnodes", str(nnodes), "--node-rank", str(k), "--nproc", str(nproc),
+                        "--device", kind, "--timeout", f"{timeout:g}", *(["--quick"] if quick else [])])
+            for k in range(nnodes)]
+    lines = hostfile.node_lines(hosts, cmds, words, addr, port)
+    return ([RemoteLine(k, k, h.name, line) for k, (h, line) in enumerate(zip(hosts, lines, strict=True)) if k],
+            hostfile.here_prefix(addr, port))
 
 
 def _run_layers(model_ref: str, device: str, mbs: str | None, seq: str | None, tp: str | None, dtype: str,

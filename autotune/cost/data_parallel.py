@@ -5,9 +5,10 @@ Ulysses ranks hold whole weights, as DP replicas do); they are the ZeRO group of
 (Rajbhandari et al. 2020). Gradients are accumulated over a step's micro-batches and reduced once, in
 the last backward, in ``grad_reduce_dtype`` (fp32 under 16-bit compute), at every ZeRO stage (one
 reduce-scatter a step from ZeRO-1 on, not one per micro-batch as DeepSpeed's ZeRO-2 does: why, and
-what it costs in memory, ``grads_accumulate_unsharded`` and ``autotune/runtime/sharding.py``); weights
-are gathered in the compute dtype. What each stage moves per step (``step_transfers``; P the rank's parameters, L its
-blocks of ``b`` parameters each, R = P - L*b the rest: embedding, final norm, LM head):
+what it costs in memory, ``grads_accumulate_unsharded`` and ``autotune/runtime/sharding.py``);
+weights are gathered in the compute dtype. What each stage moves per step (``step_transfers``; P the
+rank's parameters, L its blocks of ``b`` parameters each, R = P - L*b the rest: embedding, final
+norm, LM head):
 
 * ZeRO 0: all-reduce of the gradients (P);
 * ZeRO 1 (Megatron's distributed optimizer, the runtime's ``zero_stage 1``): reduce-scatter of the
@@ -29,7 +30,8 @@ The gradient reduction overlaps with the last micro-batch's backward (Megatron
 ``overlap_grad_reduce``) and starts when every replica of the stage has finished; the rest is
 exposed. Under ZeRO-2/3 with pipelining nothing of it overlaps: torch's pipeline stages run every
 backward without gradient sync and reduce-scatter after the last one (``perform_reduce_grad``), so
-the runtime's reduction follows the stage's compute. The optimizer step is memory-bound Adam over the rank's (ZeRO-sharded) parameters.
+the runtime's reduction follows the stage's compute. The optimizer step is memory-bound Adam over
+the rank's (ZeRO-sharded) parameters.
 """
 
 from __future__ import annotations
@@ -116,10 +118,9 @@ def zero3_weights_gathered(s: Any) -> bool:
     """Whether a ZeRO-3 rank (``s`` a ``StepContext``) holds all its weights gathered at some point of
     the step, as ZeRO-2 does, rather than one block and the prefetched next: when the replicas run
     different micro-batch counts the runtime gathers once a step and keeps the weights over the
-    forwards (``gathers_per_microbatch``), and under pipelining torch's stages keep each backward's
-    gathered weights until the next forward frees them (their backward turns resharding after
-    backward off), so the whole stage is gathered between a backward and the next forward."""
-    return s.zero >= 3 and (s.pp > 1 or not gathers_per_microbatch(s))
+    forwards (``gathers_per_microbatch``). Under pipelining the runtime frees each block after its
+    backward too (autotune/runtime/worker.py ``_reshard_in_every_backward``), so that is all."""
+    return s.zero >= 3 and not gathers_per_microbatch(s)
 
 
 def step_transfers(ctx: RankContext) -> list[Transfer]:

@@ -8,7 +8,11 @@ distributed-optimizer table counts 18 bytes a parameter, 2 + 4 + 12; ZeRO's 16 a
 gradients). In fp32 training there is no master copy: 4 + 4 + 8. ZeRO
 shards over the N ranks that hold the same parameters (dp x cp x hp here): stage 1 the optimizer
 states, stage 2 also the gradients, stage 3 also the weights (plus two gathered blocks of weights
-as the working set while a layer runs and the next is prefetched, as FSDP does).
+as the working set while a layer runs and the next is prefetched, as FSDP does). The runtime's
+ZeRO-3 (FSDP2 with a mixed-precision policy) keeps one sharded copy of a weight, in fp32: under
+16-bit compute that is the master copy the 12 bytes of optimizer state already count, so its weights
+term is the gathered blocks alone (DeepSpeed's ZeRO-3 also keeps a 16-bit shard: 2/N bytes more a
+parameter).
 
 Gradients under ZeRO-2/3 are sharded only where the runtime holds them so: it reduce-scatters once a
 step, in the last backward, and accumulates the micro-batches before it unsharded
@@ -16,11 +20,12 @@ step, in the last backward, and accumulates the micro-batches before it unsharde
 running more than one micro-batch, or any pipeline stage, holds whole gradients (4 bytes a
 parameter under 16-bit compute): ZeRO-2 then needs the memory of ZeRO-1 at its peak, and ZeRO-3
 saves the weights alone. One micro-batch without pipelining holds gradient shards, as the ZeRO
-paper counts; under ZeRO-2 they never add to the gathered weights, which that backward frees unit by
-unit as it reduce-scatters the unit's gradients (only the excess of the shards over the weights
-counts: none under 16-bit compute from 2 ranks on). ZeRO-3 holds its weights whole like ZeRO-2 when
-the runtime gathers them once a step (replicas with different micro-batch counts) or under
-pipelining (``data_parallel.zero3_weights_gathered``).
+paper counts; where the weights are whole (ZeRO-2, ZeRO-3 gathered per step) they never add to
+them: that backward frees each unit's gathered weights as it reduce-scatters the unit's gradients
+(ZeRO-2) or starts with the weights freed (ZeRO-3), so only the excess of the shards over the
+weights counts (none under 16-bit compute from 2 ranks on). ZeRO-3 holds its weights whole like
+ZeRO-2 when the runtime gathers them once a step (replicas with different micro-batch counts,
+``data_parallel.zero3_weights_gathered``).
 
 Activations per block and micro-batch (Korthikanti et al. 2022, "Reducing Activation Recomputation
 in Large Transformer Models", section 4 / Table 2), in bytes for 16-bit activations:
@@ -87,14 +92,19 @@ def model_states(params: float, dtype: str, zero_stage: int, shard: int, layer_p
     step (``data_parallel.zero3_weights_gathered``), as ZeRO-2 does."""
     w, g, o = state_bytes_per_param(dtype)
     n = max(shard, 1)
-    sharded_weights = zero_stage >= 3 and not weights_gathered
-    weights = params * w / (n if sharded_weights else 1)
-    if sharded_weights and n > 1:
-        weights += 2 * layer_params * w  # gathered working set (current and prefetched block)
+    sharded_weights = zero_stage >= 3 and not weights_gathered and n > 1
+    if sharded_weights:
+        # FSDP2 keeps one sharded copy of each weight, the fp32 parameter: under 16-bit compute that
+        # is the master the optimizer term counts, and only the gathered working set (current and
+        # prefetched block) is held in the compute dtype
+        weights = 2 * layer_params * w + (params * w / n if o == 8.0 else 0.0)
+    else:
+        weights = params * w
     grads = params * g / (n if zero_stage >= 2 and not grads_unsharded else 1)
-    if zero_stage == 2 and not grads_unsharded and n > 1:
-        # the one backward frees each unit's gathered weights as it reduce-scatters the unit's
-        # gradients: the shards take the room the weights leave, only what exceeds it adds
+    if zero_stage >= 2 and not grads_unsharded and n > 1 and not sharded_weights:
+        # whole weights and one backward: it frees each unit's gathered weights as it reduce-scatters
+        # the unit's gradients (ZeRO-2), or starts from freed weights (ZeRO-3 gathered per step):
+        # the shards take the room the weights leave, only what exceeds it adds
         grads = max(0.0, grads - weights)
     return {"weights": weights, "gradients": grads, "optimizer": params * o / (n if zero_stage >= 1 else 1)}
 

@@ -171,7 +171,10 @@ def run_node(cmd: NodeCommand, out: Path, *, world: int, nodes: int, timeout_s: 
     # this environment's torchrun; its ranks watch their agent, so a killed torchrun leaves none behind
     env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
     lines = [line or cmd.shell(), *(r.line for r in remote or [])]
-    procs, codes = _run_lines(lines, env, out, mine, timeout_s + 60, cmd.node, poll)
+    def reported() -> bool:
+        return all((out / f"result-{r}.pt").exists() or (out / f"failure-{r}.pt").exists() for r in mine)
+
+    procs, codes = run_lines(lines, env, timeout_s + 60, f"node {cmd.node}: torchrun", poll=poll, reported=reported)
     res = read_results(out, world, ranks=mine)
     for r, p, code in zip(remote or [], procs[1:], codes[1:], strict=True):
         if code not in (0, None):
@@ -241,26 +244,24 @@ class ShellLine:
         return self._done
 
 
-def _run_lines(lines: list[str], env: dict[str, str], out: Path, mine: range, limit_s: float, node: int,
-               poll: Callable[[], None] | None = None) -> tuple[list[subprocess.CompletedProcess], list[int | None]]:
+def run_lines(lines: list[str], env: dict[str, str], limit_s: float, what: str, *,
+              poll: Callable[[], None] | None = None, reported: Callable[[], bool] | None = None
+              ) -> tuple[list[subprocess.CompletedProcess], list[int | None]]:
     """Run ``lines`` (``ShellLine``) under the one supervisor (``launcher.supervise``): until all have
-    ended; or one failed and ``AGENT_GRACE_S`` passed; or every rank of this node has left a result
-    or a failure and ``AGENT_GRACE_S`` passed; or ``limit_s``; or Ctrl-C, or ``poll`` raising. Then
-    everything still running is ended. Returns each line's output and its exit code as it was
-    before anything was stopped (None: still running then)."""
+    ended; or one failed and ``AGENT_GRACE_S`` passed; or ``reported()`` (every rank of this node
+    has left its result) and ``AGENT_GRACE_S`` passed; or ``limit_s`` (a WorkError: "``what`` did not
+    finish");
+    or Ctrl-C, or ``poll`` raising. Then everything still running is ended. Returns each line's
+    output and its exit code as it was before anything was stopped (None: still running then)."""
     from autotune.runtime.launcher import supervise
 
     procs: list[ShellLine] = []
     try:
         for line in lines:
             procs.append(ShellLine(line, env))
-
-        def reported() -> bool:
-            return all((out / f"result-{r}.pt").exists() or (out / f"failure-{r}.pt").exists() for r in mine)
-
         timed_out, codes = supervise(procs, timeout_s=limit_s, grace_s=AGENT_GRACE_S, failed=reported, poll=poll)
     finally:
         done = [p.finish() for p in procs]
     if timed_out:
-        raise WorkError(f"node {node}: torchrun did not finish within {limit_s:g} s")
+        raise WorkError(f"{what} did not finish within {limit_s:g} s")
     return done, codes

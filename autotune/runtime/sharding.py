@@ -8,7 +8,8 @@ count. FSDP2 runs on a one-dimensional ``DeviceMesh`` made from the group the ru
 
 * ZeRO-3 (Rajbhandari et al. 2020, P_os+g+p): ``reshard_after_forward=True``: each block's
   parameters are all-gathered for its forward, freed, and all-gathered again for its backward (and
-  for recomputation).
+  for recomputation), and freed after it (under pipelining too: torch's stages turn that off, the
+  runtime turns it back on, worker.py ``_reshard_in_every_backward``).
 * ZeRO-2 (P_os+g): ``reshard_after_forward=False``: the all-gathered parameters stay until the
   backward is done (what FSDP calls SHARD_GRAD_OP), gradients are reduce-scattered.
 
@@ -28,7 +29,9 @@ torch's pipeline stages, which own the backward under pp > 1, turn gradient sync
 backward and reduce after the last, so per-micro-batch reduction there would mean overriding
 their FSDP handling for every schedule, split backwards included. Measured on CPU (dp=2, bf16,
 1.9M-parameter blocks; tests/distributed/test_zero_memory.py): four micro-batches need the fp32
-buffer less the shards more than one micro-batch, within 15% of the cost model's difference.
+buffer less the shards more than one micro-batch, within 15% of the cost model's difference, and
+the replica running three micro-batches of an uneven trial needs it more than the one running one
+(within 12%).
 
 Uneven samples per replica: this is where FSDP2 alone cannot take the share. Its collectives are
 matched by order over the gradient group, and FSDP2 all-gathers per micro-batch, so replicas that run

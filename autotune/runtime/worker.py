@@ -348,6 +348,9 @@ class RankTrainer:
             if self.sharded and plan.zero_stage == 3 and not self.gather_per_microbatch:
                 for st in self.pstages:  # ZeRO-3 gathering per step: free before the last backward
                     st.backward_one_chunk = _reshard_before_last(st.backward_one_chunk, st.submod, self.n_micro)
+            elif self.sharded and plan.zero_stage == 3:
+                for st in self.pstages:  # ZeRO-3 gathering per micro-batch: free in every backward
+                    _reshard_in_every_backward(st.submod)
             for st in self.pstages:  # time every chunk as a compute region
                 for meth in ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk"):
                     if hasattr(st, meth):
@@ -409,6 +412,25 @@ def _reshard_before_last(backward_one_chunk, module, n_micro: int):
             reshard_units(module)
         return backward_one_chunk(bwd_chunk_id, *a, **k)
     return run
+
+
+def _reshard_in_every_backward(root) -> None:
+    """ZeRO-3 gathering per micro-batch under pipelining: every unit frees its gathered weights after
+    its backward. torch's pipeline stages call ``set_reshard_after_backward(False)`` on their FSDP
+    root before every backward (to keep what a non-last backward gathered), which would keep the
+    whole stage gathered from a backward until the next forward frees it block by block and skip
+    that forward's gathers: ZeRO-2's memory under ZeRO-3's name. Holding the flag at True keeps
+    ZeRO-3 what autotune/cost/data_parallel.py prices: every micro-batch gathers each block for its
+    forward and again for its backward, two blocks gathered at a time. FSDP2 keeps the accumulated
+    gradients apart from the freed weights (its supported accumulate-while-resharding mode), so the
+    reduction after the last backward still finds them."""
+    keep_true = root.set_reshard_after_backward
+
+    def set_reshard_after_backward(_flag: bool, *, recurse: bool = True) -> None:
+        keep_true(True, recurse=recurse)
+
+    root.set_reshard_after_backward = set_reshard_after_backward
+    keep_true(True)
 
 
 def _timed_region(clk: CommClock, fn):

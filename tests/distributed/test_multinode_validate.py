@@ -216,3 +216,22 @@ def test_apply_launch_with_a_hosts_file_runs_what_the_dry_run_printed(tmp_path):
 
     assert ran["measured"]["ranks"] == [0]
     assert_matches(ran["measured"]["losses"], reference_run(load_model("tiny"), SEQ, BATCH, steps=4, seed=0)["losses"])
+
+
+def test_a_profile_from_a_hosts_file_spans_both_hosts_and_this_host_stores_it(tmp_path):
+    from profilers import store
+
+    shell = fake_ssh(tmp_path)
+    url = f"sqlite:///{tmp_path}/p.db"
+    env = node_env()
+    env.pop("MASTER_ADDR")  # with --hosts: the first host
+    p = autotune(tmp_path, env, "profile", "--hosts", "hosts", "--remote-shell", str(shell), "--quick", "--device",
+                 "cpu", "--storage", url, "--json")
+    out, err = p.communicate(timeout=600)
+    assert p.returncode == 0, err[-3000:]
+    assert json.loads(out).get("stored") is not False  # node-rank 0 (here) holds rank 0 and stores
+    assert "autotune profile --nnodes 2 --node-rank 1 --nproc 1 --device cpu" in (tmp_path / "remote.log").read_text()
+    (prof,) = store.list_profiles(url)
+    links = store.load_profile(prof["id"], url)["fits"]["links"]
+    bw = links["p2p_bandwidth"]  # measured both ways between rank 0 (here) and rank 1 (the other host)
+    assert prof["nproc"] == 2 and len(bw) == 2 and bw[0][1] > 0 and bw[1][0] > 0

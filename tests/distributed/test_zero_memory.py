@@ -51,3 +51,36 @@ def test_accumulating_micro_batches_costs_what_the_cost_model_says(zero, monkeyp
     # the gradient buffer is most of the difference: half of it (the shards) is not new
     assert predicted > 0.5 * 4 * SPEC.param_count() / 2
     assert measured == pytest.approx(predicted, rel=TOLERANCE), (measured / 2**20, predicted / 2**20)
+
+
+def test_pipelined_zero3_frees_the_weights_zero2_keeps(monkeypatch):
+    """Under pipelining torch's stages turn FSDP's resharding after backward off; the runtime turns
+    it back on for ZeRO-3 (worker.py ``_reshard_in_every_backward``), so a ZeRO-3 stage holds its
+    gathered blocks alone where ZeRO-2 holds the whole stage: the measured difference is the cost
+    model's weights difference."""
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
+    base = {"degrees": {"dp": 2, "pp": 2}, "schedule": "1f1b", "micro_batch_size": 2, "dtype": "bf16"}
+    z2_m, z2_p = _peak(dict(base, zero_stage=2))
+    z3_m, z3_p = _peak(dict(base, zero_stage=3))
+    measured, predicted = z2_m - z3_m, z2_p - z3_p
+    assert predicted > 0.5 * 2 * SPEC.param_count() / 2  # most of a stage's 16-bit weights
+    assert measured == pytest.approx(predicted, rel=TOLERANCE), (measured / 2**20, predicted / 2**20)
+
+
+@pytest.mark.parametrize("zero", [2, 3])
+def test_replicas_with_different_micro_batch_counts_differ_as_priced(zero, monkeypatch):
+    """Uneven samples: one replica runs three micro-batches (whole gradient buffer), the other one
+    (gradient shards, in the room its freed weights leave). Both ranks of one trial, against the
+    cost model's two ranks."""
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
+    plan = {"degrees": {"dp": 2}, "zero_stage": zero, "dtype": "bf16", "micro_batch_size": 2,
+            "shares": {"samples": [6, 2]}}
+    res = run_trial(plan, SPEC, SEQ, BATCH, steps=1, warmup=1, device="cpu")
+    assert res.ok, res.failure
+    resolved = Plan.from_dict(res.plan)
+    from autotune.cost import estimate
+
+    pred = estimate(resolved, SPEC, local_cluster(2), SEQ, BATCH).predicted["memory_bytes"]
+    meas = res.measured["peak_memory_bytes"]
+    assert pred[0] - pred[1] > 0.5 * 4 * SPEC.param_count() / 2
+    assert meas[0] - meas[1] == pytest.approx(pred[0] - pred[1], rel=TOLERANCE), (meas, pred)

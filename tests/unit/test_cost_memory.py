@@ -55,7 +55,8 @@ def test_single_device_memory_total_by_hand(recompute):
 
 # ZeRO-2 with one micro-batch: its 4/4 bytes of gradient shards fit in the 2 bytes of gathered weights
 # its backward frees (autotune/cost/memory.py), so they add nothing
-@pytest.mark.parametrize("zero,expected", [(0, 18.0), (1, 2 + 4 + 12 / 4), (2, 2 + 12 / 4), (3, 18 / 4)])
+# ZeRO-3: the fp32 shard is the master the 12 bytes count; no 16-bit shard besides the gathered blocks
+@pytest.mark.parametrize("zero,expected", [(0, 18.0), (1, 2 + 4 + 12 / 4), (2, 2 + 12 / 4), (3, 16 / 4)])
 def test_zero_stages_shard_over_dp(zero, expected):
     est = estimate(parse_inline(f"dp=4,zero={zero}"), GELU, one_node(4), S, 4)
     t = est.breakdown["ranks"][0]["memory"]
@@ -133,9 +134,12 @@ def test_zero_gradients_are_whole_while_micro_batches_accumulate(zero):
 
 def test_zero3_weights_are_whole_when_gathered_per_step():
     """Replicas with different micro-batch counts gather once a step and keep the weights over the
-    forwards (autotune/runtime/sharding.py): ZeRO-3 then holds the weights as ZeRO-2 does."""
+    forwards (autotune/runtime/sharding.py): ZeRO-3 then holds the weights as ZeRO-2 does. fp32:
+    the sharded parameter is the weight itself (no master), counted with the gathered blocks."""
     even = estimate(parse_inline("dp=4,zero=3"), GELU, one_node(4), S, 16).breakdown["ranks"][0]["memory"]
     uneven = estimate(parse_inline("dp=4,zero=3,samples=6/2/4/4"), GELU, one_node(4), S, 16)
-    assert even["weights"] == pytest.approx(2 * PHI / 4 + 2 * 2 * GELU.layer_params())
+    assert even["weights"] == pytest.approx(2 * 2 * GELU.layer_params())  # gathered blocks (masters: optimizer)
     for row in uneven.breakdown["ranks"]:
         assert row["memory"]["weights"] == pytest.approx(2 * PHI)
+    fp32 = estimate(parse_inline("dp=4,zero=3,dtype=fp32"), GELU, one_node(4), S, 16).breakdown["ranks"][0]
+    assert fp32["memory"]["weights"] == pytest.approx(4 * PHI / 4 + 2 * 4 * GELU.layer_params())

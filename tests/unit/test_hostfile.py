@@ -5,6 +5,7 @@ remote shell gets the host and one command, the variables reach the command."""
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -144,3 +145,17 @@ def test_tune_searches_the_files_hosts_each_like_this_machine(tmp_path):
     assert c.groups[0].device.name == load_cluster("local").groups[0].device.name
     with pytest.raises(InputError, match=r"slots \[1, 2\]"):
         host_slots(str(write(tmp_path, "a slots=1\nb slots=2\n")))
+
+
+def test_profile_takes_the_files_hosts_as_its_nodes(tmp_path):
+    from autotune.commands.profile import _hosts_request
+
+    f = str(write(tmp_path, "localhost slots=2\n127.0.0.1 slots=2\n"))
+    assert _hosts_request(f, 1, None, None) == (2, 2, 0)  # nodes, ranks a host, this host's node-rank
+    assert _hosts_request(f, 2, 2, None) == (2, 2, 0)
+    for nnodes, nproc, node_rank, words in ((3, None, None, "--nnodes 3"), (1, 4, None, "[2, 4]"),
+                                            (1, None, 1, "drop --node-rank")):
+        with pytest.raises(InputError, match=re.escape(words)):
+            _hosts_request(f, nnodes, nproc, node_rank)
+    with pytest.raises(InputError, match=re.escape("[1, 2]")):
+        _hosts_request(str(write(tmp_path, "a slots=1\nb slots=2\n")), 1, None, None)
