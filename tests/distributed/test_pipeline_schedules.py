@@ -6,20 +6,18 @@ plans_job runs every plan in the same workers)."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
-import torch
+from helpers.parity import assert_matches_reference, reference, run_plans
 
 from autotune.plan import Plan
-from autotune.runtime.launcher import launch
-from autotune.runtime.worker import reference_run
 from autotune.specs import ModelSpec, local_cluster
 
 pytestmark = pytest.mark.slow
 
 SPEC = ModelSpec(name="sched-equiv", layers=12, hidden=64, heads=8, kv_heads=4, ffn_hidden=128, vocab=128)
 SEQ, BATCH, STEPS, SEED = 16, 8, 2, 4321
-LOSS_RTOL = 1e-5
-WEIGHT_ATOL, WEIGHT_RTOL = 1e-4, 1e-4  # as test_runtime_equivalence: AdamW moves ~0 gradients by ~lr
 
 BASE = {"schedule": "zbv", "virtual_stages": 2, "dtype": "fp32"}
 IZB = {"schedule": "interleaved_zb", "virtual_stages": 2, "dtype": "fp32"}
@@ -39,46 +37,15 @@ CASES = {
         ("izb-pp2-dp2-uneven", dict(IZB, degrees={"pp": 2, "dp": 2}, shares={"layers": [3, 2, 5, 2]})),
     ],
 }
-_RUNS: dict[int, dict[str, list[dict]]] = {}
-_REF: dict = {}
 
 
+@functools.cache
 def run_world(world: int) -> dict[str, list[dict]]:
-    if world not in _RUNS:
-        names = [n for n, _ in CASES[world]]
-        plans = [Plan.from_dict(item).resolve(SPEC, local_cluster(world), SEQ, BATCH).to_dict()
-                 for _, item in CASES[world]]
-        payload = {"model": SPEC.to_dict(), "plans": plans, "seq_len": SEQ, "global_batch": BATCH,
-                   "steps": STEPS, "seed": SEED, "timeout_s": 120}
-        res = launch("autotune.runtime.worker:plans_job", payload, world, timeout_s=400, device="cpu")
-        assert res.failure is None, f"{res.failure}\n{res.extra.get('traceback', '')}"
-        _RUNS[world] = {n: [res.results[r][i] for r in range(world)] for i, n in enumerate(names)}
-    return _RUNS[world]
-
-
-def reference() -> dict:
-    if not _REF:
-        _REF.update(reference_run(SPEC, SEQ, BATCH, steps=STEPS, seed=SEED))
-    return _REF
+    return run_plans("autotune.runtime.worker:plans_job", SPEC, CASES[world], world, SEQ, BATCH, STEPS, SEED)
 
 
 def check(per_rank: list[dict]) -> None:
-    ref = reference()
-    losses = per_rank[0]["losses"]
-    assert len(losses) == STEPS
-    for a, b in zip(losses, ref["losses"], strict=True):
-        assert a == pytest.approx(b, rel=LOSS_RTOL), (losses, ref["losses"])
-    seen: dict[str, int] = {}
-    for rep in per_rank:
-        for name, (local, shard) in rep["state"].items():
-            full = ref["state"][name]
-            want = full if shard is None else full.narrow(shard[0], shard[1], local.shape[shard[0]])
-            assert local.shape == want.shape, name
-            torch.testing.assert_close(local, want, atol=WEIGHT_ATOL, rtol=WEIGHT_RTOL,
-                                       msg=lambda m, n=name: f"{n}: {m}")
-            seen[name] = seen.get(name, 0) + local.numel()
-    for name, full in ref["state"].items():  # every parameter element is held by some rank
-        assert seen.get(name, 0) >= full.numel(), f"{name} not covered by the ranks"
+    assert_matches_reference(per_rank, reference(SPEC, SEQ, BATCH, STEPS, SEED))
 
 
 @pytest.mark.parametrize("name", [n for n, _ in CASES[2]])

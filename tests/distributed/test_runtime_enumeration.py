@@ -13,10 +13,15 @@ comparing its weights with the single-process reference run in the same precisio
 mixed-precision recipe (reference_run).
 
 What runs by default: on 2 workers every combination in every precision; on 4 workers (702
-combinations x precisions, about 3 s each on a loaded 2-core machine) every combination of degrees,
+combinations x precisions, about 1-3 s each on a loaded 2-core machine) every combination of degrees,
 ZeRO stage, schedule and recomputation once, in a precision chosen so that every (degrees, ZeRO
 stage, precision) and every (schedule, recomputation, precision) appears. ``AUTOTUNE_ENUMERATION=full``
-runs the complete cross product on 4 workers too. ``fp32-strict`` is enumerated, priced and admitted
+runs the complete cross product on 4 workers too. A combination that one of the fp32 parity tests
+(PARITY_TESTS: test_runtime_equivalence, test_pipeline_schedules, test_helix_equivalence) already
+runs on the same number of workers against one process, at the same tolerances, is counted as run
+and not run a second time here (31 of the 2-worker and 36 of the 4-worker combinations, the others
+there in another precision where that is the only run of a (degrees, ZeRO, precision) or (schedule,
+recomputation, precision)). ``fp32-strict`` is enumerated, priced and admitted
 like the others but runs as ``fp32`` (the two differ only in CUDA's TF32 switch), so it is not run
 twice on CPU.
 
@@ -35,11 +40,16 @@ only rounding differs (bound WEIGHT_UPDATE_RTOL below).
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections import defaultdict
 
 import pytest
+import test_helix_equivalence
+import test_pipeline_schedules
+import test_runtime_equivalence
+from helpers import parity
 
 from autotune.cost import estimate
 from autotune.plan import DTYPES, Plan
@@ -59,8 +69,11 @@ SEQ, BATCH, STEPS, SEED = 16, 6, 2, 4321
 FULL = os.environ.get("AUTOTUNE_ENUMERATION") == "full"
 WORLDS = (2, 4)
 RUN_DTYPES = ("bf16", "fp16", "fp32")  # fp32-strict is fp32 on CPU (module docstring)
-LOSS_RTOL = {"fp32": 1e-5, "bf16": 2.0**-8, "fp16": 2.0**-11}
-WEIGHT_ATOL, WEIGHT_RTOL = 1e-4, 1e-4  # fp32, element-wise
+LOSS_RTOL = {"fp32": parity.LOSS_RTOL, "bf16": 2.0**-8, "fp16": 2.0**-11}
+WEIGHT_ATOL, WEIGHT_RTOL = parity.WEIGHT_ATOL, parity.WEIGHT_RTOL  # fp32, element-wise
+# The parity tests that run plans of local:2 and local:4 in fp32 against one process with the same
+# tolerances (helpers.parity): a combination one of them runs is not run a second time here.
+PARITY_TESTS = (test_runtime_equivalence, test_pipeline_schedules, test_helix_equivalence)
 WEIGHT_UPDATE_RTOL = {"bf16": 0.25, "fp16": 0.1}  # measured up to 0.073 (bf16), 0.024 (fp16)  # low precision, ||w - w_ref|| / ||w_ref - w_0||
 
 
@@ -75,6 +88,17 @@ def name_of(key: tuple) -> str:
     deg = ",".join(f"{k}{v}" for k, v in zip(("dp", "pp", "cp", "hp", "tp"), (dp, pp, cp, hp, tp), strict=True)
                    if v > 1) or "single"
     return f"{deg}-{sched}{'x' + str(vs) if vs > 1 else ''}-rc:{rc}-zero{zero}-{dtype}"
+
+
+@functools.cache
+def run_elsewhere(world: int) -> frozenset[tuple]:
+    """The combinations that PARITY_TESTS run on WORLD workers (each test's own model and plans)."""
+    keys = set()
+    for test in PARITY_TESTS:
+        for _, item in test.CASES.get(world, ()):
+            plan = Plan.from_dict({k: v for k, v in item.items() if not k.startswith("_")})
+            keys.add(combination(plan.resolve(test.SPEC, local_cluster(world), test.SEQ, test.BATCH)))
+    return frozenset(keys)
 
 
 _ENUM: dict[int, dict] = {}
@@ -116,12 +140,14 @@ def enumerate_space(world: int) -> dict:
 
 
 def representatives(world: int) -> list[tuple[tuple, Plan]]:
-    """One plan per combination, rotating over the variants (micro-batch size, sp, shares); on 4
-    workers (unless FULL) one precision per combination of the other four (module docstring)."""
-    items = sorted(((k, g) for k, g in enumerate_space(world)["plans"].items() if k[-1] in RUN_DTYPES),
-                   key=lambda kv: str(kv[0]))
+    """One plan per combination that no parity test runs already, rotating over the variants
+    (micro-batch size, sp, shares); on 4 workers (unless FULL) one precision per combination of the
+    other four (module docstring)."""
+    elsewhere = run_elsewhere(world)
+    items = sorted(((k, g) for k, g in enumerate_space(world)["plans"].items()
+                    if k[-1] in RUN_DTYPES and k not in elsewhere), key=lambda kv: str(kv[0]))
     if world == 4 and not FULL:
-        items = _one_precision_each(items)
+        items = _one_precision_each(items, elsewhere)
     out = []
     for i, (key, group) in enumerate(items):
         group = sorted(group, key=lambda p: p.to_json())
@@ -129,18 +155,30 @@ def representatives(world: int) -> list[tuple[tuple, Plan]]:
     return out
 
 
-def _one_precision_each(items: list[tuple[tuple, list]]) -> list[tuple[tuple, list]]:
-    """Per combination without precision, the precision that covers a (degrees, ZeRO, precision) or
-    (schedule, recomputation, precision) not covered yet (else rotating)."""
+def _marks(rest: tuple, dtype: str) -> set:
+    """What one run of a combination covers: its (degrees, ZeRO, precision) and its (schedule,
+    recomputation, precision)."""
+    return {("z", rest[:5], rest[8], dtype), ("s", rest[5:8], dtype)}
+
+
+def _one_precision_each(items: list[tuple[tuple, list]], elsewhere: frozenset) -> list[tuple[tuple, list]]:
+    """Per combination without precision that no parity test runs already (``elsewhere``), the
+    precision that covers a (degrees, ZeRO, precision) or (schedule, recomputation, precision) not
+    covered yet (else rotating)."""
     by_rest: dict[tuple, dict[str, list]] = defaultdict(dict)
     for key, group in items:
         by_rest[key[:-1]][key[-1]] = group
-    covered: set = set()
+    done = {key[:-1] for key in elsewhere}
+    covered: set = set().union(*(_marks(key[:-1], key[-1]) for key in elsewhere))
     out = []
-    for i, (rest, per_dtype) in enumerate(sorted(by_rest.items(), key=lambda kv: str(kv[0]))):
+    # the combinations run elsewhere last: one of them runs here (in another precision) only where
+    # that covers a pair nothing else covers
+    for i, (rest, per_dtype) in enumerate(sorted(by_rest.items(), key=lambda kv: (kv[0] in done, str(kv[0])))):
         dtypes = sorted(per_dtype)
-        marks = [{("z", rest[:5], rest[8], dt), ("s", rest[5:8], dt)} for dt in dtypes]
+        marks = [_marks(rest, dt) for dt in dtypes]
         best = max(range(len(dtypes)), key=lambda j: (len(marks[j] - covered), -((j - i) % len(dtypes))))
+        if rest in done and not marks[best] - covered:
+            continue
         dt = dtypes[best]
         covered |= marks[best]
         out.append(((*rest, dt), per_dtype[dt]))
@@ -211,9 +249,10 @@ def test_every_sampled_plan_is_priced_infeasible_or_accepted_by_the_runtime(worl
     for zero in (2, 3):
         for dim in (range(5) if world == 4 else (0, 2, 3)):
             assert any(k[8] == zero and k[dim] > 1 for k in keys), (zero, dim)
-    # what runs covers every (degrees, ZeRO, precision) and (schedule, recomputation, precision)
-    ran = {key for key, _ in representatives(world)}
+    # what runs (here or in a parity test) covers every (degrees, ZeRO, precision) and (schedule,
+    # recomputation, precision)
     runnable = {k for k in keys if k[-1] in RUN_DTYPES}
+    ran = {key for key, _ in representatives(world)} | (run_elsewhere(world) & runnable)
     assert {(k[:5], k[8], k[9]) for k in runnable} == {(k[:5], k[8], k[9]) for k in ran}
     assert {(k[5:8], k[9]) for k in runnable} == {(k[5:8], k[9]) for k in ran}
     assert ran == runnable or (world == 4 and not FULL)

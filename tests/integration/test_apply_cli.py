@@ -2,13 +2,13 @@
 --launch --dry-run (and one real torchrun launch, marked slow)."""
 
 import json
-import os
 import subprocess
 import sys
 
 import optuna
 import pytest
 import tomllib
+from helpers.cli import run_autotune
 
 from autotune.export import megatron as M
 from autotune.plan import SCHEMA_VERSION, Degrees, Plan, Shares
@@ -19,9 +19,7 @@ MODEL, SEQ, BATCH = PRESETS["small"], 256, 16
 
 
 def run(*args, cwd):
-    env = {k: v for k, v in os.environ.items() if k != "AUTOTUNE_DEBUG"}
-    return subprocess.run([sys.executable, "-m", "autotune", "apply", *args], capture_output=True, text=True,
-                          cwd=cwd, env=env, timeout=300)
+    return run_autotune("apply", *args, cwd=cwd, timeout=300)
 
 
 def resolved(**kw):

@@ -1,11 +1,9 @@
 """The CLI contract: help everywhere, --json prints one object, exit 2 on bad input, no tracebacks."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
+from helpers.cli import run_autotune
 
 from autotune.specs.model import PRESETS
 
@@ -13,10 +11,7 @@ COMMANDS = ["profile", "search", "estimate", "trial", "validate", "apply", "dash
 
 
 def run(*args, env=None):
-    e = {k: v for k, v in os.environ.items() if k != "AUTOTUNE_DEBUG"}
-    e.update(env or {})
-    return subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True, text=True, env=e,
-                          timeout=120)
+    return run_autotune(*args, env=env, timeout=120)
 
 
 def test_root_help_lists_every_command():

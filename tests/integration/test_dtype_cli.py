@@ -3,11 +3,9 @@ where every device has it, else fp16; bf16 on a cluster with V100s is refused up
 (exit 2), and the fp16 plan that ``search`` returns there is priced by ``estimate`` in fp16."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
+from helpers.cli import run_autotune
 
 from autotune.cost import estimate
 from autotune.plan import Plan
@@ -15,9 +13,7 @@ from autotune.specs import load_cluster, load_model
 
 
 def run(*args):
-    env = {k: v for k, v in os.environ.items() if k != "AUTOTUNE_DEBUG"}
-    return subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True, text=True, env=env,
-                          timeout=600)
+    return run_autotune(*args, timeout=600)
 
 
 @pytest.fixture(scope="module")

@@ -2,11 +2,9 @@
 input with one line and no traceback. The JSON figures are compared with the library call."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
+from helpers.cli import run_autotune
 
 from autotune.cost import estimate
 from autotune.plan import load_plan
@@ -14,9 +12,7 @@ from autotune.specs import load_cluster, load_model
 
 
 def run(*args):
-    env = {k: v for k, v in os.environ.items() if k != "AUTOTUNE_DEBUG"}
-    return subprocess.run([sys.executable, "-m", "autotune", "estimate", *args], capture_output=True, text=True,
-                          env=env, timeout=120)
+    return run_autotune("estimate", *args, timeout=120)
 
 
 @pytest.fixture(scope="module")

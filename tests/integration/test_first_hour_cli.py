@@ -3,12 +3,10 @@ exports (re-priced on the cluster, never a stored prediction, nothing priced wit
 refusals for precision and file names) - each run the way a user runs it."""
 
 import json
-import os
-import subprocess
-import sys
 
 import optuna
 import pytest
+from helpers.cli import run_autotune
 
 from autotune.cost import estimate
 from autotune.plan import Plan
@@ -18,10 +16,7 @@ from autotune.specs.model import PRESETS
 
 
 def run(*args, cwd, columns="80"):
-    env = {k: v for k, v in os.environ.items() if k != "AUTOTUNE_DEBUG"}
-    env["COLUMNS"] = columns
-    return subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True, text=True, cwd=cwd,
-                          env=env, timeout=300)
+    return run_autotune(*args, cwd=cwd, env={"COLUMNS": columns}, timeout=300)
 
 
 def one_line_error(r):

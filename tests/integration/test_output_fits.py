@@ -3,10 +3,9 @@ piped), no cell is cut to `A1...`, empty columns are hidden, columns say what th
 `--wide` brings back every column. Inline plans take uneven shares."""
 
 import os
-import subprocess
-import sys
 
 import pytest
+from helpers.cli import run_autotune
 from rich.console import Console
 from rich.text import Text
 
@@ -14,10 +13,7 @@ from autotune.dashboard.tables import Col, fit
 
 
 def run(*args, columns="80"):
-    env = {k: v for k, v in os.environ.items() if k != "AUTOTUNE_DEBUG"}
-    env["COLUMNS"] = columns
-    return subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True, text=True, env=env,
-                          timeout=120)
+    return run_autotune(*args, env={"COLUMNS": columns}, timeout=120)
 
 
 @pytest.fixture(scope="module")

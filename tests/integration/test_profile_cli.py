@@ -11,31 +11,15 @@ import os
 import shutil
 import socket
 import statistics
-import sys
 import time
 
 import pytest
+from helpers.cli import call_main, cli
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from autotune.specs.cluster import load_cluster
 from profilers import store
-
-
-def cli(capsys, *args):
-    old = sys.argv
-    sys.argv = ["autotune", *args]
-    code = 0
-    try:
-        from autotune.cli import main
-
-        main()
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    finally:
-        sys.argv = old
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def counts(url):
@@ -73,20 +57,10 @@ def profiled(tmp_path_factory):
     from contextlib import redirect_stderr, redirect_stdout
 
     out, err = io.StringIO(), io.StringIO()
-    old = sys.argv
-    sys.argv = ["autotune", "profile", "--quick", "--nproc", "2", "--label", "ci", "--emulate-slowdown", "1=2",
-                "--storage", url, "--json"]
     t0 = time.perf_counter()
-    code = 0
-    try:
-        from autotune.cli import main
-
-        with redirect_stdout(out), redirect_stderr(err):
-            main()
-    except SystemExit as e:
-        code = e.code
-    finally:
-        sys.argv = old
+    with redirect_stdout(out), redirect_stderr(err):
+        code = call_main("profile", "--quick", "--nproc", "2", "--label", "ci", "--emulate-slowdown", "1=2",
+                         "--storage", url, "--json")
     wall = time.perf_counter() - t0
     assert code == 0, err.getvalue()
     return {"url": url, "tmp": tmp, "summary": json.loads(out.getvalue()), "wall": wall}

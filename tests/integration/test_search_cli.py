@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
+from helpers.cli import run_autotune
 
 
 def run(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True, text=True, timeout=timeout)
+    return run_autotune(*args, timeout=timeout)
 
 
 BASE = ("search", "--model", "tiny", "--cluster", "local:4", "--seq-len", "128", "--global-batch", "8")

@@ -15,11 +15,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import optuna
 import pytest
+from helpers.cli import run_autotune
+from helpers.origins import assert_no_gaps, by_origin
 
 pytestmark = pytest.mark.slow
 
@@ -34,21 +35,6 @@ def trials_of(url: str, name: str) -> list[optuna.trial.FrozenTrial]:
         return optuna.load_study(study_name=name, storage=url).get_trials(deepcopy=False)
     except KeyError:  # not created yet
         return []
-
-
-def by_origin(trials) -> dict[str, list[int]]:
-    out: dict[str, list[int]] = defaultdict(list)
-    for t in trials:
-        proc, n = str(t.user_attrs["origin"]).rsplit(":", 1)
-        out[proc].append(int(n))
-    return out
-
-
-def assert_no_gaps(trials) -> dict[str, list[int]]:
-    seqs = by_origin(trials)
-    for proc, ns in seqs.items():
-        assert sorted(ns) == list(range(len(ns))), f"process {proc} lost or duplicated trials: {sorted(ns)[:50]}"
-    return seqs
 
 
 def session_processes(sid: int) -> list[int]:
@@ -98,8 +84,7 @@ def test_ctrl_c_with_two_workers_keeps_every_trial_and_resumes(in_tmp):
     seqs = assert_no_gaps(before)
     assert len(seqs) >= 3 and all(t.state == optuna.trial.TrialState.COMPLETE or t.state.name == "FAIL"
                                   for t in before)
-    r = subprocess.run([sys.executable, "-m", "autotune", "search", *args, "--trials", "20", "--json"],
-                       capture_output=True, text=True, timeout=300)
+    r = run_autotune("search", *args, "--trials", "20", "--json", timeout=300)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert any("resumed" in n for n in out["notes"])

@@ -17,11 +17,11 @@ import json
 import multiprocessing as mp
 import os
 import signal
-import sys
 import time
-from collections import defaultdict
 
 import pytest
+from helpers.cli import cli
+from helpers.origins import assert_no_gaps
 
 from autotune.errors import InputError
 from autotune.search import SearchOptions, search
@@ -60,35 +60,6 @@ def trials_of(url, name):
     return open_study(name, url).get_trials(deepcopy=False)
 
 
-def by_origin(trials) -> dict[str, list[int]]:
-    out: dict[str, list[int]] = defaultdict(list)
-    for t in trials:
-        proc, n = str(t.user_attrs["origin"]).rsplit(":", 1)
-        out[proc].append(int(n))
-    return out
-
-
-def assert_no_gaps(trials) -> dict[str, list[int]]:
-    """Every process numbers the trials it records 0, 1, ...: a gap is a lost trial, a repeat a duplicate."""
-    seqs = by_origin(trials)
-    for proc, ns in seqs.items():
-        assert sorted(ns) == list(range(len(ns))), f"process {proc} lost or duplicated trials: {sorted(ns)[:40]}"
-    return seqs
-
-
-def cli(capsys, *args):
-    old = sys.argv
-    sys.argv = ["autotune", *args]
-    code = 0
-    try:
-        from autotune.cli import main
-
-        main()
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    finally:
-        sys.argv = old
-    return code, *capsys.readouterr()
 
 
 @pytest.fixture(scope="module")

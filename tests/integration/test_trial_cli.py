@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
+from helpers.cli import run_autotune
 
 
 def run(*args):
-    return subprocess.run([sys.executable, "-m", "autotune", "trial", *args], capture_output=True, text=True,
-                          timeout=300)
+    return run_autotune("trial", *args, timeout=300)
 
 
 @pytest.mark.slow

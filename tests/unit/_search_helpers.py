@@ -71,3 +71,17 @@ def toy_runner(factor: float = 1.3, fail_degrees: tuple = ()):
         return ToyResult(plan.to_dict(), m, [5.0, 4.9], None)
 
     return run
+
+
+def flaky_estimate(every: int, message: str):
+    """``toy_estimate`` that raises ``RuntimeError(message)`` on every ``every``-th call: a cost model
+    that fails on some plans, for the search's handling of a raising estimator."""
+    calls = {"n": 0}
+
+    def flaky(plan, *a, **kw):
+        calls["n"] += 1
+        if calls["n"] % every == 0:
+            raise RuntimeError(message)
+        return toy_estimate(plan, *a, **kw)
+
+    return flaky

@@ -14,6 +14,7 @@ import urllib.request
 
 import optuna
 import pytest
+from helpers.cli import run_autotune
 from test_dashboard_data import make_study
 
 from autotune.dashboard.serve import check_port
@@ -21,9 +22,7 @@ from autotune.errors import InputError
 
 
 def run(*args, cwd, timeout=120):
-    env = {k: v for k, v in os.environ.items() if k != "AUTOTUNE_DEBUG"}
-    return subprocess.run([sys.executable, "-m", "autotune", "dashboard", *args], capture_output=True, text=True,
-                          cwd=cwd, env=env, timeout=timeout)
+    return run_autotune("dashboard", *args, cwd=cwd, timeout=timeout)
 
 
 @pytest.fixture(scope="module")

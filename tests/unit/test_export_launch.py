@@ -10,6 +10,7 @@ import sys
 
 import pytest
 import yaml
+from helpers.cli import cli
 
 from autotune.errors import InputError
 from autotune.export import launch as L
@@ -84,19 +85,6 @@ def test_exported_configs_name_the_node_order_launch_uses(tmp_path):
 
 
 # ---- the printed lines run ----------------------------------------------------------------------
-def cli(capsys, *args):
-    old = sys.argv
-    sys.argv = ["autotune", *args]
-    code = 0
-    try:
-        from autotune.cli import main
-
-        main()
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    finally:
-        sys.argv = old
-    return code, *capsys.readouterr()
 
 
 def dry_run_lines(capsys, tmp_path, cluster: dict, plan: dict) -> list[str]:

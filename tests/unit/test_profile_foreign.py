@@ -3,10 +3,10 @@ here in each format with the structure (and figures) of the repositories' own ex
 against what each format's numbers mean, plus broken files -> one InputError naming the file."""
 
 import json
-import sys
 
 import pytest
 import yaml
+from helpers.cli import cli
 
 from autotune.errors import InputError
 from autotune.specs.cluster import cluster_from_dict
@@ -29,19 +29,6 @@ def _model(tmp_path, spec):
     return load_model(str(p))
 
 
-def cli(capsys, *args):
-    old = sys.argv
-    sys.argv = ["autotune", *args]
-    code = 0
-    try:
-        from autotune.cli import main
-
-        main()
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    finally:
-        sys.argv = old
-    return (code, *capsys.readouterr())
 
 
 # ---- Sailor ------------------------------------------------------------------------------------

@@ -2,10 +2,10 @@
 profiles with a schema version, exported and imported back, and the CLI around them."""
 
 import json
-import sys
 
 import pytest
 import torch
+from helpers.cli import cli
 
 from autotune.errors import InputError
 from autotune.runtime.model import Block, StageModel, unsharded_layout
@@ -16,20 +16,6 @@ from profilers.layers import LayerSweep, _Piece, profile_layers, shard_sizes
 TINY = load_model("tiny")
 
 
-def cli(capsys, *args):
-    old = sys.argv
-    sys.argv = ["autotune", *args]
-    code = 0
-    try:
-        from autotune.cli import main
-
-        main()
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    finally:
-        sys.argv = old
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from helpers.cli import cli
 
 from autotune.errors import InputError
 from autotune.plan import Plan
@@ -161,19 +162,6 @@ def test_bad_files_are_input_errors(tmp_path):
         D.prepare_data(None, VOCAB, 128, 8, 22, dtype="uint32")
 
 
-def cli(capsys, *args):
-    old = sys.argv
-    sys.argv = ["autotune", *args]
-    code = 0
-    try:
-        from autotune.cli import main
-
-        main()
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    finally:
-        sys.argv = old
-    return code, *capsys.readouterr()
 
 
 def test_trial_cli_refuses_bad_files_before_launching(tmp_path, capsys, monkeypatch):

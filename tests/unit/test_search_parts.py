@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from _search_helpers import toy_estimate
+from _search_helpers import flaky_estimate
 
 from autotune.divisibility import degree_problems
 from autotune.errors import InputError, WorkError
@@ -34,13 +34,7 @@ def test_a_cost_model_that_always_raises_is_an_error_with_its_message():
 
 
 def test_a_cost_model_that_sometimes_raises_is_said_in_the_notes():
-    calls = {"n": 0}
-
-    def flaky(plan, *a, **kw):
-        calls["n"] += 1
-        if calls["n"] % 4 == 0:
-            raise RuntimeError("flaky term")
-        return toy_estimate(plan, *a, **kw)
+    flaky = flaky_estimate(4, "flaky term")
 
     res = search(TINY, L8, 256, 16, study_name="flaky-notes", storage=":memory:", options=SearchOptions(trials=20),
                  estimator=flaky)

@@ -10,7 +10,7 @@ import optuna
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _search_helpers import toy_estimate  # noqa: E402
+from _search_helpers import flaky_estimate, toy_estimate  # noqa: E402
 
 from autotune.errors import InputError, WorkError  # noqa: E402
 from autotune.search import SearchOptions, search  # noqa: E402
@@ -133,13 +133,7 @@ def test_grid_too_large_is_said(tmp_path):
 
 
 def test_a_failing_estimate_is_recorded_and_the_study_goes_on():
-    calls = {"n": 0}
-
-    def flaky(plan, *a, **kw):
-        calls["n"] += 1
-        if calls["n"] % 3 == 0:
-            raise RuntimeError("cost model exploded")
-        return toy_estimate(plan, *a, **kw)
+    flaky = flaky_estimate(3, "cost model exploded")
 
     res = search(TINY, L8, 256, 16, study_name="flaky", storage=":memory:", options=SearchOptions(trials=30),
                  estimator=flaky)

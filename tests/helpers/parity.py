@@ -1,0 +1,66 @@
+"""A parallel run against one process: many plans of one world size trained in ONE launch of workers
+(process start-up dominates small runs), each compared with ``reference_run`` (one process, whole
+batch, no parallelism, same data, init and AdamW) in fp32."""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import pytest
+import torch
+
+from autotune.plan import Plan
+from autotune.runtime.launcher import launch
+from autotune.runtime.worker import reference_run
+from autotune.specs import ModelSpec, local_cluster
+
+LOSS_RTOL = 1e-5
+# AdamW divides by sqrt(v): an element whose gradient is ~0 moves by up to lr on rounding noise, so
+# weights are compared at an absolute tolerance well below lr * steps = 3e-3.
+WEIGHT_ATOL, WEIGHT_RTOL = 1e-4, 1e-4
+
+
+def run_plans(job: str, spec: ModelSpec, items: list[tuple[str, dict]], world: int, seq: int, batch: int,
+              steps: int, seed: int) -> dict[str, list[dict]]:
+    """{name: every rank's report} for the named plan dicts, resolved on ``local:WORLD`` and run by the
+    launcher target ``job`` (``module:function``) in one launch."""
+    plans = [Plan.from_dict(item).resolve(spec, local_cluster(world), seq, batch).to_dict() for _, item in items]
+    payload = {"model": spec.to_dict(), "plans": plans, "seq_len": seq, "global_batch": batch,
+               "steps": steps, "seed": seed, "timeout_s": 120}
+    res = launch(job, payload, world, timeout_s=400, device="cpu")
+    assert res.failure is None, f"{res.failure}\n{res.extra.get('traceback', '')}"
+    return {name: [res.results[r][i] for r in range(world)] for i, (name, _) in enumerate(items)}
+
+
+def reference(spec: ModelSpec, seq: int, batch: int, steps: int, seed: int) -> dict:
+    """The single-process run (cached for the session: several modules compare against the same one)."""
+    return _reference(json.dumps(spec.to_dict(), sort_keys=True), seq, batch, steps, seed)
+
+
+@functools.cache
+def _reference(spec_json: str, seq: int, batch: int, steps: int, seed: int) -> dict:
+    from autotune.specs.model import model_from_dict
+
+    return reference_run(model_from_dict(json.loads(spec_json)), seq, batch, steps=steps, seed=seed)
+
+
+def assert_matches_reference(per_rank: list[dict], ref: dict) -> None:
+    """Per-step losses (rtol LOSS_RTOL) and every rank's weights (its shard of each parameter) after
+    AdamW equal the single-process run's, and every parameter element is held by some rank."""
+    losses = per_rank[0]["losses"]
+    assert len(losses) == len(ref["losses"])
+    for a, b in zip(losses, ref["losses"], strict=True):
+        assert a == pytest.approx(b, rel=LOSS_RTOL), (losses, ref["losses"])
+    seen: dict[str, int] = {}
+    for rep in per_rank:
+        for name, (local, shard) in rep["state"].items():
+            full = ref["state"][name]
+            want = full if shard is None else full.narrow(shard[0], shard[1], local.shape[shard[0]])
+            assert local.shape == want.shape, name
+            torch.testing.assert_close(local, want, atol=WEIGHT_ATOL, rtol=WEIGHT_RTOL,
+                                       msg=lambda m, n=name: f"{n}: {m}")
+            seen[name] = seen.get(name, 0) + local.numel()
+    # every element of every parameter is held by some rank (replicas hold it several times)
+    for name, full in ref["state"].items():
+        assert seen.get(name, 0) >= full.numel(), f"{name} not covered by the ranks"
