@@ -166,7 +166,9 @@ def test_a_profile_spans_two_agents(tmp_path):
     from profilers import store
 
     url = f"sqlite:///{tmp_path}/p.db"
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    # two "hosts" on one machine's cores: one OpenMP thread each (as the launch tests above), or under load the two
+    # ranks' thread pools fight and the quick profile overran its 300 s in CI
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"}
     procs = [subprocess.Popen([sys.executable, "-m", "autotune", "profile", "--nnodes", "2", "--nproc", "1", "--quick",
                                "--device", "cpu", "--storage", url, "--json"], cwd=tmp_path, env=env, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]

@@ -71,7 +71,9 @@ def test_ctrl_c_with_two_workers_keeps_every_trial_and_resumes(in_tmp):
     (in_tmp / "c.json").write_text(json.dumps(CLUSTER))
     url = f"sqlite:///{in_tmp}/results/f.db"
     args = (*WORK, "--cluster", "c.json", "--storage", url, "--study", "f", "--workers", "2")
-    p = cli(*args, "--trials", "100000", "--timeout", "120", "--json", start_new_session=True)
+    # a budget far beyond the test: the Ctrl-C must land in the search, not after its own timeout
+    # (under load the first trials took long enough that a 120 s search had ended when it came)
+    p = cli(*args, "--trials", "100000", "--timeout", "900", "--json", start_new_session=True)
     # both workers have persisted at least one batch (the parent's baselines come first)
     wait_for(lambda: len(by_origin(trials_of(url, "f"))) >= 3 or p.poll() is not None, 90, "two workers' trials")
     assert p.poll() is None, p.stderr.read()
