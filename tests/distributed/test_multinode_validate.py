@@ -19,9 +19,8 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.ports import free_pair
 from test_multinode import alive, assert_matches, cmdline, descendants
-
-from autotune.runtime.launcher import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -38,21 +37,6 @@ def make_study(tmp_path: Path, nodes: list[dict]) -> str:
     search(load_model("tiny"), load_cluster(str(tmp_path / "cluster.json")), SEQ, BATCH, study_name="s",
            storage=url, options=SearchOptions(trials=12, dtype="fp32"))
     return url
-
-
-def free_pair() -> int:
-    """A free port whose next port is free too (node-rank 0's control store listens there)."""
-    import socket
-
-    for _ in range(50):
-        port = free_port()
-        with socket.socket() as s:
-            try:
-                s.bind(("0.0.0.0", port + 1))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no two free ports in a row")
 
 
 def node_env() -> dict[str, str]:

@@ -11,29 +11,13 @@ import threading
 import time
 
 import pytest
+from helpers.ports import free_pair
 
 from autotune.errors import InputError, WorkError
 from autotune.export import launch as L
 from autotune.machines import this_machine
 from autotune.runtime import control as C
 from autotune.specs.cluster import cluster_from_dict
-
-
-def free_port() -> int:
-    """A free port whose next port is free too (node-rank 0's control store listens there)."""
-    import socket
-
-    from autotune.runtime.launcher import free_port as one
-
-    for _ in range(50):
-        port = one()
-        with socket.socket() as s:
-            try:
-                s.bind(("0.0.0.0", port + 1))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no two free ports in a row")
 
 
 def two_nodes():
@@ -55,7 +39,7 @@ def follower(port: int, node_rank: int = 1, study: str = "s") -> tuple[threading
 
 
 def test_node_0_gathers_every_machine_and_an_error_ends_the_others_with_its_line_and_code():
-    port = free_port()
+    port = free_pair()
     with pytest.raises(InputError):
         with C.Leader("s", two_nodes(), addr="127.0.0.1", port=port, device="cpu") as lead:
             t, box = follower(port)
@@ -68,7 +52,7 @@ def test_node_0_gathers_every_machine_and_an_error_ends_the_others_with_its_line
 
 
 def test_a_clean_end():
-    port = free_port()
+    port = free_pair()
     with C.Leader("s", two_nodes(), addr="127.0.0.1", port=port, device="cpu") as lead:
         t, box = follower(port)
         lead.machines()
@@ -77,7 +61,7 @@ def test_a_clean_end():
 
 
 def test_a_node_rank_taken_twice_ends_every_node():
-    port = free_port()
+    port = free_pair()
     with pytest.raises(InputError, match="two hosts joined as node-rank 1"):
         with C.Leader("s", two_nodes(), addr="127.0.0.1", port=port, device="cpu") as lead:
             t, box = follower(port)
@@ -91,7 +75,7 @@ def test_a_node_rank_taken_twice_ends_every_node():
 
 
 def test_other_study_and_node_rank_out_of_range_are_refused():
-    port = free_port()
+    port = free_pair()
     with C.Leader("s", two_nodes(), addr="127.0.0.1", port=port, device="cpu"):
         t, box = follower(port, study="other")
         t.join(30)
@@ -102,7 +86,7 @@ def test_other_study_and_node_rank_out_of_range_are_refused():
 
 
 def test_the_others_end_when_node_0_is_gone():
-    port = free_port()
+    port = free_pair()
     lead = C.Leader("s", two_nodes(), addr="127.0.0.1", port=port, device="cpu")
     t, box = follower(port)
     lead.machines()
@@ -112,7 +96,7 @@ def test_the_others_end_when_node_0_is_gone():
 
 
 def test_a_node_without_heartbeat_is_named():
-    port = free_port()
+    port = free_pair()
     lead = C.Leader("s", two_nodes(), addr="127.0.0.1", port=port, device="cpu", hosts=["here", "there"])
     lead.store.set("machine/1", C.machine_to_json(this_machine("cpu")))  # joined, then never beats
     lead.machines()
