@@ -155,11 +155,25 @@ def engine_for(storage: str):
         # one shared connection for a database that lives in this process (sqlite://)
         eng = create_engine(url, poolclass=StaticPool, connect_args={"check_same_thread": False}) \
             if url == "sqlite://" else create_engine(url)
-        Base.metadata.create_all(eng)
+        _create_tables(eng)
     except (ArgumentError, SQLAlchemyError, ImportError, ValueError) as e:
         raise InputError(f"cannot open storage {storage!r}: {str(e).splitlines()[0]}", field="--storage") from None
     _ENGINES[storage] = eng
     return eng
+
+
+def _create_tables(eng: Any, attempts: int = 3) -> None:
+    """``create_all``, safe when another process creates the same tables at the same moment: the
+    agents of a profile across hosts open one fresh storage together, and ``create_all``'s check then
+    create is not atomic (``table autotune_profile_samples already exists`` failed such a profile).
+    A table that another process created in between is what we wanted: check again."""
+    for left in range(attempts - 1, -1, -1):
+        try:
+            Base.metadata.create_all(eng)
+            return
+        except SQLAlchemyError as e:
+            if left == 0 or "already exists" not in str(e):
+                raise
 
 
 def _finite(x: Any) -> Any:

@@ -248,3 +248,31 @@ def test_fits_are_computed_from_the_median_of_round_medians(compute_samples):
                      if s["kind"] == "gemm" and s["params"]["dtype"] == dt)
         # (shapes with equal FLOPs, e.g. 256x256x1024 and 256x1024x256, may come in either order)
         assert sorted(tuple(p) for p in g["points"]) == [pytest.approx(p, rel=1e-12) for p in pts]
+
+
+def test_processes_opening_one_fresh_storage_together_all_get_it(tmp_path, monkeypatch):
+    """The agents of a profile across hosts open one new storage at the same moment; a table the
+    other process created between ``create_all``'s check and its CREATE is not an error (it once
+    failed a two-agent profile: 'table autotune_profile_samples already exists')."""
+    from sqlalchemy.exc import OperationalError
+
+    real = store.Base.metadata.create_all
+    calls = []
+
+    def racing(eng, *a, **k):  # the first call loses the race: another process just created a table
+        calls.append(1)
+        if len(calls) == 1:
+            real(eng, *a, **k)
+            raise OperationalError("CREATE TABLE autotune_profile_samples", {}, Exception(
+                "table autotune_profile_samples already exists"))
+        return real(eng, *a, **k)
+
+    monkeypatch.setattr(store.Base.metadata, "create_all", racing)
+    url = f"sqlite:///{tmp_path / 'fresh.db'}"
+    store.engine_for(url)
+    assert len(calls) == 2 and store.list_profiles(url) == []
+    # any other storage error still reaches the user as one line
+    monkeypatch.setattr(store.Base.metadata, "create_all", lambda eng, *a, **k: (_ for _ in ()).throw(
+        OperationalError("CREATE TABLE x", {}, Exception("disk I/O error"))))
+    with pytest.raises(InputError, match="disk I/O error"):
+        store.engine_for(f"sqlite:///{tmp_path / 'other.db'}")
