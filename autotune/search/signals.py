@@ -23,9 +23,16 @@ def sigterm_to_interrupt(*_: Any) -> None:
 
 @contextlib.contextmanager
 def signals_deferred():
-    """Ignore SIGINT and SIGTERM inside the block (main thread only; elsewhere nothing changes)."""
+    """Hold SIGINT and SIGTERM back inside the block and deliver them after it (main thread only;
+    elsewhere nothing changes). Delivered, not dropped: a Ctrl-C that came during a batch write was
+    once lost, and the search ran on to its own end."""
+    came: list[int] = []
+
+    def hold(sig: int, _frame: Any) -> None:
+        came.append(sig)
+
     try:
-        old = {sig: signal.signal(sig, ignore) for sig in (signal.SIGINT, signal.SIGTERM)}
+        old = {sig: signal.signal(sig, hold) for sig in (signal.SIGINT, signal.SIGTERM)}
     except ValueError:  # not the main thread: signals are not ours to handle
         yield
         return
@@ -34,3 +41,5 @@ def signals_deferred():
     finally:
         for sig, h in old.items():
             signal.signal(sig, h)
+        if came:
+            signal.raise_signal(came[0])  # the handler the block replaced now runs
