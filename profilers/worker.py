@@ -98,8 +98,8 @@ def versions() -> dict[str, Any]:
                          "cuda": torch.version.cuda}
     try:
         v["nccl"] = ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else None
-    except Exception:  # noqa: BLE001 - a build without NCCL
-        v["nccl"] = None
+    except (RuntimeError, AttributeError) as e:  # a CUDA build without NCCL: the profile records why
+        v["nccl"] = f"unavailable: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}"
     return v
 
 

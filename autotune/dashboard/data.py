@@ -344,10 +344,7 @@ def load_view(name: str, storage_url: str, *, allow_empty: bool = False) -> Stud
     states: dict[str, int] = {}
     for r in rows:
         states[r.state] = states.get(r.state, 0) + 1
-    direction = "maximize"
-    try:
-        direction = study.direction.name.lower()
-    except Exception:  # noqa: BLE001 - multi-objective studies have no single direction
-        pass
+    # a multi-objective study has no single direction (Optuna raises on ``study.direction``): said so
+    direction = study.direction.name.lower() if len(study.directions) == 1 else "multi-objective"
     return StudyView(name=name, storage=storage_url, user_attrs=dict(study.user_attrs), rows=order(rows, best),
                      best=best, even_best=even, states=states, direction=direction, context=context)
