@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import InputError, suggest
-from autotune.plan import Plan
+from autotune.plan import RECORD_KEYS, Plan
 from autotune.plan_record import PlanRecord
 
 MEMORY_URL = ":memory:"
@@ -258,10 +258,13 @@ def iter_trial_plans(study: Any, *, feasible_only: bool = True, distinct: bool =
         yield t, Plan.from_dict(t.user_attrs["plan"])
 
 
-def trial_record(t: Any, source: str | None = None) -> PlanRecord:
+def trial_record(t: Any, source: str | None = None, plan: Plan | None = None) -> PlanRecord:
     """A trial's plan with what the study knows of it: the prediction stored with the plan and, on a
-    validated copy (``set_trial_attrs``), what the trial measured."""
-    rec = PlanRecord.from_dict(t.user_attrs["plan"], source=source or f"trial {t.number}")
+    validated copy (``set_trial_attrs``), what the trial measured. ``plan``: the trial's plan when
+    already parsed (``iter_trial_plans`` yields it), so it is not parsed again."""
+    stored = t.user_attrs["plan"]
+    rec = PlanRecord.from_dict(stored, source=source or f"trial {t.number}") if plan is None else PlanRecord(
+        plan, **{k: stored.get(k) for k in RECORD_KEYS})
     measured = t.user_attrs.get("measured")
     return rec.replace(measured=measured) if rec.measured is None and measured else rec
 

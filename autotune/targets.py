@@ -69,7 +69,7 @@ def best_per_target(ranked: Iterable[tuple[Any, Plan]], ctx: ExportContext,
     out: dict[str, dict[str, Any] | None] = {t: None for t in targets}
     best_tps = None
     for trial, plan in ranked:
-        record = trial_record(trial)
+        record = trial_record(trial, plan=plan)
         tps = record.tokens_per_s() or trial.value
         if best_tps is None:
             best_tps = tps
