@@ -4,19 +4,16 @@ c of rank s is model stage ``c * p + s``) and order, with every backward split i
 gradient) and W (weight gradient) and the W passes moved into the bubbles. The HelixPipe paper's
 ZB1P baseline.
 
-The order is torch's own (``_calculate_single_rank_operations``; the runtime pads it with idle
-slots, which do not change a rank's order). Micro-batches per replica: a multiple of pp, as
+The order is torch's own (``_calculate_single_rank_operations``, ported without torch in
+zero_bubble_orders.py and pinned equal by a test; the runtime pads it with idle slots, which do not
+change a rank's order). Micro-batches per replica: a multiple of pp, as
 interleaved 1F1B (torch needs ``m % max(1, m // pp) == 0``; multiples of pp satisfy it).
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
-from types import SimpleNamespace
-
-from autotune.schedules.base import B, F, I, Op, Schedule, W
-
-_KIND = {"F": F, "B": B, "I": I, "W": W}
+from autotune.schedules.base import Op, Schedule
+from autotune.schedules.zero_bubble_orders import interleaved_zb_order
 
 
 class InterleavedZeroBubble(Schedule):
@@ -52,18 +49,4 @@ class InterleavedZeroBubble(Schedule):
         return pp
 
     def op_order(self, pp: int, virtual_stages: int, m: int, rank: int) -> tuple[Op, ...]:
-        return _torch_order(pp, virtual_stages, m, rank)
-
-
-@lru_cache(maxsize=1024)
-def _torch_order(pp: int, v: int, m: int, rank: int) -> tuple[Op, ...]:
-    """Rank ``rank``'s actions as torch's ZB1P schedule computes them (idle slots dropped)."""
-    from torch.distributed.pipelining.schedules import ScheduleInterleavedZeroBubble
-
-    rounds = max(1, m // pp)
-    # the method reads only these attributes; building the schedule itself needs real stages
-    shape = SimpleNamespace(n_local_stages=v, pp_group_size=pp, _n_microbatches=m, number_of_rounds=rounds,
-                            microbatches_per_round=m // rounds)
-    actions = ScheduleInterleavedZeroBubble._calculate_single_rank_operations(shape, rank)
-    return tuple(Op(_KIND[a.computation_type.value], a.stage_index, a.microbatch_index)
-                 for a in actions if a is not None)
+        return interleaved_zb_order(pp, virtual_stages, m, rank)

@@ -11,19 +11,15 @@ arXiv 2401.10241, section 6; torch's ``ScheduleZBVZeroBubble``).
   layers-worth; later ranks hold more than in 1F1B). ``in_flight`` reads it from the order.
 
 The order is torch's own (``ScheduleZBVZeroBubble._calculate_single_rank_operations``, the code the
-runtime executes), so the simulation, the memory figure, the Gantt chart and the trial run one
-order. Megatron-LM upstream has no zero-bubble schedule (Sea AI Lab's fork adds
+runtime executes, ported without torch in zero_bubble_orders.py and pinned equal by a test), so
+the simulation, the memory figure, the Gantt chart and the trial run one order. Megatron-LM upstream has no zero-bubble schedule (Sea AI Lab's fork adds
 ``--zero-bubble-v-schedule``); torchtitan runs it as ``ZBVZeroBubble``.
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
-from types import SimpleNamespace
-
-from autotune.schedules.base import B, F, I, Op, Schedule, W
-
-_KIND = {"F": F, "B": B, "I": I, "W": W}
+from autotune.schedules.base import Op, Schedule
+from autotune.schedules.zero_bubble_orders import zbv_order
 
 
 class ZBV(Schedule):
@@ -54,16 +50,4 @@ class ZBV(Schedule):
         return stage if stage < pp else 2 * pp - 1 - stage
 
     def op_order(self, pp: int, virtual_stages: int, m: int, rank: int) -> tuple[Op, ...]:
-        return _torch_order(pp, m, rank)
-
-
-@lru_cache(maxsize=1024)
-def _torch_order(pp: int, m: int, rank: int) -> tuple[Op, ...]:
-    """Rank ``rank``'s actions as torch's ZBV schedule computes them (its idle slots dropped)."""
-    from torch.distributed.pipelining.schedules import ScheduleZBVZeroBubble
-
-    # the method reads only these three attributes; building the schedule itself needs real stages
-    shape = SimpleNamespace(pp_group_size=pp, _n_microbatches=m, num_stages=2 * pp)
-    actions = ScheduleZBVZeroBubble._calculate_single_rank_operations(shape, rank)
-    return tuple(Op(_KIND[a.computation_type.value], a.stage_index, a.microbatch_index)
-                 for a in actions if a is not None)
+        return zbv_order(pp, m, rank)
