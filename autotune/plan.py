@@ -490,7 +490,7 @@ def _placement_problems(pl: tuple[Placement, ...], d: Degrees, cluster: Any) -> 
     key = (id(cluster), id(pl), d)
     hit = _PLACEMENT_CHECKS.get(key)
     if hit is None or hit[0] is not cluster or hit[1] is not pl:
-        if len(_PLACEMENT_CHECKS) > 256:
+        if len(_PLACEMENT_CHECKS) > 4096:  # 128 devices: ~260 layouts x 5 placements
             _PLACEMENT_CHECKS.clear()
         hit = _PLACEMENT_CHECKS[key] = (cluster, pl, _check_placement(pl, d, cluster))
     return list(hit[2])

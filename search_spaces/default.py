@@ -105,7 +105,7 @@ class DefaultSpace:
         # fastest first, then node order: each node is one device type, so nodes stay whole
         self._fast_order = np.array(sorted(range(self.n), key=lambda i: (-ctx.speeds[i], i)), dtype=np.int64)
         self._coords_cache: dict[tuple[int, ...], np.ndarray] = {}
-        self._place_cache: dict[tuple[Degrees, str], np.ndarray] = {}
+        self._place_cache: dict[tuple[Degrees, str], tuple[np.ndarray, tuple[Placement, ...]]] = {}
         m = ctx.model
         self._head_layers = m.head_flops_fwd() / (m.layer_matmul_flops_fwd()
                                                   + m.layer_attention_flops_fwd(ctx.seq_len))
@@ -207,7 +207,7 @@ class DefaultSpace:
         """The shares of point ``p`` (each weighted by the speed and memory of the devices along its
         dimension), the placement, and the plan resolved."""
         ctx, model, deg, vs = self.ctx, self.ctx.model, sh.deg, sh.vs
-        dev_of_rank = self._placement(deg, p["placement"])
+        dev_of_rank, placement = self._placement(deg, p["placement"])
         mesh = tuple(getattr(deg, d) for d in MESH_ORDER)
         coords = self._coords(mesh)
         speed, mem = self._speeds[dev_of_rank], self._mem[dev_of_rank]
@@ -229,15 +229,13 @@ class DefaultSpace:
         layers, attention = self._layers(p, sh, along)
         if tokens is None or heads is None or layers is None:
             return Infeasible("divisibility", "a share cannot give every index at least one unit", sh.fam)
-        devs = ctx.cluster.devices
         plan = Plan(
             degrees=deg, micro_batch_size=sh.mbs, schedule=sh.schedule, virtual_stages=vs, recompute=p["recompute"],
             helix_folds=sh.folds, helix_attention=attention,
             zero_stage=sh.zero, sequence_parallel=sh.sp, cp_layout="zigzag", dtype=ctx.dtype,
             shares=Shares(layers=tuple(layers), tokens=tuple(t * u.granule for t in tokens), heads=tuple(heads),
                           samples=tuple(s * u.unit for s in samples)),
-            placement=tuple(Placement(rank=r, node=devs[int(i)].node, device=devs[int(i)].local)
-                            for r, i in enumerate(dev_of_rank)))
+            placement=placement)
         try:
             return plan.resolve(model, ctx.cluster, ctx.seq_len, ctx.global_batch)
         except PlanError as e:
@@ -267,12 +265,18 @@ class DefaultSpace:
             c = self._coords_cache[mesh] = B.coords_array(mesh)
         return c
 
-    def _placement(self, deg: Degrees, how: str) -> np.ndarray:
-        """Device index of every rank (cached: a grid or a hill climb builds each layout many times)."""
+    def _placement(self, deg: Degrees, how: str) -> tuple[np.ndarray, tuple[Placement, ...]]:
+        """Device index of every rank and the plan's placement entries, cached: a grid or a hill climb
+        builds each layout many times, and one shared (frozen) tuple per layout lets ``Plan.resolve``
+        check it once (its placement check is memoised per tuple object)."""
         key = (deg, how)
         out = self._place_cache.get(key)
         if out is None:
-            out = self._place_cache[key] = self._placement_uncached(deg, how)
+            dev_of_rank = self._placement_uncached(deg, how)
+            devs = self.ctx.cluster.devices
+            out = self._place_cache[key] = (dev_of_rank, tuple(
+                Placement(rank=r, node=devs[int(i)].node, device=devs[int(i)].local)
+                for r, i in enumerate(dev_of_rank)))
         return out
 
     def _placement_uncached(self, deg: Degrees, how: str) -> np.ndarray:
@@ -345,7 +349,7 @@ class DefaultSpace:
         if not self.ctx.heterogeneous:  # identical devices: only which ranks share a node matters
             hows = ("node", "dp", "cp", "hp") if self.ctx.cluster.num_nodes > 1 else ("node",)
         for how in hows:
-            key = self._placement(deg, how).tobytes()
+            key = self._placement(deg, how)[0].tobytes()
             if key not in seen:
                 seen.add(key)
                 out.append(how)

@@ -133,7 +133,7 @@ def _devices(topo: C.Topology, placement: tuple) -> tuple[int, ...]:
     key = (id(topo), id(placement))
     hit = _DEVICES.get(key)
     if hit is None or hit[0] is not topo or hit[1] is not placement:
-        if len(_DEVICES) > 256:
+        if len(_DEVICES) > 4096:  # one entry per layout and placement the search builds
             _DEVICES.clear()
         hit = _DEVICES[key] = (topo, placement, tuple(topo.index[(e.node, e.device)] for e in placement))
     return hit[2]
@@ -217,6 +217,28 @@ class RankContext:
     def pp_index(self) -> int:
         return self.coords["pp"]
 
+    def cost_key(self) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        """(objects, values): everything ``cost.rank.rank_cost`` reads from this context and its
+        step. Two contexts with equal keys have equal rank costs, so a search prices each tp group
+        it has seen once across all the plans it prices (``rank.rank_cost_memo``). The objects
+        (model, schedule, device spec, its rates and collective model) are compared by identity,
+        the rest by value. tests/unit/test_rank_cost_key.py runs ``rank_cost`` on proxies that
+        record every attribute read, over plans of every schedule, CPU and GPU clusters, measured
+        layers and calibration, and fails when it reads anything not named here."""
+        s = self.step
+        return ((s.model, s.schedule, self.spec, self.rates, self.collectives),
+                tuple(getattr(s, f) for f in STEP_INPUTS) + tuple(getattr(self, f) for f in RANK_INPUTS))
+
+
+STEP_INPUTS = ("a2a_heads", "bpe", "chunks", "cp", "cp_max_tokens", "dtype", "hp", "kv_ratio", "mbs", "microbatches",
+               "n_chunks", "pp", "recompute", "seq_len", "shard_n", "sp", "tp", "v", "zero")
+"""The StepContext fields ``rank_cost`` reads by value (``RankContext.cost_key``); ``model`` and
+``schedule`` it reads by identity."""
+RANK_INPUTS = ("cf", "mf", "heads", "hidden_bytes", "keysum", "layer_params", "layers", "links", "microbatches",
+               "params", "pp_index", "rest_params", "ring", "tokens", "tokens_local")
+"""The RankContext fields ``rank_cost`` reads by value; ``step`` (through STEP_INPUTS), ``spec``,
+``rates`` and ``collectives`` (by identity) are the rest of what it reads."""
+
 
 
 _MESH_LINKS: dict[tuple, tuple[C.Topology, tuple, tuple]] = {}
@@ -234,7 +256,7 @@ def _mesh_links(topo: C.Topology, devs: tuple[int, ...], d: Degrees, v: int, hop
     key = (id(topo), devs, d, v, hop_peers)
     hit = _MESH_LINKS.get(key)
     if hit is None or hit[0] is not topo:
-        if len(_MESH_LINKS) > 256:
+        if len(_MESH_LINKS) > 4096:  # 128 devices: ~260 layouts x 5 placements
             _MESH_LINKS.clear()
         blk, shard_n = d.dp * d.cp * d.hp * d.tp, d.dp * d.cp * d.hp
         dp_links = tuple(topo.group_link([devs[i * blk + k * d.tp] for k in range(shard_n)]) for i in range(d.pp))

@@ -36,7 +36,7 @@ from autotune.cost.context import step_context, tp_groups
 from autotune.cost.data_parallel import ADAM_BYTES_PER_PARAM, exposure  # noqa: F401  (ADAM_*: its old home)
 from autotune.cost.memory import TERM_NAMES  # noqa: F401  (its old home)
 from autotune.cost.pipeline_parallel import replica_stages, simulate_replicas
-from autotune.cost.rank import rank_cost
+from autotune.cost.rank import rank_cost_memo
 from autotune.plan import Plan
 from autotune.plan_record import PlanRecord
 
@@ -71,7 +71,7 @@ def estimate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: i
     for r0, dp_i, ctx in tp_groups(s):
         c = costs.get(id(ctx))
         if c is None:
-            c = costs[id(ctx)] = own.price_rank(ctx, rank_cost(ctx)) if own else rank_cost(ctx)
+            c = costs[id(ctx)] = own.price_rank(ctx, rank_cost_memo(ctx)) if own else rank_cost_memo(ctx)
         groups.append((r0, dp_i, ctx, c))
     per_rep_stage = replica_stages(groups)
     sims = own.simulate_replicas(s, per_rep_stage) if own else simulate_replicas(s, per_rep_stage)

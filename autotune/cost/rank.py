@@ -54,7 +54,7 @@ class BlockTimes:
         return self.comp_b + self.tp_b + self.hp_b + self.cp_b + self.z3_b
 
 
-@dataclass
+@dataclass(frozen=True)
 class RankCost:
     """Everything the estimate needs of one tensor-parallel group's ranks."""
 
@@ -160,3 +160,27 @@ def rank_cost(ctx: RankContext) -> RankCost:
         dp_overlappable=overl, dp_exposed_fixed=fixed, dp_in_window=ctx.layers[0] * b.z3_b,
         optimizer=DP.optimizer_time(ctx),
         memory_total=total, memory_terms=terms)
+
+
+_MEMO: dict[tuple, tuple[tuple[Any, ...], RankCost]] = {}
+_MEMO_LIMIT = 100_000
+
+
+def rank_cost_memo(ctx: RankContext) -> RankCost:
+    """``rank_cost`` memoised by ``ctx.cost_key()`` across estimates. A search prices thousands of
+    plans whose tp groups mostly repeat ones it priced before (measured at 128 devices of 4 types:
+    51,216 of 57,728 groups, a third of the search's time): a neighbour in the hill climb changes
+    one share or knob, and groups on different devices of one type with the same links and shares
+    do the same work. The entry holds the objects its key names by identity, so their ids are not
+    reused while it is cached; a RankCost is frozen, so sharing one is safe."""
+    objs, values = ctx.cost_key()
+    key = (tuple(map(id, objs)), values)
+    hit = _MEMO.get(key)
+    if hit is not None and all(a is b for a, b in zip(hit[0], objs, strict=True)):
+        return hit[1]
+    if len(_MEMO) >= _MEMO_LIMIT:
+        _MEMO.clear()
+    cost = rank_cost(ctx)
+    _MEMO[key] = (objs, cost)
+    return cost
+

@@ -635,7 +635,7 @@ def _helix_cost_class():
 
     from autotune.cost.rank import RankCost
 
-    @dataclasses.dataclass
+    @dataclasses.dataclass(frozen=True)
     class HelixRankCost(RankCost):
         helix: HelixRankTimes | None = None
         helix_ctx: object = None

@@ -74,8 +74,23 @@ def plan_dict(plan: Plan, predicted: dict[str, Any] | None = None) -> Shared:
     if plan.placement is None:
         return Shared(PlanRecord(plan, predicted=predicted).to_dict())
     d = PlanRecord(plan.replace(placement=None), predicted=predicted).to_dict()
-    d["placement"] = [{f: getattr(e, f) for f in _PLACEMENT_FIELDS} for e in plan.placement]
+    d["placement"] = _placement_dicts(plan.placement)
     return Shared(d)
+
+
+_PLACEMENT_DICTS: dict[int, tuple[Any, list[dict[str, Any]]]] = {}
+
+
+def _placement_dicts(pl: tuple[Placement, ...]) -> list[dict[str, Any]]:
+    """A placement's entries as dicts, one list per placement tuple: the search space hands every
+    plan of a layout the same (frozen) tuple, and a trial's plan dict is never mutated (Shared), so
+    its trials share the list. The entry holds the tuple, so its id is not reused while cached."""
+    hit = _PLACEMENT_DICTS.get(id(pl))
+    if hit is None or hit[0] is not pl:
+        if len(_PLACEMENT_DICTS) > 4096:
+            _PLACEMENT_DICTS.clear()
+        hit = _PLACEMENT_DICTS[id(pl)] = (pl, [{f: getattr(e, f) for f in _PLACEMENT_FIELDS} for e in pl])
+    return hit[1]
 
 
 def trim_breakdown(bd: Any) -> Any:
