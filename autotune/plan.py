@@ -278,7 +278,13 @@ class Plan:
 
     def resolve(self, model: Any, cluster: Any, seq_len: int, global_batch: int) -> Plan:
         """Fill what a hand-written plan left out (even shares, node-order placement, micro-batch
-        count) and validate against the model and cluster; raises PlanError naming every problem."""
+        count) and validate against the model and cluster; raises PlanError naming every problem.
+        A plan this returned resolves to itself against the same workload without being checked
+        again (the search resolves each plan it builds, and the estimate resolves it once more)."""
+        key = (id(self), id(model), id(cluster), seq_len, global_batch)
+        hit = _RESOLVED.get(key)
+        if hit is not None and hit[0] is self and hit[1] is model and hit[2] is cluster:
+            return self
         d = self.degrees
         problems = _check_basic(self, model, cluster, seq_len, global_batch)
         if problems:
@@ -310,6 +316,10 @@ class Plan:
         problems = _check_resolved(plan, model, cluster, seq_len, global_batch)
         if problems:
             raise PlanError("; ".join(problems), field="plan")
+        if len(_RESOLVED) > 4096:
+            _RESOLVED.clear()
+        # Plan, ModelSpec and ClusterSpec are frozen; the entry holds all three, so no id is reused
+        _RESOLVED[(id(plan), id(model), id(cluster), seq_len, global_batch)] = (plan, model, cluster)
         return plan
 
     # ---- JSON ---------------------------------------------------------------------------------
@@ -466,6 +476,7 @@ def _check_resolved(plan: Plan, model: Any, cluster: Any, seq_len: int, global_b
 
 
 _NODE_ORDER: dict[tuple[int, int], tuple[Any, tuple[Placement, ...]]] = {}
+_RESOLVED: dict[tuple[int, int, int, int, int], tuple[Plan, Any, Any]] = {}  # Plan.resolve's own results
 _PLACEMENT_CHECKS: dict[tuple[int, int, Degrees], tuple[Any, tuple[Placement, ...], list[str]]] = {}
 
 

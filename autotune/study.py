@@ -255,7 +255,10 @@ def iter_trial_plans(study: Any, *, feasible_only: bool = True, distinct: bool =
             if key in seen:
                 continue
             seen.add(key)
-        yield t, Plan.from_dict(t.user_attrs["plan"])
+        stored = t.user_attrs["plan"]
+        # a plan dict this process wrote from a Plan (search/pricing.PlanDict) carries it: no parse
+        known = getattr(stored, "plan", None)
+        yield t, known if isinstance(known, Plan) else Plan.from_dict(stored)
 
 
 def trial_record(t: Any, source: str | None = None, plan: Plan | None = None) -> PlanRecord:

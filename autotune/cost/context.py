@@ -17,9 +17,10 @@ degrees: the dimension modules read degrees from the context they are given (``d
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from types import MappingProxyType
 from typing import Any
 
@@ -90,6 +91,12 @@ class StepContext:
     forward, sends backward); see ``_hop_peers``."""
     group_links: tuple[tuple[Any, tuple, Links], ...] = ()
     """(DeviceSpec, placement key, links) of every tp group in rank order (``_mesh_links``)."""
+
+    @cached_property
+    def cost_token(self) -> int:
+        """The values of STEP_INPUTS as one number (equal values, equal numbers), for the rank-cost
+        memo's key (``RankContext.cost_key``)."""
+        return _step_token(tuple(getattr(self, f) for f in STEP_INPUTS))
 
 
 def step_context(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: int,
@@ -221,23 +228,40 @@ class RankContext:
         """(objects, values): everything ``cost.rank.rank_cost`` reads from this context and its
         step. Two contexts with equal keys have equal rank costs, so a search prices each tp group
         it has seen once across all the plans it prices (``rank.rank_cost_memo``). The objects
-        (model, schedule, device spec, its rates and collective model) are compared by identity,
-        the rest by value. tests/unit/test_rank_cost_key.py runs ``rank_cost`` on proxies that
-        record every attribute read, over plans of every schedule, CPU and GPU clusters, measured
-        layers and calibration, and fails when it reads anything not named here."""
+        (STEP_OBJECTS, RANK_OBJECTS) are compared by identity, the values by equality; the step's
+        values are one interned number per estimate (``StepContext.cost_token``), so the key hashes
+        them once, not once per tp group. tests/unit/test_rank_cost_key.py runs ``rank_cost`` on
+        proxies that record every attribute read, over plans of every schedule, CPU and GPU
+        clusters, measured layers and calibration, and fails when it reads anything not named here."""
         s = self.step
         return ((s.model, s.schedule, self.spec, self.rates, self.collectives),
-                tuple(getattr(s, f) for f in STEP_INPUTS) + tuple(getattr(self, f) for f in RANK_INPUTS))
+                (s.cost_token, *(getattr(self, f) for f in RANK_INPUTS)))
 
 
 STEP_INPUTS = ("a2a_heads", "bpe", "chunks", "cp", "cp_max_tokens", "dtype", "hp", "kv_ratio", "mbs", "microbatches",
                "n_chunks", "pp", "recompute", "seq_len", "shard_n", "sp", "tp", "v", "zero")
-"""The StepContext fields ``rank_cost`` reads by value (``RankContext.cost_key``); ``model`` and
-``schedule`` it reads by identity."""
+"""The StepContext fields ``rank_cost`` reads by value (``RankContext.cost_key``)."""
+STEP_OBJECTS = ("model", "schedule")
+"""The StepContext fields ``rank_cost`` reads, compared by identity."""
 RANK_INPUTS = ("cf", "mf", "heads", "hidden_bytes", "keysum", "layer_params", "layers", "links", "microbatches",
                "params", "pp_index", "rest_params", "ring", "tokens", "tokens_local")
-"""The RankContext fields ``rank_cost`` reads by value; ``step`` (through STEP_INPUTS), ``spec``,
-``rates`` and ``collectives`` (by identity) are the rest of what it reads."""
+"""The RankContext fields ``rank_cost`` reads by value; ``step`` it reads through STEP_INPUTS and
+STEP_OBJECTS."""
+RANK_OBJECTS = ("spec", "rates", "collectives")
+"""The RankContext fields ``rank_cost`` reads, compared by identity. (Links are compared by value:
+equal links of other layouts and placements are where most repeats come from.)"""
+
+_STEP_TOKENS: dict[tuple, int] = {}
+_NEXT_TOKEN = itertools.count()  # never restarts: a token is never reused for other values
+
+
+def _step_token(values: tuple) -> int:
+    tok = _STEP_TOKENS.get(values)
+    if tok is None:
+        if len(_STEP_TOKENS) > 100_000:
+            _STEP_TOKENS.clear()
+        tok = _STEP_TOKENS[values] = next(_NEXT_TOKEN)
+    return tok
 
 
 

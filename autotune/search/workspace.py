@@ -39,8 +39,10 @@ def make_sampler(name: str, seed: int) -> Any:
 
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
+    from autotune.search.tpe import MemoTPESampler
+
     # grid points are added as fixed trials; TPE stays the sampler of record
-    return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=16)
+    return MemoTPESampler(seed=seed, multivariate=True, n_startup_trials=16)
 
 
 class Workspace:
@@ -126,13 +128,14 @@ class Workspace:
         if trial is not None:  # asked from the sampler: tell it
             dists = Shared(trial.distributions)
             self.mem.tell(trial, value, state=state)
-        elif sampler:
-            self.mem.add_trial(optuna.trial.create_trial(params=params, distributions=dists, value=value,
-                                                         state=state))
-        frozen = optuna.trial.create_trial(params=params, distributions=dists if len(dists) == len(params) else
-                                           Shared({k: dists[k] for k in params}),
-                                           value=value, user_attrs=attrs, constraints=out.constraints or None,
-                                           state=state)
+        own = dists if len(dists) == len(params) else Shared({k: dists[k] for k in params})
+        if trial is None and sampler:
+            light = optuna.trial.create_trial(params=params, distributions=own, value=value, state=state)
+            light.distributions = own  # create_trial copies them to a plain dict, which the storage deep-copies
+            self.mem.add_trial(light)
+        frozen = optuna.trial.create_trial(params=params, distributions=own, value=value, user_attrs=attrs,
+                                           constraints=out.constraints or None, state=state)
+        frozen.distributions = own  # shared, never copied (see Shared)
         self.rows.append(Row(dict(params), value, out.feasible, attrs, out.constraints, mine=True))
         self.local += 1  # after the trial exists: the origins of one process stay gap-free
         self.pending.append(frozen)  # first: an interrupt inside the spill write loses nothing

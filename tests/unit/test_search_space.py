@@ -146,6 +146,14 @@ def test_plan_dict_equals_to_dict_and_is_shared_not_copied():
     d = plan_dict(plan)
     assert d == PlanRecord(plan).to_dict() and Plan.from_dict(dict(d)) == plan
     assert copy.deepcopy(d) is d
+    assert d.plan is plan  # read back in this process without parsing (study.iter_trial_plans)
+    # stored as json.dumps writes it, though its placement is encoded once per layout (EncodedList)
+    import json
+
+    from autotune.search.bulk import EncodedList, encode_attrs
+
+    assert type(d["placement"]) is EncodedList and plan_dict(plan)["placement"] is d["placement"]
+    assert encode_attrs({"plan": d})["plan"] == json.dumps(dict(d), separators=(",", ":"))
 
 
 def test_distinct_placements_lose_no_plan():
