@@ -42,8 +42,10 @@ def _levers(plan: dict[str, Any], activations: float, states: float) -> list[str
     return out
 
 
-def nothing_fits(trials: list[Any]) -> str | None:
-    """The one-line advice, or None when no trial was priced (then there is no memory to speak of)."""
+def nothing_fits(trials: list[Any], workload: tuple[Any, Any, int, int] | None = None) -> str | None:
+    """The one-line advice, or None when no trial was priced (then there is no memory to speak of).
+    ``workload`` (model, cluster, seq_len, global_batch): to price the closest plan's memory terms
+    again where its trial dropped its per-rank rows (a search keeps them up to 64 ranks)."""
     priced = [(t, x) for t in trials if (x := _tightest(t)) is not None]
     if not priced:
         return None
@@ -53,6 +55,8 @@ def nothing_fits(trials: list[Any]) -> str | None:
     ranks = (trial.user_attrs.get("breakdown") or {}).get("ranks") or []
     row = ranks[rank] if rank < len(ranks) else {}
     parts = row.get("memory") or {}
+    if not parts and workload is not None:
+        parts, row = _terms_again(plan, rank, workload)
     states = sum(float(parts.get(k, 0.0)) for k in ("weights", "gradients", "optimizer"))
     activations = float(parts.get("activations", 0.0)) + float(parts.get("logits", 0.0))
     deg = ",".join(f"{k}={v}" for k, v in (plan.get("degrees") or {}).items() if v > 1) or "dp=1"
@@ -63,3 +67,18 @@ def nothing_fits(trials: list[Any]) -> str | None:
     return (f"nothing fits: the smallest plan ({deg}, zero {plan.get('zero_stage', 0)}, recompute "
             f"{plan.get('recompute', 'none')}) needs {fmt_bytes(need)} per device{device}{what}, the device has "
             f"{fmt_bytes(have)}; try " + ", ".join(_levers(plan, activations, states)))
+
+
+def _terms_again(plan: dict[str, Any], rank: int, workload: tuple[Any, Any, int, int]
+                 ) -> tuple[dict[str, float], dict[str, Any]]:
+    """The memory terms of ``rank`` under the stored ``plan``, priced again, and its device."""
+    from autotune.cost.memory import rank_memory_terms
+    from autotune.plan import Plan
+
+    model, cluster, seq_len, global_batch = workload
+    p = Plan.from_dict(plan).resolve(model, cluster, seq_len, global_batch)
+    _, terms = rank_memory_terms(p, model, cluster, seq_len, global_batch, rank)
+    e = p.placement[rank]
+    device = next(d.spec.name for d in cluster.devices if (d.node, d.local) == (e.node, e.device))
+    return terms, {"device": device}
+

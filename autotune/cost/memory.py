@@ -183,17 +183,34 @@ def peak_rank_memory(plan: Any, model: Any, cluster: Any, seq_len: int, global_b
                      ) -> tuple[float, int, dict[str, float]]:
     """(bytes, rank, terms) of the rank that needs the most memory under ``plan`` (resolved here):
     the cost model's memory, for checks that need no timing (the runtime's pre-launch check)."""
+    best: tuple[float, int, dict[str, float]] | None = None
+    for r0, total, terms in _group_memory(plan, model, cluster, seq_len, global_batch):
+        if best is None or total > best[0]:
+            best = (total, r0, terms)
+    assert best is not None
+    return best
+
+
+def rank_memory_terms(plan: Any, model: Any, cluster: Any, seq_len: int, global_batch: int, rank: int
+                      ) -> tuple[float, dict[str, float]]:
+    """(bytes, terms) of rank ``rank`` under ``plan``: what a search's stored trial no longer holds
+    when it dropped its per-rank rows (more than 64 ranks), for the advice when nothing fits."""
+    tp = plan.degrees.tp
+    for r0, total, terms in _group_memory(plan, model, cluster, seq_len, global_batch):
+        if r0 <= rank < r0 + tp:
+            return total, terms
+    raise ValueError(f"rank {rank} is not in the plan's {plan.degrees.world} ranks")
+
+
+def _group_memory(plan: Any, model: Any, cluster: Any, seq_len: int, global_batch: int) -> Any:
+    """(first rank, bytes, terms) of every tp group, each distinct context priced once."""
     from autotune.cost.context import step_context, tp_groups
 
     step = step_context(plan, model, cluster, seq_len, global_batch, None)
-    best: tuple[float, int, dict[str, float]] | None = None
     seen: dict[int, tuple[float, dict[str, float]]] = {}
     for r0, _, ctx in tp_groups(step):
         hit = seen.get(id(ctx))
         if hit is None:
             kept, full, _ = block_activations(ctx)
             hit = seen[id(ctx)] = rank_memory(ctx, kept, full)
-        if best is None or hit[0] > best[0]:
-            best = (hit[0], r0, hit[1])
-    assert best is not None
-    return best
+        yield r0, hit[0], hit[1]

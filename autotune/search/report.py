@@ -24,7 +24,7 @@ def collect(study: Any, storage: str, top: int, elapsed: float, before: int, not
                   tokens_per_s=lambda tp: float(tp[0].value or 0.0), top=top)
     if not ranked:
         memory_bound = [t for t in trials if t.user_attrs.get("infeasible_kind") == "memory"]
-        raise WorkError(nothing_fits(memory_bound) or "no feasible plan: " + infeasibility_report(trials))
+        raise WorkError(nothing_fits(memory_bound, workload) or "no feasible plan: " + infeasibility_report(trials))
     best_t = ranked[0][0]
     # the best even plan: parse only the stored plans whose shares are even (Plan.is_even's rule)
     base_t, base = next(iter_trial_plans(study, where=looks_even), (None, None))

@@ -38,3 +38,29 @@ def test_model_states_dominant_suggests_zero3():
 
 def test_nothing_priced_gives_no_advice():
     assert nothing_fits([SimpleNamespace(user_attrs={"infeasible_reason": "degrees: 3 != 2"})]) is None
+
+
+def test_beyond_64_ranks_the_terms_are_priced_again_and_pick_the_levers():
+    """A search drops a trial's per-rank rows above 64 ranks (search/pricing.RANKS_LIMIT); the advice
+    then prices the closest plan's memory terms again (it said "a shorter sequence" for a 405B model
+    whose weights, gradients and optimizer were 90% of the need). Its figures are the estimate's own."""
+    from autotune.search.pricing import RANKS_LIMIT, trim_breakdown
+    from autotune.specs.cluster import cluster_from_dict
+
+    cluster = cluster_from_dict({"name": "l40s-128", "inter_node": {"bandwidth": "25GB/s"},
+                                 "nodes": [{"count": 16, "devices_per_node": 8, "device": "L40S"}]})
+    model = load_model("llama3-405b")
+    est = estimate(load_plan("dp=8,cp=2,hp=2,tp=4,zero=3,recompute=full"), model, cluster, 4096, 8)
+    assert not est.predicted["feasible"] and est.plan.world > RANKS_LIMIT
+    stored = SimpleNamespace(user_attrs={"plan": est.record().to_dict(), "breakdown": trim_breakdown(est.breakdown)})
+    assert stored.user_attrs["breakdown"]["ranks"] is None  # what the study holds
+    line = nothing_fits([stored], (model, cluster, 4096, 8))
+    mem, cap = est.predicted["memory_bytes"], est.predicted["capacity_bytes"]
+    r = max(range(len(mem)), key=lambda i: mem[i] / cap[i])
+    terms = est.breakdown["ranks"][r]["memory"]  # the unstripped estimate's row of the same rank
+    states = terms["weights"] + terms["gradients"] + terms["optimizer"]
+    assert states > terms["activations"] + terms["logits"]
+    assert f"weights+gradients+optimizer {fmt_bytes(states)}" in line and "on L40S" in line
+    assert "tensor or pipeline parallelism" in line and "shorter sequence" not in line
+    # without the workload the line still says what it can, with no terms
+    assert "weights+gradients" not in nothing_fits([stored])
