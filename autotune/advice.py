@@ -27,7 +27,9 @@ def _tightest(trial: Any) -> tuple[float, int, dict[str, Any]] | None:
     return mem[r] / cap[r], r, plan
 
 
-def _levers(plan: dict[str, Any], activations: float, states: float) -> list[str]:
+def _levers(plan: dict[str, Any], activations: float, states: float, parts: dict[str, Any]) -> list[str]:
+    from autotune.cost.data_parallel import grads_accumulate_unsharded
+
     deg = plan.get("degrees") or {}
     out = []
     if activations >= states:
@@ -35,7 +37,14 @@ def _levers(plan: dict[str, Any], activations: float, states: float) -> list[str
             out.append("recompute=full")
         out += ["more pipeline stages (pp)", "more context parallelism (cp)", "a shorter sequence"]
     else:
-        if (plan.get("zero_stage") or 0) < 3:
+        zero, nmb = plan.get("zero_stage") or 0, plan.get("num_microbatches") or 1
+        grads = float(parts.get("gradients", 0.0))
+        if (grads_accumulate_unsharded(zero, deg.get("pp", 1), nmb) and deg.get("pp", 1) == 1
+                and grads >= max(float(parts.get("weights", 0.0)), float(parts.get("optimizer", 0.0)))):
+            # ZeRO-2/3 accumulate several micro-batches' gradients whole (the cost model's and the
+            # runtime's rule, data_parallel.grads_accumulate_unsharded); one micro-batch shards them
+            out.append("one micro-batch per replica (a larger micro_batch_size: gradients stay sharded)")
+        if zero < 3:
             out.append("ZeRO-3")
         out.append("more tensor or pipeline parallelism" if deg.get("tp", 1) * deg.get("pp", 1) > 1 else
                    "tensor or pipeline parallelism")
@@ -66,7 +75,7 @@ def nothing_fits(trials: list[Any], workload: tuple[Any, Any, int, int] | None =
         what = (f" (activations {fmt_bytes(activations)}, weights+gradients+optimizer {fmt_bytes(states)})")
     return (f"nothing fits: the smallest plan ({deg}, zero {plan.get('zero_stage', 0)}, recompute "
             f"{plan.get('recompute', 'none')}) needs {fmt_bytes(need)} per device{device}{what}, the device has "
-            f"{fmt_bytes(have)}; try " + ", ".join(_levers(plan, activations, states)))
+            f"{fmt_bytes(have)}; try " + ", ".join(_levers(plan, activations, states, parts)))
 
 
 def _terms_again(plan: dict[str, Any], rank: int, workload: tuple[Any, Any, int, int]

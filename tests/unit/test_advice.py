@@ -64,3 +64,24 @@ def test_beyond_64_ranks_the_terms_are_priced_again_and_pick_the_levers():
     assert "tensor or pipeline parallelism" in line and "shorter sequence" not in line
     # without the workload the line still says what it can, with no terms
     assert "weights+gradients" not in nothing_fits([stored])
+
+
+def test_zero3_accumulating_whole_gradients_is_told_to_run_one_micro_batch():
+    """ZeRO-2/3 keep several micro-batches' gradients whole in fp32 (the runtime's FSDP2 and the cost
+    model); where those dominate, one micro-batch per replica is the lever, and not under pipelining
+    (there torch's stages accumulate whole gradients even for one)."""
+    from autotune.specs.cluster import cluster_from_dict
+
+    cluster = cluster_from_dict({"name": "h100-64", "nodes": [{"count": 8, "devices_per_node": 8,
+                                                                "device": "H100-SXM"}]})
+    model = load_model("llama3-405b")
+
+    def line(inline: str) -> str:
+        est = estimate(load_plan(inline), model, cluster, 1024, 256)
+        assert not est.predicted["feasible"]
+        t = SimpleNamespace(user_attrs={"plan": est.record().to_dict(), "breakdown": est.breakdown})
+        return nothing_fits([t], (model, cluster, 1024, 256))
+
+    accumulating = line("dp=64,zero=3,mbs=1")  # 4 micro-batches a replica
+    assert "one micro-batch per replica" in accumulating
+    assert "one micro-batch" not in line("dp=32,pp=2,zero=3,mbs=1")
