@@ -219,3 +219,36 @@ def test_a_profile_from_a_hosts_file_spans_both_hosts_and_this_host_stores_it(tm
     links = store.load_profile(prof["id"], url)["fits"]["links"]
     bw = links["p2p_bandwidth"]  # measured both ways between rank 0 (here) and rank 1 (the other host)
     assert prof["nproc"] == 2 and len(bw) == 2 and bw[0][1] > 0 and bw[1][0] > 0
+
+
+def test_tune_with_a_hosts_file_searches_the_hosts_and_validates_across_them(tmp_path):
+    """``tune --hosts``: the search is over a cluster of the file's hosts (each like this machine),
+    the best plans are validated across both hosts (node-rank 1 started through the remote shell),
+    and the plan file written is the best measured plan, whose losses are one process's."""
+    from autotune.plan import Plan
+    from autotune.runtime.worker import reference_run
+    from autotune.specs.model import load_model
+    from autotune.study import open_study
+
+    shell = fake_ssh(tmp_path)
+    url = f"sqlite:///{tmp_path}/t.db"
+    env = node_env()
+    env.pop("MASTER_ADDR")  # with --hosts: the first host
+    p = autotune(tmp_path, env, "tune", "--hosts", "hosts", "--remote-shell", str(shell), "--no-profile", "-m", "tiny",
+                 "-s", str(SEQ), "-b", str(BATCH), "-n", "12", "-k", "1", "--steps", "2", "--dtype", "fp32",
+                 "--storage", url, "--json")
+    out, err = p.communicate(timeout=900)
+    assert p.returncode == 0, err[-3000:]
+    got = json.loads(out)
+    st = open_study(got["study"], url)
+    assert st.user_attrs["cluster_spec"]["nodes"][0]["count"] == 2  # two hosts of one rank each
+    assert "validate" in (tmp_path / "remote.log").read_text() and "--node-rank 1" in (
+        tmp_path / "remote.log").read_text()
+    (row,) = got["validate"]["validated"]
+    assert row["failure"] is None
+    trial = next(t for t in st.get_trials() if t.number == row["trial"])
+    assert len(trial.user_attrs["measured_on"]["hosts"]) == 2
+    written = json.loads((tmp_path / got["plan_file"]).read_text())  # relative to where tune ran
+    assert Plan.from_dict(written) == Plan.from_dict(row["plan"]) and written["measured"] == row["measured"]
+    one = reference_run(load_model("tiny"), SEQ, BATCH, steps=3, seed=0)["losses"]
+    assert_matches(trial.user_attrs["losses"], one)
