@@ -7,6 +7,15 @@ distributed optimizer: gradients are reduce-scattered over the ranks that hold t
 parameters with AdamW (whose update is elementwise, so the result is exactly the unsharded one),
 and the updated slices are all-gathered back. The flat buffer is padded to a multiple of the group
 size so every slice has the same length (gloo's tensor collectives need equal sizes).
+
+Memory is what the cost model prices (weights, gradients in fp32, optimizer states over the group):
+the step adds no whole-model copy on top. Under bf16/fp16 the fp32 gradient accumulators are views
+of one padded flat buffer, reduce-scattered as they are; in fp32 autograd's gradients are moved into
+a flat buffer one parameter at a time (each freed as it goes). The updated shards are all-gathered
+into that same buffer (the gradients are spent by then), and zero_stage 0 all-reduces in ~25 MiB
+buckets. (Before: a flat copy of every gradient, a padded copy of that, and a gathered copy of the
+weights made ZeRO-1 hold about twice its prediction, more than zero_stage 0;
+tests/distributed/test_zero_memory.py measures it.)
 """
 
 from __future__ import annotations
@@ -37,7 +46,82 @@ def _unflatten_into(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
         off += n
 
 
+def _slice_of(tensors: list[torch.Tensor], start: int, length: int) -> torch.Tensor:
+    """Elements ``start .. start + length`` of the tensors flattened one after another, in fp32,
+    zero past their end (the padding), without making the whole flat copy."""
+    out = torch.zeros(length, dtype=REDUCE_DTYPE, device=tensors[0].device)
+    off = 0
+    for t in tensors:
+        n = t.numel()
+        lo, hi = max(start, off), min(start + length, off + n)
+        if lo < hi:
+            out[lo - start:hi - start].copy_(t.detach().reshape(-1)[lo - off:hi - off])
+        off += n
+    return out
+
+
+def _chunk(flat: torch.Tensor, shard_len: int, axis: Axis) -> int:
+    """Elements of each rank's slice a collective moves at once: all of it on NCCL (its reduce-scatter
+    and all-gather work in place); ~BUCKET_BYTES over the group on gloo, which emulates them with
+    whole-size scratch copies (measured: +1.5x the input for a reduce-scatter, +0.5x for a gather),
+    so the step would hold far more than ZeRO-1 saves."""
+    if dist.get_backend(axis.group) != "gloo":
+        return shard_len
+    return max(1, min(shard_len, BUCKET_BYTES // (flat.element_size() * axis.size)))
+
+
+def _reduce_scatter(mine: torch.Tensor, flat: torch.Tensor, shard_len: int, axis: Axis) -> None:
+    """``mine`` = the sum over the group of slice ``axis.index`` of ``flat`` (in chunks, see _chunk);
+    ``mine`` may be that slice itself."""
+    rs = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    c = _chunk(flat, shard_len, axis)
+    if c == shard_len:
+        rs(mine, flat, group=axis.group)
+        return
+    for j in range(0, shard_len, c):  # ``mine`` may be this rank's slice of ``flat``: piece j is
+        k = min(c, shard_len - j)  # copied out before it is written, and later pieces read after it
+        rs(mine[j:j + k], torch.cat([flat[r * shard_len + j:r * shard_len + j + k] for r in range(axis.size)]),
+           group=axis.group)
+
+
+def _all_gather(full: torch.Tensor, mine: torch.Tensor, shard_len: int, axis: Axis) -> None:
+    """``full`` = every rank's ``mine``, rank after rank (in chunks, see _chunk)."""
+    ag = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    c = _chunk(full, shard_len, axis)
+    if c == shard_len:
+        ag(full, mine, group=axis.group)
+        return
+    for j in range(0, shard_len, c):
+        k = min(c, shard_len - j)
+        got = mine.new_empty(k * axis.size)
+        ag(got, mine[j:j + k], group=axis.group)
+        for r in range(axis.size):
+            full[r * shard_len + j:r * shard_len + j + k].copy_(got[r * k:(r + 1) * k])
+
+
+def _views(flat: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Consecutive views of ``flat`` shaped as ``like`` (the padding after them stays unused)."""
+    out, off = [], 0
+    for t in like:
+        out.append(flat[off:off + t.numel()].view(t.shape))
+        off += t.numel()
+    return out
+
+
 BUCKET_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb
+
+
+def _buckets(tensors: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """``tensors`` in consecutive groups of about BUCKET_BYTES (one tensor may exceed it alone)."""
+    out: list[list[torch.Tensor]] = [[]]
+    size = 0
+    for t in tensors:
+        if out[-1] and size + t.numel() * t.element_size() > BUCKET_BYTES:
+            out.append([])
+            size = 0
+        out[-1].append(t)
+        size += t.numel() * t.element_size()
+    return out
 
 
 class OverlappedGradReduce:
@@ -120,23 +204,23 @@ class TrainOptimizer:
         self.loss_scale = LossScale(dtype)
         self.low_precision = any(p.dtype != REDUCE_DTYPE for p in params)
         # fp32: the parameters are their own masters; else fp32 copies own the gradients and the update
-        if self.low_precision:
-            init = masters if masters is not None else [p.detach() for p in params]
-            self.masters: list[torch.Tensor] = [torch.nn.Parameter(m.detach().to(REDUCE_DTYPE).clone())
-                                                for m in init]
+        init = masters if masters is not None else [p.detach() for p in params]
+        if self.zero:
+            # only this rank's slice of the flattened (padded) fp32 masters is ever made
+            n = self.axis.size
+            total = sum(p.numel() for p in params)
+            self.shard_len = -(-total // n)
+            self.shard = torch.nn.Parameter(_slice_of(init, self.axis.index * self.shard_len, self.shard_len))
+            self.opt = torch.optim.AdamW([self.shard], lr=LR, weight_decay=WEIGHT_DECAY)
+            self.masters = [] if self.low_precision else list(params)  # Megatron: the master is the shard
+            if self.low_precision:  # the fp32 accumulators, views of the one buffer the reduce-scatter sends
+                self._grad_flat = torch.zeros(self.shard_len * n, dtype=REDUCE_DTYPE, device=self.shard.device)
+                self._grads = _views(self._grad_flat, params)
+        elif self.low_precision:
+            self.masters = [torch.nn.Parameter(m.detach().to(REDUCE_DTYPE).clone()) for m in init]
         else:
             self.masters = list(params)
-        if self.zero:
-            n = self.axis.size
-            flat = _flat([m.detach() for m in self.masters], pad_to=n)
-            self.shard_len = flat.numel() // n
-            start = self.axis.index * self.shard_len
-            self.shard = torch.nn.Parameter(flat[start:start + self.shard_len].clone())
-            self.opt = torch.optim.AdamW([self.shard], lr=LR, weight_decay=WEIGHT_DECAY)
-            if self.low_precision:  # Megatron keeps the master only as this rank's shard
-                self.masters = []
-                self._grads = [torch.zeros(p.shape, dtype=REDUCE_DTYPE, device=p.device) for p in params]
-        else:
+        if not self.zero:
             self.opt = torch.optim.AdamW(self.masters, lr=LR, weight_decay=WEIGHT_DECAY)
         self.overlap = (OverlappedGradReduce(self.masters, self.axis, wait_clock)
                         if overlap and self.axis is not None and not self.zero else None)
@@ -172,8 +256,7 @@ class TrainOptimizer:
             p.grad = None
         if self.low_precision:
             if self.zero:
-                for g in self._grads:
-                    g.zero_()
+                self._grad_flat.zero_()  # also what the last step gathered into it
             else:
                 for m in self.masters:
                     m.grad = None
@@ -211,28 +294,15 @@ class TrainOptimizer:
         grads = self._full_grads()
         _reduce_replicated([grads[i] for i in self.replicated], self.tp_axis)
         if self.zero:
-            flat = _flat(grads, pad_to=self.axis.size)
-            mine = flat.new_empty(self.shard_len)
-            rs = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-            rs(mine, flat, group=self.axis.group)
-            if not self.loss_scale.unscale_and_check([mine]):
-                return  # fp16 overflow on some rank: every rank skips this step
-            self.shard.grad = mine
-            with step_region():
-                self.opt.step()
-            dtype = self.params[0].dtype  # gather in the compute dtype (fp32 plans: exactly as before)
-            full = torch.empty(self.shard_len * self.axis.size, dtype=dtype, device=mine.device)
-            ag = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-            ag(full, self.shard.detach().to(dtype), group=self.axis.group)
-            with torch.no_grad():
-                _unflatten_into(full, [p.data for p in self.params])
+            self._zero1_step(grads, step_region)
             return
         if self._reduced:
             self._reduced = False  # already summed during backward
         elif self.axis is not None:
-            flat = _flat(grads)
-            dist.all_reduce(flat, group=self.axis.group)  # SUM: each loss is already / global tokens
-            _unflatten_into(flat, grads)
+            for bucket in _buckets(grads):  # SUM: each loss is already / global tokens
+                flat = _flat(bucket)
+                dist.all_reduce(flat, group=self.axis.group)
+                _unflatten_into(flat, bucket)
         if not self.loss_scale.unscale_and_check(grads):
             return
         with step_region():
@@ -241,6 +311,36 @@ class TrainOptimizer:
             with torch.no_grad():
                 for p, m in zip(self.params, self.masters, strict=True):
                     p.copy_(m)
+
+    def _zero1_step(self, grads: list[torch.Tensor], step_region) -> None:
+        """Reduce-scatter the flat gradients, step this rank's slice, all-gather the slices into the
+        same buffer (in the compute dtype) and copy them into the parameters."""
+        if self.low_precision:
+            flat = self._grad_flat  # the accumulators are its views
+        else:  # autograd's gradients into one buffer, each freed once copied
+            # empty, not zeros: its pages are touched as the gradients are freed, never all at once
+            flat = grads[0].new_empty(self.shard_len * self.axis.size)
+            flat[sum(p.numel() for p in self.params):].zero_()  # the padding
+            off = 0
+            for i, p in enumerate(self.params):
+                n = p.numel()
+                flat[off:off + n].copy_(grads[i].reshape(-1))
+                p.grad = grads[i] = None  # the caller's list too: nothing else holds it
+                off += n
+        start = self.axis.index * self.shard_len
+        mine = flat[start:start + self.shard_len]  # in place, as NCCL allows and Megatron does
+        _reduce_scatter(mine, flat, self.shard_len, self.axis)
+        if not self.loss_scale.unscale_and_check([mine]):
+            return  # fp16 overflow on some rank: every rank skips this step
+        self.shard.grad = mine
+        with step_region():
+            self.opt.step()
+        self.shard.grad = None
+        dtype = self.params[0].dtype  # gather in the compute dtype (fp32 plans: exactly as before)
+        full = flat.view(dtype)[:self.shard_len * self.axis.size]  # the spent gradients' memory
+        _all_gather(full, self.shard.detach().to(dtype), self.shard_len, self.axis)
+        with torch.no_grad():
+            _unflatten_into(full, [p.data for p in self.params])
 
     def master_weights(self) -> list[torch.Tensor]:
         """fp32 master weight of every parameter, in ``params`` order (ZeRO-1 in low precision gathers
@@ -316,6 +416,36 @@ class ShardedOptimizer:
             return
         with step_region() if step_region is not None else nullcontext():
             self.opt.step()
+
+    def _zero1_step(self, grads: list[torch.Tensor], step_region) -> None:
+        """Reduce-scatter the flat gradients, step this rank's slice, all-gather the slices into the
+        same buffer (in the compute dtype) and copy them into the parameters."""
+        if self.low_precision:
+            flat = self._grad_flat  # the accumulators are its views
+        else:  # autograd's gradients into one buffer, each freed once copied
+            # empty, not zeros: its pages are touched as the gradients are freed, never all at once
+            flat = grads[0].new_empty(self.shard_len * self.axis.size)
+            flat[sum(p.numel() for p in self.params):].zero_()  # the padding
+            off = 0
+            for i, p in enumerate(self.params):
+                n = p.numel()
+                flat[off:off + n].copy_(grads[i].reshape(-1))
+                p.grad = grads[i] = None  # the caller's list too: nothing else holds it
+                off += n
+        start = self.axis.index * self.shard_len
+        mine = flat[start:start + self.shard_len]  # in place, as NCCL allows and Megatron does
+        _reduce_scatter(mine, flat, self.shard_len, self.axis)
+        if not self.loss_scale.unscale_and_check([mine]):
+            return  # fp16 overflow on some rank: every rank skips this step
+        self.shard.grad = mine
+        with step_region():
+            self.opt.step()
+        self.shard.grad = None
+        dtype = self.params[0].dtype  # gather in the compute dtype (fp32 plans: exactly as before)
+        full = flat.view(dtype)[:self.shard_len * self.axis.size]  # the spent gradients' memory
+        _all_gather(full, self.shard.detach().to(dtype), self.shard_len, self.axis)
+        with torch.no_grad():
+            _unflatten_into(full, [p.data for p in self.params])
 
     def master_weights(self) -> list[torch.Tensor]:
         """Whole fp32 weights (``full_tensor`` all-gathers over the gradient group: a collective)."""
