@@ -417,36 +417,6 @@ class ShardedOptimizer:
         with step_region() if step_region is not None else nullcontext():
             self.opt.step()
 
-    def _zero1_step(self, grads: list[torch.Tensor], step_region) -> None:
-        """Reduce-scatter the flat gradients, step this rank's slice, all-gather the slices into the
-        same buffer (in the compute dtype) and copy them into the parameters."""
-        if self.low_precision:
-            flat = self._grad_flat  # the accumulators are its views
-        else:  # autograd's gradients into one buffer, each freed once copied
-            # empty, not zeros: its pages are touched as the gradients are freed, never all at once
-            flat = grads[0].new_empty(self.shard_len * self.axis.size)
-            flat[sum(p.numel() for p in self.params):].zero_()  # the padding
-            off = 0
-            for i, p in enumerate(self.params):
-                n = p.numel()
-                flat[off:off + n].copy_(grads[i].reshape(-1))
-                p.grad = grads[i] = None  # the caller's list too: nothing else holds it
-                off += n
-        start = self.axis.index * self.shard_len
-        mine = flat[start:start + self.shard_len]  # in place, as NCCL allows and Megatron does
-        _reduce_scatter(mine, flat, self.shard_len, self.axis)
-        if not self.loss_scale.unscale_and_check([mine]):
-            return  # fp16 overflow on some rank: every rank skips this step
-        self.shard.grad = mine
-        with step_region():
-            self.opt.step()
-        self.shard.grad = None
-        dtype = self.params[0].dtype  # gather in the compute dtype (fp32 plans: exactly as before)
-        full = flat.view(dtype)[:self.shard_len * self.axis.size]  # the spent gradients' memory
-        _all_gather(full, self.shard.detach().to(dtype), self.shard_len, self.axis)
-        with torch.no_grad():
-            _unflatten_into(full, [p.data for p in self.params])
-
     def master_weights(self) -> list[torch.Tensor]:
         """Whole fp32 weights (``full_tensor`` all-gathers over the gradient group: a collective)."""
         return [p.detach().full_tensor() if hasattr(p, "full_tensor") else p.detach() for p in self.params]
