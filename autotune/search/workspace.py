@@ -164,9 +164,12 @@ class Workspace:
             self.pull()
         keep = [i for i, t in enumerate(self.pending) if t.user_attrs["origin"] not in self.persisted_mine]
         batch = [self.pending[i] for i in keep]
+        # a Ctrl-C between a trial's two appends in ``record`` leaves pending_json one short: encode it here
+        encoded = [self.pending_json[i] if i < len(self.pending_json) else encode_attrs(self.pending[i].user_attrs)
+                   for i in keep]
         with signals_deferred():  # the batch and the record that it is in the storage go together
             if rdb is not None:  # one transaction (bulk.py); numbers the trials as stored
-                add_trials(rdb, self.persistent._study_id, batch, [self.pending_json[i] for i in keep])
+                add_trials(rdb, self.persistent._study_id, batch, encoded)
                 self.written += batch
             else:  # the journal file: Optuna's own writes (pull() above skips what is already in)
                 self.persistent.add_trials(batch)
