@@ -36,10 +36,11 @@ from autotune.errors import InputError, suggest
 from autotune.schedules import names, schedule_of
 from autotune.specs import fields as F
 
-SCHEMA_VERSION = 2
-"""2: ``dtype`` is the mixed-precision recipe (low-precision compute, fp32 master weights and AdamW
-states, gradients reduced in ``GRAD_REDUCE_DTYPE``); version-1 plans load unchanged."""
-READABLE_SCHEMA_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3
+"""3: optional per-stage degrees (``stages``, autotune/stages.py) and this round's other optional
+fields; 2: ``dtype`` is the mixed-precision recipe (low-precision compute, fp32 master weights and
+AdamW states, gradients reduced in ``GRAD_REDUCE_DTYPE``). Version-1 and -2 plans load unchanged."""
+READABLE_SCHEMA_VERSIONS = (1, 2, 3)
 DIMS = ("dp", "pp", "cp", "hp", "tp")
 MESH_ORDER = ("pp", "dp", "cp", "hp", "tp")
 RECORD_KEYS = ("predicted", "measured", "provenance")
@@ -182,6 +183,10 @@ class Plan:
     shares: Shares = field(default_factory=Shares)
     placement: tuple[Placement, ...] | None = None
     workload: Workload | None = None
+    stages: tuple[Any, ...] | None = None
+    """Per-stage device groups and degrees (``autotune.stages.Stage``; None: the uniform mesh of
+    ``degrees``). With stages, ``degrees`` is their envelope (pp stages, dp replicas, the largest tp)
+    and the ranks are numbered stage, replica, tp rank (``autotune.stages.rank_table``)."""
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -197,13 +202,21 @@ class Plan:
     # ---- mesh arithmetic ----------------------------------------------------------------------
     @property
     def world(self) -> int:
+        if self.stages is not None:
+            return sum(len(r.devices) for st in self.stages for r in st.replicas)
         return self.degrees.world
 
     def mesh_shape(self) -> tuple[int, ...]:
         return tuple(getattr(self.degrees, d) for d in MESH_ORDER)
 
     def coords(self, rank: int) -> dict[str, int]:
-        """Mesh coordinate of ``rank`` as {dim: index}."""
+        """Mesh coordinate of ``rank`` as {dim: index} (of a per-stage plan: its stage, replica and
+        index in its replica's tp group)."""
+        if self.stages is not None:
+            from autotune.stages import layout_of
+
+            x = layout_of(self.stages).slots[rank]
+            return {"pp": x.stage, "dp": x.replica, "cp": 0, "hp": 0, "tp": x.tp_index}
         out: dict[str, int] = {}
         for d in reversed(MESH_ORDER):
             n = getattr(self.degrees, d)
@@ -259,7 +272,7 @@ class Plan:
         """What tells two layouts apart, as opposed to share variations of one layout: degrees,
         schedule, virtual stages and micro-batch size. ``validate`` measures the best plan of each
         layout first and ``search`` shows one plan per layout, by this one rule."""
-        return (self.degrees, self.schedule, self.virtual_stages, self.micro_batch_size)
+        return (self.degrees, self.schedule, self.virtual_stages, self.micro_batch_size, self.stages)
 
     def is_even(self) -> bool:
         """True when every resolved share is an even split (the Megatron/torchtitan baseline shape)."""
@@ -285,6 +298,12 @@ class Plan:
         hit = _RESOLVED.get(key)
         if hit is not None and hit[0] is self and hit[1] is model and hit[2] is cluster:
             return self
+        if self.stages is not None:
+            from autotune import stages as ST
+
+            plan = ST.resolve(self, model, cluster, seq_len, global_batch)
+            _RESOLVED[(id(plan), id(model), id(cluster), seq_len, global_batch)] = (plan, model, cluster)
+            return plan
         d = self.degrees
         problems = _check_basic(self, model, cluster, seq_len, global_batch)
         if problems:
@@ -324,6 +343,12 @@ class Plan:
 
     # ---- JSON ---------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
+        out = self._uniform_dict()
+        if self.stages is not None:  # absent for uniform plans: their JSON reads as before
+            out["stages"] = [st.to_dict() for st in self.stages]
+        return out
+
+    def _uniform_dict(self) -> dict[str, Any]:
         return {
             "schema_version": self.schema_version,
             "degrees": self.degrees.to_dict(),
@@ -564,6 +589,8 @@ def _plan_from_dict(d: Any) -> Plan:
         raise InputError(f"schema_version {sv!r} is not supported (this autotune reads "
                          f"{', '.join(map(str, READABLE_SCHEMA_VERSIONS))})", field="schema_version")
     deg = d.get("degrees")
+    if deg is None and d.get("stages") is not None:
+        deg = {}  # a per-stage plan's degrees are its stages' envelope
     if not isinstance(deg, dict):
         raise InputError("missing required field (a mapping of dp, pp, cp, hp, tp)", field="degrees")
     F.reject_unknown(deg, set(DIMS), "degrees")
@@ -574,6 +601,11 @@ def _plan_from_dict(d: Any) -> Plan:
     F.reject_unknown(sh, {"layers", "tokens", "heads", "samples"}, "shares")
     shares = Shares(**{k: _int_list(sh.get(k), f"shares.{k}") for k in ("layers", "tokens", "heads", "samples")})
     placement = None if d.get("placement") is None else _placement_from(d["placement"])
+    from autotune.stages import envelope, stages_from
+
+    stages = stages_from(d.get("stages"))
+    if stages is not None and sv < 3:
+        raise InputError(f"stages need schema_version 3, the file says {sv}", field="stages")
     workload = None if d.get("workload") is None else _workload_from(d["workload"])
     nmb = d.get("num_microbatches")
     for key in RECORD_KEYS:  # read by autotune.plan_record; a Plan is the configuration alone
@@ -582,6 +614,8 @@ def _plan_from_dict(d: Any) -> Plan:
     zero = F.get_int(d, "zero_stage", "zero_stage", default=0, minimum=0)
     if zero > 3:
         raise InputError(f"must be 0, 1, 2 or 3, got {zero}", field="zero_stage")
+    if stages is not None and degrees == Degrees():
+        degrees = envelope(stages)
     return Plan(
         degrees=degrees,
         micro_batch_size=F.get_int(d, "micro_batch_size", "micro_batch_size", default=1),
@@ -595,7 +629,7 @@ def _plan_from_dict(d: Any) -> Plan:
         sequence_parallel=F.get_bool(d, "sequence_parallel", "sequence_parallel", default=False),
         cp_layout=F.get_str(d, "cp_layout", "cp_layout", default="zigzag", choices=CP_LAYOUTS),
         dtype=F.get_str(d, "dtype", "dtype", default="bf16", choices=DTYPES),
-        shares=shares, placement=placement, workload=workload,
+        shares=shares, placement=placement, workload=workload, stages=stages,
     )
 
 
