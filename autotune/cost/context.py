@@ -103,6 +103,10 @@ def step_context(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batc
                  calibration: Mapping[str, Mapping[str, float]] | None) -> StepContext:
     """Resolve ``plan`` (PlanError when it does not fit) and gather what every rank shares."""
     rp = plan.resolve(model, cluster, seq_len, global_batch)
+    if rp.stages is not None:  # each stage its own degrees: cost/stages.py
+        from autotune.cost.stages import staged_step_context
+
+        return staged_step_context(rp, model, cluster, seq_len, global_batch, calibration)
     d = rp.degrees
     topo = C.topology(cluster)
     devs = _devices(topo, rp.placement)
@@ -179,6 +183,12 @@ class Links:
     pp_hops: tuple[tuple[Link, bool, bool], ...] = ()
     """Per chunk of the rank: (link its sends are priced on, sends forward, sends backward), from
     the schedule's placement (``StepContext.hop_peers``)."""
+    hop_tps: tuple[tuple[int, Link], ...] = ()
+    """Per-stage plans whose hops change tp: per chunk, (tp of the peer its sends are priced with,
+    the peer's tp link) (``cost/stages.py``); empty where every hop keeps the tp."""
+    dp_tp: int = 0
+    """Per-stage plans whose stage's replicas differ in tp: the smallest tp of the rank's stage
+    (the gradient reduction moves parameters / dp_tp, ``data_parallel.step_transfers``); 0 otherwise."""
 
 
 @dataclass(frozen=True)
@@ -345,6 +355,10 @@ def tp_groups(s: StepContext) -> list[tuple[int, int, RankContext]]:
     of equal shares on equal devices) share one context object, so the cost of each is computed once (identity names them: links come from the
     topology's caches)."""
     plan, cal = s.plan, s.calibration
+    if plan.stages is not None:
+        from autotune.cost.stages import staged_tp_groups
+
+        return staged_tp_groups(s)
     contexts: dict[tuple, RankContext] = {}
     out = []
     for (r0, c), (spec, place, links) in zip(_tp_group_coords(plan.degrees), s.group_links, strict=True):
