@@ -206,3 +206,15 @@ def describe_uses(cluster: Any, uses: tuple[int, ...] | None) -> str:
     uses = uses if uses is not None else full_uses(cluster)
     parts = [f"{n * g.devices_per_node} {g.device.name}" for g, n in zip(cluster.groups, uses, strict=True) if n]
     return " + ".join(parts) or "nothing"
+
+
+def subset_text(cluster: Any, uses: tuple[int, ...] | None) -> str | None:
+    """``uses 8 H100-SXM of pool lab; left out 8 V100-16GB (node group 1: 1 of 1 nodes)``, or None
+    for a plan on every device."""
+    gone = left_out(cluster, uses)
+    if not gone:
+        return None
+    assert uses is not None
+    parts = [f"{n} {name} (node group {g}: {cluster.groups[g].count - uses[g]} of {cluster.groups[g].count} nodes)"
+             for g, n, name in gone]
+    return f"uses {describe_uses(cluster, uses)} of pool {cluster.name}; left out " + ", ".join(parts)
