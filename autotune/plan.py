@@ -37,9 +37,10 @@ from autotune.schedules import names, schedule_of
 from autotune.specs import fields as F
 
 SCHEMA_VERSION = 3
-"""3: optional per-stage degrees (``stages``, autotune/stages.py) and this round's other optional
-fields; 2: ``dtype`` is the mixed-precision recipe (low-precision compute, fp32 master weights and
-AdamW states, gradients reduced in ``GRAD_REDUCE_DTYPE``). Version-1 and -2 plans load unchanged."""
+"""3: optional fields of this round: per-stage degrees (``stages``, autotune/stages.py), the subset
+of a pool a plan runs on (``uses``, autotune/specs/pool.py); absent, a plan is what 2 was. 2: ``dtype``
+is the mixed-precision recipe (low-precision compute, fp32 master weights and AdamW states, gradients
+reduced in ``GRAD_REDUCE_DTYPE``). Version-1 and -2 plans load unchanged."""
 READABLE_SCHEMA_VERSIONS = (1, 2, 3)
 DIMS = ("dp", "pp", "cp", "hp", "tp")
 MESH_ORDER = ("pp", "dp", "cp", "hp", "tp")
@@ -187,6 +188,10 @@ class Plan:
     """Per-stage device groups and degrees (``autotune.stages.Stage``; None: the uniform mesh of
     ``degrees``). With stages, ``degrees`` is their envelope (pp stages, dp replicas, the largest tp)
     and the ranks are numbered stage, replica, tp rank (``autotune.stages.rank_table``)."""
+    uses: tuple[int, ...] | None = None
+    """Nodes used per node group of the pool (the first ``uses[g]`` of group ``g``); None: every
+    node. The plan is resolved and priced on ``autotune.specs.pool.subset(cluster, uses)``, and its
+    placement names nodes of that sub-cluster (docs/files.md, "Pools")."""
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -294,6 +299,10 @@ class Plan:
         count) and validate against the model and cluster; raises PlanError naming every problem.
         A plan this returned resolves to itself against the same workload without being checked
         again (the search resolves each plan it builds, and the estimate resolves it once more)."""
+        if self.uses is not None:  # a plan on a subset of a pool resolves on that subset
+            from autotune.specs.pool import subset
+
+            cluster = subset(cluster, self.uses)
         key = (id(self), id(model), id(cluster), seq_len, global_batch)
         hit = _RESOLVED.get(key)
         if hit is not None and hit[0] is self and hit[1] is model and hit[2] is cluster:
@@ -366,6 +375,7 @@ class Plan:
             "shares": self.shares.to_dict(),
             "placement": ([dataclasses.asdict(p) for p in self.placement] if self.placement is not None else None),
             "workload": dataclasses.asdict(self.workload) if self.workload else None,
+            **({"uses": list(self.uses)} if self.uses is not None else {}),
         }
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -630,7 +640,16 @@ def _plan_from_dict(d: Any) -> Plan:
         cp_layout=F.get_str(d, "cp_layout", "cp_layout", default="zigzag", choices=CP_LAYOUTS),
         dtype=F.get_str(d, "dtype", "dtype", default="bf16", choices=DTYPES),
         shares=shares, placement=placement, workload=workload, stages=stages,
+        uses=_uses_from(d.get("uses")),
     )
+
+
+def _uses_from(v: Any) -> tuple[int, ...] | None:
+    """``uses``: node counts per node group (checked against the pool when the plan is resolved)."""
+    u = _int_list(v, "uses")
+    if u is not None and (not u or any(x < 0 for x in u)):
+        raise InputError(f"expected a node count >= 0 per node group, got {v!r}", field="uses")
+    return u
 
 
 def _placement_from(pl: Any) -> tuple[Placement, ...]:

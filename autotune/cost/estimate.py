@@ -63,7 +63,12 @@ def estimate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: i
     """Predict one training step of ``plan`` (resolved here; PlanError when it does not fit).
 
     ``timeline=True`` also fills ``breakdown["timeline"]`` with the simulated events (None
-    otherwise); ``calibration`` is ``{device type: {"compute": f, "comm": f}}`` from ``validate``."""
+    otherwise); ``calibration`` is ``{device type: {"compute": f, "comm": f}}`` from ``validate``.
+    A plan with ``uses`` runs on that subset of ``cluster`` (autotune/specs/pool.py)."""
+    if plan.uses is not None:
+        from autotune.specs.pool import subset
+
+        cluster = subset(cluster, plan.uses)
     s = step_context(plan, model, cluster, seq_len, global_batch, calibration)
     own = None if s.schedule.chain else s.schedule  # a data flow that is no chain of stages prices itself
     costs: dict[int, Any] = {}
