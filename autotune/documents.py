@@ -213,3 +213,38 @@ def docs_between(ends: np.ndarray, start: int, seq_len: int) -> tuple[int, ...]:
     inner = inner[(inner > start) & (inner < start + seq_len)]
     bounds = np.concatenate([[start], inner, [start + seq_len]])
     return tuple(int(x) for x in np.diff(bounds))
+
+
+# ---- balancing windows over data-parallel replicas ----------------------------------------------
+def attention_pairs(docs: Sequence[int]) -> int:
+    """Causal (query, key) pairs of a window with these document pieces: sum of n(n+1)/2."""
+    return sum(n * (n + 1) // 2 for n in docs)
+
+
+def assign_windows(costs: Sequence[float], samples: Sequence[int]) -> list[list[int]]:
+    """Rows of a step's global batch for each DP replica, by cost rather than by count.
+
+    Every replica keeps its count (``shares.samples``: the uneven shares of a mixed cluster stay
+    what the plan says); the windows are dealt longest-processing-time first (Graham 1969): in
+    decreasing cost (ties by row), each to the replica whose load per sample (its count stands for its
+    speed) would be lowest, among those with room. Deterministic: every rank computes the same deal."""
+    order = sorted(range(len(costs)), key=lambda i: (-costs[i], i))
+    load = [0.0] * len(samples)
+    rows: list[list[int]] = [[] for _ in samples]
+    for i in order:
+        best = min((r for r in range(len(samples)) if len(rows[r]) < samples[r]),
+                   key=lambda r: ((load[r] + costs[i]) / samples[r], r))
+        rows[best].append(i)
+        load[best] += costs[i]
+    return [sorted(r) for r in rows]
+
+
+def replica_rows(docs: Sequence[Sequence[int]], samples: Sequence[int], balance: str) -> list[list[int]]:
+    """Rows of each replica: in order (``count``, ``shares.samples`` each) or by cost (``cost``)."""
+    if balance == "cost":
+        return assign_windows([attention_pairs(d) for d in docs], samples)
+    out, start = [], 0
+    for n in samples:
+        out.append(list(range(start, start + n)))
+        start += n
+    return out

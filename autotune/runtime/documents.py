@@ -173,3 +173,28 @@ class DocumentFeed:
             rows = self.source.rows(step, first, last, global_batch, seq_len)
         eod = int(self.desc["eod"])
         return tuple(W.docs_of_window(row[:-1].numpy(), eod) for row in rows)
+
+
+def replica_step(feed: DocumentFeed | None, source, step: int, plan, dp_index: int, global_batch: int,
+                 seq_len: int, positions: torch.Tensor | None, n_micro: int):
+    """(inputs, targets, each micro-batch's document pieces or None) of DP replica ``dp_index``.
+
+    Without documents, or with ``plan.balance == "count"``, the replica reads its rows in order
+    (``data.replica_batch``); with ``cost`` every rank deals the step's windows by attention cost
+    (``autotune.documents.replica_rows``) from the documents of the whole step and reads only its
+    own rows."""
+    from autotune import documents as W
+    from autotune.runtime import data as D
+
+    if feed is None:
+        x, y = D.replica_batch(source, step, plan, dp_index, positions, global_batch, seq_len)
+        return x, y, None
+    if plan.balance != "cost":
+        x, y = D.replica_batch(source, step, plan, dp_index, positions, global_batch, seq_len)
+        start, end = D.replica_range(plan, dp_index)
+        return x, y, split_docs(feed.docs(step, start, end, global_batch, seq_len), n_micro)
+    every = feed.docs(step, 0, global_batch, global_batch, seq_len)
+    rows = W.replica_rows(every, plan.shares.samples, "cost")[dp_index]
+    tokens = torch.cat([source.rows(step, r, r + 1, global_batch, seq_len) for r in rows])
+    x, y = D.inputs_targets(tokens, positions)
+    return x, y, split_docs(tuple(every[r] for r in rows), n_micro)

@@ -450,13 +450,13 @@ class HelixTrainer:
                                   global_batch * seq_len, self.dtype, clk.compute_region, clk.timed_call)
 
     def step(self, step_index: int) -> float:
-        from autotune.runtime.worker import clock, replica_docs
+        from autotune.runtime.documents import replica_step
+        from autotune.runtime.worker import clock
 
         # every attention rank needs the documents of the micro-batches it attends to
-        self.runner.docs_mb = replica_docs(self.feed, step_index, self.plan, self.dp_index, self.global_batch,
-                                           self.seq_len, self.n_micro)
-        inputs, targets = D.replica_batch(self.data, step_index, self.plan, self.dp_index, None,
-                                          self.global_batch, self.seq_len)
+        inputs, targets, self.runner.docs_mb = replica_step(self.feed, self.data, step_index, self.plan,
+                                                            self.dp_index, self.global_batch, self.seq_len, None,
+                                                            self.n_micro)
         self.opt.begin_step()
         scale = self.opt.loss_scale.scale  # fp16: the loss is scaled through its divisor
         self.runner.total_tokens = self.global_batch * self.seq_len / scale

@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 from autotune.plan import Plan
 from autotune.runtime import data as D
-from autotune.runtime.documents import DocumentFeed, split_docs
+from autotune.runtime.documents import DocumentFeed, replica_step
 from autotune.runtime.mesh import Mesh, build_mesh
 from autotune.runtime.model import Block, Layout, RMSNorm, build_on_meta, materialize, shard_info
 from autotune.runtime.optimizer import LR, WEIGHT_DECAY, ShardedOptimizer, TrainOptimizer  # noqa: F401
@@ -370,11 +370,9 @@ class RankTrainer:
     def step(self, step_index: int) -> float:
         """One optimizer step; returns this rank's contribution to the global mean loss."""
         clk = clock()
-        inputs, targets = D.replica_batch(self.data, step_index, self.plan, self.dp_index, self.positions,
-                                          self.global_batch, self.seq_len)
+        inputs, targets, self.docs_mb = replica_step(self.feed, self.data, step_index, self.plan, self.dp_index,
+                                                     self.global_batch, self.seq_len, self.positions, self.n_micro)
         inputs, targets = inputs.to(self.device), targets.to(self.device)
-        self.docs_mb = replica_docs(self.feed, step_index, self.plan, self.dp_index, self.global_batch,
-                                    self.seq_len, self.n_micro)
         self.opt.begin_step()
         scale = self.opt.loss_scale.scale
         contribution = 0.0
@@ -408,15 +406,6 @@ class RankTrainer:
         names = [(name, shard_info(m)[name]) for _, m in self.stages for name, _ in m.named_parameters()]
         weights = self.opt.master_weights()
         return {name: (w.float().cpu().clone(), info) for (name, info), w in zip(names, weights, strict=True)}
-
-
-def replica_docs(feed: Any, step: int, plan: Plan, dp_index: int, global_batch: int, seq_len: int,
-                 n_micro: int) -> list[Any] | None:
-    """The document pieces of each micro-batch of this replica's rows (None without documents)."""
-    if feed is None:
-        return None
-    start, end = D.replica_range(plan, dp_index)
-    return split_docs(feed.docs(step, start, end, global_batch, seq_len), n_micro)
 
 
 def _with_docs(forward_one_chunk, module, trainer):

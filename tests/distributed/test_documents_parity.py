@@ -1,7 +1,7 @@
 """Packed windows with document masks train like one process in every parallel dimension that has
 an attention path: tp (with sequence parallelism), the CP ring (zigzag and contiguous, uneven
 shares), Ulysses hp (uneven heads), cp x hp, pp (1F1B, interleaved, recomputation) and HelixPipe's
-attention ranks; dp too (each replica reads only its rows' documents). All in ONE launch of 4
+attention ranks; dp too (each replica reads only its rows' documents, dealt in order or by cost). All in ONE launch of 4
 workers; each plan's losses and final weights against ``reference_run`` with the same documents.
 The documents come from a histogram whose pieces cross every CP/HP shard boundary of the window."""
 
@@ -37,6 +37,10 @@ CASES = [
     ("pp4-interleaved", dict(B, degrees={"pp": 2, "dp": 2}, schedule="interleaved_1f1b", virtual_stages=2)),
     ("helix-pp2-dp2-F1", dict(B, degrees={"pp": 2, "dp": 2}, schedule="helixpipe", helix_folds=1)),
     ("helix-pp4-recompute", dict(B, degrees={"pp": 4}, schedule="helixpipe", recompute="full")),
+    # windows dealt to replicas by attention cost (the same counts; uneven ones too)
+    ("dp4-balanced", dict(B, degrees={"dp": 4}, balance="cost")),
+    ("dp2-balanced-uneven-cp2", dict(B, degrees={"dp": 2, "cp": 2}, balance="cost", shares={"samples": [1, 3]})),
+    ("helix-pp2-dp2-balanced", dict(B, degrees={"pp": 2, "dp": 2}, schedule="helixpipe", balance="cost")),
 ]
 
 

@@ -179,3 +179,31 @@ def test_tiny_preset_runs_with_documents_on_one_process():
     masked = reference_run(spec, 32, 4, steps=2, seed=0, documents=dist.to_payload())
     assert plain["losses"][0] != pytest.approx(masked["losses"][0], rel=1e-6)
     assert all(np.isfinite(masked["losses"]))
+
+
+def test_windows_dealt_by_cost_keep_the_counts_and_beat_the_order_on_a_skewed_step():
+    docs = [(64,), (64,), (8,) * 8, (8,) * 8, (64,), (32, 32), (8,) * 8, (16,) * 4]
+    for samples in ([4, 4], [2, 6], [2, 2, 2, 2]):
+        dealt = W.replica_rows(docs, samples, "cost")
+        assert sorted(i for r in dealt for i in r) == list(range(len(docs)))
+        assert [len(r) for r in dealt] == samples
+        assert worst(docs, dealt, samples) <= worst(docs, W.replica_rows(docs, samples, "count"), samples)
+    sorted_step, even = [(64,)] * 4 + [(8,) * 8] * 4, [4, 4]  # the long documents all at the front
+    assert (worst(sorted_step, W.replica_rows(sorted_step, even, "cost"), even)
+            < 0.6 * worst(sorted_step, W.replica_rows(sorted_step, even, "count"), even))
+
+
+def worst(docs, deal, samples):
+    """The largest attention work per sample over the replicas."""
+    return max(sum(W.attention_pairs(docs[i]) for i in r) / n for r, n in zip(deal, samples, strict=True))
+
+
+def test_plan_fields_of_schema_3_are_written_only_when_set():
+    from autotune.plan import Plan, PlanError
+
+    old = Plan.from_dict({"schema_version": 2, "degrees": {"dp": 2}})
+    assert "doc_mask" not in old.to_dict() and "balance" not in old.to_dict()
+    new = Plan.from_dict({"degrees": {"dp": 2}, "doc_mask": True, "balance": "cost"})
+    assert Plan.from_dict(new.to_dict()) == new and new.to_dict()["schema_version"] == 3
+    with pytest.raises(PlanError, match="balance"):
+        Plan.from_dict({"degrees": {"dp": 2}, "balance": "sizes"})
