@@ -38,9 +38,11 @@ from autotune.specs import fields as F
 
 SCHEMA_VERSION = 3
 """3: optional fields of this round: per-stage degrees (``stages``, autotune/stages.py), the subset
-of a pool a plan runs on (``uses``, autotune/specs/pool.py); absent, a plan is what 2 was. 2: ``dtype``
-is the mixed-precision recipe (low-precision compute, fp32 master weights and AdamW states, gradients
-reduced in ``GRAD_REDUCE_DTYPE``). Version-1 and -2 plans load unchanged."""
+of a pool a plan runs on (``uses``, autotune/specs/pool.py), packed documents (``doc_mask``,
+``balance``, autotune/documents.py); absent, a plan is what 2 was, and a plan writes them only where
+they change something. 2: ``dtype`` is the mixed-precision recipe (low-precision compute, fp32 master
+weights and AdamW states, gradients reduced in ``GRAD_REDUCE_DTYPE``). Version-1 and -2 plans load
+unchanged."""
 READABLE_SCHEMA_VERSIONS = (1, 2, 3)
 DIMS = ("dp", "pp", "cp", "hp", "tp")
 MESH_ORDER = ("pp", "dp", "cp", "hp", "tp")
@@ -54,6 +56,9 @@ RECOMPUTE = ("none", "selective", "full")
 HELIX_FOLDS = (1, 2)
 """HelixPipe's fold counts (the fork's ``--num-fold``: two folds hide one another's transfers)."""
 CP_LAYOUTS = ("zigzag", "contiguous")
+BALANCES = ("count", "cost")
+"""How packed windows go to DP replicas: ``count`` (rows in order, ``shares.samples`` each) or
+``cost`` (the same counts, heavy windows spread by attention cost: autotune/documents.py)."""
 DTYPES = ("bf16", "fp16", "fp32", "fp32-strict")  # fp32: TF32 GEMMs where the device has them
 DTYPE_CHOICES = ("auto", *DTYPES)
 """What ``--dtype`` takes: ``auto`` is bf16 where every device of the cluster has it, else fp16
@@ -181,6 +186,11 @@ class Plan:
     """CP shard placement: zigzag (load-balanced causal) or contiguous."""
     dtype: str = "bf16"
     """Compute dtype (fp32 for bit-comparable CPU trials)."""
+    doc_mask: bool = False
+    """Attention stops at document boundaries inside packed windows (needs a length distribution or
+    a token file with its document ends; False: every window is one causal sequence)."""
+    balance: str = "count"
+    """With documents: how windows are dealt to DP replicas (``BALANCES``)."""
     shares: Shares = field(default_factory=Shares)
     placement: tuple[Placement, ...] | None = None
     workload: Workload | None = None
@@ -198,7 +208,7 @@ class Plan:
         """The enumerated fields are checked here, so a Plan built in code is as safe as one read from
         JSON (a misspelt schedule must not be priced as another one)."""
         for name, choices in (("schedule", SCHEDULES), ("recompute", RECOMPUTE), ("cp_layout", CP_LAYOUTS),
-                              ("dtype", DTYPES)):
+                              ("dtype", DTYPES), ("balance", BALANCES)):
             _check_choice(getattr(self, name), choices, name)
         z = self.zero_stage
         if isinstance(z, bool) or z not in ZERO_STAGES:
@@ -352,12 +362,16 @@ class Plan:
 
     # ---- JSON ---------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        out = self._uniform_dict()
+        d = self._base_dict()
         if self.stages is not None:  # absent for uniform plans: their JSON reads as before
-            out["stages"] = [st.to_dict() for st in self.stages]
-        return out
+            d["stages"] = [st.to_dict() for st in self.stages]
+        if self.doc_mask:  # version-3 fields only where they change something (old plans stay as they were)
+            d["doc_mask"] = True
+        if self.balance != "count":
+            d["balance"] = self.balance
+        return d
 
-    def _uniform_dict(self) -> dict[str, Any]:
+    def _base_dict(self) -> dict[str, Any]:
         return {
             "schema_version": self.schema_version,
             "degrees": self.degrees.to_dict(),
@@ -639,6 +653,8 @@ def _plan_from_dict(d: Any) -> Plan:
         sequence_parallel=F.get_bool(d, "sequence_parallel", "sequence_parallel", default=False),
         cp_layout=F.get_str(d, "cp_layout", "cp_layout", default="zigzag", choices=CP_LAYOUTS),
         dtype=F.get_str(d, "dtype", "dtype", default="bf16", choices=DTYPES),
+        doc_mask=F.get_bool(d, "doc_mask", "doc_mask", default=False),
+        balance=F.get_str(d, "balance", "balance", default="count", choices=BALANCES),
         shares=shares, placement=placement, workload=workload, stages=stages,
         uses=_uses_from(d.get("uses")),
     )
@@ -710,15 +726,16 @@ def parse_inline(text: str) -> Plan:
                 raise PlanError(f"expected counts separated by '/', e.g. {key}=13/19, got {value!r}",
                                 field=f"shares.{key}")
             shares[key] = [int(x) for x in parts]
-        elif key == "sequence_parallel":
+        elif key in ("sequence_parallel", "doc_mask"):
             rest[key] = value.lower() in ("1", "true", "yes", "on")
-        elif key in ("schedule", "recompute", "cp_layout", "dtype"):
+        elif key in ("schedule", "recompute", "cp_layout", "dtype", "balance"):
             rest[key] = value
         else:
             raise PlanError(f"unknown inline plan key {key!r}" + suggest(key, [*DIMS, *_INLINE_ALIASES,
                                                                                "schedule", "recompute",
                                                                                "cp_layout", "dtype", "layers",
-                                                                               "tokens", "heads", "samples"]),
+                                                                               "tokens", "heads", "samples",
+                                                                               "doc_mask", "balance"]),
                             field="plan")
     if shares:
         rest["shares"] = shares
