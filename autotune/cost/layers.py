@@ -299,6 +299,16 @@ def precision_note(spec: Any, model: Any, dtype: str) -> str | None:
             f"its pieces are priced from the {'kernel profile' if spec.profile else 'datasheet'} alone")
 
 
+def precision_notes(cluster: Any, model: Any, dtype: str) -> list[str]:
+    """``precision_note`` of every device type of ``cluster`` that has one."""
+    seen: dict[str, str] = {}
+    for g in cluster.groups:
+        note = precision_note(g.device, model, dtype)
+        if note is not None:
+            seen.setdefault(g.device.name, note)
+    return list(seen.values())
+
+
 def rank_sources(ctx: Any) -> dict[str, str]:
     """What priced each compute term of the rank of ``ctx``, as ``rank.rank_cost`` does: the layer
     profile where it prices the piece, the fallback on the profile's scale (``block_scale``) or the

@@ -135,6 +135,7 @@ def breakdown(s: StepContext, groups: list, sims: list, stages: list, rows: list
         # the datasheet (autotune/cost/layers.py)
         "compute_source": _compute_sources(groups),
         **_activation_sources(groups),
+        **({"notes": notes} if (notes := LY.precision_notes(s.cluster, s.model, s.dtype)) else {}),
         "timeline": None,
     }
 

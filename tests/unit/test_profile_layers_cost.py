@@ -190,3 +190,32 @@ def test_search_picks_a_split_only_where_the_reconciled_price_is_faster():
         sheet = estimate(parse_inline(inline), SMALL, plain, seq, 1).predicted["step_time_s"]
         theirs = estimate(parse_inline(inline), SMALL, plain, seq, 1, calibration=cal).predicted["step_time_s"]
         assert mine == pytest.approx(theirs, rel=3e-3) and sheet < g["predicted"]["step_time_s"] < mine * 1.01
+
+
+def test_a_profile_of_another_precision_is_named_not_used_in_silence():
+    """A bf16 search on a device whose layer profile is fp32 prices from the datasheet alone (one
+    scale) and says so in one line, in the estimate and in the search's notes."""
+    from autotune.search.options import SearchOptions
+    from autotune.search.run import search
+
+    profiled = one_node(2, dev=dataclasses.replace(device(), layer_profiles=(_doc(dtype="fp32", lid=4),)))
+    est = estimate(parse_inline("dp=2,dtype=bf16"), SMALL, profiled, 512, 4)
+    plain = estimate(parse_inline("dp=2,dtype=bf16"), SMALL, one_node(2), 512, 4)
+    assert est.predicted["step_time_s"] == plain.predicted["step_time_s"]
+    (note,) = est.breakdown["notes"]
+    assert "layers:4 (fp32)" in note and "bf16" in note and "datasheet" in note
+    assert "notes" not in estimate(parse_inline("dp=2,dtype=fp32"), SMALL, profiled, 512, 4).breakdown
+    res = search(SMALL, profiled, 512, 4, study_name="p16", storage=":memory:",
+                 options=SearchOptions(seed=1, dtype="bf16", trials=5, polish=False))
+    assert note in res.notes
+
+
+def test_search_output_says_per_plan_what_priced_it():
+    from autotune.commands.search import priced_from
+
+    profiled = one_node(2, dev=dataclasses.replace(device(), layer_profiles=(_scaled_sheet_doc(),)))
+    cp = estimate(parse_inline("cp=2"), SMALL, profiled, 512, 4).breakdown
+    dp = estimate(parse_inline("dp=2"), SMALL, profiled, 512, 4).breakdown
+    assert priced_from(cp).startswith(f"; X block from datasheet x {K:.2f} (one scale: layers:9")
+    assert priced_from(dp) == "; X block from layers:9 (measured)"
+    assert priced_from(estimate(parse_inline("dp=2"), SMALL, one_node(2), 512, 4).breakdown) == ""
