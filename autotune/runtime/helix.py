@@ -419,8 +419,9 @@ class HelixTrainer:
     def __init__(self, plan: Plan, spec: ModelSpec, mesh: Mesh, seq_len: int, global_batch: int, seed: int,
                  data: dict[str, Any] | None = None, documents: dict[str, Any] | None = None):
         from autotune.runtime.documents import DocumentFeed
+        from autotune.runtime.measure import clock
         from autotune.runtime.optimizer import TrainOptimizer
-        from autotune.runtime.worker import DTYPES, clock
+        from autotune.runtime.precision import TORCH_DTYPES as DTYPES
 
         problems = runtime_problems(plan, spec)
         if problems:
@@ -451,7 +452,7 @@ class HelixTrainer:
 
     def step(self, step_index: int) -> float:
         from autotune.runtime.documents import replica_step
-        from autotune.runtime.worker import clock
+        from autotune.runtime.measure import clock
 
         # every attention rank needs the documents of the micro-batches it attends to
         inputs, targets, self.runner.docs_mb = replica_step(self.feed, self.data, step_index, self.plan,
@@ -493,8 +494,8 @@ def runtime_problems(plan: Plan, spec: ModelSpec) -> list[str]:
 def helix_plans_job(payload: dict[str, Any], rank: int, world: int, device: torch.device) -> list[dict[str, Any]]:
     """Launcher target: many helixpipe plans in one launch (fresh groups each); per plan the global
     mean loss of every step and the final weights (the equivalence tests)."""
+    from autotune.runtime.measure import install_comm_timing
     from autotune.runtime.mesh import build_mesh
-    from autotune.runtime.worker import install_comm_timing
     from autotune.specs.model import model_from_dict
 
     install_comm_timing()
