@@ -309,6 +309,19 @@ def as_stages(plan: Any, cluster: Any) -> tuple[Stage, ...]:
     return tuple(out)
 
 
+def renumbered(stages: tuple[Stage, ...]) -> tuple[Stage, ...]:
+    """The same stages on devices 0..n-1 in rank order: a local trial runs rank r as process r
+    (``local:N`` is one node, so every tp group stays inside it)."""
+    out, n = [], 0
+    for st in stages:
+        reps = []
+        for rep in st.replicas:
+            reps.append(Replica(tp=rep.tp, devices=tuple(range(n, n + rep.tp))))
+            n += rep.tp
+        out.append(Stage(layers=st.layers, replicas=tuple(reps)))
+    return tuple(out)
+
+
 def is_uniform(stages: tuple[Stage, ...]) -> bool:
     """Every replica of every stage at one tp (what Megatron and torchtitan express, placement aside)."""
     return len({r.tp for st in stages for r in st.replicas}) <= 1
