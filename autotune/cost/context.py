@@ -91,6 +91,9 @@ class StepContext:
     forward, sends backward); see ``_hop_peers``."""
     group_links: tuple[tuple[Any, tuple, Links], ...] = ()
     """(DeviceSpec, placement key, links) of every tp group in rank order (``_mesh_links``)."""
+    doc_work: Any = None
+    """With document masks: one drawn step's attention work per DP replica and CP shard
+    (``cost/documents.DocWork``), replacing ``keysums`` and ``ring``; None: whole causal windows."""
 
     @cached_property
     def cost_token(self) -> int:
@@ -363,7 +366,7 @@ def tp_groups(s: StepContext) -> list[tuple[int, int, RankContext]]:
     out = []
     for (r0, c), (spec, place, links) in zip(_tp_group_coords(plan.degrees), s.group_links, strict=True):
         m_d = s.microbatches[c["dp"]]
-        key = (place, m_d)
+        key = (place, m_d) if s.doc_work is None else (place, m_d, c["dp"])  # documents: replicas differ
         ctx = contexts.get(key)
         if ctx is None:
             ctx = contexts[key] = _rank_context(s, c, spec, links, m_d, cal.get(spec.name) or {})
@@ -382,4 +385,6 @@ def _rank_context(s: StepContext, c: Mapping[str, int], spec: Any, links: Links,
         links=links, tokens=tokens, heads=s.plan.shares.heads[c["hp"]], microbatches=m_d,
         layers=tuple(s.plan.shares.layers[j] for j in s.chunks[c["pp"]]),  # Plan.layers_of_stage
         params=params, layer_params=layer_params, rest_params=rest,
-        keysum=s.keysums[c["cp"]], ring=s.ring[c["cp"]], tokens_local=tok, hidden_bytes=s.bpe * tok * s.model.hidden)
+        keysum=s.keysums[c["cp"]] if s.doc_work is None else s.doc_work.keysums[c["dp"]][c["cp"]],
+        ring=s.ring[c["cp"]] if s.doc_work is None else s.doc_work.ring[c["dp"]][c["cp"]],
+        tokens_local=tok, hidden_bytes=s.bpe * tok * s.model.hidden)

@@ -169,7 +169,9 @@ class StagedTrainer:
     """This rank's chunks, its ``PieceOptimizer`` and the schedule's op order (module docstring)."""
 
     def __init__(self, plan: Any, spec: Any, mesh: StagedMesh, seq_len: int, global_batch: int, seed: int,
-                 data: dict[str, Any] | None = None, clock: Any = None):
+                 data: dict[str, Any] | None = None, clock: Any = None, documents: dict[str, Any] | None = None):
+        if documents:  # Plan rules refuse doc_mask with stages (autotune/stages.py); a payload may still carry them
+            raise ValueError("document masks are not run with per-stage degrees")
         self.plan, self.spec, self.mesh, self.seq_len, self.global_batch = plan, spec, mesh, seq_len, global_batch
         self.data = D.source_from(data, spec.vocab, seed)
         self.device, self.dtype = mesh.device, TORCH_DTYPES[plan.dtype]
