@@ -71,10 +71,12 @@ def check_runtime_support(plan: Plan, spec: ModelSpec) -> None:
         p.append(f"model {spec.name}: rotary embeddings need an even head_dim, got {spec.head_dim}")
     if spec.tied_embeddings and d.pp > 1:
         p.append("degrees.pp: tied embeddings need the embedding and head on one stage (pp = 1)")
-    if spec.vocab % d.tp:
-        p.append(f"degrees.tp: vocab({spec.vocab}) not divisible by tp({d.tp})")
-    if spec.ffn_hidden % d.tp:
-        p.append(f"degrees.tp: ffn_hidden({spec.ffn_hidden}) not divisible by tp({d.tp})")
+    tps = sorted({r.tp for st in plan.stages for r in st.replicas}) if plan.stages is not None else [d.tp]
+    for tp in tps:  # a per-stage plan: every replica's tp
+        if spec.vocab % tp:
+            p.append(f"degrees.tp: vocab({spec.vocab}) not divisible by tp({tp})")
+        if spec.ffn_hidden % tp:
+            p.append(f"degrees.tp: ffn_hidden({spec.ffn_hidden}) not divisible by tp({tp})")
     if plan.micro_batch_size < 1:
         p.append("micro_batch_size: must be >= 1")
     if p:
@@ -119,6 +121,10 @@ def prepare(plan: Plan | dict[str, Any], model: ModelSpec | str, seq_len: int, g
                             field="plan")
     # placement names physical devices of the cluster the plan was made for; locally rank r is process r
     local = plan.replace(placement=None)
+    if plan.stages is not None:  # per-stage plans name their devices: rank r on local device r
+        from autotune.stages import renumbered
+
+        local = local.replace(stages=renumbered(plan.stages))
     cluster = load_cluster(f"local:{world}")
     resolved = local.resolve(spec, cluster, seq_len, global_batch)
     check_runtime_support(resolved, spec)

@@ -275,13 +275,23 @@ def train(plan: Plan, spec: ModelSpec, seq_len: int, global_batch: int, *, steps
     clk.stopwatch = CudaStopwatch() if cuda_events else WallStopwatch()
     clk.sync = functools.partial(torch.cuda.synchronize, device) if (
         device.type == "cuda" and not cuda_events) else _no_sync
-    mesh = build_mesh(plan, rank, device, timeout_s=timeout_s)
+    if plan.stages is not None:  # each stage its own degrees: autotune/runtime/stages.py
+        from autotune.runtime.stages import build_staged_mesh
+
+        mesh: Any = build_staged_mesh(plan, rank, device, timeout_s=timeout_s)
+    else:
+        mesh = build_mesh(plan, rank, device, timeout_s=timeout_s)
     # the peak is measured over this baseline (imports, process groups): what the plan itself needs
     # (weights, gradients, optimizer states, activations, communication buffers)
     baseline = reset_peak_memory(device)
     sched = schedule_of(plan)
-    if not sched.chain:  # a data flow that is no chain of stages (helixpipe): its hand-written runtime
-        trainer: Any = HelixTrainer(plan, spec, mesh, seq_len, global_batch, seed, data=data, documents=documents)
+    if plan.stages is not None:
+        from autotune.runtime.stages import StagedTrainer
+
+        trainer: Any = StagedTrainer(plan, spec, mesh, seq_len, global_batch, seed, data=data, clock=clk,
+                                     documents=documents)
+    elif not sched.chain:  # a data flow that is no chain of stages (helixpipe): its hand-written runtime
+        trainer = HelixTrainer(plan, spec, mesh, seq_len, global_batch, seed, data=data, documents=documents)
     else:
         trainer = RankTrainer(plan, spec, mesh, seq_len, global_batch, seed, data=data, documents=documents)
     losses, times, splits = [], [], []
