@@ -675,6 +675,11 @@ def parse_inline(text: str) -> Plan:
                 raise PlanError(f"expected counts separated by '/', e.g. {key}=13/19, got {value!r}",
                                 field=f"shares.{key}")
             shares[key] = [int(x) for x in parts]
+        elif key == "uses":  # node counts per node group of a pool, e.g. uses=1/0
+            parts = value.split("/")
+            if not all(x.strip().isdigit() for x in parts):
+                raise PlanError(f"expected node counts separated by '/', e.g. uses=2/0, got {value!r}", field="uses")
+            rest["uses"] = [int(x) for x in parts]
         elif key == "sequence_parallel":
             rest[key] = value.lower() in ("1", "true", "yes", "on")
         elif key in ("schedule", "recompute", "cp_layout", "dtype"):
@@ -683,7 +688,8 @@ def parse_inline(text: str) -> Plan:
             raise PlanError(f"unknown inline plan key {key!r}" + suggest(key, [*DIMS, *_INLINE_ALIASES,
                                                                                "schedule", "recompute",
                                                                                "cp_layout", "dtype", "layers",
-                                                                               "tokens", "heads", "samples"]),
+                                                                               "tokens", "heads", "samples",
+                                                                               "uses"]),
                             field="plan")
     if shares:
         rest["shares"] = shares
