@@ -726,7 +726,7 @@ class HelixPipe(Schedule):
         return simulate_replicas(step, per_rep_stage)
 
     def build_trainer(self, plan: Any, spec: Any, mesh: Any, seq_len: int, global_batch: int, seed: int,
-                      data: Any = None) -> Any:
+                      data: Any = None, documents: Any = None) -> Any:
         from autotune.runtime.helix import HelixTrainer
 
-        return HelixTrainer(plan, spec, mesh, seq_len, global_batch, seed, data=data)
+        return HelixTrainer(plan, spec, mesh, seq_len, global_batch, seed, data=data, documents=documents)
