@@ -10,9 +10,10 @@ How subsets enter the search (and how the work is divided):
 2. **Screening**: each candidate subset gets its balanced starts (one speed-balanced plan per
    degree layout, autotune/search/phases.py), at most ``screen_calls`` cost-model calls each
    (a seeded sample of its layouts where it has more).
-3. **Refinement**: the subsets that matter (those on the screening front of step time against
-   cost, or devices without prices, plus the best ``REFINE`` by the objective; every candidate
-   on a pool of at most ``SMALL_POOL`` devices) get the phases of a plain search
+3. **Refinement**: the subsets that matter (on a larger pool ``REFINE`` of them: the best by the
+   objective after screening, then the other points of the screening front of step time against
+   cost, or devices without prices, then the next best; every candidate on a pool of at most
+   ``SMALL_POOL`` devices) get the phases of a plain search
    (autotune/search/run.py): baselines, balanced starts, the sampler and the polish. On a small
    pool each gets a plain search's budget; on a larger one the sampler's trials and the polish's
    calls are divided between them (at least ``MIN_SAMPLER`` and ``MIN_POLISH`` each).
@@ -41,7 +42,7 @@ from autotune.specs import pool as P
 
 MAX_SUBSETS = 32
 SMALL_POOL = 16  # devices: every candidate subset gets the whole search
-REFINE = 3  # subsets refined beyond the screening front on a larger pool
+REFINE = 3  # subsets refined on a larger pool
 MIN_SCREEN = 24  # cost-model calls a subset's screening may spend at least
 MIN_SAMPLER, MIN_POLISH = 25, 200  # a refined subset's sampler trials and polish calls at least
 ADAM_STATE_BYTES = 16  # per parameter, fully sharded: bf16/fp16 weights and gradients, fp32 master + Adam
@@ -246,7 +247,8 @@ class _PoolRun:
         ok = {u: v for u, v in best.items() if v is not None}
         ranked = sorted(ok, key=lambda u: _objective_key(self.obj, *ok[u]))
         front = pareto({u: ok[u] for u in ok})
-        chosen = list(dict.fromkeys([*ranked[:REFINE], *[u for u in ranked if u in front]]))
+        # the objective's best, then the other front points (the front's other ends), then the next best
+        chosen = list(dict.fromkeys([*ranked[:1], *[u for u in ranked if u in front], *ranked[1:]]))[:REFINE]
         return chosen or subsets[:1]
 
 
