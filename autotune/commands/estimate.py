@@ -42,10 +42,31 @@ def command(model: ModelOpt, cluster: ClusterOpt, plan: PlanOpt, seq_len: SeqLen
     c = load_cluster(cluster, storage=storage)
     p = load_plan_for(plan, c, dtype)
     est = estimate(p, m, c, seq_len, global_batch, timeline=timeline)
+    subset = _subset(p, c, plan)
     if json_:
-        emit_json(est.to_dict())
+        emit_json({**est.to_dict(), **({"subset": subset} if subset else {})})
         return
     _print(est, m, c, wide)
+    for line in [subset["text"], *subset["why"]] if subset else []:
+        console.print(line, highlight=False, soft_wrap=True)
+
+
+def _subset(p: Any, cluster: Any, source: str) -> dict[str, Any] | None:
+    """A plan on a subset of a pool: what it uses and leaves out, and why that pays when the plan
+    file carries the search's reasons (an export of the search's chosen plan: provenance.left_out)."""
+    from autotune.specs.pool import left_out, subset_text
+
+    text = subset_text(cluster, p.uses)
+    if text is None:
+        return None
+    why: list[str] = []
+    if "=" not in source:
+        from autotune.plan_record import load_record
+
+        prov = load_record(source).provenance or {}
+        why = [str(x) for x in prov.get("left_out") or []]
+    return {"uses": list(p.uses), "text": text, "why": why,
+            "left_out": [{"group": g, "devices": n, "device": name} for g, n, name in left_out(cluster, p.uses)]}
 
 
 def _rank_ranges(rows: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
