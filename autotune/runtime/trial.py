@@ -61,16 +61,13 @@ def _device_kind(device: str) -> str:
 def check_runtime_support(plan: Plan, spec: ModelSpec) -> None:
     """What this runtime builds (beyond what Plan.resolve already checks); raises PlanError."""
     p, d = [], plan.degrees
-    if spec.bias:
-        p.append(f"model {spec.name}: linear biases are not built by the runtime (bias: true)")
-    if spec.position != "rope":
-        p.append(f"model {spec.name}: the runtime builds rotary positions only (position: {spec.position})")
-    if spec.norm != "rmsnorm":
-        p.append(f"model {spec.name}: the runtime builds RMSNorm only (norm: {spec.norm})")
-    if spec.head_dim % 2:
+    # every norm, position kind, activation and bias the spec accepts is built (runtime/model.py)
+    if spec.position == "rope" and spec.head_dim % 2:
         p.append(f"model {spec.name}: rotary embeddings need an even head_dim, got {spec.head_dim}")
-    if spec.tied_embeddings and d.pp > 1:
-        p.append("degrees.pp: tied embeddings need the embedding and head on one stage (pp = 1)")
+    seq = sum(plan.shares.tokens) if plan.shares.tokens else 0  # a resolved plan's tokens add up to seq_len
+    if spec.position == "learned" and seq > spec.max_positions:
+        p.append(f"seq_len: {seq} tokens > the learned position table of model {spec.name} "
+                 f"(max_positions: {spec.max_positions})")
     if spec.vocab % d.tp:
         p.append(f"degrees.tp: vocab({spec.vocab}) not divisible by tp({d.tp})")
     if spec.ffn_hidden % d.tp:
