@@ -365,7 +365,7 @@ def tp_replicated(modules: list[nn.Module]) -> set[int]:
     computes the same gradient for them."""
     out: set[int] = set()
     for m in modules:
-        for mname, module in m.named_modules():
+        for module in m.modules():
             for pname, p in module.named_parameters(recurse=False):
                 if param_shard(module, pname) is None:
                     out.add(id(p))
