@@ -12,9 +12,14 @@ from rich.text import Text
 from autotune.commands.common import (
     DEFAULT_STORAGE,
     ClusterOpt,
+    DataDtypeOpt,
+    DataOpt,
+    DocMaskOpt,
     DtypeOpt,
+    EodOpt,
     GlobalBatchOpt,
     JsonOpt,
+    LengthsOpt,
     ModelOpt,
     SeedOpt,
     SeqLenOpt,
@@ -72,9 +77,15 @@ def command(
     objective: ObjectiveOpt = "time",
     budget: BudgetOpt = None,
     max_step_time: MaxStepOpt = None,
+    data: DataOpt = None,
+    eod: EodOpt = None,
+    lengths: LengthsOpt = None,
+    doc_mask: DocMaskOpt = None,
+    data_dtype: DataDtypeOpt = "auto",
     json_: JsonOpt = False,
 ) -> None:
     """Search parallel plans with Optuna over degrees and uneven shares using the cost model."""
+    from autotune.documents import documents_from_options
     from autotune.objective import make_objective
     from autotune.plan import choose_dtype
     from autotune.progress import Progress
@@ -89,11 +100,20 @@ def command(
     m = load_model(model)
     c = load_cluster(cluster, storage=storage)
     obj = make_objective(objective, budget, max_step_time, c)  # cost without prices: refused here, one line
+    docs = documents_from_options(data=data, eod=eod, lengths=lengths, vocab=m.vocab, data_dtype=data_dtype)
+    if docs is not None:  # the study records the distribution; the plans are priced with their masks
+        mask = doc_mask is not False
+        opts = dataclasses.replace(opts, documents={**docs.record(), "doc_mask": mask}, doc_mask=mask)
+    elif doc_mask:
+        from autotune.errors import InputError
+
+        raise InputError("needs documents: --data FILE --eod ID or --lengths FILE", field="--doc-mask")
     # the precision is chosen (and a device that lacks it refused) before any point is priced
     opts = dataclasses.replace(opts, dtype=choose_dtype(dtype, c))
     # a study holds one precision and one target: another one is another default study
     name = study or (default_study_name(m, c, seq_len, global_batch) + ("" if opts.dtype == "bf16" else f"-{opts.dtype}")
-                     + ("" if target == "runtime" else f"-{target}"))
+                     + ("" if target == "runtime" else f"-{target}")
+                     + ("" if docs is None else f"-docs{docs.dist.digest()[:8]}" + ("" if opts.doc_mask else "-nomask")))
     if not json_:
         err_console.print(f"searching {m.name} on {c.name} ({c.num_devices} devices), seq {seq_len}, batch "
                           f"{global_batch}: study {name!r} in {storage}", highlight=False)

@@ -381,10 +381,18 @@ def _rank_context(s: StepContext, c: Mapping[str, int], spec: Any, links: Links,
     params, layer_params, rest = s.stage_params[c["pp"]]
     return RankContext(
         step=s, coords=c, spec=spec, rates=cached_rates(spec, s.dtype, s.model.head_dim),
-        collectives=C.collectives_for(spec), cf=float(cal.get("compute", 1.0)), mf=float(cal.get("comm", 1.0)),
+        collectives=collectives_for(spec), cf=float(cal.get("compute", 1.0)), mf=float(cal.get("comm", 1.0)),
         links=links, tokens=tokens, heads=s.plan.shares.heads[c["hp"]], microbatches=m_d,
         layers=tuple(s.plan.shares.layers[j] for j in s.chunks[c["pp"]]),  # Plan.layers_of_stage
         params=params, layer_params=layer_params, rest_params=rest,
         keysum=s.keysums[c["cp"]] if s.doc_work is None else s.doc_work.keysums[c["dp"]][c["cp"]],
         ring=s.ring[c["cp"]] if s.doc_work is None else s.doc_work.ring[c["dp"]][c["cp"]],
         tokens_local=tok, hidden_bytes=s.bpe * tok * s.model.hidden)
+
+
+def collectives_for(spec: Any) -> Any:
+    """The collective model of a DeviceSpec: a profiled CPU's measured gloo table
+    (``cpu.measured_collectives``), else the formulas."""
+    if spec.kind != "cpu":
+        return C.FORMULAS
+    return _cpu.measured_collectives(spec)

@@ -63,7 +63,7 @@ def staged_tp_groups(s: Any) -> list[tuple[int, int, Any]]:
     """(first rank, replica, context) of every cell in rank order; cells that see the same step
     (stage, tp, device type, links, micro-batches) share one context."""
     from autotune.cost.compute import cached_rates
-    from autotune.cost.context import Links, RankContext
+    from autotune.cost.context import Links, RankContext, collectives_for
 
     rp, topo = s.plan, s.topo
     lay = ST.layout_of(rp.stages)
@@ -105,7 +105,7 @@ def staged_tp_groups(s: Any) -> list[tuple[int, int, Any]]:
             tok = s.mbs * s.seq_len
             ctx = contexts[key] = RankContext(
                 step=step, coords=MappingProxyType({"pp": st, "dp": r, "cp": 0, "hp": 0, "tp": 0}), spec=spec,
-                rates=cached_rates(spec, s.dtype, s.model.head_dim), collectives=C.collectives_for(spec),
+                rates=cached_rates(spec, s.dtype, s.model.head_dim), collectives=collectives_for(spec),
                 cf=float(cal.get("compute", 1.0)), mf=float(cal.get("comm", 1.0)), links=links, tokens=s.seq_len,
                 heads=s.model.heads // t, microbatches=m_d, layers=tuple(rp.shares.layers[j] for j in s.chunks[st]),
                 params=params, layer_params=layer_params, rest_params=rest, keysum=s.keysums[0], ring=None,
