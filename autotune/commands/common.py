@@ -14,7 +14,8 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-DEFAULT_STORAGE = "sqlite:///results/autotune.db"
+from autotune.defaults import DEFAULT_STORAGE  # noqa: F401  (the commands' --storage default)
+from autotune.runtime.emulation import parse_emulation  # noqa: F401  (--emulate-slowdown's parser)
 
 # The terminal's width, or COLUMNS when piped (80 when neither says): tables fit it by leaving
 # columns out (autotune/dashboard/tables.py), never by cutting cells.
@@ -85,21 +86,3 @@ def _clean(obj: Any) -> Any:
 def emit_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(_clean(obj), indent=2, default=str) + "\n")
     sys.stdout.flush()
-
-
-def parse_emulation(items: list[str] | None) -> dict[int, float]:
-    """``["1=2.0"]`` -> {1: 2.0}; bad items are input errors naming the option."""
-    from autotune.errors import InputError
-
-    out: dict[int, float] = {}
-    for item in items or []:
-        rank, sep, factor = item.partition("=")
-        try:
-            r, f = int(rank), float(factor)
-        except ValueError:
-            r, f = -1, 0.0
-        if not sep or r < 0 or not (f >= 1.0 and math.isfinite(f)):
-            raise InputError(f"expected RANK=FACTOR with RANK >= 0 and FACTOR >= 1, got {item!r}",
-                             field="--emulate-slowdown")
-        out[r] = f
-    return out

@@ -61,20 +61,24 @@ def _device_kind(device: str) -> str:
 def check_runtime_support(plan: Plan, spec: ModelSpec) -> None:
     """What this runtime builds (beyond what Plan.resolve already checks); raises PlanError."""
     p, d = [], plan.degrees
-    if spec.bias:
-        p.append(f"model {spec.name}: linear biases are not built by the runtime (bias: true)")
-    if spec.position != "rope":
-        p.append(f"model {spec.name}: the runtime builds rotary positions only (position: {spec.position})")
-    if spec.norm != "rmsnorm":
-        p.append(f"model {spec.name}: the runtime builds RMSNorm only (norm: {spec.norm})")
-    if spec.head_dim % 2:
+    # every norm, position kind, activation and bias the spec accepts is built (runtime/model.py)
+    if spec.position == "rope" and spec.head_dim % 2:
         p.append(f"model {spec.name}: rotary embeddings need an even head_dim, got {spec.head_dim}")
-    if spec.tied_embeddings and d.pp > 1:
-        p.append("degrees.pp: tied embeddings need the embedding and head on one stage (pp = 1)")
-    if spec.vocab % d.tp:
-        p.append(f"degrees.tp: vocab({spec.vocab}) not divisible by tp({d.tp})")
-    if spec.ffn_hidden % d.tp:
-        p.append(f"degrees.tp: ffn_hidden({spec.ffn_hidden}) not divisible by tp({d.tp})")
+    seq = sum(plan.shares.tokens) if plan.shares.tokens else 0  # a resolved plan's tokens add up to seq_len
+    if spec.position == "learned" and seq > spec.max_positions:
+        p.append(f"seq_len: {seq} tokens > the learned position table of model {spec.name} "
+                 f"(max_positions: {spec.max_positions})")
+    if spec.tied_embeddings and plan.stages is not None and len(plan.stages) > 1:
+        # the per-stage runtime (runtime/stages.py) has no embedding-gradient exchange between its
+        # first and last stage, which tied weights across stages need (the uniform pipeline has one)
+        p.append("stages: tied embeddings across per-stage pipeline stages are not built (use one stage or "
+                 "untied embeddings)")
+    tps = sorted({r.tp for st in plan.stages for r in st.replicas}) if plan.stages is not None else [d.tp]
+    for tp in tps:  # a per-stage plan: every replica's tp
+        if spec.vocab % tp:
+            p.append(f"degrees.tp: vocab({spec.vocab}) not divisible by tp({tp})")
+        if spec.ffn_hidden % tp:
+            p.append(f"degrees.tp: ffn_hidden({spec.ffn_hidden}) not divisible by tp({tp})")
     if plan.micro_batch_size < 1:
         p.append("micro_batch_size: must be >= 1")
     if p:
@@ -119,6 +123,10 @@ def prepare(plan: Plan | dict[str, Any], model: ModelSpec | str, seq_len: int, g
                             field="plan")
     # placement names physical devices of the cluster the plan was made for; locally rank r is process r
     local = plan.replace(placement=None)
+    if plan.stages is not None:  # per-stage plans name their devices: rank r on local device r
+        from autotune.stages import renumbered
+
+        local = local.replace(stages=renumbered(plan.stages))
     cluster = load_cluster(f"local:{world}")
     resolved = local.resolve(spec, cluster, seq_len, global_batch)
     check_runtime_support(resolved, spec)
