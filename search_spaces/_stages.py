@@ -323,6 +323,8 @@ def _sync_s(ctx: Any, c: Composition, n: list[int], zero: int) -> float:
     from autotune.cost.context import collectives_for  # moved from cost/comm.py
     if c.dp == 1:
         return 0.0
+    from autotune.cost.context import collectives_for  # its home since the house move (was cost.comm)
+
     topo = C.topology(ctx.cluster)
     worst = 0.0
     for s, o in enumerate(c.stages):
