@@ -38,15 +38,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.errors import InputError
+from autotune.specs.profiles import LAYER_DOC_KIND, LAYER_SCHEMA_VERSION, LAYER_UNITS, PIECES  # noqa: F401
 from profilers.timing import Meter, repeats_for
 
-PIECES = ("embed", "block", "head")
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-LAYER_DOC_KIND = "autotune-layer-profile"
-LAYER_SCHEMA_VERSION = 1
-LAYER_UNITS = {"time": "s per call of the piece (fwd_s, bwd_s, fwd_bwd_s)",
-               "memory": "bytes (activation_bytes: saved for backward per call; param_bytes: the shard's)",
-               "micro_batch": "samples", "seq": "tokens", "tp": "shards the piece's weights are split into"}
 
 
 @dataclass

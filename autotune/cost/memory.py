@@ -195,11 +195,17 @@ def rank_memory_terms(plan: Any, model: Any, cluster: Any, seq_len: int, global_
                       ) -> tuple[float, dict[str, float]]:
     """(bytes, terms) of rank ``rank`` under ``plan``: what a search's stored trial no longer holds
     when it dropped its per-rank rows (more than 64 ranks), for the advice when nothing fits."""
-    tp = plan.degrees.tp
     for r0, total, terms in _group_memory(plan, model, cluster, seq_len, global_batch):
+        tp = plan.degrees.tp if plan.stages is None else _cell_tp(plan, r0)
         if r0 <= rank < r0 + tp:
             return total, terms
     raise ValueError(f"rank {rank} is not in the plan's {plan.degrees.world} ranks")
+
+
+def _cell_tp(plan: Any, r0: int) -> int:
+    from autotune.stages import layout_of
+
+    return layout_of(plan.stages).slots[r0].tp
 
 
 def _group_memory(plan: Any, model: Any, cluster: Any, seq_len: int, global_batch: int) -> Any:

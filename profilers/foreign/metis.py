@@ -31,7 +31,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from profilers.foreign import ImportContext, MiB, as_mapping, document, fail, load_json, need, number
+from profilers.foreign.common import ImportContext, MiB, as_mapping, document, fail, load_json, need, number
 
 NAME = re.compile(r"^DeviceType\.(?P<device>.+?)_tp(?P<tp>\d+)_bs(?P<bs>\d+)\.json$")
 FWD_SHARE = 1.0 / 3.0

@@ -33,7 +33,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from profilers.foreign import ImportContext, as_mapping, document, fail, load_json, need, number
+from profilers.foreign.common import ImportContext, as_mapping, document, fail, load_json, need, number
 
 GPU_NAMES = {"A100-40": "A100-40GB", "A100-80": "A100-80GB", "V100-16": "V100-16GB", "V100-32": "V100",
              "H100-80": "H100-SXM", "GH-96": "GH200-96GB"}
