@@ -111,9 +111,13 @@ def _print(est: Any, model: Any, cluster: Any, wide: bool = False) -> None:
     console.print(_rank_table(bd, wide))
     console.print(f"throughput from: {'; '.join(bd['throughput_source'])}", highlight=False, soft_wrap=False)
     for dev, src in (bd.get("compute_source") or {}).items():  # a layer profile priced some pieces
-        if any(v.startswith("layers:") for v in src.values()):
+        if any("layers:" in v for v in src.values()):
             console.print(f"{dev} pieces from: " + "; ".join(f"{k} {v}" for k, v in src.items()), highlight=False,
                           soft_wrap=False)
+    for dev, src in (bd.get("activation_source") or {}).items():
+        console.print(f"{dev} activation memory from: {src}", highlight=False, soft_wrap=False)
+    for note in bd.get("notes") or []:
+        console.print(f"[dim]note: {note}[/]", highlight=False, soft_wrap=False)
 
 
 def _stage_table(bd: dict[str, Any], plan: Any, wide: bool) -> Table:

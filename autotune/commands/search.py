@@ -190,6 +190,15 @@ def why(p: dict[str, Any], bd: dict[str, Any] | None, best: dict[str, Any], best
             f"{step / best_step:.2f}x the best's step time")
 
 
+def priced_from(bd: dict[str, Any] | None) -> str:
+    """``; block from layers:3 (measured)`` or ``; block from datasheet x 1.37 (one scale: ...)``
+    per device type where a layer profile priced the plan (cost/layers.py), else nothing."""
+    src = (bd or {}).get("compute_source") or {}
+    parts = [f"{dev} block from {s['block'].split(',')[0] if s['block'].startswith('layers:') else s['block']}"
+             for dev, s in src.items() if "layers:" in s.get("block", "")]
+    return "; " + "; ".join(parts) if parts else ""
+
+
 def plan_table(plans: list[dict[str, Any]], title: str, measured: bool = False, wide: bool = False,
                breakdowns: list[dict[str, Any] | None] | None = None) -> Group:
     """The plans, fitted to the terminal, with one line per plan under the table on why it is where
@@ -214,7 +223,7 @@ def plan_table(plans: list[dict[str, Any]], title: str, measured: bool = False, 
         rows.append(row)
     lines = []
     if breakdowns is not None and plans:
-        lines = [Text(f"#{i + 1} {why(p, bd, plans[0], breakdowns[0])}", style="dim")
+        lines = [Text(f"#{i + 1} {why(p, bd, plans[0], breakdowns[0])}{priced_from(bd)}", style="dim")
                  for i, (p, bd) in enumerate(zip(plans, breakdowns, strict=True))]
     caption = "options: micro-batch size x micro-batches, schedule when not 1f1b, recompute, ZeRO stage"
     return Group(fit(console, cols, rows, wide=wide, title=title, caption=caption), *lines)

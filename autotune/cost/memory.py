@@ -144,6 +144,27 @@ def layer_activation_bytes(model: Any, *, micro_batch: int, tokens_local: float,
     return kept, full, scores * scale
 
 
+def measured_activations(ctx: RankContext, kept: float, full: float, scores: float) -> tuple[float, float]:
+    """(kept, full) of ``block_activations`` on the scale of what was measured: where the rank's
+    device has a layer profile with activation bytes (``profile --layers`` measures them with
+    saved-tensor hooks; ``profile import`` carries a foreign file's), the formula times measured /
+    formula on the nearest shape the profile holds (``layers.activation_scale``: the measurement
+    itself on that shape). Recomputation keeps its rule on the scaled terms: ``selective`` drops the
+    scores' share, ``full`` keeps each block's input (not scaled: the formula's input is exact)."""
+    from autotune.cost.layers import activation_scale
+
+    got = activation_scale(ctx)
+    if got is None:
+        return kept, full
+    r = got[0]
+    recompute = ctx.step.recompute
+    if recompute == "none":
+        return kept * r, full * r
+    if recompute == "selective":
+        return (full - scores) * r, full * r
+    return kept, full * r
+
+
 def reserve(spec: Any, allocated: float) -> float:
     """The framework's fixed reserve on ``spec`` (a DeviceSpec) plus the allocator's fraction."""
     return spec.framework_reserve() + RESERVE_FRACTION * allocated
@@ -217,6 +238,7 @@ def _group_memory(plan: Any, model: Any, cluster: Any, seq_len: int, global_batc
     for r0, _, ctx in tp_groups(step):
         hit = seen.get(id(ctx))
         if hit is None:
-            kept, full, _ = block_activations(ctx)
+            kept, full, scores = block_activations(ctx)
+            kept, full = measured_activations(ctx, kept, full, scores)
             hit = seen[id(ctx)] = rank_memory(ctx, kept, full)
         yield r0, hit[0], hit[1]

@@ -165,6 +165,9 @@ def search(model: Any, cluster: Any, seq_len: int, global_batch: int, *, study_n
     if (why := model_problems(opts.target, model)) is not None:
         run.notes.append(f"autotune's runtime cannot build {model.name} ({why}): the plans are priced for the "
                          "frameworks that can; `validate` and `trial` will refuse them")
+    from autotune.cost.layers import precision_notes
+
+    run.notes += precision_notes(cluster, model, opts.dtype)
     ws.on_record = run.recorded
     before = _open(run)
     interrupted = False
