@@ -11,7 +11,8 @@ document, so a document's attention is the same at any offset (up to rounding): 
 masked window is the token-weighted mean of its documents' losses run one by one, which
 ``tests/unit/test_documents.py`` checks. Llama 3 also keeps positions running (its paper: "an
 attention mask that prevents self-attention between different documents within the same
-sequence"); a model with learned absolute positions would need them restarted.
+sequence"). A learned absolute position table is indexed from 0 at every document start instead
+(``model.positions_in_documents``), so the same holds for it.
 
 Every attention path runs one fused causal kernel per document piece (a loop over documents), so
 the work really is the sum of squared document lengths that ``autotune/cost/documents.py`` prices.

@@ -81,10 +81,13 @@ def _grads(m):
     return {n: p.grad.clone() for n, p in m.named_parameters()}
 
 
-def test_masked_window_loss_is_the_token_weighted_mean_of_its_documents_run_one_by_one():
+@pytest.mark.parametrize("arch", [{}, {"norm": "layernorm", "position": "learned", "max_positions": 32, "bias": True,
+                                      "activation": "gelu", "tied_embeddings": True}], ids=["llama", "opt"])
+def test_masked_window_loss_is_the_token_weighted_mean_of_its_documents_run_one_by_one(arch):
     """The window's loss (mean over its tokens, as the runtime defines it) equals the token-weighted
-    mean of the documents' losses, each run alone from position 0; the gradients are equal too."""
-    spec = ModelSpec(name="t", layers=2, hidden=32, heads=4, kv_heads=2, ffn_hidden=48, vocab=64)
+    mean of the documents' losses, each run alone from position 0; the gradients are equal too.
+    With a learned position table (OPT-style) each document starts at row 0 of it."""
+    spec = ModelSpec(name="t", layers=2, hidden=32, heads=4, kv_heads=2, ffn_hidden=48, vocab=64, **arch)
     docs = (7, 1, 12, 4)
     s = sum(docs)
     g = torch.Generator().manual_seed(3)
