@@ -21,6 +21,9 @@ RECOMPUTE = ("none", "selective", "full")
 HELIX_FOLDS = (1, 2)
 """HelixPipe's fold counts (the fork's ``--num-fold``: two folds hide one another's transfers)."""
 CP_LAYOUTS = ("zigzag", "contiguous")
+BALANCES = ("count", "cost")
+"""How packed windows go to DP replicas: ``count`` (rows in order, ``shares.samples`` each) or
+``cost`` (the same counts, heavy windows spread by attention cost: autotune/documents.py)."""
 DTYPES = ("bf16", "fp16", "fp32", "fp32-strict")  # fp32: TF32 GEMMs where the device has them
 DTYPE_CHOICES = ("auto", *DTYPES)
 """What ``--dtype`` takes: ``auto`` is bf16 where every device of the cluster has it, else fp16
@@ -112,12 +115,14 @@ def shares_are_even(layers: Any, tokens: Any, heads: Any, samples: Any) -> bool:
     return not tokens or max(tokens) == min(tokens)
 
 
-def mesh_groups(degrees: Degrees, dim: str) -> list[list[int]]:
-    """Every ``dim`` group of the mesh ``degrees`` spans, ordered by first rank (``Plan.all_groups``).
+def mesh_groups(degrees: Degrees, dim: str, world: int | None = None) -> list[list[int]]:
+    """Every ``dim`` group of the mesh ``degrees`` spans over ranks ``0 .. world - 1`` (default:
+    ``degrees.world``), ordered by first rank (``Plan.all_groups``).
     Stride arithmetic (same result as collecting each rank's group, which cost ~2 ms at 128 ranks
     inside every ``resolve``)."""
     n = getattr(degrees, dim)
     stride = 1
     for d in MESH_ORDER[MESH_ORDER.index(dim) + 1:]:
         stride *= getattr(degrees, d)
-    return [[r + i * stride for i in range(n)] for r in range(degrees.world) if (r // stride) % n == 0]
+    world = degrees.world if world is None else world
+    return [[r + i * stride for i in range(n)] for r in range(world) if (r // stride) % n == 0]

@@ -219,7 +219,10 @@ def best_feasible(study: Any) -> Any | None:
     """The feasible trial the tie-break rule puts first (``autotune.cost.tiebreak``: within 1% of the
     fastest, the simpler plan), so search, apply and the dashboard name the same best plan."""
     from autotune.cost.tiebreak import best, ties
+    from autotune.objective import of_study
 
+    if not of_study(study).plain:  # a pool search's objective and limits rank (autotune/objective.py)
+        return next((t for t, _ in iter_trial_plans(study)), None)
     ok = [t for t in study.get_trials(deepcopy=False) if is_feasible(t)]
     if not ok:
         return None
@@ -240,10 +243,15 @@ def iter_trial_plans(study: Any, *, feasible_only: bool = True, distinct: bool =
                      where: Any = None) -> Any:
     """``trial_plans`` lazily (a Plan is parsed only when reached: a search's study holds thousands);
     ``where(plan_dict)`` skips the trials it refuses before parsing."""
+    from autotune.objective import admissible, of_study, sort_key
+
+    obj = of_study(study)
     trials = [t for t in study.get_trials(deepcopy=False) if "plan" in t.user_attrs
-              and (is_feasible(t) or not feasible_only)]
-    # best first; among equal plans the validated copy (it holds ``measured``) comes before its original
-    trials.sort(key=lambda t: (-(t.value or 0.0), 0 if ("measured" in t.user_attrs or "failure" in t.user_attrs
+              and (is_feasible(t) or not feasible_only) and (obj.plain or not feasible_only
+                                                            or admissible(obj, t.user_attrs))]
+    # best first (by the study's objective: tokens/s unless a pool search said otherwise); among
+    # equal plans the validated copy (it holds ``measured``) comes before its original
+    trials.sort(key=lambda t: (*((-(t.value or 0.0),) if obj.plain else sort_key(obj, t.value, t.user_attrs)), 0 if ("measured" in t.user_attrs or "failure" in t.user_attrs
                                                           and t.user_attrs.get("validated_from") is not None) else 1,
                                t.number))
     seen = set()

@@ -40,6 +40,13 @@ SamplerOpt = Annotated[str, typer.Option("--sampler", help="tpe (default), rando
 WorkersOpt = Annotated[int, typer.Option("--workers", "-w", help="Processes searching one study.")]
 TopOpt = Annotated[int, typer.Option("--top", "-k", help="Plans to show and print.")]
 SpaceOpt = Annotated[str, typer.Option("--space", help="Search space module in search_spaces/.")]
+ObjectiveOpt = Annotated[str, typer.Option("--objective", help="time: the fastest plan; cost: the cheapest per "
+                                                               "token (needs price on every node group).")]
+BudgetOpt = Annotated[str | None, typer.Option("--budget", help="Fastest (or cheapest) within this price per hour "
+                                                               "of the devices used, e.g. 40USD/h.")]
+MaxStepOpt = Annotated[str | None, typer.Option("--max-step-time", help="Only plans whose step takes at most this "
+                                                                       "long, e.g. 2s (cheapest within a time: with "
+                                                                       "--objective cost).")]
 TargetOpt = Annotated[str, typer.Option("--target", help="Who will run the plan: runtime (autotune's own, "
                                                          "everything the space holds), megatron, torchtitan, "
                                                          "deepspeed or accelerate (only what it can express).")]
@@ -62,12 +69,17 @@ def command(
     wide: WideOpt = False,
     dtype: DtypeOpt = "auto",
     target: TargetOpt = "runtime",
+    objective: ObjectiveOpt = "time",
+    budget: BudgetOpt = None,
+    max_step_time: MaxStepOpt = None,
     json_: JsonOpt = False,
 ) -> None:
     """Search parallel plans with Optuna over degrees and uneven shares using the cost model."""
+    from autotune.objective import make_objective
     from autotune.plan import choose_dtype
     from autotune.progress import Progress
-    from autotune.search import SearchOptions, check_options, search
+    from autotune.search import SearchOptions, check_options
+    from autotune.search.pool import pool_search
     from autotune.specs import load_cluster, load_model
     from autotune.study import default_study_name
 
@@ -76,6 +88,7 @@ def command(
     check_options(opts, storage)
     m = load_model(model)
     c = load_cluster(cluster, storage=storage)
+    obj = make_objective(objective, budget, max_step_time, c)  # cost without prices: refused here, one line
     # the precision is chosen (and a device that lacks it refused) before any point is priced
     opts = dataclasses.replace(opts, dtype=choose_dtype(dtype, c))
     # a study holds one precision and one target: another one is another default study
@@ -85,7 +98,8 @@ def command(
         err_console.print(f"searching {m.name} on {c.name} ({c.num_devices} devices), seq {seq_len}, batch "
                           f"{global_batch}: study {name!r} in {storage}", highlight=False)
     with Progress(err_console, enabled=not json_) as live:  # a terminal only; nothing under --json or a pipe
-        res = search(m, c, seq_len, global_batch, study_name=name, storage=storage, options=opts, display=live)
+        res = pool_search(m, c, seq_len, global_batch, study_name=name, storage=storage, options=opts, objective=obj,
+                          display=live)
     if json_:
         emit_json(res.to_dict())
         return
@@ -223,6 +237,13 @@ def show(res: dict[str, Any], storage: str | None = None, wide: bool = False,
         console.print(f"why the best wins: {res['why']}", highlight=False)
     if res.get("targets"):
         console.print(targets_line(res["targets"]), highlight=False)
+    front = res.get("front") or []
+    if len(front) > 1 or any(p.get("uses") for p in front):
+        from autotune.dashboard.front import front_table
+
+        console.print(front_table(front, wide=wide))
+    for line in res.get("left_out") or []:
+        console.print(line, highlight=False)
     for n in res.get("notes") or []:
         console.print(f"[dim]note: {n}[/]", highlight=False)
     console.print(f"{res['new_trials']} new trials in {res['elapsed_s']:.1f} s", highlight=False)

@@ -28,6 +28,7 @@ from autotune.cost import comm as C
 from autotune.cost import cpu as _cpu
 from autotune.cost import data_parallel as DP
 from autotune.cost import ulysses as U
+from autotune.cost.collectives import collectives_for
 from autotune.cost.compute import DTYPE_BYTES, Rates, cached_rates, causal_keys
 from autotune.plan import Degrees, Plan
 from autotune.schedules import schedule_of
@@ -91,6 +92,9 @@ class StepContext:
     forward, sends backward); see ``_hop_peers``."""
     group_links: tuple[tuple[Any, tuple, Links], ...] = ()
     """(DeviceSpec, placement key, links) of every tp group in rank order (``_mesh_links``)."""
+    doc_work: Any = None
+    """With document masks: one drawn step's attention work per DP replica and CP shard
+    (``cost/documents.DocWork``), replacing ``keysums`` and ``ring``; None: whole causal windows."""
 
     @cached_property
     def cost_token(self) -> int:
@@ -103,6 +107,10 @@ def step_context(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batc
                  calibration: Mapping[str, Mapping[str, float]] | None) -> StepContext:
     """Resolve ``plan`` (PlanError when it does not fit) and gather what every rank shares."""
     rp = plan.resolve(model, cluster, seq_len, global_batch)
+    if rp.stages is not None:  # each stage its own degrees: cost/stages.py
+        from autotune.cost.stages import staged_step_context
+
+        return staged_step_context(rp, model, cluster, seq_len, global_batch, calibration)
     d = rp.degrees
     topo = C.topology(cluster)
     devs = _devices(topo, rp.placement)
@@ -179,6 +187,12 @@ class Links:
     pp_hops: tuple[tuple[Link, bool, bool], ...] = ()
     """Per chunk of the rank: (link its sends are priced on, sends forward, sends backward), from
     the schedule's placement (``StepContext.hop_peers``)."""
+    hop_tps: tuple[tuple[int, Link], ...] = ()
+    """Per-stage plans whose hops change tp: per chunk, (tp of the peer its sends are priced with,
+    the peer's tp link) (``cost/stages.py``); empty where every hop keeps the tp."""
+    dp_tp: int = 0
+    """Per-stage plans whose stage's replicas differ in tp: the smallest tp of the rank's stage
+    (the gradient reduction moves parameters / dp_tp, ``data_parallel.step_transfers``); 0 otherwise."""
 
 
 @dataclass(frozen=True)
@@ -345,11 +359,15 @@ def tp_groups(s: StepContext) -> list[tuple[int, int, RankContext]]:
     of equal shares on equal devices) share one context object, so the cost of each is computed once (identity names them: links come from the
     topology's caches)."""
     plan, cal = s.plan, s.calibration
+    if plan.stages is not None:
+        from autotune.cost.stages import staged_tp_groups
+
+        return staged_tp_groups(s)
     contexts: dict[tuple, RankContext] = {}
     out = []
     for (r0, c), (spec, place, links) in zip(_tp_group_coords(plan.degrees), s.group_links, strict=True):
         m_d = s.microbatches[c["dp"]]
-        key = (place, m_d)
+        key = (place, m_d) if s.doc_work is None else (place, m_d, c["dp"])  # documents: replicas differ
         ctx = contexts.get(key)
         if ctx is None:
             ctx = contexts[key] = _rank_context(s, c, spec, links, m_d, cal.get(spec.name) or {})
@@ -368,12 +386,6 @@ def _rank_context(s: StepContext, c: Mapping[str, int], spec: Any, links: Links,
         links=links, tokens=tokens, heads=s.plan.shares.heads[c["hp"]], microbatches=m_d,
         layers=tuple(s.plan.shares.layers[j] for j in s.chunks[c["pp"]]),  # Plan.layers_of_stage
         params=params, layer_params=layer_params, rest_params=rest,
-        keysum=s.keysums[c["cp"]], ring=s.ring[c["cp"]], tokens_local=tok, hidden_bytes=s.bpe * tok * s.model.hidden)
-
-
-def collectives_for(spec: Any) -> Any:
-    """The collective model of a DeviceSpec: a profiled CPU's measured gloo table
-    (``cpu.measured_collectives``), else the formulas."""
-    if spec.kind != "cpu":
-        return C.FORMULAS
-    return _cpu.measured_collectives(spec)
+        keysum=s.keysums[c["cp"]] if s.doc_work is None else s.doc_work.keysums[c["dp"]][c["cp"]],
+        ring=s.ring[c["cp"]] if s.doc_work is None else s.doc_work.ring[c["dp"]][c["cp"]],
+        tokens_local=tok, hidden_bytes=s.bpe * tok * s.model.hidden)

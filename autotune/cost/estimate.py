@@ -59,12 +59,36 @@ class Estimate:
 
 
 def estimate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: int, *,
-             calibration: dict[str, dict[str, float]] | None = None, timeline: bool = False) -> Estimate:
+             calibration: dict[str, dict[str, float]] | None = None, timeline: bool = False,
+             documents: Any = None) -> Estimate:
     """Predict one training step of ``plan`` (resolved here; PlanError when it does not fit).
 
     ``timeline=True`` also fills ``breakdown["timeline"]`` with the simulated events (None
-    otherwise); ``calibration`` is ``{device type: {"compute": f, "comm": f}}`` from ``validate``."""
+    otherwise); ``calibration`` is ``{device type: {"compute": f, "comm": f}}`` from ``validate``;
+    ``documents``: the length distribution (``autotune.documents.LengthDistribution``) packed into
+    the windows, priced by ``cost/documents.py`` when the plan masks documents (``doc_mask``).
+    A plan with ``uses`` runs on that subset of ``cluster`` (autotune/specs/pool.py)."""
+    if plan.uses is not None:
+        from autotune.specs.pool import subset
+
+        cluster = subset(cluster, plan.uses)
     s = step_context(plan, model, cluster, seq_len, global_batch, calibration)
+    if documents is not None and s.plan.doc_mask:
+        from dataclasses import replace
+
+        from autotune.cost import documents as DOC
+
+        on_cpu = any(g.device.kind == "cpu" for g in cluster.groups)
+        priced = [_price(replace(s, doc_work=w), timeline)
+                  for w in DOC.drawn_work(s.plan, documents, seq_len, global_batch, on_cpu)]
+        predicted, breakdown = DOC.combine(priced, documents, s.plan, seq_len, global_batch)
+        return Estimate(plan=s.plan, predicted=predicted, breakdown=breakdown)
+    predicted, breakdown = _price(s, timeline)
+    return Estimate(plan=s.plan, predicted=predicted, breakdown=breakdown)
+
+
+def _price(s: Any, timeline: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(predicted, breakdown) of one step context."""
     own = None if s.schedule.chain else helixpipe  # a data flow that is no chain of stages: its own cost module
     costs: dict[int, Any] = {}
     groups = []
@@ -82,4 +106,4 @@ def estimate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: i
     breakdown = report.breakdown(s, groups, sims, stages, rows, stage_end, step, model_flops, peak)
     if timeline:
         breakdown["timeline"] = report.timeline(s, groups, sims, per_rep_stage, exposed_of)
-    return Estimate(plan=s.plan, predicted=predicted, breakdown=breakdown)
+    return predicted, breakdown

@@ -38,7 +38,7 @@ def rank_rows(s: StepContext, groups: list, exposed_of: dict, step: float) -> tu
                 "bubble_s": max(0.0, step - own), "memory_bytes": c.memory_total,
                 "capacity_bytes": spec.memory_bytes, "memory": c.memory_terms}
         total = c.memory_total
-        for r in range(r0, r0 + s.tp):
+        for r in range(r0, r0 + ctx.step.tp):  # a per-stage plan's cells differ in tp
             memory[r] = total
             capacity[r] = spec.memory_bytes
             rows[r] = {"rank": r, **tmpl}
@@ -60,7 +60,10 @@ def predicted_figures(s: StepContext, groups: list, sims: list, step: float, mem
     for *_, c in groups:
         if id(c.spec) not in flops:
             flops[id(c.spec)] = c.spec.flops(s.dtype)
-    peak = s.tp * sum(flops[id(c.spec)] for *_, c in groups)
+    if s.plan.stages is None:
+        peak = s.tp * sum(flops[id(c.spec)] for *_, c in groups)
+    else:  # each cell its own tp
+        peak = sum(ctx.step.tp * flops[id(c.spec)] for _, _, ctx, c in groups)
     model_flops = s.model.model_flops_per_token(s.seq_len) * tokens_step
     return {
         "step_time_s": step,

@@ -36,6 +36,7 @@ from torch.utils.checkpoint import checkpoint
 
 from autotune.plan import Plan
 from autotune.runtime import data as D
+from autotune.runtime.documents import doc_attention_backward, doc_attention_with_lse
 from autotune.runtime.mesh import Mesh
 from autotune.runtime.model import (
     MLP,
@@ -148,13 +149,14 @@ class HelixRankModel(nn.Module):
         cos, sin = self.cos.to(q.dtype), self.sin.to(q.dtype)
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
 
-    def attention(self, n: torch.Tensor, w: torch.Tensor, keep: bool) -> torch.Tensor:
-        """Attention output ``[B, S, Hq/tp * D]`` of one layer for one micro-batch."""
+    def attention(self, n: torch.Tensor, w: torch.Tensor, keep: bool, docs: Any = None) -> torch.Tensor:
+        """Attention output ``[B, S, Hq/tp * D]`` of one layer for one micro-batch (``docs``: its rows'
+        document pieces, attention stopping at their boundaries)."""
         if keep:
-            o = KeptAttention.apply(n, w, self)
+            o = KeptAttention.apply(n, w, self, docs)
         else:
             q, k, v = self.qkv(n, w)
-            o = attention_core(q, k, v, None)
+            o = attention_core(q, k, v, None, docs)
         b, _, s, _ = o.shape
         return o.transpose(1, 2).reshape(b, s, self.heads * self.head_dim)
 
@@ -214,12 +216,15 @@ class KeptAttention(torch.autograd.Function):
     recomputes only the QKV projection and rotary (the fork's ``--checkpoint-without-attn``)."""
 
     @staticmethod
-    def forward(ctx, n: torch.Tensor, w: torch.Tensor, model: HelixRankModel) -> torch.Tensor:
+    def forward(ctx, n: torch.Tensor, w: torch.Tensor, model: HelixRankModel, docs: Any = None) -> torch.Tensor:
         with torch.no_grad():
             q, k, v = model.qkv(n, w)
             kr, vr = _repeat_kv(q, k, v)
-            o, lse = attention_with_lse(q, kr, vr)
-        ctx.model = model
+            if docs is None:
+                o, lse = attention_with_lse(q, kr, vr)
+            else:  # one causal kernel per document piece
+                o, lse = doc_attention_with_lse(q, kr, vr, docs, attention_with_lse)
+        ctx.model, ctx.docs = model, docs
         ctx.save_for_backward(n, w, o, lse)
         return o
 
@@ -231,9 +236,13 @@ class KeptAttention(torch.autograd.Function):
             w_ = w.detach().requires_grad_(True)
             q, k, v = ctx.model.qkv(n_, w_)
             kr, vr = _repeat_kv(q, k, v)
-        dq, dk, dv = attention_backward(do, q.detach(), kr.detach(), vr.detach(), o, lse)
+        if ctx.docs is None:
+            dq, dk, dv = attention_backward(do, q.detach(), kr.detach(), vr.detach(), o, lse)
+        else:
+            dq, dk, dv = doc_attention_backward(do, q.detach(), kr.detach(), vr.detach(), o, lse, ctx.docs,
+                                                attention_backward)
         dn, dw = torch.autograd.grad((q, kr, vr), (n_, w_), (dq, dk, dv))
-        return dn, dw, None
+        return dn, dw, None, None
 
 
 # ---- messages -----------------------------------------------------------------------------------
@@ -329,6 +338,8 @@ class HelixRunner:
                   "o": (micro_batch, seq_len, model.heads * model.head_dim)}
         self.mail = Mailbox(plan, mesh, spec, n_micro, shapes, dtype, wait)
         self.order = H.rank_order(self.p, self.L, n_micro, self.F, self.me, self.shares)
+        self.docs_mb: list[Any] | None = None
+        """Each micro-batch's document pieces (``runtime.documents``); None: no document masks."""
 
     def _block(self, j, x, o, tokens, target):
         if self.keep:  # checkpointed: only the inputs are kept
@@ -357,7 +368,8 @@ class HelixRunner:
                         outs = self._block(j, x, o, xs[mb] if j == 0 else None, ys[mb] if j == L else None)
                     else:
                         x, n, w = ins
-                        outs = (x, self.model.attention(n, w, self.keep))
+                        docs = None if self.docs_mb is None else self.docs_mb[mb]
+                        outs = (x, self.model.attention(n, w, self.keep, docs))
                 saved[(k, mb)] = (ins, outs)
                 if k == 2 * L:
                     loss_sum += float(outs[0].detach())
@@ -405,7 +417,8 @@ class HelixTrainer:
     the same data, initialisation, DP/TP gradient reductions and AdamW, the helix order in between."""
 
     def __init__(self, plan: Plan, spec: ModelSpec, mesh: Mesh, seq_len: int, global_batch: int, seed: int,
-                 data: dict[str, Any] | None = None):
+                 data: dict[str, Any] | None = None, documents: dict[str, Any] | None = None):
+        from autotune.runtime.documents import DocumentFeed
         from autotune.runtime.measure import clock
         from autotune.runtime.optimizer import TrainOptimizer
         from autotune.runtime.precision import TORCH_DTYPES as DTYPES
@@ -416,6 +429,7 @@ class HelixTrainer:
         self.plan, self.spec, self.mesh, self.seq_len, self.global_batch, self.seed = (
             plan, spec, mesh, seq_len, global_batch, seed)
         self.data = D.source_from(data, spec.vocab, seed)  # None: the synthetic stream of ``seed``
+        self.feed = DocumentFeed(documents, self.data, seed) if documents else None
         self.device, self.dtype = mesh.device, DTYPES[plan.dtype]
         tp = mesh["tp"]
         self.sp = plan.sequence_parallel and tp.size > 1
@@ -437,10 +451,13 @@ class HelixTrainer:
                                   global_batch * seq_len, self.dtype, clk.compute_region, clk.timed_call)
 
     def step(self, step_index: int) -> float:
+        from autotune.runtime.documents import replica_step
         from autotune.runtime.measure import clock
 
-        inputs, targets = D.replica_batch(self.data, step_index, self.plan, self.dp_index, None,
-                                          self.global_batch, self.seq_len)
+        # every attention rank needs the documents of the micro-batches it attends to
+        inputs, targets, self.runner.docs_mb = replica_step(self.feed, self.data, step_index, self.plan,
+                                                            self.dp_index, self.global_batch, self.seq_len, None,
+                                                            self.n_micro)
         self.opt.begin_step()
         scale = self.opt.loss_scale.scale  # fp16: the loss is scaled through its divisor
         self.runner.total_tokens = self.global_batch * self.seq_len / scale

@@ -83,17 +83,22 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
-def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: Any) -> torch.Tensor:
+def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: Any, docs: Any = None) -> torch.Tensor:
     """Causal attention over global positions: plain SDPA when the sequence is whole on this rank,
-    the CP ring / Ulysses ``sharded_attention`` otherwise."""
+    the CP ring / Ulysses ``sharded_attention`` otherwise; ``docs`` (``documents.Docs``, each row's
+    document lengths) stops it at document boundaries (None: one causal sequence per row)."""
     if ctx is None:
         rep = q.shape[1] // k.shape[1]
         if rep > 1:  # GQA: each kv head serves ``rep`` consecutive query heads
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        if docs is not None:
+            from autotune.runtime.documents import doc_attention
+
+            return doc_attention(q, k, v, docs)
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
     from autotune.runtime.attention import sharded_attention
 
-    return sharded_attention(q, k, v, ctx)
+    return sharded_attention(q, k, v, ctx, docs)
 
 
 class Attention(nn.Module):
@@ -109,7 +114,7 @@ class Attention(nn.Module):
         self.wv = ColumnParallelLinear(h, spec.kv_heads * d, tp, sp, gather_input=False)
         self.wo = RowParallelLinear(spec.heads * d, h, tp, sp)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, docs: Any = None) -> torch.Tensor:
         x = enter_parallel(x, self.layout.tp, self.layout.sp)  # one f for q, k and v
         b, s, _ = x.shape
         q = self.wq(x).view(b, s, self.heads, self.head_dim).transpose(1, 2)
@@ -117,9 +122,9 @@ class Attention(nn.Module):
         v = self.wv(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if self.layout.recompute == "selective":  # Korthikanti et al.: recompute the attention core only
-            o = checkpoint(attention_core, q, k, v, self.layout.attn_ctx, use_reentrant=False)
+            o = checkpoint(attention_core, q, k, v, self.layout.attn_ctx, docs, use_reentrant=False)
         else:
-            o = attention_core(q, k, v, self.layout.attn_ctx)
+            o = attention_core(q, k, v, self.layout.attn_ctx, docs)
         o = o.transpose(1, 2).reshape(b, s, self.heads * self.head_dim)
         return self.wo(o)
 
@@ -151,14 +156,14 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(spec.hidden)
         self.mlp = MLP(spec, layout)
 
-    def _forward(self, x, cos, sin):
-        x = x + self.attn(self.attn_norm(x), cos, sin)
+    def _forward(self, x, cos, sin, docs=None):
+        x = x + self.attn(self.attn_norm(x), cos, sin, docs)
         return x + self.mlp(self.mlp_norm(x))
 
-    def forward(self, x, cos, sin):
-        if self.layout.recompute == "full":  # recompute the whole block in backward
-            return checkpoint(self._forward, x, cos, sin, use_reentrant=False)
-        return self._forward(x, cos, sin)
+    def forward(self, x, cos, sin, docs=None):
+        if self.layout.recompute == "full":  # recompute the whole block in backward (with the same documents)
+            return checkpoint(self._forward, x, cos, sin, docs, use_reentrant=False)
+        return self._forward(x, cos, sin, docs)
 
 
 class StageModel(nn.Module):
@@ -180,6 +185,9 @@ class StageModel(nn.Module):
                 self.head = ColumnParallelLinear(spec.hidden, spec.vocab, tp, sp)
             self.vocab_start = tp.index * (spec.vocab // tp.size)
         self.seq_len = seq_len
+        self.docs: Any = None
+        """The document lengths of the micro-batch the next ``forward`` runs (``documents.Docs``), set
+        by the trainer before each forward (pipeline: by micro-batch id); None: no document masks."""
         cos, sin = self._rotary_tables(None)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
@@ -204,8 +212,9 @@ class StageModel(nn.Module):
         if self.first:
             x = self.embed(x)
         cos, sin = self.cos.to(x.dtype), self.sin.to(x.dtype)
+        docs = self.docs
         for block in self.layers.values():
-            x = block(x, cos, sin)
+            x = block(x, cos, sin, docs)
         if self.last:
             x = self.norm(x)
             if self.spec.tied_embeddings:

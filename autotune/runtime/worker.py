@@ -36,6 +36,7 @@ import torch.distributed as dist
 
 from autotune.plan import Plan
 from autotune.runtime import data as D
+from autotune.runtime.documents import DocumentFeed, replica_step
 from autotune.runtime.helix import HelixTrainer
 from autotune.runtime.measure import (  # noqa: F401  (CommClock, the stopwatches: their old home)
     CommClock,
@@ -86,10 +87,13 @@ class RankTrainer:
     """This rank's model chunks, optimizer and (with pp > 1) pipeline schedule."""
 
     def __init__(self, plan: Plan, spec: ModelSpec, mesh: Mesh, seq_len: int, global_batch: int, seed: int,
-                 data: dict[str, Any] | None = None):
+                 data: dict[str, Any] | None = None, documents: dict[str, Any] | None = None):
         self.plan, self.spec, self.mesh, self.seq_len, self.global_batch, self.seed = (
             plan, spec, mesh, seq_len, global_batch, seed)
         self.data = D.source_from(data, spec.vocab, seed)  # None: the synthetic stream of ``seed``
+        # documents: attention stops at their boundaries (None: one causal sequence per window)
+        self.feed = DocumentFeed(documents, self.data, seed) if documents else None
+        self.docs_mb: list[Any] | None = None
         self.device = mesh.device
         self.dtype = DTYPES[plan.dtype]
         if plan.dtype.startswith("fp32") and torch.device(self.device).type == "cuda":
@@ -155,6 +159,8 @@ class RankTrainer:
             elif self.sharded and plan.zero_stage == 3:
                 for st in self.pstages:  # ZeRO-3 gathering per micro-batch: free in every backward
                     _reshard_in_every_backward(st.submod)
+            for st in self.pstages:  # the micro-batch's documents reach the stage before its forward
+                st.forward_one_chunk = _with_docs(st.forward_one_chunk, st.submod, self)
             for st in self.pstages:  # time every chunk as a compute region
                 for meth in ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk"):
                     if hasattr(st, meth):
@@ -168,8 +174,8 @@ class RankTrainer:
     def step(self, step_index: int) -> float:
         """One optimizer step; returns this rank's contribution to the global mean loss."""
         clk = clock()
-        inputs, targets = D.replica_batch(self.data, step_index, self.plan, self.dp_index, self.positions,
-                                          self.global_batch, self.seq_len)
+        inputs, targets, self.docs_mb = replica_step(self.feed, self.data, step_index, self.plan, self.dp_index,
+                                                     self.global_batch, self.seq_len, self.positions, self.n_micro)
         inputs, targets = inputs.to(self.device), targets.to(self.device)
         self.opt.begin_step()
         scale = self.opt.loss_scale.scale
@@ -180,6 +186,7 @@ class RankTrainer:
                                            D.split_microbatches(targets, self.n_micro), strict=True)):
                 if j == self.n_micro - 1:
                     self.opt.before_last_backward()
+                model.docs = None if self.docs_mb is None else self.docs_mb[j]
                 with clk.compute_region():
                     loss = self._loss(model(x), y)
                     if j == self.n_micro - 1:
@@ -203,6 +210,16 @@ class RankTrainer:
         names = [(name, shard_info(m)[name]) for _, m in self.stages for name, _ in m.named_parameters()]
         weights = self.opt.master_weights()
         return {name: (w.float().cpu().clone(), info) for (name, info), w in zip(names, weights, strict=True)}
+
+
+def _with_docs(forward_one_chunk, module, trainer):
+    """Wrap a pipeline stage's ``forward_one_chunk`` so its module runs micro-batch ``fwd_chunk_id``
+    with that micro-batch's documents (recomputation takes them from the checkpoint's arguments)."""
+    @functools.wraps(forward_one_chunk)
+    def run(fwd_chunk_id, *a, **k):
+        module.docs = None if trainer.docs_mb is None else trainer.docs_mb[fwd_chunk_id]
+        return forward_one_chunk(fwd_chunk_id, *a, **k)
+    return run
 
 
 def _reshard_before_last(backward_one_chunk, module, n_micro: int):
@@ -247,7 +264,8 @@ def _timed_region(clk: CommClock, fn):
 
 def train(plan: Plan, spec: ModelSpec, seq_len: int, global_batch: int, *, steps: int, warmup: int, seed: int,
           device: torch.device, emulate_slowdown: dict[int, float] | None = None, export_state: bool = False,
-          timeout_s: float | None = None, data: dict[str, Any] | None = None) -> dict[str, Any]:
+          timeout_s: float | None = None, data: dict[str, Any] | None = None,
+          documents: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run one resolved plan on the initialised default process group; returns this rank's report."""
     rank = dist.get_rank()
     install_comm_timing()
@@ -263,9 +281,10 @@ def train(plan: Plan, spec: ModelSpec, seq_len: int, global_batch: int, *, steps
     baseline = reset_peak_memory(device)
     sched = schedule_of(plan)
     if not sched.chain:  # a data flow that is no chain of stages (helixpipe): its hand-written runtime
-        trainer: Any = HelixTrainer(plan, spec, mesh, seq_len, global_batch, seed, data=data)
+        trainer: Any = HelixTrainer(plan, spec, mesh, seq_len, global_batch, seed, data=data,
+                               documents=documents)
     else:
-        trainer = RankTrainer(plan, spec, mesh, seq_len, global_batch, seed, data=data)
+        trainer = RankTrainer(plan, spec, mesh, seq_len, global_batch, seed, data=data, documents=documents)
     losses, times, splits = [], [], []
     for i in range(warmup + steps):
         dist.barrier()
@@ -312,7 +331,8 @@ def _median_split(splits: list[dict[str, float]], times: list[float], rank: int)
 
 
 def reference_run(spec: ModelSpec, seq_len: int, global_batch: int, *, steps: int, seed: int,
-                  dtype: str = "fp32", micro_batch_size: int = 1, data: dict[str, Any] | None = None) -> dict[str, Any]:
+                  dtype: str = "fp32", micro_batch_size: int = 1, data: dict[str, Any] | None = None,
+                  documents: dict[str, Any] | None = None) -> dict[str, Any]:
     """The single-process training every plan must reproduce: same data, same init, same AdamW."""
     from autotune.plan import Degrees, Shares
     from autotune.runtime.mesh import single_process_mesh
@@ -322,7 +342,7 @@ def reference_run(spec: ModelSpec, seq_len: int, global_batch: int, *, steps: in
                 shares=Shares(layers=(spec.layers,), tokens=(seq_len,), heads=(spec.heads,),
                               samples=(global_batch,)))
     trainer = RankTrainer(plan, spec, single_process_mesh(plan, torch.device("cpu")), seq_len, global_batch, seed,
-                          data=data)
+                          data=data, documents=documents)
     losses = [trainer.step(i) for i in range(steps)]
     return {"losses": losses, "state": {k: v[0] for k, v in trainer.export_state().items()}}
 
@@ -336,7 +356,8 @@ def trial_job(payload: dict[str, Any], rank: int, world: int, device: torch.devi
     emulate = {int(k): float(v) for k, v in (payload.get("emulate_slowdown") or {}).items()}
     return train(plan, spec, payload["seq_len"], payload["global_batch"], steps=payload["steps"],
                  warmup=payload["warmup"], seed=payload["seed"], device=device, emulate_slowdown=emulate,
-                 timeout_s=payload.get("timeout_s"), data=payload.get("data"))
+                 timeout_s=payload.get("timeout_s"), data=payload.get("data"),
+                 documents=payload.get("documents"))
 
 
 def plans_job(payload: dict[str, Any], rank: int, world: int, device: torch.device) -> list[dict[str, Any]]:
@@ -350,7 +371,7 @@ def plans_job(payload: dict[str, Any], rank: int, world: int, device: torch.devi
         plan = Plan.from_dict(item)
         out.append(train(plan, spec, payload["seq_len"], payload["global_batch"], steps=payload["steps"],
                          warmup=0, seed=payload["seed"], device=device, export_state=True,
-                         timeout_s=payload.get("timeout_s")))
+                         timeout_s=payload.get("timeout_s"), documents=payload.get("documents")))
     return out
 
 

@@ -41,12 +41,15 @@ class Workspace:
     the spill recovery and the fault tests check against."""
 
     def __init__(self, name: str, storage: str, distributions: dict[str, Any], sampler: Any, batch_s: float,
-                 pull_each_batch: bool = False):
+                 pull_each_batch: bool = False, keep: Callable[[Any], bool] | None = None):
         import optuna
 
         # a worker pulls the others' trials before each batch so its sampler learns from them; the
         # parent pulls once, after its workers (autotune/search/run.py)
         self.pull_each_batch = pull_each_batch
+        # which stored trials are this workspace's to rank and learn from (a pool search: one
+        # subset's; autotune/search/pool.py); None: all of them
+        self.keep = keep
 
         self.name, self.storage_url, self.batch_s = name, storage, batch_s
         self.dists = Shared(distributions)  # shared by every trial (never mutated; see Shared)
@@ -79,6 +82,8 @@ class Workspace:
         for t in trials:
             if t._trial_id in self.seen_ids or t.state not in (optuna.trial.TrialState.COMPLETE,
                                                                optuna.trial.TrialState.FAIL):
+                continue
+            if self.keep is not None and not self.keep(t):
                 continue
             self.seen_ids.add(t._trial_id)
             origin = str(t.user_attrs.get("origin", ""))
@@ -200,3 +205,7 @@ class StudyView:
 
     def set_user_attr(self, key: str, value: Any) -> None:
         self._study.set_user_attr(key, value)
+
+    @property
+    def user_attrs(self) -> dict[str, Any]:
+        return self._study.user_attrs
