@@ -60,6 +60,7 @@ from autotune.plan_parts import (  # noqa: F401  (every part is importable from 
     PlanError,
     Shares,
     Workload,
+    even_split,
     mesh_groups,
     shares_are_even,
 )
@@ -365,12 +366,6 @@ def choose_dtype(option: str, cluster: Any, plan_dtype: str | None = None) -> st
                         f"{getattr(cluster, 'name', '')!r}" + (f"; use --dtype {fallback}" if fallback else ""),
                         field="--dtype" if plan_dtype is None or option != plan_dtype else "dtype")
     return option
-
-
-def even_split(total: int, parts: int) -> list[int]:
-    """``total`` into ``parts`` integers differing by at most one, larger ones first."""
-    q, r = divmod(total, parts)
-    return [q + (1 if i < r else 0) for i in range(parts)]
 
 
 _RESOLVED: dict[tuple[int, int, int, int, int], tuple[Plan, Any, Any]] = {}  # Plan.resolve's own results

@@ -115,6 +115,12 @@ def shares_are_even(layers: Any, tokens: Any, heads: Any, samples: Any) -> bool:
     return not tokens or max(tokens) == min(tokens)
 
 
+def even_split(total: int, parts: int) -> list[int]:
+    """``total`` into ``parts`` integers differing by at most one, larger ones first."""
+    q, r = divmod(total, parts)
+    return [q + (1 if i < r else 0) for i in range(parts)]
+
+
 def mesh_groups(degrees: Degrees, dim: str, world: int | None = None) -> list[list[int]]:
     """Every ``dim`` group of the mesh ``degrees`` spans over ranks ``0 .. world - 1`` (default:
     ``degrees.world``), ordered by first rank (``Plan.all_groups``).
