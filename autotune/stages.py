@@ -340,6 +340,18 @@ def inline(stages: tuple[Stage, ...]) -> str:
     return " | ".join(parts)
 
 
+def degrees_text(plan: dict[str, Any] | None) -> str:
+    """How tables show a plan dict's layout: ``dp=2,pp=2,tp=4``, or a per-stage plan's stages with
+    their own degrees (``stages 6L[tp4x2] | 7L[tp1x2]``; one place for the CLI and the dashboard)."""
+    plan = plan or {}
+    if plan.get("stages"):
+        try:
+            return "stages " + inline(stages_from(plan["stages"]) or ())
+        except InputError:
+            return "stages ?"
+    return ",".join(f"{k}={v}" for k, v in (plan.get("degrees") or {}).items() if v > 1) or "dp=1"
+
+
 # ---- JSON ---------------------------------------------------------------------------------------
 def stages_from(v: Any) -> tuple[Stage, ...] | None:
     """Parse ``stages`` of a plan JSON (None or a list of {layers, replicas: [{tp, devices}]})."""
