@@ -403,7 +403,7 @@ def _pace(bd: Any, name: str, plan: dict[str, Any]) -> str:
     others = [s for s in stages if name not in (s.get("devices") or [])]
     slow = max(stages, key=lambda s: float(s.get("compute_s") or 0.0))
     if not theirs:
-        return (f"in that plan ({deg}) the {name} ranks share stages with faster devices and pace them"
+        return (f"in that plan ({deg}) the faster ranks wait for the {name} ranks they work beside"
                 if any(name in (s.get("devices") or []) for s in stages) else "")
     if slow in theirs:
         return f"their share of layers would make the {name} stage the slowest ({deg})"
