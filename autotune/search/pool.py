@@ -380,7 +380,7 @@ def why_left_out(res: SearchResult, pool: Any, trials: list[Any], obj: Objective
                  + f" ({s:.3g} s vs {chosen_step:.3g} s)"]
         c = cost_of(t.user_attrs)
         if obj.kind == "cost" and c is not None and chosen_cost:
-            parts.append(f"each token costs {c / chosen_cost:.2f}x as much")
+            parts.append(f"each token costs {c / chosen_cost:.3g}x as much")
         if obj.budget is not None:
             per_h = (t.user_attrs.get("cost") or {}).get("per_hour")
             if per_h is not None and per_h > obj.budget:
@@ -402,6 +402,8 @@ def _pace(bd: Any, name: str, plan: dict[str, Any]) -> str:
     theirs = [s for s in stages if set(s.get("devices") or []) == {name}]
     others = [s for s in stages if name not in (s.get("devices") or [])]
     slow = max(stages, key=lambda s: float(s.get("compute_s") or 0.0))
+    if all(set(s.get("devices") or []) <= {name} for s in stages):
+        return ""  # one device type: nothing paces it but its own count
     if not theirs:
         return (f"in that plan ({deg}) the faster ranks wait for the {name} ranks they work beside"
                 if any(name in (s.get("devices") or []) for s in stages) else "")
