@@ -248,3 +248,76 @@ def replica_rows(docs: Sequence[Sequence[int]], samples: Sequence[int], balance:
         out.append(list(range(start, start + n)))
         start += n
     return out
+
+
+# ---- where the documents come from: the CLI's options, a study's record, a trial's payload -------
+@dataclass(frozen=True)
+class DocumentSource:
+    """A workload of documents: the length distribution and, when read from a token file, that
+    file and how its documents end (so trials train on the very windows that were priced)."""
+
+    dist: LengthDistribution
+    data: str | None = None
+    """The token file (``--data``), None for a histogram (trials then draw synthetic windows)."""
+    eod: int | None = None
+    """The end-of-document id of a flat file; None for a Megatron dataset (its index has the ends)."""
+    idx: str | None = None
+    """A Megatron dataset's ``.idx``."""
+
+    def record(self) -> dict[str, Any]:
+        """What a study records: the distribution's summary (histogram included) and the source."""
+        return {**self.dist.summary(), "data": self.data, "eod": self.eod, "idx": self.idx}
+
+    @classmethod
+    def from_record(cls, d: dict[str, Any]) -> DocumentSource:
+        return cls(LengthDistribution.from_summary(d), d.get("data"), d.get("eod"), d.get("idx"))
+
+    def payload(self) -> dict[str, Any]:
+        """The trial payload's ``documents`` entry (``runtime/documents.DocumentFeed``)."""
+        if self.eod is not None:
+            return {"eod": int(self.eod)}
+        if self.idx is not None:
+            return {"megatron_idx": self.idx}
+        return self.dist.to_payload()
+
+
+def documents_from_options(*, data: str | None, eod: int | None, lengths: str | None, vocab: int,
+                           data_dtype: str = "auto") -> DocumentSource | None:
+    """The documents that ``--data FILE --eod ID`` or ``--lengths FILE`` give (None: neither); bad
+    combinations and unreadable files are InputErrors naming the option."""
+    if eod is not None and data is None:
+        raise InputError("needs --data (the token file whose documents end with this id)", field="--eod")
+    if lengths is not None and data is not None:
+        raise InputError("give --lengths FILE (a histogram, synthetic tokens) or --data FILE --eod ID, not both",
+                         field="--lengths")
+    if lengths is not None:
+        return DocumentSource(read_histogram(lengths))
+    if data is None or eod is None:
+        return None
+    from autotune.token_files import open_token_file
+
+    tf = open_token_file(data, vocab, dtype=data_dtype)
+    if not 0 <= eod < vocab:
+        raise InputError(f"{eod} is not a token id of a vocabulary of {vocab}", field="--eod")
+    if tf.fmt == "megatron":
+        idx = str(Path(tf.path).with_suffix(".idx"))
+        return DocumentSource(LengthDistribution.from_lengths(megatron_lengths(idx), f"megatron:{Path(idx).name}"),
+                              data=tf.path, idx=idx)
+    mm = np.memmap(tf.path, dtype=np.dtype(tf.dtype), mode="r", offset=tf.offset, shape=(tf.tokens,))
+    found = lengths_from_eod(mm, eod)
+    if len(found) < 2:
+        raise InputError(f"{tf.path} holds no token {eod}: no document ends there; is --eod the right id?",
+                         field="--eod")
+    return DocumentSource(LengthDistribution.from_lengths(found, f"eod:{Path(tf.path).name}:{eod}"),
+                          data=tf.path, eod=eod)
+
+
+def plan_masks(plan: Any, docs: DocumentSource | None, doc_mask: bool | None) -> Any:
+    """``plan`` with ``doc_mask`` as the options say: on by default when documents are given, off
+    when asked; a plan that masks documents without any to mask is an InputError."""
+    if docs is None:
+        if doc_mask or (plan.doc_mask and doc_mask is None):
+            raise InputError("the plan masks documents (doc_mask); give them with --data FILE --eod ID or "
+                             "--lengths FILE, or pass --no-doc-mask", field="--doc-mask")
+        return plan.replace(doc_mask=False) if plan.doc_mask else plan
+    return plan.replace(doc_mask=doc_mask is not False)

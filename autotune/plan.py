@@ -510,6 +510,11 @@ def parse_inline(text: str) -> Plan:
                 raise PlanError(f"expected counts separated by '/', e.g. {key}=13/19, got {value!r}",
                                 field=f"shares.{key}")
             shares[key] = [int(x) for x in parts]
+        elif key == "uses":  # node counts per node group of a pool, e.g. uses=1/0
+            parts = value.split("/")
+            if not all(x.strip().isdigit() for x in parts):
+                raise PlanError(f"expected node counts separated by '/', e.g. uses=2/0, got {value!r}", field="uses")
+            rest["uses"] = [int(x) for x in parts]
         elif key in ("sequence_parallel", "doc_mask"):
             rest[key] = value.lower() in ("1", "true", "yes", "on")
         elif key in ("schedule", "recompute", "cp_layout", "dtype", "balance"):
@@ -519,7 +524,7 @@ def parse_inline(text: str) -> Plan:
                                                                                "schedule", "recompute",
                                                                                "cp_layout", "dtype", "layers",
                                                                                "tokens", "heads", "samples",
-                                                                               "doc_mask", "balance"]),
+                                                                               "doc_mask", "balance", "uses"]),
                             field="plan")
     if shares:
         rest["shares"] = shares

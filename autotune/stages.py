@@ -173,6 +173,8 @@ def problems(plan: Any, model: Any, cluster: Any) -> list[str]:
     if plan.zero_stage > 1:
         p.append(f"zero_stage: {plan.zero_stage} is not run with per-stage degrees (FSDP2 over replicas whose "
                  "shards differ is not built); use 0 or 1")
+    if getattr(plan, "doc_mask", False):
+        p.append("doc_mask: document masks are not priced or run with per-stage degrees yet")
     sp = schedule_problem(plan.schedule)
     if sp:
         p.append(sp)
@@ -307,6 +309,19 @@ def as_stages(plan: Any, cluster: Any) -> tuple[Stage, ...]:
             r0 = plan.rank_of(pp=s, dp=r)
             reps.append(Replica(tp=d.tp, devices=tuple(plan.device_index(r0 + i, cluster) for i in range(d.tp))))
         out.append(Stage(layers=sum(plan.layers_of_stage(s)), replicas=tuple(reps)))
+    return tuple(out)
+
+
+def renumbered(stages: tuple[Stage, ...]) -> tuple[Stage, ...]:
+    """The same stages on devices 0..n-1 in rank order: a local trial runs rank r as process r
+    (``local:N`` is one node, so every tp group stays inside it)."""
+    out, n = [], 0
+    for st in stages:
+        reps = []
+        for rep in st.replicas:
+            reps.append(Replica(tp=rep.tp, devices=tuple(range(n, n + rep.tp))))
+            n += rep.tp
+        out.append(Stage(layers=st.layers, replicas=tuple(reps)))
     return tuple(out)
 
 

@@ -43,6 +43,16 @@ DataOpt = Annotated[str | None, typer.Option(
 DataDtypeOpt = Annotated[str, typer.Option(
     "--data-dtype", help="Token dtype of a flat --data file: auto (uint16 for vocabularies up to 65,536, "
                          "else uint32), uint16 or uint32.")]
+EodOpt = Annotated[int | None, typer.Option(
+    "--eod", help="With --data (a flat token file): the end-of-document token id; the file's documents, "
+                  "packed in data order into --seq-len windows, are the workload (attention masked at their "
+                  "boundaries unless --no-doc-mask).", min=0)]
+LengthsOpt = Annotated[str | None, typer.Option(
+    "--lengths", help="A histogram of document lengths (`length,count` a line): the workload is windows packed "
+                      "from documents of these lengths (trials draw synthetic tokens for them).")]
+DocMaskOpt = Annotated[bool | None, typer.Option(
+    "--doc-mask/--no-doc-mask", help="Stop attention at document boundaries (default: on when --eod or "
+                                     "--lengths gives documents; off keeps every window one causal sequence).")]
 HostsOpt = Annotated[str | None, typer.Option(
     "--hosts", help="Hostfile (DeepSpeed/MPI: `HOSTNAME slots=N` a line, # comments): run across these hosts, "
                     "the first being this one (node-rank 0); the others are started through the remote shell.")]

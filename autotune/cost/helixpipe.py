@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from autotune.cost import cpu as _cpu
+from autotune.cost import layers as LY
 from autotune.cost import memory as M
 from autotune.cost import tensor_parallel as TP
 from autotune.cost.compute import head_compute, layer_compute
@@ -225,6 +226,11 @@ def rank_times(ctx) -> HelixRankTimes:
     lc = layer_compute(model, rates, tokens=ctx.tokens_local, tp=tp, heads_local=ctx.heads, keysum=ctx.keysum,
                        block_seq=ctx.tokens, blocks=ctx.ring, micro_batch=s.mbs, act_bytes=full - scores)
     qkv = rates.gemm_time(2.0 * ctx.tokens_local * h * (h + 2 * kv) / tp)
+    # the device's layer profile first, as for every other schedule (cost/layers.py: one scale)
+    blk = LY.piece(ctx, "block") or LY.reconciled_block(ctx, lc)
+    if blk is not None:
+        qkv *= blk.fwd / lc.fwd if lc.fwd > 0 else 1.0
+        lc = LY.measured_block(lc, blk)
     attn_bytes = _attention_bytes(ctx)
     share = min(1.0, attn_bytes / max(full - scores, 1.0))
     elem_a, elem_p = lc.elem_fwd * share, lc.elem_fwd * (1.0 - share)
@@ -241,8 +247,11 @@ def rank_times(ctx) -> HelixRankTimes:
         tpa_b += tpa_f
         tpp_b += tpp_f
     pre_f, pre_b = PRE_ATTENTION_ELEMENTWISE * cf * elem_p, 2.0 * PRE_ATTENTION_ELEMENTWISE * cf * elem_p
-    emb = cf * rates.memory_time(ctx.hidden_bytes) + TP.embedding_comm(ctx)
-    hf, hb = head_compute(model, rates, tokens=ctx.tokens_local, tp=tp)
+    m_emb = LY.piece(ctx, "embed") or LY.shard_piece(ctx, "embed")
+    emb = cf * (m_emb.fwd if m_emb is not None else rates.memory_time(ctx.hidden_bytes)) + TP.embedding_comm(ctx)
+    m_head = LY.piece(ctx, "head") or LY.shard_piece(ctx, "head")
+    hf, hb = (m_head.fwd, m_head.bwd) if m_head is not None else head_compute(model, rates, tokens=ctx.tokens_local,
+                                                                              tp=tp)
     htp = _cpu.head_tp_comm(ctx) if tp > 1 and rates.cpu is not None else (0.0, 0.0)
     block_f, block_b = p_f + tpp_f, p_b + tpp_b
     last_f = block_f - pre_f + cf * hf + htp[0]

@@ -50,11 +50,12 @@ from autotune.runtime.measure import (  # noqa: F401  (CommClock, the stopwatche
     reset_peak_memory,
 )
 from autotune.runtime.mesh import Mesh, build_mesh
-from autotune.runtime.model import Block, Layout, RMSNorm, build_on_meta, materialize, shard_info
+from autotune.runtime.model import Block, Layout, build_on_meta, materialize, shard_info, tp_replicated
 from autotune.runtime.optimizer import LR, WEIGHT_DECAY, ShardedOptimizer, TrainOptimizer  # noqa: F401
 from autotune.runtime.pipeline import build_schedule, build_stage_models
 from autotune.runtime.precision import TORCH_DTYPES
 from autotune.runtime.sharding import shard_stage_modules
+from autotune.runtime.tied import TIED_NAME, tied_axis
 from autotune.schedules import schedule_of
 from autotune.specs.model import ModelSpec
 
@@ -116,11 +117,15 @@ class RankTrainer:
         for _, m in self.stages:
             materialize(m, spec, seed, self.device, torch.float32)
         modules = [m for _, m in self.stages]
-        # with sequence parallelism the norms of the tp ranks saw different tokens: their gradients
-        # are summed over tp too (by the optimizer, on the fp32 gradients)
-        norms = {id(p) for m in modules for mod in m.modules() if isinstance(mod, RMSNorm)
-                 for p in mod.parameters()} if self.sp else set()
-        replicated = [i for i, p in enumerate(p for m in modules for p in m.parameters()) if id(p) in norms]
+        # with sequence parallelism the parameters every tp rank holds whole (norms, row-parallel
+        # biases, the position table) saw different tokens on each: their gradients are summed over
+        # tp too (by the optimizer, on the fp32 gradients)
+        whole = tp_replicated(modules) if self.sp else set()
+        replicated = [i for i, p in enumerate(p for m in modules for p in m.parameters()) if id(p) in whole]
+        # a tied embedding held by the first and the last stage: one weight in two copies (runtime/tied.py)
+        tied_ax = tied_axis(plan, spec.tied_embeddings, mesh.rank, timeout_s=mesh.timeout_s)
+        tied = [i for i, (name, _) in enumerate((n, p) for m in modules for n, p in m.named_parameters())
+                if name == TIED_NAME] if tied_ax is not None else []
         self.sharded = plan.zero_stage >= 2 and mesh.grad.group is not None
         if self.sharded:  # ZeRO-2/3: FSDP2 keeps fp32 shards and computes in the plan's dtype
             # replicas with different micro-batch counts gather per step (autotune/runtime/sharding.py)
@@ -130,7 +135,8 @@ class RankTrainer:
             self.params = [p for m in modules for p in m.parameters()]
             self.opt = ShardedOptimizer(roots, self.params, dtype=plan.dtype, replicated=replicated,
                                         tp_axis=tp, own_loop=plan.degrees.pp == 1, zero_stage=plan.zero_stage,
-                                        gather_per_microbatch=self.gather_per_microbatch)
+                                        gather_per_microbatch=self.gather_per_microbatch, tied=tied,
+                                        tied_axis=tied_ax)
         else:  # low-precision module copies; the optimizer keeps the fp32 masters
             masters = [p.detach().clone() for m in modules for p in m.parameters()]
             for m in modules:
@@ -139,7 +145,8 @@ class RankTrainer:
             # DDP-style overlap of the gradient all-reduce with backward where backward is ours (pp = 1)
             self.opt = TrainOptimizer(self.params, mesh.grad, min(plan.zero_stage, 1),
                                       overlap=plan.degrees.pp == 1, wait_clock=clock().timed_call,
-                                      dtype=plan.dtype, replicated=replicated, tp_axis=tp, masters=masters)
+                                      dtype=plan.dtype, replicated=replicated, tp_axis=tp, masters=masters,
+                                      tied=tied, tied_axis=tied_ax)
         self.dp_index = mesh["dp"].index
         self.n_micro = plan.microbatches_of_replica(self.dp_index)
         self.total_tokens = global_batch * seq_len
@@ -275,14 +282,23 @@ def train(plan: Plan, spec: ModelSpec, seq_len: int, global_batch: int, *, steps
     clk.stopwatch = CudaStopwatch() if cuda_events else WallStopwatch()
     clk.sync = functools.partial(torch.cuda.synchronize, device) if (
         device.type == "cuda" and not cuda_events) else _no_sync
-    mesh = build_mesh(plan, rank, device, timeout_s=timeout_s)
+    if plan.stages is not None:  # each stage its own degrees: autotune/runtime/stages.py
+        from autotune.runtime.stages import build_staged_mesh
+
+        mesh: Any = build_staged_mesh(plan, rank, device, timeout_s=timeout_s)
+    else:
+        mesh = build_mesh(plan, rank, device, timeout_s=timeout_s)
     # the peak is measured over this baseline (imports, process groups): what the plan itself needs
     # (weights, gradients, optimizer states, activations, communication buffers)
     baseline = reset_peak_memory(device)
     sched = schedule_of(plan)
-    if not sched.chain:  # a data flow that is no chain of stages (helixpipe): its hand-written runtime
-        trainer: Any = HelixTrainer(plan, spec, mesh, seq_len, global_batch, seed, data=data,
-                               documents=documents)
+    if plan.stages is not None:
+        from autotune.runtime.stages import StagedTrainer
+
+        trainer: Any = StagedTrainer(plan, spec, mesh, seq_len, global_batch, seed, data=data, clock=clk,
+                                     documents=documents)
+    elif not sched.chain:  # a data flow that is no chain of stages (helixpipe): its hand-written runtime
+        trainer = HelixTrainer(plan, spec, mesh, seq_len, global_batch, seed, data=data, documents=documents)
     else:
         trainer = RankTrainer(plan, spec, mesh, seq_len, global_batch, seed, data=data, documents=documents)
     losses, times, splits = [], [], []

@@ -103,7 +103,7 @@ def test_masked_window_loss_is_the_token_weighted_mean_of_its_documents_run_one_
         total += float(part.detach())
         grads = _grads(m) if grads is None else {k: grads[k] + v for k, v in _grads(m).items()}
         start += n
-    assert float(loss) == pytest.approx(total, rel=1e-5)
+    assert float(loss.detach()) == pytest.approx(total, rel=1e-5)
     for name, grad in _grads(window).items():
         torch.testing.assert_close(grad, grads[name], atol=1e-6, rtol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
     # and the mask matters: without it the same window's loss differs
