@@ -2,8 +2,8 @@
 
 A device may carry per-layer profiles (``DeviceSpec.layer_profiles``: ``autotune profile --layers``
 on that device, or another planner's files through ``profile import --format``). Where one matches
-the estimate (same model shape: hidden, heads, kv heads, MLP width, vocabulary, activation; same
-dtype) the compute module asks here first, and only falls back to its kernel curves (a kernel
+the estimate (same model shape: hidden, heads, kv heads, MLP width, vocabulary, activation; the
+same norm, biases and positions where the document records them; same dtype) the compute module asks here first, and only falls back to its kernel curves (a kernel
 profile) or the datasheet when this says nothing. The pieces: ``block`` (one decoder layer),
 ``head`` (final norm, LM head, loss) and ``embed``.
 
@@ -53,6 +53,10 @@ from dataclasses import dataclass
 from typing import Any
 
 SHAPE_KEYS = ("hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "activation")
+ARCH_KEYS = ("norm", "bias", "position")
+"""What a block is built of besides its shape (LayerNorm or RMSNorm, linear biases, learned or rotary
+positions): a document that records them matches only the same; one written before they were
+recorded (or by a format that does not say) matches as before."""
 
 
 @dataclass(frozen=True)
@@ -165,7 +169,8 @@ class LayerTable:
 
 def matches(doc: dict[str, Any], model: Any, dtype: str) -> bool:
     m = doc.get("model") or {}
-    return doc.get("dtype") == dtype and all(m.get(k) == getattr(model, k) for k in SHAPE_KEYS)
+    return (doc.get("dtype") == dtype and all(m.get(k) == getattr(model, k) for k in SHAPE_KEYS)
+            and all(m[k] == getattr(model, k) for k in ARCH_KEYS if k in m))
 
 
 _TABLES: dict[int, LayerTable] = {}
