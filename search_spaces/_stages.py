@@ -33,7 +33,6 @@ from typing import Any
 
 from autotune import stages as ST
 from autotune.cost import comm as C
-from autotune.cost.collectives import collectives_for
 from autotune.errors import InputError
 from autotune.plan import Plan, PlanError, even_split
 from autotune.schedules import get_schedule
