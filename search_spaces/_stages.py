@@ -320,9 +320,11 @@ def _opt_share(o: Option) -> float:
 
 def _sync_s(ctx: Any, c: Composition, n: list[int], zero: int) -> float:
     """Seconds of the slowest stage's gradient reduction after the pipeline (fp32 gradients)."""
-    from autotune.cost.context import collectives_for  # moved from cost/comm.py
+    from autotune.cost.collectives import collectives_for
+
     if c.dp == 1:
         return 0.0
+
     topo = C.topology(ctx.cluster)
     worst = 0.0
     for s, o in enumerate(c.stages):

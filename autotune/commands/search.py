@@ -85,7 +85,7 @@ def command(
     json_: JsonOpt = False,
 ) -> None:
     """Search parallel plans with Optuna over degrees and uneven shares using the cost model."""
-    from autotune.documents import documents_from_options
+    from autotune.commands.documents_options import documents_from_options
     from autotune.objective import make_objective
     from autotune.plan import choose_dtype
     from autotune.progress import Progress

@@ -108,6 +108,20 @@ def test_cluster_file_attaches_stored_layer_profiles(tmp_path):
         assert e.value.field == "nodes[0].layer_profile" and msg in e.value.message
 
 
+def test_a_profile_matches_only_the_architecture_it_measured():
+    """A block with LayerNorm, biases and learned positions is another block: a profile that records
+    them prices only that architecture; one that does not say (older documents) matches the shape."""
+    from autotune.cost.layers import matches
+
+    opt = dataclasses.replace(SMALL, norm="layernorm", bias=True, position="learned", max_positions=2048)
+    assert matches(_doc(opt), opt, "bf16") and not matches(_doc(opt), SMALL, "bf16")
+    assert matches(_doc(SMALL), SMALL, "bf16") and not matches(_doc(SMALL), opt, "bf16")
+    older = _doc(SMALL)
+    for k in ("norm", "bias", "position"):
+        del older["model"][k]
+    assert matches(older, SMALL, "bf16") and matches(older, opt, "bf16")
+
+
 # ---- one scale (issue 25, item 7) ---------------------------------------------------------------
 K = 1.7
 """How much slower than the datasheet the synthetic 'measurements' below ran."""
