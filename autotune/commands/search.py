@@ -195,8 +195,14 @@ def priced_from(bd: dict[str, Any] | None) -> str:
     """``; block from layers:3 (measured)`` or ``; block from datasheet x 1.37 (one scale: ...)``
     per device type where a layer profile priced the plan (cost/layers.py), else nothing."""
     src = (bd or {}).get("compute_source") or {}
-    parts = [f"{dev} block from {s['block'].split(',')[0] if s['block'].startswith('layers:') else s['block']}"
-             for dev, s in src.items() if "layers:" in s.get("block", "")]
+    parts = []
+    for dev, s in src.items():
+        blk = s.get("block", "")
+        if blk.startswith("layers:"):
+            parts.append(f"{dev} block from {blk.split(',')[0]}")
+        elif " (one scale: " in blk:  # "<fallback> x R (one scale: layers:ID (origin) / ..."
+            head, rest = blk.split(" (one scale: ", 1)
+            parts.append(f"{dev} block from {head} (on {rest.split(' / ')[0]}'s scale)")
     return "; " + "; ".join(parts) if parts else ""
 
 
