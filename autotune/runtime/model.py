@@ -111,6 +111,16 @@ class PositionEmbedding(nn.Module):
         return F.embedding(positions, self.weight)
 
 
+def learned_positions(pos_ids: torch.Tensor, docs: Any) -> torch.Tensor:
+    """The learned table's positions: global ones, or with documents each token's position inside
+    its document (``[B, n]``, ``documents.doc_positions``)."""
+    if docs is None:
+        return pos_ids
+    from autotune.runtime.documents import doc_positions
+
+    return doc_positions(docs, pos_ids)
+
+
 def hidden_positions(layout: Layout, seq_len: int, device: torch.device | None = None) -> torch.Tensor:
     """Global positions of the tokens of this rank's hidden states: the layout's (CP/HP) positions,
     or 0..S-1, then this tp rank's contiguous part of them under sequence parallelism (the split
@@ -288,7 +298,7 @@ class StageModel(nn.Module):
         if self.first:
             x = self.embed(x)
             if not self.rope:  # after the embedding's reduction: once, on this rank's tokens
-                x = x + self.pos_embed(self.pos_ids).to(x.dtype)
+                x = x + self.pos_embed(learned_positions(self.pos_ids, self.docs)).to(x.dtype)
         cos, sin = (self.cos.to(x.dtype), self.sin.to(x.dtype)) if self.rope else (None, None)
         docs = self.docs
         for block in self.layers.values():

@@ -44,6 +44,27 @@ CASES = [
 ]
 
 
+# learned absolute positions (restarted per document), LayerNorm and biases: the positions' paths
+LEARNED = ModelSpec(name="docs-learned", layers=4, hidden=64, heads=8, kv_heads=4, ffn_hidden=128, vocab=128,
+                    position="learned", max_positions=64, norm="layernorm", bias=True, activation="gelu")
+LEARNED_CASES = [
+    ("learned-cp2-zigzag", dict(B, degrees={"cp": 2})),
+    ("learned-tp2-sp", dict(B, degrees={"tp": 2}, sequence_parallel=True)),
+    ("learned-helix-pp2", dict(B, degrees={"pp": 2}, schedule="helixpipe", recompute="full")),
+]
+
+
+@functools.cache
+def run_learned() -> dict[str, list]:
+    return run_plans("autotune.runtime.worker:plans_job", LEARNED, LEARNED_CASES, 2, SEQ, BATCH, STEPS, SEED,
+                     documents=DOCS)
+
+
+@pytest.mark.parametrize("name", [n for n, _ in LEARNED_CASES])
+def test_learned_positions_restart_per_document_in_every_layout(name):
+    assert_matches_reference(run_learned()[name], reference(LEARNED, SEQ, BATCH, STEPS, SEED, documents=DOCS))
+
+
 @functools.cache
 def run_all() -> dict[str, list]:
     return run_plans("autotune.runtime.worker:plans_job", SPEC, CASES, 4, SEQ, BATCH, STEPS, SEED, documents=DOCS)
