@@ -154,7 +154,7 @@ def schedule_problem(schedule: str) -> str | None:
 def tp_problems(tp: int, model: Any) -> list[str]:
     """What a tp degree must divide (the uniform rule of ``autotune.divisibility``)."""
     from autotune.divisibility import degree_problems
-    from autotune.plan import Degrees
+    from autotune.plan_parts import Degrees
 
     return [t for f, t in degree_problems(Degrees(tp=tp), model, 1) if f == "degrees.tp"]
 
@@ -224,7 +224,7 @@ def problems(plan: Any, model: Any, cluster: Any) -> list[str]:
 def envelope(stages: tuple[Stage, ...], cp: int = 1, hp: int = 1) -> Any:
     """The plan's ``degrees`` for these stages: pp stages, dp replicas per stage (the first stage's),
     tp the largest of any replica. Their product is no device count: ``Plan.world`` counts devices."""
-    from autotune.plan import Degrees
+    from autotune.plan_parts import Degrees
 
     return Degrees(pp=len(stages), dp=stages[0].dp if stages else 1, cp=cp, hp=hp,
                    tp=max((r.tp for st in stages for r in st.replicas), default=1))
@@ -234,7 +234,7 @@ def chunk_layers(stages: tuple[Stage, ...], v: int) -> tuple[int, ...]:
     """``shares.layers`` (pp * v entries in model order) of these stages: each stage's layers split
     as evenly as possible over its v chunks; chunk c of stage s is model chunk ``c * pp + s`` (the
     looped placement of 1F1B and interleaved 1F1B)."""
-    from autotune.plan import even_split
+    from autotune.plan_parts import even_split
 
     p = len(stages)
     out = [0] * (p * v)
@@ -247,7 +247,8 @@ def chunk_layers(stages: tuple[Stage, ...], v: int) -> tuple[int, ...]:
 def resolve(plan: Any, model: Any, cluster: Any, seq_len: int, global_batch: int) -> Any:
     """``Plan.resolve`` of a per-stage plan: degrees (the ``envelope``), layers per chunk, even
     samples by default, the placement the stages name; raises PlanError naming every problem."""
-    from autotune.plan import Placement, PlanError, Shares, Workload, even_split, schedule_of
+    from autotune.plan_parts import Placement, PlanError, Shares, Workload, even_split
+    from autotune.schedules import schedule_of
 
     p = problems(plan, model, cluster)
     if p:

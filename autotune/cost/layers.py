@@ -361,7 +361,7 @@ def predicted_pieces(plan: Any, model: Any, cluster: Any, seq_len: int, global_b
     the layer profile where it applies, else the compute module's kernel or datasheet model."""
     from autotune.cost import memory as M
     from autotune.cost.compute import head_compute, layer_compute
-    from autotune.cost.context import step_context, tp_groups
+    from autotune.cost.steps import step_context, tp_groups
 
     s = step_context(plan, model, cluster, seq_len, global_batch, None)
     ctx = tp_groups(s)[0][2]

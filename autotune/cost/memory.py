@@ -231,7 +231,7 @@ def _cell_tp(plan: Any, r0: int) -> int:
 
 def _group_memory(plan: Any, model: Any, cluster: Any, seq_len: int, global_batch: int) -> Any:
     """(first rank, bytes, terms) of every tp group, each distinct context priced once."""
-    from autotune.cost.context import step_context, tp_groups
+    from autotune.cost.steps import step_context, tp_groups
 
     step = step_context(plan, model, cluster, seq_len, global_batch, None)
     seen: dict[int, tuple[float, dict[str, float]]] = {}

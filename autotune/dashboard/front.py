@@ -18,7 +18,7 @@ def _cost_text(c: dict[str, Any], currency: str) -> str:
 
 def front_table(front: list[dict[str, Any]], wide: bool = False, currency: str = "") -> Any:
     """One row per point of the front, fastest first; the chosen plan marked ``*``."""
-    from autotune.commands.common import console
+    from autotune.consoles import console
     from autotune.dashboard.tables import Col, fit
 
     currency = currency or _currency(front)

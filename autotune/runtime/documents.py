@@ -79,9 +79,11 @@ def doc_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: Docs)
     """Masked causal attention of whole windows: q/k/v ``[B, H, S, D]`` (kv already expanded to the
     query heads). One causal SDPA per document piece; autograd goes through the slices."""
     rows = []
-    for b, row in enumerate(docs):
-        parts = [F.scaled_dot_product_attention(q[b:b + 1, :, s:e], k[b:b + 1, :, s:e], v[b:b + 1, :, s:e],
-                                                is_causal=True) for s, e in doc_starts(row)]
+    # split, not slices: a split's backward concatenates the pieces' gradients once, where every
+    # slice's backward would write its gradient into a zero tensor of the whole window
+    for row, qb, kb, vb in zip(docs, q.split(1), k.split(1), v.split(1), strict=True):
+        parts = [F.scaled_dot_product_attention(qd, kd, vd, is_causal=True)
+                 for qd, kd, vd in zip(qb.split(row, dim=2), kb.split(row, dim=2), vb.split(row, dim=2), strict=True)]
         rows.append(torch.cat(parts, dim=2))
     return torch.cat(rows, dim=0)
 
