@@ -220,7 +220,7 @@ def _reference_block(ctx: Any) -> Any:
     """The fallback's ``LayerCompute`` of the block the profile can price that is nearest the
     rank's: the same device, micro-batch and tp shard over the whole sequence, all heads of the
     shard, cp = hp = 1."""
-    from autotune.cost import memory as M
+    from autotune.cost import activations as M
     from autotune.cost.compute import layer_compute
 
     s, seq = ctx.step, ctx.step.seq_len
@@ -271,7 +271,7 @@ def activation_scale(ctx: Any) -> tuple[float, str] | None:
     layer profile: at the rank's shape where the profile holds it, else at the whole sequence
     (cp = hp = 1, no sequence parallelism: what ``profile --layers`` builds). None: no matching
     profile, or it measured no activation bytes."""
-    from autotune.cost import memory as M
+    from autotune.cost import activations as M
 
     s = ctx.step
     table = table_for(ctx.spec, s.model, s.dtype)
@@ -359,7 +359,7 @@ def predicted_pieces(plan: Any, model: Any, cluster: Any, seq_len: int, global_b
     """What the cost model prices one micro-batch's ``embed``, ``block`` and ``head`` at on the first
     rank of ``plan`` (seconds fwd, bwd, and the source), as ``rank.rank_cost`` composes them:
     the layer profile where it applies, else the compute module's kernel or datasheet model."""
-    from autotune.cost import memory as M
+    from autotune.cost import activations as M
     from autotune.cost.compute import head_compute, layer_compute
     from autotune.cost.steps import step_context, tp_groups
 
