@@ -32,16 +32,21 @@ def command(model: ModelOpt, cluster: ClusterOpt, plan: PlanOpt, seq_len: SeqLen
                                                                     "(breakdown.timeline) in --json output."),
             storage: StorageOpt = "sqlite:///results/autotune.db", wide: WideOpt = False,
             dtype: DtypeOpt = "auto",
+            target: str = typer.Option("runtime", "--target", help="Who will run the plan: runtime (autotune's "
+                                       "own), megatron, torchtitan, deepspeed or accelerate; the price follows "
+                                       "that framework's kernels (per-kernel host time, kernels per block)."),
             json_: JsonOpt = False) -> None:
     """Predict step time, tokens/s, MFU and per-device memory of one plan on a cluster."""
     from autotune.cost import estimate
     from autotune.plan import load_plan_for
     from autotune.specs import load_cluster, load_model
+    from autotune.targets import check_target, kernel_costs
 
+    kernels = kernel_costs(check_target(target))
     m = load_model(model)
     c = load_cluster(cluster, storage=storage)
     p = load_plan_for(plan, c, dtype)
-    est = estimate(p, m, c, seq_len, global_batch, timeline=timeline)
+    est = estimate(p, m, c, seq_len, global_batch, timeline=timeline, kernels=kernels)
     if json_:
         emit_json(est.to_dict())
         return
@@ -78,6 +83,11 @@ def _print(est: Any, model: Any, cluster: Any, wide: bool = False) -> None:
     console.print(_stage_table(bd, plan, wide))
     console.print(_rank_table(bd, wide))
     console.print(f"throughput from: {'; '.join(bd['throughput_source'])}", highlight=False, soft_wrap=False)
+    rt = bd.get("runtime")
+    if rt:
+        console.print(f"priced as {rt['name']} runs it: {rt['kernels_per_block_fwd']} kernels per block forward, "
+                      f"{rt['host_s_per_kernel'] * 1e6:g} us host time each (--target)", highlight=False,
+                      soft_wrap=False)
     for dev, src in (bd.get("compute_source") or {}).items():  # a layer profile priced some pieces
         if any(v.startswith("layers:") for v in src.values()):
             console.print(f"{dev} pieces from: " + "; ".join(f"{k} {v}" for k, v in src.items()), highlight=False,

@@ -59,12 +59,15 @@ class Estimate:
 
 
 def estimate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: int, *,
-             calibration: dict[str, dict[str, float]] | None = None, timeline: bool = False) -> Estimate:
+             calibration: dict[str, dict[str, float]] | None = None, timeline: bool = False,
+             kernels: Any = None) -> Estimate:
     """Predict one training step of ``plan`` (resolved here; PlanError when it does not fit).
 
     ``timeline=True`` also fills ``breakdown["timeline"]`` with the simulated events (None
-    otherwise); ``calibration`` is ``{device type: {"compute": f, "comm": f}}`` from ``validate``."""
-    s = step_context(plan, model, cluster, seq_len, global_batch, calibration)
+    otherwise); ``calibration`` is ``{device type: {"compute": f, "comm": f}}`` from ``validate``;
+    ``kernels`` the per-kernel costs of the runtime that will run the plan (``cost/kernels.py``,
+    ``targets.kernel_costs``; None: autotune's own runtime)."""
+    s = step_context(plan, model, cluster, seq_len, global_batch, calibration, kernels)
     own = None if s.schedule.chain else s.schedule  # a data flow that is no chain of stages prices itself
     costs: dict[int, Any] = {}
     groups = []
