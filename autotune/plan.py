@@ -36,10 +36,14 @@ from autotune.errors import InputError, suggest
 from autotune.schedules import names, schedule_of
 from autotune.specs import fields as F
 
-SCHEMA_VERSION = 2
-"""2: ``dtype`` is the mixed-precision recipe (low-precision compute, fp32 master weights and AdamW
-states, gradients reduced in ``GRAD_REDUCE_DTYPE``); version-1 plans load unchanged."""
-READABLE_SCHEMA_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3
+"""3: optional fields of this round: per-stage degrees (``stages``, autotune/stages.py), the subset
+of a pool a plan runs on (``uses``, autotune/specs/pool.py), packed documents (``doc_mask``,
+``balance``, autotune/documents.py); absent, a plan is what 2 was, and a plan writes them only where
+they change something. 2: ``dtype`` is the mixed-precision recipe (low-precision compute, fp32 master
+weights and AdamW states, gradients reduced in ``GRAD_REDUCE_DTYPE``). Version-1 and -2 plans load
+unchanged."""
+READABLE_SCHEMA_VERSIONS = (1, 2, 3)
 DIMS = ("dp", "pp", "cp", "hp", "tp")
 MESH_ORDER = ("pp", "dp", "cp", "hp", "tp")
 RECORD_KEYS = ("predicted", "measured", "provenance")
@@ -52,6 +56,9 @@ RECOMPUTE = ("none", "selective", "full")
 HELIX_FOLDS = (1, 2)
 """HelixPipe's fold counts (the fork's ``--num-fold``: two folds hide one another's transfers)."""
 CP_LAYOUTS = ("zigzag", "contiguous")
+BALANCES = ("count", "cost")
+"""How packed windows go to DP replicas: ``count`` (rows in order, ``shares.samples`` each) or
+``cost`` (the same counts, heavy windows spread by attention cost: autotune/documents.py)."""
 DTYPES = ("bf16", "fp16", "fp32", "fp32-strict")  # fp32: TF32 GEMMs where the device has them
 DTYPE_CHOICES = ("auto", *DTYPES)
 """What ``--dtype`` takes: ``auto`` is bf16 where every device of the cluster has it, else fp16
@@ -179,16 +186,29 @@ class Plan:
     """CP shard placement: zigzag (load-balanced causal) or contiguous."""
     dtype: str = "bf16"
     """Compute dtype (fp32 for bit-comparable CPU trials)."""
+    doc_mask: bool = False
+    """Attention stops at document boundaries inside packed windows (needs a length distribution or
+    a token file with its document ends; False: every window is one causal sequence)."""
+    balance: str = "count"
+    """With documents: how windows are dealt to DP replicas (``BALANCES``)."""
     shares: Shares = field(default_factory=Shares)
     placement: tuple[Placement, ...] | None = None
     workload: Workload | None = None
+    stages: tuple[Any, ...] | None = None
+    """Per-stage device groups and degrees (``autotune.stages.Stage``; None: the uniform mesh of
+    ``degrees``). With stages, ``degrees`` is their envelope (pp stages, dp replicas, the largest tp)
+    and the ranks are numbered stage, replica, tp rank (``autotune.stages.rank_table``)."""
+    uses: tuple[int, ...] | None = None
+    """Nodes used per node group of the pool (the first ``uses[g]`` of group ``g``); None: every
+    node. The plan is resolved and priced on ``autotune.specs.pool.subset(cluster, uses)``, and its
+    placement names nodes of that sub-cluster (docs/files.md, "Pools")."""
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
         """The enumerated fields are checked here, so a Plan built in code is as safe as one read from
         JSON (a misspelt schedule must not be priced as another one)."""
         for name, choices in (("schedule", SCHEDULES), ("recompute", RECOMPUTE), ("cp_layout", CP_LAYOUTS),
-                              ("dtype", DTYPES)):
+                              ("dtype", DTYPES), ("balance", BALANCES)):
             _check_choice(getattr(self, name), choices, name)
         z = self.zero_stage
         if isinstance(z, bool) or z not in ZERO_STAGES:
@@ -197,13 +217,21 @@ class Plan:
     # ---- mesh arithmetic ----------------------------------------------------------------------
     @property
     def world(self) -> int:
+        if self.stages is not None:
+            return sum(len(r.devices) for st in self.stages for r in st.replicas)
         return self.degrees.world
 
     def mesh_shape(self) -> tuple[int, ...]:
         return tuple(getattr(self.degrees, d) for d in MESH_ORDER)
 
     def coords(self, rank: int) -> dict[str, int]:
-        """Mesh coordinate of ``rank`` as {dim: index}."""
+        """Mesh coordinate of ``rank`` as {dim: index} (of a per-stage plan: its stage, replica and
+        index in its replica's tp group)."""
+        if self.stages is not None:
+            from autotune.stages import layout_of
+
+            x = layout_of(self.stages).slots[rank]
+            return {"pp": x.stage, "dp": x.replica, "cp": 0, "hp": 0, "tp": x.tp_index}
         out: dict[str, int] = {}
         for d in reversed(MESH_ORDER):
             n = getattr(self.degrees, d)
@@ -259,7 +287,7 @@ class Plan:
         """What tells two layouts apart, as opposed to share variations of one layout: degrees,
         schedule, virtual stages and micro-batch size. ``validate`` measures the best plan of each
         layout first and ``search`` shows one plan per layout, by this one rule."""
-        return (self.degrees, self.schedule, self.virtual_stages, self.micro_batch_size)
+        return (self.degrees, self.schedule, self.virtual_stages, self.micro_batch_size, self.stages)
 
     def is_even(self) -> bool:
         """True when every resolved share is an even split (the Megatron/torchtitan baseline shape)."""
@@ -281,10 +309,20 @@ class Plan:
         count) and validate against the model and cluster; raises PlanError naming every problem.
         A plan this returned resolves to itself against the same workload without being checked
         again (the search resolves each plan it builds, and the estimate resolves it once more)."""
+        if self.uses is not None:  # a plan on a subset of a pool resolves on that subset
+            from autotune.specs.pool import subset
+
+            cluster = subset(cluster, self.uses)
         key = (id(self), id(model), id(cluster), seq_len, global_batch)
         hit = _RESOLVED.get(key)
         if hit is not None and hit[0] is self and hit[1] is model and hit[2] is cluster:
             return self
+        if self.stages is not None:
+            from autotune import stages as ST
+
+            plan = ST.resolve(self, model, cluster, seq_len, global_batch)
+            _RESOLVED[(id(plan), id(model), id(cluster), seq_len, global_batch)] = (plan, model, cluster)
+            return plan
         d = self.degrees
         problems = _check_basic(self, model, cluster, seq_len, global_batch)
         if problems:
@@ -324,6 +362,16 @@ class Plan:
 
     # ---- JSON ---------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
+        d = self._base_dict()
+        if self.stages is not None:  # absent for uniform plans: their JSON reads as before
+            d["stages"] = [st.to_dict() for st in self.stages]
+        if self.doc_mask:  # version-3 fields only where they change something (old plans stay as they were)
+            d["doc_mask"] = True
+        if self.balance != "count":
+            d["balance"] = self.balance
+        return d
+
+    def _base_dict(self) -> dict[str, Any]:
         return {
             "schema_version": self.schema_version,
             "degrees": self.degrees.to_dict(),
@@ -341,6 +389,7 @@ class Plan:
             "shares": self.shares.to_dict(),
             "placement": ([dataclasses.asdict(p) for p in self.placement] if self.placement is not None else None),
             "workload": dataclasses.asdict(self.workload) if self.workload else None,
+            **({"uses": list(self.uses)} if self.uses is not None else {}),
         }
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -564,6 +613,8 @@ def _plan_from_dict(d: Any) -> Plan:
         raise InputError(f"schema_version {sv!r} is not supported (this autotune reads "
                          f"{', '.join(map(str, READABLE_SCHEMA_VERSIONS))})", field="schema_version")
     deg = d.get("degrees")
+    if deg is None and d.get("stages") is not None:
+        deg = {}  # a per-stage plan's degrees are its stages' envelope
     if not isinstance(deg, dict):
         raise InputError("missing required field (a mapping of dp, pp, cp, hp, tp)", field="degrees")
     F.reject_unknown(deg, set(DIMS), "degrees")
@@ -574,6 +625,11 @@ def _plan_from_dict(d: Any) -> Plan:
     F.reject_unknown(sh, {"layers", "tokens", "heads", "samples"}, "shares")
     shares = Shares(**{k: _int_list(sh.get(k), f"shares.{k}") for k in ("layers", "tokens", "heads", "samples")})
     placement = None if d.get("placement") is None else _placement_from(d["placement"])
+    from autotune.stages import envelope, stages_from
+
+    stages = stages_from(d.get("stages"))
+    if stages is not None and sv < 3:
+        raise InputError(f"stages need schema_version 3, the file says {sv}", field="stages")
     workload = None if d.get("workload") is None else _workload_from(d["workload"])
     nmb = d.get("num_microbatches")
     for key in RECORD_KEYS:  # read by autotune.plan_record; a Plan is the configuration alone
@@ -582,6 +638,8 @@ def _plan_from_dict(d: Any) -> Plan:
     zero = F.get_int(d, "zero_stage", "zero_stage", default=0, minimum=0)
     if zero > 3:
         raise InputError(f"must be 0, 1, 2 or 3, got {zero}", field="zero_stage")
+    if stages is not None and degrees == Degrees():
+        degrees = envelope(stages)
     return Plan(
         degrees=degrees,
         micro_batch_size=F.get_int(d, "micro_batch_size", "micro_batch_size", default=1),
@@ -595,8 +653,19 @@ def _plan_from_dict(d: Any) -> Plan:
         sequence_parallel=F.get_bool(d, "sequence_parallel", "sequence_parallel", default=False),
         cp_layout=F.get_str(d, "cp_layout", "cp_layout", default="zigzag", choices=CP_LAYOUTS),
         dtype=F.get_str(d, "dtype", "dtype", default="bf16", choices=DTYPES),
-        shares=shares, placement=placement, workload=workload,
+        doc_mask=F.get_bool(d, "doc_mask", "doc_mask", default=False),
+        balance=F.get_str(d, "balance", "balance", default="count", choices=BALANCES),
+        shares=shares, placement=placement, workload=workload, stages=stages,
+        uses=_uses_from(d.get("uses")),
     )
+
+
+def _uses_from(v: Any) -> tuple[int, ...] | None:
+    """``uses``: node counts per node group (checked against the pool when the plan is resolved)."""
+    u = _int_list(v, "uses")
+    if u is not None and (not u or any(x < 0 for x in u)):
+        raise InputError(f"expected a node count >= 0 per node group, got {v!r}", field="uses")
+    return u
 
 
 def _placement_from(pl: Any) -> tuple[Placement, ...]:
@@ -657,15 +726,21 @@ def parse_inline(text: str) -> Plan:
                 raise PlanError(f"expected counts separated by '/', e.g. {key}=13/19, got {value!r}",
                                 field=f"shares.{key}")
             shares[key] = [int(x) for x in parts]
-        elif key == "sequence_parallel":
+        elif key == "uses":  # node counts per node group of a pool, e.g. uses=1/0
+            parts = value.split("/")
+            if not all(x.strip().isdigit() for x in parts):
+                raise PlanError(f"expected node counts separated by '/', e.g. uses=2/0, got {value!r}", field="uses")
+            rest["uses"] = [int(x) for x in parts]
+        elif key in ("sequence_parallel", "doc_mask"):
             rest[key] = value.lower() in ("1", "true", "yes", "on")
-        elif key in ("schedule", "recompute", "cp_layout", "dtype"):
+        elif key in ("schedule", "recompute", "cp_layout", "dtype", "balance"):
             rest[key] = value
         else:
             raise PlanError(f"unknown inline plan key {key!r}" + suggest(key, [*DIMS, *_INLINE_ALIASES,
                                                                                "schedule", "recompute",
                                                                                "cp_layout", "dtype", "layers",
-                                                                               "tokens", "heads", "samples"]),
+                                                                               "tokens", "heads", "samples",
+                                                                               "doc_mask", "balance", "uses"]),
                             field="plan")
     if shares:
         rest["shares"] = shares

@@ -110,6 +110,8 @@ def _launch(plan: Plan, ctx: ExportContext, dry_run: bool, steps: int, json_: bo
         from autotune import hostfile
 
         hosts = hostfile.read_hosts(hosts_file)
+        if plan.uses is not None and len(hosts) == ctx.cluster.num_nodes != len(cmds):
+            hosts = [hosts[c.node] for c in cmds]  # a hosts file of the whole pool: the used nodes' hosts
         hostfile.check_hosts(hosts, [int(c.argv[c.argv.index("--nproc-per-node") + 1]) for c in cmds], "the plan",
                              hosts_file)
         addr, port = hostfile.rendezvous(hosts)
@@ -138,10 +140,24 @@ def _launch(plan: Plan, ctx: ExportContext, dry_run: bool, steps: int, json_: bo
                       f"final loss {summary['losses'][-1]:.4f}", highlight=False)
 
 
+def _say_subset(plan: Plan, ctx: ExportContext) -> None:
+    """A plan on a subset of a pool: what it uses, what it leaves out and (from the search) why."""
+    from autotune.specs.pool import subset_text
+
+    text = None if getattr(ctx, "cluster_assumed", False) else subset_text(ctx.cluster, plan.uses)
+    if text is None:
+        return
+    err_console.print(text, highlight=False, soft_wrap=True)
+    for line in getattr(ctx, "left_out", ()):  # the search's chosen plan: why each left-out group pays
+        err_console.print(line, highlight=False, soft_wrap=True)
+
+
 def command(
     study: Annotated[str | None, typer.Option("--study", help="Study name: export its best trial "
                                               "(the best measured one once validated).")] = None,
     plan_file: Annotated[str | None, typer.Option("--plan", "-p", help="Plan JSON file to export.")] = None,
+    trial: Annotated[int | None, typer.Option("--trial", help="With --study: export trial N instead of the best "
+                                              "(e.g. a point of the search's Pareto front).", min=0)] = None,
     fmt: Annotated[str, typer.Option("--format", "-f", help="Target: " + ", ".join(FORMATS) + ".")] = "json",
     output: Annotated[str | None, typer.Option("--output", "-o", help="Write to FILE (all or nothing); "
                                                "default: print.")] = None,
@@ -172,6 +188,8 @@ def command(
     """Export a plan for Megatron, torchtitan, DeepSpeed, Accelerate or JSON, or launch it."""
     if (study is None) == (plan_file is None):
         raise InputError("give exactly one of --study NAME or --plan FILE", field="--study/--plan")
+    if trial is not None and study is None:
+        raise InputError("--trial goes with --study", field="--trial")
     if dry_run and not launch:
         raise InputError("--dry-run only goes with --launch", field="--dry-run")
     if node_rank is not None and not launch:
@@ -191,7 +209,7 @@ def command(
         for opt, v in (("--model", model), ("--seq-len", seq_len), ("--global-batch", global_batch)):
             if v is not None:
                 raise InputError("the study records what its plans are for; drop it or use --plan", field=opt)
-        record, ctx = from_study(study, storage, cluster)
+        record, ctx = from_study(study, storage, cluster, trial)
     else:
         assert plan_file is not None
         record, ctx = from_plan_file(plan_file, model, seq_len, global_batch, cluster, storage)
@@ -200,6 +218,8 @@ def command(
     precision = (plan.dtype if dtype == "auto" else dtype) if getattr(ctx, "cluster_assumed", False) else (
         choose_dtype(dtype, ctx.cluster, plan.dtype))
     plan = plan.replace(dtype=precision).resolve(ctx.model, ctx.cluster, ctx.seq_len, ctx.global_batch)
+    if not json_:
+        _say_subset(plan, ctx)
     if launch:
         _launch(plan, ctx, dry_run, steps, json_, node_rank, timeout, hosts, remote_shell)
         return

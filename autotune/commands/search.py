@@ -12,9 +12,14 @@ from rich.text import Text
 from autotune.commands.common import (
     DEFAULT_STORAGE,
     ClusterOpt,
+    DataDtypeOpt,
+    DataOpt,
+    DocMaskOpt,
     DtypeOpt,
+    EodOpt,
     GlobalBatchOpt,
     JsonOpt,
+    LengthsOpt,
     ModelOpt,
     SeedOpt,
     SeqLenOpt,
@@ -40,6 +45,13 @@ SamplerOpt = Annotated[str, typer.Option("--sampler", help="tpe (default), rando
 WorkersOpt = Annotated[int, typer.Option("--workers", "-w", help="Processes searching one study.")]
 TopOpt = Annotated[int, typer.Option("--top", "-k", help="Plans to show and print.")]
 SpaceOpt = Annotated[str, typer.Option("--space", help="Search space module in search_spaces/.")]
+ObjectiveOpt = Annotated[str, typer.Option("--objective", help="time: the fastest plan; cost: the cheapest per "
+                                                               "token (needs price on every node group).")]
+BudgetOpt = Annotated[str | None, typer.Option("--budget", help="Fastest (or cheapest) within this price per hour "
+                                                               "of the devices used, e.g. 40USD/h.")]
+MaxStepOpt = Annotated[str | None, typer.Option("--max-step-time", help="Only plans whose step takes at most this "
+                                                                       "long, e.g. 2s (cheapest within a time: with "
+                                                                       "--objective cost).")]
 TargetOpt = Annotated[str, typer.Option("--target", help="Who will run the plan: runtime (autotune's own, "
                                                          "everything the space holds), megatron, torchtitan, "
                                                          "deepspeed or accelerate (only what it can express).")]
@@ -62,12 +74,23 @@ def command(
     wide: WideOpt = False,
     dtype: DtypeOpt = "auto",
     target: TargetOpt = "runtime",
+    objective: ObjectiveOpt = "time",
+    budget: BudgetOpt = None,
+    max_step_time: MaxStepOpt = None,
+    data: DataOpt = None,
+    eod: EodOpt = None,
+    lengths: LengthsOpt = None,
+    doc_mask: DocMaskOpt = None,
+    data_dtype: DataDtypeOpt = "auto",
     json_: JsonOpt = False,
 ) -> None:
     """Search parallel plans with Optuna over degrees and uneven shares using the cost model."""
+    from autotune.documents import documents_from_options
+    from autotune.objective import make_objective
     from autotune.plan import choose_dtype
     from autotune.progress import Progress
-    from autotune.search import SearchOptions, check_options, search
+    from autotune.search import SearchOptions, check_options
+    from autotune.search.pool import pool_search
     from autotune.specs import load_cluster, load_model
     from autotune.study import default_study_name
 
@@ -76,16 +99,27 @@ def command(
     check_options(opts, storage)
     m = load_model(model)
     c = load_cluster(cluster, storage=storage)
+    obj = make_objective(objective, budget, max_step_time, c)  # cost without prices: refused here, one line
+    docs = documents_from_options(data=data, eod=eod, lengths=lengths, vocab=m.vocab, data_dtype=data_dtype)
+    if docs is not None:  # the study records the distribution; the plans are priced with their masks
+        mask = doc_mask is not False
+        opts = dataclasses.replace(opts, documents={**docs.record(), "doc_mask": mask}, doc_mask=mask)
+    elif doc_mask:
+        from autotune.errors import InputError
+
+        raise InputError("needs documents: --data FILE --eod ID or --lengths FILE", field="--doc-mask")
     # the precision is chosen (and a device that lacks it refused) before any point is priced
     opts = dataclasses.replace(opts, dtype=choose_dtype(dtype, c))
     # a study holds one precision and one target: another one is another default study
     name = study or (default_study_name(m, c, seq_len, global_batch) + ("" if opts.dtype == "bf16" else f"-{opts.dtype}")
-                     + ("" if target == "runtime" else f"-{target}"))
+                     + ("" if target == "runtime" else f"-{target}")
+                     + ("" if docs is None else f"-docs{docs.dist.digest()[:8]}" + ("" if opts.doc_mask else "-nomask")))
     if not json_:
         err_console.print(f"searching {m.name} on {c.name} ({c.num_devices} devices), seq {seq_len}, batch "
                           f"{global_batch}: study {name!r} in {storage}", highlight=False)
     with Progress(err_console, enabled=not json_) as live:  # a terminal only; nothing under --json or a pipe
-        res = search(m, c, seq_len, global_batch, study_name=name, storage=storage, options=opts, display=live)
+        res = pool_search(m, c, seq_len, global_batch, study_name=name, storage=storage, options=opts, objective=obj,
+                          display=live)
     if json_:
         emit_json(res.to_dict())
         return
@@ -156,6 +190,15 @@ def why(p: dict[str, Any], bd: dict[str, Any] | None, best: dict[str, Any], best
             f"{step / best_step:.2f}x the best's step time")
 
 
+def priced_from(bd: dict[str, Any] | None) -> str:
+    """``; block from layers:3 (measured)`` or ``; block from datasheet x 1.37 (one scale: ...)``
+    per device type where a layer profile priced the plan (cost/layers.py), else nothing."""
+    src = (bd or {}).get("compute_source") or {}
+    parts = [f"{dev} block from {s['block'].split(',')[0] if s['block'].startswith('layers:') else s['block']}"
+             for dev, s in src.items() if "layers:" in s.get("block", "")]
+    return "; " + "; ".join(parts) if parts else ""
+
+
 def plan_table(plans: list[dict[str, Any]], title: str, measured: bool = False, wide: bool = False,
                breakdowns: list[dict[str, Any] | None] | None = None) -> Group:
     """The plans, fitted to the terminal, with one line per plan under the table on why it is where
@@ -180,7 +223,7 @@ def plan_table(plans: list[dict[str, Any]], title: str, measured: bool = False, 
         rows.append(row)
     lines = []
     if breakdowns is not None and plans:
-        lines = [Text(f"#{i + 1} {why(p, bd, plans[0], breakdowns[0])}", style="dim")
+        lines = [Text(f"#{i + 1} {why(p, bd, plans[0], breakdowns[0])}{priced_from(bd)}", style="dim")
                  for i, (p, bd) in enumerate(zip(plans, breakdowns, strict=True))]
     caption = "options: micro-batch size x micro-batches, schedule when not 1f1b, recompute, ZeRO stage"
     return Group(fit(console, cols, rows, wide=wide, title=title, caption=caption), *lines)
@@ -223,6 +266,13 @@ def show(res: dict[str, Any], storage: str | None = None, wide: bool = False,
         console.print(f"why the best wins: {res['why']}", highlight=False)
     if res.get("targets"):
         console.print(targets_line(res["targets"]), highlight=False)
+    front = res.get("front") or []
+    if len(front) > 1 or any(p.get("uses") for p in front):
+        from autotune.dashboard.front import front_table
+
+        console.print(front_table(front, wide=wide))
+    for line in res.get("left_out") or []:
+        console.print(line, highlight=False)
     for n in res.get("notes") or []:
         console.print(f"[dim]note: {n}[/]", highlight=False)
     console.print(f"{res['new_trials']} new trials in {res['elapsed_s']:.1f} s", highlight=False)

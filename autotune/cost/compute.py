@@ -16,9 +16,10 @@ Throughput. With a measured profile (``DeviceSpec.profile``, written by ``profil
   throughput at the rank's block length is interpolated log-linearly in the sequence length, at the
   nearest measured head dim.
 
-Without a profile a GEMM or attention call runs at ``peak_flops[dtype] * achievable_fraction`` (the
-catalogue documents each device's fraction; ~0.6 for large Megatron GEMMs on A100/H100, Narayanan et
-al. 2021). Elementwise work (norms, activation, softmax, loss) is memory-bound: bytes moved divided by
+Without a profile a GPU with an SM count is priced kernel by kernel from its shape (``datasheet.py``:
+the catalogue's measured GEMM ceiling at the sustained clock, tile, wave and depth losses, the
+runtime's kernels from ``kernels.py``); any other device runs every GEMM and attention call at the
+flat ``peak_flops[dtype] * achievable_fraction`` (an end-to-end figure, documented per entry). Elementwise work (norms, activation, softmax, loss) is memory-bound: bytes moved divided by
 ``memory_bandwidth``.
 
 On a CPU (``DeviceSpec.kind == "cpu"``) the per-call costs, measured attention call times and ring
@@ -47,17 +48,10 @@ from autotune.cost.cpu import (  # noqa: F401  (their old home: kept importable 
 )
 from autotune.cost.interp import loglinear
 from autotune.cost.kernels import eager_bytes
+from autotune.specs.model import ATTENTION_BWD_FLOPS  # noqa: F401  (cost.compute.ATTENTION_BWD_FLOPS: its old home)
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp32-strict": 4}
 
-ATTENTION_BWD_FLOPS = _datasheet.ATTENTION_BWD_FLOPS
-"""A measured attention backward's FLOPs per forward FLOP: five matmuls (S = QK^T recomputed, dV, dP,
-dQ, dK) against the forward's two (Dao 2023, FlashAttention-2, section on FLOPs). The profiler
-counts with it (``profilers/compute.py`` ``attention_flops``) and records it in the profile
-(``attention.bwd_flops_factor``); pricing a profiled backward multiplies by the same factor, so a
-backward measured at 2.5 ms is priced at 2.5 ms. Without a profile attention is priced by the
-model's FLOP accounting (``ModelSpec.hardware_flops_per_token``: backward twice the forward, as
-MFU counts it)."""
 
 
 @dataclass

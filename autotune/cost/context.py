@@ -94,6 +94,9 @@ class StepContext:
     kernels: Any = None
     """The runtime's per-kernel costs (``kernels.KernelCosts``; None: autotune's own runtime),
     read through each rank's ``rates`` (which the rank-cost memo compares by identity)."""
+    doc_work: Any = None
+    """With document masks: one drawn step's attention work per DP replica and CP shard
+    (``cost/documents.DocWork``), replacing ``keysums`` and ``ring``; None: whole causal windows."""
 
     @cached_property
     def cost_token(self) -> int:
@@ -107,6 +110,10 @@ def step_context(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batc
     """Resolve ``plan`` (PlanError when it does not fit) and gather what every rank shares.
     ``kernels``: the runtime's per-kernel costs (``kernels.KernelCosts``; None: autotune's own)."""
     rp = plan.resolve(model, cluster, seq_len, global_batch)
+    if rp.stages is not None:  # each stage its own degrees: cost/stages.py
+        from autotune.cost.stages import staged_step_context
+
+        return staged_step_context(rp, model, cluster, seq_len, global_batch, calibration, kernels)
     d = rp.degrees
     topo = C.topology(cluster)
     devs = _devices(topo, rp.placement)
@@ -184,6 +191,12 @@ class Links:
     pp_hops: tuple[tuple[Link, bool, bool], ...] = ()
     """Per chunk of the rank: (link its sends are priced on, sends forward, sends backward), from
     the schedule's placement (``StepContext.hop_peers``)."""
+    hop_tps: tuple[tuple[int, Link], ...] = ()
+    """Per-stage plans whose hops change tp: per chunk, (tp of the peer its sends are priced with,
+    the peer's tp link) (``cost/stages.py``); empty where every hop keeps the tp."""
+    dp_tp: int = 0
+    """Per-stage plans whose stage's replicas differ in tp: the smallest tp of the rank's stage
+    (the gradient reduction moves parameters / dp_tp, ``data_parallel.step_transfers``); 0 otherwise."""
 
 
 @dataclass(frozen=True)
@@ -350,11 +363,15 @@ def tp_groups(s: StepContext) -> list[tuple[int, int, RankContext]]:
     of equal shares on equal devices) share one context object, so the cost of each is computed once (identity names them: links come from the
     topology's caches)."""
     plan, cal = s.plan, s.calibration
+    if plan.stages is not None:
+        from autotune.cost.stages import staged_tp_groups
+
+        return staged_tp_groups(s)
     contexts: dict[tuple, RankContext] = {}
     out = []
     for (r0, c), (spec, place, links) in zip(_tp_group_coords(plan.degrees), s.group_links, strict=True):
         m_d = s.microbatches[c["dp"]]
-        key = (place, m_d)
+        key = (place, m_d) if s.doc_work is None else (place, m_d, c["dp"])  # documents: replicas differ
         ctx = contexts.get(key)
         if ctx is None:
             ctx = contexts[key] = _rank_context(s, c, spec, links, m_d, cal.get(spec.name) or {})
@@ -369,8 +386,18 @@ def _rank_context(s: StepContext, c: Mapping[str, int], spec: Any, links: Links,
     params, layer_params, rest = s.stage_params[c["pp"]]
     return RankContext(
         step=s, coords=c, spec=spec, rates=cached_rates(spec, s.dtype, s.model.head_dim, s.kernels),
-        collectives=C.collectives_for(spec), cf=float(cal.get("compute", 1.0)), mf=float(cal.get("comm", 1.0)),
+        collectives=collectives_for(spec), cf=float(cal.get("compute", 1.0)), mf=float(cal.get("comm", 1.0)),
         links=links, tokens=tokens, heads=s.plan.shares.heads[c["hp"]], microbatches=m_d,
         layers=tuple(s.plan.shares.layers[j] for j in s.chunks[c["pp"]]),  # Plan.layers_of_stage
         params=params, layer_params=layer_params, rest_params=rest,
-        keysum=s.keysums[c["cp"]], ring=s.ring[c["cp"]], tokens_local=tok, hidden_bytes=s.bpe * tok * s.model.hidden)
+        keysum=s.keysums[c["cp"]] if s.doc_work is None else s.doc_work.keysums[c["dp"]][c["cp"]],
+        ring=s.ring[c["cp"]] if s.doc_work is None else s.doc_work.ring[c["dp"]][c["cp"]],
+        tokens_local=tok, hidden_bytes=s.bpe * tok * s.model.hidden)
+
+
+def collectives_for(spec: Any) -> Any:
+    """The collective model of a DeviceSpec: a profiled CPU's measured gloo table
+    (``cpu.measured_collectives``), else the formulas."""
+    if spec.kind != "cpu":
+        return C.FORMULAS
+    return _cpu.measured_collectives(spec)

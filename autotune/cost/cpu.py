@@ -219,14 +219,18 @@ def block_extras(rates: Any, model: Any, *, elem: float, heads_local: int, micro
         return elem, None
     n = heads_local * micro_batch
     if blocks:
-        a_fwd = a_bwd = 0.0
-        for ql, kl, causal in blocks:
+        a_fwd = a_bwd = calls = merge = 0.0
+        for blk in blocks:  # (q, k, causal) or, with documents, (q, k, causal, calls per sequence)
+            ql, kl, causal = blk[0], blk[1], blk[2]
+            w = blk[3] if len(blk) > 3 else 1.0
             f, b = cpu.attention_head_time(ql if causal else math.sqrt(2.0 * ql * kl), model.head_dim)
-            a_fwd += f
-            a_bwd += b
+            a_fwd += w * f
+            a_bwd += w * b
+            calls += w
+            merge += w * ql
         a_fwd, a_bwd = a_fwd * n, a_bwd * n
-        merge = sum(ql for ql, _, _ in blocks) * n * model.head_dim * 4.0 * 4.0  # o read+written, fp32, x2
-        elem += len(blocks) * CPU_OPS_RING_BLOCK_FWD * cpu.op_s + rates.memory_time(merge)
+        merge = merge * n * model.head_dim * 4.0 * 4.0  # o read+written, fp32, x2
+        elem += calls * CPU_OPS_RING_BLOCK_FWD * cpu.op_s + rates.memory_time(merge)
         return elem, (a_fwd, a_bwd)
     f, b = cpu.attention_head_time(block_seq, model.head_dim)
     return elem, (f * n, b * n)

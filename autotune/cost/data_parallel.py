@@ -129,7 +129,10 @@ def step_transfers(ctx: RankContext) -> list[Transfer]:
     if s.shard_n <= 1:
         return []
     g, w = DTYPE_BYTES[grad_reduce_dtype(s.dtype)], s.bpe
-    params, block, rest, n_blocks = ctx.params / s.tp, ctx.layer_params / s.tp, ctx.rest_params / s.tp, sum(ctx.layers)
+    # replicas of different tp (per-stage plans) reduce piece by piece: every rank waits for the
+    # replica of the smallest tp, which holds the most pieces (autotune/stages.py ``pieces``)
+    tp = ctx.links.dp_tp or s.tp
+    params, block, rest, n_blocks = ctx.params / tp, ctx.layer_params / tp, ctx.rest_params / tp, sum(ctx.layers)
     if s.zero == 0:
         return [Transfer("all_reduce", g * params, 1, "gradients")]
     out = [Transfer("reduce_scatter", g * params, 1, "gradients")]

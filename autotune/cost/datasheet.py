@@ -51,10 +51,7 @@ from functools import lru_cache
 
 from autotune.cost.kernels import MEGATRON_DEEPSPEED_EAGER, RUNTIME, KernelCosts
 from autotune.specs.catalogue import SGEMM_CEILING_DEFAULT
-
-ATTENTION_BWD_FLOPS = 2.5
-"""A fused attention backward's FLOPs per forward FLOP (Dao 2023): the one value; ``compute.py``
-(profiles, ``ATTENTION_BWD_FLOPS`` there) and the profiler count with it too."""
+from autotune.specs.model import ATTENTION_BWD_FLOPS  # noqa: E402  (a fused backward's FLOPs per forward FLOP)
 
 TILE = 128
 MIN_TILE = 16

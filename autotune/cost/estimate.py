@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.cost import report
+from autotune.cost import helixpipe, report
 from autotune.cost.context import step_context, tp_groups
 from autotune.cost.data_parallel import ADAM_BYTES_PER_PARAM, exposure  # noqa: F401  (ADAM_*: its old home)
 from autotune.cost.memory import TERM_NAMES  # noqa: F401  (its old home)
@@ -60,21 +60,44 @@ class Estimate:
 
 def estimate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: int, *,
              calibration: dict[str, dict[str, float]] | None = None, timeline: bool = False,
-             kernels: Any = None) -> Estimate:
+             documents: Any = None, kernels: Any = None) -> Estimate:
     """Predict one training step of ``plan`` (resolved here; PlanError when it does not fit).
 
     ``timeline=True`` also fills ``breakdown["timeline"]`` with the simulated events (None
     otherwise); ``calibration`` is ``{device type: {"compute": f, "comm": f}}`` from ``validate``;
-    ``kernels`` the per-kernel costs of the runtime that will run the plan (``cost/kernels.py``,
+    ``documents``: the length distribution (``autotune.documents.LengthDistribution``) packed into
+    the windows, priced by ``cost/documents.py`` when the plan masks documents (``doc_mask``).
+    A plan with ``uses`` runs on that subset of ``cluster`` (autotune/specs/pool.py). ``kernels``: the
+    per-kernel costs of the runtime that will run the plan (``cost/kernels.py``,
     ``targets.kernel_costs``; None: autotune's own runtime)."""
+    if plan.uses is not None:
+        from autotune.specs.pool import subset
+
+        cluster = subset(cluster, plan.uses)
     s = step_context(plan, model, cluster, seq_len, global_batch, calibration, kernels)
-    own = None if s.schedule.chain else s.schedule  # a data flow that is no chain of stages prices itself
+    if documents is not None and s.plan.doc_mask:
+        from dataclasses import replace
+
+        from autotune.cost import documents as DOC
+
+        on_cpu = any(g.device.kind == "cpu" for g in cluster.groups)
+        priced = [_price(replace(s, doc_work=w), timeline)
+                  for w in DOC.drawn_work(s.plan, documents, seq_len, global_batch, on_cpu)]
+        predicted, breakdown = DOC.combine(priced, documents, s.plan, seq_len, global_batch)
+        return Estimate(plan=s.plan, predicted=predicted, breakdown=breakdown)
+    predicted, breakdown = _price(s, timeline)
+    return Estimate(plan=s.plan, predicted=predicted, breakdown=breakdown)
+
+
+def _price(s: Any, timeline: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(predicted, breakdown) of one step context."""
+    own = None if s.schedule.chain else helixpipe  # a data flow that is no chain of stages: its own cost module
     costs: dict[int, Any] = {}
     groups = []
     for r0, dp_i, ctx in tp_groups(s):
         c = costs.get(id(ctx))
         if c is None:
-            c = costs[id(ctx)] = own.price_rank(ctx, rank_cost_memo(ctx)) if own else rank_cost_memo(ctx)
+            c = costs[id(ctx)] = own.rank_cost(ctx, rank_cost_memo(ctx)) if own else rank_cost_memo(ctx)
         groups.append((r0, dp_i, ctx, c))
     per_rep_stage = replica_stages(groups)
     sims = own.simulate_replicas(s, per_rep_stage) if own else simulate_replicas(s, per_rep_stage)
@@ -85,4 +108,4 @@ def estimate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: i
     breakdown = report.breakdown(s, groups, sims, stages, rows, stage_end, step, model_flops, peak)
     if timeline:
         breakdown["timeline"] = report.timeline(s, groups, sims, per_rep_stage, exposed_of)
-    return Estimate(plan=s.plan, predicted=predicted, breakdown=breakdown)
+    return predicted, breakdown

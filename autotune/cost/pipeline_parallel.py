@@ -86,7 +86,27 @@ def chunk_send_times(ctx: RankContext) -> tuple[float, ...]:
     s = ctx.step
     if s.pp == 1:
         return (0.0,) * s.v
+    if ctx.links.hop_tps:  # per-stage plans: a hop to a stage of another tp
+        return tuple(ctx.mf * hop_time(ctx, link, peer) for (link, _, _), peer in zip(ctx.links.pp_hops,
+                                                                                      ctx.links.hop_tps, strict=True))
     return tuple(ctx.mf * ctx.collectives.p2p(link, ctx.hidden_bytes / s.tp) for link, _, _ in ctx.links.pp_hops)
+
+
+def hop_time(ctx: RankContext, link: Any, peer: tuple[int, Any]) -> float:
+    """Seconds of one hop of the activation (or, backward, its gradient) between this rank's stage at
+    tp a and a peer stage at tp b (``peer``: (b, the peer's tp link)): k = min(a, b) rank pairs carry
+    1/k of it each (Megatron's scatter/gather, generalised); where a != b the side with more ranks
+    then gathers the pieces inside its node (forward) and the gradient is gathered likewise on the
+    way back, priced as the larger side's all-gather of the whole activation. (Between stages of
+    equal tp the uniform price stands: Megatron's receiving all-gather is not priced there.)"""
+    a = ctx.step.tp
+    b, peer_link = peer
+    k = min(a, b)
+    t = ctx.collectives.p2p(link, ctx.hidden_bytes / k)
+    if a != b:
+        big, big_link = (a, ctx.links.tp) if a > b else (b, peer_link)
+        t += ctx.collectives.all_gather(big_link, big, ctx.hidden_bytes)
+    return t
 
 
 def sends_per_microbatch(ctx: RankContext, p2p: tuple[float, ...]) -> float:

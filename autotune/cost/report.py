@@ -38,7 +38,7 @@ def rank_rows(s: StepContext, groups: list, exposed_of: dict, step: float) -> tu
                 "bubble_s": max(0.0, step - own), "memory_bytes": c.memory_total,
                 "capacity_bytes": spec.memory_bytes, "memory": c.memory_terms}
         total = c.memory_total
-        for r in range(r0, r0 + s.tp):
+        for r in range(r0, r0 + ctx.step.tp):  # a per-stage plan's cells differ in tp
             memory[r] = total
             capacity[r] = spec.memory_bytes
             rows[r] = {"rank": r, **tmpl}
@@ -60,7 +60,10 @@ def predicted_figures(s: StepContext, groups: list, sims: list, step: float, mem
     for *_, c in groups:
         if id(c.spec) not in flops:
             flops[id(c.spec)] = c.spec.flops(s.dtype)
-    peak = s.tp * sum(flops[id(c.spec)] for *_, c in groups)
+    if s.plan.stages is None:
+        peak = s.tp * sum(flops[id(c.spec)] for *_, c in groups)
+    else:  # each cell its own tp
+        peak = sum(ctx.step.tp * flops[id(c.spec)] for _, _, ctx, c in groups)
     model_flops = s.model.model_flops_per_token(s.seq_len) * tokens_step
     return {
         "step_time_s": step,
@@ -130,9 +133,9 @@ def breakdown(s: StepContext, groups: list, sims: list, stages: list, rows: list
         "throughput_source": sorted(f"{sp_.name}: {cached_rates(sp_, s.dtype, hd, s.kernels).source}" for sp_ in specs.values()),
         # what priced each compute term per device type: a layer profile, else the kernel curves or
         # the datasheet (autotune/cost/layers.py)
-        "compute_source": {sp_.name: LY.sources(sp_, s.model, s.dtype, s.mbs, s.seq_len, s.tp, s.cp > 1 or s.hp > 1,
-                                                cached_rates(sp_, s.dtype, hd, s.kernels).source)
-                           for sp_ in specs.values()},
+        "compute_source": _compute_sources(groups),
+        **_activation_sources(groups),
+        **({"notes": notes} if (notes := LY.precision_notes(s.cluster, s.model, s.dtype)) else {}),
         # the runtime whose kernels priced the datasheet GPUs (cost/kernels.py; --target picks it)
         "runtime": _runtime(s.kernels),
         "timeline": None,
@@ -145,6 +148,29 @@ def _runtime(kernels: Any) -> dict[str, Any]:
     k = kernels or RUNTIME
     return {"name": k.name, "host_s_per_kernel": k.host_s, "kernels_per_block_fwd": k.block_fwd,
             "kernels_head_fwd": k.head_fwd, "source": k.source}
+
+
+def _compute_sources(groups: list) -> dict[str, dict[str, str]]:
+    """What priced each compute term per device type (its first tp group, as ``rank.rank_cost``
+    priced it)."""
+    out: dict[str, dict[str, str]] = {}
+    for _, _, ctx, _ in groups:
+        if ctx.spec.name not in out:
+            out[ctx.spec.name] = LY.rank_sources(ctx)
+    return out
+
+
+def _activation_sources(groups: list) -> dict[str, Any]:
+    """``{"activation_source": {device: how}}`` where a layer profile measured the activation bytes
+    (``memory.measured_activations``); nothing otherwise (every other estimate's breakdown keeps its
+    keys)."""
+    out: dict[str, str] = {}
+    for _, _, ctx, _ in groups:
+        if ctx.spec.name not in out:
+            got = LY.activation_scale(ctx)
+            if got is not None:
+                out[ctx.spec.name] = got[1]
+    return {"activation_source": out} if out else {}
 
 
 def timeline(s: StepContext, groups: list, sims: list, per_rep_stage: dict, exposed_of: dict) -> list[dict]:

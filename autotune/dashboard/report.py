@@ -33,6 +33,8 @@ SECTIONS = (
     ("memory", "Per-device memory of the best plan against capacity"),
     ("breakdown", "Time breakdown: best plan against the best even-split plan"),
 )
+POOL_SECTIONS = (("front", "Which devices: the Pareto front of step time against cost, the chosen plan marked"),)
+"""Drawn for a study searched on a pool (it records a ``front``: autotune/search/pool.py)."""
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1200px;color:#222}
@@ -174,10 +176,24 @@ def build_charts(view: StudyView) -> tuple[list[tuple[str, str, Any]], dict[str,
         "breakdown": charts.breakdown((view.best, *stage_times(view.best, ctx, best_tl)),
                                       (view.even_best, *stage_times(view.even_best, ctx, even_tl))),
     }
+    if view.user_attrs.get("front"):
+        figs["front"] = _front(view)
     facts = {"timeline": best_tl.source if best_tl else None, "timeline_missing": best_why,
              "charts": [k for k, v in figs.items() if not isinstance(v, str)],
              "notes": {k: v for k, v in figs.items() if isinstance(v, str)}}
-    return [(k, title, figs[k]) for k, title in SECTIONS], facts
+    return [(k, title, figs[k]) for k, title in (*SECTIONS, *POOL_SECTIONS) if k in figs], facts
+
+
+def _front(view: StudyView) -> Any:
+    """The pool search's front (autotune/dashboard/front.py), with its left-out lines as the title."""
+    from autotune.dashboard.front import front_chart
+
+    fig = front_chart(view.user_attrs.get("front") or [])
+    why = view.user_attrs.get("left_out") or []
+    if why and not isinstance(fig, str):
+        fig.update_layout(title={"text": "<br>".join(_esc(w) for w in why), "font": {"size": 12}},
+                          margin={"l": 60, "r": 20, "t": 40 + 18 * len(why), "b": 50})
+    return fig
 
 
 def render_html(view: StudyView) -> tuple[str, dict[str, Any]]:

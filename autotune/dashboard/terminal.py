@@ -132,7 +132,14 @@ def summary(view: StudyView) -> Text:
 
 
 def render(view: StudyView, limit: int | None = None, console: Console | None = None, wide: bool = False) -> Group:
-    return Group(summary(view), table(view, limit, console, wide))
+    parts: list[Any] = [summary(view), table(view, limit, console, wide)]
+    front = view.user_attrs.get("front") or []
+    if len(front) > 1 or any(p.get("uses") for p in front):  # a pool search (autotune/search/pool.py)
+        from autotune.dashboard.front import front_table
+
+        parts.append(front_table(front, wide=wide))
+    parts += [Text(line) for line in view.user_attrs.get("left_out") or []]
+    return Group(*parts)
 
 
 def show(name: str, storage: str, console: Console, limit: int | None = None, wide: bool = False) -> StudyView:

@@ -79,7 +79,12 @@ def commands(plan: Plan, ctx: ExportContext, out: str | Path, *, steps: int = 5,
     trial = json.dumps({**payload(plan, ctx, steps=steps, warmup=warmup, seed=seed, timeout_s=timeout_s),
                         **({"data": data} if data else {})}, separators=(",", ":"), sort_keys=True)
     out_cmds = []
-    for k, (node, devs) in enumerate(blocks):
+    # a plan on a subset of a pool places ranks on the subset's nodes: name the pool's (its hosts)
+    from autotune.specs.pool import pool_nodes
+
+    physical = pool_nodes(ctx.cluster, plan.uses) if plan.uses is not None else None
+    for k, (sub_node, devs) in enumerate(blocks):
+        node = physical[sub_node] if physical is not None else sub_node
         env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, devs))} if gpu and (
             len(blocks) > 1 or devs != list(range(nproc))) else {}
         if len(blocks) == 1:

@@ -57,6 +57,13 @@ def best_trial(study: Any) -> Any:
     return best
 
 
+def _numbered(study: Any, number: int) -> Any:
+    t = next((t for t in study.get_trials(deepcopy=False) if t.number == number), None)
+    if t is None or "plan" not in t.user_attrs:
+        raise InputError(f"study {study.study_name!r} has no trial {number} with a plan", field="--trial")
+    return t
+
+
 def _cluster_from_record(name: str, spec: dict[str, Any] | None, digest: str, storage: str) -> Any:
     try:
         return cluster_from_record(name, spec, storage, digest)
@@ -65,10 +72,12 @@ def _cluster_from_record(name: str, spec: dict[str, Any] | None, digest: str, st
                          field="--cluster") from None
 
 
-def from_study(name: str, storage: str, cluster_opt: str | None) -> tuple[PlanRecord, ExportContext]:
+def from_study(name: str, storage: str, cluster_opt: str | None,
+               trial: int | None = None) -> tuple[PlanRecord, ExportContext]:
+    """The study's best trial, or trial ``trial`` (``--trial N``: e.g. a point of a pool search's front)."""
     study = open_study(name, storage)
     ua = study.user_attrs
-    t = best_trial(study)
+    t = best_trial(study) if trial is None else _numbered(study, trial)
     record = trial_record(t, source=f"study {name} trial {t.number}")
     plan = record.plan
     if ua.get("model_spec"):
@@ -89,7 +98,8 @@ def from_study(name: str, storage: str, cluster_opt: str | None) -> tuple[PlanRe
 
     ctx = ExportContext(model=model, cluster=cluster, seq_len=ua["seq_len"], global_batch=ua["global_batch"],
                         study=name, trial=t.number, storage=storage, source=f"study {name}",
-                        calibration=calibration_for(ua, plan), cluster_digest=digest or cluster.digest)
+                        calibration=calibration_for(ua, plan), cluster_digest=digest or cluster.digest,
+                        left_out=tuple(ua.get("left_out") or ()) if ua.get("left_out_trial") == t.number else ())
     return record, ctx
 
 

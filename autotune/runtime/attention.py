@@ -162,8 +162,11 @@ def gqa_index(heads: int, kv_heads: int, first: int, count: int, kv_first: int, 
     return torch.arange(first, first + count, device=device) // rep - kv_first
 
 
-def sharded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
-    """Causal attention over global positions on this rank's tokens.
+def sharded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttentionContext,
+                      docs=None) -> torch.Tensor:
+    """Causal attention over global positions on this rank's tokens (``docs``: each row's document
+    lengths over the whole window, ``documents.Docs``, when attention stops at document boundaries;
+    every rank has them, so the ring and the all-to-all carry nothing extra).
 
     q ``[B, heads, S_local, D]``, k/v ``[B, kv_heads, S_local, D]``; returns ``[B, heads, S_local, D]``.
     Ulysses (all-to-all over hp) turns the shard's token slices into head slices, the ring over cp
@@ -192,7 +195,11 @@ def sharded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: At
     index = gqa_index(heads, kv_heads, first, ctx.hp_heads[h], kv_ranges[h][0] if ctx.hp > 1 else 0, q.device)
     if ctx.cp > 1:
         segs = shard_segments(ctx.cp_tokens, ctx.layout)
-        o = ring_attention(q, k, v, index, segs, ctx.cp_index, ctx.cp_group, ctx.cp_ranks)
+        o = ring_attention(q, k, v, index, segs, ctx.cp_index, ctx.cp_group, ctx.cp_ranks, docs)
+    elif docs is not None:  # the whole sequence, one causal kernel per document
+        from autotune.runtime.documents import doc_attention
+
+        o = doc_attention(q, k.index_select(1, index), v.index_select(1, index), docs)
     else:  # the whole sequence is in this shard: plain causal SDPA on this rank's heads
         o = F.scaled_dot_product_attention(q, k.index_select(1, index), v.index_select(1, index), is_causal=True)
     if ctx.hp > 1:

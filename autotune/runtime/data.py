@@ -143,7 +143,7 @@ def local_batch(tokens: torch.Tensor, plan: Plan, dp_index: int,
     """(inputs, targets), each ``[samples of the replica, S_local]``: this rank's slice of a step
     from the whole global batch ``tokens``."""
     start, end = replica_range(plan, dp_index)
-    return _inputs_targets(tokens[start:end], positions)
+    return inputs_targets(tokens[start:end], positions)
 
 
 def replica_batch(source: SyntheticStream | FileStream, step: int, plan: Plan, dp_index: int,
@@ -151,10 +151,11 @@ def replica_batch(source: SyntheticStream | FileStream, step: int, plan: Plan, d
                   seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``local_batch`` reading only the replica's own rows from ``source``."""
     start, end = replica_range(plan, dp_index)
-    return _inputs_targets(source.rows(step, start, end, global_batch, seq_len), positions)
+    return inputs_targets(source.rows(step, start, end, global_batch, seq_len), positions)
 
 
-def _inputs_targets(rows: torch.Tensor, positions: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def inputs_targets(rows: torch.Tensor, positions: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, targets) of windows ``[n, seq_len + 1]``, kept at this rank's ``positions``."""
     inputs, targets = rows[:, :-1], rows[:, 1:]
     if positions is not None:
         inputs, targets = inputs[:, positions], targets[:, positions]

@@ -2,14 +2,15 @@
 
 Placement and order come from ``autotune.schedules.helixpipe`` (``rank_order``, ``chain_rank``): this
 module only executes them. Each pipeline rank builds the parameter blocks it holds out of the
-runtime's own model pieces (``RMSNorm``, ``MLP``, the column/row-parallel linears, the vocabulary-
-parallel embedding and loss of ``autotune/runtime/model.py``) under the single-process model's
-parameter names, so ``init_weights`` draws identical numbers and final weights compare name by name.
+runtime's own model pieces (the spec's norm, ``MLP``, the column/row-parallel linears, the
+vocabulary-parallel embedding, the learned position table and loss of ``autotune/runtime/model.py``)
+under the single-process model's parameter names, so ``init_weights`` draws identical numbers and
+final weights compare name by name.
 
 Hops (``--transfer-weight``, as the HelixPipe fork): a block sends its residual, its LN1 output and
-its layer's QKV weights (this tp rank's shard) to the attention's rank; the attention runs the QKV
-projection there, rotary and causal attention, and sends the residual and the attention output to
-the next block. Backward carries the gradients of the same tensors back (the QKV weight gradient
+its layer's QKV weights (this tp rank's shard; with linear biases each row carries its bias as one
+more column) to the attention's rank; the attention runs the QKV projection there, rotary (under
+rope) and causal attention, and sends the residual and the attention output to the next block. Backward carries the gradients of the same tensors back (the QKV weight gradient
 returns to the block that owns the weights and flows into its parameters through ``torch.cat``).
 
 Recomputation (``recompute="full"`` under helixpipe, the fork's ``--checkpoint-without-attn``): every
@@ -36,17 +37,21 @@ from torch.utils.checkpoint import checkpoint
 
 from autotune.plan import Plan
 from autotune.runtime import data as D
+from autotune.runtime.documents import doc_attention_backward, doc_attention_with_lse
 from autotune.runtime.mesh import Mesh
 from autotune.runtime.model import (
     MLP,
     Layout,
-    RMSNorm,
+    PositionEmbedding,
     apply_rotary,
     attention_core,
     build_on_meta,
+    hidden_positions,
     init_weights,
+    make_norm,
     rotary,
     shard_info,
+    tp_replicated,
 )
 from autotune.runtime.tensor import (
     ColumnParallelLinear,
@@ -81,37 +86,45 @@ class HelixRankModel(nn.Module):
                 self.layers[str(i)].attn = _Part()
             return self.layers[str(i)]
 
+        self.rope, self.bias = spec.position == "rope", spec.bias
         for j in blocks:
             if j == 0:
                 self.embed = VocabParallelEmbedding(spec.vocab, h, tp, sp)
+                if not self.rope:
+                    self.pos_embed = PositionEmbedding(spec.max_positions, h)
             if j >= 1:  # PostAttn(j - 1)
                 q = part(j - 1)
-                q.attn.wo = RowParallelLinear(spec.heads * d, h, tp, sp)
-                q.mlp_norm = RMSNorm(h)
+                q.attn.wo = RowParallelLinear(spec.heads * d, h, tp, sp, bias=spec.bias)
+                q.mlp_norm = make_norm(spec)
                 q.mlp = MLP(spec, layout)
             if j < L:  # PreAttn(j): its norm and the QKV weights it ships to the attention
                 q = part(j)
-                q.attn_norm = RMSNorm(h)
-                q.attn.wq = ColumnParallelLinear(h, spec.heads * d, tp, sp, gather_input=False)
-                q.attn.wk = ColumnParallelLinear(h, spec.kv_heads * d, tp, sp, gather_input=False)
-                q.attn.wv = ColumnParallelLinear(h, spec.kv_heads * d, tp, sp, gather_input=False)
+                q.attn_norm = make_norm(spec)
+                q.attn.wq = ColumnParallelLinear(h, spec.heads * d, tp, sp, gather_input=False, bias=spec.bias)
+                q.attn.wk = ColumnParallelLinear(h, spec.kv_heads * d, tp, sp, gather_input=False, bias=spec.bias)
+                q.attn.wv = ColumnParallelLinear(h, spec.kv_heads * d, tp, sp, gather_input=False, bias=spec.bias)
             if j == L:
-                self.norm = RMSNorm(h)
+                self.norm = make_norm(spec)
                 if not spec.tied_embeddings:
                     self.head = ColumnParallelLinear(h, spec.vocab, tp, sp)
                 self.vocab_start = tp.index * (spec.vocab // tp.size)
         self.seq_len = seq_len
-        self.register_buffer("cos", torch.empty(seq_len, d), persistent=False)
-        self.register_buffer("sin", torch.empty(seq_len, d), persistent=False)
+        self.register_buffer("cos", torch.empty(seq_len, d if self.rope else 0), persistent=False)
+        self.register_buffer("sin", torch.empty(seq_len, d if self.rope else 0), persistent=False)
+        self.register_buffer("pos_ids", torch.zeros(0, dtype=torch.long), persistent=False)
         self.reset_buffers()
 
     def reset_buffers(self) -> None:
-        """Rotary tables at global positions 0..S-1 (after a meta build, on the model's device)."""
+        """Rotary tables at global positions 0..S-1, or the position ids of this rank's hidden
+        states for the learned table (after a meta build, on the model's device)."""
         device = self.cos.device
         if device.type == "meta":
             return
-        cos, sin = rotary(torch.arange(self.seq_len, device=device), self.head_dim, torch.float32)
-        self.cos, self.sin = cos, sin
+        if self.rope:
+            cos, sin = rotary(torch.arange(self.seq_len, device=device), self.head_dim, torch.float32)
+            self.cos, self.sin = cos, sin
+        elif 0 in self.blocks:
+            self.pos_ids = hidden_positions(self.layout, self.seq_len, device)
 
     # ---- the two kinds of operation -------------------------------------------------------------
     def block(self, j: int, x: torch.Tensor | None, o: torch.Tensor | None, tokens: torch.Tensor | None,
@@ -120,13 +133,18 @@ class HelixRankModel(nn.Module):
         L, tp, sp = self.spec.layers, self.layout.tp, self.layout.sp
         if j == 0:
             x = self.embed(tokens)
+            if not self.rope:  # after the embedding's reduction, on this rank's tokens
+                x = x + self.pos_embed(self.pos_ids).to(x.dtype)
         else:
             q = self.layers[str(j - 1)]
             x = x + q.attn.wo(o)
             x = x + q.mlp(q.mlp_norm(x))
         if j < L:
             q = self.layers[str(j)]
-            w = torch.cat([q.attn.wq.weight, q.attn.wk.weight, q.attn.wv.weight], dim=0)
+            a = q.attn
+            w = torch.cat([a.wq.weight, a.wk.weight, a.wv.weight], dim=0)
+            if self.bias:  # each row's bias as one more column: one message, one gradient
+                w = torch.cat([w, torch.cat([a.wq.bias, a.wk.bias, a.wv.bias])[:, None]], dim=1)
             return x, q.attn_norm(x), w
         x = self.norm(x)
         if self.spec.tied_embeddings:
@@ -137,24 +155,30 @@ class HelixRankModel(nn.Module):
         return (loss,)
 
     def qkv(self, n: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The QKV projection with the shipped weights, then rotary: q ``[B, Hq, S, D]``, k, v."""
+        """The QKV projection with the shipped weights (and biases), then rotary under rope:
+        q ``[B, Hq, S, D]``, k, v."""
         nf = enter_parallel(n, self.layout.tp, self.layout.sp)
         b, s, _ = nf.shape
         dq, dkv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        w, bias = (w[:, :-1], w[:, -1]) if self.bias else (w, None)
         wq, wk, wv = w.split([dq, dkv, dkv], dim=0)
-        q = F.linear(nf, wq).view(b, s, self.heads, self.head_dim).transpose(1, 2)
-        k = F.linear(nf, wk).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = F.linear(nf, wv).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        bq, bk, bv = bias.split([dq, dkv, dkv]) if bias is not None else (None, None, None)
+        q = F.linear(nf, wq, bq).view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        k = F.linear(nf, wk, bk).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = F.linear(nf, wv, bv).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        if not self.rope:
+            return q, k, v
         cos, sin = self.cos.to(q.dtype), self.sin.to(q.dtype)
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
 
-    def attention(self, n: torch.Tensor, w: torch.Tensor, keep: bool) -> torch.Tensor:
-        """Attention output ``[B, S, Hq/tp * D]`` of one layer for one micro-batch."""
+    def attention(self, n: torch.Tensor, w: torch.Tensor, keep: bool, docs: Any = None) -> torch.Tensor:
+        """Attention output ``[B, S, Hq/tp * D]`` of one layer for one micro-batch (``docs``: its rows'
+        document pieces, attention stopping at their boundaries)."""
         if keep:
-            o = KeptAttention.apply(n, w, self)
+            o = KeptAttention.apply(n, w, self, docs)
         else:
             q, k, v = self.qkv(n, w)
-            o = attention_core(q, k, v, None)
+            o = attention_core(q, k, v, None, docs)
         b, _, s, _ = o.shape
         return o.transpose(1, 2).reshape(b, s, self.heads * self.head_dim)
 
@@ -214,12 +238,15 @@ class KeptAttention(torch.autograd.Function):
     recomputes only the QKV projection and rotary (the fork's ``--checkpoint-without-attn``)."""
 
     @staticmethod
-    def forward(ctx, n: torch.Tensor, w: torch.Tensor, model: HelixRankModel) -> torch.Tensor:
+    def forward(ctx, n: torch.Tensor, w: torch.Tensor, model: HelixRankModel, docs: Any = None) -> torch.Tensor:
         with torch.no_grad():
             q, k, v = model.qkv(n, w)
             kr, vr = _repeat_kv(q, k, v)
-            o, lse = attention_with_lse(q, kr, vr)
-        ctx.model = model
+            if docs is None:
+                o, lse = attention_with_lse(q, kr, vr)
+            else:  # one causal kernel per document piece
+                o, lse = doc_attention_with_lse(q, kr, vr, docs, attention_with_lse)
+        ctx.model, ctx.docs = model, docs
         ctx.save_for_backward(n, w, o, lse)
         return o
 
@@ -231,9 +258,13 @@ class KeptAttention(torch.autograd.Function):
             w_ = w.detach().requires_grad_(True)
             q, k, v = ctx.model.qkv(n_, w_)
             kr, vr = _repeat_kv(q, k, v)
-        dq, dk, dv = attention_backward(do, q.detach(), kr.detach(), vr.detach(), o, lse)
+        if ctx.docs is None:
+            dq, dk, dv = attention_backward(do, q.detach(), kr.detach(), vr.detach(), o, lse)
+        else:
+            dq, dk, dv = doc_attention_backward(do, q.detach(), kr.detach(), vr.detach(), o, lse, ctx.docs,
+                                                attention_backward)
         dn, dw = torch.autograd.grad((q, kr, vr), (n_, w_), (dq, dk, dv))
-        return dn, dw, None
+        return dn, dw, None, None
 
 
 # ---- messages -----------------------------------------------------------------------------------
@@ -325,10 +356,12 @@ class HelixRunner:
         sp = model.layout.sp
         s_h = seq_len // tp.size if sp else seq_len
         qkv_rows = (model.heads + 2 * model.kv_heads) * model.head_dim
-        shapes = {"x": (micro_batch, s_h, spec.hidden), "w": (qkv_rows, spec.hidden),
+        shapes = {"x": (micro_batch, s_h, spec.hidden), "w": (qkv_rows, spec.hidden + int(spec.bias)),
                   "o": (micro_batch, seq_len, model.heads * model.head_dim)}
         self.mail = Mailbox(plan, mesh, spec, n_micro, shapes, dtype, wait)
         self.order = H.rank_order(self.p, self.L, n_micro, self.F, self.me, self.shares)
+        self.docs_mb: list[Any] | None = None
+        """Each micro-batch's document pieces (``runtime.documents``); None: no document masks."""
 
     def _block(self, j, x, o, tokens, target):
         if self.keep:  # checkpointed: only the inputs are kept
@@ -357,7 +390,8 @@ class HelixRunner:
                         outs = self._block(j, x, o, xs[mb] if j == 0 else None, ys[mb] if j == L else None)
                     else:
                         x, n, w = ins
-                        outs = (x, self.model.attention(n, w, self.keep))
+                        docs = None if self.docs_mb is None else self.docs_mb[mb]
+                        outs = (x, self.model.attention(n, w, self.keep, docs))
                 saved[(k, mb)] = (ins, outs)
                 if k == 2 * L:
                     loss_sum += float(outs[0].detach())
@@ -405,9 +439,11 @@ class HelixTrainer:
     the same data, initialisation, DP/TP gradient reductions and AdamW, the helix order in between."""
 
     def __init__(self, plan: Plan, spec: ModelSpec, mesh: Mesh, seq_len: int, global_batch: int, seed: int,
-                 data: dict[str, Any] | None = None):
+                 data: dict[str, Any] | None = None, documents: dict[str, Any] | None = None):
+        from autotune.runtime.documents import DocumentFeed
+        from autotune.runtime.measure import clock
         from autotune.runtime.optimizer import TrainOptimizer
-        from autotune.runtime.worker import DTYPES, clock
+        from autotune.runtime.precision import TORCH_DTYPES as DTYPES
 
         problems = runtime_problems(plan, spec)
         if problems:
@@ -415,6 +451,7 @@ class HelixTrainer:
         self.plan, self.spec, self.mesh, self.seq_len, self.global_batch, self.seed = (
             plan, spec, mesh, seq_len, global_batch, seed)
         self.data = D.source_from(data, spec.vocab, seed)  # None: the synthetic stream of ``seed``
+        self.feed = DocumentFeed(documents, self.data, seed) if documents else None
         self.device, self.dtype = mesh.device, DTYPES[plan.dtype]
         tp = mesh["tp"]
         self.sp = plan.sequence_parallel and tp.size > 1
@@ -422,8 +459,8 @@ class HelixTrainer:
         layout = Layout(tp=tp, sp=self.sp, recompute="none")
         self.model = build_model(spec, plan, mesh, layout, seq_len, seed, self.device, self.dtype)
         self.params = list(self.model.parameters())
-        norms = {id(p) for mod in self.model.modules() if isinstance(mod, RMSNorm)
-                 for p in mod.parameters()} if self.sp else set()
+        # under sequence parallelism: the parameters every tp rank holds whole (model.tp_replicated)
+        norms = tp_replicated([self.model]) if self.sp else set()
         clk = clock()
         # mixed precision and the tp sum of the sequence-parallel norms' gradients: the optimizer's
         self.opt = TrainOptimizer(self.params, mesh.grad, plan.zero_stage, overlap=False, wait_clock=clk.timed_call,
@@ -436,10 +473,13 @@ class HelixTrainer:
                                   global_batch * seq_len, self.dtype, clk.compute_region, clk.timed_call)
 
     def step(self, step_index: int) -> float:
-        from autotune.runtime.worker import clock
+        from autotune.runtime.documents import replica_step
+        from autotune.runtime.measure import clock
 
-        inputs, targets = D.replica_batch(self.data, step_index, self.plan, self.dp_index, None,
-                                          self.global_batch, self.seq_len)
+        # every attention rank needs the documents of the micro-batches it attends to
+        inputs, targets, self.runner.docs_mb = replica_step(self.feed, self.data, step_index, self.plan,
+                                                            self.dp_index, self.global_batch, self.seq_len, None,
+                                                            self.n_micro)
         self.opt.begin_step()
         scale = self.opt.loss_scale.scale  # fp16: the loss is scaled through its divisor
         self.runner.total_tokens = self.global_batch * self.seq_len / scale
@@ -476,8 +516,8 @@ def runtime_problems(plan: Plan, spec: ModelSpec) -> list[str]:
 def helix_plans_job(payload: dict[str, Any], rank: int, world: int, device: torch.device) -> list[dict[str, Any]]:
     """Launcher target: many helixpipe plans in one launch (fresh groups each); per plan the global
     mean loss of every step and the final weights (the equivalence tests)."""
+    from autotune.runtime.measure import install_comm_timing
     from autotune.runtime.mesh import build_mesh
-    from autotune.runtime.worker import install_comm_timing
     from autotune.specs.model import model_from_dict
 
     install_comm_timing()

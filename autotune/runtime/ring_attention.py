@@ -36,19 +36,31 @@ import sys
 import torch
 import torch.distributed as dist
 
+from autotune.runtime.documents import CAUSAL, Docs, block_pairs  # CAUSAL: a segment against itself
+
 Segments = list[list[tuple[int, int]]]
 
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_index: torch.Tensor, segs: Segments,
-                   me: int, group, ranks: tuple[int, ...] | list[int]) -> torch.Tensor:
+                   me: int, group, ranks: tuple[int, ...] | list[int], docs: Docs | None = None) -> torch.Tensor:
     """q ``[B, Hq, T_me, D]`` (this shard, position order of ``segs[me]``), k/v ``[B, Hk, T_me, D]``;
-    ``kv_index[a]`` is the local kv head of query head a. Returns ``[B, Hq, T_me, D]``."""
-    return _RingAttention.apply(q, k, v, kv_index, segs, me, group, tuple(ranks))
+    ``kv_index[a]`` is the local kv head of query head a; ``docs``: each row's document lengths
+    (``documents.Docs``) when attention stops at document boundaries. Returns ``[B, Hq, T_me, D]``."""
+    return _RingAttention.apply(q, k, v, kv_index, segs, me, group, tuple(ranks), docs)
+
+
+def _sub_blocks(qsegs, ksegs, docs: Docs | None):
+    """(query segment, key segment, row slice, query range, key range, kind) of every block to run:
+    whole blocks without documents, their per-document pieces with them (``documents.block_pairs``)."""
+    for a, c, kind in _pairs(qsegs, ksegs):
+        if docs is None:
+            yield a, c, slice(None), slice(None), slice(None), kind
+            continue
+        for b, (q0, q1), (k0, k1), sub in block_pairs(qsegs[a], ksegs[c], kind, docs):
+            yield a, c, slice(b, b + 1), slice(q0, q1), slice(k0, k1), sub
 
 
 # ---- blocks -------------------------------------------------------------------------------------
-CAUSAL = "causal"
-"""Block kind of a query segment against the same key segment (top-left causal mask)."""
 
 # torch's fused attention kernels return the log-sum-exp and take it back in their backward (the
 # FlashAttention interface), which is all a ring block needs: on this machine's CPUs 2-6x faster than
@@ -248,7 +260,7 @@ def _wait_all(reqs: list) -> None:
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, kv_index, segs, me, group, ranks):
+    def forward(ctx, q, k, v, kv_index, segs, me, group, ranks, docs):
         n = len(ranks)
         b, hq, _, d = q.shape
         hk = k.shape[1]
@@ -264,15 +276,17 @@ class _RingAttention(torch.autograd.Function):
                 nxt = kv.new_empty((2, b, hk, sum(x for _, x in segs[(me - step - 1) % n]), d))
                 reqs = _exchange(kv, nxt, me, group, ranks)
             ke, ve = _kv_segments(kv, kv_index, segs[j])
-            for a, c, kind in _pairs(segs[me], segs[j]):
-                ob, lb, aux[step, a, c] = block_forward_aux(qs[a], ke[c], ve[c], scale, kind)
-                _merge(o[a], lse[a], ob, lb)
+            for i, (a, c, rb, rq, rk, kind) in enumerate(_sub_blocks(segs[me], segs[j], docs)):
+                ob, lb, aux[step, i] = block_forward_aux(qs[a][rb, :, rq], ke[c][rb, :, rk], ve[c][rb, :, rk],
+                                                         scale, kind)
+                _merge(o[a][rb, :, rq], lse[a][rb, :, rq], ob, lb)
             if step < n - 1:
                 _wait(reqs)
                 kv = nxt
         out = torch.cat(o, dim=2).to(q.dtype)
         ctx.save_for_backward(q, k, v, kv_index, out, torch.cat(lse, dim=2))
         ctx.segs, ctx.me, ctx.group, ctx.ranks, ctx.scale, ctx.aux = segs, me, group, ranks, scale, aux
+        ctx.docs = docs
         return out
 
     @staticmethod
@@ -297,12 +311,13 @@ class _RingAttention(torch.autograd.Function):
             ke, ve = _kv_segments(kv, kv_index, segs[j])
             dke = [torch.zeros(x.shape, dtype=torch.float32, device=q.device) for x in ke]
             dve = [torch.zeros(x.shape, dtype=torch.float32, device=q.device) for x in ve]
-            for a, c, kind in _pairs(mine, segs[j]):
-                dqb, dkb, dvb = block_backward(dos[a], qs[a], ke[c], ve[c], outs[a], lses[a], deltas[a], scale, kind,
-                                               ctx.aux.get((step, a, c)))
-                dq[a] += dqb
-                dke[c] += dkb
-                dve[c] += dvb
+            for i, (a, c, rb, rq, rk, kind) in enumerate(_sub_blocks(mine, segs[j], ctx.docs)):
+                dqb, dkb, dvb = block_backward(dos[a][rb, :, rq], qs[a][rb, :, rq], ke[c][rb, :, rk], ve[c][rb, :, rk],
+                                               outs[a][rb, :, rq], lses[a][rb, :, rq], deltas[a][rb, :, rq], scale,
+                                               kind, ctx.aux.get((step, i)))
+                dq[a][rb, :, rq] += dqb
+                dke[c][rb, :, rk] += dkb
+                dve[c][rb, :, rk] += dvb
             # query heads -> their kv heads (GQA: a kv head sums the gradients of its group)
             dkv = torch.zeros(2, b, hk, kv.shape[3], d, dtype=torch.float32, device=q.device)
             dkv[0].index_add_(1, kv_index, torch.cat(dke, dim=2))
@@ -324,4 +339,4 @@ class _RingAttention(torch.autograd.Function):
         _wait(acc_reqs)
         del acc_sent
         dq = torch.cat(dq, dim=2).to(q.dtype)
-        return dq, acc_in[0].to(k.dtype), acc_in[1].to(v.dtype), None, None, None, None, None
+        return dq, acc_in[0].to(k.dtype), acc_in[1].to(v.dtype), None, None, None, None, None, None

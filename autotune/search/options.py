@@ -32,6 +32,11 @@ class SearchOptions:
     dtype: str = "bf16"
     target: str = "runtime"
     """Who will run the plan (autotune/targets.py): the search explores only what it can run."""
+    documents: dict[str, Any] | None = None
+    """The workload's documents (``autotune.documents.DocumentSource.record``), recorded with the
+    study; the plans are priced with their masks by ``cost/documents.DocumentsEstimator``."""
+    doc_mask: bool = True
+    """With documents: mask attention at their boundaries (False: priced as whole causal windows)."""
 
 
 @dataclass
@@ -56,6 +61,13 @@ class SearchResult:
     targets: dict[str, Any] = field(default_factory=dict)
     """Per export target, the best plan of the study it can express and its ratio to the best
     (``targets.best_per_target``)."""
+    front: list[dict[str, Any]] = field(default_factory=list)
+    """The Pareto front of step time against cost (per million tokens with prices, else devices
+    used), fastest first; each point names its trial and plan (autotune/search/pool.py)."""
+    left_out: list[str] = field(default_factory=list)
+    """One line per node group the best plan leaves nodes of out, saying why that pays."""
+    objective: dict[str, Any] | None = None
+    """What a pool search optimised (autotune/objective.py); None: tokens/s."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"best": self.best.to_dict(), "top": [p.to_dict() for p in self.top],
@@ -63,7 +75,8 @@ class SearchResult:
                 "trials": self.trials, "new_trials": self.new_trials, "elapsed_s": self.elapsed_s,
                 "study": self.study_name, "storage": self.storage, "best_trial": self.best_trial,
                 "baseline_trial": self.baseline_trial, "notes": self.notes, "why": self.why,
-                "stopped": self.stopped, "targets": self.targets}
+                "stopped": self.stopped, "targets": self.targets, "front": self.front, "left_out": self.left_out,
+                "objective": self.objective}
 
 
 def check_options(opts: SearchOptions, storage: str) -> None:

@@ -20,8 +20,13 @@ def collect(study: Any, storage: str, top: int, elapsed: float, before: int, not
             workload: tuple[Any, Any, int, int] | None = None) -> SearchResult:
     trials = study.get_trials(deepcopy=False)
     # the tie-break rule (autotune.cost.tiebreak) over enough of the best to fill ``top`` places
-    ranked = rank(list(itertools.islice(iter_trial_plans(study), 4 * top + 20)), plan=lambda tp: tp[1],
-                  tokens_per_s=lambda tp: float(tp[0].value or 0.0), top=top)
+    from autotune.objective import of_study
+
+    if of_study(study).plain:
+        ranked = rank(list(itertools.islice(iter_trial_plans(study), 4 * top + 20)), plan=lambda tp: tp[1],
+                      tokens_per_s=lambda tp: float(tp[0].value or 0.0), top=top)
+    else:  # a pool search's objective orders the plans (autotune/objective.py)
+        ranked = list(itertools.islice(iter_trial_plans(study), top))
     if not ranked:
         memory_bound = [t for t in trials if t.user_attrs.get("infeasible_kind") == "memory"]
         raise WorkError(nothing_fits(memory_bound, workload) or "no feasible plan: " + infeasibility_report(trials))

@@ -12,26 +12,13 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from autotune.search.bulk import add_trials, encode_attrs, rdb_backend
-from autotune.search.pricing import Outcome, Shared
+from autotune.search.pricing import Outcome, Row, Shared  # noqa: F401  (Row: its old home)
 from autotune.search.signals import signals_deferred
 from autotune.search.spill import Spill
 from autotune.study import MEMORY_URL, is_feasible, storage_for
-
-
-@dataclass
-class Row:
-    """One finished trial as this process knows it: what the phases rank and skip by."""
-
-    params: dict[str, Any]
-    value: float | None
-    feasible: bool
-    attrs: dict[str, Any]
-    constraints: dict[str, float]
-    mine: bool = False  # recorded by this process (its plan is in this process's cache already)
 
 
 def make_sampler(name: str, seed: int) -> Any:
@@ -54,12 +41,15 @@ class Workspace:
     the spill recovery and the fault tests check against."""
 
     def __init__(self, name: str, storage: str, distributions: dict[str, Any], sampler: Any, batch_s: float,
-                 pull_each_batch: bool = False):
+                 pull_each_batch: bool = False, keep: Callable[[Any], bool] | None = None):
         import optuna
 
         # a worker pulls the others' trials before each batch so its sampler learns from them; the
         # parent pulls once, after its workers (autotune/search/run.py)
         self.pull_each_batch = pull_each_batch
+        # which stored trials are this workspace's to rank and learn from (a pool search: one
+        # subset's; autotune/search/pool.py); None: all of them
+        self.keep = keep
 
         self.name, self.storage_url, self.batch_s = name, storage, batch_s
         self.dists = Shared(distributions)  # shared by every trial (never mutated; see Shared)
@@ -92,6 +82,8 @@ class Workspace:
         for t in trials:
             if t._trial_id in self.seen_ids or t.state not in (optuna.trial.TrialState.COMPLETE,
                                                                optuna.trial.TrialState.FAIL):
+                continue
+            if self.keep is not None and not self.keep(t):
                 continue
             self.seen_ids.add(t._trial_id)
             origin = str(t.user_attrs.get("origin", ""))
@@ -213,3 +205,7 @@ class StudyView:
 
     def set_user_attr(self, key: str, value: Any) -> None:
         self._study.set_user_attr(key, value)
+
+    @property
+    def user_attrs(self) -> dict[str, Any]:
+        return self._study.user_attrs

@@ -202,8 +202,9 @@ H200_GEMM = _ceil(0.780, f"{_H200}: bf16 771.7 of 989.4 TFLOPS (0.780) at 8192^3
 MI300X_GEMM = _ceil(0.514, f"{_MAMF}: MI300X 668.4 of 1300 TFLOPS (torch 2.5.1 ROCm 6.3, TunableOp)")
 
 
-# achievable_fraction: ~0.6 of dense peak is what Megatron-LM reports for large GEMMs on A100/H100
-# (Narayanan et al. 2021 report 52% MFU end to end on A100); consumer/PCIe parts a little lower.
+# achievable_fraction: the end-to-end share of peak a training step reaches (~0.5-0.6 on A100/H100,
+# consumer/PCIe parts a little lower): the flat rate of a device without an SM count and the search's
+# quick bound, never a GEMM's ceiling (gemm=, the measured large-GEMM fraction, is that).
 # Columns: bf16, fp16, tf32 (dense tensor-core TF32, 0 = none), fp32 (non-tensor-core) TFLOPS.
 # Memory variants of one chip are separate entries (same compute, their own capacity and bandwidth).
 CATALOGUE: dict[str, DeviceSpec] = {

@@ -38,7 +38,8 @@ from autotune.specs.catalogue import ATTENTION_IMPLS, CATALOGUE, DeviceSpec, dev
 from autotune.specs.user_device import device_from_mapping, device_to_mapping
 from autotune.units import parse_bandwidth, parse_bytes, parse_time
 
-NODE_KEYS = ("count", "devices_per_node", "device", "intra_node", "framework_reserve", "attention", "layer_profile")
+NODE_KEYS = ("count", "devices_per_node", "device", "intra_node", "framework_reserve", "attention", "layer_profile",
+             "available", "price")
 """The keys of a node group (what a study record keeps of a cluster to rebuild it)."""
 DEFAULT_INTER_BANDWIDTH = 12.5e9  # 100 Gbit/s Ethernet per device when a file gives none
 DEFAULT_INTER_LATENCY = 10e-6
@@ -71,6 +72,12 @@ class NodeGroup:
     devices_per_node: int
     device: DeviceSpec
     intra_node: Link
+    minimum: int | None = None
+    """A pool group (``available`` in the file): the least nodes a plan must use; ``count`` is then
+    how many are available. None: a plain group, every node used (autotune/specs/pool.py)."""
+    price: float | None = None
+    """Per device and hour, in ``currency`` (``price: "2.10USD/h"``); None: not given."""
+    currency: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -167,7 +174,8 @@ class ClusterSpec:
             "nodes": [
                 {"count": g.count, "devices_per_node": g.devices_per_node,
                  "device": device_to_mapping(g.device) if g.device.provenance == "user" else g.device.name,
-                 "provenance": g.device.provenance, "intra_node": g.intra_node.to_dict(), **_group_terms(g.device)}
+                 "provenance": g.device.provenance, "intra_node": g.intra_node.to_dict(), **_group_terms(g.device),
+                 **_pool_terms(g)}
                 for g in self.groups
             ],
             "inter_node": self.inter_node.to_dict(),
@@ -175,6 +183,16 @@ class ClusterSpec:
             "num_devices": self.num_devices,
             "digest": self.digest,
         }
+
+
+def _pool_terms(g: NodeGroup) -> dict[str, Any]:
+    """A pool group's keys as the file writes them (absent for a plain group: its record is unchanged)."""
+    out: dict[str, Any] = {}
+    if g.minimum is not None:
+        out["count"], out["available"] = g.minimum, g.count
+    if g.price is not None:
+        out["price"] = f"{g.price!r}{g.currency}/h"
+    return out
 
 
 def _group_terms(dev: DeviceSpec) -> dict[str, Any]:
@@ -212,12 +230,8 @@ ProfileResolver = Callable[[str, str | None], DeviceSpec]
 
 
 def _default_profile_resolver(ref: str, storage: str | None) -> DeviceSpec:
-    """``profile:ID`` -> a measured DeviceSpec from the profile store (profilers/store.py)."""
-    try:
-        from profilers.store import device_spec_from_profile  # type: ignore[attr-defined]
-    except ImportError:
-        raise InputError(f"{ref!r}: measured profiles are not available in this build (no profilers.store)",
-                         field="device") from None
+    """``profile:ID`` -> a measured DeviceSpec from the profile store (autotune/specs/profiles.py)."""
+    from autotune.specs.profiles import device_spec_from_profile  # sqlalchemy: only when a profile is named
     return device_spec_from_profile(ref.split(":", 1)[1], storage)
 
 
@@ -246,8 +260,8 @@ def _layer_profiles(refs: Any, where: str, storage: str | None) -> tuple[dict[st
     for i, ref in enumerate(refs):
         if not isinstance(ref, str) or not ref.startswith("layers:"):
             raise InputError(f"expected layers:ID (see `autotune profile list`), got {ref!r}", field=where)
-        from autotune.commands.common import DEFAULT_STORAGE
-        from profilers.store import load_layer_profile
+        from autotune.defaults import DEFAULT_STORAGE
+        from autotune.specs.profiles import load_layer_profile
 
         try:
             out.append(load_layer_profile(ref, storage or DEFAULT_STORAGE))
@@ -284,7 +298,11 @@ def cluster_from_dict(d: dict[str, Any], source: str | None = None, storage: str
             if not isinstance(nd, dict):
                 raise InputError(f"expected a mapping, got {nd!r}", field=where)
             F.reject_unknown(nd, set(NODE_KEYS), where)
-            count = F.get_int(nd, "count", f"{where}.count", default=1)
+            from autotune.specs.pool import pool_terms
+
+            written = None if nd.get("count") is None else F.get_int(nd, "count", f"{where}.count",
+                                                                       minimum=0 if nd.get("available") else 1)
+            count, least, price, currency = pool_terms(nd, where, written)
             dpn = F.get_int(nd, "devices_per_node", f"{where}.devices_per_node")
             raw_dev = F.get(nd, "device", f"{where}.device")
             if isinstance(raw_dev, dict):  # described inline (autotune/specs/user_device.py)
@@ -299,7 +317,8 @@ def cluster_from_dict(d: dict[str, Any], source: str | None = None, storage: str
             dev = _runtime_overrides(dev, nd, where, storage)
             intra = _link(nd.get("intra_node"), f"{where}.intra_node", dev.intra_node_bandwidth,
                           dev.intra_node_latency, "intra")
-            groups.append(NodeGroup(count=count, devices_per_node=dpn, device=dev, intra_node=intra))
+            groups.append(NodeGroup(count=count, devices_per_node=dpn, device=dev, intra_node=intra, minimum=least,
+                                    price=price, currency=currency))
         inter_default = min(g.device.nic_bandwidth for g in groups)
         inter = _link(d.get("inter_node"), "inter_node", inter_default, DEFAULT_INTER_LATENCY, "inter")
         overrides = []

@@ -22,27 +22,30 @@ WEIGHT_ATOL, WEIGHT_RTOL = 1e-4, 1e-4
 
 
 def run_plans(job: str, spec: ModelSpec, items: list[tuple[str, dict]], world: int, seq: int, batch: int,
-              steps: int, seed: int) -> dict[str, list[dict]]:
+              steps: int, seed: int, documents: dict | None = None) -> dict[str, list[dict]]:
     """{name: every rank's report} for the named plan dicts, resolved on ``local:WORLD`` and run by the
-    launcher target ``job`` (``module:function``) in one launch."""
+    launcher target ``job`` (``module:function``) in one launch (``documents``: the payload's
+    document entry, ``autotune.runtime.documents.DocumentFeed``; None: no document masks)."""
     plans = [Plan.from_dict(item).resolve(spec, local_cluster(world), seq, batch).to_dict() for _, item in items]
     payload = {"model": spec.to_dict(), "plans": plans, "seq_len": seq, "global_batch": batch,
-               "steps": steps, "seed": seed, "timeout_s": 120}
+               "steps": steps, "seed": seed, "timeout_s": 120, "documents": documents}
     res = launch(job, payload, world, timeout_s=400, device="cpu")
     assert res.failure is None, f"{res.failure}\n{res.extra.get('traceback', '')}"
     return {name: [res.results[r][i] for r in range(world)] for i, (name, _) in enumerate(items)}
 
 
-def reference(spec: ModelSpec, seq: int, batch: int, steps: int, seed: int) -> dict:
+def reference(spec: ModelSpec, seq: int, batch: int, steps: int, seed: int, documents: dict | None = None) -> dict:
     """The single-process run (cached for the session: several modules compare against the same one)."""
-    return _reference(json.dumps(spec.to_dict(), sort_keys=True), seq, batch, steps, seed)
+    return _reference(json.dumps(spec.to_dict(), sort_keys=True), seq, batch, steps, seed,
+                      json.dumps(documents, sort_keys=True))
 
 
 @functools.cache
-def _reference(spec_json: str, seq: int, batch: int, steps: int, seed: int) -> dict:
+def _reference(spec_json: str, seq: int, batch: int, steps: int, seed: int, documents_json: str = "null") -> dict:
     from autotune.specs.model import model_from_dict
 
-    return reference_run(model_from_dict(json.loads(spec_json)), seq, batch, steps=steps, seed=seed)
+    return reference_run(model_from_dict(json.loads(spec_json)), seq, batch, steps=steps, seed=seed,
+                         documents=json.loads(documents_json))
 
 
 def assert_matches_reference(per_rank: list[dict], ref: dict) -> None:

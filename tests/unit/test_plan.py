@@ -116,7 +116,7 @@ def test_inline_and_file_loading(tmp_path):
     with pytest.raises(InputError, match="unknown inline plan key"):
         parse_inline("dq=2")
     f = tmp_path / "p.json"
-    f.write_text(json.dumps({"schema_version": 3, "degrees": {"dp": 1}}))
+    f.write_text(json.dumps({"schema_version": SCHEMA_VERSION + 1, "degrees": {"dp": 1}}))
     with pytest.raises(PlanError, match="schema_version"):
         load_plan(f)
     f.write_text("{not json")

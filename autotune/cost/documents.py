@@ -1,0 +1,189 @@
+"""Pricing packed windows with document masks (``Plan.doc_mask``, ``autotune/documents.py``).
+
+With documents, a window's attention costs the sum over its document pieces of their causal
+(query, key) pairs instead of the window's S(S+1)/2; everything else (GEMMs, norms, the loss,
+communication volumes, memory) is per token and a window always holds S tokens, so it is priced as
+before. Windows differ, so:
+
+* **Expected step, not mean work.** A step waits for its slowest DP replica and, inside a replica,
+  for its slowest CP rank. ``STEPS`` steps are drawn from the distribution with a fixed seed
+  (``documents.sample_window``: data-order packing), each step's windows are dealt to the replicas
+  as the runtime deals them (``documents.replica_rows``: in order, or by cost), and each drawn step
+  is priced by the whole cost model with every replica's own attention work (so mixed devices,
+  uneven shares and pipeline bubbles act as usual) : the prediction is the mean over the drawn
+  steps of their step times, i.e. a sampled estimate of the expected maximum over replicas.
+* **Per CP rank.** A replica's CP rank c gets the mean over the replica's windows of its masked
+  pairs (its segments of the zigzag or contiguous layout cut by the documents), scaled by
+  ``mean_w max_c pairs_c(w) / max_c mean_w pairs_c(w)`` (>= 1): the ring synchronises every window,
+  so a replica's time follows the sum over windows of the slowest rank, not the slowest rank's sum.
+* **CPU kernels.** On a CPU every document piece of every ring block is one fused-kernel call
+  (``runtime/documents.py`` loops over documents), so the CPU attention is priced per piece
+  (``cpu.block_extras`` with weighted blocks): call overhead and short-sequence efficiency included.
+* **Memory at the worst window.** The fused kernels keep no S x S scores, so a window's activation
+  memory depends on its S tokens only: every window's memory is the full window's, as priced today.
+
+Without a distribution, or with ``doc_mask`` off, nothing here runs: old plans price bit for bit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from autotune import documents as W
+
+STEPS = 4
+"""Steps drawn per estimate (each priced by the whole model): the mean over 4 steps of max-over-
+replica step times; the draws are fixed (SEED), so a plan's price is deterministic."""
+SEED = 0
+
+
+def segments(tokens: tuple[int, ...], zigzag: bool, seq_len: int) -> list[list[tuple[int, int]]]:
+    """Each CP rank's ``(start, length)`` segments (``runtime/attention.py:shard_segments``)."""
+    out, a = [], 0
+    for t in tokens:
+        if zigzag and len(tokens) > 1:
+            f = t // 2
+            out.append([(a, f), (seq_len - a - f, f)])
+            a += f
+        else:
+            out.append([(a, t)])
+            a += t
+    return out
+
+
+def masked_pairs(docs: tuple[int, ...], segs: list[tuple[int, int]]) -> float:
+    """Causal same-document (query, key) pairs of the queries in ``segs``: a query at p in the
+    document starting at s attends p - s + 1 keys."""
+    total = 0.0
+    for s, e in W_starts(docs):
+        for a, n in segs:
+            lo, hi = max(a, s), min(a + n, e)
+            if lo < hi:  # sum over p in [lo, hi) of (p - s + 1)
+                total += (hi - lo) * ((lo - s + 1) + (hi - s)) / 2.0
+    return total
+
+
+def W_starts(docs: tuple[int, ...]) -> list[tuple[int, int]]:  # noqa: N802  (documents' (start, end))
+    out, s = [], 0
+    for n in docs:
+        out.append((s, s + n))
+        s += n
+    return out
+
+
+def masked_blocks(docs: tuple[int, ...], segs: list[list[tuple[int, int]]], index: int
+                  ) -> list[tuple[int, int, bool]]:
+    """The kernel calls of CP rank ``index`` over one ring turn with documents: ``(query length, key
+    length, causal)`` per document piece of every visible block (``runtime/documents.block_pairs``)."""
+    out = []
+    bounds = W_starts(docs)
+    for qs, ql in segs[index]:
+        for ksegs in segs:
+            for ks, kl in ksegs:
+                if not (ql and kl and ks < qs + ql):
+                    continue
+                same = ks == qs and kl == ql
+                for s, e in bounds:
+                    q = min(e, qs + ql) - max(s, qs)
+                    k = min(e, ks + kl) - max(s, ks)
+                    if q > 0 and k > 0:
+                        out.append((q, k, same))
+    return out
+
+
+@lru_cache(maxsize=64)
+def drawn_steps(dist: W.LengthDistribution, seq_len: int, global_batch: int, steps: int, seed: int
+                ) -> tuple[tuple[tuple[int, ...], ...], ...]:
+    """``steps`` steps of ``global_batch`` windows each, drawn with a fixed seed (data order)."""
+    rng = np.random.default_rng([seed, seq_len, global_batch])
+    return tuple(tuple(W.sample_window(dist, seq_len, rng) for _ in range(global_batch)) for _ in range(steps))
+
+
+@dataclasses.dataclass(frozen=True)
+class DocWork:
+    """One drawn step's attention work for the cost model's ``StepContext``: per DP replica, per CP
+    shard, the masked pairs per micro-batch (``keysums``) and the CPU kernel calls (``ring``, weighted
+    per micro-batch; None off CPU)."""
+
+    keysums: tuple[tuple[float, ...], ...]
+    ring: tuple[tuple[Any, ...], ...]
+
+
+def step_work(step: tuple[tuple[int, ...], ...], plan: Any, seq_len: int, on_cpu: bool) -> DocWork:
+    """The attention work of one drawn step under ``plan`` (resolved: shares filled in)."""
+    d = plan.degrees
+    zig = plan.cp_layout == "zigzag" and d.cp > 1
+    segs = segments(plan.shares.tokens, zig, seq_len)
+    keysums, rings = [], []
+    for rows in W.replica_rows(step, plan.shares.samples, plan.balance):
+        pairs = np.array([[masked_pairs(step[r], segs[c]) for c in range(d.cp)] for r in rows])
+        mean = pairs.mean(axis=0)  # per window (the cost model multiplies by the micro-batch size)
+        sync = float(pairs.max(axis=1).mean() / pairs.mean(axis=0).max()) if d.cp > 1 else 1.0
+        keysums.append(tuple(float(x) * sync for x in mean))
+        if not on_cpu:
+            rings.append((None,) * d.cp)
+            continue
+        ring = []
+        for c in range(d.cp):
+            calls: dict[tuple[int, int, bool], float] = {}
+            for r in rows:
+                for blk in masked_blocks(step[r], segs, c):
+                    calls[blk] = calls.get(blk, 0.0) + 1.0
+            w = sync / len(rows)  # per window (the kernels run per row; micro_batch multiplies outside)
+            ring.append(tuple(sorted((q, k, causal, n * w) for (q, k, causal), n in calls.items())))
+        rings.append(tuple(ring))
+    return DocWork(tuple(keysums), tuple(rings))
+
+
+def drawn_work(plan: Any, dist: W.LengthDistribution, seq_len: int, global_batch: int, on_cpu: bool,
+               steps: int = STEPS, seed: int = SEED) -> list[DocWork]:
+    return [step_work(st, plan, seq_len, on_cpu) for st in drawn_steps(dist, seq_len, global_batch, steps, seed)]
+
+
+def combine(priced: list[tuple[dict[str, Any], dict[str, Any]]], dist: W.LengthDistribution, plan: Any,
+            seq_len: int, global_batch: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(predicted, breakdown) of the drawn steps: the step time is their mean; the breakdown and
+    memory are the drawn step nearest that mean's, with a ``documents`` entry saying how it was priced."""
+    times = [float(p["step_time_s"]) for p, _ in priced]
+    mean = statistics.fmean(times)
+    pred, bd = min(priced, key=lambda pb: abs(pb[0]["step_time_s"] - mean))
+    pred = dict(pred)
+    ratio = pred["step_time_s"] / mean if mean > 0 else 1.0
+    pred["step_time_s"] = mean
+    pred["tokens_per_s"] = global_batch * seq_len / mean if mean > 0 else 0.0
+    if isinstance(pred.get("mfu"), (int, float)):
+        pred["mfu"] = pred["mfu"] * ratio
+    bd = dict(bd)
+    bd["documents"] = {"source": dist.source, "digest": dist.digest(), "mean_length": round(dist.mean(), 2),
+                       "packing": "order", "balance": plan.balance, "drawn_steps_s": times,
+                       "step_time_s": mean, "how": f"mean over {len(times)} drawn steps (seed {SEED}) of the "
+                                                   "slowest replica's step"}
+    return pred, bd
+
+
+class DocumentsEstimator:
+    """The search's estimator for a workload of documents: prices every plan with ``doc_mask`` on,
+    both balances where there are replicas to balance (the search may choose either: the faster
+    is recorded on the plan). Picklable (worker processes)."""
+
+    def __init__(self, dist: W.LengthDistribution, balance: str = "auto"):
+        self.dist, self.balance = dist, balance
+
+    def __call__(self, plan, model, cluster, seq_len, global_batch, *, calibration=None, timeline=False):
+        from autotune.cost.estimate import estimate
+
+        choices = ("count", "cost") if self.balance == "auto" else (self.balance,)
+        if plan.degrees.dp == 1:
+            choices = choices[:1]
+        best = None
+        for b in choices:
+            est = estimate(plan.replace(doc_mask=True, balance=b), model, cluster, seq_len, global_batch,
+                           calibration=calibration, timeline=timeline, documents=self.dist)
+            if best is None or est.predicted.get("tokens_per_s", 0) > best.predicted.get("tokens_per_s", 0):
+                best = est
+        return best

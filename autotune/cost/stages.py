@@ -1,0 +1,114 @@
+"""Pricing a per-stage plan (``autotune/stages.py``): each stage at its own degrees.
+
+A per-stage plan is priced by the same dimension modules as a uniform one; only the contexts differ
+(``docs/architecture.md``, "Per-stage degrees"):
+
+- every replica of every stage (a tp group: a "cell") gets a ``RankContext`` whose ``step`` is the
+  plan's ``StepContext`` with the cell's own ``tp`` (so compute, TP collectives, memory and the
+  optimizer step are priced at that tp, on that cell's device and links); cells of one tp and device
+  that see the same links share one context, hence one rank cost;
+- the hop between stages of different tp (``pipeline_parallel.hop_time``): the k = min(a, b) rank
+  pairs each carry 1/k of the activation (Megatron's scatter/gather, generalised), and the side with
+  more ranks gathers (forward) or the side with more ranks scatters back (backward) inside its node;
+- the gradient reduction over replicas whose shards differ (``data_parallel.step_transfers``): the
+  reduction goes piece by piece (``stages.pieces``), so every rank waits for the rank holding the most
+  pieces, the replica of the smallest tp: it moves parameters / tp_min;
+- the pipeline simulation (``pipeline_parallel.simulate_replicas``) runs per replica over each stage's
+  own chunk times, so stages of different speed are what it already takes.
+
+A uniform plan written as stages (``stages.as_stages``) prices exactly as the uniform plan does
+(tests/unit/test_stages_cost.py), which is the reference the per-stage terms are checked against.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from types import MappingProxyType
+from typing import Any
+
+from autotune import stages as ST
+from autotune.cost import comm as C
+from autotune.cost import data_parallel as DP
+from autotune.cost import ulysses as U
+from autotune.cost.compute import DTYPE_BYTES, causal_keys
+from autotune.schedules import schedule_of
+
+
+def staged_step_context(rp: Any, model: Any, cluster: Any, seq_len: int, global_batch: int,
+                        calibration: Any, kernels: Any = None) -> Any:
+    """The ``StepContext`` of a resolved per-stage plan: what every cell shares (``tp`` is the
+    envelope's; each cell's context carries its own, ``staged_tp_groups``)."""
+    from autotune.cost.context import StepContext, _hop_peers
+
+    d, lay = rp.degrees, ST.layout_of(rp.stages)
+    topo = C.topology(cluster)
+    devs = tuple(topo.index[(e.node, e.device)] for e in rp.placement)
+    sched = schedule_of(rp)
+    chunks = tuple(sched.stages_of_rank(i, d.pp, rp.virtual_stages) for i in range(d.pp))
+    hop_peers = _hop_peers(sched, d.pp, rp.virtual_stages, chunks)
+    dp_links = tuple(topo.ring_link([devs[lay.first_rank[(s, r)]] for r in range(d.dp)]) for s in range(d.pp))
+    return StepContext(
+        plan=rp, model=model, cluster=cluster, topo=topo, seq_len=seq_len, global_batch=global_batch,
+        calibration=calibration or {}, dtype=rp.dtype, bpe=DTYPE_BYTES[rp.dtype],
+        pp=d.pp, dp=d.dp, cp=1, hp=1, tp=d.tp, v=rp.virtual_stages, n_chunks=d.pp * rp.virtual_stages,
+        mbs=rp.micro_batch_size, zigzag=False, sp=False, recompute=rp.recompute, zero=rp.zero_stage, shard_n=d.dp,
+        devs=devs, microbatches=tuple(x // rp.micro_batch_size for x in rp.shares.samples),
+        kv_ratio=model.kv_heads / model.heads, a2a_heads=U.busiest_heads(1, (model.heads,), model.heads),
+        cp_max_tokens=seq_len, keysums=(causal_keys((seq_len,), 0, False, seq_len),), ring=(None,),
+        stage_params=DP.stage_params(model, rp, chunks), dp_links=dp_links, schedule=sched, chunks=chunks,
+        hop_peers=hop_peers, group_links=(), kernels=kernels)
+
+
+def staged_tp_groups(s: Any) -> list[tuple[int, int, Any]]:
+    """(first rank, replica, context) of every cell in rank order; cells that see the same step
+    (stage, tp, device type, links, micro-batches) share one context."""
+    from autotune.cost.compute import cached_rates
+    from autotune.cost.context import Links, RankContext, collectives_for
+
+    rp, topo = s.plan, s.topo
+    lay = ST.layout_of(rp.stages)
+    node_of = topo.node_of
+    steps: dict[int, Any] = {}
+    contexts: dict[tuple, Any] = {}
+    out = []
+    for (st, r), r0 in lay.first_rank.items():
+        stage = rp.stages[st]
+        t = stage.replicas[r].tp
+        step = steps.get(t)
+        if step is None:
+            step = steps[t] = dataclasses.replace(s, tp=t)
+        d0 = s.devs[r0]
+        spec = topo.cluster.devices[d0].spec
+        tp_link = topo.node_link(node_of[d0], node_of[d0]) if t > 1 else C._SELF
+        hops, hop_tps = [], []
+        pp_link = C._SELF
+        if s.pp > 1:
+            nxt = lay.first_rank[((st + 1) % s.pp, r)]
+            pp_link = topo.node_link(node_of[d0], node_of[s.devs[nxt]])
+            for q, f, b in s.hop_peers[st]:
+                q0 = s.devs[lay.first_rank[(q, r)]]
+                hops.append((topo.node_link(node_of[d0], node_of[q0]), f, b))
+                qt = rp.stages[q].replicas[r].tp
+                hop_tps.append((qt, topo.node_link(node_of[q0], node_of[q0]) if qt > 1 else C._SELF))
+        else:
+            hops = [(C._SELF, False, False)] * s.v
+        tps = stage.tps
+        links = Links(tp=tp_link, hp=C._SELF, cp=C._SELF, pp=pp_link, dp=s.dp_links[st], pp_hops=tuple(hops),
+                      hop_tps=tuple(hop_tps) if any(q != t for q, _ in hop_tps) else (),
+                      dp_tp=min(tps) if len(set(tps)) > 1 else 0)
+        m_d = s.microbatches[r]
+        key = (st, t, id(spec), links, m_d)
+        ctx = contexts.get(key)
+        if ctx is None:
+            cal = s.calibration.get(spec.name) or {}
+            params, layer_params, rest = s.stage_params[st]
+            tok = s.mbs * s.seq_len
+            ctx = contexts[key] = RankContext(
+                step=step, coords=MappingProxyType({"pp": st, "dp": r, "cp": 0, "hp": 0, "tp": 0}), spec=spec,
+                rates=cached_rates(spec, s.dtype, s.model.head_dim, s.kernels), collectives=collectives_for(spec),
+                cf=float(cal.get("compute", 1.0)), mf=float(cal.get("comm", 1.0)), links=links, tokens=s.seq_len,
+                heads=s.model.heads // t, microbatches=m_d, layers=tuple(rp.shares.layers[j] for j in s.chunks[st]),
+                params=params, layer_params=layer_params, rest_params=rest, keysum=s.keysums[0], ring=None,
+                tokens_local=tok, hidden_bytes=s.bpe * tok * s.model.hidden)
+        out.append((r0, r, ctx))
+    return out

@@ -1,0 +1,372 @@
+"""Per-stage plans: each pipeline stage its own devices, layer count and replicas, each replica its own tp.
+
+The shape Sailor, Metis and HexiScale plan on mixed clusters (A100 + V100): a stage is a group of
+devices holding a contiguous run of layers; it runs ``dp`` replicas (the plan's data-parallel degree:
+micro-batches of replica ``r`` flow through replica ``r`` of every stage, so every stage has as many
+replicas), and each replica is a tensor-parallel group of its own size on devices inside one node.
+Replicas of one stage may differ in tp (Sailor's heterogeneous replicas: 6 A100s at tp=1 beside 4
+V100 groups at tp=4), as long as their shards nest (every tp of the stage divides its largest), so a
+gradient reduces piece by piece over the replicas and ZeRO-1 shards each piece.
+
+This module is the one source of the rules such a plan obeys (what may differ, what must divide,
+which schedules run it); the plan (``Plan.resolve``), the cost model (``cost/stages.py``), the
+runtime, the search and the exporters ask it. A uniform plan is the special case where every stage
+has the same replicas; ``as_stages`` writes any uniform 1-D-pipeline plan in this form, and the cost
+model prices both forms alike (tests/unit/test_stages_cost.py).
+
+Ranks of a per-stage plan are numbered stage by stage, replica by replica, tp rank innermost
+(``rank_table``): the uniform mesh order (pp outermost, tp innermost) with cp = hp = 1. Devices are
+named by their index in the cluster's device order (``ClusterSpec.devices``, the order of the
+node-order placement).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+from autotune.errors import InputError
+from autotune.specs import fields as F
+
+STAGED_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
+"""Schedules a per-stage plan runs with. The others refuse (``schedule_problem`` says why)."""
+_SCHEDULE_REASONS = {
+    "helixpipe": "HelixPipe runs every attention on another pipeline rank, so a stage is no device group "
+                 "of its own",
+    "interleaved_zb": "the zero-bubble schedules split the backward into input and weight halves, whose "
+                      "gradient reduction over replicas of different tp is not built",
+    "zbv": "the zero-bubble schedules split the backward into input and weight halves, whose gradient "
+           "reduction over replicas of different tp is not built",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Replica:
+    """One data-parallel replica of a stage: a tensor-parallel group on devices of one node."""
+
+    tp: int
+    """Tensor-parallel degree of this replica."""
+    devices: tuple[int, ...]
+    """Cluster device indices (``ClusterSpec.devices`` order), one per tp rank, in tp-rank order."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"tp": self.tp, "devices": list(self.devices)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Stage:
+    """One pipeline stage: its layers (all its model chunks together) and its replicas."""
+
+    layers: int
+    """Transformer blocks this stage holds (with virtual stages: over all its chunks)."""
+    replicas: tuple[Replica, ...]
+
+    @property
+    def dp(self) -> int:
+        return len(self.replicas)
+
+    @property
+    def tps(self) -> tuple[int, ...]:
+        return tuple(r.tp for r in self.replicas)
+
+    @property
+    def devices(self) -> tuple[int, ...]:
+        return tuple(d for r in self.replicas for d in r.devices)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"layers": self.layers, "replicas": [r.to_dict() for r in self.replicas]}
+
+
+@dataclass(frozen=True)
+class RankSlot:
+    """Where rank ``rank`` of a per-stage plan sits."""
+
+    rank: int
+    stage: int
+    replica: int
+    tp_index: int
+    tp: int
+    device: int
+    """Cluster device index."""
+
+
+@dataclass(frozen=True)
+class StageLayout:
+    """The rank arithmetic of a tuple of stages, computed once (``layout_of``)."""
+
+    stages: tuple[Stage, ...]
+
+    @cached_property
+    def slots(self) -> tuple[RankSlot, ...]:
+        out = []
+        for s, st in enumerate(self.stages):
+            for r, rep in enumerate(st.replicas):
+                for i, dev in enumerate(rep.devices):
+                    out.append(RankSlot(rank=len(out), stage=s, replica=r, tp_index=i, tp=rep.tp, device=dev))
+        return tuple(out)
+
+    @cached_property
+    def first_rank(self) -> dict[tuple[int, int], int]:
+        """{(stage, replica): its tp rank 0}."""
+        return {(x.stage, x.replica): x.rank for x in self.slots if x.tp_index == 0}
+
+    @property
+    def world(self) -> int:
+        return len(self.slots)
+
+    def cell_ranks(self, stage: int, replica: int) -> list[int]:
+        r0 = self.first_rank[(stage, replica)]
+        return list(range(r0, r0 + self.stages[stage].replicas[replica].tp))
+
+
+def layout_of(stages: tuple[Stage, ...]) -> StageLayout:
+    return StageLayout(stages)
+
+
+# ---- the rules ----------------------------------------------------------------------------------
+def nesting_problem(tps: tuple[int, ...]) -> str | None:
+    """Replicas of one stage may differ in tp when their shards nest: every tp divides the largest,
+    so each rank's shard is a whole number of the finest replica's shards (the gradient reduces and
+    ZeRO-1 shards piece by piece: ``pieces``)."""
+    top = max(tps)
+    bad = sorted({t for t in tps if top % t})
+    if bad:
+        return f"replica tp {bad} does not divide the stage's largest tp({top}); their shards would not nest"
+    return None
+
+
+def pieces(tp: int, finest: int, tp_index: int) -> range:
+    """The pieces (of ``finest`` equal pieces of every tp-split tensor) that tp rank ``tp_index`` of a
+    replica of degree ``tp`` holds: contiguous, ``finest // tp`` of them."""
+    k = finest // tp
+    return range(tp_index * k, (tp_index + 1) * k)
+
+
+def schedule_problem(schedule: str) -> str | None:
+    if schedule in STAGED_SCHEDULES:
+        return None
+    why = _SCHEDULE_REASONS.get(schedule, "not checked with per-stage degrees")
+    return (f"schedule: {schedule} does not run per-stage plans ({why}); use one of "
+            f"{', '.join(STAGED_SCHEDULES)}")
+
+
+def tp_problems(tp: int, model: Any) -> list[str]:
+    """What a tp degree must divide (the uniform rule of ``autotune.divisibility``)."""
+    from autotune.divisibility import degree_problems
+    from autotune.plan import Degrees
+
+    return [t for f, t in degree_problems(Degrees(tp=tp), model, 1) if f == "degrees.tp"]
+
+
+def problems(plan: Any, model: Any, cluster: Any) -> list[str]:
+    """Every broken rule of ``plan.stages`` against the model and the cluster, one line each."""
+    stages, d, p = plan.stages, plan.degrees, []
+    if not stages:
+        return ["stages: a per-stage plan needs at least one stage"]
+    if d.cp != 1 or d.hp != 1:
+        p.append(f"degrees: cp({d.cp}) and hp({d.hp}) must be 1 in a per-stage plan (per-stage context and "
+                 "head parallelism are not built)")
+    if plan.sequence_parallel:
+        p.append("sequence_parallel: not run with per-stage degrees (the hop between stages of different tp "
+                 "would re-split the sequence)")
+    if plan.zero_stage > 1:
+        p.append(f"zero_stage: {plan.zero_stage} is not run with per-stage degrees (FSDP2 over replicas whose "
+                 "shards differ is not built); use 0 or 1")
+    if getattr(plan, "doc_mask", False):
+        p.append("doc_mask: document masks are not priced or run with per-stage degrees yet")
+    sp = schedule_problem(plan.schedule)
+    if sp:
+        p.append(sp)
+    dps = {st.dp for st in stages}
+    if len(dps) > 1:
+        p.append(f"stages: every stage needs the same number of replicas (micro-batches of replica r flow "
+                 f"through replica r of every stage), got {[st.dp for st in stages]}")
+    v = plan.virtual_stages
+    total = sum(st.layers for st in stages)
+    if total != model.layers:
+        p.append(f"stages: layers {[st.layers for st in stages]} add up to {total}, expected {model.layers}")
+    n = cluster.num_devices
+    seen: dict[int, str] = {}
+    tps_seen: set[int] = set()
+    for s, st in enumerate(stages):
+        where = f"stages[{s}]"
+        if st.layers < v:
+            p.append(f"{where}.layers: {st.layers} < virtual_stages({v}): a chunk would have no layers")
+        if not st.replicas:
+            p.append(f"{where}.replicas: a stage needs at least one replica")
+            continue
+        nest = nesting_problem(st.tps)
+        if nest:
+            p.append(f"{where}: {nest}")
+        for r, rep in enumerate(st.replicas):
+            w = f"{where}.replicas[{r}]"
+            if len(rep.devices) != rep.tp:
+                p.append(f"{w}: {len(rep.devices)} devices for tp({rep.tp})")
+            if rep.tp not in tps_seen:
+                tps_seen.add(rep.tp)
+                p += [f"{w}.tp: {t}" for t in tp_problems(rep.tp, model)]
+            nodes = set()
+            for dev in rep.devices:
+                if not 0 <= dev < n:
+                    p.append(f"{w}.devices: device {dev} is not in the cluster (0..{n - 1})")
+                    continue
+                if dev in seen:
+                    p.append(f"{w}.devices: device {dev} is used twice (also by {seen[dev]})")
+                seen[dev] = w
+                nodes.add(cluster.devices[dev].node)
+            if len(nodes) > 1:
+                p.append(f"{w}: tp group on devices {list(rep.devices)} crosses nodes {sorted(nodes)}; "
+                         "tp must stay inside a node")
+    return p
+
+
+def envelope(stages: tuple[Stage, ...], cp: int = 1, hp: int = 1) -> Any:
+    """The plan's ``degrees`` for these stages: pp stages, dp replicas per stage (the first stage's),
+    tp the largest of any replica. Their product is no device count: ``Plan.world`` counts devices."""
+    from autotune.plan import Degrees
+
+    return Degrees(pp=len(stages), dp=stages[0].dp if stages else 1, cp=cp, hp=hp,
+                   tp=max((r.tp for st in stages for r in st.replicas), default=1))
+
+
+def chunk_layers(stages: tuple[Stage, ...], v: int) -> tuple[int, ...]:
+    """``shares.layers`` (pp * v entries in model order) of these stages: each stage's layers split
+    as evenly as possible over its v chunks; chunk c of stage s is model chunk ``c * pp + s`` (the
+    looped placement of 1F1B and interleaved 1F1B)."""
+    from autotune.plan import even_split
+
+    p = len(stages)
+    out = [0] * (p * v)
+    for s, st in enumerate(stages):
+        for c, n in enumerate(even_split(st.layers, v)):
+            out[c * p + s] = n
+    return tuple(out)
+
+
+def resolve(plan: Any, model: Any, cluster: Any, seq_len: int, global_batch: int) -> Any:
+    """``Plan.resolve`` of a per-stage plan: degrees (the ``envelope``), layers per chunk, even
+    samples by default, the placement the stages name; raises PlanError naming every problem."""
+    from autotune.plan import Placement, PlanError, Shares, Workload, even_split, schedule_of
+
+    p = problems(plan, model, cluster)
+    if p:
+        raise PlanError("; ".join(p), field="stages")
+    stages = plan.stages
+    env = envelope(stages, plan.degrees.cp, plan.degrees.hp)
+    if plan.degrees != env and plan.degrees.world != 1:
+        raise PlanError(f"degrees {plan.degrees.inline()} disagree with the stages' ({env.inline()}: pp stages, "
+                        "dp replicas, tp the largest)", field="degrees")
+    sh, mbs, v = plan.shares, plan.micro_batch_size, plan.virtual_stages
+    layers = chunk_layers(stages, v)
+    if sh.layers is not None and tuple(sh.layers) != layers:
+        raise PlanError(f"shares.layers {list(sh.layers)} disagree with the stages' {list(layers)}", field="shares.layers")
+    samples = sh.samples
+    if samples is None:
+        samples = tuple(x * mbs for x in even_split(global_batch // mbs, env.dp)) if global_batch % mbs == 0 \
+            else tuple(even_split(global_batch, env.dp))
+    probs = []
+    if env.dp > global_batch:
+        probs.append(f"degrees.dp: dp({env.dp}) > global_batch({global_batch})")
+    if len(samples) != env.dp or sum(samples) != global_batch or any(s < mbs or s % mbs for s in samples):
+        probs.append(f"shares.samples: {list(samples)} must be {env.dp} multiples of micro_batch_size({mbs}) "
+                     f"adding up to {global_batch}")
+    if plan.dtype not in {k for dev in cluster.device_types() for k in dev.peak_flops}:
+        probs.append(f"dtype: no device in the cluster supports {plan.dtype}")
+    if probs:
+        raise PlanError("; ".join(probs), field="plan")
+    counts = [s // mbs for s in samples]
+    nmb = max(counts)
+    if plan.num_microbatches is not None and plan.num_microbatches != nmb:
+        raise PlanError(f"num_microbatches: {plan.num_microbatches} but the largest replica runs {nmb}",
+                        field="num_microbatches")
+    devs = cluster.devices
+    placement = tuple(Placement(rank=x.rank, node=devs[x.device].node, device=devs[x.device].local)
+                      for x in layout_of(stages).slots)
+    out = plan.replace(
+        degrees=env, num_microbatches=nmb, placement=placement,
+        shares=Shares(layers=layers, tokens=(seq_len,), heads=(model.heads // env.tp,), samples=tuple(samples)),
+        workload=Workload(model=model.name, seq_len=seq_len, global_batch=global_batch,
+                          cluster=getattr(cluster, "name", "")))
+    sched = schedule_of(out)
+    probs = sched.check_shape(env.pp, v) + sched.check_microbatches(env.pp, v, counts)
+    if probs:
+        raise PlanError("; ".join(probs), field="plan")
+    return out
+
+
+def as_stages(plan: Any, cluster: Any) -> tuple[Stage, ...]:
+    """A resolved uniform plan (cp = hp = 1) written as stages: stage s holds its chunks' layers,
+    replica r the devices its placement gives tp group (s, r)."""
+    d = plan.degrees
+    if d.cp != 1 or d.hp != 1:
+        raise InputError("only plans with cp = hp = 1 have a per-stage form", field="degrees")
+    out = []
+    for s in range(d.pp):
+        reps = []
+        for r in range(d.dp):
+            r0 = plan.rank_of(pp=s, dp=r)
+            reps.append(Replica(tp=d.tp, devices=tuple(plan.device_index(r0 + i, cluster) for i in range(d.tp))))
+        out.append(Stage(layers=sum(plan.layers_of_stage(s)), replicas=tuple(reps)))
+    return tuple(out)
+
+
+def renumbered(stages: tuple[Stage, ...]) -> tuple[Stage, ...]:
+    """The same stages on devices 0..n-1 in rank order: a local trial runs rank r as process r
+    (``local:N`` is one node, so every tp group stays inside it)."""
+    out, n = [], 0
+    for st in stages:
+        reps = []
+        for rep in st.replicas:
+            reps.append(Replica(tp=rep.tp, devices=tuple(range(n, n + rep.tp))))
+            n += rep.tp
+        out.append(Stage(layers=st.layers, replicas=tuple(reps)))
+    return tuple(out)
+
+
+def is_uniform(stages: tuple[Stage, ...]) -> bool:
+    """Every replica of every stage at one tp (what Megatron and torchtitan express, placement aside)."""
+    return len({r.tp for st in stages for r in st.replicas}) <= 1
+
+
+def inline(stages: tuple[Stage, ...]) -> str:
+    """One line per plan for tables: ``6L[tp4 x2] | 7L[tp1 x2] ...`` (replicas of one tp grouped)."""
+    parts = []
+    for st in stages:
+        groups: dict[int, int] = {}
+        for t in st.tps:
+            groups[t] = groups.get(t, 0) + 1
+        parts.append(f"{st.layers}L[" + "+".join(f"tp{t}x{n}" for t, n in groups.items()) + "]")
+    return " | ".join(parts)
+
+
+# ---- JSON ---------------------------------------------------------------------------------------
+def stages_from(v: Any) -> tuple[Stage, ...] | None:
+    """Parse ``stages`` of a plan JSON (None or a list of {layers, replicas: [{tp, devices}]})."""
+    if v is None:
+        return None
+    if not isinstance(v, list) or not v:
+        raise InputError(f"expected a non-empty list of stages, got {v!r}", field="stages")
+    out = []
+    for s, st in enumerate(v):
+        where = f"stages[{s}]"
+        if not isinstance(st, dict):
+            raise InputError(f"expected a mapping of layers and replicas, got {st!r}", field=where)
+        F.reject_unknown(st, {"layers", "replicas"}, where)
+        reps = st.get("replicas")
+        if not isinstance(reps, list) or not reps:
+            raise InputError(f"expected a non-empty list of {{tp, devices}}, got {reps!r}", field=f"{where}.replicas")
+        rs = []
+        for r, rep in enumerate(reps):
+            w = f"{where}.replicas[{r}]"
+            if not isinstance(rep, dict):
+                raise InputError(f"expected a mapping of tp and devices, got {rep!r}", field=w)
+            F.reject_unknown(rep, {"tp", "devices"}, w)
+            devs = rep.get("devices")
+            if not isinstance(devs, list) or not devs or not all(
+                    isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in devs):
+                raise InputError(f"expected a list of device indices, got {devs!r}", field=f"{w}.devices")
+            tp = F.get_int(rep, "tp", f"{w}.tp", default=len(devs))
+            rs.append(Replica(tp=tp, devices=tuple(devs)))
+        out.append(Stage(layers=F.get_int(st, "layers", f"{where}.layers"), replicas=tuple(rs)))
+    return tuple(out)

@@ -1,0 +1,110 @@
+"""Pricing packed windows with document masks (autotune/cost/documents.py) against references: the
+masked pairs against a brute-force count, one document per window against today's price, the
+kernel calls against the pairs, balancing and the wait for the slowest replica."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from autotune import documents as W
+from autotune.cost import documents as DOC
+from autotune.cost.compute import causal_keys
+from autotune.cost.estimate import estimate
+from autotune.plan import Plan
+from autotune.runtime.documents import dense_mask
+from autotune.specs import load_model, local_cluster
+
+TINY = load_model("tiny")
+
+
+def _brute(docs, segs):
+    mask = dense_mask((tuple(docs),))[0, 0]
+    rows = [p for a, n in segs for p in range(a, a + n)]
+    return float(mask[rows].sum())
+
+
+@pytest.mark.parametrize("tokens,zigzag", [((24,), False), ((8, 16), False), ((12, 12), True), ((4, 8, 6, 6), True)])
+def test_masked_pairs_count_what_the_mask_keeps(tokens, zigzag):
+    s = sum(tokens)
+    segs = DOC.segments(tokens, zigzag, s)
+    rng = np.random.default_rng(1)
+    for _ in range(5):
+        docs = W.sample_window(W.LengthDistribution((1, 3, 7, 30), (3, 3, 2, 1)), s, rng)
+        for c in range(len(tokens)):
+            assert DOC.masked_pairs(docs, segs[c]) == _brute(docs, segs[c])
+            blocks = DOC.masked_blocks(docs, segs, c)  # the kernel calls cover the same pairs
+            assert sum(q * (q + 1) / 2 if causal else q * k for q, k, causal in blocks) == _brute(docs, segs[c])
+        # one document: the whole causal window, as the cost model counts it without documents
+        for c in range(len(tokens)):
+            assert DOC.masked_pairs((s,), segs[c]) == causal_keys(tokens, c, zigzag, s)
+
+
+def test_one_document_per_window_prices_as_the_window_on_an_accelerator():
+    cluster = _gpu_cluster()
+    one = W.LengthDistribution((10**6,), (1,), "one long document")
+    for deg in ({"dp": 4}, {"cp": 4}, {"tp": 4}, {"pp": 2, "dp": 2}, {"cp": 2, "hp": 2}):
+        p = Plan.from_dict({"degrees": deg})
+        a = estimate(p, TINY, cluster, 4096, 8)
+        b = estimate(p.replace(doc_mask=True), TINY, cluster, 4096, 8, documents=one)
+        assert b.predicted["step_time_s"] == pytest.approx(a.predicted["step_time_s"], rel=1e-9), deg
+        assert b.predicted["memory_bytes"] == a.predicted["memory_bytes"]
+
+
+def _gpu_cluster():
+    from autotune.specs.cluster import cluster_from_dict
+
+    return cluster_from_dict({"name": "g", "nodes": [{"count": 1, "devices_per_node": 4, "device": "H100-SXM",
+                                                      "intra_node": {"bandwidth": "450GB/s"}}],
+                              "inter_node": {"bandwidth": "25GB/s"}})
+
+
+def test_short_documents_are_cheaper_and_without_a_distribution_nothing_changes():
+    cl = local_cluster(4)
+    dist = W.lognormal(4.0, 1.0, n=5000, seed=0)
+    for deg in ({"dp": 4}, {"cp": 4}, {"hp": 2, "dp": 2}):
+        p = Plan.from_dict({"degrees": deg, "dtype": "fp32"})
+        full = estimate(p, TINY, cl, 2048, 8).predicted["step_time_s"]
+        masked = estimate(p.replace(doc_mask=True), TINY, cl, 2048, 8, documents=dist)
+        assert masked.predicted["step_time_s"] < full
+        assert masked.breakdown["documents"]["digest"] == dist.digest()
+        # doc_mask off, or no distribution: today's price exactly
+        assert estimate(p, TINY, cl, 2048, 8, documents=dist).predicted["step_time_s"] == full
+        assert estimate(p.replace(doc_mask=True), TINY, cl, 2048, 8).predicted["step_time_s"] == full
+
+
+def test_the_step_waits_for_the_slowest_replica_and_balancing_shortens_the_wait():
+    """Against the drawn steps themselves: each drawn step's price is at least the price of its
+    slowest replica's work given to every replica (the max, not the mean), and dealing by cost never
+    prices a step above dealing in order on these draws."""
+    cl = local_cluster(4)
+    dist = W.lognormal(5.0, 1.3, n=20000, seed=0)
+    p = Plan.from_dict({"degrees": {"dp": 4}, "dtype": "fp32"})
+    count = estimate(p.replace(doc_mask=True), TINY, cl, 2048, 8, documents=dist)
+    cost = estimate(p.replace(doc_mask=True, balance="cost"), TINY, cl, 2048, 8, documents=dist)
+    assert cost.predicted["step_time_s"] < count.predicted["step_time_s"]
+    rp = p.replace(doc_mask=True).resolve(TINY, cl, 2048, 8)
+    for work in DOC.drawn_work(rp, dist, 2048, 8, on_cpu=True):
+        sums = [k[0] for k in work.keysums]
+        heaviest = sums.index(max(sums))
+        from dataclasses import replace
+
+        from autotune.cost.context import step_context
+        from autotune.cost.estimate import _price
+        s = step_context(rp, TINY, cl, 2048, 8, None)
+        step = _price(replace(s, doc_work=work), False)[0]["step_time_s"]
+        every_heaviest = DOC.DocWork(tuple(work.keysums[heaviest] for _ in sums),
+                                     tuple(work.ring[heaviest] for _ in sums))
+        alone = _price(replace(s, doc_work=every_heaviest), False)[0]["step_time_s"]
+        assert step == pytest.approx(alone, rel=1e-9)
+
+
+def test_the_search_estimator_records_its_choice_of_balance():
+    dist = W.lognormal(5.0, 1.3, n=20000, seed=0)
+    est = DOC.DocumentsEstimator(dist)(Plan.from_dict({"degrees": {"dp": 4}, "dtype": "fp32"}), TINY,
+                                       local_cluster(4), 2048, 8)
+    assert est.plan.doc_mask and est.plan.balance == "cost"
+    assert list(itertools.islice(DOC.drawn_steps(dist, 2048, 8, 4, 0), 1)) == \
+        list(itertools.islice(DOC.drawn_steps(dist, 2048, 8, 4, 0), 1))

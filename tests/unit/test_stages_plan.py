@@ -1,0 +1,98 @@
+"""Per-stage plans (autotune/stages.py): JSON round trip, the rules with their one-line errors, and
+the uniform plan as the special case."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from autotune import stages as ST
+from autotune.errors import InputError
+from autotune.plan import Plan, PlanError, check_schema, parse_inline
+from autotune.specs.cluster import cluster_from_dict
+from autotune.specs.model import load_model
+
+TINY = load_model("tiny")  # 4 layers, 4 heads
+MIXED = cluster_from_dict({"name": "mixed", "nodes": [
+    {"count": 1, "devices_per_node": 4, "device": "A100-40GB"},
+    {"count": 1, "devices_per_node": 4, "device": "V100-16GB"}], "inter_node": {"bandwidth": "25GB/s"}})
+
+
+def staged(*stages, **kw) -> Plan:
+    """stages: (layers, [(tp, devices), ...])."""
+    return Plan(stages=tuple(ST.Stage(layers=n, replicas=tuple(ST.Replica(tp=t, devices=tuple(d)) for t, d in reps))
+                             for n, reps in stages), dtype="fp16", **kw)
+
+
+GOOD = staged((1, [(2, [4, 5]), (2, [6, 7])]), (3, [(1, [0]), (2, [2, 3])]))
+
+
+def test_round_trip_and_schema():
+    r = GOOD.resolve(TINY, MIXED, 64, 8)
+    assert r.degrees.pp == 2 and r.degrees.dp == 2 and r.degrees.tp == 2 and r.world == 7
+    assert r.shares.layers == (1, 3) and r.shares.samples == (4, 4)
+    d = r.to_dict()
+    assert d["schema_version"] == 3 and d["stages"][1]["replicas"][0] == {"tp": 1, "devices": [0]}
+    check_schema(d)
+    back = Plan.from_json(json.dumps(d))
+    assert back == r and back.resolve(TINY, MIXED, 64, 8) == r
+    # devices of the placement follow the stages: rank 4 is stage 1, replica 0 (device 0 = node 0)
+    assert [(p.node, p.device) for p in r.placement][:5] == [(1, 0), (1, 1), (1, 2), (1, 3), (0, 0)]
+    assert r.coords(5) == {"pp": 1, "dp": 1, "cp": 0, "hp": 0, "tp": 0}
+
+
+def test_uniform_plans_keep_their_json():
+    p = parse_inline("dp=2,pp=2").resolve(TINY, MIXED.__class__(name="u", groups=MIXED.groups[:1],
+                                                               inter_node=MIXED.inter_node), 64, 8)
+    assert "stages" not in p.to_dict()
+    with pytest.raises(PlanError, match="schema_version 3"):
+        Plan.from_dict({"schema_version": 2, "stages": [{"layers": 4, "replicas": [{"devices": [0]}]}]})
+
+
+@pytest.mark.parametrize("stages,kw,match", [
+    (((2, [(2, [0, 1])]), (1, [(1, [2])])), {}, r"layers \[2, 1\] add up to 3, expected 4"),
+    (((2, [(1, [0]), (1, [1])]), (2, [(1, [2])])), {}, "same number of replicas"),
+    (((2, [(2, [0, 1]), (4, [4, 5, 6, 7])]), (2, [(1, [2]), (3, [3])])), {}, r"tp\(3\)|does not divide"),
+    (((2, [(2, [3, 4])]), (2, [(1, [0])])), {}, "crosses nodes"),
+    (((2, [(1, [0])]), (2, [(1, [0])])), {}, "used twice"),
+    (((2, [(1, [0])]), (2, [(1, [9])])), {}, "not in the cluster"),
+    (((2, [(1, [0])]), (2, [(1, [1])])), {"schedule": "zbv"}, "does not run per-stage plans"),
+    (((2, [(1, [0])]), (2, [(1, [1])])), {"zero_stage": 2}, "zero_stage"),
+    (((2, [(2, [0])]), (2, [(1, [1])])), {}, r"1 devices for tp\(2\)"),
+])
+def test_rules_name_what_is_wrong(stages, kw, match):
+    with pytest.raises(PlanError, match=match) as e:
+        staged(*stages, **kw).resolve(TINY, MIXED, 64, 8)
+    assert "\n" not in str(e.value)
+
+
+def test_tp_that_does_not_divide_the_heads_is_refused():
+    assert ST.tp_problems(3, TINY) and not ST.tp_problems(2, TINY)
+    assert ST.nesting_problem((1, 2, 4)) is None and "does not divide" in ST.nesting_problem((2, 3))
+
+
+@pytest.mark.parametrize("bad,match", [
+    ([], "non-empty"), ([{"layers": 4}], "replicas"), ([{"layers": 4, "replicas": [{"devices": [-1]}]}], "device"),
+    ([{"layers": 4, "replicas": [{"devices": [0]}], "tp": 2}], "unknown"),
+])
+def test_bad_json_is_one_line(bad, match):
+    with pytest.raises(InputError, match=match):
+        Plan.from_dict({"stages": bad})
+
+
+def test_uniform_plan_as_stages_resolves_to_the_same_mesh():
+    u = parse_inline("dp=2,pp=2,tp=2,dtype=fp16").resolve(TINY, MIXED, 64, 8)
+    st = ST.as_stages(u, MIXED)
+    s = Plan(stages=st, dtype="fp16").resolve(TINY, MIXED, 64, 8)
+    assert s.placement == u.placement and s.shares.layers == u.shares.layers and s.degrees == u.degrees
+    assert ST.is_uniform(st) and not ST.is_uniform(GOOD.stages)
+    assert ST.inline(GOOD.stages) == "1L[tp2x2] | 3L[tp1x1+tp2x1]"
+
+
+def test_interleaved_chunks_split_each_stage():
+    p = staged((3, [(1, [0])]), (1, [(1, [4])]), schedule="interleaved_1f1b", virtual_stages=2)
+    with pytest.raises(PlanError, match="virtual_stages"):
+        p.resolve(TINY, MIXED, 64, 8)
+    p = staged((2, [(1, [0])]), (2, [(1, [4])]), schedule="interleaved_1f1b", virtual_stages=2)
+    assert p.resolve(TINY, MIXED, 64, 8).shares.layers == (1, 1, 1, 1)
