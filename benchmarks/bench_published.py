@@ -268,7 +268,10 @@ def main() -> None:
         err = (p["step_time_s"] - pub) / pub
         out.append({"row": row.name, "source": row.source, "published_step_s": pub,
                     "predicted_step_s": p["step_time_s"], "error": err, "mfu": p["mfu"],
-                    "held_out": row.name not in fitted_rows, "target": row.target, "plan": row.plan})
+                    "held_out": row.name not in fitted_rows, "target": row.target, "plan": row.plan,
+                    "seq_len": row.seq, "global_batch": row.batch, "model": row.model, "nodes": row.nodes,
+                    "inter_node": row.inter_node, "where": row.where, "published_as": row.published_as,
+                    "assumed": row.assumed})
     if args.json:
         print(json.dumps({"rows": out, "fitted": FITTED, "sources": SOURCES}, indent=1))
         return
