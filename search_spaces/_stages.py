@@ -320,16 +320,17 @@ def _opt_share(o: Option) -> float:
 
 def _sync_s(ctx: Any, c: Composition, n: list[int], zero: int) -> float:
     """Seconds of the slowest stage's gradient reduction after the pipeline (fp32 gradients)."""
+    from autotune.cost.collectives import collectives_for
+
     if c.dp == 1:
         return 0.0
+
     topo = C.topology(ctx.cluster)
     worst = 0.0
     for s, o in enumerate(c.stages):
         devs = [o.slots[i][0] for i in range(min(len(o.slots), c.dp))]
         link = topo.group_link(devs)
         nbytes = 4 * n[s] * _layer_params(ctx.model) / o.tp
-        from autotune.cost.context import collectives_for  # its home since comm.py stopped holding it
-
         coll = collectives_for(ctx.cluster.groups[o.group].device)
         t = coll.all_reduce(link, c.dp, nbytes)
         worst = max(worst, t)

@@ -30,6 +30,7 @@ from autotune.commands.common import (
     err_console,
 )
 from autotune.dashboard.tables import Col, fit
+from autotune.stages import degrees_text
 from autotune.units import fmt_bytes, fmt_time
 
 HELP = "Search parallel plans with Optuna over degrees and uneven shares using the cost model."
@@ -85,7 +86,7 @@ def command(
     json_: JsonOpt = False,
 ) -> None:
     """Search parallel plans with Optuna over degrees and uneven shares using the cost model."""
-    from autotune.documents import documents_from_options
+    from autotune.commands.documents_options import documents_from_options
     from autotune.objective import make_objective
     from autotune.plan import choose_dtype
     from autotune.progress import Progress
@@ -210,7 +211,7 @@ def plan_table(plans: list[dict[str, Any]], title: str, measured: bool = False, 
     rows = []
     for i, p in enumerate(plans):
         pr = p.get("predicted") or {}
-        deg = ",".join(f"{k}={v}" for k, v in p["degrees"].items() if v > 1) or "dp=1"
+        deg = degrees_text(p)  # a per-stage plan: its stages with their own degrees
         mem, cap = pr.get("memory_bytes") or [], pr.get("capacity_bytes") or []
         j = max(range(len(mem)), key=lambda r: mem[r] / cap[r] if cap else mem[r]) if mem else None
         memtxt = f"{fmt_bytes(mem[j])} ({mem[j] / cap[j]:.0%})" if j is not None and cap else "-"

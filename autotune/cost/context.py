@@ -28,6 +28,7 @@ from autotune.cost import comm as C
 from autotune.cost import cpu as _cpu
 from autotune.cost import data_parallel as DP
 from autotune.cost import ulysses as U
+from autotune.cost.collectives import collectives_for
 from autotune.cost.compute import DTYPE_BYTES, Rates, cached_rates, causal_keys
 from autotune.plan import Degrees, Plan
 from autotune.schedules import schedule_of
@@ -110,10 +111,8 @@ def step_context(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batc
     """Resolve ``plan`` (PlanError when it does not fit) and gather what every rank shares.
     ``kernels``: the runtime's per-kernel costs (``kernels.KernelCosts``; None: autotune's own)."""
     rp = plan.resolve(model, cluster, seq_len, global_batch)
-    if rp.stages is not None:  # each stage its own degrees: cost/stages.py
-        from autotune.cost.stages import staged_step_context
-
-        return staged_step_context(rp, model, cluster, seq_len, global_batch, calibration, kernels)
+    if rp.stages is not None:  # each stage its own degrees: cost/steps.py sends it to cost/stages.py
+        raise ValueError("a per-stage plan's step context is cost.stages.staged_step_context (cost.steps asks it)")
     d = rp.degrees
     topo = C.topology(cluster)
     devs = _devices(topo, rp.placement)
@@ -363,10 +362,8 @@ def tp_groups(s: StepContext) -> list[tuple[int, int, RankContext]]:
     of equal shares on equal devices) share one context object, so the cost of each is computed once (identity names them: links come from the
     topology's caches)."""
     plan, cal = s.plan, s.calibration
-    if plan.stages is not None:
-        from autotune.cost.stages import staged_tp_groups
-
-        return staged_tp_groups(s)
+    if plan.stages is not None:  # each stage its own degrees: cost/steps.py sends it to cost/stages.py
+        raise ValueError("a per-stage plan's tp groups are cost.stages.staged_tp_groups (cost.steps asks it)")
     contexts: dict[tuple, RankContext] = {}
     out = []
     for (r0, c), (spec, place, links) in zip(_tp_group_coords(plan.degrees), s.group_links, strict=True):
@@ -393,11 +390,3 @@ def _rank_context(s: StepContext, c: Mapping[str, int], spec: Any, links: Links,
         keysum=s.keysums[c["cp"]] if s.doc_work is None else s.doc_work.keysums[c["dp"]][c["cp"]],
         ring=s.ring[c["cp"]] if s.doc_work is None else s.doc_work.ring[c["dp"]][c["cp"]],
         tokens_local=tok, hidden_bytes=s.bpe * tok * s.model.hidden)
-
-
-def collectives_for(spec: Any) -> Any:
-    """The collective model of a DeviceSpec: a profiled CPU's measured gloo table
-    (``cpu.measured_collectives``), else the formulas."""
-    if spec.kind != "cpu":
-        return C.FORMULAS
-    return _cpu.measured_collectives(spec)

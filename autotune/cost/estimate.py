@@ -32,11 +32,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.cost import helixpipe, report
-from autotune.cost.context import step_context, tp_groups
 from autotune.cost.data_parallel import ADAM_BYTES_PER_PARAM, exposure  # noqa: F401  (ADAM_*: its old home)
 from autotune.cost.memory import TERM_NAMES  # noqa: F401  (its old home)
 from autotune.cost.pipeline_parallel import replica_stages, simulate_replicas
 from autotune.cost.rank import rank_cost_memo
+from autotune.cost.steps import step_context, tp_groups
 from autotune.plan import Plan
 from autotune.plan_record import PlanRecord
 

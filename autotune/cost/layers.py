@@ -2,8 +2,8 @@
 
 A device may carry per-layer profiles (``DeviceSpec.layer_profiles``: ``autotune profile --layers``
 on that device, or another planner's files through ``profile import --format``). Where one matches
-the estimate (same model shape: hidden, heads, kv heads, MLP width, vocabulary, activation; same
-dtype) the compute module asks here first, and only falls back to its kernel curves (a kernel
+the estimate (same model shape: hidden, heads, kv heads, MLP width, vocabulary, activation; the
+same norm, biases and positions where the document records them; same dtype) the compute module asks here first, and only falls back to its kernel curves (a kernel
 profile) or the datasheet when this says nothing. The pieces: ``block`` (one decoder layer),
 ``head`` (final norm, LM head, loss) and ``embed``.
 
@@ -53,6 +53,10 @@ from dataclasses import dataclass
 from typing import Any
 
 SHAPE_KEYS = ("hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "activation")
+ARCH_KEYS = ("norm", "bias", "position")
+"""What a block is built of besides its shape (LayerNorm or RMSNorm, linear biases, learned or rotary
+positions): a document that records them matches only the same; one written before they were
+recorded (or by a format that does not say) matches as before."""
 
 
 @dataclass(frozen=True)
@@ -165,7 +169,8 @@ class LayerTable:
 
 def matches(doc: dict[str, Any], model: Any, dtype: str) -> bool:
     m = doc.get("model") or {}
-    return doc.get("dtype") == dtype and all(m.get(k) == getattr(model, k) for k in SHAPE_KEYS)
+    return (doc.get("dtype") == dtype and all(m.get(k) == getattr(model, k) for k in SHAPE_KEYS)
+            and all(m[k] == getattr(model, k) for k in ARCH_KEYS if k in m))
 
 
 _TABLES: dict[int, LayerTable] = {}
@@ -215,7 +220,7 @@ def _reference_block(ctx: Any) -> Any:
     """The fallback's ``LayerCompute`` of the block the profile can price that is nearest the
     rank's: the same device, micro-batch and tp shard over the whole sequence, all heads of the
     shard, cp = hp = 1."""
-    from autotune.cost import memory as M
+    from autotune.cost import activations as M
     from autotune.cost.compute import layer_compute
 
     s, seq = ctx.step, ctx.step.seq_len
@@ -266,7 +271,7 @@ def activation_scale(ctx: Any) -> tuple[float, str] | None:
     layer profile: at the rank's shape where the profile holds it, else at the whole sequence
     (cp = hp = 1, no sequence parallelism: what ``profile --layers`` builds). None: no matching
     profile, or it measured no activation bytes."""
-    from autotune.cost import memory as M
+    from autotune.cost import activations as M
 
     s = ctx.step
     table = table_for(ctx.spec, s.model, s.dtype)
@@ -355,9 +360,9 @@ def predicted_pieces(plan: Any, model: Any, cluster: Any, seq_len: int, global_b
     """What the cost model prices one micro-batch's ``embed``, ``block`` and ``head`` at on the first
     rank of ``plan`` (seconds fwd, bwd, and the source), as ``rank.rank_cost`` composes them:
     the layer profile where it applies, else the compute module's kernel or datasheet model."""
-    from autotune.cost import memory as M
+    from autotune.cost import activations as M
     from autotune.cost.compute import head_compute, layer_compute
-    from autotune.cost.context import step_context, tp_groups
+    from autotune.cost.steps import step_context, tp_groups
 
     s = step_context(plan, model, cluster, seq_len, global_batch, None, kernels)
     ctx = tp_groups(s)[0][2]

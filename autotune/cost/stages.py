@@ -30,6 +30,7 @@ from autotune import stages as ST
 from autotune.cost import comm as C
 from autotune.cost import data_parallel as DP
 from autotune.cost import ulysses as U
+from autotune.cost.collectives import collectives_for
 from autotune.cost.compute import DTYPE_BYTES, causal_keys
 from autotune.schedules import schedule_of
 
@@ -63,7 +64,7 @@ def staged_tp_groups(s: Any) -> list[tuple[int, int, Any]]:
     """(first rank, replica, context) of every cell in rank order; cells that see the same step
     (stage, tp, device type, links, micro-batches) share one context."""
     from autotune.cost.compute import cached_rates
-    from autotune.cost.context import Links, RankContext, collectives_for
+    from autotune.cost.context import Links, RankContext
 
     rp, topo = s.plan, s.topo
     lay = ST.layout_of(rp.stages)

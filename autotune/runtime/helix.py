@@ -49,6 +49,7 @@ from autotune.runtime.model import (
     hidden_positions,
     init_weights,
     make_norm,
+    positions_in_documents,
     rotary,
     shard_info,
     tp_replicated,
@@ -128,13 +129,15 @@ class HelixRankModel(nn.Module):
 
     # ---- the two kinds of operation -------------------------------------------------------------
     def block(self, j: int, x: torch.Tensor | None, o: torch.Tensor | None, tokens: torch.Tensor | None,
-              target: torch.Tensor | None, total_tokens: int) -> tuple[torch.Tensor, ...]:
-        """Block ``j``: (residual, LN1 output, QKV weights) for the attention, or (loss,) at j = L."""
+              target: torch.Tensor | None, total_tokens: int, docs: Any = None) -> tuple[torch.Tensor, ...]:
+        """Block ``j``: (residual, LN1 output, QKV weights) for the attention, or (loss,) at j = L
+        (``docs``: the micro-batch's documents, where a learned position table restarts)."""
         L, tp, sp = self.spec.layers, self.layout.tp, self.layout.sp
         if j == 0:
             x = self.embed(tokens)
             if not self.rope:  # after the embedding's reduction, on this rank's tokens
-                x = x + self.pos_embed(self.pos_ids).to(x.dtype)
+                pos = self.pos_ids if docs is None else positions_in_documents(self.pos_ids, docs)
+                x = x + self.pos_embed(pos).to(x.dtype)
         else:
             q = self.layers[str(j - 1)]
             x = x + q.attn.wo(o)
@@ -363,10 +366,11 @@ class HelixRunner:
         self.docs_mb: list[Any] | None = None
         """Each micro-batch's document pieces (``runtime.documents``); None: no document masks."""
 
-    def _block(self, j, x, o, tokens, target):
+    def _block(self, j, x, o, tokens, target, docs=None):
         if self.keep:  # checkpointed: only the inputs are kept
-            return checkpoint(self.model.block, j, x, o, tokens, target, self.total_tokens, use_reentrant=False)
-        return self.model.block(j, x, o, tokens, target, self.total_tokens)
+            return checkpoint(self.model.block, j, x, o, tokens, target, self.total_tokens, docs,
+                              use_reentrant=False)
+        return self.model.block(j, x, o, tokens, target, self.total_tokens, docs)
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor | None) -> float:
         p, L, F_, sh = self.p, self.L, self.F, self.shares
@@ -387,7 +391,8 @@ class HelixRunner:
                     if k % 2 == 0:
                         j = k // 2
                         x, o = (ins[0], ins[1]) if ins else (None, None)
-                        outs = self._block(j, x, o, xs[mb] if j == 0 else None, ys[mb] if j == L else None)
+                        docs = None if self.docs_mb is None or j else self.docs_mb[mb]  # positions restart
+                        outs = self._block(j, x, o, xs[mb] if j == 0 else None, ys[mb] if j == L else None, docs)
                     else:
                         x, n, w = ins
                         docs = None if self.docs_mb is None else self.docs_mb[mb]

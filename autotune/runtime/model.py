@@ -123,6 +123,20 @@ def hidden_positions(layout: Layout, seq_len: int, device: torch.device | None =
     return pos
 
 
+def positions_in_documents(positions: torch.Tensor, docs: Any) -> torch.Tensor:
+    """Global positions ``[S]`` -> ``[B, S]`` positions within each row's document (``docs``: per
+    row the document lengths, ``runtime/documents.py``). Under document masks a learned position
+    table is indexed from 0 at every document start, as the document would be alone; rotary needs no
+    restart (a masked score depends on the position difference only)."""
+    out = []
+    for row in docs:
+        lengths = torch.tensor(row, device=positions.device)
+        ends = lengths.cumsum(0)
+        doc = torch.searchsorted(ends, positions, right=True)  # the document holding each position
+        out.append(positions - (ends - lengths)[doc])
+    return torch.stack(out)
+
+
 def rotary(positions: torch.Tensor, head_dim: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin ``[S, D]`` for the given global positions (theta_i = 10000^(-2i/D), Su et al. eq. 15)."""
     inv = 1.0 / (ROPE_THETA ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device=positions.device)
@@ -288,7 +302,8 @@ class StageModel(nn.Module):
         if self.first:
             x = self.embed(x)
             if not self.rope:  # after the embedding's reduction: once, on this rank's tokens
-                x = x + self.pos_embed(self.pos_ids).to(x.dtype)
+                pos = self.pos_ids if self.docs is None else positions_in_documents(self.pos_ids, self.docs)
+                x = x + self.pos_embed(pos).to(x.dtype)
         cos, sin = (self.cos.to(x.dtype), self.sin.to(x.dtype)) if self.rope else (None, None)
         docs = self.docs
         for block in self.layers.values():
