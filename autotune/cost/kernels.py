@@ -1,24 +1,24 @@
 """How a runtime issues a transformer block's kernels: the host time per kernel and the kernels per
 block, which the size-aware datasheet model (``datasheet.py``) turns into time.
 
-A GPU runs a block's kernels from a queue the host fills. While a kernel runs longer than the host
-takes to issue the next one the host's time is hidden; when kernels are short (small models, thin
-tensor-parallel shards, small micro-batches) the GPU waits for the host. So a block costs
-
-    max(sum of its kernels' GPU times + kernels x KERNEL_GAP_S,  kernels x host_s)
-
-(the GPU-bound and the host-bound regime), forward and backward alike. ``host_s`` and the kernel
-counts belong to the runtime that will run the plan: an eager PyTorch model dispatches every norm,
-rotary and residual op from Python; Megatron fuses bias-GeLU, bias-dropout-add, the softmax and
-(Transformer Engine) layer norm + GEMM; torch.compile fuses the elementwise chains into a few Triton
-kernels. Each target's figures live beside its rules (``autotune/export/<target>.py`` ``KERNELS``;
-``autotune/targets.py`` ``kernel_costs`` asks it); autotune's own runtime's are ``RUNTIME`` here,
-the default of every estimate.
+A block costs its kernels' GPU time plus ``host_s`` per kernel: the time a runtime spends issuing
+each kernel (dispatch, autograd bookkeeping, the launch), which the stream waits for. Counted in
+full, not hidden behind long kernels: the regime model ``max(GPU time, kernels x host time)`` was
+tried first and priced Sailor's measured layers worse at every host time (their OPT-350 block
+median error stayed at 25% for every host time from 2 to 64 us, against 7.6% added in full:
+benchmarks/bench_layers.py), and on the large
+blocks of big models the added time is a few percent of the GEMMs' anyway. ``host_s`` and the
+kernel counts belong to the runtime that will run the plan: an eager PyTorch model dispatches every
+norm, rotary and residual op from Python; Megatron fuses bias-GeLU, bias-dropout-add, the softmax
+and (Transformer Engine) layer norm + GEMM; torch.compile fuses the elementwise chains into a few
+Triton kernels. Each target's figures live beside its rules (``autotune/export/<target>.py``
+``KERNELS``; ``autotune/targets.py`` ``kernel_costs`` asks it); autotune's own runtime's are
+``RUNTIME`` here, the default of every estimate.
 
 Sources:
 
-- ``KERNEL_GAP_S`` = 1 us: a tiny kernel replayed from a CUDA graph (no host in the loop) took
-  1.03 us per kernel on an H200 (benchmarks/gpu_gemm.py, 2026-12-04, ``launch.graph_add_s``).
+- a tiny kernel replayed from a CUDA graph (no host in the loop) took 1.03 us per kernel on an H200
+  (benchmarks/gpu_gemm.py, 2026-12-04, ``launch.graph_add_s``): the floor of ``host_s``.
 - eager host time: 10.7 us (an add), 18.4 us (a layer norm), 20.3 us (a small matmul) per op on
   the same machine (``launch.eager_*``); 18 us, their median, for eager PyTorch.
 """
@@ -28,12 +28,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-KERNEL_GAP_S = 1.0e-6
 EAGER_HOST_S = 18e-6
 COMPILED_HOST_S = 8e-6
 """Host seconds per kernel of code compiled by torch.compile (Inductor's wrapper launches its Triton and
 library kernels without per-op dispatch or autograd bookkeeping): not measured here; between a CUDA
-graph's replay (1.0 us, KERNEL_GAP_S) and eager dispatch (EAGER_HOST_S), assumed 8 us."""
+graph's replay (1.0 us) and eager dispatch (EAGER_HOST_S), assumed 8 us."""
 
 
 @dataclass(frozen=True)
@@ -53,8 +52,8 @@ class KernelCosts:
     False: the memory-bound work is fused, each stored activation written once and read once."""
 
     def block_time(self, gpu_s: float, kernels: float) -> float:
-        """Seconds of ``kernels`` kernels whose GPU work takes ``gpu_s``: the GPU-bound or the
-        host-bound regime, whichever is slower."""
+        """Seconds of ``kernels`` kernels whose GPU work takes ``gpu_s``: the work plus each kernel's
+        host time (module docstring)."""
         return gpu_s + kernels * self.host_s
 
 
