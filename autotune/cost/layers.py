@@ -374,7 +374,8 @@ def measured_block(lc: Any, hit: Lookup) -> Any:
                                 elem_fwd=lc.elem_fwd * scale)
 
 
-def predicted_pieces(plan: Any, model: Any, cluster: Any, seq_len: int, global_batch: int) -> dict[str, Lookup]:
+def predicted_pieces(plan: Any, model: Any, cluster: Any, seq_len: int, global_batch: int,
+                     kernels: Any = None) -> dict[str, Lookup]:
     """What the cost model prices one micro-batch's ``embed``, ``block`` and ``head`` at on the first
     rank of ``plan`` (seconds fwd, bwd, and the source), as ``rank.rank_cost`` composes them:
     the layer profile where it applies, else the compute module's kernel or datasheet model."""
@@ -382,7 +383,7 @@ def predicted_pieces(plan: Any, model: Any, cluster: Any, seq_len: int, global_b
     from autotune.cost.compute import head_compute, layer_compute
     from autotune.cost.steps import step_context, tp_groups
 
-    s = step_context(plan, model, cluster, seq_len, global_batch, None)
+    s = step_context(plan, model, cluster, seq_len, global_batch, None, kernels)
     ctx = tp_groups(s)[0][2]
     fallback = ctx.rates.source
     _, full, scores = M.block_activations(ctx)

@@ -36,6 +36,7 @@ import re
 import shlex
 from typing import Any
 
+from autotune.cost.kernels import EAGER_HOST_S, KernelCosts
 from autotune.divisibility import even_heads_problem
 from autotune.export.common import (
     Collected,
@@ -56,6 +57,14 @@ from autotune.plan_record import PlanRecord
 from autotune.schedules import schedule_of
 
 NAME = "megatron"
+
+KERNELS = KernelCosts(
+    name="megatron", host_s=EAGER_HOST_S, block_fwd=11, head_fwd=3,
+    source="Megatron-Core with Transformer Engine issues per block forward: layer norm + QKV GEMM and layer norm "
+           "+ FC1 GEMM (TE LayerNormLinear, 2 kernels each), fused RoPE, one flash-attention kernel, the output "
+           "and FC2 GEMMs, fused bias-GeLU / SwiGLU, 2 fused bias-dropout-adds: 11 kernels; each dispatched "
+           "eagerly from Python (EAGER_HOST_S)")
+"""How Megatron runs a plan: the cost model's kernel costs for ``estimate --target megatron``."""
 HELIX_FORK = ("HelixPipe's Megatron-LM fork (the code of arXiv 2507.00394, branch dev): upstream Megatron-LM "
               "has no --attention-pipeline")
 SUFFIX = ".sh"
