@@ -171,6 +171,8 @@ def rates_for(spec: Any, dtype: str, head_dim: int) -> Rates:
         r.cpu = _cpu.cpu_rates(spec, dtype)
     _gemm_rates(r, (prof.get("gemm") or {}).get(dtype))
     _attention_rates(r, prof.get("attention") or {}, head_dim)
+    if r.cpu is not None:  # priced with the kernel terms above, so after them
+        r.cpu.context = _cpu.context_of(prof, dtype, r)
     if r.cpu is None and r.gemm_fit is None and r.gemm_points is None and r.attn_points is None:
         r.size = _datasheet.size_model(spec, dtype, DTYPE_BYTES.get(dtype, 2))
         if r.size is not None:
@@ -254,7 +256,10 @@ def layer_compute(model: Any, rates: Rates, *, tokens: float, tp: int, heads_loc
         elem, attn = _cpu.block_extras(rates, model, elem=elem, heads_local=heads_local, micro_batch=micro_batch,
                                        block_seq=block_seq, blocks=blocks)
     a_fwd, a_bwd = attn if attn is not None else rates.attention_time(attn_flops, block_seq)
-    return LayerCompute(gemm_fwd=gemm, attn_fwd=a_fwd, attn_bwd=a_bwd, elem_fwd=elem)
+    lc = LayerCompute(gemm_fwd=gemm, attn_fwd=a_fwd, attn_bwd=a_bwd, elem_fwd=elem)
+    if rates.cpu is not None and rates.cpu.context is not None:  # CPU: as the block runs in context
+        return rates.cpu.context.block(lc)
+    return lc
 
 
 _SIZED: dict[tuple, tuple[Any, tuple[float, float, float, float]]] = {}
@@ -297,4 +302,6 @@ def head_compute(model: Any, rates: Rates, *, tokens: float, tp: int) -> tuple[f
     e = rates.memory_time(3.0 * 4.0 * tokens * model.vocab / tp)
     if rates.cpu is not None:
         e = e + _cpu.head_ops(rates)
+        if rates.cpu.context is not None:  # as the head runs in context
+            return rates.cpu.context.head(g + e, 2.0 * g + e)
     return g + e, 2.0 * g + e
