@@ -248,3 +248,45 @@ def replica_rows(docs: Sequence[Sequence[int]], samples: Sequence[int], balance:
         out.append(list(range(start, start + n)))
         start += n
     return out
+
+
+# ---- where the documents come from: the CLI's options, a study's record, a trial's payload -------
+@dataclass(frozen=True)
+class DocumentSource:
+    """A workload of documents: the length distribution and, when read from a token file, that
+    file and how its documents end (so trials train on the very windows that were priced)."""
+
+    dist: LengthDistribution
+    data: str | None = None
+    """The token file (``--data``), None for a histogram (trials then draw synthetic windows)."""
+    eod: int | None = None
+    """The end-of-document id of a flat file; None for a Megatron dataset (its index has the ends)."""
+    idx: str | None = None
+    """A Megatron dataset's ``.idx``."""
+
+    def record(self) -> dict[str, Any]:
+        """What a study records: the distribution's summary (histogram included) and the source."""
+        return {**self.dist.summary(), "data": self.data, "eod": self.eod, "idx": self.idx}
+
+    @classmethod
+    def from_record(cls, d: dict[str, Any]) -> DocumentSource:
+        return cls(LengthDistribution.from_summary(d), d.get("data"), d.get("eod"), d.get("idx"))
+
+    def payload(self) -> dict[str, Any]:
+        """The trial payload's ``documents`` entry (``runtime/documents.DocumentFeed``)."""
+        if self.eod is not None:
+            return {"eod": int(self.eod)}
+        if self.idx is not None:
+            return {"megatron_idx": self.idx}
+        return self.dist.to_payload()
+
+
+def plan_masks(plan: Any, docs: DocumentSource | None, doc_mask: bool | None) -> Any:
+    """``plan`` with ``doc_mask`` as the options say: on by default when documents are given, off
+    when asked; a plan that masks documents without any to mask is an InputError."""
+    if docs is None:
+        if doc_mask or (plan.doc_mask and doc_mask is None):
+            raise InputError("the plan masks documents (doc_mask); give them with --data FILE --eod ID or "
+                             "--lengths FILE, or pass --no-doc-mask", field="--doc-mask")
+        return plan.replace(doc_mask=False) if plan.doc_mask else plan
+    return plan.replace(doc_mask=doc_mask is not False)

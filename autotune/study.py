@@ -112,6 +112,10 @@ class StudyRecord:
     space: str = "default"
     target: str = "runtime"
     """Who runs its plans (autotune/targets.py): a study keeps to one target."""
+    documents: dict[str, Any] | None = None
+    """The workload's documents (``autotune.documents.DocumentSource.record``: the length
+    histogram's summary and its source), so a resumed or validated study prices and runs the same
+    windows; None: whole causal windows (studies before documents)."""
 
     def cluster_digest(self) -> str:
         if self.cluster.digest:
@@ -123,7 +127,7 @@ class StudyRecord:
         return {"model": self.model.name, "model_spec": self.model.to_dict(), "cluster": self.cluster.name,
                 "cluster_spec": self.cluster.to_dict(), "cluster_digest": self.cluster_digest(),
                 "seq_len": self.seq_len, "global_batch": self.global_batch, "space": self.space,
-                "target": self.target}
+                "target": self.target, **({"documents": self.documents} if self.documents else {})}
 
 
 def default_study_name(model: Any, cluster: Any, seq_len: int, global_batch: int) -> str:
@@ -141,6 +145,10 @@ def _mismatch(have: dict[str, Any], want: dict[str, Any]) -> list[str]:
             out.append(f"{key} {have.get(key)!r} (this search: {want[key]!r})")
     if have.get("target", "runtime") != want.get("target", "runtime"):  # studies before targets: runtime
         out.append(f"target {have.get('target', 'runtime')!r} (this search: {want['target']!r})")
+    docs = [((d or {}).get("digest"), (d or {}).get("doc_mask")) for d in (have.get("documents"), want.get("documents"))]
+    if docs[0] != docs[1]:
+        out.append(f"documents {(have.get('documents') or {}).get('source', 'none')!r} (this search: "
+                   f"{(want.get('documents') or {}).get('source', 'none')!r})")
     return out
 
 
@@ -315,6 +323,16 @@ def cluster_from_record(name: str, spec: dict[str, Any] | None, storage: str | N
     from autotune.specs.cluster import cluster_from_record as rebuild
 
     return rebuild(name, spec, storage)
+
+
+def study_documents(study: Any) -> Any:
+    """The documents a study was searched for (``autotune.documents.DocumentSource``), or None."""
+    rec = study.user_attrs.get("documents")
+    if not rec:
+        return None
+    from autotune.documents import DocumentSource
+
+    return DocumentSource.from_record(rec)
 
 
 def study_workload(study: Any, storage: str | None = None) -> tuple[Any, Any, int, int]:

@@ -47,9 +47,10 @@ def refusals(target: str, plan: Plan, ctx: ExportContext) -> list[str]:
 
 
 def model_problems(target: str, model: Any) -> str | None:
-    """Why ``target`` cannot build ``model`` at all, whatever the plan (the runtime builds Llama-style
-    decoders only: no biases, rotary positions, RMSNorm). A search aimed at a target that cannot build
-    the model would find nothing, so it prices plans for the model as it is and says so instead."""
+    """Why ``target`` cannot build ``model`` at all, whatever the plan (the runtime builds every
+    architecture the model spec accepts; what is left is a shape it cannot take, e.g. rotary
+    embeddings over an odd head_dim). A search aimed at a target that cannot build the model would
+    find nothing, so it prices plans for the model as it is and says so instead."""
     if target != "runtime":
         return None
     from autotune.runtime.trial import check_runtime_support

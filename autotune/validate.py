@@ -34,14 +34,21 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from autotune.errors import InputError, WorkError
 from autotune.machines import Machine, check_machines, runtime_version, this_machine
 from autotune.plan import Plan
 from autotune.plan_record import PlanRecord
-from autotune.study import open_study, set_trial_attrs, study_workload, trial_plans, trial_record
+from autotune.study import (
+    open_study,
+    set_trial_attrs,
+    study_documents,
+    study_workload,
+    trial_plans,
+    trial_record,
+)
 
 RERANK = 20
 
@@ -283,12 +290,24 @@ def validate(study_name: str, storage: str, *, options: ValidateOptions | None =
         run_trial = runner
     study = open_study(study_name, storage)
     model, cluster, seq_len, global_batch = study_workload(study, storage)
-    data_kw = {}
+    data_kw: dict[str, Any] = {}
+    docs = study_documents(study)
+    if docs is not None and study.user_attrs["documents"].get("doc_mask", True):
+        # the study's documents: trials train on the same windows, re-ranking prices them the same way
+        from functools import partial
+
+        if runner is not None:
+            raise InputError(f"study {study_name!r} masks documents; its trials run on local processes (not yet "
+                             "across hosts)", field="--hosts")
+        estimator = partial(estimator, documents=docs.dist)
+        data_kw["documents"] = docs
+        if docs.data is not None and opts.data is None:
+            opts = replace(opts, data=docs.data)
     if opts.data is not None or opts.data_dtype != "auto":  # checked once, before any trial starts
         from autotune.runtime.data import prepare_data
 
         prepare_data(opts.data, model.vocab, seq_len, global_batch, opts.warmup + opts.steps, dtype=opts.data_dtype)
-        data_kw = {"data": opts.data, "data_dtype": opts.data_dtype}
+        data_kw.update({"data": opts.data, "data_dtype": opts.data_dtype})
     machines = machines if machines is not None else [this_machine(opts.device)]
     check_machines(study.user_attrs, cluster, storage, machines, study_name)
     measured_on = {"machine": "; ".join(m.describe() for m in machines), "hosts": [m.host for m in machines],

@@ -25,10 +25,10 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from autotune.cost.compute import ATTENTION_BWD_FLOPS
+from autotune.runtime.emulation import SlowdownEmulator
+from autotune.specs.model import ATTENTION_BWD_FLOPS
 from profilers.block_ref import fit_block_ref, ref_calls, ref_points, ref_shape
 from profilers.dtypes import dtype_support, trial_dtype
-from profilers.emulation import SlowdownEmulator
 from profilers.fits import affine_fit
 from profilers.overheads import call_gemm_shapes, fit_overheads, op_points
 from profilers.timing import Meter, Timing, repeats_for

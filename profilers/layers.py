@@ -23,7 +23,11 @@ rank. Backward is not separable from its forward's graph without re-running it, 
 Activation memory is *measured*, on any device: the bytes of the distinct tensors autograd saves
 for backward during the forward (``torch.autograd.graph.saved_tensors_hooks``, deduplicated by
 storage, weights and buffers left out), the figure the cost model's activation term predicts;
-parameter bytes of the piece too.
+parameter bytes of the piece too. Each block point says which attention ran (``attention``:
+``materialized`` when a saved tensor holds the s x s scores, else ``fused``); ``--attention``
+chooses it (``runtime``: whatever ``scaled_dot_product_attention`` dispatches to, as a trial runs it:
+the flash kernel on CUDA and, in torch >= 2.2, on CPU too; ``materialized``: the math kernel;
+``fused``: flash / memory-efficient / cuDNN only).
 
 The result is a document (``layer_profile_doc``) that ``profilers/store.py`` keeps in
 ``autotune_layer_profiles`` beside the kernel profiles; ``autotune/cost/layers.py`` reads it.
@@ -38,15 +42,26 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.errors import InputError
+from autotune.specs.profiles import LAYER_DOC_KIND, LAYER_SCHEMA_VERSION, LAYER_UNITS, PIECES  # noqa: F401
 from profilers.timing import Meter, repeats_for
 
-PIECES = ("embed", "block", "head")
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-LAYER_DOC_KIND = "autotune-layer-profile"
-LAYER_SCHEMA_VERSION = 1
-LAYER_UNITS = {"time": "s per call of the piece (fwd_s, bwd_s, fwd_bwd_s)",
-               "memory": "bytes (activation_bytes: saved for backward per call; param_bytes: the shard's)",
-               "micro_batch": "samples", "seq": "tokens", "tp": "shards the piece's weights are split into"}
+
+
+ATTENTION_MODES = ("runtime", "fused", "materialized")
+
+
+def sdpa_backends(mode: str) -> list | None:
+    """The SDPA backends ``mode`` allows (None: torch's own choice, what the runtime runs)."""
+    from torch.nn.attention import SDPBackend
+
+    if mode == "materialized":
+        return [SDPBackend.MATH]
+    if mode == "fused":
+        return [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]
+    if mode != "runtime":
+        raise InputError(f"must be one of {', '.join(ATTENTION_MODES)}, got {mode!r}", field="--attention")
+    return None
 
 
 @dataclass
@@ -64,6 +79,8 @@ class LayerSweep:
     max_repeats: int = 10
     pieces: tuple[str, ...] = PIECES
     threads: int = 1
+    attention: str = "runtime"
+    """Which SDPA kernels may run (``ATTENTION_MODES``)."""
     notes: list[str] = field(default_factory=list)
 
 
@@ -81,6 +98,15 @@ def shard_sizes(model: Any, wanted: tuple[int, ...]) -> tuple[tuple[int, ...], l
     return tuple(ok), notes
 
 
+def seq_lens_within(model: Any, wanted: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(the sequence lengths of ``wanted`` the model can take, those it cannot): a learned position
+    table has ``max_positions`` rows."""
+    if getattr(model, "position", "rope") != "learned":
+        return tuple(wanted), ()
+    return (tuple(s for s in wanted if s <= model.max_positions),
+            tuple(s for s in wanted if s > model.max_positions))
+
+
 def default_sweep(model: Any, device: str, dtype: str = "fp32", threads: int | None = None) -> LayerSweep:
     """CPU: a grid that takes well under a minute for ``tiny``/``small`` (3 x 3 x 2 points per
     piece); CUDA: training-sized micro-batches and sequences."""
@@ -90,6 +116,8 @@ def default_sweep(model: Any, device: str, dtype: str = "fp32", threads: int | N
     else:
         mbs, seqs, tps = (1, 2, 4, 8), (512, 1024, 2048, 4096), (1, 2, 4, 8)
     tps, notes = shard_sizes(model, tps)
+    seqs, too_long = seq_lens_within(model, seqs)
+    notes += [f"seq {s} skipped: > max_positions({model.max_positions})" for s in too_long]
     return LayerSweep(micro_batches=mbs, seq_lens=seqs, tp=tps, dtype=dtype, notes=notes,
                       threads=threads or (1 if cpu else 1))
 
@@ -108,12 +136,19 @@ def parse_grid(text: str | None, name: str) -> tuple[int, ...] | None:
 
 
 class _SavedBytes:
-    """Bytes of the distinct storages autograd saves for backward while the context is open."""
+    """Bytes of the distinct storages autograd saves for backward while the context is open, and
+    whether one of them is an s x s score matrix."""
 
-    def __init__(self) -> None:
+    def __init__(self, seq: int = 0) -> None:
         self.seen: dict[int, int] = {}
+        self.seq = seq
+        self.scores = False
 
     def pack(self, t):
+        # [batch, heads, s, s]: the softmax output SDPA's math kernel keeps (weights and [b, s, h]
+        # activations are 2- and 3-dimensional, whatever h is)
+        if self.seq > 1 and t.dim() == 4 and t.shape[-1] == t.shape[-2] == self.seq:
+            self.scores = True
         try:
             st = t.untyped_storage()
             self.seen.setdefault(st.data_ptr(), st.nbytes())
@@ -180,16 +215,20 @@ class _Piece:
         for p in self.module.parameters():
             p.grad = None
 
-    def activation_bytes(self) -> int:
+    def saved(self) -> _SavedBytes:
         import torch
 
-        rec = _SavedBytes()
+        rec = _SavedBytes(self.x.shape[1])
         with torch.autograd.graph.saved_tensors_hooks(rec.pack, rec.unpack):
             y = self._out()
         del y
         # weights and buffers (rotary tables) are model state, not activations
         state = {t.untyped_storage().data_ptr() for t in (*self.module.parameters(), *self.module.buffers())}
-        return sum(n for ptr, n in rec.seen.items() if ptr not in state)
+        rec.seen = {ptr: n for ptr, n in rec.seen.items() if ptr not in state}
+        return rec
+
+    def activation_bytes(self) -> int:
+        return self.saved().total
 
 
 Progress = Callable[[int, int, str], None]
@@ -206,12 +245,29 @@ def run_layers(model: Any, device: str, sweep: LayerSweep, progress: Progress | 
     dtype = getattr(torch, DTYPES[sweep.dtype])
     if not sweep.tp:
         raise InputError("no tp shard size divides the model (" + "; ".join(sweep.notes) + ")", field="--tp")
+    _, too_long = seq_lens_within(model, sweep.seq_lens)
+    if too_long:
+        raise InputError(f"{', '.join(map(str, too_long))} > max_positions({model.max_positions}) of "
+                         f"model {model.name}'s learned position table", field="--seq")
+    if not sweep.seq_lens:
+        raise InputError("no sequence length to measure (" + "; ".join(sweep.notes) + ")", field="--seq")
     prev_threads = torch.get_num_threads()
     if not device.startswith("cuda"):
         torch.set_num_threads(sweep.threads)
     clock = "thread" if not device.startswith("cuda") and sweep.threads == 1 else "wall"
+    backends = sdpa_backends(sweep.attention)
     try:
-        return _measure(model, device, sweep, dtype, clock, progress)
+        if backends is None:
+            return _measure(model, device, sweep, dtype, clock, progress)
+        from torch.nn.attention import sdpa_kernel
+
+        with sdpa_kernel(backends):
+            return _measure(model, device, sweep, dtype, clock, progress)
+    except RuntimeError as e:
+        if backends is not None and "No available kernel" in str(e):
+            raise InputError(f"no {sweep.attention} attention kernel runs {sweep.dtype} on {device} "
+                             f"({str(e).splitlines()[0]})", field="--attention") from None
+        raise
     finally:
         torch.set_num_threads(prev_threads)
 
@@ -241,18 +297,22 @@ def _measure(model, device, sweep, dtype, clock, progress) -> list[dict[str, Any
     for key in keys:
         piece, t, b, s = key
         tf, tfb = meters[key, "fwd"].timing(), meters[key, "fwd_bwd"].timing()
-        out.append({"piece": piece, "tp": t, "micro_batch": b, "seq": s,
-                    "fwd_s": tf.median_s, "fwd_bwd_s": tfb.median_s, "bwd_s": max(0.0, tfb.median_s - tf.median_s),
-                    "spread": max(tf.spread, tfb.spread), "unstable": bool(tf.unstable or tfb.unstable),
-                    "clock": tf.clock, "wall_fwd_bwd_s": tfb.wall_median_s,
-                    "activation_bytes": pieces[key].activation_bytes(), "param_bytes": pieces[key].param_bytes})
+        saved = pieces[key].saved()
+        pt = {"piece": piece, "tp": t, "micro_batch": b, "seq": s,
+              "fwd_s": tf.median_s, "fwd_bwd_s": tfb.median_s, "bwd_s": max(0.0, tfb.median_s - tf.median_s),
+              "spread": max(tf.spread, tfb.spread), "unstable": bool(tf.unstable or tfb.unstable),
+              "clock": tf.clock, "wall_fwd_bwd_s": tfb.wall_median_s,
+              "activation_bytes": saved.total, "param_bytes": pieces[key].param_bytes}
+        if piece == "block":
+            pt["attention"] = "materialized" if saved.scores else "fused"
+        out.append(pt)
     return out
 
 
 def model_dict(model: Any) -> dict[str, Any]:
     """The shape fields of a ModelSpec (what a layer profile is valid for)."""
     return {k: getattr(model, k) for k in ("name", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab",
-                                           "activation", "tied_embeddings")}
+                                           "activation", "tied_embeddings", "norm", "bias", "position")}
 
 
 def layer_profile_doc(model: Any, device: str, sweep: LayerSweep, points: list[dict[str, Any]],
@@ -267,10 +327,20 @@ def layer_profile_doc(model: Any, device: str, sweep: LayerSweep, points: list[d
             # the kernel profiles' name for the same device (profilers/worker.py)
             "model": model_dict(model), "dtype": sweep.dtype, "origin": "measured", "source": "autotune profile --layers",
             "meta": {"threads": sweep.threads, "rounds": sweep.rounds, "torch": torch.__version__,
+                     "attention": _attention_ran(points, sweep.attention), "attention_asked": sweep.attention,
                      "cores": os.cpu_count(), "measure_s": measure_s, "notes": sweep.notes,
                      "grid": {"micro_batch": list(sweep.micro_batches), "seq": list(sweep.seq_lens),
                               "tp": list(sweep.tp)}},
             "points": points}
+
+
+def _attention_ran(points: list[dict[str, Any]], asked: str) -> str:
+    """``fused`` or ``materialized``: what the block points' saved tensors show ran (``mixed`` when
+    torch chose differently by shape)."""
+    kinds = {p["attention"] for p in points if p.get("attention")}
+    if not kinds:
+        return asked if asked != "runtime" else "unknown"
+    return kinds.pop() if len(kinds) == 1 else "mixed"
 
 
 def profile_layers(model: Any, device: str = "cpu", sweep: LayerSweep | None = None,

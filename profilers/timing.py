@@ -8,7 +8,7 @@
   relative inter-quartile range ``(p75 - p25) / median``. A result whose spread exceeds
   ``max_spread`` gets one more round of repeats; if still above, it is kept but flagged
   ``unstable`` so the store and the CLI show it rather than hide it.
-- An emulated slower device (``profilers.emulation``) idles after each repeat; the idle is part of
+- An emulated slower device (``autotune.runtime.emulation``) idles after each repeat; the idle is part of
   the timed interval, so the figures are those of the emulated device.
 
 Rounds (``Meter``): the profile sweeps take their repeats in several interleaved rounds over the
@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from profilers.emulation import SlowdownEmulator
+from autotune.runtime.emulation import SlowdownEmulator
 
 DEFAULT_MAX_SPREAD = 0.10
 

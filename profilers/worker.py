@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from profilers.emulation import SlowdownEmulator
+from autotune.runtime.emulation import SlowdownEmulator
 from profilers.placement import CommThreads, pin_cores
 
 FAULT_ENV = "AUTOTUNE_PROFILE_FAULT"
@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="this node's place: its local rank j is rank K * nproc + j (default: torchrun's, "
                         "the order the nodes joined in)")
     a = p.parse_args(argv)
-    from profilers.emulation import parse_slowdown
+    from autotune.runtime.emulation import parse_slowdown
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if a.node_rank is not None:  # node-rank 0 gets rank 0, whichever host joined first

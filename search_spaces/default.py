@@ -44,7 +44,9 @@ from autotune.plan import (
     Shares,
 )
 from autotune.schedules import get_schedule
+from autotune.stages import STAGED_SCHEDULES
 from search_spaces import _balance as B
+from search_spaces import _stages
 from search_spaces.base import Infeasible, SearchContext, family_of
 
 NAME = "default"
@@ -53,6 +55,9 @@ MAX_MBS = 16
 SHARE_FLOATS = {"layers_speed": (0.0, 1.5), "tokens_speed": (0.0, 1.5), "heads_speed": (0.0, 1.5),
                 "samples_speed": (0.0, 1.5), "layers_mem": (0.0, 1.0), "samples_mem": (0.0, 1.0),
                 "attention_speed": (0.0, 1.5)}
+STAGE_MODES = ("uniform", "program")
+"""``stages``: one mesh for the whole model, or per-stage device groups and degrees chosen by the stage
+program (search_spaces/_stages.py) for the point's micro-batch size, schedule, recomputation and ZeRO."""
 GRID_LIMIT = 1_000_000  # points; priced directly (no sampler), ~1 ms each at 32 devices
 
 
@@ -105,6 +110,8 @@ class DefaultSpace:
         # fastest first, then node order: each node is one device type, so nodes stay whole
         self._fast_order = np.array(sorted(range(self.n), key=lambda i: (-ctx.speeds[i], i)), dtype=np.int64)
         self._coords_cache: dict[tuple[int, ...], np.ndarray] = {}
+        self._staged_cache: dict[tuple, Plan | Infeasible] = {}
+        self._option_cache: dict[tuple, Any] = {}
         self._place_cache: dict[tuple[Degrees, str], tuple[np.ndarray, tuple[Placement, ...]]] = {}
         m = ctx.model
         self._head_layers = m.head_flops_fwd() / (m.layer_matmul_flops_fwd()
@@ -122,6 +129,7 @@ class DefaultSpace:
             "mbs_exp": Int(0, self.mbs_max_exp), "schedule": Cat(SCHEDULES), "vpp_exp": Int(1, 2),
             "recompute": Cat(RECOMPUTE), "zero_stage": Int(0, 3), "sp": Cat((False, True)),
             "placement": Cat(PLACEMENTS), "layers_tilt": Int(-2, 2), "helix_folds": Cat(HELIX_FOLDS),
+            "stages": Cat(STAGE_MODES),
         }
         for name, (lo, hi) in SHARE_FLOATS.items():
             d[name] = Flt(lo, hi)
@@ -129,12 +137,12 @@ class DefaultSpace:
 
     def params(self, *, tp: int = 1, pp: int = 1, cp: int = 1, hp: int = 1, mbs: int = 1, schedule: str = "1f1b",
                vpp: int = 2, recompute: str = "none", zero: int = 0, sp: bool = False, placement: str = "node",
-               balance: float = 0.0, tilt: int = 0, folds: int = 1) -> dict[str, Any]:
+               balance: float = 0.0, tilt: int = 0, folds: int = 1, stages: str = "uniform") -> dict[str, Any]:
         """The parameter dict of a plan given by its degrees and options (for baselines and tests)."""
         p = {"tp_exp": self.tp_divs.index(tp), "pp_exp": self.divs.index(pp), "cp_exp": self.divs.index(cp),
              "hp_exp": self.divs.index(hp), "mbs_exp": int(math.log2(mbs)), "schedule": schedule,
              "vpp_exp": int(math.log2(vpp)), "recompute": recompute, "zero_stage": zero, "sp": sp,
-             "placement": placement, "layers_tilt": tilt, "helix_folds": folds}
+             "placement": placement, "layers_tilt": tilt, "helix_folds": folds, "stages": stages}
         for name in SHARE_FLOATS:
             p[name] = balance if name.endswith("_speed") else 0.0
         return p
@@ -145,6 +153,8 @@ class DefaultSpace:
         limits come first (the degrees and schedule, then the batch and sequence units): most points
         of a grid or a hill climb that are no plan fail there, before the placement and the shares
         are computed."""
+        if p.get("stages", "uniform") == "program":
+            return self._staged(p)
         shape = self._shape(p)
         if isinstance(shape, Infeasible):
             return shape
@@ -152,6 +162,26 @@ class DefaultSpace:
         if isinstance(units, Infeasible):
             return units
         return self._plan(p, shape, units)
+
+    def _staged(self, p: dict[str, Any]) -> Plan | Infeasible:
+        """A per-stage plan (autotune/stages.py) for the knobs of point ``p``: the stage program
+        (search_spaces/_stages.py) chooses the device groups, each stage's tp, dp and the layer split;
+        the degrees, placement and share parameters of ``p`` do not apply. One program run per knob
+        set (memoised: the sampler and the polish meet the same knobs again)."""
+        schedule = p["schedule"]
+        vs = 2 ** p["vpp_exp"] if schedule == "interleaved_1f1b" else 1
+        key = (p["mbs_exp"], schedule, vs, p["recompute"], int(p["zero_stage"]))
+        hit = self._staged_cache.get(key)
+        if hit is None:
+            got = _stages.best_plan(self.ctx, mbs=2 ** p["mbs_exp"], schedule=schedule, vs=vs,
+                                    recompute=p["recompute"], zero=int(p["zero_stage"]), cache=self._option_cache)
+            if isinstance(got, Plan):
+                hit = got
+            else:
+                kind, _, why = got.partition(": ")
+                hit = Infeasible(kind, why, "per-stage")
+            self._staged_cache[key] = hit
+        return hit
 
     def _shape(self, p: dict[str, Any]) -> _Shape | Infeasible:
         """Degrees, schedule and the per-plan switches of point ``p``, checked by the plan's own rules."""
@@ -373,6 +403,16 @@ class DefaultSpace:
                                                                              balances):
                     yield self.params(tp=tp, pp=pp, cp=cp, hp=hp, mbs=2 ** mbs_e, schedule=sched, vpp=vpp,
                                       recompute=rc, zero=z, sp=sp, placement=pl, balance=bal, folds=f)
+        yield from self._staged_grid()
+
+    def _staged_grid(self):
+        """The per-stage points: one per knob set the stage program takes."""
+        for mbs_e in range(self.mbs_max_exp + 1):
+            for sched in STAGED_SCHEDULES:
+                for vpp in ((2, 4) if sched == "interleaved_1f1b" else (2,)):
+                    for rc, z in itertools.product(RECOMPUTE, (0, 1)):
+                        yield self.params(mbs=2 ** mbs_e, schedule=sched, vpp=vpp, recompute=rc, zero=z,
+                                          stages="program")
 
     def grid_size(self, limit: int = GRID_LIMIT) -> int:
         """Points of the grid, counted up to ``limit`` + 1."""
@@ -408,6 +448,8 @@ class DefaultSpace:
                 place = next((d for d in ("pp", "dp", "cp", "hp") if getattr(deg, d) > 1), "node")
             out.append(self.params(tp=tp, pp=pp, cp=cp, hp=hp, recompute="selective",
                                    zero=1 if dp * cp * hp > 1 else 0, sp=tp > 1, placement=place, balance=1.0))
+        # the stage program's plan for the same knobs, with and without recomputation
+        out += [self.params(recompute=rc, zero=1, stages="program") for rc in ("none", "selective")]
         return out
 
     @staticmethod

@@ -140,7 +140,7 @@ def _launch(plan: Plan, ctx: ExportContext, dry_run: bool, steps: int, json_: bo
                       f"final loss {summary['losses'][-1]:.4f}", highlight=False)
 
 
-def _say_subset(plan: Plan, ctx: ExportContext, study: str | None) -> None:
+def _say_subset(plan: Plan, ctx: ExportContext) -> None:
     """A plan on a subset of a pool: what it uses, what it leaves out and (from the search) why."""
     from autotune.specs.pool import subset_text
 
@@ -148,13 +148,8 @@ def _say_subset(plan: Plan, ctx: ExportContext, study: str | None) -> None:
     if text is None:
         return
     err_console.print(text, highlight=False, soft_wrap=True)
-    if study is not None and ctx.storage:
-        from autotune.study import open_study
-
-        s = open_study(study, ctx.storage)
-        if s.user_attrs.get("left_out_trial") == ctx.trial:  # the lines are about the search's chosen plan
-            for line in s.user_attrs.get("left_out") or []:
-                err_console.print(line, highlight=False, soft_wrap=True)
+    for line in getattr(ctx, "left_out", ()):  # the search's chosen plan: why each left-out group pays
+        err_console.print(line, highlight=False, soft_wrap=True)
 
 
 def command(
@@ -224,7 +219,7 @@ def command(
         choose_dtype(dtype, ctx.cluster, plan.dtype))
     plan = plan.replace(dtype=precision).resolve(ctx.model, ctx.cluster, ctx.seq_len, ctx.global_batch)
     if not json_:
-        _say_subset(plan, ctx, study)
+        _say_subset(plan, ctx)
     if launch:
         _launch(plan, ctx, dry_run, steps, json_, node_rank, timeout, hosts, remote_shell)
         return

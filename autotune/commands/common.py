@@ -12,14 +12,10 @@ import sys
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 
-DEFAULT_STORAGE = "sqlite:///results/autotune.db"
-
-# The terminal's width, or COLUMNS when piped (80 when neither says): tables fit it by leaving
-# columns out (autotune/dashboard/tables.py), never by cutting cells.
-console = Console()
-err_console = Console(stderr=True)
+from autotune.consoles import console, err_console  # noqa: F401  (every command prints through them)
+from autotune.defaults import DEFAULT_STORAGE  # noqa: F401  (the commands' --storage default)
+from autotune.runtime.emulation import parse_emulation  # noqa: F401  (--emulate-slowdown's parser)
 
 WideOpt = Annotated[bool, typer.Option("--wide", help="Show every table column, however wide the table gets.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout and nothing else there.")]
@@ -47,6 +43,16 @@ DataOpt = Annotated[str | None, typer.Option(
 DataDtypeOpt = Annotated[str, typer.Option(
     "--data-dtype", help="Token dtype of a flat --data file: auto (uint16 for vocabularies up to 65,536, "
                          "else uint32), uint16 or uint32.")]
+EodOpt = Annotated[int | None, typer.Option(
+    "--eod", help="With --data (a flat token file): the end-of-document token id; the file's documents, "
+                  "packed in data order into --seq-len windows, are the workload (attention masked at their "
+                  "boundaries unless --no-doc-mask).", min=0)]
+LengthsOpt = Annotated[str | None, typer.Option(
+    "--lengths", help="A histogram of document lengths (`length,count` a line): the workload is windows packed "
+                      "from documents of these lengths (trials draw synthetic tokens for them).")]
+DocMaskOpt = Annotated[bool | None, typer.Option(
+    "--doc-mask/--no-doc-mask", help="Stop attention at document boundaries (default: on when --eod or "
+                                     "--lengths gives documents; off keeps every window one causal sequence).")]
 HostsOpt = Annotated[str | None, typer.Option(
     "--hosts", help="Hostfile (DeepSpeed/MPI: `HOSTNAME slots=N` a line, # comments): run across these hosts, "
                     "the first being this one (node-rank 0); the others are started through the remote shell.")]
@@ -75,21 +81,3 @@ def _clean(obj: Any) -> Any:
 def emit_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(_clean(obj), indent=2, default=str) + "\n")
     sys.stdout.flush()
-
-
-def parse_emulation(items: list[str] | None) -> dict[int, float]:
-    """``["1=2.0"]`` -> {1: 2.0}; bad items are input errors naming the option."""
-    from autotune.errors import InputError
-
-    out: dict[int, float] = {}
-    for item in items or []:
-        rank, sep, factor = item.partition("=")
-        try:
-            r, f = int(rank), float(factor)
-        except ValueError:
-            r, f = -1, 0.0
-        if not sep or r < 0 or not (f >= 1.0 and math.isfinite(f)):
-            raise InputError(f"expected RANK=FACTOR with RANK >= 0 and FACTOR >= 1, got {item!r}",
-                             field="--emulate-slowdown")
-        out[r] = f
-    return out

@@ -10,9 +10,14 @@ from rich.text import Text
 
 from autotune.commands.common import (
     ClusterOpt,
+    DataDtypeOpt,
+    DataOpt,
+    DocMaskOpt,
     DtypeOpt,
+    EodOpt,
     GlobalBatchOpt,
     JsonOpt,
+    LengthsOpt,
     ModelOpt,
     PlanOpt,
     SeqLenOpt,
@@ -32,6 +37,8 @@ def command(model: ModelOpt, cluster: ClusterOpt, plan: PlanOpt, seq_len: SeqLen
                                                                     "(breakdown.timeline) in --json output."),
             storage: StorageOpt = "sqlite:///results/autotune.db", wide: WideOpt = False,
             dtype: DtypeOpt = "auto",
+            data: DataOpt = None, eod: EodOpt = None, lengths: LengthsOpt = None, doc_mask: DocMaskOpt = None,
+            data_dtype: DataDtypeOpt = "auto",
             json_: JsonOpt = False) -> None:
     """Predict step time, tokens/s, MFU and per-device memory of one plan on a cluster."""
     from autotune.cost import estimate
@@ -41,11 +48,37 @@ def command(model: ModelOpt, cluster: ClusterOpt, plan: PlanOpt, seq_len: SeqLen
     m = load_model(model)
     c = load_cluster(cluster, storage=storage)
     p = load_plan_for(plan, c, dtype)
-    est = estimate(p, m, c, seq_len, global_batch, timeline=timeline)
+    from autotune.commands.documents_options import documents_from_options
+    from autotune.documents import plan_masks
+
+    docs = documents_from_options(data=data, eod=eod, lengths=lengths, vocab=m.vocab, data_dtype=data_dtype)
+    p = plan_masks(p, docs, doc_mask)
+    est = estimate(p, m, c, seq_len, global_batch, timeline=timeline, documents=docs.dist if docs else None)
+    subset = _subset(p, c, plan)
     if json_:
-        emit_json(est.to_dict())
+        emit_json({**est.to_dict(), **({"subset": subset} if subset else {})})
         return
     _print(est, m, c, wide)
+    for line in [subset["text"], *subset["why"]] if subset else []:
+        console.print(line, highlight=False, soft_wrap=True)
+
+
+def _subset(p: Any, cluster: Any, source: str) -> dict[str, Any] | None:
+    """A plan on a subset of a pool: what it uses and leaves out, and why that pays when the plan
+    file carries the search's reasons (an export of the search's chosen plan: provenance.left_out)."""
+    from autotune.specs.pool import left_out, subset_text
+
+    text = subset_text(cluster, p.uses)
+    if text is None:
+        return None
+    why: list[str] = []
+    if "=" not in source:
+        from autotune.plan_record import load_record
+
+        prov = load_record(source).provenance or {}
+        why = [str(x) for x in prov.get("left_out") or []]
+    return {"uses": list(p.uses), "text": text, "why": why,
+            "left_out": [{"group": g, "devices": n, "device": name} for g, n, name in left_out(cluster, p.uses)]}
 
 
 def _rank_ranges(rows: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
@@ -79,9 +112,13 @@ def _print(est: Any, model: Any, cluster: Any, wide: bool = False) -> None:
     console.print(_rank_table(bd, wide))
     console.print(f"throughput from: {'; '.join(bd['throughput_source'])}", highlight=False, soft_wrap=False)
     for dev, src in (bd.get("compute_source") or {}).items():  # a layer profile priced some pieces
-        if any(v.startswith("layers:") for v in src.values()):
+        if any("layers:" in v for v in src.values()):
             console.print(f"{dev} pieces from: " + "; ".join(f"{k} {v}" for k, v in src.items()), highlight=False,
                           soft_wrap=False)
+    for dev, src in (bd.get("activation_source") or {}).items():
+        console.print(f"{dev} activation memory from: {src}", highlight=False, soft_wrap=False)
+    for note in bd.get("notes") or []:
+        console.print(f"[dim]note: {note}[/]", highlight=False, soft_wrap=False)
 
 
 def _stage_table(bd: dict[str, Any], plan: Any, wide: bool) -> Table:

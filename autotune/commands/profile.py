@@ -78,6 +78,10 @@ def run(
     = None,
     dtype: Annotated[str, typer.Option("--dtype", help="--layers: auto (the dtype trials compute in here: bf16 where "
                                                        "native, else fp32), fp32, bf16 or fp16.")] = "auto",
+    attention: Annotated[str, typer.Option("--attention", help="--layers: runtime (what scaled_dot_product_attention "
+                                                               "picks, as trials run), fused or materialized "
+                                                               "(the math kernel: scores kept for backward).")]
+    = "runtime",
     storage: StorageOpt = DEFAULT_STORAGE,
     json_: JsonOpt = False,
 ) -> None:
@@ -85,7 +89,7 @@ def run(
     if ctx.invoked_subcommand is not None:
         return
     if layers is not None:
-        _run_layers(layers, device, mbs, seq, tp, dtype, label, storage, json_)
+        _run_layers(layers, device, mbs, seq, tp, dtype, label, storage, json_, attention)
         return
     from profilers.launch import check_request, default_nproc, launch_local
     from profilers.store import engine_for, load_profile, save_profile
@@ -180,11 +184,12 @@ def _remote_parts(hosts_file: str, shell: str | None, nnodes: int, nproc: int, k
 
 
 def _run_layers(model_ref: str, device: str, mbs: str | None, seq: str | None, tp: str | None, dtype: str,
-                label: str | None, storage: str, json_: bool) -> None:
+                label: str | None, storage: str, json_: bool, attention: str = "runtime") -> None:
     from autotune.specs.model import load_model
-    from profilers.layers import default_sweep, parse_grid, profile_layers, shard_sizes
+    from profilers.layers import default_sweep, parse_grid, profile_layers, sdpa_backends, shard_sizes
     from profilers.store import engine_for, save_layer_profile
 
+    sdpa_backends(attention)  # a bad --attention fails before anything is built
     model = load_model(model_ref)
     engine_for(storage)  # a bad --storage fails before the measuring
     if device == "auto":
@@ -198,6 +203,7 @@ def _run_layers(model_ref: str, device: str, mbs: str | None, seq: str | None, t
 
         dtype = trial_dtype(device)
     sweep = default_sweep(model, device, dtype)
+    sweep.attention = attention
     sweep.micro_batches = parse_grid(mbs, "mbs") or sweep.micro_batches
     sweep.seq_lens = parse_grid(seq, "seq") or sweep.seq_lens
     if tp is not None:
@@ -218,8 +224,9 @@ def _run_layers(model_ref: str, device: str, mbs: str | None, seq: str | None, t
 
 
 def _print_layers(doc: dict[str, Any], lid: int | str) -> None:
+    ran = (doc.get("meta") or {}).get("attention")
     t = Table(title=f"layers:{lid}: {doc['model']['name']} on {doc['device_name']} ({doc['device_kind']}, "
-                    f"{doc['dtype']}, {doc['origin']})")
+                    f"{doc['dtype']}, {doc['origin']}" + (f", {ran} attention" if ran else "") + ")")
     for c in ("piece", "tp", "mbs", "seq", "fwd", "bwd", "activations", ""):
         t.add_column(c, justify="left" if c in ("piece", "") else "right")
     for p in doc["points"]:

@@ -12,9 +12,14 @@ from rich.text import Text
 from autotune.commands.common import (
     DEFAULT_STORAGE,
     ClusterOpt,
+    DataDtypeOpt,
+    DataOpt,
+    DocMaskOpt,
     DtypeOpt,
+    EodOpt,
     GlobalBatchOpt,
     JsonOpt,
+    LengthsOpt,
     ModelOpt,
     SeedOpt,
     SeqLenOpt,
@@ -25,6 +30,7 @@ from autotune.commands.common import (
     err_console,
 )
 from autotune.dashboard.tables import Col, fit
+from autotune.stages import degrees_text
 from autotune.units import fmt_bytes, fmt_time
 
 HELP = "Search parallel plans with Optuna over degrees and uneven shares using the cost model."
@@ -72,9 +78,15 @@ def command(
     objective: ObjectiveOpt = "time",
     budget: BudgetOpt = None,
     max_step_time: MaxStepOpt = None,
+    data: DataOpt = None,
+    eod: EodOpt = None,
+    lengths: LengthsOpt = None,
+    doc_mask: DocMaskOpt = None,
+    data_dtype: DataDtypeOpt = "auto",
     json_: JsonOpt = False,
 ) -> None:
     """Search parallel plans with Optuna over degrees and uneven shares using the cost model."""
+    from autotune.commands.documents_options import documents_from_options
     from autotune.objective import make_objective
     from autotune.plan import choose_dtype
     from autotune.progress import Progress
@@ -89,11 +101,20 @@ def command(
     m = load_model(model)
     c = load_cluster(cluster, storage=storage)
     obj = make_objective(objective, budget, max_step_time, c)  # cost without prices: refused here, one line
+    docs = documents_from_options(data=data, eod=eod, lengths=lengths, vocab=m.vocab, data_dtype=data_dtype)
+    if docs is not None:  # the study records the distribution; the plans are priced with their masks
+        mask = doc_mask is not False
+        opts = dataclasses.replace(opts, documents={**docs.record(), "doc_mask": mask}, doc_mask=mask)
+    elif doc_mask:
+        from autotune.errors import InputError
+
+        raise InputError("needs documents: --data FILE --eod ID or --lengths FILE", field="--doc-mask")
     # the precision is chosen (and a device that lacks it refused) before any point is priced
     opts = dataclasses.replace(opts, dtype=choose_dtype(dtype, c))
     # a study holds one precision and one target: another one is another default study
     name = study or (default_study_name(m, c, seq_len, global_batch) + ("" if opts.dtype == "bf16" else f"-{opts.dtype}")
-                     + ("" if target == "runtime" else f"-{target}"))
+                     + ("" if target == "runtime" else f"-{target}")
+                     + ("" if docs is None else f"-docs{docs.dist.digest()[:8]}" + ("" if opts.doc_mask else "-nomask")))
     if not json_:
         err_console.print(f"searching {m.name} on {c.name} ({c.num_devices} devices), seq {seq_len}, batch "
                           f"{global_batch}: study {name!r} in {storage}", highlight=False)
@@ -170,6 +191,15 @@ def why(p: dict[str, Any], bd: dict[str, Any] | None, best: dict[str, Any], best
             f"{step / best_step:.2f}x the best's step time")
 
 
+def priced_from(bd: dict[str, Any] | None) -> str:
+    """``; block from layers:3 (measured)`` or ``; block from datasheet x 1.37 (one scale: ...)``
+    per device type where a layer profile priced the plan (cost/layers.py), else nothing."""
+    src = (bd or {}).get("compute_source") or {}
+    parts = [f"{dev} block from {s['block'].split(',')[0] if s['block'].startswith('layers:') else s['block']}"
+             for dev, s in src.items() if "layers:" in s.get("block", "")]
+    return "; " + "; ".join(parts) if parts else ""
+
+
 def plan_table(plans: list[dict[str, Any]], title: str, measured: bool = False, wide: bool = False,
                breakdowns: list[dict[str, Any] | None] | None = None) -> Group:
     """The plans, fitted to the terminal, with one line per plan under the table on why it is where
@@ -181,7 +211,7 @@ def plan_table(plans: list[dict[str, Any]], title: str, measured: bool = False, 
     rows = []
     for i, p in enumerate(plans):
         pr = p.get("predicted") or {}
-        deg = ",".join(f"{k}={v}" for k, v in p["degrees"].items() if v > 1) or "dp=1"
+        deg = degrees_text(p)  # a per-stage plan: its stages with their own degrees
         mem, cap = pr.get("memory_bytes") or [], pr.get("capacity_bytes") or []
         j = max(range(len(mem)), key=lambda r: mem[r] / cap[r] if cap else mem[r]) if mem else None
         memtxt = f"{fmt_bytes(mem[j])} ({mem[j] / cap[j]:.0%})" if j is not None and cap else "-"
@@ -194,7 +224,7 @@ def plan_table(plans: list[dict[str, Any]], title: str, measured: bool = False, 
         rows.append(row)
     lines = []
     if breakdowns is not None and plans:
-        lines = [Text(f"#{i + 1} {why(p, bd, plans[0], breakdowns[0])}", style="dim")
+        lines = [Text(f"#{i + 1} {why(p, bd, plans[0], breakdowns[0])}{priced_from(bd)}", style="dim")
                  for i, (p, bd) in enumerate(zip(plans, breakdowns, strict=True))]
     caption = "options: micro-batch size x micro-batches, schedule when not 1f1b, recompute, ZeRO stage"
     return Group(fit(console, cols, rows, wide=wide, title=title, caption=caption), *lines)

@@ -11,10 +11,13 @@ from rich.table import Table
 from autotune.commands.common import (
     DataDtypeOpt,
     DataOpt,
+    DocMaskOpt,
     DtypeOpt,
     EmulateOpt,
+    EodOpt,
     GlobalBatchOpt,
     JsonOpt,
+    LengthsOpt,
     ModelOpt,
     PlanOpt,
     SeedOpt,
@@ -52,6 +55,9 @@ def command(
                                                   "hosts (MASTER_ADDR/MASTER_PORT name the rendezvous; run the "
                                                   "same command with each K on its host).", min=0)] = None,
     dtype: DtypeOpt = "auto",
+    eod: EodOpt = None,
+    lengths: LengthsOpt = None,
+    doc_mask: DocMaskOpt = None,
     json_: JsonOpt = False,
 ) -> None:
     """Run a plan for real on local processes (torch.distributed) and measure it."""
@@ -62,6 +68,17 @@ def command(
     emulate = parse_emulation(emulate_slowdown)
     # local workers take every precision; a GPU without bf16 is refused by run_trial's checks
     p = load_plan_for(plan, load_cluster(f"local:{load_plan(plan).world}"), dtype)
+    from autotune.commands.documents_options import documents_from_options
+    from autotune.documents import plan_masks
+    from autotune.specs import load_model
+
+    docs = documents_from_options(data=data, eod=eod, lengths=lengths, vocab=load_model(model).vocab,
+                                  data_dtype=data_dtype)
+    p = plan_masks(p, docs, doc_mask)
+    if (node_rank is not None or cluster is not None) and p.doc_mask:
+        from autotune.errors import InputError
+
+        raise InputError("document masks run in local trials (not yet across hosts)", field="--doc-mask")
     if node_rank is not None or cluster is not None:
         _across_hosts(p, model, cluster, node_rank, seq_len, global_batch, steps, warmup, seed, timeout, data,
                       data_dtype, emulate, json_)
@@ -74,7 +91,8 @@ def command(
 
     result = run_trial(p, model, seq_len, global_batch, steps=steps, warmup=warmup, seed=seed,
                        emulate_slowdown=emulate, timeout_s=timeout, device=device, nproc=nproc,
-                       data=data, data_dtype=data_dtype, on_launch=announce)
+                       data=data, data_dtype=data_dtype, on_launch=announce,
+                       documents=docs if p.doc_mask else None)
     out = result.to_dict()
     if json_:
         emit_json(out)

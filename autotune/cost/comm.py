@@ -68,16 +68,6 @@ FORMULAS = AlphaBeta()
 """The alpha-beta formulas (every device without a measured table)."""
 
 
-def collectives_for(spec: Any) -> Any:
-    """The collective model of a DeviceSpec: a profiled CPU's measured gloo table
-    (``cpu.measured_collectives``), else the formulas."""
-    if spec.kind != "cpu":
-        return FORMULAS
-    from autotune.cost.cpu import measured_collectives  # cpu.py builds on this module's formulas
-
-    return measured_collectives(spec)
-
-
 class Topology:
     """Per-cluster lookups the cost model makes thousands of times: the device index of a
     (node, local) placement, the link between two nodes, the slowest link of a set of devices."""

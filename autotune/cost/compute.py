@@ -46,17 +46,10 @@ from autotune.cost.cpu import (  # noqa: F401  (their old home: kept importable 
     ring_blocks,
 )
 from autotune.cost.interp import loglinear
+from autotune.specs.model import ATTENTION_BWD_FLOPS  # noqa: F401  (cost.compute.ATTENTION_BWD_FLOPS: its old home)
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp32-strict": 4}
 
-ATTENTION_BWD_FLOPS = 2.5
-"""A measured attention backward's FLOPs per forward FLOP: five matmuls (S = QK^T recomputed, dV, dP,
-dQ, dK) against the forward's two (Dao 2023, FlashAttention-2, section on FLOPs). The profiler
-counts with it (``profilers/compute.py`` ``attention_flops``) and records it in the profile
-(``attention.bwd_flops_factor``); pricing a profiled backward multiplies by the same factor, so a
-backward measured at 2.5 ms is priced at 2.5 ms. Without a profile attention is priced by the
-model's FLOP accounting (``ModelSpec.hardware_flops_per_token``: backward twice the forward, as
-MFU counts it)."""
 
 
 @dataclass

@@ -28,6 +28,7 @@ from autotune.cost import comm as C
 from autotune.cost import cpu as _cpu
 from autotune.cost import data_parallel as DP
 from autotune.cost import ulysses as U
+from autotune.cost.collectives import collectives_for
 from autotune.cost.compute import DTYPE_BYTES, Rates, cached_rates, causal_keys
 from autotune.plan import Degrees, Plan
 from autotune.schedules import schedule_of
@@ -106,10 +107,8 @@ def step_context(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batc
                  calibration: Mapping[str, Mapping[str, float]] | None) -> StepContext:
     """Resolve ``plan`` (PlanError when it does not fit) and gather what every rank shares."""
     rp = plan.resolve(model, cluster, seq_len, global_batch)
-    if rp.stages is not None:  # each stage its own degrees: cost/stages.py
-        from autotune.cost.stages import staged_step_context
-
-        return staged_step_context(rp, model, cluster, seq_len, global_batch, calibration)
+    if rp.stages is not None:  # each stage its own degrees: cost/steps.py sends it to cost/stages.py
+        raise ValueError("a per-stage plan's step context is cost.stages.staged_step_context (cost.steps asks it)")
     d = rp.degrees
     topo = C.topology(cluster)
     devs = _devices(topo, rp.placement)
@@ -358,10 +357,8 @@ def tp_groups(s: StepContext) -> list[tuple[int, int, RankContext]]:
     of equal shares on equal devices) share one context object, so the cost of each is computed once (identity names them: links come from the
     topology's caches)."""
     plan, cal = s.plan, s.calibration
-    if plan.stages is not None:
-        from autotune.cost.stages import staged_tp_groups
-
-        return staged_tp_groups(s)
+    if plan.stages is not None:  # each stage its own degrees: cost/steps.py sends it to cost/stages.py
+        raise ValueError("a per-stage plan's tp groups are cost.stages.staged_tp_groups (cost.steps asks it)")
     contexts: dict[tuple, RankContext] = {}
     out = []
     for (r0, c), (spec, place, links) in zip(_tp_group_coords(plan.degrees), s.group_links, strict=True):
@@ -381,7 +378,7 @@ def _rank_context(s: StepContext, c: Mapping[str, int], spec: Any, links: Links,
     params, layer_params, rest = s.stage_params[c["pp"]]
     return RankContext(
         step=s, coords=c, spec=spec, rates=cached_rates(spec, s.dtype, s.model.head_dim),
-        collectives=C.collectives_for(spec), cf=float(cal.get("compute", 1.0)), mf=float(cal.get("comm", 1.0)),
+        collectives=collectives_for(spec), cf=float(cal.get("compute", 1.0)), mf=float(cal.get("comm", 1.0)),
         links=links, tokens=tokens, heads=s.plan.shares.heads[c["hp"]], microbatches=m_d,
         layers=tuple(s.plan.shares.layers[j] for j in s.chunks[c["pp"]]),  # Plan.layers_of_stage
         params=params, layer_params=layer_params, rest_params=rest,

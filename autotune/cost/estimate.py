@@ -31,12 +31,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.cost import report
-from autotune.cost.context import step_context, tp_groups
+from autotune.cost import helixpipe, report
 from autotune.cost.data_parallel import ADAM_BYTES_PER_PARAM, exposure  # noqa: F401  (ADAM_*: its old home)
 from autotune.cost.memory import TERM_NAMES  # noqa: F401  (its old home)
 from autotune.cost.pipeline_parallel import replica_stages, simulate_replicas
 from autotune.cost.rank import rank_cost_memo
+from autotune.cost.steps import step_context, tp_groups
 from autotune.plan import Plan
 from autotune.plan_record import PlanRecord
 
@@ -89,13 +89,13 @@ def estimate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: i
 
 def _price(s: Any, timeline: bool) -> tuple[dict[str, Any], dict[str, Any]]:
     """(predicted, breakdown) of one step context."""
-    own = None if s.schedule.chain else s.schedule  # a data flow that is no chain of stages prices itself
+    own = None if s.schedule.chain else helixpipe  # a data flow that is no chain of stages: its own cost module
     costs: dict[int, Any] = {}
     groups = []
     for r0, dp_i, ctx in tp_groups(s):
         c = costs.get(id(ctx))
         if c is None:
-            c = costs[id(ctx)] = own.price_rank(ctx, rank_cost_memo(ctx)) if own else rank_cost_memo(ctx)
+            c = costs[id(ctx)] = own.rank_cost(ctx, rank_cost_memo(ctx)) if own else rank_cost_memo(ctx)
         groups.append((r0, dp_i, ctx, c))
     per_rep_stage = replica_stages(groups)
     sims = own.simulate_replicas(s, per_rep_stage) if own else simulate_replicas(s, per_rep_stage)

@@ -2,8 +2,8 @@
 
 A device may carry per-layer profiles (``DeviceSpec.layer_profiles``: ``autotune profile --layers``
 on that device, or another planner's files through ``profile import --format``). Where one matches
-the estimate (same model shape: hidden, heads, kv heads, MLP width, vocabulary, activation; same
-dtype) the compute module asks here first, and only falls back to its kernel curves (a kernel
+the estimate (same model shape: hidden, heads, kv heads, MLP width, vocabulary, activation; the
+same norm, biases and positions where the document records them; same dtype) the compute module asks here first, and only falls back to its kernel curves (a kernel
 profile) or the datasheet when this says nothing. The pieces: ``block`` (one decoder layer),
 ``head`` (final norm, LM head, loss) and ``embed``.
 
@@ -19,9 +19,30 @@ Interpolation, per piece, over what was measured:
   [1, 2] above (between the MLP's linear and attention's quadratic growth), [0, 2] below; a profile of
   one length scales linearly (the attention share's growth is then under-priced beyond it).
 
-The layer profile is used only where its pieces are the rank's work: no context or Ulysses split
-(cp = hp = 1: a shard of the sequence attends differently from a shorter sequence) and even heads.
-Each lookup says what priced it (``layers:ID (origin), measured | interpolated | extrapolated``).
+The layer profile prices a piece directly only where it is the rank's work: no context or Ulysses
+split (cp = hp = 1: a shard of the sequence attends differently from a shorter sequence) and even
+heads. Each lookup says what priced it (``layers:ID (origin), measured | interpolated |
+extrapolated``).
+
+**One scale** (issue 25, item 7). Where the device has a matching profile but the rank's block is
+not a shape it holds (cp > 1, hp > 1, uneven heads), the block is priced by the fallback (kernel
+curves or datasheet) *times the measured-to-fallback ratio* on the shape both can price: the same
+micro-batch and shard over the whole sequence (cp = hp = 1). Without it a plan priced partly from
+measurements and partly from the (optimistic) datasheet won by the change of scale alone: 6 of 8
+searches over imported profiles chose cp = 2 for that reason. The head and the embedding are
+per-token work, so they are looked up at the shard's length directly. The source says which:
+``datasheet x 1.37 (layers:ID (origin) at cp=hp=1, ...)``.
+
+**Activation memory**. A point may carry ``activation_bytes`` (what ``profile --layers`` measures
+with saved-tensor hooks, or what a foreign file gives): the bytes one block keeps for backward per
+call. ``activation_scale`` returns measured / formula on the same shape (``memory.py``'s
+``layer_activation_bytes`` without sequence parallelism, at cp = hp = 1), interpolated like the
+times (log-log, micro-batch slope 1 beyond the grid, sequence slope in [1, 2]); the memory model
+multiplies its formula by it, so on the measured shape the block's activation memory *is* the
+measurement and on a cp/hp/sp shard the formula's shape carries it on one scale.
+
+**Precision**. A profile of the model's shape but another precision is not used (a bf16 search is
+not priced from fp32 timings); ``precision_note`` says so in one line (estimate and search print it).
 """
 
 from __future__ import annotations
@@ -32,6 +53,10 @@ from dataclasses import dataclass
 from typing import Any
 
 SHAPE_KEYS = ("hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "activation")
+ARCH_KEYS = ("norm", "bias", "position")
+"""What a block is built of besides its shape (LayerNorm or RMSNorm, linear biases, learned or rotary
+positions): a document that records them matches only the same; one written before they were
+recorded (or by a format that does not say) matches as before."""
 
 
 @dataclass(frozen=True)
@@ -91,9 +116,29 @@ class LayerTable:
         self.ref = f"layers:{doc.get('id')}"
         self.origin = str(doc.get("origin") or "measured")
         self.rows: dict[str, dict[int, list[tuple[int, int, float, float]]]] = {}
+        self.act: dict[str, dict[int, list[tuple[int, int, float, float]]]] = {}
+        """Points with measured activation bytes (as (mbs, seq, bytes, bytes): the time rows' shape)."""
         for p in doc.get("points") or []:
+            key = (int(p["micro_batch"]), int(p["seq"]))
             self.rows.setdefault(p["piece"], {}).setdefault(int(p["tp"]), []).append(
-                (int(p["micro_batch"]), int(p["seq"]), float(p["fwd_s"]), float(p["bwd_s"])))
+                (*key, float(p["fwd_s"]), float(p["bwd_s"])))
+            if p.get("activation_bytes"):
+                a = float(p["activation_bytes"])
+                self.act.setdefault(p["piece"], {}).setdefault(int(p["tp"]), []).append((*key, a, a))
+
+    def lookup_bytes(self, piece: str, mbs: int, seq: int, tp: int) -> tuple[float, str] | None:
+        """(activation bytes one call of ``piece`` keeps for backward, how) at (mbs, seq, tp), or None
+        when the profile measured none. Interpolated as the times are; beyond the measured shards the
+        nearest one scaled by t0 / tp (the split tensors dominate)."""
+        shards = self.act.get(piece)
+        if not shards:
+            return None
+        tps = sorted(shards)
+        t0 = tp if tp in shards else min(tps, key=lambda t: abs(math.log(t) - math.log(tp)))
+        a, _, exact = _at_tp(shards[t0], mbs, seq)
+        if t0 != tp:
+            a, exact = a * t0 / tp, False
+        return a, f"{self.ref} ({self.origin}), {'measured' if exact else 'interpolated'}"
 
     def lookup(self, piece: str, mbs: int, seq: int, tp: int) -> Lookup | None:
         shards = self.rows.get(piece)
@@ -124,7 +169,8 @@ class LayerTable:
 
 def matches(doc: dict[str, Any], model: Any, dtype: str) -> bool:
     m = doc.get("model") or {}
-    return doc.get("dtype") == dtype and all(m.get(k) == getattr(model, k) for k in SHAPE_KEYS)
+    return (doc.get("dtype") == dtype and all(m.get(k) == getattr(model, k) for k in SHAPE_KEYS)
+            and all(m[k] == getattr(model, k) for k in ARCH_KEYS if k in m))
 
 
 _TABLES: dict[int, LayerTable] = {}
@@ -158,14 +204,131 @@ def piece(ctx: Any, name: str) -> Lookup | None:
     return table.lookup(name, ctx.step.mbs, ctx.tokens, ctx.step.tp)
 
 
-def sources(spec: Any, model: Any, dtype: str, mbs: int, seq: int, tp: int, cp_hp_split: bool,
-            fallback: str) -> dict[str, str]:
-    """What prices each compute term on ``spec``: the layer profile where it applies, else
-    ``fallback`` (the kernel profile or the datasheet, as ``Rates.source`` says)."""
-    table = None if cp_hp_split else table_for(spec, model, dtype)
+def shard_piece(ctx: Any, name: str) -> Lookup | None:
+    """``head`` or ``embed`` of a rank whose block the profile cannot price (cp/hp split, uneven
+    heads): per-token work, looked up at the rank's tokens per sequence (``tokens_local / mbs``)."""
+    s = ctx.step
+    table = table_for(ctx.spec, s.model, s.dtype)
+    if table is None or applies(ctx) is not None:
+        return None
+    seq = max(1, round(ctx.tokens_local / s.mbs))
+    hit = table.lookup(name, s.mbs, seq, s.tp)
+    return None if hit is None else Lookup(hit.fwd, hit.bwd, f"{hit.source} at the shard's {seq} tokens")
+
+
+def _reference_block(ctx: Any) -> Any:
+    """The fallback's ``LayerCompute`` of the block the profile can price that is nearest the
+    rank's: the same device, micro-batch and tp shard over the whole sequence, all heads of the
+    shard, cp = hp = 1."""
+    from autotune.cost import activations as M
+    from autotune.cost.compute import layer_compute
+
+    s, seq = ctx.step, ctx.step.seq_len
+    heads = s.model.heads // s.tp
+    _, full, scores = M.layer_activation_bytes(
+        s.model, micro_batch=s.mbs, tokens_local=seq, cp_tokens=seq, seq_len=seq, heads_local=heads, tp=s.tp,
+        sequence_parallel=s.sp, recompute=s.recompute, act_bytes=s.bpe, fused_attention=ctx.spec.fused_attention())
+    return layer_compute(s.model, ctx.rates, tokens=s.mbs * seq, tp=s.tp, heads_local=heads,
+                         keysum=seq * (seq + 1) / 2.0, block_seq=seq, micro_batch=s.mbs, act_bytes=full - scores)
+
+
+def block_scale(ctx: Any) -> tuple[float, float, str] | None:
+    """(fwd ratio, bwd ratio, source) that put the fallback's block of a rank the profile cannot
+    price directly on the profile's scale: measured / fallback on ``_reference_block``'s shape. None
+    when the device has no matching profile or the profile prices the rank's block itself."""
+    s = ctx.step
+    table = table_for(ctx.spec, s.model, s.dtype)
+    if table is None or applies(ctx) is not None:
+        return None
+    hit = table.lookup("block", s.mbs, s.seq_len, s.tp)
+    if hit is None:
+        return None
+    key = (id(table), id(ctx.rates), ctx.spec.fused_attention(), s.mbs, s.seq_len, s.tp, s.sp, s.recompute, s.dtype,
+           s.model)
+    got = _SCALES.get(key)
+    if got is None:
+        ref = _reference_block(ctx)
+        rf = hit.fwd / ref.fwd if ref.fwd > 0 else 1.0
+        rb = hit.bwd / ref.bwd if ref.bwd > 0 else 1.0
+        r = (hit.fwd + hit.bwd) / max(ref.fwd + ref.bwd, 1e-30)
+        got = _SCALES[key] = (rf, rb, f"{ctx.rates.source} x {r:.2f} (one scale: {hit.source.split(',')[0]} "
+                                      f"/ {ctx.rates.source} at cp=hp=1, seq {s.seq_len})")
+    return got
+
+
+_SCALES: dict[tuple, tuple[float, float, str]] = {}
+
+
+def reconciled_block(ctx: Any, lc: Any) -> Lookup | None:
+    """The fallback's block ``lc`` of a rank the profile cannot price directly, times
+    ``block_scale``; None where that does not apply."""
+    sc = block_scale(ctx)
+    return None if sc is None else Lookup(lc.fwd * sc[0], lc.bwd * sc[1], sc[2])
+
+
+def activation_scale(ctx: Any) -> tuple[float, str] | None:
+    """(measured / formula activation bytes of a block, source) on the rank's device, from its
+    layer profile: at the rank's shape where the profile holds it, else at the whole sequence
+    (cp = hp = 1, no sequence parallelism: what ``profile --layers`` builds). None: no matching
+    profile, or it measured no activation bytes."""
+    from autotune.cost import activations as M
+
+    s = ctx.step
+    table = table_for(ctx.spec, s.model, s.dtype)
+    if table is None or not table.act.get("block"):
+        return None
+    seq = ctx.tokens if applies(ctx) is not None else s.seq_len
+    got = table.lookup_bytes("block", s.mbs, seq, s.tp)
+    if got is None:
+        return None
+    _, full, _ = M.layer_activation_bytes(
+        s.model, micro_batch=s.mbs, tokens_local=seq, cp_tokens=seq, seq_len=seq, heads_local=s.model.heads // s.tp,
+        tp=s.tp, sequence_parallel=False, recompute="none", act_bytes=s.bpe, fused_attention=ctx.spec.fused_attention())
+    ratio = got[0] / full if full > 0 else 1.0
+    how = got[1] if seq == ctx.tokens and applies(ctx) is not None and not s.sp else \
+        f"formula x {ratio:.2f} ({got[1].split(',')[0]} at cp=hp=1, seq {seq}, no sequence parallelism)"
+    return ratio, how
+
+
+def precision_note(spec: Any, model: Any, dtype: str) -> str | None:
+    """One line when ``spec`` holds layer profiles of ``model``'s shape, none in ``dtype``: they are
+    not used (another precision is another machine), so every piece is priced by the fallback."""
+    docs = getattr(spec, "layer_profiles", ()) or ()
+    if not docs or table_for(spec, model, dtype) is not None:
+        return None
+    other = sorted({f"layers:{d.get('id')} ({d.get('dtype')})" for d in docs
+                    if all((d.get("model") or {}).get(k) == getattr(model, k) for k in SHAPE_KEYS)})
+    if not other:
+        return None
+    return (f"{spec.name}: layer profile {', '.join(other)} not used for a {dtype} plan (another precision); "
+            f"its pieces are priced from the {'kernel profile' if spec.profile else 'datasheet'} alone")
+
+
+def precision_notes(cluster: Any, model: Any, dtype: str) -> list[str]:
+    """``precision_note`` of every device type of ``cluster`` that has one."""
+    seen: dict[str, str] = {}
+    for g in cluster.groups:
+        note = precision_note(g.device, model, dtype)
+        if note is not None:
+            seen.setdefault(g.device.name, note)
+    return list(seen.values())
+
+
+def rank_sources(ctx: Any) -> dict[str, str]:
+    """What priced each compute term of the rank of ``ctx``, as ``rank.rank_cost`` does: the layer
+    profile where it prices the piece, the fallback on the profile's scale (``block_scale``) or the
+    profile at the shard's length (``shard_piece``) where a split keeps it from the block, else
+    the fallback (the kernel profile or the datasheet, as ``Rates.source`` says)."""
     out = {}
+    fallback = ctx.rates.source
     for name in ("embed", "block", "head"):
-        hit = table.lookup(name, mbs, seq, tp) if table is not None else None
+        hit = piece(ctx, name)
+        if hit is None and name == "block":
+            sc = block_scale(ctx)
+            out[name] = sc[2] if sc is not None else fallback
+            continue
+        if hit is None:
+            hit = shard_piece(ctx, name)
         out[name] = hit.source if hit is not None else fallback
     return out
 
@@ -196,9 +359,9 @@ def predicted_pieces(plan: Any, model: Any, cluster: Any, seq_len: int, global_b
     """What the cost model prices one micro-batch's ``embed``, ``block`` and ``head`` at on the first
     rank of ``plan`` (seconds fwd, bwd, and the source), as ``rank.rank_cost`` composes them:
     the layer profile where it applies, else the compute module's kernel or datasheet model."""
-    from autotune.cost import memory as M
+    from autotune.cost import activations as M
     from autotune.cost.compute import head_compute, layer_compute
-    from autotune.cost.context import step_context, tp_groups
+    from autotune.cost.steps import step_context, tp_groups
 
     s = step_context(plan, model, cluster, seq_len, global_batch, None)
     ctx = tp_groups(s)[0][2]

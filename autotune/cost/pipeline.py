@@ -125,12 +125,16 @@ def simulate(schedule: Schedule | str, p: int, v: int, m: int, fwd: tuple[float,
              p2p: tuple[float, ...], wgt: tuple[float, ...] | None = None) -> Any:
     """Run the schedule; ``fwd``/``bwd`` (and ``wgt``, the weight-gradient part of ``bwd``, needed by
     schedules that split the backward) have p*v entries, ``p2p`` p*v - 1 (seconds)."""
-    return as_schedule(schedule).simulate(p, v, m, fwd, bwd, p2p, wgt)
+    sched = as_schedule(schedule)
+    if not sched.chain:
+        raise NotImplementedError(f"{sched.name} prices itself from each rank's operation times and the link "
+                                  "matrix (autotune/cost/helixpipe.py): its data flow is no chain of stages")
+    return simulate_chain(sched, p, v, m, fwd, bwd, p2p, wgt)
 
 
 def simulate_chain(sched: Schedule, p: int, v: int, m: int, fwd: tuple[float, ...], bwd: tuple[float, ...],
                    p2p: tuple[float, ...], wgt: tuple[float, ...] | None = None) -> Simulation:
-    """The chain of model chunks run in ``sched.op_order`` (the default ``Schedule.simulate``).
+    """The chain of model chunks run in ``sched.op_order`` (every schedule whose ``chain`` is True).
 
     Longer than a screen on purpose: it is the estimate's inner loop (every operation of every
     micro-batch on every rank), kept as one loop over local variables rather than a call per

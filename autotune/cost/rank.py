@@ -137,8 +137,11 @@ def rank_cost(ctx: RankContext) -> RankCost:
     lc = layer_compute(s.model, ctx.rates, tokens=ctx.tokens_local, tp=s.tp, heads_local=ctx.heads,
                        keysum=ctx.keysum, block_seq=ctx.tokens, blocks=ctx.ring, micro_batch=s.mbs,
                        act_bytes=full - scores)
-    # measured layers first (cost/layers.py), then the kernel curves / datasheet of compute.py
-    blk, hd, emb = LY.piece(ctx, "block"), LY.piece(ctx, "head"), LY.piece(ctx, "embed")
+    # measured layers first (cost/layers.py), then the kernel curves / datasheet of compute.py, on the
+    # profile's scale where the device has one that cannot price this rank's block (a cp/hp shard)
+    blk = LY.piece(ctx, "block") or LY.reconciled_block(ctx, lc)
+    hd = LY.piece(ctx, "head") or LY.shard_piece(ctx, "head")
+    emb = LY.piece(ctx, "embed") or LY.shard_piece(ctx, "embed")
     if blk is not None:
         lc = LY.measured_block(lc, blk)
     b = block_times(ctx, lc)
@@ -150,6 +153,7 @@ def rank_cost(ctx: RankContext) -> RankCost:
     pp_sends = PP.sends_per_microbatch(ctx, p2ps)
     overl, fixed = DP.grad_sync(ctx, b.comp_f, b.comp_b)
     dp_raw = DP.step_comm(ctx)
+    kept, full = M.measured_activations(ctx, kept, full, scores)
     total, terms = M.rank_memory(ctx, kept, full)
     m_d = ctx.microbatches
     return RankCost(

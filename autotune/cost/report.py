@@ -133,11 +133,34 @@ def breakdown(s: StepContext, groups: list, sims: list, stages: list, rows: list
         "throughput_source": sorted(f"{sp_.name}: {cached_rates(sp_, s.dtype, hd).source}" for sp_ in specs.values()),
         # what priced each compute term per device type: a layer profile, else the kernel curves or
         # the datasheet (autotune/cost/layers.py)
-        "compute_source": {sp_.name: LY.sources(sp_, s.model, s.dtype, s.mbs, s.seq_len, s.tp, s.cp > 1 or s.hp > 1,
-                                                cached_rates(sp_, s.dtype, hd).source)
-                           for sp_ in specs.values()},
+        "compute_source": _compute_sources(groups),
+        **_activation_sources(groups),
+        **({"notes": notes} if (notes := LY.precision_notes(s.cluster, s.model, s.dtype)) else {}),
         "timeline": None,
     }
+
+
+def _compute_sources(groups: list) -> dict[str, dict[str, str]]:
+    """What priced each compute term per device type (its first tp group, as ``rank.rank_cost``
+    priced it)."""
+    out: dict[str, dict[str, str]] = {}
+    for _, _, ctx, _ in groups:
+        if ctx.spec.name not in out:
+            out[ctx.spec.name] = LY.rank_sources(ctx)
+    return out
+
+
+def _activation_sources(groups: list) -> dict[str, Any]:
+    """``{"activation_source": {device: how}}`` where a layer profile measured the activation bytes
+    (``memory.measured_activations``); nothing otherwise (every other estimate's breakdown keeps its
+    keys)."""
+    out: dict[str, str] = {}
+    for _, _, ctx, _ in groups:
+        if ctx.spec.name not in out:
+            got = LY.activation_scale(ctx)
+            if got is not None:
+                out[ctx.spec.name] = got[1]
+    return {"activation_source": out} if out else {}
 
 
 def timeline(s: StepContext, groups: list, sims: list, per_rep_stage: dict, exposed_of: dict) -> list[dict]:

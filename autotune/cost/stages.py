@@ -30,6 +30,7 @@ from autotune import stages as ST
 from autotune.cost import comm as C
 from autotune.cost import data_parallel as DP
 from autotune.cost import ulysses as U
+from autotune.cost.collectives import collectives_for
 from autotune.cost.compute import DTYPE_BYTES, causal_keys
 from autotune.schedules import schedule_of
 
@@ -105,7 +106,7 @@ def staged_tp_groups(s: Any) -> list[tuple[int, int, Any]]:
             tok = s.mbs * s.seq_len
             ctx = contexts[key] = RankContext(
                 step=step, coords=MappingProxyType({"pp": st, "dp": r, "cp": 0, "hp": 0, "tp": 0}), spec=spec,
-                rates=cached_rates(spec, s.dtype, s.model.head_dim), collectives=C.collectives_for(spec),
+                rates=cached_rates(spec, s.dtype, s.model.head_dim), collectives=collectives_for(spec),
                 cf=float(cal.get("compute", 1.0)), mf=float(cal.get("comm", 1.0)), links=links, tokens=s.seq_len,
                 heads=s.model.heads // t, microbatches=m_d, layers=tuple(rp.shares.layers[j] for j in s.chunks[st]),
                 params=params, layer_params=layer_params, rest_params=rest, keysum=s.keysums[0], ring=None,

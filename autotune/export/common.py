@@ -47,6 +47,8 @@ class ExportContext:
     cluster_digest: str = ""
     cluster_assumed: bool = False
     """True when no cluster was given and ``local:WORLD`` stands in (provenance says so)."""
+    left_out: tuple[str, ...] = ()
+    """For a pool search's chosen plan: why each left-out node group pays (autotune/search/pool.py)."""
 
 
 @dataclass(frozen=True)
@@ -325,6 +327,8 @@ def provenance(record: PlanRecord, ctx: ExportContext) -> dict[str, Any]:
         "source": ctx.source,
         "measured": record.measured is not None,
     }
+    if ctx.left_out:
+        prov["left_out"] = list(ctx.left_out)
     if prev:
         prov["previous"] = {k: v for k, v in prev.items() if k != "previous"}
     return prov

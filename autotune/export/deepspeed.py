@@ -34,6 +34,7 @@ from autotune.export.common import (
     provenance,
     with_even,
 )
+from autotune.export.stages import staged_candidates, staged_reasons
 from autotune.plan import Plan, even_split
 from autotune.plan_record import PlanRecord
 from autotune.schedules import schedule_of
@@ -54,6 +55,8 @@ def uniform_parts(layers: int, pp: int) -> list[int]:
 
 
 def reasons(plan: Plan, ctx: ExportContext) -> list[str]:
+    if plan.stages is not None:  # per-stage degrees: autotune/export/stages.py
+        return staged_reasons(plan, ctx, NAME, reasons)
     d = plan.degrees
     r = Collected(even_share_reasons(plan, NAME, ("tokens", "heads", "samples"), WHY))
     r.add(d.cp > 1, f"cp({d.cp}): DeepSpeed has no ring (context-parallel) attention; its sequence parallelism "
@@ -77,6 +80,8 @@ def reasons(plan: Plan, ctx: ExportContext) -> list[str]:
 
 
 def candidates(plan: Plan, ctx: ExportContext) -> list[Plan]:
+    if plan.stages is not None:
+        return [q for c in staged_candidates(plan, ctx) for q in (c, *candidates(c, ctx))]
     d = plan.degrees
     base = even_everything(plan).replace(
         schedule="1f1b", virtual_stages=1, helix_folds=1,

@@ -98,7 +98,8 @@ def from_study(name: str, storage: str, cluster_opt: str | None,
 
     ctx = ExportContext(model=model, cluster=cluster, seq_len=ua["seq_len"], global_batch=ua["global_batch"],
                         study=name, trial=t.number, storage=storage, source=f"study {name}",
-                        calibration=calibration_for(ua, plan), cluster_digest=digest or cluster.digest)
+                        calibration=calibration_for(ua, plan), cluster_digest=digest or cluster.digest,
+                        left_out=tuple(ua.get("left_out") or ()) if ua.get("left_out_trial") == t.number else ())
     return record, ctx
 
 

@@ -36,6 +36,7 @@ from autotune.export.common import (
     provenance,
     with_even,
 )
+from autotune.export.stages import staged_candidates, staged_reasons
 from autotune.plan import Plan
 from autotune.plan_record import PlanRecord
 from autotune.schedules import schedule_of
@@ -52,6 +53,8 @@ WHY = {
 
 
 def reasons(plan: Plan, ctx: ExportContext) -> list[str]:
+    if plan.stages is not None:  # per-stage degrees: autotune/export/stages.py
+        return staged_reasons(plan, ctx, NAME, reasons)
     d = plan.degrees
     r = Collected(even_share_reasons(plan, NAME, ("tokens", "heads", "samples"), WHY))
     r.add(d.hp > 1, f"hp({d.hp}): torchtitan has no Ulysses (all-to-all head) parallelism; its context "
@@ -74,6 +77,8 @@ def reasons(plan: Plan, ctx: ExportContext) -> list[str]:
 
 
 def candidates(plan: Plan, ctx: ExportContext) -> list[Plan]:
+    if plan.stages is not None:
+        return [q for c in staged_candidates(plan, ctx) for q in (c, *candidates(c, ctx))]
     d = plan.degrees
     zero = plan.zero_stage
     if zero == 1:

@@ -11,7 +11,8 @@ document, so a document's attention is the same at any offset (up to rounding): 
 masked window is the token-weighted mean of its documents' losses run one by one, which
 ``tests/unit/test_documents.py`` checks. Llama 3 also keeps positions running (its paper: "an
 attention mask that prevents self-attention between different documents within the same
-sequence"); a model with learned absolute positions would need them restarted.
+sequence"). A learned absolute position table is indexed from 0 at every document start instead
+(``model.positions_in_documents``), so the same holds for it.
 
 Every attention path runs one fused causal kernel per document piece (a loop over documents), so
 the work really is the sum of squared document lengths that ``autotune/cost/documents.py`` prices.
@@ -78,9 +79,11 @@ def doc_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: Docs)
     """Masked causal attention of whole windows: q/k/v ``[B, H, S, D]`` (kv already expanded to the
     query heads). One causal SDPA per document piece; autograd goes through the slices."""
     rows = []
-    for b, row in enumerate(docs):
-        parts = [F.scaled_dot_product_attention(q[b:b + 1, :, s:e], k[b:b + 1, :, s:e], v[b:b + 1, :, s:e],
-                                                is_causal=True) for s, e in doc_starts(row)]
+    # split, not slices: a split's backward concatenates the pieces' gradients once, where every
+    # slice's backward would write its gradient into a zero tensor of the whole window
+    for row, qb, kb, vb in zip(docs, q.split(1), k.split(1), v.split(1), strict=True):
+        parts = [F.scaled_dot_product_attention(qd, kd, vd, is_causal=True)
+                 for qd, kd, vd in zip(qb.split(row, dim=2), kb.split(row, dim=2), vb.split(row, dim=2), strict=True)]
         rows.append(torch.cat(parts, dim=2))
     return torch.cat(rows, dim=0)
 

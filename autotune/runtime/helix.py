@@ -2,14 +2,15 @@
 
 Placement and order come from ``autotune.schedules.helixpipe`` (``rank_order``, ``chain_rank``): this
 module only executes them. Each pipeline rank builds the parameter blocks it holds out of the
-runtime's own model pieces (``RMSNorm``, ``MLP``, the column/row-parallel linears, the vocabulary-
-parallel embedding and loss of ``autotune/runtime/model.py``) under the single-process model's
-parameter names, so ``init_weights`` draws identical numbers and final weights compare name by name.
+runtime's own model pieces (the spec's norm, ``MLP``, the column/row-parallel linears, the
+vocabulary-parallel embedding, the learned position table and loss of ``autotune/runtime/model.py``)
+under the single-process model's parameter names, so ``init_weights`` draws identical numbers and
+final weights compare name by name.
 
 Hops (``--transfer-weight``, as the HelixPipe fork): a block sends its residual, its LN1 output and
-its layer's QKV weights (this tp rank's shard) to the attention's rank; the attention runs the QKV
-projection there, rotary and causal attention, and sends the residual and the attention output to
-the next block. Backward carries the gradients of the same tensors back (the QKV weight gradient
+its layer's QKV weights (this tp rank's shard; with linear biases each row carries its bias as one
+more column) to the attention's rank; the attention runs the QKV projection there, rotary (under
+rope) and causal attention, and sends the residual and the attention output to the next block. Backward carries the gradients of the same tensors back (the QKV weight gradient
 returns to the block that owns the weights and flows into its parameters through ``torch.cat``).
 
 Recomputation (``recompute="full"`` under helixpipe, the fork's ``--checkpoint-without-attn``): every
@@ -41,13 +42,17 @@ from autotune.runtime.mesh import Mesh
 from autotune.runtime.model import (
     MLP,
     Layout,
-    RMSNorm,
+    PositionEmbedding,
     apply_rotary,
     attention_core,
     build_on_meta,
+    hidden_positions,
     init_weights,
+    make_norm,
+    positions_in_documents,
     rotary,
     shard_info,
+    tp_replicated,
 )
 from autotune.runtime.tensor import (
     ColumnParallelLinear,
@@ -82,52 +87,67 @@ class HelixRankModel(nn.Module):
                 self.layers[str(i)].attn = _Part()
             return self.layers[str(i)]
 
+        self.rope, self.bias = spec.position == "rope", spec.bias
         for j in blocks:
             if j == 0:
                 self.embed = VocabParallelEmbedding(spec.vocab, h, tp, sp)
+                if not self.rope:
+                    self.pos_embed = PositionEmbedding(spec.max_positions, h)
             if j >= 1:  # PostAttn(j - 1)
                 q = part(j - 1)
-                q.attn.wo = RowParallelLinear(spec.heads * d, h, tp, sp)
-                q.mlp_norm = RMSNorm(h)
+                q.attn.wo = RowParallelLinear(spec.heads * d, h, tp, sp, bias=spec.bias)
+                q.mlp_norm = make_norm(spec)
                 q.mlp = MLP(spec, layout)
             if j < L:  # PreAttn(j): its norm and the QKV weights it ships to the attention
                 q = part(j)
-                q.attn_norm = RMSNorm(h)
-                q.attn.wq = ColumnParallelLinear(h, spec.heads * d, tp, sp, gather_input=False)
-                q.attn.wk = ColumnParallelLinear(h, spec.kv_heads * d, tp, sp, gather_input=False)
-                q.attn.wv = ColumnParallelLinear(h, spec.kv_heads * d, tp, sp, gather_input=False)
+                q.attn_norm = make_norm(spec)
+                q.attn.wq = ColumnParallelLinear(h, spec.heads * d, tp, sp, gather_input=False, bias=spec.bias)
+                q.attn.wk = ColumnParallelLinear(h, spec.kv_heads * d, tp, sp, gather_input=False, bias=spec.bias)
+                q.attn.wv = ColumnParallelLinear(h, spec.kv_heads * d, tp, sp, gather_input=False, bias=spec.bias)
             if j == L:
-                self.norm = RMSNorm(h)
+                self.norm = make_norm(spec)
                 if not spec.tied_embeddings:
                     self.head = ColumnParallelLinear(h, spec.vocab, tp, sp)
                 self.vocab_start = tp.index * (spec.vocab // tp.size)
         self.seq_len = seq_len
-        self.register_buffer("cos", torch.empty(seq_len, d), persistent=False)
-        self.register_buffer("sin", torch.empty(seq_len, d), persistent=False)
+        self.register_buffer("cos", torch.empty(seq_len, d if self.rope else 0), persistent=False)
+        self.register_buffer("sin", torch.empty(seq_len, d if self.rope else 0), persistent=False)
+        self.register_buffer("pos_ids", torch.zeros(0, dtype=torch.long), persistent=False)
         self.reset_buffers()
 
     def reset_buffers(self) -> None:
-        """Rotary tables at global positions 0..S-1 (after a meta build, on the model's device)."""
+        """Rotary tables at global positions 0..S-1, or the position ids of this rank's hidden
+        states for the learned table (after a meta build, on the model's device)."""
         device = self.cos.device
         if device.type == "meta":
             return
-        cos, sin = rotary(torch.arange(self.seq_len, device=device), self.head_dim, torch.float32)
-        self.cos, self.sin = cos, sin
+        if self.rope:
+            cos, sin = rotary(torch.arange(self.seq_len, device=device), self.head_dim, torch.float32)
+            self.cos, self.sin = cos, sin
+        elif 0 in self.blocks:
+            self.pos_ids = hidden_positions(self.layout, self.seq_len, device)
 
     # ---- the two kinds of operation -------------------------------------------------------------
     def block(self, j: int, x: torch.Tensor | None, o: torch.Tensor | None, tokens: torch.Tensor | None,
-              target: torch.Tensor | None, total_tokens: int) -> tuple[torch.Tensor, ...]:
-        """Block ``j``: (residual, LN1 output, QKV weights) for the attention, or (loss,) at j = L."""
+              target: torch.Tensor | None, total_tokens: int, docs: Any = None) -> tuple[torch.Tensor, ...]:
+        """Block ``j``: (residual, LN1 output, QKV weights) for the attention, or (loss,) at j = L
+        (``docs``: the micro-batch's documents, where a learned position table restarts)."""
         L, tp, sp = self.spec.layers, self.layout.tp, self.layout.sp
         if j == 0:
             x = self.embed(tokens)
+            if not self.rope:  # after the embedding's reduction, on this rank's tokens
+                pos = self.pos_ids if docs is None else positions_in_documents(self.pos_ids, docs)
+                x = x + self.pos_embed(pos).to(x.dtype)
         else:
             q = self.layers[str(j - 1)]
             x = x + q.attn.wo(o)
             x = x + q.mlp(q.mlp_norm(x))
         if j < L:
             q = self.layers[str(j)]
-            w = torch.cat([q.attn.wq.weight, q.attn.wk.weight, q.attn.wv.weight], dim=0)
+            a = q.attn
+            w = torch.cat([a.wq.weight, a.wk.weight, a.wv.weight], dim=0)
+            if self.bias:  # each row's bias as one more column: one message, one gradient
+                w = torch.cat([w, torch.cat([a.wq.bias, a.wk.bias, a.wv.bias])[:, None]], dim=1)
             return x, q.attn_norm(x), w
         x = self.norm(x)
         if self.spec.tied_embeddings:
@@ -138,14 +158,19 @@ class HelixRankModel(nn.Module):
         return (loss,)
 
     def qkv(self, n: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The QKV projection with the shipped weights, then rotary: q ``[B, Hq, S, D]``, k, v."""
+        """The QKV projection with the shipped weights (and biases), then rotary under rope:
+        q ``[B, Hq, S, D]``, k, v."""
         nf = enter_parallel(n, self.layout.tp, self.layout.sp)
         b, s, _ = nf.shape
         dq, dkv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        w, bias = (w[:, :-1], w[:, -1]) if self.bias else (w, None)
         wq, wk, wv = w.split([dq, dkv, dkv], dim=0)
-        q = F.linear(nf, wq).view(b, s, self.heads, self.head_dim).transpose(1, 2)
-        k = F.linear(nf, wk).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = F.linear(nf, wv).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        bq, bk, bv = bias.split([dq, dkv, dkv]) if bias is not None else (None, None, None)
+        q = F.linear(nf, wq, bq).view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        k = F.linear(nf, wk, bk).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = F.linear(nf, wv, bv).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        if not self.rope:
+            return q, k, v
         cos, sin = self.cos.to(q.dtype), self.sin.to(q.dtype)
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
 
@@ -334,17 +359,18 @@ class HelixRunner:
         sp = model.layout.sp
         s_h = seq_len // tp.size if sp else seq_len
         qkv_rows = (model.heads + 2 * model.kv_heads) * model.head_dim
-        shapes = {"x": (micro_batch, s_h, spec.hidden), "w": (qkv_rows, spec.hidden),
+        shapes = {"x": (micro_batch, s_h, spec.hidden), "w": (qkv_rows, spec.hidden + int(spec.bias)),
                   "o": (micro_batch, seq_len, model.heads * model.head_dim)}
         self.mail = Mailbox(plan, mesh, spec, n_micro, shapes, dtype, wait)
         self.order = H.rank_order(self.p, self.L, n_micro, self.F, self.me, self.shares)
         self.docs_mb: list[Any] | None = None
         """Each micro-batch's document pieces (``runtime.documents``); None: no document masks."""
 
-    def _block(self, j, x, o, tokens, target):
+    def _block(self, j, x, o, tokens, target, docs=None):
         if self.keep:  # checkpointed: only the inputs are kept
-            return checkpoint(self.model.block, j, x, o, tokens, target, self.total_tokens, use_reentrant=False)
-        return self.model.block(j, x, o, tokens, target, self.total_tokens)
+            return checkpoint(self.model.block, j, x, o, tokens, target, self.total_tokens, docs,
+                              use_reentrant=False)
+        return self.model.block(j, x, o, tokens, target, self.total_tokens, docs)
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor | None) -> float:
         p, L, F_, sh = self.p, self.L, self.F, self.shares
@@ -365,7 +391,8 @@ class HelixRunner:
                     if k % 2 == 0:
                         j = k // 2
                         x, o = (ins[0], ins[1]) if ins else (None, None)
-                        outs = self._block(j, x, o, xs[mb] if j == 0 else None, ys[mb] if j == L else None)
+                        docs = None if self.docs_mb is None or j else self.docs_mb[mb]  # positions restart
+                        outs = self._block(j, x, o, xs[mb] if j == 0 else None, ys[mb] if j == L else None, docs)
                     else:
                         x, n, w = ins
                         docs = None if self.docs_mb is None else self.docs_mb[mb]
@@ -419,8 +446,9 @@ class HelixTrainer:
     def __init__(self, plan: Plan, spec: ModelSpec, mesh: Mesh, seq_len: int, global_batch: int, seed: int,
                  data: dict[str, Any] | None = None, documents: dict[str, Any] | None = None):
         from autotune.runtime.documents import DocumentFeed
+        from autotune.runtime.measure import clock
         from autotune.runtime.optimizer import TrainOptimizer
-        from autotune.runtime.worker import DTYPES, clock
+        from autotune.runtime.precision import TORCH_DTYPES as DTYPES
 
         problems = runtime_problems(plan, spec)
         if problems:
@@ -436,8 +464,8 @@ class HelixTrainer:
         layout = Layout(tp=tp, sp=self.sp, recompute="none")
         self.model = build_model(spec, plan, mesh, layout, seq_len, seed, self.device, self.dtype)
         self.params = list(self.model.parameters())
-        norms = {id(p) for mod in self.model.modules() if isinstance(mod, RMSNorm)
-                 for p in mod.parameters()} if self.sp else set()
+        # under sequence parallelism: the parameters every tp rank holds whole (model.tp_replicated)
+        norms = tp_replicated([self.model]) if self.sp else set()
         clk = clock()
         # mixed precision and the tp sum of the sequence-parallel norms' gradients: the optimizer's
         self.opt = TrainOptimizer(self.params, mesh.grad, plan.zero_stage, overlap=False, wait_clock=clk.timed_call,
@@ -451,7 +479,7 @@ class HelixTrainer:
 
     def step(self, step_index: int) -> float:
         from autotune.runtime.documents import replica_step
-        from autotune.runtime.worker import clock
+        from autotune.runtime.measure import clock
 
         # every attention rank needs the documents of the micro-batches it attends to
         inputs, targets, self.runner.docs_mb = replica_step(self.feed, self.data, step_index, self.plan,
@@ -493,8 +521,8 @@ def runtime_problems(plan: Plan, spec: ModelSpec) -> list[str]:
 def helix_plans_job(payload: dict[str, Any], rank: int, world: int, device: torch.device) -> list[dict[str, Any]]:
     """Launcher target: many helixpipe plans in one launch (fresh groups each); per plan the global
     mean loss of every step and the final weights (the equivalence tests)."""
+    from autotune.runtime.measure import install_comm_timing
     from autotune.runtime.mesh import build_mesh
-    from autotune.runtime.worker import install_comm_timing
     from autotune.specs.model import model_from_dict
 
     install_comm_timing()

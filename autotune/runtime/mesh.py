@@ -43,6 +43,8 @@ class Mesh:
     grad: Axis | None = None
     """Ranks holding the same parameter shard (same pp and tp coordinate): dp x cp x hp. Gradients
     are SUM-reduced over it because every one of them saw different tokens."""
+    timeout_s: float | None = None
+    """The groups' timeout (for groups made later with the same one, e.g. ``runtime/tied.py``)."""
 
     def __getitem__(self, dim: str) -> Axis:
         return self.axes[dim]
@@ -72,7 +74,7 @@ def build_mesh(plan: Plan, rank: int, device: torch.device, timeout_s: float | N
     """Create every group of ``plan`` (collective over the default group: all ranks must call it)."""
     if plan.world != dist.get_world_size():
         raise RuntimeError(f"plan world {plan.world} != process group world {dist.get_world_size()}")
-    mesh = Mesh(plan=plan, rank=rank, device=device)
+    mesh = Mesh(plan=plan, rank=rank, device=device, timeout_s=timeout_s)
     coords = plan.coords(rank)
     for dim in MESH_ORDER:
         size = getattr(plan.degrees, dim)

@@ -1,8 +1,15 @@
-"""A Llama-style decoder built from a ModelSpec, split by the plan's layout (tp, sp, cp/hp, pp).
+"""The decoder a ModelSpec describes, split by the plan's layout (tp, sp, cp/hp, pp).
 
-RMSNorm (Zhang & Sennrich 2019), rotary embeddings (Su et al. 2021, rotate-half form as in Llama)
-applied at each token's *global* position, GQA attention through ``scaled_dot_product_attention``
-(or the CP/HP ``sharded_attention``), SwiGLU MLP (Shazeer 2020), LM head and cross-entropy.
+Every architecture the spec accepts is built: RMSNorm (Zhang & Sennrich 2019) or LayerNorm (Ba et
+al. 2016, weight and bias), rotary embeddings (Su et al. 2021, rotate-half form as in Llama) or a
+learned absolute position table (GPT-2, OPT), both at each token's *global* position; GQA
+attention through ``scaled_dot_product_attention`` (or the CP/HP ``sharded_attention``); a SwiGLU
+(Shazeer 2020) or GELU MLP; linear layers with or without biases; an LM head of its own or tied to
+the embedding; cross-entropy.
+
+Which parameters every tp rank holds whole (norms, row-parallel biases, the position table) is
+what ``tp_replicated`` says: they act on a rank's own tokens under sequence parallelism, so their
+gradients are summed over tp there (and are identical on every tp rank without it).
 
 Every layout builds the same weights, and each rank builds only its own shard: the modules are made
 on the ``meta`` device (no storage), then ``materialize`` allocates them on the rank's device and
@@ -30,6 +37,7 @@ from autotune.runtime.tensor import (
     RowParallelLinear,
     VocabParallelEmbedding,
     enter_parallel,
+    param_shard,
     vocab_parallel_cross_entropy,
 )
 from autotune.specs.model import ModelSpec
@@ -49,7 +57,8 @@ class Layout:
     attn_ctx: Any = None
     """AttentionContext for cp/hp (None: plain causal SDPA over the whole sequence)."""
     positions: torch.Tensor | None = None
-    """Global positions of this rank's tokens (LongTensor [S_local]); None: 0..S-1."""
+    """Global positions of this rank's tokens (LongTensor [S_local]; the CP shard, zigzag segments
+    included, and the HP slice); None: 0..S-1."""
     recompute: str = "none"
 
 
@@ -66,6 +75,66 @@ class RMSNorm(nn.Module):
         xf = x.float()
         y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + NORM_EPS)
         return (y * self.weight.float()).to(x.dtype)
+
+
+class LayerNorm(nn.Module):
+    """Ba et al. 2016, computed in fp32 as ``RMSNorm`` is (the weight starts at ones)."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.layer_norm(x.float(), x.shape[-1:], self.weight.float(), self.bias.float(), NORM_EPS)
+        return y.to(x.dtype)
+
+
+NORMS = {"rmsnorm": RMSNorm, "layernorm": LayerNorm}
+"""The spec's ``norm`` -> the module built (``specs.model.NORMS`` lists the same names)."""
+
+
+def make_norm(spec: ModelSpec) -> nn.Module:
+    return NORMS[spec.norm](spec.hidden)
+
+
+class PositionEmbedding(nn.Module):
+    """Learned absolute positions (GPT-2, OPT): a ``max_positions x hidden`` table, whole on every tp
+    rank (Megatron keeps it unsplit too), added to the token embedding at each token's global
+    position. It lives with the embedding, on the first pipeline stage."""
+
+    def __init__(self, max_positions: int, hidden: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(max_positions, hidden))
+
+    def forward(self, positions: torch.Tensor) -> torch.Tensor:
+        return F.embedding(positions, self.weight)
+
+
+def hidden_positions(layout: Layout, seq_len: int, device: torch.device | None = None) -> torch.Tensor:
+    """Global positions of the tokens of this rank's hidden states: the layout's (CP/HP) positions,
+    or 0..S-1, then this tp rank's contiguous part of them under sequence parallelism (the split
+    ``ReduceScatterToSP`` makes)."""
+    pos = layout.positions if layout.positions is not None else torch.arange(seq_len)
+    pos = pos.to(device) if device is not None else pos
+    if layout.sp and layout.tp.size > 1:
+        n = pos.numel() // layout.tp.size
+        pos = pos[layout.tp.index * n:(layout.tp.index + 1) * n]
+    return pos
+
+
+def positions_in_documents(positions: torch.Tensor, docs: Any) -> torch.Tensor:
+    """Global positions ``[S]`` -> ``[B, S]`` positions within each row's document (``docs``: per
+    row the document lengths, ``runtime/documents.py``). Under document masks a learned position
+    table is indexed from 0 at every document start, as the document would be alone; rotary needs no
+    restart (a masked score depends on the position difference only)."""
+    out = []
+    for row in docs:
+        lengths = torch.tensor(row, device=positions.device)
+        ends = lengths.cumsum(0)
+        doc = torch.searchsorted(ends, positions, right=True)  # the document holding each position
+        out.append(positions - (ends - lengths)[doc])
+    return torch.stack(out)
 
 
 def rotary(positions: torch.Tensor, head_dim: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -109,18 +178,23 @@ class Attention(nn.Module):
         self.layout, self.head_dim = layout, d
         self.heads = spec.heads // tp.size
         self.kv_heads = spec.kv_heads // tp.size
-        self.wq = ColumnParallelLinear(h, spec.heads * d, tp, sp, gather_input=False)
-        self.wk = ColumnParallelLinear(h, spec.kv_heads * d, tp, sp, gather_input=False)
-        self.wv = ColumnParallelLinear(h, spec.kv_heads * d, tp, sp, gather_input=False)
-        self.wo = RowParallelLinear(spec.heads * d, h, tp, sp)
+        bias = spec.bias
+        self.wq = ColumnParallelLinear(h, spec.heads * d, tp, sp, gather_input=False, bias=bias)
+        self.wk = ColumnParallelLinear(h, spec.kv_heads * d, tp, sp, gather_input=False, bias=bias)
+        self.wv = ColumnParallelLinear(h, spec.kv_heads * d, tp, sp, gather_input=False, bias=bias)
+        self.wo = RowParallelLinear(spec.heads * d, h, tp, sp, bias=bias)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, docs: Any = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None,
+                docs: Any = None) -> torch.Tensor:
+        """``cos``/``sin``: the rotary tables, None under learned positions (added at the embedding);
+        ``docs``: the document lengths of the micro-batch (masks at document boundaries), or None."""
         x = enter_parallel(x, self.layout.tp, self.layout.sp)  # one f for q, k and v
         b, s, _ = x.shape
         q = self.wq(x).view(b, s, self.heads, self.head_dim).transpose(1, 2)
         k = self.wk(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.wv(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if cos is not None:
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if self.layout.recompute == "selective":  # Korthikanti et al.: recompute the attention core only
             o = checkpoint(attention_core, q, k, v, self.layout.attn_ctx, docs, use_reentrant=False)
         else:
@@ -136,10 +210,10 @@ class MLP(nn.Module):
         tp, sp = layout.tp, layout.sp
         self.layout = layout
         self.swiglu = spec.activation == "swiglu"
-        self.w1 = ColumnParallelLinear(h, f, tp, sp, gather_input=False)
+        self.w1 = ColumnParallelLinear(h, f, tp, sp, gather_input=False, bias=spec.bias)
         if self.swiglu:
-            self.w3 = ColumnParallelLinear(h, f, tp, sp, gather_input=False)
-        self.w2 = RowParallelLinear(f, h, tp, sp)
+            self.w3 = ColumnParallelLinear(h, f, tp, sp, gather_input=False, bias=spec.bias)
+        self.w2 = RowParallelLinear(f, h, tp, sp, bias=spec.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = enter_parallel(x, self.layout.tp, self.layout.sp)
@@ -151,9 +225,9 @@ class Block(nn.Module):
     def __init__(self, spec: ModelSpec, layout: Layout):
         super().__init__()
         self.layout = layout
-        self.attn_norm = RMSNorm(spec.hidden)
+        self.attn_norm = make_norm(spec)
         self.attn = Attention(spec, layout)
-        self.mlp_norm = RMSNorm(spec.hidden)
+        self.mlp_norm = make_norm(spec)
         self.mlp = MLP(spec, layout)
 
     def _forward(self, x, cos, sin, docs=None):
@@ -167,30 +241,42 @@ class Block(nn.Module):
 
 
 class StageModel(nn.Module):
-    """The layers ``layer_ids`` of the decoder, with the embedding if ``first`` and the final norm and
-    LM head if ``last``. Input: token ids ``[B, S_local]`` (first) or hidden ``[B, S_local/sp, H]``;
-    output: hidden, or vocabulary-parallel logits ``[B, S_local, V/tp]`` (last)."""
+    """The layers ``layer_ids`` of the decoder, with the embedding (and the learned position table)
+    if ``first`` and the final norm and LM head if ``last``. Input: token ids ``[B, S_local]``
+    (first) or hidden ``[B, S_local/sp, H]``; output: hidden, or vocabulary-parallel logits
+    ``[B, S_local, V/tp]`` (last).
+
+    Tied embeddings on a last stage that is not the first: the stage holds its own copy of the
+    embedding (``embed.weight``, drawn from the same numbers) as the LM head, and the copies'
+    gradients are summed across the stages holding them before every step (Megatron's embedding
+    group; ``runtime/tied.py``), so they stay one weight."""
 
     def __init__(self, spec: ModelSpec, layout: Layout, layer_ids: list[int], first: bool, last: bool,
                  seq_len: int):
         super().__init__()
         self.spec, self.layout, self.first, self.last = spec, layout, first, last
+        self.rope = spec.position == "rope"
         tp, sp = layout.tp, layout.sp
-        if first:
+        if first or (last and spec.tied_embeddings):
             self.embed = VocabParallelEmbedding(spec.vocab, spec.hidden, tp, sp)
+        if first and not self.rope:
+            self.pos_embed = PositionEmbedding(spec.max_positions, spec.hidden)
         self.layers = nn.ModuleDict({str(i): Block(spec, layout) for i in layer_ids})
         if last:
-            self.norm = RMSNorm(spec.hidden)
+            self.norm = make_norm(spec)
             if not spec.tied_embeddings:
-                self.head = ColumnParallelLinear(spec.hidden, spec.vocab, tp, sp)
+                self.head = ColumnParallelLinear(spec.hidden, spec.vocab, tp, sp, bias=False)
             self.vocab_start = tp.index * (spec.vocab // tp.size)
         self.seq_len = seq_len
         self.docs: Any = None
         """The document lengths of the micro-batch the next ``forward`` runs (``documents.Docs``), set
         by the trainer before each forward (pipeline: by micro-batch id); None: no document masks."""
-        cos, sin = self._rotary_tables(None)
-        self.register_buffer("cos", cos, persistent=False)
-        self.register_buffer("sin", sin, persistent=False)
+        if self.rope:
+            cos, sin = self._rotary_tables(None)
+            self.register_buffer("cos", cos, persistent=False)
+            self.register_buffer("sin", sin, persistent=False)
+        elif first:  # the global positions of this rank's hidden states, for the table
+            self.register_buffer("pos_ids", hidden_positions(layout, seq_len), persistent=False)
 
     def _rotary_tables(self, device: torch.device | None) -> tuple[torch.Tensor, torch.Tensor]:
         positions = self.layout.positions
@@ -201,17 +287,24 @@ class StageModel(nn.Module):
         return rotary(positions, self.spec.head_dim, torch.float32)
 
     def reset_buffers(self) -> None:
-        """Recompute the rotary tables on the parameters' device (after ``to_empty`` from meta),
-        in fp32 then in the buffers' dtype, as the constructor and ``.to(dtype)`` would."""
+        """Recompute the position buffers on the parameters' device (after ``to_empty`` from meta):
+        the rotary tables in fp32 then in the buffers' dtype, as the constructor and ``.to(dtype)``
+        would, or the position ids of the learned table."""
         device = next(self.parameters()).device
-        cos, sin = self._rotary_tables(device)
-        self.cos = cos.to(self.cos.dtype)
-        self.sin = sin.to(self.sin.dtype)
+        if self.rope:
+            cos, sin = self._rotary_tables(device)
+            self.cos = cos.to(self.cos.dtype)
+            self.sin = sin.to(self.sin.dtype)
+        elif self.first:
+            self.pos_ids = hidden_positions(self.layout, self.seq_len, device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.first:
             x = self.embed(x)
-        cos, sin = self.cos.to(x.dtype), self.sin.to(x.dtype)
+            if not self.rope:  # after the embedding's reduction: once, on this rank's tokens
+                pos = self.pos_ids if self.docs is None else positions_in_documents(self.pos_ids, self.docs)
+                x = x + self.pos_embed(pos).to(x.dtype)
+        cos, sin = (self.cos.to(x.dtype), self.sin.to(x.dtype)) if self.rope else (None, None)
         docs = self.docs
         for block in self.layers.values():
             x = block(x, cos, sin, docs)
@@ -229,22 +322,24 @@ class StageModel(nn.Module):
 
 
 def init_weights(model: nn.Module, spec: ModelSpec, seed: int) -> None:
-    """Deterministic init independent of the layout: N(0, 0.02) matrices, ones for norms.
+    """Deterministic init independent of the layout: ones for norm weights, N(0, 0.02) for every
+    other parameter, biases included (drawn rather than zero so that a bias added twice, or once too
+    few, changes the very first loss the parity tests compare).
 
-    A parameter sharded along dim ``d`` (``module.shard = (d, offset)``) is drawn one slice along
-    ``d`` at a time, global slice ``i`` from a generator seeded by (seed, crc32(name), i), on the
-    parameter's device: the rank draws only the slices it holds, and any split of ``d`` yields the
-    same numbers. Whether a parameter is sharded, and along which dim, is fixed by its module type
-    (not by the layout), so the same name is always drawn the same way."""
+    A parameter sharded along dim ``d`` (``tensor.param_shard``: ``(d, offset)``) is drawn one slice
+    along ``d`` at a time, global slice ``i`` from a generator seeded by (seed, crc32(name), i), on
+    the parameter's device: the rank draws only the slices it holds, and any split of ``d`` yields
+    the same numbers. Whether a parameter is sharded, and along which dim, is fixed by its module
+    type (not by the layout), so the same name is always drawn the same way."""
     with torch.no_grad():
         for mname, module in model.named_modules():
             for pname, p in module.named_parameters(recurse=False):
                 name = f"{mname}.{pname}" if mname else pname
-                if isinstance(module, RMSNorm):
+                if isinstance(module, tuple(NORMS.values())) and pname == "weight":
                     p.fill_(1.0)
                     continue
                 base = seed * 1_000_003 + zlib.crc32(name.encode())
-                shard = getattr(module, "shard", None)
+                shard = param_shard(module, pname)
                 if shard is None:
                     g = _generator(p.device, base)
                     p.copy_(torch.empty(p.shape, device=p.device).normal_(0.0, INIT_STD, generator=g))
@@ -284,5 +379,20 @@ def shard_info(model: nn.Module) -> dict[str, tuple[int, int] | None]:
     out: dict[str, tuple[int, int] | None] = {}
     for mname, module in model.named_modules():
         for pname, _ in module.named_parameters(recurse=False):
-            out[f"{mname}.{pname}" if mname else pname] = getattr(module, "shard", None)
+            out[f"{mname}.{pname}" if mname else pname] = param_shard(module, pname)
+    return out
+
+
+def tp_replicated(modules: list[nn.Module]) -> set[int]:
+    """``id``s of the parameters every tp rank holds whole (not split by ``param_shard``): the
+    norms' weights and biases, the row-parallel biases, the learned position table. Under sequence
+    parallelism each tp rank applies them to its own tokens only, so their gradients are partial
+    sums to be added over tp (Korthikanti et al. 2022, section 4.2.2); without it every tp rank
+    computes the same gradient for them."""
+    out: set[int] = set()
+    for m in modules:
+        for module in m.modules():
+            for pname, p in module.named_parameters(recurse=False):
+                if param_shard(module, pname) is None:
+                    out.add(id(p))
     return out

@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from autotune.runtime.mesh import Axis
 from autotune.runtime.precision import REDUCE_DTYPE, LossScale
+from autotune.runtime.tied import reduce_tied
 
 LR = 1e-3
 WEIGHT_DECAY = 0.01
@@ -177,7 +178,8 @@ class OverlappedGradReduce:
 
 
 def _reduce_replicated(grads: list[torch.Tensor], tp_axis: Axis | None) -> None:
-    """Sequence parallelism: the norms of the tp ranks saw different tokens; sum their gradients."""
+    """Sequence parallelism: the parameters every tp rank holds whole (norms, row-parallel biases,
+    the position table: ``model.tp_replicated``) saw different tokens on each; sum their gradients."""
     if not grads or tp_axis is None or tp_axis.group is None:
         return
     flat = _flat(grads)
@@ -188,12 +190,15 @@ def _reduce_replicated(grads: list[torch.Tensor], tp_axis: Axis | None) -> None:
 class TrainOptimizer:
     """Reduce gradients over the gradient group (SUM) and step AdamW (zero_stage 0 or 1).
 
-    ``replicated``: indices of parameters whose gradients are also summed over ``tp_axis``."""
+    ``replicated``: indices of parameters whose gradients are also summed over ``tp_axis``;
+    ``tied``: indices of this rank's copies of a tied embedding, summed with the other holders' over
+    ``tied_axis`` (``runtime/tied.py``)."""
 
     def __init__(self, params: list[torch.nn.Parameter], grad_axis: Axis | None, zero_stage: int = 0,
                  overlap: bool = False, wait_clock=None, *, dtype: str = "fp32",
                  replicated: list[int] | None = None, tp_axis: Axis | None = None,
-                 masters: list[torch.Tensor] | None = None):
+                 masters: list[torch.Tensor] | None = None, tied: list[int] | None = None,
+                 tied_axis: Axis | None = None):
         """``masters``: the fp32 initial values of low-precision ``params`` (default: their values)."""
         if zero_stage not in (0, 1):
             raise ValueError(f"zero_stage {zero_stage} is sharded by ShardedOptimizer, not here")
@@ -201,6 +206,7 @@ class TrainOptimizer:
         self.axis = grad_axis if grad_axis is not None and grad_axis.group is not None else None
         self.zero = zero_stage == 1 and self.axis is not None
         self.replicated, self.tp_axis = list(replicated or []), tp_axis
+        self.tied, self.tied_axis = list(tied or []), tied_axis
         self.loss_scale = LossScale(dtype)
         self.low_precision = any(p.dtype != REDUCE_DTYPE for p in params)
         # fp32: the parameters are their own masters; else fp32 copies own the gradients and the update
@@ -293,6 +299,7 @@ class TrainOptimizer:
         """``step_region``: a context manager timing the optimizer arithmetic as compute."""
         grads = self._full_grads()
         _reduce_replicated([grads[i] for i in self.replicated], self.tp_axis)
+        reduce_tied([grads[i] for i in self.tied], self.tied_axis)
         if self.zero:
             self._zero1_step(grads, step_region)
             return
@@ -370,10 +377,12 @@ class ShardedOptimizer:
 
     def __init__(self, modules: list[torch.nn.Module], params: list[torch.nn.Parameter], *, dtype: str,
                  replicated: list[int] | None = None, tp_axis: Axis | None = None, own_loop: bool = True,
-                 zero_stage: int = 3, gather_per_microbatch: bool = True):
+                 zero_stage: int = 3, gather_per_microbatch: bool = True, tied: list[int] | None = None,
+                 tied_axis: Axis | None = None):
         self.modules, self.params = modules, params
         self.zero_stage, self.gather_per_microbatch = zero_stage, gather_per_microbatch
         self.replicated, self.tp_axis = list(replicated or []), tp_axis
+        self.tied, self.tied_axis = list(tied or []), tied_axis  # on FSDP2's shards (runtime/tied.py)
         self.loss_scale = LossScale(dtype)
         self.own_loop = own_loop
         self.opt = torch.optim.AdamW(params, lr=LR, weight_decay=WEIGHT_DECAY)
@@ -412,6 +421,7 @@ class ShardedOptimizer:
                 p.grad = torch.zeros_like(p)
             local.append(_local(p.grad))
         _reduce_replicated([local[i] for i in self.replicated], self.tp_axis)
+        reduce_tied([local[i] for i in self.tied], self.tied_axis)
         if not self.loss_scale.unscale_and_check(local):
             return
         with step_region() if step_region is not None else nullcontext():

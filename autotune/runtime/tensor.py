@@ -136,34 +136,51 @@ def shard_range(total: int, axis: Axis) -> tuple[int, int]:
     return axis.index * n, (axis.index + 1) * n
 
 
-class ColumnParallelLinear(nn.Module):
-    """``Y_i = X A_i``: weight rows (output features) split over tp; input enters through ``f``."""
+def param_shard(module: nn.Module, name: str) -> tuple[int, int] | None:
+    """(dim, offset) of ``module``'s parameter ``name`` in the full tensor when it is split over tp,
+    None when every tp rank holds it whole. Fixed by the module type, not by the layout: a
+    ``ColumnParallelLinear`` weight is always split along dim 0, also at tp = 1."""
+    return getattr(module, "shards", {}).get(name)
 
-    def __init__(self, in_features: int, out_features: int, axis: Axis, sp: bool, *, gather_input: bool = True):
+
+class ColumnParallelLinear(nn.Module):
+    """``Y_i = X A_i + b_i``: weight rows (output features) split over tp, the bias with them (it
+    belongs to the same output features); input enters through ``f``."""
+
+    def __init__(self, in_features: int, out_features: int, axis: Axis, sp: bool, *, gather_input: bool = True,
+                 bias: bool = False):
         super().__init__()
         self.axis, self.sp, self.gather_input = axis, sp, gather_input
         self.out_start, self.out_end = shard_range(out_features, axis)
         self.weight = nn.Parameter(torch.empty(self.out_end - self.out_start, in_features))
-        self.shard = (0, self.out_start)  # (dim, offset) of this shard in the full weight
+        self.bias = nn.Parameter(torch.empty(self.out_end - self.out_start)) if bias else None
+        # (dim, offset) of each parameter's shard in the full tensor
+        self.shards = {"weight": (0, self.out_start), "bias": (0, self.out_start)}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gather_input:
             x = enter_parallel(x, self.axis, self.sp)
-        return F.linear(x, self.weight)
+        return F.linear(x, self.weight, self.bias)
 
 
 class RowParallelLinear(nn.Module):
-    """``Y = sum_i X_i A_i``: weight columns (input features) split over tp; output leaves through ``g``."""
+    """``Y = sum_i X_i A_i + b``: weight columns (input features) split over tp; output leaves through
+    ``g``. The bias is whole on every rank and added once, after the reduction (Megatron's
+    ``RowParallelLinear``: added before it, the sum would count it tp times); under sequence
+    parallelism each rank adds it to its own tokens, so its gradient is partial and summed over tp
+    like the norms' (``model.tp_replicated``)."""
 
-    def __init__(self, in_features: int, out_features: int, axis: Axis, sp: bool):
+    def __init__(self, in_features: int, out_features: int, axis: Axis, sp: bool, *, bias: bool = False):
         super().__init__()
         self.axis, self.sp = axis, sp
         self.in_start, self.in_end = shard_range(in_features, axis)
         self.weight = nn.Parameter(torch.empty(out_features, self.in_end - self.in_start))
-        self.shard = (1, self.in_start)
+        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+        self.shards = {"weight": (1, self.in_start)}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return leave_parallel(F.linear(x, self.weight), self.axis, self.sp)
+        y = leave_parallel(F.linear(x, self.weight), self.axis, self.sp)
+        return y if self.bias is None else y + self.bias
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -175,7 +192,7 @@ class VocabParallelEmbedding(nn.Module):
         self.axis, self.sp = axis, sp
         self.start, self.end = shard_range(vocab, axis)
         self.weight = nn.Parameter(torch.empty(self.end - self.start, hidden))
-        self.shard = (0, self.start)
+        self.shards = {"weight": (0, self.start)}
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.axis.group is None:

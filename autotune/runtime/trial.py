@@ -61,20 +61,24 @@ def _device_kind(device: str) -> str:
 def check_runtime_support(plan: Plan, spec: ModelSpec) -> None:
     """What this runtime builds (beyond what Plan.resolve already checks); raises PlanError."""
     p, d = [], plan.degrees
-    if spec.bias:
-        p.append(f"model {spec.name}: linear biases are not built by the runtime (bias: true)")
-    if spec.position != "rope":
-        p.append(f"model {spec.name}: the runtime builds rotary positions only (position: {spec.position})")
-    if spec.norm != "rmsnorm":
-        p.append(f"model {spec.name}: the runtime builds RMSNorm only (norm: {spec.norm})")
-    if spec.head_dim % 2:
+    # every norm, position kind, activation and bias the spec accepts is built (runtime/model.py)
+    if spec.position == "rope" and spec.head_dim % 2:
         p.append(f"model {spec.name}: rotary embeddings need an even head_dim, got {spec.head_dim}")
-    if spec.tied_embeddings and d.pp > 1:
-        p.append("degrees.pp: tied embeddings need the embedding and head on one stage (pp = 1)")
-    if spec.vocab % d.tp:
-        p.append(f"degrees.tp: vocab({spec.vocab}) not divisible by tp({d.tp})")
-    if spec.ffn_hidden % d.tp:
-        p.append(f"degrees.tp: ffn_hidden({spec.ffn_hidden}) not divisible by tp({d.tp})")
+    seq = sum(plan.shares.tokens) if plan.shares.tokens else 0  # a resolved plan's tokens add up to seq_len
+    if spec.position == "learned" and seq > spec.max_positions:
+        p.append(f"seq_len: {seq} tokens > the learned position table of model {spec.name} "
+                 f"(max_positions: {spec.max_positions})")
+    if spec.tied_embeddings and plan.stages is not None and len(plan.stages) > 1:
+        # the per-stage runtime (runtime/stages.py) has no embedding-gradient exchange between its
+        # first and last stage, which tied weights across stages need (the uniform pipeline has one)
+        p.append("stages: tied embeddings across per-stage pipeline stages are not built (use one stage or "
+                 "untied embeddings)")
+    tps = sorted({r.tp for st in plan.stages for r in st.replicas}) if plan.stages is not None else [d.tp]
+    for tp in tps:  # a per-stage plan: every replica's tp
+        if spec.vocab % tp:
+            p.append(f"degrees.tp: vocab({spec.vocab}) not divisible by tp({tp})")
+        if spec.ffn_hidden % tp:
+            p.append(f"degrees.tp: ffn_hidden({spec.ffn_hidden}) not divisible by tp({tp})")
     if plan.micro_batch_size < 1:
         p.append("micro_batch_size: must be >= 1")
     if p:
@@ -100,6 +104,13 @@ def prepare(plan: Plan | dict[str, Any], model: ModelSpec | str, seq_len: int, g
     if isinstance(plan, dict):
         plan = Plan.from_dict(plan)
     kind = _device_kind(device)
+    if plan.stages is not None and nproc is not None and nproc != plan.world:
+        # a per-stage plan made for a larger cluster runs its shape on nproc local processes
+        from autotune.plan import Shares
+        from autotune.stages import scaled
+
+        plan = plan.replace(stages=scaled(plan.stages, nproc, spec), shares=Shares(), num_microbatches=None,
+                            placement=None, degrees=type(plan.degrees)())
     world = plan.world
     if nproc is not None and nproc != world:
         raise PlanError(f"degrees: {plan.degrees.product_text()} = {world} != --nproc({nproc})", field="plan")
@@ -119,6 +130,10 @@ def prepare(plan: Plan | dict[str, Any], model: ModelSpec | str, seq_len: int, g
                             field="plan")
     # placement names physical devices of the cluster the plan was made for; locally rank r is process r
     local = plan.replace(placement=None)
+    if plan.stages is not None:  # per-stage plans name their devices: rank r on local device r
+        from autotune.stages import renumbered
+
+        local = local.replace(stages=renumbered(plan.stages))
     cluster = load_cluster(f"local:{world}")
     resolved = local.resolve(spec, cluster, seq_len, global_batch)
     check_runtime_support(resolved, spec)
@@ -145,7 +160,7 @@ def run_trial(plan: Plan | dict[str, Any], model: ModelSpec | str, seq_len: int,
               steps: int = 5, warmup: int = 2, seed: int = 0, emulate_slowdown: dict[int, float] | None = None,
               timeout_s: float = DEFAULT_TIMEOUT_S, device: str = "auto", nproc: int | None = None,
               data: str | None = None, data_dtype: str = "auto",
-              on_launch: Callable[[Plan], None] | None = None) -> TrialResult:
+              on_launch: Callable[[Plan], None] | None = None, documents: Any = None) -> TrialResult:
     """Launch ``plan`` on local processes, train ``warmup + steps`` steps, measure the last ``steps``.
     ``data``: a token file (autotune.runtime.data; checked here, before any process starts), else
     the synthetic stream. ``on_launch(plan)`` is called once every check has passed, just before the
@@ -167,15 +182,34 @@ def run_trial(plan: Plan | dict[str, Any], model: ModelSpec | str, seq_len: int,
     data_desc = prepare_data(data, spec.vocab, seq_len, global_batch, warmup + steps, dtype=data_dtype)
     payload = {"plan": resolved.to_dict(), "model": spec.to_dict(), "seq_len": seq_len,
                "global_batch": global_batch, "steps": steps, "warmup": warmup, "seed": seed,
-               "emulate_slowdown": emulate, "timeout_s": timeout_s, "data": data_desc}
+               "emulate_slowdown": emulate, "timeout_s": timeout_s, "data": data_desc,
+               "documents": _documents_entry(resolved, documents, data_desc)}
     if on_launch is not None:
         on_launch(resolved)
     res = launch("autotune.runtime.worker:trial_job", payload, resolved.world, timeout_s=timeout_s, device=kind)
     if res.failure is not None:
         return TrialResult(plan=PlanRecord(resolved).to_dict(), measured=None, losses=[], failure=res.failure)
-    return result_from_reports(resolved, res.results, global_batch=global_batch, seq_len=seq_len, steps=steps,
-                               warmup=warmup, seed=seed, device=kind, emulate=emulate, data=data_desc,
-                               wall_s=res.wall_s)
+    out = result_from_reports(resolved, res.results, global_batch=global_batch, seq_len=seq_len, steps=steps,
+                              warmup=warmup, seed=seed, device=kind, emulate=emulate, data=data_desc,
+                              wall_s=res.wall_s)
+    if payload["documents"] is not None and out.measured is not None:  # which windows were measured
+        out.measured["documents"] = {"source": documents.dist.source, "digest": documents.dist.digest(),
+                                     "balance": resolved.balance}
+    return out
+
+
+def _documents_entry(plan: Plan, documents: Any, data_desc: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The payload's ``documents`` (``runtime/documents.DocumentFeed``) for a plan that masks them:
+    ``documents`` is an ``autotune.documents.DocumentSource``; EOD ends and Megatron indexes need
+    the very token file the distribution was read from."""
+    if not plan.doc_mask:
+        return None
+    if documents is None:
+        raise InputError("the plan masks documents (doc_mask) but no documents were given: --data FILE --eod ID "
+                         "or --lengths FILE", field="--doc-mask")
+    if documents.data is not None and (data_desc is None or data_desc["path"] != str(documents.data)):
+        raise InputError(f"the documents were read from {documents.data}; train on it (--data)", field="--data")
+    return documents.payload()
 
 
 def result_from_reports(resolved: Plan, reports: list[dict[str, Any]], *, global_batch: int, seq_len: int,

@@ -8,7 +8,7 @@ after the step's one synchronisation, so no region or call waits for the GPU: ``
   this process only (``CommClock``);
 * ``compute_s``: wall time of forward/backward chunks and the optimizer step minus the communication
   inside them, plus the emulated slowdown (a rank emulated ``F`` times slower stays busy
-  ``(F-1) x`` its measured compute after every chunk, as ``profilers.emulation`` does);
+  ``(F-1) x`` its measured compute after every chunk, as ``autotune.runtime.emulation`` does);
 * ``idle_s``: waiting at the end-of-step barrier for slower ranks (load imbalance).
 
 What none of the three covers is Python glue of the schedules; ``coverage`` reports the share covered.
@@ -24,7 +24,6 @@ tests) and ``python -m autotune.runtime.worker --job JOB --out DIR`` under torch
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import os
 import statistics
@@ -38,223 +37,29 @@ import torch.distributed as dist
 from autotune.plan import Plan
 from autotune.runtime import data as D
 from autotune.runtime.documents import DocumentFeed, replica_step
+from autotune.runtime.helix import HelixTrainer
+from autotune.runtime.measure import (  # noqa: F401  (CommClock, the stopwatches: their old home)
+    CommClock,
+    CudaStopwatch,
+    WallStopwatch,
+    _no_sync,
+    clock,
+    emulate_busy,
+    install_comm_timing,
+    peak_memory,
+    reset_peak_memory,
+)
 from autotune.runtime.mesh import Mesh, build_mesh
-from autotune.runtime.model import Block, Layout, RMSNorm, build_on_meta, materialize, shard_info
+from autotune.runtime.model import Block, Layout, build_on_meta, materialize, shard_info, tp_replicated
 from autotune.runtime.optimizer import LR, WEIGHT_DECAY, ShardedOptimizer, TrainOptimizer  # noqa: F401
 from autotune.runtime.pipeline import build_schedule, build_stage_models
 from autotune.runtime.precision import TORCH_DTYPES
 from autotune.runtime.sharding import shard_stage_modules
+from autotune.runtime.tied import TIED_NAME, tied_axis
 from autotune.schedules import schedule_of
 from autotune.specs.model import ModelSpec
 
 DTYPES = TORCH_DTYPES
-_COMM_FUNCS = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single", "reduce_scatter",
-               "reduce_scatter_tensor", "reduce_scatter_single",
-               "all_to_all_single", "all_to_all", "broadcast", "batch_isend_irecv", "send", "recv", "barrier")
-
-
-class WallStopwatch:
-    """Host time (CPU: an operator's work is done when its call returns). Spans are known at once."""
-
-    deferred = False
-
-    @staticmethod
-    def mark() -> float:
-        return time.perf_counter()
-
-    @staticmethod
-    def seconds(start: float, end: float) -> float:
-        return end - start
-
-
-class CudaStopwatch:
-    """CUDA events recorded on the current (working) stream: a span is the stream's time between two
-    points, read only after the step's one synchronisation (``CommClock.settle``), so nothing waits
-    for the GPU inside the step and DDP bucket overlap and the CP ring's overlap really happen. A
-    synchronous NCCL call makes the working stream wait for the NCCL stream, so its span is the
-    communication the working stream sees (exposed); an async launch's span is ~0 and its ``wait``
-    carries what the overlap did not hide."""
-
-    deferred = True
-
-    def __init__(self, event_type: Any = None) -> None:
-        self.event_type = event_type or torch.cuda.Event
-
-    def mark(self) -> Any:
-        e = self.event_type(enable_timing=True)
-        e.record()
-        return e
-
-    @staticmethod
-    def seconds(start: Any, end: Any) -> float:
-        return start.elapsed_time(end) / 1e3  # milliseconds
-
-
-class CommClock:
-    """Accumulates time inside communication calls and inside compute regions of one process."""
-
-    def __init__(self) -> None:
-        self.comm = 0.0
-        self.compute = 0.0
-        self.emulated = 0.0
-        self.idle = 0.0
-        self.slowdown = 1.0
-        self._in_comm = False
-        self._region_comm = 0.0
-        self._in_region = False
-        self._region = 0
-        self._comm_spans: list[tuple[Any, Any, int | None]] = []
-        self._region_spans: list[tuple[Any, Any, int]] = []
-        self.stopwatch: Any = WallStopwatch()
-        """``WallStopwatch`` (CPU) or ``CudaStopwatch`` (CUDA: spans settled once per step)."""
-        self.sync = _no_sync
-        """Only for CUDA with an emulated slowdown: the emulation stands still on the host for a
-        multiple of the measured compute, which needs that time at once, so regions and calls are
-        then timed to completion with ``torch.cuda.synchronize``."""
-
-    def reset(self) -> None:
-        self.comm = self.compute = self.emulated = self.idle = 0.0
-        self._comm_spans, self._region_spans = [], []
-
-    def wrap(self, fn):
-        @functools.wraps(fn)
-        def timed(*a, **k):
-            if self._in_comm:
-                return fn(*a, **k)
-            self._in_comm = True
-            self.sync()
-            start = self.stopwatch.mark()
-            try:
-                return fn(*a, **k)
-            finally:
-                self.sync()
-                end = self.stopwatch.mark()
-                self._in_comm = False
-                if self.stopwatch.deferred:
-                    self._comm_spans.append((start, end, self._region if self._in_region else None))
-                else:
-                    dt = self.stopwatch.seconds(start, end)
-                    self.comm += dt
-                    if self._in_region:
-                        self._region_comm += dt
-        return timed
-
-    def timed_call(self, fn, *a, **k):
-        """Run ``fn`` timed as communication (waiting for an asynchronous collective)."""
-        return self.wrap(fn)(*a, **k)
-
-    @contextlib.contextmanager
-    def compute_region(self):
-        """Compute with the communication inside it taken out; then the emulated slowdown."""
-        if self._in_region:  # nested (a chunk inside a timed step part): the outer region counts
-            yield
-            return
-        self._in_region, self._region_comm = True, 0.0
-        self._region += 1
-        start = self.stopwatch.mark()
-        try:
-            yield
-        finally:
-            self.sync()
-            end = self.stopwatch.mark()
-            self._in_region = False
-            if self.stopwatch.deferred:
-                self._region_spans.append((start, end, self._region))
-            else:
-                pure = max(0.0, self.stopwatch.seconds(start, end) - self._region_comm)
-                self.compute += pure
-                if self.slowdown > 1.0:
-                    extra = (self.slowdown - 1.0) * pure
-                    emulate_busy(extra)
-                    self.emulated += extra
-
-    def settle(self) -> None:
-        """Turn the step's recorded spans into seconds (CUDA: after the step's synchronisation)."""
-        inside: dict[int, float] = {}
-        for start, end, region in self._comm_spans:
-            dt = self.stopwatch.seconds(start, end)
-            self.comm += dt
-            if region is not None:
-                inside[region] = inside.get(region, 0.0) + dt
-        for start, end, region in self._region_spans:
-            self.compute += max(0.0, self.stopwatch.seconds(start, end) - inside.get(region, 0.0))
-        self._comm_spans, self._region_spans = [], []
-
-
-def _no_sync() -> None:
-    return None
-
-
-def emulate_busy(seconds: float) -> None:
-    """Stand still for ``seconds`` as a slower device would still be computing; the profiler's
-    ``profilers.emulation`` is used when it exists so trial and profile emulate alike."""
-    from profilers.emulation import emulate_delay
-
-    emulate_delay(seconds)
-
-
-_CLOCK = CommClock()
-_INSTALLED = False
-
-
-def clock() -> CommClock:
-    """The process's clock (timing wrappers are installed by ``install_comm_timing``)."""
-    return _CLOCK
-
-
-def install_comm_timing() -> None:
-    """Wrap torch.distributed's communication calls with the clock (worker processes only)."""
-    global _INSTALLED
-    if _INSTALLED:
-        return
-    _INSTALLED = True
-    for name in _COMM_FUNCS:
-        if hasattr(dist, name):
-            setattr(dist, name, _CLOCK.wrap(getattr(dist, name)))
-    # the pipeline schedules wait for their p2p batches here (a torch without it fails loudly:
-    # pipeline communication would otherwise go uncounted)
-    from torch.distributed.pipelining import schedules
-
-    schedules._wait_batch_p2p = _CLOCK.wrap(schedules._wait_batch_p2p)
-
-
-# ---- memory -------------------------------------------------------------------------------------
-def _proc_status_bytes(key: str) -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
-def reset_peak_memory(device: torch.device) -> int:
-    """Start a peak-memory measurement; returns the baseline (bytes in use now), which the peak is
-    reported over. CUDA: allocated bytes; CPU: the resident set, whose high-water mark ``VmHWM`` is
-    reset to it by writing 5 to ``/proc/self/clear_refs`` (Linux)."""
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-        return int(torch.cuda.memory_allocated(device))
-    with contextlib.suppress(OSError):  # not Linux: the peak below is then the process's lifetime peak
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    return _proc_status_bytes("VmRSS") or 0
-
-
-def peak_memory(device: torch.device) -> int:
-    """Absolute peak since ``reset_peak_memory`` (CUDA ``max_memory_allocated``; CPU ``VmHWM``)."""
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    hwm = _proc_status_bytes("VmHWM")
-    if hwm is not None:
-        return hwm
-    import resource
-
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
-
-
 # ---- attention context --------------------------------------------------------------------------
 def attention_context(plan: Plan, mesh: Mesh, spec: ModelSpec, seq_len: int) -> Any:
     """The CP/HP AttentionContext of this rank (None when the sequence is whole: plain SDPA)."""
@@ -312,11 +117,15 @@ class RankTrainer:
         for _, m in self.stages:
             materialize(m, spec, seed, self.device, torch.float32)
         modules = [m for _, m in self.stages]
-        # with sequence parallelism the norms of the tp ranks saw different tokens: their gradients
-        # are summed over tp too (by the optimizer, on the fp32 gradients)
-        norms = {id(p) for m in modules for mod in m.modules() if isinstance(mod, RMSNorm)
-                 for p in mod.parameters()} if self.sp else set()
-        replicated = [i for i, p in enumerate(p for m in modules for p in m.parameters()) if id(p) in norms]
+        # with sequence parallelism the parameters every tp rank holds whole (norms, row-parallel
+        # biases, the position table) saw different tokens on each: their gradients are summed over
+        # tp too (by the optimizer, on the fp32 gradients)
+        whole = tp_replicated(modules) if self.sp else set()
+        replicated = [i for i, p in enumerate(p for m in modules for p in m.parameters()) if id(p) in whole]
+        # a tied embedding held by the first and the last stage: one weight in two copies (runtime/tied.py)
+        tied_ax = tied_axis(plan, spec.tied_embeddings, mesh.rank, timeout_s=mesh.timeout_s)
+        tied = [i for i, (name, _) in enumerate((n, p) for m in modules for n, p in m.named_parameters())
+                if name == TIED_NAME] if tied_ax is not None else []
         self.sharded = plan.zero_stage >= 2 and mesh.grad.group is not None
         if self.sharded:  # ZeRO-2/3: FSDP2 keeps fp32 shards and computes in the plan's dtype
             # replicas with different micro-batch counts gather per step (autotune/runtime/sharding.py)
@@ -326,7 +135,8 @@ class RankTrainer:
             self.params = [p for m in modules for p in m.parameters()]
             self.opt = ShardedOptimizer(roots, self.params, dtype=plan.dtype, replicated=replicated,
                                         tp_axis=tp, own_loop=plan.degrees.pp == 1, zero_stage=plan.zero_stage,
-                                        gather_per_microbatch=self.gather_per_microbatch)
+                                        gather_per_microbatch=self.gather_per_microbatch, tied=tied,
+                                        tied_axis=tied_ax)
         else:  # low-precision module copies; the optimizer keeps the fp32 masters
             masters = [p.detach().clone() for m in modules for p in m.parameters()]
             for m in modules:
@@ -335,7 +145,8 @@ class RankTrainer:
             # DDP-style overlap of the gradient all-reduce with backward where backward is ours (pp = 1)
             self.opt = TrainOptimizer(self.params, mesh.grad, min(plan.zero_stage, 1),
                                       overlap=plan.degrees.pp == 1, wait_clock=clock().timed_call,
-                                      dtype=plan.dtype, replicated=replicated, tp_axis=tp, masters=masters)
+                                      dtype=plan.dtype, replicated=replicated, tp_axis=tp, masters=masters,
+                                      tied=tied, tied_axis=tied_ax)
         self.dp_index = mesh["dp"].index
         self.n_micro = plan.microbatches_of_replica(self.dp_index)
         self.total_tokens = global_batch * seq_len
@@ -471,14 +282,23 @@ def train(plan: Plan, spec: ModelSpec, seq_len: int, global_batch: int, *, steps
     clk.stopwatch = CudaStopwatch() if cuda_events else WallStopwatch()
     clk.sync = functools.partial(torch.cuda.synchronize, device) if (
         device.type == "cuda" and not cuda_events) else _no_sync
-    mesh = build_mesh(plan, rank, device, timeout_s=timeout_s)
+    if plan.stages is not None:  # each stage its own degrees: autotune/runtime/stages.py
+        from autotune.runtime.stages import build_staged_mesh
+
+        mesh: Any = build_staged_mesh(plan, rank, device, timeout_s=timeout_s)
+    else:
+        mesh = build_mesh(plan, rank, device, timeout_s=timeout_s)
     # the peak is measured over this baseline (imports, process groups): what the plan itself needs
     # (weights, gradients, optimizer states, activations, communication buffers)
     baseline = reset_peak_memory(device)
     sched = schedule_of(plan)
-    if hasattr(sched, "build_trainer"):  # a hand-written runtime (helixpipe): no torch schedule has it
-        trainer: Any = sched.build_trainer(plan, spec, mesh, seq_len, global_batch, seed, data=data,
-                                           documents=documents)
+    if plan.stages is not None:
+        from autotune.runtime.stages import StagedTrainer
+
+        trainer: Any = StagedTrainer(plan, spec, mesh, seq_len, global_batch, seed, data=data, clock=clk,
+                                     documents=documents)
+    elif not sched.chain:  # a data flow that is no chain of stages (helixpipe): its hand-written runtime
+        trainer = HelixTrainer(plan, spec, mesh, seq_len, global_batch, seed, data=data, documents=documents)
     else:
         trainer = RankTrainer(plan, spec, mesh, seq_len, global_batch, seed, data=data, documents=documents)
     losses, times, splits = [], [], []

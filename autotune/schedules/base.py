@@ -19,7 +19,8 @@ else asks it instead of comparing names:
   order: a micro-batch is held from its F until the backward that frees it (B, or W when the
   backward is split: the weight gradient still needs the stored inputs of each linear);
 * the cost model's simulation (``autotune/cost/pipeline.py``) runs ``op_order`` over the chain;
-  a schedule whose data flow is not a chain (HelixPipe) overrides ``simulate``;
+  a schedule whose data flow is not a chain (``chain = False``: HelixPipe) is priced by a cost
+  module of its own (``autotune/cost/helixpipe.py``); the schedule never imports the cost model;
 * the runtime (``autotune/runtime/pipeline.py``): ``build_runtime`` returns the object whose
   ``step`` runs one training step over this rank's ``PipelineStage`` objects;
 * export: ``targets`` maps an export target to the framework's own name for the schedule;
@@ -171,16 +172,6 @@ class Schedule:
                 if op.stage == last:
                     held_last -= 1
         return peak, peak_last
-
-    # ---- simulation -------------------------------------------------------------------------
-    def simulate(self, pp: int, virtual_stages: int, m: int, fwd: tuple[float, ...], bwd: tuple[float, ...],
-                 p2p: tuple[float, ...], wgt: tuple[float, ...] | None = None) -> Any:
-        """The cost model's event simulation of one replica (``autotune.cost.pipeline``): the chain
-        of model chunks run in ``op_order``. A schedule whose data flow is not that chain (HelixPipe)
-        overrides this and returns a ``Simulation`` of its own."""
-        from autotune.cost.pipeline import simulate_chain
-
-        return simulate_chain(self, pp, virtual_stages, m, fwd, bwd, p2p, wgt)
 
     # ---- runtime ------------------------------------------------------------------------------
     def build_runtime(self, stages: list[Any], n_microbatches: int, loss_fn: Callable[..., Any]) -> Any:

@@ -32,6 +32,11 @@ class SearchOptions:
     dtype: str = "bf16"
     target: str = "runtime"
     """Who will run the plan (autotune/targets.py): the search explores only what it can run."""
+    documents: dict[str, Any] | None = None
+    """The workload's documents (``autotune.documents.DocumentSource.record``), recorded with the
+    study; the plans are priced with their masks by ``cost/documents.DocumentsEstimator``."""
+    doc_mask: bool = True
+    """With documents: mask attention at their boundaries (False: priced as whole causal windows)."""
 
 
 @dataclass

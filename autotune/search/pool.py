@@ -10,11 +10,15 @@ How subsets enter the search (and how the work is divided):
 2. **Screening**: each candidate subset gets its balanced starts (one speed-balanced plan per
    degree layout, autotune/search/phases.py), at most ``screen_calls`` cost-model calls each
    (a seeded sample of its layouts where it has more).
-3. **Refinement**: the subsets that matter (those on the screening front of step time against
-   cost, or devices without prices, plus the best ``REFINE`` by the objective; every candidate
-   on a pool of at most ``SMALL_POOL`` devices) get the whole search of autotune/search/run.py:
-   baselines, the sampler and the polish, the sampler's trials and the polish's calls divided
-   between them.
+3. **Refinement**: the subsets that matter (on a larger pool ``REFINE`` of them: the best by the
+   objective after screening, then the other points of the screening front of step time against
+   cost, or devices without prices, then the next best; every candidate on a pool of at most
+   ``SMALL_POOL`` devices) get the phases of a plain search
+   (autotune/search/run.py): baselines, balanced starts, the sampler and the polish. The first
+   (the screening's best by the objective) gets a plain search's budget, and so does every subset
+   of a small pool; on a larger pool the others share it (at least ``MIN_SAMPLER`` sampler trials
+   and ``MIN_POLISH`` polish calls each). At 128 devices of four types that is 15 subsets screened
+   and 3 refined: about 1.7x the trials of a plain search of the whole pool.
 
 Each subset is a search of its own on ``subset(pool, uses)`` (the same space, evaluator and
 phases as a plain search), recorded in the one study with its plans' ``uses`` and ``cost``; its
@@ -40,8 +44,9 @@ from autotune.specs import pool as P
 
 MAX_SUBSETS = 32
 SMALL_POOL = 16  # devices: every candidate subset gets the whole search
-REFINE = 3  # subsets refined beyond the screening front on a larger pool
+REFINE = 3  # subsets refined on a larger pool
 MIN_SCREEN = 24  # cost-model calls a subset's screening may spend at least
+MIN_SAMPLER, MIN_POLISH = 25, 200  # a refined subset's sampler trials and polish calls at least
 ADAM_STATE_BYTES = 16  # per parameter, fully sharded: bf16/fp16 weights and gradients, fp32 master + Adam
 
 
@@ -202,13 +207,21 @@ class _PoolRun:
                      + ", ".join(P.describe_uses(self.pool, u) for u in chosen))
             if self.display is not None:
                 self.display.phase(f"refining {len(chosen)} subsets")
-            for uses in chosen:
+            # a small pool: each subset gets a plain search's budget; else the refined share it
+            k = 1 if P.devices_of(self.pool, None) <= SMALL_POOL else len(chosen)
+            for i, uses in enumerate(chosen):  # the phases of a plain search (autotune/search/run.py)
                 ev, ws = state[uses]
+                if i == 0:  # the screening's best by the objective: a plain search's budget
+                    n_k, polish_k = n_main, n_polish
+                else:
+                    n_k, polish_k = max(MIN_SAMPLER, n_main // k), max(MIN_POLISH, n_polish // k) if n_polish else 0
                 run_baselines(ws, ev, deadline)
-                run_sampler(ws, ev, max(16, n_main // len(chosen)), deadline)
-                if n_polish:
+                if polish_k:
+                    run_starts(ws, ev, deadline, polish_k, self.opts.seed)
+                run_sampler(ws, ev, n_k, deadline)
+                if polish_k:
                     ev.prime(ws.rows)
-                    run_polish(ws, ev, max(64, n_polish // len(chosen)), deadline)
+                    run_polish(ws, ev, polish_k, deadline)
                 ws.flush()
         except KeyboardInterrupt:
             interrupted = True
@@ -239,7 +252,8 @@ class _PoolRun:
         ok = {u: v for u, v in best.items() if v is not None}
         ranked = sorted(ok, key=lambda u: _objective_key(self.obj, *ok[u]))
         front = pareto({u: ok[u] for u in ok})
-        chosen = list(dict.fromkeys([*ranked[:REFINE], *[u for u in ranked if u in front]]))
+        # the objective's best, then the other front points (the front's other ends), then the next best
+        chosen = list(dict.fromkeys([*ranked[:1], *[u for u in ranked if u in front], *ranked[1:]]))[:REFINE]
         return chosen or subsets[:1]
 
 
@@ -366,7 +380,7 @@ def why_left_out(res: SearchResult, pool: Any, trials: list[Any], obj: Objective
                  + f" ({s:.3g} s vs {chosen_step:.3g} s)"]
         c = cost_of(t.user_attrs)
         if obj.kind == "cost" and c is not None and chosen_cost:
-            parts.append(f"each token costs {c / chosen_cost:.2f}x as much")
+            parts.append(f"each token costs {c / chosen_cost:.3g}x as much")
         if obj.budget is not None:
             per_h = (t.user_attrs.get("cost") or {}).get("per_hour")
             if per_h is not None and per_h > obj.budget:
@@ -379,15 +393,28 @@ def why_left_out(res: SearchResult, pool: Any, trials: list[Any], obj: Objective
 
 
 def _pace(bd: Any, name: str, plan: dict[str, Any]) -> str:
-    """What in the plan with the group back is paced by that group's devices."""
+    """What the left-out devices do in the best plan with them: the slowest stage when theirs is,
+    else their stage's layers and compute against the others', or that they pace a mixed stage."""
     if not isinstance(bd, dict) or not bd.get("stages"):
         return ""
     stages = bd["stages"]
+    deg = ",".join(f"{k}={v}" for k, v in (plan.get("degrees") or {}).items() if v > 1) or "dp=1"
+    theirs = [s for s in stages if set(s.get("devices") or []) == {name}]
+    others = [s for s in stages if name not in (s.get("devices") or [])]
     slow = max(stages, key=lambda s: float(s.get("compute_s") or 0.0))
-    devs = set(slow.get("devices") or [])
-    if name not in devs:
-        return ""
-    pp = (plan.get("degrees") or {}).get("pp", 1)
-    if pp > 1:
-        return f"their share of layers would make the {name} stage the slowest"
-    return f"the {name} ranks would pace every step (each rank waits for the slowest)"
+    if all(set(s.get("devices") or []) <= {name} for s in stages):
+        return ""  # one device type: nothing paces it but its own count
+    if not theirs:
+        return (f"in that plan ({deg}) the faster ranks wait for the {name} ranks they work beside"
+                if any(name in (s.get("devices") or []) for s in stages) else "")
+    if slow in theirs:
+        return f"their share of layers would make the {name} stage the slowest ({deg})"
+    mine = sum(sum(s.get("layers") or []) for s in theirs)
+    total = sum(sum(s.get("layers") or []) for s in stages)
+    c_mine = max(float(s.get("compute_s") or 0.0) for s in theirs)
+    c_other = max((float(s.get("compute_s") or 0.0) for s in others), default=0.0)
+    bubble = max(float(s.get("bubble_s") or 0.0) for s in stages)
+    other = others[0]["devices"][0] if others and others[0].get("devices") else "other"
+    return (f"in that plan ({deg}) the {name} stage holds {mine} of {total} layers and still computes "
+            f"{c_mine:.3g} s against {c_other:.3g} s on the {other} stage" + (
+                f", and the pipeline waits {bubble:.3g} s" if bubble > 0.01 * max(c_mine, c_other) else ""))

@@ -13,21 +13,30 @@ import dataclasses
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from autotune.errors import InputError, WorkError
 from autotune.plan import Placement, Plan
 from autotune.plan_record import PlanRecord
 from autotune.search.bulk import EncodedList
 
-if TYPE_CHECKING:
-    from autotune.search.workspace import Row
-
 TIMELINE_LIMIT = 4000  # events kept per trial; larger timelines are stored for the best plans only
 RANKS_LIMIT = 64  # per-rank rows kept up to this world (what validate calibrates from); stages always
 # attrs that belong to one trial, not to the plan it priced (not copied from a cached plan)
 _PER_TRIAL_ATTRS = ("origin", "baseline", "baseline_key", "polish", "measured", "losses", "failure",
                     "prediction_error", "validated_from")
+
+
+@dataclass
+class Row:
+    """One finished trial as this process knows it: what the phases rank and skip by."""
+
+    params: dict[str, Any]
+    value: float | None
+    feasible: bool
+    attrs: dict[str, Any]
+    constraints: dict[str, float]
+    mine: bool = False  # recorded by this process (its plan is in this process's cache already)
 
 
 def default_estimator() -> Callable[..., Any]:

@@ -145,9 +145,14 @@ def search(model: Any, cluster: Any, seq_len: int, global_batch: int, *, study_n
     opts = options or SearchOptions()
     check_options(opts, storage)
     t0 = time.monotonic()
+    if estimator is None and opts.documents is not None and opts.doc_mask:
+        from autotune.cost.documents import DocumentsEstimator
+        from autotune.documents import DocumentSource
+
+        estimator = DocumentsEstimator(DocumentSource.from_record(opts.documents).dist)
     _ctx, space, ev = setup(model, cluster, seq_len, global_batch, opts, estimator)
     record = StudyRecord(model=model, cluster=cluster, seq_len=seq_len, global_batch=global_batch, space=opts.space,
-                         target=opts.target)
+                         target=opts.target, documents=opts.documents)
     create_or_open(study_name, storage, record)  # once, in the parent, before any worker starts
     ws = Workspace(study_name, storage, space.distributions(), make_sampler(opts.sampler, opts.seed), opts.batch_s)
     say = progress or (display.say if display is not None else (lambda _m: None))
@@ -160,6 +165,9 @@ def search(model: Any, cluster: Any, seq_len: int, global_batch: int, *, study_n
     if (why := model_problems(opts.target, model)) is not None:
         run.notes.append(f"autotune's runtime cannot build {model.name} ({why}): the plans are priced for the "
                          "frameworks that can; `validate` and `trial` will refuse them")
+    from autotune.cost.layers import precision_notes
+
+    run.notes += precision_notes(cluster, model, opts.dtype)
     ws.on_record = run.recorded
     before = _open(run)
     interrupted = False

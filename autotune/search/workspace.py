@@ -12,26 +12,13 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from autotune.search.bulk import add_trials, encode_attrs, rdb_backend
-from autotune.search.pricing import Outcome, Shared
+from autotune.search.pricing import Outcome, Row, Shared  # noqa: F401  (Row: its old home)
 from autotune.search.signals import signals_deferred
 from autotune.search.spill import Spill
 from autotune.study import MEMORY_URL, is_feasible, storage_for
-
-
-@dataclass
-class Row:
-    """One finished trial as this process knows it: what the phases rank and skip by."""
-
-    params: dict[str, Any]
-    value: float | None
-    feasible: bool
-    attrs: dict[str, Any]
-    constraints: dict[str, float]
-    mine: bool = False  # recorded by this process (its plan is in this process's cache already)
 
 
 def make_sampler(name: str, seed: int) -> Any:

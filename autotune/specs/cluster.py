@@ -230,12 +230,8 @@ ProfileResolver = Callable[[str, str | None], DeviceSpec]
 
 
 def _default_profile_resolver(ref: str, storage: str | None) -> DeviceSpec:
-    """``profile:ID`` -> a measured DeviceSpec from the profile store (profilers/store.py)."""
-    try:
-        from profilers.store import device_spec_from_profile  # type: ignore[attr-defined]
-    except ImportError:
-        raise InputError(f"{ref!r}: measured profiles are not available in this build (no profilers.store)",
-                         field="device") from None
+    """``profile:ID`` -> a measured DeviceSpec from the profile store (autotune/specs/profiles.py)."""
+    from autotune.specs.profiles import device_spec_from_profile  # sqlalchemy: only when a profile is named
     return device_spec_from_profile(ref.split(":", 1)[1], storage)
 
 
@@ -264,8 +260,8 @@ def _layer_profiles(refs: Any, where: str, storage: str | None) -> tuple[dict[st
     for i, ref in enumerate(refs):
         if not isinstance(ref, str) or not ref.startswith("layers:"):
             raise InputError(f"expected layers:ID (see `autotune profile list`), got {ref!r}", field=where)
-        from autotune.commands.common import DEFAULT_STORAGE
-        from profilers.store import load_layer_profile
+        from autotune.defaults import DEFAULT_STORAGE
+        from autotune.specs.profiles import load_layer_profile
 
         try:
             out.append(load_layer_profile(ref, storage or DEFAULT_STORAGE))

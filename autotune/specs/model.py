@@ -18,6 +18,16 @@ from typing import Any
 from autotune.errors import InputError, suggest
 from autotune.specs import fields as F
 
+ATTENTION_BWD_FLOPS = 2.5
+"""A measured attention backward's FLOPs per forward FLOP: five matmuls (S = QK^T recomputed, dV, dP,
+dQ, dK) against the forward's two (Dao 2023, FlashAttention-2, section on FLOPs). The profiler
+counts with it (``profilers/compute.py`` ``attention_flops``) and records it in the profile
+(``attention.bwd_flops_factor``); pricing a profiled backward multiplies by the same factor, so a
+backward measured at 2.5 ms is priced at 2.5 ms. Without a profile attention is priced by the
+model's FLOP accounting (``ModelSpec.hardware_flops_per_token``: backward twice the forward, as
+MFU counts it)."""
+
+
 ACTIVATIONS = ("swiglu", "gelu")
 NORMS = ("rmsnorm", "layernorm")
 POSITIONS = ("rope", "learned")

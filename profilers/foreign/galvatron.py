@@ -41,7 +41,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from profilers.foreign import ImportContext, MiB, as_mapping, document, fail, load_json, need, number
+from profilers.foreign.common import ImportContext, MiB, as_mapping, document, fail, load_json, need, number
 
 TIME_KEY = re.compile(r"^layertype_(?P<type>\d+|other)_bsz(?P<bsz>\d+)_seq(?P<seq>\d+)$")
 RAW_KEY = re.compile(r"^layernum\[[\d,]+\]_bsz\d+_seq[\d,]+$")

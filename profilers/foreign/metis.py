@@ -13,9 +13,16 @@ One file per (device type, tp degree, batch size), named ``DeviceType.<DEVICE>_t
   compute of one iteration whose micro-batch, batch and global batch are all ``B`` (the README's
   note), on one tp shard of ``T``;
 - ``execution_memory.layer_memory_total_mb``: per layer, **megabytes** (torch's
-  ``max_memory_reserved`` / 2^20) of activations, gradients and optimizer states: kept as
-  ``memory_total_bytes``, not as activation bytes (they cannot be separated);
-- ``model.parameters.parameters_per_layer_bytes``: per layer, bytes of parameters.
+  ``max_memory_reserved`` / 2^20) of activations, gradients and optimizer states (Metis sums them
+  per stage: ``model/cost_estimator.py`` ``_get_demand_device_memory``): kept as
+  ``memory_total_bytes``; where the parameter bytes are given too, the activation part is what is
+  left after the layer's model states as this cost model counts them for the precision
+  (``memory.state_bytes_per_param``, no ZeRO: Metis' profiling runs are single-replica), stored as
+  ``activation_bytes`` so the memory model's weights + gradients + optimizer + activations of a
+  layer add up to Metis' figure (``meta.assumed`` says so; a layer whose states exceed it keeps none);
+- ``model.parameters.parameters_per_layer_bytes``: per layer, bytes of parameters: 4 bytes a
+  parameter of the whole layer whatever the precision and tp (the examples' 202383360 are the
+  50.6M parameters of a hidden-2048 block in fp32, the same in the tp 1, 2 and 4 files).
 
 Metis prices forward + backward together, so the split is not in the files: forward is taken as a
 third of the total (backward = 2 x forward, Narayanan et al. 2021's FLOP ratio, which Metis' cost
@@ -31,7 +38,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from profilers.foreign import ImportContext, MiB, as_mapping, document, fail, load_json, need, number
+from profilers.foreign.common import ImportContext, MiB, as_mapping, document, fail, load_json, need, number
 
 NAME = re.compile(r"^DeviceType\.(?P<device>.+?)_tp(?P<tp>\d+)_bs(?P<bs>\d+)\.json$")
 FWD_SHARE = 1.0 / 3.0
@@ -46,11 +53,13 @@ def _list(v: Any, n: int, path: Path, field: str) -> list[float]:
 
 
 def read(paths: list[Path], ctx: ImportContext) -> dict[str, Any]:
+    from autotune.cost.memory import state_bytes_per_param
     from autotune.errors import InputError
     from autotune.specs.catalogue import device_from_catalogue
 
     seq = need(ctx.seq, "--seq", "Metis", "the sequence length")
     dtype = need(ctx.dtype, "--dtype", "Metis", "the precision")
+    states_per_param = sum(state_bytes_per_param(dtype))
     points, devices = [], set()
     for path in paths:
         m = NAME.match(path.name)
@@ -81,6 +90,10 @@ def read(paths: list[Path], ctx: ImportContext) -> dict[str, Any]:
                 pt["memory_total_bytes"] = statistics.median(mems[i] for i in idx) * MiB
             if params is not None:
                 pt["param_bytes"] = statistics.median(params[i] for i in idx)
+            if mems is not None and params is not None:
+                left = pt["memory_total_bytes"] - pt["param_bytes"] / 4.0 / tp * states_per_param
+                if left > 0:
+                    pt["activation_bytes"] = left
             points.append(pt)
         devices.add(m["device"])
     device = ctx.device
@@ -95,5 +108,7 @@ def read(paths: list[Path], ctx: ImportContext) -> dict[str, Any]:
             raise fail(paths[0], f"device {name!r} of the file name is not a catalogue name; give it with --device",
                        "--device") from None
     assumed = [f"sequence length {seq} (--seq)", f"precision {dtype} (--dtype)",
-               "forward = 1/3 of layer_compute_total_ms (backward = 2 x forward)"]
+               "forward = 1/3 of layer_compute_total_ms (backward = 2 x forward)",
+               f"activation bytes = layer_memory_total_mb - parameter bytes / 4 / tp x {states_per_param:g} "
+               f"(the shard's weights, gradients and Adam states in {dtype}, no ZeRO)"]
     return document("metis", ctx, device, dtype, points, [str(p) for p in paths], assumed)

@@ -21,6 +21,20 @@ step of the whole model (the same number on every layer; not a layer's cost, not
 one measured layer), then the final norm (LLaMA models only, its own key) and the LM head with the
 loss (``"L+1"``, or ``"L+2"`` for LLaMA). ``memory``: ``params_bytes`` the layer's parameters,
 ``act_mem_bytes`` the activation bytes its forward allocates for backward (tp shard, one micro-batch).
+- the model description ``sailor/Planner/llm_info.json`` (``gather_profs.py`` appends to it):
+  ``{MODEL: {tp: {layer: {"act_mem_floats", "act_mem_bytes", "params_bytes", ...}}}}``, the
+  ``memory`` of the micro-batch-1 run of each tp (``gather_profs.py`` keeps ``mbs == "1"``); Sailor's
+  planner and simulators multiply ``act_mem_floats`` by the micro-batch (``training.cpp``,
+  ``simulations/runtime_simulator.py``), so each point gets ``act_mem_bytes x micro_batch`` as its
+  ``activation_bytes`` (``meta.assumed`` says so). Memory only: give it with the timing files; the
+  entry is the one named like the gathered profile's ``profiles/<MODEL>/`` directory, else the only
+  one with the model's layer count.
+
+What Sailor's ``act_mem_bytes`` measures (``sailor/profiling/profile_utils.py``
+``take_time_and_mem_fwd``): ``torch.cuda.memory_allocated()`` after the layer's forward minus before
+it, in the run's precision (Sailor's runs are fp32: ``act_mem_floats = bytes // 4``): the tensors
+the forward allocated and still holds, its output included.
+
 The files do not say the sequence length (``--seq``; Sailor's runs use the model config's, 2048 for
 OPT and GPT-Neo) nor the precision (``--dtype``). The GPU comes from the directory or file name
 (``A100-40`` -> catalogue ``A100-40GB``, ...) unless ``--device`` names it.
@@ -33,7 +47,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from profilers.foreign import ImportContext, as_mapping, document, fail, load_json, need, number
+from profilers.foreign.common import ImportContext, as_mapping, document, fail, load_json, need, number
 
 GPU_NAMES = {"A100-40": "A100-40GB", "A100-80": "A100-80GB", "V100-16": "V100-16GB", "V100-32": "V100",
              "H100-80": "H100-SXM", "GH-96": "GH200-96GB"}
@@ -85,14 +99,71 @@ def _points(table: dict[str, tuple[float, float]], tp: int, mbs: int, seq: int,
     return out
 
 
+def _is_llm_info(doc: dict[str, Any]) -> bool:
+    """``{MODEL: {tp: {layer: {"act_mem_bytes": ...}}}}`` (llm_info.json), not a timing profile."""
+    for by_tp in doc.values():
+        if not isinstance(by_tp, dict):
+            return False
+        for layers in by_tp.values():
+            if not isinstance(layers, dict):
+                return False
+            return any(isinstance(v, dict) and "act_mem_bytes" in v for v in layers.values())
+    return False
+
+
+def _llm_info_entry(doc: dict[str, Any], path: Path, names: set[str], layers: int) -> tuple[str, dict[str, Any]]:
+    """The model entry of an llm_info.json: the one named like the gathered profile's directory,
+    else the only one with ``layers`` transformer layers."""
+    for n in names:
+        if n in doc:
+            return n, doc[n]
+
+    def n_layers(entry: Any) -> int:
+        first = next(iter(entry.values()), None) if isinstance(entry, dict) else None
+        return len(first) if isinstance(first, dict) else -1
+
+    fits = [k for k, v in doc.items() if n_layers(v) in (layers + 2, layers + 3)]
+    if len(fits) != 1:
+        raise fail(path, f"cannot tell which model entry is this model's ({', '.join(doc)}: "
+                         f"{len(fits)} with {layers} layers); import it with the model's profiles/<MODEL>/<GPU>/"
+                         "profile.json")
+    return fits[0], doc[fits[0]]
+
+
+def _act_bytes(entry: dict[str, Any], path: Path, model: str, layers: int) -> dict[int, dict[str, float]]:
+    """{tp: {piece: act_mem_bytes at micro-batch 1}} of one llm_info.json model entry."""
+    out: dict[int, dict[str, float]] = {}
+    for tp_key, by_layer in entry.items():
+        where = f"{model}.{tp_key}"
+        if not tp_key.isdigit():
+            raise fail(path, f"expected tp degrees as keys, got {tp_key!r}", model)
+        by_layer = as_mapping(by_layer, path, where, "an object {layer: {act_mem_bytes, ...}}")
+        n = len(by_layer)
+        if n not in (layers + 2, layers + 3) or any(str(i) not in by_layer for i in range(n)):
+            raise fail(path, f"has {n} layer entries; a {layers}-layer model has {layers + 2} or {layers + 3}", where)
+        keys = {"embed": "0", "block": "2" if layers > 1 else "1", "head": str(n - 1)}
+        row = {}
+        for piece, k in keys.items():
+            m = as_mapping(by_layer[k], path, f"{where}.{k}", "an object {act_mem_bytes, ...}")
+            row[piece] = number(m.get("act_mem_bytes"), path, f"{where}.{k}.act_mem_bytes")
+        out[int(tp_key)] = row
+    return out
+
+
 def read(paths: list[Path], ctx: ImportContext) -> dict[str, Any]:
     seq = need(ctx.seq, "--seq", "Sailor", "the sequence length")
     dtype = need(ctx.dtype, "--dtype", "Sailor", "the precision")
     points: list[dict] = []
     gpus: set[str] = set()
+    infos: list[tuple[Path, dict[str, Any]]] = []
+    model_dirs: set[str] = set()
     for path in paths:
         doc = as_mapping(load_json(path), path, None, "a JSON object")
         run = RUN_FILE.match(path.name)
+        if "timing" not in doc and _is_llm_info(doc):
+            infos.append((path, doc))
+            continue
+        model_dirs.add(path.parent.parent.name)
         if "timing" in doc:  # one run: tp and micro-batch in the file name
             if not run:
                 raise fail(path, "a per-run Sailor profile must be named profile_<MODEL>_<GPU>_<TP>_<MBS>.json")
@@ -117,6 +188,19 @@ def read(paths: list[Path], ctx: ImportContext) -> dict[str, Any]:
                 points += _points(_pieces(layers, ctx.model.layers, path, where), int(tp_key), int(mbs_key), seq,
                                   None, ctx.model.layers)
         gpus.add(path.parent.name)
+    if not points:
+        raise fail(paths[0], "llm_info.json holds Sailor's memory only; give it with the timing files "
+                             "(profiles/<MODEL>/<GPU>/profile.json)")
+    assumed_mem = []
+    for path, doc in infos:
+        name, entry = _llm_info_entry(doc, path, model_dirs, ctx.model.layers)
+        acts = _act_bytes(entry, path, name, ctx.model.layers)
+        for pt in points:
+            row = acts.get(pt["tp"])
+            if row is not None:
+                pt["activation_bytes"] = row[pt["piece"]] * pt["micro_batch"]
+        assumed_mem.append(f"activation bytes: {path.name} entry {name!r} (micro-batch 1, tp "
+                           f"{', '.join(map(str, sorted(acts)))}) x micro-batch, as Sailor's planner scales them")
     device = ctx.device
     if device is None:
         names = {GPU_NAMES.get(g) for g in gpus}
@@ -125,5 +209,5 @@ def read(paths: list[Path], ctx: ImportContext) -> dict[str, Any]:
                                  f"{', '.join(GPU_NAMES)}); give it with --device", "--device")
         device = names.pop()
     assumed = [f"sequence length {seq} (--seq)", f"precision {dtype} (--dtype)",
-               "block = median over the transformer layers' entries"]
+               "block = median over the transformer layers' entries", *assumed_mem]
     return document("sailor", ctx, device, dtype, points, [str(p) for p in paths], assumed)

@@ -5,6 +5,12 @@ every factorisation of world 2 and 4 over (dp, pp, cp, hp, tp), with even and un
 pipeline schedule and recomputation on and off, match ``reference_run`` (one process, whole batch,
 no parallelism). All plans of one world size run inside ONE launch of workers (process start-up
 dominates small runs), each with fresh process groups.
+
+The same comparison runs for an OPT-style model (LayerNorm, linear biases, learned positions, GELU,
+tied embeddings) over a sample of world-4 plans that passes through every dimension once: tp with
+and without sequence parallelism, pp (the position table on the first stage, the tied head's copy
+on the last, a V placement holding both copies on one rank), cp (zigzag, uneven), hp, dp with
+ZeRO 1-3 and HelixPipe.
 """
 
 from __future__ import annotations
@@ -23,6 +29,10 @@ pytestmark = pytest.mark.slow
 
 # smaller than the "tiny" preset in width, deeper so that pp=4 can be uneven and interleaved (8 stages)
 SPEC = ModelSpec(name="equiv", layers=8, hidden=64, heads=8, kv_heads=4, ffn_hidden=128, vocab=128)
+# OPT-style: LayerNorm, biases, learned positions (a table longer than the sequence), GELU, tied head
+OPT = ModelSpec(name="equiv-opt", layers=8, hidden=64, heads=8, kv_heads=4, ffn_hidden=128, vocab=128,
+                activation="gelu", norm="layernorm", position="learned", max_positions=24, bias=True,
+                tied_embeddings=True)
 SEQ, BATCH, STEPS, SEED = 16, 4, 2, 1234
 
 def factorisations(world: int) -> list[dict[str, int]]:
@@ -94,11 +104,11 @@ def variants(deg: dict[str, int]) -> list[dict]:
     return out
 
 
-def resolved(item: dict, world: int) -> Plan | None:
+def resolved(item: dict, world: int, spec: ModelSpec = SPEC) -> Plan | None:
     d = {k: v for k, v in item.items() if not k.startswith("_")}
     plan = Plan.from_dict(d)
     try:
-        return plan.resolve(SPEC, local_cluster(world), SEQ, BATCH)
+        return plan.resolve(spec, local_cluster(world), SEQ, BATCH)
     except Exception as exc:  # noqa: BLE001 - a variant the plan rules reject is a bug in this table
         raise AssertionError(f"{item}: {exc}") from exc
 
@@ -138,41 +148,78 @@ def sample_of_8() -> list[tuple[str, dict]]:
     return [(f"w8-{n}", item) for n, item in picks]
 
 
-CASES = {2: cases(2), 4: cases(4), 8: sample_of_8()}
+def opt_sample() -> list[tuple[str, dict]]:
+    """World 4 for the OPT-style model: every dimension once, combined into few plans."""
+    base = {"dtype": "fp32"}
+    picks = [
+        ("tp4", dict(base, degrees={"tp": 4})),
+        ("dp2,tp2-sp-recompute-selective", dict(base, degrees={"dp": 2, "tp": 2}, sequence_parallel=True,
+                                                recompute="selective")),
+        ("pp2,tp2-sp-uneven", dict(base, degrees={"pp": 2, "tp": 2}, sequence_parallel=True,
+                                   shares={"layers": [3, 5]})),
+        ("cp2,tp2-sp-zigzag-uneven", dict(base, degrees={"cp": 2, "tp": 2}, sequence_parallel=True,
+                                          shares={"tokens": [4, 12]})),
+        ("cp2,hp2-uneven", dict(base, degrees={"cp": 2, "hp": 2}, shares={"tokens": [12, 4], "heads": [3, 5]})),
+        ("cp4-contiguous", dict(base, degrees={"cp": 4}, cp_layout="contiguous")),
+        ("dp2,pp2-interleaved-zero1-uneven", dict(base, degrees={"dp": 2, "pp": 2}, zero_stage=1,
+                                                  schedule="interleaved_1f1b", virtual_stages=2,
+                                                  shares={"layers": [1, 2, 2, 3]})),
+        ("pp4-zbv", dict(base, degrees={"pp": 4}, schedule="zbv", virtual_stages=2)),
+        ("dp2,pp2-zero3-recompute-full", dict(base, degrees={"dp": 2, "pp": 2}, zero_stage=3, schedule="gpipe",
+                                              recompute="full")),
+        ("dp2,hp2-zero2-uneven", dict(base, degrees={"dp": 2, "hp": 2}, zero_stage=2,
+                                      shares={"samples": [1, 3]})),
+        ("pp2,tp2-sp-helixpipe", dict(base, degrees={"pp": 2, "tp": 2}, schedule="helixpipe", helix_folds=2,
+                                      sequence_parallel=True)),
+        ("pp2,dp2-helixpipe-recompute", dict(base, degrees={"pp": 2, "dp": 2}, schedule="helixpipe",
+                                             recompute="full")),
+    ]
+    return [(f"w4-opt-{n}", item) for n, item in picks]
+
+
+SPECS = {SPEC.name: SPEC, OPT.name: OPT}
+CASES = {(SPEC.name, 2): cases(2), (SPEC.name, 4): cases(4), (SPEC.name, 8): sample_of_8(),
+         (OPT.name, 4): opt_sample()}
 
 
 @functools.cache
-def run_world(world: int) -> dict[str, list[dict]]:
-    """All plans of one world size in one launch (cached for the module)."""
-    for _, item in CASES[world]:
-        resolved(item, world)  # a variant the plan rules reject fails here with its table entry
-    items = [(n, {k: v for k, v in item.items() if not k.startswith("_")}) for n, item in CASES[world]]
-    return run_plans("autotune.runtime.worker:plans_job", SPEC, items, world, SEQ, BATCH, STEPS, SEED)
+def run_world(world: int, spec_name: str = SPEC.name) -> dict[str, list[dict]]:
+    """All plans of one model and world size in one launch (cached for the module)."""
+    spec = SPECS[spec_name]
+    for _, item in CASES[spec_name, world]:
+        resolved(item, world, spec)  # a variant the plan rules reject fails here with its table entry
+    items = [(n, {k: v for k, v in item.items() if not k.startswith("_")}) for n, item in CASES[spec_name, world]]
+    return run_plans("autotune.runtime.worker:plans_job", spec, items, world, SEQ, BATCH, STEPS, SEED)
 
 
-def check_against_reference(per_rank: list[dict]) -> None:
-    assert_matches_reference(per_rank, reference(SPEC, SEQ, BATCH, STEPS, SEED))
+def check_against_reference(per_rank: list[dict], spec: ModelSpec = SPEC) -> None:
+    assert_matches_reference(per_rank, reference(spec, SEQ, BATCH, STEPS, SEED))
 
 
-@pytest.mark.parametrize("name", [n for n, _ in CASES[2]])
+@pytest.mark.parametrize("name", [n for n, _ in CASES[SPEC.name, 2]])
 def test_world2_matches_single_process(name):
     check_against_reference(run_world(2)[name])
 
 
-@pytest.mark.parametrize("name", [n for n, _ in CASES[4]])
+@pytest.mark.parametrize("name", [n for n, _ in CASES[SPEC.name, 4]])
 def test_world4_matches_single_process(name):
     check_against_reference(run_world(4)[name])
 
 
-@pytest.mark.parametrize("name", [n for n, _ in CASES[8]])
+@pytest.mark.parametrize("name", [n for n, _ in CASES[SPEC.name, 8]])
 def test_world8_sample_matches_single_process(name):
     check_against_reference(run_world(8)[name])
+
+
+@pytest.mark.parametrize("name", [n for n, _ in CASES[OPT.name, 4]])
+def test_opt_style_model_matches_single_process(name):
+    check_against_reference(run_world(4, OPT.name)[name], OPT)
 
 
 def test_uneven_variants_are_really_uneven():
     """Every 'uneven' case has at least one share that is not the even split."""
     for world in (2, 4):
-        for name, item in CASES[world]:
+        for name, item in CASES[SPEC.name, world]:
             if name.endswith("-uneven"):
                 sh = resolved(item, world).shares
                 assert any(sorted(v) != sorted(even_split(sum(v), len(v)))

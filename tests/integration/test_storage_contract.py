@@ -110,7 +110,7 @@ def _search_until_killed(url: str, cache: str) -> None:
 def test_sigkill_of_a_worker_loses_no_trial_and_resumes(storage, tmp_path):
     if storage == MEMORY_URL:
         pytest.skip("an in-memory study lives and dies with its process: there is nothing to resume")
-    from autotune.spill import spill_dir
+    from autotune.search.spill import spill_dir
 
     p = mp.get_context("spawn").Process(target=_search_until_killed, args=(storage, os.environ["XDG_CACHE_HOME"]))
     p.start()

@@ -11,6 +11,7 @@ from _cost_helpers import HUGE, device, one_node
 
 from autotune.cost import comm as C
 from autotune.cost import estimate
+from autotune.cost.collectives import collectives_for
 from autotune.cost.compute import CPU_GEMM_CALL_S, SHORT_CALL_EXPONENT, rates_for, ring_blocks
 from autotune.cost.cpu import GlooTable
 from autotune.plan import parse_inline
@@ -73,9 +74,9 @@ def test_measured_collectives_follow_the_table():
 
 def test_only_a_profiled_cpu_uses_its_table():
     prof = {"links": {"collective_table": TABLE}}
-    assert C.collectives_for(device(kind="cuda", profile=prof)) is C.FORMULAS
-    assert C.collectives_for(device(kind="cpu")) is C.FORMULAS
-    K = C.collectives_for(device(kind="cpu", profile=prof))
+    assert collectives_for(device(kind="cuda", profile=prof)) is C.FORMULAS
+    assert collectives_for(device(kind="cpu")) is C.FORMULAS
+    K = collectives_for(device(kind="cpu", profile=prof))
     assert K.all_reduce(INTRA, 2, 65536) == pytest.approx(3e-4)
 
 

@@ -81,10 +81,13 @@ def _grads(m):
     return {n: p.grad.clone() for n, p in m.named_parameters()}
 
 
-def test_masked_window_loss_is_the_token_weighted_mean_of_its_documents_run_one_by_one():
+@pytest.mark.parametrize("arch", [{}, {"norm": "layernorm", "position": "learned", "max_positions": 32, "bias": True,
+                                      "activation": "gelu", "tied_embeddings": True}], ids=["llama", "opt"])
+def test_masked_window_loss_is_the_token_weighted_mean_of_its_documents_run_one_by_one(arch):
     """The window's loss (mean over its tokens, as the runtime defines it) equals the token-weighted
-    mean of the documents' losses, each run alone from position 0; the gradients are equal too."""
-    spec = ModelSpec(name="t", layers=2, hidden=32, heads=4, kv_heads=2, ffn_hidden=48, vocab=64)
+    mean of the documents' losses, each run alone from position 0; the gradients are equal too.
+    With a learned position table (OPT-style) each document starts at row 0 of it."""
+    spec = ModelSpec(name="t", layers=2, hidden=32, heads=4, kv_heads=2, ffn_hidden=48, vocab=64, **arch)
     docs = (7, 1, 12, 4)
     s = sum(docs)
     g = torch.Generator().manual_seed(3)
@@ -103,7 +106,7 @@ def test_masked_window_loss_is_the_token_weighted_mean_of_its_documents_run_one_
         total += float(part.detach())
         grads = _grads(m) if grads is None else {k: grads[k] + v for k, v in _grads(m).items()}
         start += n
-    assert float(loss) == pytest.approx(total, rel=1e-5)
+    assert float(loss.detach()) == pytest.approx(total, rel=1e-5)
     for name, grad in _grads(window).items():
         torch.testing.assert_close(grad, grads[name], atol=1e-6, rtol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
     # and the mask matters: without it the same window's loss differs
@@ -207,3 +210,19 @@ def test_plan_fields_of_schema_3_are_written_only_when_set():
     assert Plan.from_dict(new.to_dict()) == new and new.to_dict()["schema_version"] == 3
     with pytest.raises(PlanError, match="balance"):
         Plan.from_dict({"degrees": {"dp": 2}, "balance": "sizes"})
+
+
+def test_megatron_document_lengths_as_megatron_reads_them(tmp_path):
+    """Documents of several sequences each, written by Megatron's own builder: our lengths are its
+    reader's documents (sequence lengths summed between its document indices)."""
+    idx_mod = pytest.importorskip("megatron.core.datasets.indexed_dataset")
+    rng = np.random.default_rng(3)
+    prefix = str(tmp_path / "c_text_document")
+    builder = idx_mod.IndexedDatasetBuilder(prefix + ".bin", dtype=np.int32)
+    for parts in ([5, 9], [40], [3, 3, 3], [17]):
+        builder.add_document(torch.tensor(rng.integers(0, 50, sum(parts))), parts)
+    builder.finalize(prefix + ".idx")
+    reader = idx_mod.IndexedDataset(prefix)
+    di, sl = reader.document_indices, reader.sequence_lengths
+    want = [int(sl[di[i]:di[i + 1]].sum()) for i in range(len(di) - 1)]
+    assert list(W.megatron_lengths(prefix + ".idx")) == want == [14, 40, 9, 17]

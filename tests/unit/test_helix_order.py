@@ -7,6 +7,7 @@ from collections import Counter
 
 import pytest
 
+from autotune.cost import helixpipe as HC
 from autotune.cost.pipeline import simulate as simulate_chain
 from autotune.schedules import helixpipe as H
 
@@ -61,7 +62,7 @@ def test_every_forward_comes_before_every_backward_first_in_last_out(p, L, m, F)
 def test_dependencies_hold_in_the_simulated_times(p, L, m, F):
     fwd, bwd = unit_times(p, L, t_a=2.5)
     hops = ideal_links(p, 0.3)
-    sim = H.simulate(p, L, m, F, fwd, bwd, hops)
+    sim = HC.simulate(p, L, m, F, fwd, bwd, hops)
     for mb in range(m):
         for k in range(2 * L + 1):
             r = H.chain_rank(k, mb, p, F)
@@ -116,7 +117,7 @@ def test_bubble_matches_the_hand_derived_figure_and_beats_1f1b(p, L, ratio):
     F, t_p = 2, 1.0
     m = p * F
     fwd, bwd = unit_times(p, L, t_p=t_p, t_a=ratio * t_p)
-    sim = H.simulate(p, L, m, F, fwd, bwd, ideal_links(p))
+    sim = HC.simulate(p, L, m, F, fwd, bwd, ideal_links(p))
     overhead = sim.makespan - sum(sim.rank_busy) / p
     assert overhead == pytest.approx(F * (p - 1) * (t_p + 2 * t_p))
     assert sim.makespan == pytest.approx(sim.rank_busy[0])
@@ -133,7 +134,7 @@ def test_overhead_does_not_grow_with_attention_time():
     spans = []
     for ratio in (0.5, 1.0, 4.0):
         fwd, bwd = unit_times(p, L, t_a=ratio)
-        sim = H.simulate(p, L, p * F, F, fwd, bwd, ideal_links(p))
+        sim = HC.simulate(p, L, p * F, F, fwd, bwd, ideal_links(p))
         spans.append(sim.makespan - sum(sim.rank_busy) / p)
     assert spans[0] == pytest.approx(spans[1]) == pytest.approx(spans[2])
 
@@ -147,8 +148,8 @@ def test_a_slow_link_between_two_ranks_that_are_not_neighbours_costs_time():
     slow = [list(row) for row in fast[0]]
     slow[0][2] = slow[2][0] = 2.0
     slow_t = tuple(tuple(r) for r in slow)
-    base = H.simulate(p, L, m, F, fwd, bwd, fast).makespan
-    assert H.simulate(p, L, m, F, fwd, bwd, (slow_t, slow_t)).makespan > base + 1.0
+    base = HC.simulate(p, L, m, F, fwd, bwd, fast).makespan
+    assert HC.simulate(p, L, m, F, fwd, bwd, (slow_t, slow_t)).makespan > base + 1.0
 
 
 def test_two_folds_hide_a_hop_that_one_fold_exposes():
@@ -158,15 +159,15 @@ def test_two_folds_hide_a_hop_that_one_fold_exposes():
     over = {}
     for F in (1, 2):
         m = p * 2
-        ideal = H.simulate(p, L, m, F, fwd, bwd, ideal_links(p)).makespan
-        over[F] = H.simulate(p, L, m, F, fwd, bwd, hop).makespan - ideal
+        ideal = HC.simulate(p, L, m, F, fwd, bwd, ideal_links(p)).makespan
+        over[F] = HC.simulate(p, L, m, F, fwd, bwd, hop).makespan - ideal
     assert over[2] < over[1]
 
 
 def test_events_cover_each_rank_without_overlap():
     p, L, m, F = 4, 4, 8, 2
     fwd, bwd = unit_times(p, L, t_a=2.0)
-    sim = H.simulate(p, L, m, F, fwd, bwd, ideal_links(p, 0.2))
+    sim = HC.simulate(p, L, m, F, fwd, bwd, ideal_links(p, 0.2))
     ev = sim.events()
     for s in range(p):
         mine = sorted((e for e in ev if e["stage"] == s and e["kind"] != "comm"), key=lambda e: e["start"])
@@ -191,7 +192,7 @@ def test_weighted_attention_shares_keep_the_order_whole_and_deadlock_free(p, L, 
         per_rank = Counter(H.chain_rank(2 * i + 1, mb, p, F, shares) for i in range(L))
         assert [per_rank.get(r, 0) for r in range(p)] == list(shares)
     fwd, bwd = unit_times(p, L, t_a=1.7)
-    sim = H.simulate(p, L, m, F, fwd, bwd, ideal_links(p, 0.1), shares)  # raises if the order deadlocks
+    sim = HC.simulate(p, L, m, F, fwd, bwd, ideal_links(p, 0.1), shares)  # raises if the order deadlocks
     assert sim.makespan > 0
 
 
@@ -217,6 +218,6 @@ def test_weighted_shares_balance_a_slow_rank():
     fwd = tuple(tuple(1.0 * speed[r] for r in range(p)) for _ in range(n))
     bwd = tuple(tuple(2 * x for x in row) for row in fwd)
     links = ideal_links(p, 0.05)
-    even = H.simulate(p, L, m, F, fwd, bwd, links).makespan
-    weighted = H.simulate(p, L, m, F, fwd, bwd, links, (6, 2)).makespan
+    even = HC.simulate(p, L, m, F, fwd, bwd, links).makespan
+    weighted = HC.simulate(p, L, m, F, fwd, bwd, links, (6, 2)).makespan
     assert weighted < even

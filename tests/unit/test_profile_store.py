@@ -256,7 +256,9 @@ def test_processes_opening_one_fresh_storage_together_all_get_it(tmp_path, monke
     failed a two-agent profile: 'table autotune_profile_samples already exists')."""
     from sqlalchemy.exc import OperationalError
 
-    real = store.Base.metadata.create_all
+    from autotune.specs.profiles import Base
+
+    real = Base.metadata.create_all
     calls = []
 
     def racing(eng, *a, **k):  # the first call loses the race: another process just created a table
@@ -267,12 +269,12 @@ def test_processes_opening_one_fresh_storage_together_all_get_it(tmp_path, monke
                 "table autotune_profile_samples already exists"))
         return real(eng, *a, **k)
 
-    monkeypatch.setattr(store.Base.metadata, "create_all", racing)
+    monkeypatch.setattr(Base.metadata, "create_all", racing)
     url = f"sqlite:///{tmp_path / 'fresh.db'}"
     store.engine_for(url)
     assert len(calls) == 2 and store.list_profiles(url) == []
     # any other storage error still reaches the user as one line
-    monkeypatch.setattr(store.Base.metadata, "create_all", lambda eng, *a, **k: (_ for _ in ()).throw(
+    monkeypatch.setattr(Base.metadata, "create_all", lambda eng, *a, **k: (_ for _ in ()).throw(
         OperationalError("CREATE TABLE x", {}, Exception("disk I/O error"))))
     with pytest.raises(InputError, match="disk I/O error"):
         store.engine_for(f"sqlite:///{tmp_path / 'other.db'}")

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from profilers.emulation import SlowdownEmulator, emulate_delay
+from autotune.runtime.emulation import SlowdownEmulator, emulate_delay
 from profilers.fits import affine_fit, predict
 from profilers.timing import summarize, time_fn
 

@@ -79,6 +79,22 @@ class SlowdownEmulator:
 
 def parse_slowdown(items: list[str] | None) -> dict[int, float]:
     """``["1=2.0"]`` -> ``{1: 2.0}`` (the CLI's ``--emulate-slowdown``); delegates to the shared parser."""
-    from autotune.commands.common import parse_emulation
-
     return parse_emulation(items)
+
+
+def parse_emulation(items: list[str] | None) -> dict[int, float]:
+    """``["1=2.0"]`` -> {1: 2.0}; bad items are input errors naming the option."""
+    from autotune.errors import InputError
+
+    out: dict[int, float] = {}
+    for item in items or []:
+        rank, sep, factor = item.partition("=")
+        try:
+            r, f = int(rank), float(factor)
+        except ValueError:
+            r, f = -1, 0.0
+        if not sep or r < 0 or not (f >= 1.0 and math.isfinite(f)):
+            raise InputError(f"expected RANK=FACTOR with RANK >= 0 and FACTOR >= 1, got {item!r}",
+                             field="--emulate-slowdown")
+        out[r] = f
+    return out

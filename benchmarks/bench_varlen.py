@@ -1,0 +1,159 @@
+"""Packed documents with masks: predicted against measured step time on this machine, the gain of
+balancing, and how the best plan moves from fixed-length windows to a length distribution (issue 28).
+
+Workload: document lengths from a log-normal, ln(length) ~ N(MU, SIGMA), clipped to [2, 64k]; the
+parameters are *not* fitted to a corpus here (no corpus statistic could be checked offline): MU =
+5.5 (median 245 tokens) and SIGMA = 1.3 give a long tail (p99 ~5k tokens), the shape web-text
+document lengths are commonly described with. Windows are packed in data order
+(autotune/documents.py) and trials draw them synthetically from the histogram.
+
+1. CPU trials (``run_trial`` on 2 local processes, ``small`` at a 4096 window, batch 4, fp32): each
+   plan priced by the cost model (measured profile of this machine) with the distribution, then run
+   for real with the same distribution; plain packing (windows to replicas in order) and balanced
+   packing (by cost), plus the plan ``search --lengths`` returns. Printed: predicted, measured,
+   error; the median |error| over plans; the predicted and measured gain of balancing.
+2. The best plan with and without the distribution at the same window: on this machine (2 ranks,
+   priced), and on a mixed 8 x H100 + 8 x A100 cluster for llama3-8b at 32k (priced).
+
+    python benchmarks/bench_varlen.py [--profile ID] [--storage URL] [--steps 3] [--repeat 1] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+MU, SIGMA, MAX_LEN = 5.5, 1.3, 65536
+MODEL, SEQ, BATCH = "small", 4096, 4
+PLANS = [
+    ("dp2 plain", {"degrees": {"dp": 2}}),
+    ("dp2 balanced", {"degrees": {"dp": 2}, "balance": "cost"}),
+    ("cp2", {"degrees": {"cp": 2}}),
+    ("hp2", {"degrees": {"hp": 2}}),
+    ("tp2", {"degrees": {"tp": 2}}),
+]
+MIXED = {"name": "mixed-h100-a100",
+         "nodes": [{"count": 1, "devices_per_node": 8, "device": "H100-SXM",
+                    "intra_node": {"bandwidth": "450GB/s", "latency": "3us"}},
+                   {"count": 1, "devices_per_node": 8, "device": "A100-80GB",
+                    "intra_node": {"bandwidth": "300GB/s", "latency": "3us"}}],
+         "inter_node": {"bandwidth": "25GB/s", "latency": "10us"}}
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def load() -> float:
+    return os.getloadavg()[0]
+
+
+def describe(p: dict[str, Any]) -> str:
+    deg = ",".join(f"{k}={v}" for k, v in p["degrees"].items() if v > 1) or "dp=1"
+    extra = [f"{k} {v}" for k, v in (p.get("shares") or {}).items() if v and len(v) > 1 and max(v) != min(v)]
+    return deg + (f" balance={p['balance']}" if p.get("balance") else "") + (" " + " ".join(extra) if extra else "")
+
+
+def best_of(model: Any, cluster: Any, seq: int, gb: int, docs: Any, trials: int, storage: str) -> dict[str, Any]:
+    from autotune.search import SearchOptions, search
+
+    opts = SearchOptions(trials=trials, dtype="fp32" if cluster.groups[0].device.kind == "cpu" else "bf16",
+                         documents=None if docs is None else {**docs.record(), "doc_mask": True})
+    name = f"bench-varlen-{cluster.name}-{seq}-{'docs' if docs else 'fixed'}-{time.time_ns()}"
+    return search(model, cluster, seq, gb, study_name=name, storage=storage, options=opts).best.to_dict()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--profile", help="profile id of this machine in --storage (default: profile it, quick)")
+    ap.add_argument("--storage", default="sqlite:///results/bench_varlen.db")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--repeat", type=int, default=1, help="trials per plan; the median step time is kept")
+    ap.add_argument("--trials", type=int, default=40, help="search trials for the searched plan")
+    ap.add_argument("--json", dest="json_out", help="write every figure here")
+    args = ap.parse_args()
+
+    from autotune import documents as W
+    from autotune.commands.tune import measured_cluster, profile_quick
+    from autotune.cost import estimate
+    from autotune.plan import Plan
+    from autotune.runtime.trial import run_trial
+    from autotune.specs import load_model
+    from autotune.specs.cluster import cluster_from_dict
+
+    dist = W.lognormal(MU, SIGMA, n=50000, seed=0, max_len=MAX_LEN)
+    s = dist.summary()
+    print(f"distribution: {dist.source}: mean {s['mean']:.0f}, p50 {s['p50']}, p90 {s['p90']}, p99 {s['p99']}, "
+          f"max {s['max']} tokens")
+    docs = W.DocumentSource(dist)
+    pid = args.profile or profile_quick(args.storage, 2, log)[0]
+    cluster = measured_cluster(pid, args.storage, per_node=2)
+    model = load_model(MODEL)
+    print(f"profile {pid}; {MODEL} at window {SEQ}, batch {BATCH}, fp32, 2 local processes; load {load():.1f}")
+
+    store = f"sqlite:///{tempfile.mkdtemp()}/search.db"
+    searched = best_of(model, cluster, SEQ, BATCH, docs, args.trials, store)
+    plans = PLANS + [("searched", {k: searched[k] for k in ("degrees", "micro_batch_size", "schedule", "recompute",
+                                                           "zero_stage", "sequence_parallel", "shares")
+                                   if k in searched} | {"balance": searched.get("balance", "count")})]
+    rows = []
+    for name, d in plans:
+        plan = Plan.from_dict({**d, "dtype": "fp32", "doc_mask": True})
+        pred = estimate(plan, model, cluster, SEQ, BATCH, documents=dist).predicted["step_time_s"]
+        full = estimate(plan.replace(doc_mask=False), model, cluster, SEQ, BATCH).predicted["step_time_s"]
+        times = []
+        for rep in range(args.repeat):
+            log(f"{name}: trial {rep + 1}/{args.repeat} (load {load():.1f})")
+            res = run_trial(plan, model, SEQ, BATCH, steps=args.steps, warmup=args.warmup, device="cpu",
+                            timeout_s=600, seed=rep, documents=docs)
+            if res.failure is None:
+                times.append(res.measured["step_time_s"])
+            else:
+                log(f"  failed: {res.failure}")
+        meas = statistics.median(times) if times else None
+        rows.append({"name": name, "plan": describe(plan.to_dict()), "predicted_s": pred, "full_window_s": full,
+                     "measured_s": meas, "error": (pred - meas) / meas if meas else None, "load": load()})
+    print(f"\n{'plan':<14} {'layout':<34} {'full window':>11} {'predicted':>10} {'measured':>10} {'error':>8}")
+    for r in rows:
+        m = f"{r['measured_s']:.3f}s" if r["measured_s"] else "failed"
+        e = f"{r['error']:+.1%}" if r["error"] is not None else "-"
+        print(f"{r['name']:<14} {r['plan']:<34} {r['full_window_s']:>10.3f}s {r['predicted_s']:>9.3f}s {m:>10} {e:>8}")
+    errs = [abs(r["error"]) for r in rows if r["error"] is not None]
+    print(f"median |error| over {len(errs)} plans: {statistics.median(errs):.1%}" if errs else "no plan ran")
+    by = {r["name"]: r for r in rows}
+    gain = {}
+    if by["dp2 plain"]["measured_s"] and by["dp2 balanced"]["measured_s"]:
+        gain = {"predicted": by["dp2 plain"]["predicted_s"] / by["dp2 balanced"]["predicted_s"] - 1,
+                "measured": by["dp2 plain"]["measured_s"] / by["dp2 balanced"]["measured_s"] - 1}
+        print(f"gain of balancing (dp2, plain / balanced - 1): predicted {gain['predicted']:+.1%}, measured "
+              f"{gain['measured']:+.1%}")
+
+    print("\nbest plan, fixed-length windows against the distribution at the same window (priced):")
+    moves = []
+    for cname, cl, mname, seq, gb in (("this machine, 2 ranks", cluster, MODEL, SEQ, BATCH),
+                                      ("8 H100 + 8 A100", cluster_from_dict(MIXED), "llama3-8b", 32768, 16)):
+        m = load_model(mname)
+        fixed = best_of(m, cl, seq, gb, None, args.trials, store)
+        with_docs = best_of(m, cl, seq, gb, docs, args.trials, store)
+        moves.append({"cluster": cname, "model": mname, "seq_len": seq, "fixed": describe(fixed),
+                      "fixed_step_s": fixed["predicted"]["step_time_s"], "documents": describe(with_docs),
+                      "documents_step_s": with_docs["predicted"]["step_time_s"]})
+        print(f"  {cname}, {mname} at {seq}: fixed {describe(fixed)} ({fixed['predicted']['step_time_s']:.3f} s) -> "
+              f"documents {describe(with_docs)} ({with_docs['predicted']['step_time_s']:.3f} s)")
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps({"distribution": s, "profile": pid, "rows": rows, "gain": gain,
+                                                   "moves": moves}, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()
