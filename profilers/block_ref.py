@@ -48,10 +48,10 @@ def ref_points(device: str) -> tuple[tuple[str, int], ...]:
 def ref_calls(piece: str, mbs: int, device: str, dtype: Any) -> tuple[Callable[[], None], Callable[[], None]]:
     """(forward, forward + backward) of the reference ``piece`` at ``mbs`` in torch ``dtype`` (``mbs``
     0: ``FIXED_MODEL`` at micro-batch 1)."""
-    from profilers.layers import _Piece
+    from profilers.pieces import Piece
 
-    p = (_Piece(piece, FIXED_MODEL, 1, 1, FIXED_SEQ, device, dtype) if mbs == 0 else
-         _Piece(piece, REF_MODEL, 1, mbs, REF_SEQ, device, dtype))
+    p = (Piece(piece, FIXED_MODEL, 1, 1, FIXED_SEQ, device, dtype) if mbs == 0 else
+         Piece(piece, REF_MODEL, 1, mbs, REF_SEQ, device, dtype))
     return p.fwd, p.fwd_bwd
 
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 import bisect
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -152,12 +153,9 @@ class Context:
         a, k, floor = line
         return max(a + k * x, floor)
 
-    def block(self, lc: Any) -> Any:
-        """``lc`` (a kernel-priced ``LayerCompute``) as the block runs in context."""
-        from autotune.cost.layers import Lookup, measured_block
-
-        return measured_block(lc, Lookup(self._at(self.block_fwd, lc.fwd), self._at(self.block_bwd, lc.bwd),
-                                         self.source))
+    def block(self, fwd: float, bwd: float) -> tuple[float, float]:
+        """(fwd, bwd) seconds of a block whose kernel price is (``fwd``, ``bwd``), in context."""
+        return self._at(self.block_fwd, fwd), self._at(self.block_bwd, bwd)
 
     def head(self, fwd: float, bwd: float) -> tuple[float, float]:
         return self._at(self.head_fwd, fwd), self._at(self.head_bwd, bwd)
@@ -189,10 +187,11 @@ def _ref_model(shape: dict[str, Any], name: str) -> tuple[Any, int]:
             int(shape["seq"]))
 
 
-def context_of(prof: dict[str, Any], dtype: str, rates: Any) -> Context | None:
-    """The ``Context`` of a CPU profile at ``dtype`` (None without the fixed shape and two
-    micro-batches of each piece): the reference shapes priced by the kernel model of ``rates`` (its
-    ``context`` still None), against what the profile measured for them."""
+def context_of(prof: dict[str, Any], dtype: str,
+               price: Callable[[Any, int, int], tuple[float, float, float, float]]) -> Context | None:
+    """The ``Context`` of a CPU profile at ``dtype`` (None without two micro-batches of each piece):
+    the reference shapes priced by ``price(model, seq, micro_batch)`` (the kernel model's block fwd,
+    bwd and head fwd, bwd: ``compute.reference_price``), against what the profile measured for them."""
     ref = (prof.get("block_ref") or {}).get(dtype)
     if not isinstance(ref, dict):
         return None
@@ -209,20 +208,8 @@ def context_of(prof: dict[str, Any], dtype: str, rates: Any) -> Context | None:
         mbs, first = mbs[1:], mbs[0]
     else:
         first = 0
-    from autotune.cost import memory as M
-    from autotune.cost.compute import DTYPE_BYTES, head_compute, layer_compute
-
-    def kernel(m: Any, s: int, b: int) -> tuple[float, float, float, float]:
-        _, full, scores = M.layer_activation_bytes(
-            m, micro_batch=b, tokens_local=float(s), cp_tokens=float(s), seq_len=s, heads_local=m.heads, tp=1,
-            sequence_parallel=False, recompute="none", act_bytes=DTYPE_BYTES.get(dtype, 2), fused_attention=False)
-        lc = layer_compute(m, rates, tokens=float(b * s), tp=1, heads_local=m.heads, keysum=s * (s + 1) / 2.0,
-                           block_seq=float(s), micro_batch=b, act_bytes=full - scores)
-        hf, hb = head_compute(m, rates, tokens=float(b * s), tp=1)
-        return lc.fwd, lc.bwd, hf, hb
-
-    priced = [kernel(fixed_model, fixed_seq, 1) if first == 0 else kernel(model, seq, first)]
-    priced += [kernel(model, seq, b) for b in mbs]
+    priced = [price(fixed_model, fixed_seq, 1) if first == 0 else price(model, seq, first)]
+    priced += [price(model, seq, b) for b in mbs]
     measured = [(*pts["block", b], *pts["head", b]) for b in (first, *mbs)]
     lines = [_line(tuple(k[i] for k in priced), tuple(m[i] for m in measured)) for i in range(4)]
     src = (f"profile block_ref ({dtype}: the runtime's block and head at hidden {fixed_model.hidden} / seq "
