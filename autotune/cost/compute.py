@@ -167,6 +167,8 @@ def rates_for(spec: Any, dtype: str, head_dim: int, kernels: Any = None) -> Rate
         r.cpu = _cpu.cpu_rates(spec, dtype)
     _gemm_rates(r, (prof.get("gemm") or {}).get(dtype))
     _attention_rates(r, prof.get("attention") or {}, head_dim)
+    if r.cpu is not None:  # priced with the kernel terms above, so after them
+        r.cpu.context = _cpu.context_of(prof, dtype, lambda m, seq, b: reference_price(r, dtype, m, seq, b))
     if r.cpu is None and r.gemm_fit is None and r.gemm_points is None and r.attn_points is None:
         r.size = _datasheet.size_model(spec, dtype, DTYPE_BYTES.get(dtype, 2), kernels)
         if r.size is not None:
@@ -250,7 +252,44 @@ def layer_compute(model: Any, rates: Rates, *, tokens: float, tp: int, heads_loc
         elem, attn = _cpu.block_extras(rates, model, elem=elem, heads_local=heads_local, micro_batch=micro_batch,
                                        block_seq=block_seq, blocks=blocks)
     a_fwd, a_bwd = attn if attn is not None else rates.attention_time(attn_flops, block_seq)
-    return LayerCompute(gemm_fwd=gemm, attn_fwd=a_fwd, attn_bwd=a_bwd, elem_fwd=elem)
+    lc = LayerCompute(gemm_fwd=gemm, attn_fwd=a_fwd, attn_bwd=a_bwd, elem_fwd=elem)
+    if rates.cpu is not None and rates.cpu.context is not None:  # CPU: as the block runs in context
+        return rescaled_block(lc, *rates.cpu.context.block(lc.fwd, lc.bwd))
+    return lc
+
+
+def rescaled_block(lc: LayerCompute, fwd: float, bwd: float) -> LayerCompute:
+    """``lc`` with its totals replaced by ``fwd`` / ``bwd`` (a measured block, or the kernel price in
+    context): each forward term scaled so they sum to ``fwd`` (selective recomputation still finds the
+    attention core's share), the attention backward keeping its share of ``bwd``."""
+    scale = fwd / lc.fwd if lc.fwd > 0 else 0.0
+
+    class RescaledLayerCompute(LayerCompute):
+        @property
+        def fwd(self) -> float:
+            return fwd
+
+        @property
+        def bwd(self) -> float:
+            return bwd
+
+    return RescaledLayerCompute(gemm_fwd=lc.gemm_fwd * scale, attn_fwd=lc.attn_fwd * scale,
+                                attn_bwd=bwd * (lc.attn_bwd / lc.bwd if lc.bwd > 0 else 0.0),
+                                elem_fwd=lc.elem_fwd * scale)
+
+
+def reference_price(rates: Rates, dtype: str, model: Any, seq: int, mbs: int) -> tuple[float, float, float, float]:
+    """The kernel price (block fwd, bwd, head fwd, bwd) of a whole-sequence, unsharded micro-batch of
+    ``mbs`` x ``seq`` tokens: what ``cpu.context_of`` sets against the profile's reference points."""
+    from autotune.cost.activations import layer_activation_bytes
+
+    _, full, scores = layer_activation_bytes(
+        model, micro_batch=mbs, tokens_local=float(seq), cp_tokens=float(seq), seq_len=seq, heads_local=model.heads,
+        tp=1, sequence_parallel=False, recompute="none", act_bytes=DTYPE_BYTES.get(dtype, 2), fused_attention=False)
+    lc = layer_compute(model, rates, tokens=float(mbs * seq), tp=1, heads_local=model.heads,
+                       keysum=seq * (seq + 1) / 2.0, block_seq=float(seq), micro_batch=mbs, act_bytes=full - scores)
+    hf, hb = head_compute(model, rates, tokens=float(mbs * seq), tp=1)
+    return lc.fwd, lc.bwd, hf, hb
 
 
 _SIZED: dict[tuple, tuple[Any, tuple[float, float, float, float]]] = {}
@@ -303,4 +342,6 @@ def head_compute(model: Any, rates: Rates, *, tokens: float, tp: int) -> tuple[f
     e = rates.memory_time(3.0 * 4.0 * tokens * model.vocab / tp)
     if rates.cpu is not None:
         e = e + _cpu.head_ops(rates)
+        if rates.cpu.context is not None:  # as the head runs in context
+            return rates.cpu.context.head(g + e, 2.0 * g + e)
     return g + e, 2.0 * g + e
