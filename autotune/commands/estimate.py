@@ -53,8 +53,7 @@ def command(model: ModelOpt, cluster: ClusterOpt, plan: PlanOpt, seq_len: SeqLen
     m = load_model(model)
     c = load_cluster(cluster, storage=storage)
     p = load_plan_for(plan, c, dtype)
-    from autotune.commands.documents_options import documents_from_options
-    from autotune.documents import plan_masks
+    from autotune.documents import documents_from_options, plan_masks
 
     docs = documents_from_options(data=data, eod=eod, lengths=lengths, vocab=m.vocab, data_dtype=data_dtype)
     p = plan_masks(p, docs, doc_mask)

@@ -162,7 +162,7 @@ def _compute_sources(groups: list) -> dict[str, dict[str, str]]:
 
 def _activation_sources(groups: list) -> dict[str, Any]:
     """``{"activation_source": {device: how}}`` where a layer profile measured the activation bytes
-    (``memory.measured_activations``); nothing otherwise (every other estimate's breakdown keeps its
+    (``layers.measured_activations``); nothing otherwise (every other estimate's breakdown keeps its
     keys)."""
     out: dict[str, str] = {}
     for _, _, ctx, _ in groups:

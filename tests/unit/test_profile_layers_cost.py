@@ -231,7 +231,7 @@ def test_search_output_says_per_plan_what_priced_it():
     profiled = one_node(2, dev=dataclasses.replace(device(), layer_profiles=(_scaled_sheet_doc(),)))
     cp = estimate(parse_inline("cp=2"), SMALL, profiled, 512, 4).breakdown
     dp = estimate(parse_inline("dp=2"), SMALL, profiled, 512, 4).breakdown
-    assert priced_from(cp).startswith(f"; X block from datasheet x {K:.2f} (one scale: layers:9")
+    assert priced_from(cp) == f"; X block from datasheet x {K:.2f} (on layers:9 (measured)'s scale)"
     assert priced_from(dp) == "; X block from layers:9 (measured)"
     assert priced_from(estimate(parse_inline("dp=2"), SMALL, one_node(2), 512, 4).breakdown) == ""
 
