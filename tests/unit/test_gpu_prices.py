@@ -118,3 +118,25 @@ def test_published_runs_keep_their_split_and_their_sources():
     # the project's own held-out tables stay out of this benchmark
     text = (ROOT / "benchmarks" / "bench_published.py").read_text()
     assert "Narayanan et al. 2021, Table 1" in text and "appear nowhere here" in text
+
+
+def test_estimate_target_on_the_command_line_prices_with_it_and_says_what_it_cannot_run(tmp_path):
+    import json as _json
+
+    from typer.testing import CliRunner
+
+    from autotune.cli import app
+
+    (tmp_path / "c.yaml").write_text("nodes:\n  - {count: 2, devices_per_node: 8, device: A100-80GB}\n"
+                                     "inter_node: {bandwidth: 25GB/s, latency: 5us}\n")
+    args = ["estimate", "-m", "llama3-8b", "-c", str(tmp_path / "c.yaml"), "-s", "4096", "-b", "64", "--json"]
+    r = CliRunner().invoke(app, [*args, "-p", "tp=2,dp=4,pp=2,layers=12/20", "--target", "deepspeed"])
+    assert r.exit_code == 0, r.output
+    out = _json.loads(r.output)
+    assert out["breakdown"]["runtime"]["name"] == kernel_costs("deepspeed").name
+    assert out["target"]["name"] == "deepspeed" and any("shares.layers" in x for x in out["target"]["cannot_run"])
+    import subprocess
+
+    bad = subprocess.run([sys.executable, "-m", "autotune", *args, "-p", "dp=16", "--target", "megatrn"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "did you mean megatron" in bad.stderr and len(bad.stderr.splitlines()) == 1
