@@ -294,7 +294,7 @@ def documents_from_options(*, data: str | None, eod: int | None, lengths: str | 
         return DocumentSource(read_histogram(lengths))
     if data is None or eod is None:
         return None
-    from autotune.runtime.data import open_token_file
+    from autotune.token_files import open_token_file
 
     tf = open_token_file(data, vocab, dtype=data_dtype)
     if not 0 <= eod < vocab:

@@ -22,6 +22,11 @@ of the other dimensions, so the runtime can execute it:
 * ``samples``: ``dp`` entries summing to the global batch; replica i runs ``samples[i] /
   micro_batch_size`` micro-batches. ``num_microbatches`` is the largest replica's count (every
   replica's count under even shares), as Megatron counts micro-batches per replica.
+
+Modules: the parts a Plan is made of (degrees, shares, placement, the enumerated choices, PlanError)
+are ``autotune/plan_parts.py``; the rules ``resolve`` checks are ``autotune/plan_checks.py``; this
+module holds the Plan, its JSON and inline forms and its schema, and every public name of the other
+two is importable from here.
 """
 
 from __future__ import annotations
@@ -33,6 +38,32 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import InputError, suggest
+from autotune.plan_checks import (  # noqa: F401  (_PLACEMENT_CHECKS: benchmarks/bench_estimate.py clears it)
+    _PLACEMENT_CHECKS,
+    _check_basic,
+    _check_resolved,
+    _node_order_placement,
+)
+from autotune.plan_parts import (  # noqa: F401  (every part is importable from autotune.plan)
+    BALANCES,
+    CP_LAYOUTS,
+    DIMS,
+    DTYPE_CHOICES,
+    DTYPES,
+    GRAD_REDUCE_DTYPE,
+    HELIX_FOLDS,
+    MESH_ORDER,
+    RECOMPUTE,
+    ZERO_STAGES,
+    Degrees,
+    Placement,
+    PlanError,
+    Shares,
+    Workload,
+    even_split,
+    mesh_groups,
+    shares_are_even,
+)
 from autotune.schedules import names, schedule_of
 from autotune.specs import fields as F
 
@@ -44,112 +75,14 @@ they change something. 2: ``dtype`` is the mixed-precision recipe (low-precision
 weights and AdamW states, gradients reduced in ``GRAD_REDUCE_DTYPE``). Version-1 and -2 plans load
 unchanged."""
 READABLE_SCHEMA_VERSIONS = (1, 2, 3)
-DIMS = ("dp", "pp", "cp", "hp", "tp")
-MESH_ORDER = ("pp", "dp", "cp", "hp", "tp")
 RECORD_KEYS = ("predicted", "measured", "provenance")
 """Keys of a plan JSON that say what happened to the plan, not what it is: they travel beside the
 Plan in ``autotune.plan_record.PlanRecord``; ``Plan.from_dict`` checks and skips them."""
 SCHEDULES = names()
 """Every pipeline schedule name a Plan may carry: the registry of ``autotune.schedules`` (one module
 each; the constructor, the JSON parser, the search space and the schema test read it)."""
-RECOMPUTE = ("none", "selective", "full")
-HELIX_FOLDS = (1, 2)
-"""HelixPipe's fold counts (the fork's ``--num-fold``: two folds hide one another's transfers)."""
-CP_LAYOUTS = ("zigzag", "contiguous")
-BALANCES = ("count", "cost")
-"""How packed windows go to DP replicas: ``count`` (rows in order, ``shares.samples`` each) or
-``cost`` (the same counts, heavy windows spread by attention cost: autotune/documents.py)."""
-DTYPES = ("bf16", "fp16", "fp32", "fp32-strict")  # fp32: TF32 GEMMs where the device has them
-DTYPE_CHOICES = ("auto", *DTYPES)
-"""What ``--dtype`` takes: ``auto`` is bf16 where every device of the cluster has it, else fp16
-(``choose_dtype``)."""
-ZERO_STAGES = (0, 1, 2, 3)
-GRAD_REDUCE_DTYPE = "fp32"
-"""Mixed precision: the precision gradients are accumulated and reduced in over the data-parallel
-ranks, whatever the compute dtype (Megatron's default under --bf16; the runtime does this, the cost
-model prices these bytes, the exporters emit the matching flag)."""
 SCHEMA_PATH = Path(__file__).parent / "schema" / "plan.schema.json"
 
-
-class PlanError(InputError):
-    """A plan that does not fit the model or the cluster; the message names every factor that is off."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Degrees:
-    """Parallel degrees; their product is the number of devices."""
-
-    dp: int = 1
-    """Data-parallel replicas."""
-    pp: int = 1
-    """Pipeline stages (physical; virtual stages are ``Plan.virtual_stages``)."""
-    cp: int = 1
-    """Context-parallel (ring attention) shards of the sequence."""
-    hp: int = 1
-    """Head-parallel (Ulysses all-to-all) ranks."""
-    tp: int = 1
-    """Tensor-parallel (Megatron) ranks."""
-
-    def __post_init__(self) -> None:
-        for d in DIMS:
-            v = getattr(self, d)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise PlanError(f"must be a positive integer, got {v!r}", field=f"degrees.{d}")
-
-    @property
-    def world(self) -> int:
-        return self.dp * self.pp * self.cp * self.hp * self.tp
-
-    def product_text(self) -> str:
-        return "*".join(f"{d}({getattr(self, d)})" for d in DIMS)
-
-    def to_dict(self) -> dict[str, int]:
-        return {d: getattr(self, d) for d in DIMS}
-
-    def inline(self) -> str:
-        return ",".join(f"{d}={getattr(self, d)}" for d in DIMS if getattr(self, d) != 1) or "dp=1"
-
-
-@dataclass(frozen=True, kw_only=True)
-class Shares:
-    """Uneven splits along each dimension (None: not resolved yet, even split by default)."""
-
-    layers: tuple[int, ...] | None = None
-    tokens: tuple[int, ...] | None = None
-    heads: tuple[int, ...] | None = None
-    samples: tuple[int, ...] | None = None
-
-    def to_dict(self) -> dict[str, list[int] | None]:
-        return {k: (list(v) if v is not None else None) for k, v in dataclasses.asdict(self).items()}
-
-
-@dataclass(frozen=True, kw_only=True)
-class Placement:
-    """Mesh rank ``rank`` runs on device ``device`` of node ``node`` (global node index)."""
-
-    rank: int
-    node: int
-    device: int
-
-
-@dataclass(frozen=True, kw_only=True)
-class Workload:
-    """What the plan is for; recorded when a plan is resolved against a model and a cluster."""
-
-    model: str
-    seq_len: int
-    global_batch: int
-    cluster: str = ""
-
-
-
-def shares_are_even(layers: Any, tokens: Any, heads: Any, samples: Any) -> bool:
-    """The even-split rule of ``Plan.is_even`` on bare share sequences (None: not set): layers,
-    heads and samples may differ by one (a remainder), tokens not at all (CP chunks are equal)."""
-    for v in (layers, heads, samples):
-        if v and max(v) - min(v) > 1:
-            return False
-    return not tokens or max(tokens) == min(tokens)
 
 @dataclass(frozen=True, kw_only=True)
 class Plan:
@@ -253,11 +186,7 @@ class Plan:
     def all_groups(self, dim: str) -> list[list[int]]:
         """Every ``dim`` group, ordered by first rank. Stride arithmetic (same result as calling
         ``group_ranks`` per rank, which cost ~2 ms at 128 ranks inside every ``resolve``)."""
-        n = getattr(self.degrees, dim)
-        stride = 1
-        for d in MESH_ORDER[MESH_ORDER.index(dim) + 1:]:
-            stride *= getattr(self.degrees, d)
-        return [[r + i * stride for i in range(n)] for r in range(self.world) if (r // stride) % n == 0]
+        return mesh_groups(self.degrees, dim, self.world)
 
     def device_index(self, rank: int, cluster: Any) -> int:
         """Flattened cluster device index (ClusterSpec.devices) that runs ``rank``."""
@@ -439,152 +368,7 @@ def choose_dtype(option: str, cluster: Any, plan_dtype: str | None = None) -> st
     return option
 
 
-def even_split(total: int, parts: int) -> list[int]:
-    """``total`` into ``parts`` integers differing by at most one, larger ones first."""
-    q, r = divmod(total, parts)
-    return [q + (1 if i < r else 0) for i in range(parts)]
-
-
-# ---- validation ---------------------------------------------------------------------------------
-def _check_basic(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: int) -> list[str]:
-    """What can be checked before defaults are filled in."""
-    from autotune.divisibility import degree_problems
-
-    d = plan.degrees
-    p = [f"{f}: {t}" for f, t in degree_problems(d, model, cluster.num_devices, plan.virtual_stages)]
-    if d.dp > global_batch:
-        p.append(f"degrees.dp: dp({d.dp}) > global_batch({global_batch})")
-    if seq_len < 1:
-        p.append(f"seq_len: must be positive, got {seq_len}")
-    if d.cp * d.hp > seq_len:
-        p.append(f"degrees.cp: cp({d.cp})*hp({d.hp}) > seq_len({seq_len})")
-    p += schedule_of(plan).check_shape(d.pp, plan.virtual_stages)
-    if plan.helix_folds not in HELIX_FOLDS:
-        p.append(f"helix_folds: must be one of {', '.join(map(str, HELIX_FOLDS))}, got {plan.helix_folds}")
-    elif plan.helix_folds != 1 and plan.schedule != "helixpipe":
-        p.append(f"helix_folds: only helixpipe folds micro-batches, {plan.schedule} needs helix_folds(1)")
-    if plan.helix_attention is not None and plan.schedule != "helixpipe":
-        p.append(f"helix_attention: only helixpipe places attention apart from its layer, {plan.schedule} "
-                 "needs helix_attention null")
-    if plan.dtype not in {k for dev in cluster.device_types() for k in dev.peak_flops}:
-        p.append(f"dtype: no device in the cluster supports {plan.dtype}")
-    return p
-
-
-def _sharding_problems(plan: Plan, counts: list[int]) -> list[str]:
-    """What the runtime's ZeRO-2/3 (FSDP2, autotune/runtime/sharding.py) does not compose with, as
-    measured against one process: a schedule that splits the backward into input and weight halves
-    runs the weight half outside FSDP2's backward hooks (ZeRO-3 then computed wrong gradients), and
-    its schedule runtime gathers per micro-batch, so replicas must run equal micro-batch counts."""
-    d = plan.degrees
-    if plan.zero_stage < 2 or d.dp * d.cp * d.hp == 1 or not schedule_of(plan).splits_backward:
-        return []
-    if plan.zero_stage == 3:
-        return [f"zero_stage: ZeRO-3 with {plan.schedule} (backward split into input and weight gradients) is "
-                "not run: the weight half runs outside FSDP2's backward hooks; use ZeRO-2 or an unsplit schedule"]
-    if len(set(counts)) > 1:
-        return [f"zero_stage: ZeRO-2 with {plan.schedule} needs the same micro-batch count on every replica "
-                f"(its schedule runtime gathers per micro-batch), got {counts}"]
-    return []
-
-
-def _check_shares(name: str, values: tuple[int, ...] | None, n: int, total: int, what: str,
-                  multiple: int = 1, minimum: int = 1) -> list[str]:
-    if values is None:
-        return [f"shares.{name}: missing"]
-    p = []
-    if len(values) != n:
-        p.append(f"shares.{name}: {len(values)} entries, expected {n} ({what})")
-    if any(v < minimum for v in values):
-        p.append(f"shares.{name}: every entry must be >= {minimum}, got {list(values)}")
-    if sum(values) != total:
-        p.append(f"shares.{name}: {list(values)} adds up to {sum(values)}, expected {total}")
-    if multiple > 1 and any(v % multiple for v in values):
-        p.append(f"shares.{name}: every entry must be a multiple of {multiple}, got {list(values)}")
-    return p
-
-
-def _check_resolved(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: int) -> list[str]:
-    d, sh, p = plan.degrees, plan.shares, []
-    p += _check_shares("layers", sh.layers, d.pp * plan.virtual_stages, model.layers,
-                       "pp*virtual_stages stages; a stage with no layers is not allowed")
-    p += _check_shares("tokens", sh.tokens, d.cp, seq_len, "cp shards", multiple=plan.token_granule())
-    p += _check_shares("heads", sh.heads, d.hp, model.heads // d.tp, "hp ranks, of the heads of one tp rank")
-    mbs = plan.micro_batch_size
-    p += _check_shares("samples", sh.samples, d.dp, global_batch, "dp replicas", multiple=mbs, minimum=mbs)
-    if sh.samples is not None and not any("shares.samples" in x for x in p):
-        counts = [s // mbs for s in sh.samples]
-        if plan.num_microbatches != max(counts):
-            p.append(f"num_microbatches: {plan.num_microbatches} but the largest replica runs "
-                     f"samples({max(sh.samples)})/micro_batch_size({mbs}) = {max(counts)}")
-        p += schedule_of(plan).check_microbatches(d.pp, plan.virtual_stages, counts)
-        p += _sharding_problems(plan, counts)
-    p += schedule_of(plan).check_plan(plan, model)  # rules of its own (helixpipe: L % p, even layers, ...)
-    p += _placement_problems(plan.placement or (), d, cluster)
-    return p
-
-
-_NODE_ORDER: dict[tuple[int, int], tuple[Any, tuple[Placement, ...]]] = {}
 _RESOLVED: dict[tuple[int, int, int, int, int], tuple[Plan, Any, Any]] = {}  # Plan.resolve's own results
-_PLACEMENT_CHECKS: dict[tuple[int, int, Degrees], tuple[Any, tuple[Placement, ...], list[str]]] = {}
-
-
-def _node_order_placement(cluster: Any, n: int) -> tuple[Placement, ...]:
-    """Rank r on the r-th device of the cluster, for ranks 0..n-1. Memoised per (cluster object, n):
-    specs and Placement are frozen, so the shared tuple never changes; the entry holds the cluster,
-    so its id is not reused while cached. Every estimate of the search resolves a plan with it."""
-    hit = _NODE_ORDER.get((id(cluster), n))
-    if hit is None or hit[0] is not cluster:
-        if len(_NODE_ORDER) > 64:
-            _NODE_ORDER.clear()
-        hit = _NODE_ORDER[(id(cluster), n)] = (cluster, tuple(
-            Placement(rank=r, node=cluster.devices[r].node, device=cluster.devices[r].local) for r in range(n)))
-    return hit[1]
-
-
-def _placement_problems(pl: tuple[Placement, ...], d: Degrees, cluster: Any) -> list[str]:
-    """``_check_placement`` memoised per (cluster object, placement object, degrees): a pure function
-    of the three (all frozen); the entry holds the cluster and placement, so their ids are not reused
-    while cached. The node-order placement is one shared object per cluster, so the search checks it
-    once per degrees. A copy of the list goes out (callers append to theirs)."""
-    key = (id(cluster), id(pl), d)
-    hit = _PLACEMENT_CHECKS.get(key)
-    if hit is None or hit[0] is not cluster or hit[1] is not pl:
-        if len(_PLACEMENT_CHECKS) > 4096:  # 128 devices: ~260 layouts x 5 placements
-            _PLACEMENT_CHECKS.clear()
-        hit = _PLACEMENT_CHECKS[key] = (cluster, pl, _check_placement(pl, d, cluster))
-    return list(hit[2])
-
-
-def _check_placement(pl: tuple[Placement, ...], d: Degrees, cluster: Any) -> list[str]:
-    """Problems with a placement: a permutation of the cluster's devices, tp groups inside one node."""
-    p: list[str] = []
-    if len(pl) != d.world:
-        p.append(f"placement: {len(pl)} entries, expected {d.world}")
-    else:
-        valid = {(dev.node, dev.local) for dev in cluster.devices}
-        seen: set[tuple[int, int]] = set()
-        for i, e in enumerate(pl):
-            if e.rank != i:
-                p.append(f"placement[{i}].rank: expected {i}, got {e.rank}")
-                break
-            key = (e.node, e.device)
-            if key not in valid:
-                p.append(f"placement[{i}]: node {e.node} device {e.device} is not in the cluster")
-                break
-            if key in seen:
-                p.append(f"placement[{i}]: node {e.node} device {e.device} is used twice")
-                break
-            seen.add(key)
-        else:
-            if d.tp > 1:
-                for g in Plan(degrees=d).all_groups("tp"):
-                    nodes = {pl[r].node for r in g}
-                    if len(nodes) > 1:
-                        p.append(f"degrees.tp: tp group of ranks {g} crosses nodes {sorted(nodes)}; "
-                                 "tp must stay inside a node")
-                        break
-    return p
 
 
 def validate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: int) -> Plan:

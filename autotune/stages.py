@@ -154,7 +154,7 @@ def schedule_problem(schedule: str) -> str | None:
 def tp_problems(tp: int, model: Any) -> list[str]:
     """What a tp degree must divide (the uniform rule of ``autotune.divisibility``)."""
     from autotune.divisibility import degree_problems
-    from autotune.plan import Degrees
+    from autotune.plan_parts import Degrees
 
     return [t for f, t in degree_problems(Degrees(tp=tp), model, 1) if f == "degrees.tp"]
 
@@ -224,7 +224,7 @@ def problems(plan: Any, model: Any, cluster: Any) -> list[str]:
 def envelope(stages: tuple[Stage, ...], cp: int = 1, hp: int = 1) -> Any:
     """The plan's ``degrees`` for these stages: pp stages, dp replicas per stage (the first stage's),
     tp the largest of any replica. Their product is no device count: ``Plan.world`` counts devices."""
-    from autotune.plan import Degrees
+    from autotune.plan_parts import Degrees
 
     return Degrees(pp=len(stages), dp=stages[0].dp if stages else 1, cp=cp, hp=hp,
                    tp=max((r.tp for st in stages for r in st.replicas), default=1))
@@ -234,7 +234,7 @@ def chunk_layers(stages: tuple[Stage, ...], v: int) -> tuple[int, ...]:
     """``shares.layers`` (pp * v entries in model order) of these stages: each stage's layers split
     as evenly as possible over its v chunks; chunk c of stage s is model chunk ``c * pp + s`` (the
     looped placement of 1F1B and interleaved 1F1B)."""
-    from autotune.plan import even_split
+    from autotune.plan_parts import even_split
 
     p = len(stages)
     out = [0] * (p * v)
@@ -247,7 +247,8 @@ def chunk_layers(stages: tuple[Stage, ...], v: int) -> tuple[int, ...]:
 def resolve(plan: Any, model: Any, cluster: Any, seq_len: int, global_batch: int) -> Any:
     """``Plan.resolve`` of a per-stage plan: degrees (the ``envelope``), layers per chunk, even
     samples by default, the placement the stages name; raises PlanError naming every problem."""
-    from autotune.plan import Placement, PlanError, Shares, Workload, even_split, schedule_of
+    from autotune.plan_parts import Placement, PlanError, Shares, Workload, even_split
+    from autotune.schedules import schedule_of
 
     p = problems(plan, model, cluster)
     if p:
@@ -324,6 +325,57 @@ def renumbered(stages: tuple[Stage, ...]) -> tuple[Stage, ...]:
     return tuple(out)
 
 
+def scaled(stages: tuple[Stage, ...], n: int, model: Any) -> tuple[Stage, ...]:
+    """The same shape on ``n`` local devices (``trial --nproc N`` of a plan made for a larger
+    cluster): adjacent stages merged (their layers added), fewer replicas, each replica's tp shrunk
+    to a power of two the model allows; of the ways to do so, the one that keeps what distinguishes
+    the plan (a stage wider in tp than another, replicas of different tp in one stage), then the
+    most stages, then every device used."""
+    wide = len({r.tp for st in stages for r in st.replicas}) > 1
+    mixed = any(len(set(st.tps)) > 1 for st in stages)
+    best: tuple[tuple, tuple[Stage, ...]] | None = None
+    for p in range(1, min(len(stages), n) + 1):
+        groups = [list(range(len(stages)))[i * len(stages) // p:(i + 1) * len(stages) // p] for i in range(p)]
+        for dp in range(1, min(stages[0].dp, n // p) + 1):
+            out = _shrink(stages, groups, dp, n, model)
+            if out is None:
+                continue
+            score = (len({r.tp for st in out for r in st.replicas}) > 1 or not wide,
+                     any(len(set(st.tps)) > 1 for st in out) or not mixed, p,
+                     sum(len(st.devices) for st in out))
+            if best is None or score > best[0]:
+                best = (score, out)
+    assert best is not None, "one device holds any plan"
+    return renumbered(best[1])
+
+
+def _shrink(stages: tuple[Stage, ...], groups: list[list[int]], dp: int, n: int, model: Any) -> tuple[Stage, ...] | None:
+    p = len(groups)
+    budget = [n // p + (1 if i < n % p else 0) for i in range(p)]
+    out = []
+    for g, b in zip(groups, budget, strict=True):
+        first = stages[g[0]]
+        by_tp: dict[int, list[int]] = {}
+        for rep in first.replicas:
+            by_tp.setdefault(rep.tp, []).append(rep.tp)
+        order = [t for k in range(max(len(v) for v in by_tp.values())) for t in sorted(by_tp, reverse=True)
+                 if k < len(by_tp[t])]  # one replica of each tp first
+        reps: list[Replica] = []
+        for r in range(dp):
+            cap = b - (dp - 1 - r) - sum(x.tp for x in reps)
+            if cap < 1:
+                return None
+            t = 1
+            while t * 2 <= min(order[r % len(order)], cap) and not tp_problems(t * 2, model):
+                t *= 2
+            reps.append(Replica(tp=t, devices=tuple(range(t))))
+        st = Stage(layers=sum(stages[i].layers for i in g), replicas=tuple(reps))
+        if nesting_problem(st.tps):
+            return None
+        out.append(st)
+    return tuple(out)
+
+
 def is_uniform(stages: tuple[Stage, ...]) -> bool:
     """Every replica of every stage at one tp (what Megatron and torchtitan express, placement aside)."""
     return len({r.tp for st in stages for r in st.replicas}) <= 1
@@ -338,6 +390,18 @@ def inline(stages: tuple[Stage, ...]) -> str:
             groups[t] = groups.get(t, 0) + 1
         parts.append(f"{st.layers}L[" + "+".join(f"tp{t}x{n}" for t, n in groups.items()) + "]")
     return " | ".join(parts)
+
+
+def degrees_text(plan: dict[str, Any] | None) -> str:
+    """How tables show a plan dict's layout: ``dp=2,pp=2,tp=4``, or a per-stage plan's stages with
+    their own degrees (``stages 6L[tp4x2] | 7L[tp1x2]``; one place for the CLI and the dashboard)."""
+    plan = plan or {}
+    if plan.get("stages"):
+        try:
+            return "stages " + inline(stages_from(plan["stages"]) or ())
+        except InputError:
+            return "stages ?"
+    return ",".join(f"{k}={v}" for k, v in (plan.get("degrees") or {}).items() if v > 1) or "dp=1"
 
 
 # ---- JSON ---------------------------------------------------------------------------------------

@@ -23,6 +23,17 @@ TARGETS = ("runtime", *(f for f in FORMATS if f != "json"))
 training (``json`` is the plan itself, not a runner)."""
 
 
+def kernel_costs(target: str | None) -> Any:
+    """The per-kernel costs (``cost/kernels.KernelCosts``) of the runtime that will run a plan aimed at
+    ``target``: each exporter's ``KERNELS`` (its own module, beside its rules); autotune's runtime for
+    ``runtime`` or None."""
+    from autotune.cost.kernels import RUNTIME
+
+    if target in (None, "runtime"):
+        return RUNTIME
+    return exporter(check_target(target)).KERNELS
+
+
 def check_target(name: str) -> str:
     if name not in TARGETS:
         raise InputError(f"unknown target {name!r}" + suggest(name, TARGETS), field="--target")
@@ -47,9 +58,10 @@ def refusals(target: str, plan: Plan, ctx: ExportContext) -> list[str]:
 
 
 def model_problems(target: str, model: Any) -> str | None:
-    """Why ``target`` cannot build ``model`` at all, whatever the plan (the runtime builds Llama-style
-    decoders only: no biases, rotary positions, RMSNorm). A search aimed at a target that cannot build
-    the model would find nothing, so it prices plans for the model as it is and says so instead."""
+    """Why ``target`` cannot build ``model`` at all, whatever the plan (the runtime builds every
+    architecture the model spec accepts; what is left is a shape it cannot take, e.g. rotary
+    embeddings over an odd head_dim). A search aimed at a target that cannot build the model would
+    find nothing, so it prices plans for the model as it is and says so instead."""
     if target != "runtime":
         return None
     from autotune.runtime.trial import check_runtime_support

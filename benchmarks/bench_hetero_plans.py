@@ -15,7 +15,10 @@ searched by the real search (``autotune.search.search``, a temporary SQLite stud
   tp 1-8) imported through ``profilers/foreign/sailor.py`` into a layer-profile store and attached
   to each node group with ``layer_profile: layers:ID``. The files carry no precision; they are
   imported as fp32 because that is what they measured, so this variant searches fp32 (there are no
-  fp16 measurements to price an fp16 search from).
+  fp16 measurements to price an fp16 search from). Sailor's ``llm_info.json`` comes with them: the
+  activation memory per layer is Sailor's measurement. A plan with cp or hp > 1 (which whole-sequence
+  profiles cannot price directly) is priced on the same scale: the datasheet's shard times
+  measured / datasheet on the whole sequence (``autotune/cost/layers.py``).
 
 Every variant prices materialised attention (the runtime Sailor measured and the peers' simulator
 ran: ``attention: materialized``) and the catalogue's framework reserve (2 GiB per GPU).
@@ -83,7 +86,8 @@ def flatten(cluster):
 def import_sailor(model, key: str, url: str) -> dict[str, int]:
     ids = {}
     for dev, gpu in SAILOR_GPU.items():
-        doc = read_foreign("sailor", [DATA / "sailor" / key / gpu / "profile.json"],
+        # the timing profile and Sailor's model description (its measured activation bytes per layer)
+        doc = read_foreign("sailor", [DATA / "sailor" / key / gpu / "profile.json", DATA / "sailor" / "llm_info.json"],
                            ImportContext(model=model, seq=SEQ, dtype="fp32"))
         assert doc["device_name"] == dev, doc["device_name"]
         ids[dev] = store.save_layer_profile(doc, url, label=f"sailor {key} {gpu}")
@@ -136,8 +140,8 @@ def balance_text(key: str, plan, bd) -> str:
 
 
 def no_split_sequence(plan_dict) -> bool:
-    """cp = hp = 1: a plan whose block the layer profile prices (a split sequence falls back to the
-    datasheet: the profiles hold whole sequences only)."""
+    """cp = hp = 1: a plan whose block the layer profile prices itself (a split sequence is priced by
+    the datasheet on the profile's scale: the profiles hold whole sequences only)."""
     deg = plan_dict.get("degrees") or {}
     return deg.get("cp", 1) == 1 and deg.get("hp", 1) == 1
 

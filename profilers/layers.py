@@ -98,6 +98,15 @@ def shard_sizes(model: Any, wanted: tuple[int, ...]) -> tuple[tuple[int, ...], l
     return tuple(ok), notes
 
 
+def seq_lens_within(model: Any, wanted: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(the sequence lengths of ``wanted`` the model can take, those it cannot): a learned position
+    table has ``max_positions`` rows."""
+    if getattr(model, "position", "rope") != "learned":
+        return tuple(wanted), ()
+    return (tuple(s for s in wanted if s <= model.max_positions),
+            tuple(s for s in wanted if s > model.max_positions))
+
+
 def default_sweep(model: Any, device: str, dtype: str = "fp32", threads: int | None = None) -> LayerSweep:
     """CPU: a grid that takes well under a minute for ``tiny``/``small`` (3 x 3 x 2 points per
     piece); CUDA: training-sized micro-batches and sequences."""
@@ -107,6 +116,8 @@ def default_sweep(model: Any, device: str, dtype: str = "fp32", threads: int | N
     else:
         mbs, seqs, tps = (1, 2, 4, 8), (512, 1024, 2048, 4096), (1, 2, 4, 8)
     tps, notes = shard_sizes(model, tps)
+    seqs, too_long = seq_lens_within(model, seqs)
+    notes += [f"seq {s} skipped: > max_positions({model.max_positions})" for s in too_long]
     return LayerSweep(micro_batches=mbs, seq_lens=seqs, tp=tps, dtype=dtype, notes=notes,
                       threads=threads or (1 if cpu else 1))
 
@@ -234,6 +245,12 @@ def run_layers(model: Any, device: str, sweep: LayerSweep, progress: Progress | 
     dtype = getattr(torch, DTYPES[sweep.dtype])
     if not sweep.tp:
         raise InputError("no tp shard size divides the model (" + "; ".join(sweep.notes) + ")", field="--tp")
+    _, too_long = seq_lens_within(model, sweep.seq_lens)
+    if too_long:
+        raise InputError(f"{', '.join(map(str, too_long))} > max_positions({model.max_positions}) of "
+                         f"model {model.name}'s learned position table", field="--seq")
+    if not sweep.seq_lens:
+        raise InputError("no sequence length to measure (" + "; ".join(sweep.notes) + ")", field="--seq")
     prev_threads = torch.get_num_threads()
     if not device.startswith("cuda"):
         torch.set_num_threads(sweep.threads)
@@ -295,7 +312,7 @@ def _measure(model, device, sweep, dtype, clock, progress) -> list[dict[str, Any
 def model_dict(model: Any) -> dict[str, Any]:
     """The shape fields of a ModelSpec (what a layer profile is valid for)."""
     return {k: getattr(model, k) for k in ("name", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab",
-                                           "activation", "tied_embeddings")}
+                                           "activation", "tied_embeddings", "norm", "bias", "position")}
 
 
 def layer_profile_doc(model: Any, device: str, sweep: LayerSweep, points: list[dict[str, Any]],

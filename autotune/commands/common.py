@@ -12,15 +12,10 @@ import sys
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 
+from autotune.consoles import console, err_console  # noqa: F401  (every command prints through them)
 from autotune.defaults import DEFAULT_STORAGE  # noqa: F401  (the commands' --storage default)
 from autotune.runtime.emulation import parse_emulation  # noqa: F401  (--emulate-slowdown's parser)
-
-# The terminal's width, or COLUMNS when piped (80 when neither says): tables fit it by leaving
-# columns out (autotune/dashboard/tables.py), never by cutting cells.
-console = Console()
-err_console = Console(stderr=True)
 
 WideOpt = Annotated[bool, typer.Option("--wide", help="Show every table column, however wide the table gets.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout and nothing else there.")]

@@ -28,6 +28,7 @@ from autotune.cost import comm as C
 from autotune.cost import cpu as _cpu
 from autotune.cost import data_parallel as DP
 from autotune.cost import ulysses as U
+from autotune.cost.collectives import collectives_for
 from autotune.cost.compute import DTYPE_BYTES, Rates, cached_rates, causal_keys
 from autotune.plan import Degrees, Plan
 from autotune.schedules import schedule_of
@@ -91,6 +92,9 @@ class StepContext:
     forward, sends backward); see ``_hop_peers``."""
     group_links: tuple[tuple[Any, tuple, Links], ...] = ()
     """(DeviceSpec, placement key, links) of every tp group in rank order (``_mesh_links``)."""
+    kernels: Any = None
+    """The runtime's per-kernel costs (``kernels.KernelCosts``; None: autotune's own runtime),
+    read through each rank's ``rates`` (which the rank-cost memo compares by identity)."""
     doc_work: Any = None
     """With document masks: one drawn step's attention work per DP replica and CP shard
     (``cost/documents.DocWork``), replacing ``keysums`` and ``ring``; None: whole causal windows."""
@@ -103,13 +107,12 @@ class StepContext:
 
 
 def step_context(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: int,
-                 calibration: Mapping[str, Mapping[str, float]] | None) -> StepContext:
-    """Resolve ``plan`` (PlanError when it does not fit) and gather what every rank shares."""
+                 calibration: Mapping[str, Mapping[str, float]] | None, kernels: Any = None) -> StepContext:
+    """Resolve ``plan`` (PlanError when it does not fit) and gather what every rank shares.
+    ``kernels``: the runtime's per-kernel costs (``kernels.KernelCosts``; None: autotune's own)."""
     rp = plan.resolve(model, cluster, seq_len, global_batch)
-    if rp.stages is not None:  # each stage its own degrees: cost/stages.py
-        from autotune.cost.stages import staged_step_context
-
-        return staged_step_context(rp, model, cluster, seq_len, global_batch, calibration)
+    if rp.stages is not None:  # each stage its own degrees: cost/steps.py sends it to cost/stages.py
+        raise ValueError("a per-stage plan's step context is cost.stages.staged_step_context (cost.steps asks it)")
     d = rp.degrees
     topo = C.topology(cluster)
     devs = _devices(topo, rp.placement)
@@ -134,7 +137,8 @@ def step_context(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batc
         keysums=tuple(causal_keys(tokens, i, zig, seq_len) for i in range(d.cp)),
         ring=tuple(_cpu.ring_blocks(tokens, i, zig, seq_len) if on_cpu else None for i in range(d.cp)),
         stage_params=DP.stage_params(model, rp, chunks),
-        dp_links=dp_links, schedule=sched, chunks=chunks, hop_peers=hop_peers, group_links=group_links)
+        dp_links=dp_links, schedule=sched, chunks=chunks, hop_peers=hop_peers, group_links=group_links,
+        kernels=kernels)
 
 
 _DEVICES: dict[tuple[int, int], tuple[C.Topology, tuple, tuple[int, ...]]] = {}
@@ -304,7 +308,7 @@ def _mesh_links(topo: C.Topology, devs: tuple[int, ...], d: Degrees, v: int, hop
         if len(_MESH_LINKS) > 4096:  # 128 devices: ~260 layouts x 5 placements
             _MESH_LINKS.clear()
         blk, shard_n = d.dp * d.cp * d.hp * d.tp, d.dp * d.cp * d.hp
-        dp_links = tuple(topo.group_link([devs[i * blk + k * d.tp] for k in range(shard_n)]) for i in range(d.pp))
+        dp_links = tuple(topo.ring_link([devs[i * blk + k * d.tp] for k in range(shard_n)]) for i in range(d.pp))
         cache: dict[tuple[str, int], Link] = {}
         links_of: dict[tuple, Links] = {}
         groups = []
@@ -366,10 +370,8 @@ def tp_groups(s: StepContext) -> list[tuple[int, int, RankContext]]:
     of equal shares on equal devices) share one context object, so the cost of each is computed once (identity names them: links come from the
     topology's caches)."""
     plan, cal = s.plan, s.calibration
-    if plan.stages is not None:
-        from autotune.cost.stages import staged_tp_groups
-
-        return staged_tp_groups(s)
+    if plan.stages is not None:  # each stage its own degrees: cost/steps.py sends it to cost/stages.py
+        raise ValueError("a per-stage plan's tp groups are cost.stages.staged_tp_groups (cost.steps asks it)")
     contexts: dict[tuple, RankContext] = {}
     out = []
     for (r0, c), (spec, place, links) in zip(_tp_group_coords(plan.degrees), s.group_links, strict=True):
@@ -388,7 +390,7 @@ def _rank_context(s: StepContext, c: Mapping[str, int], spec: Any, links: Links,
     tok = s.mbs * tokens / s.hp
     params, layer_params, rest = s.stage_params[c["pp"]]
     return RankContext(
-        step=s, coords=c, spec=spec, rates=cached_rates(spec, s.dtype, s.model.head_dim),
+        step=s, coords=c, spec=spec, rates=cached_rates(spec, s.dtype, s.model.head_dim, s.kernels),
         collectives=collectives_for(spec), cf=float(cal.get("compute", 1.0)), mf=float(cal.get("comm", 1.0)),
         links=links, tokens=tokens, heads=s.plan.shares.heads[c["hp"]], microbatches=m_d,
         layers=tuple(s.plan.shares.layers[j] for j in s.chunks[c["pp"]]),  # Plan.layers_of_stage
@@ -397,11 +399,3 @@ def _rank_context(s: StepContext, c: Mapping[str, int], spec: Any, links: Links,
         ring=s.ring[c["cp"]] if s.doc_work is None else s.doc_work.ring[c["dp"]][c["cp"]],
         attn_seq=None if s.doc_work is None else s.doc_work.attn_seq[c["dp"]][c["cp"]],
         tokens_local=tok, hidden_bytes=s.bpe * tok * s.model.hidden)
-
-
-def collectives_for(spec: Any) -> Any:
-    """The collective model of a DeviceSpec: a profiled CPU's measured gloo table
-    (``cpu.measured_collectives``), else the formulas."""
-    if spec.kind != "cpu":
-        return C.FORMULAS
-    return _cpu.measured_collectives(spec)

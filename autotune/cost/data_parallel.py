@@ -62,7 +62,9 @@ def stage_params(model: Any, plan: Plan, chunks: tuple[tuple[int, ...], ...] | N
                  ) -> tuple[tuple[float, float, float], ...]:
     """(parameters held by each pipeline rank before tp sharding, one block's parameters, those
     outside its blocks): its blocks, the embedding on the first rank, the final norm and LM head
-    with the last model chunk (and a copy of a tied embedding there when that is another rank).
+    with the last model chunk (and a copy of a tied embedding with it when the model is in more than one
+    chunk: the runtime's last chunk holds its own copy, also where a V placement puts it on the first
+    chunk's rank; ``runtime/tied.py``).
     ``chunks``: ``plan.stages_of_rank`` of every pipeline rank when the caller has them already."""
     lp = float(model.layer_params())
     emb, head = float(model.embedding_params()), float(model.head_params())
@@ -77,8 +79,8 @@ def stage_params(model: Any, plan: Plan, chunks: tuple[tuple[int, ...], ...] | N
         if n_chunks - 1 in mine:  # the last chunk: final norm and LM head
             params += head
             rest += head
-            if model.tied_embeddings and 0 not in mine:
-                params += model.vocab * model.hidden  # a copy of the tied embedding on the last stage
+            if model.tied_embeddings and n_chunks > 1:
+                params += model.vocab * model.hidden  # a copy of the tied embedding with the last chunk
                 rest += model.vocab * model.hidden
         out.append((params, lp, rest))
     return tuple(out)

@@ -32,11 +32,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.cost import helixpipe, report
-from autotune.cost.context import step_context, tp_groups
 from autotune.cost.data_parallel import ADAM_BYTES_PER_PARAM, exposure  # noqa: F401  (ADAM_*: its old home)
 from autotune.cost.memory import TERM_NAMES  # noqa: F401  (its old home)
 from autotune.cost.pipeline_parallel import replica_stages, simulate_replicas
 from autotune.cost.rank import rank_cost_memo
+from autotune.cost.steps import step_context, tp_groups
 from autotune.plan import Plan
 from autotune.plan_record import PlanRecord
 
@@ -60,19 +60,21 @@ class Estimate:
 
 def estimate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: int, *,
              calibration: dict[str, dict[str, float]] | None = None, timeline: bool = False,
-             documents: Any = None) -> Estimate:
+             documents: Any = None, kernels: Any = None) -> Estimate:
     """Predict one training step of ``plan`` (resolved here; PlanError when it does not fit).
 
     ``timeline=True`` also fills ``breakdown["timeline"]`` with the simulated events (None
     otherwise); ``calibration`` is ``{device type: {"compute": f, "comm": f}}`` from ``validate``;
     ``documents``: the length distribution (``autotune.documents.LengthDistribution``) packed into
     the windows, priced by ``cost/documents.py`` when the plan masks documents (``doc_mask``).
-    A plan with ``uses`` runs on that subset of ``cluster`` (autotune/specs/pool.py)."""
+    A plan with ``uses`` runs on that subset of ``cluster`` (autotune/specs/pool.py). ``kernels``: the
+    per-kernel costs of the runtime that will run the plan (``cost/kernels.py``,
+    ``targets.kernel_costs``; None: autotune's own runtime)."""
     if plan.uses is not None:
         from autotune.specs.pool import subset
 
         cluster = subset(cluster, plan.uses)
-    s = step_context(plan, model, cluster, seq_len, global_batch, calibration)
+    s = step_context(plan, model, cluster, seq_len, global_batch, calibration, kernels)
     if documents is not None and s.plan.doc_mask:
         from dataclasses import replace
 

@@ -298,7 +298,10 @@ def rank_memory(ctx, t: HelixRankTimes) -> tuple[float, dict[str, float]]:
     if r == 0:
         params += float(model.embedding_params()) + float(model.head_params())
     states = M.model_states(params / tp, s.dtype, s.zero, s.shard_n, ctx.layer_params / tp)
-    _, full, scores = M.block_activations(ctx)
+    _, full0, scores = M.block_activations(ctx)
+    # on the layer profile's scale where it measured activation bytes (layers.measured_activations)
+    full = LY.measured_activations(ctx, full0, full0, scores)[1]
+    scores *= full / full0 if full0 > 0 else 1.0
     attn = _attention_bytes(ctx) + scores
     x_bytes = ctx.hidden_bytes / (tp if s.sp else 1)
     w_bytes = bpe * (model.hidden + 2 * model.kv_dim) * model.hidden / tp

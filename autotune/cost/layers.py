@@ -2,8 +2,8 @@
 
 A device may carry per-layer profiles (``DeviceSpec.layer_profiles``: ``autotune profile --layers``
 on that device, or another planner's files through ``profile import --format``). Where one matches
-the estimate (same model shape: hidden, heads, kv heads, MLP width, vocabulary, activation; same
-dtype) the compute module asks here first, and only falls back to its kernel curves (a kernel
+the estimate (same model shape: hidden, heads, kv heads, MLP width, vocabulary, activation; the
+same norm, biases and positions where the document records them; same dtype) the compute module asks here first, and only falls back to its kernel curves (a kernel
 profile) or the datasheet when this says nothing. The pieces: ``block`` (one decoder layer),
 ``head`` (final norm, LM head, loss) and ``embed``.
 
@@ -53,6 +53,10 @@ from dataclasses import dataclass
 from typing import Any
 
 SHAPE_KEYS = ("hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "activation")
+ARCH_KEYS = ("norm", "bias", "position")
+"""What a block is built of besides its shape (LayerNorm or RMSNorm, linear biases, learned or rotary
+positions): a document that records them matches only the same; one written before they were
+recorded (or by a format that does not say) matches as before."""
 
 
 @dataclass(frozen=True)
@@ -165,7 +169,8 @@ class LayerTable:
 
 def matches(doc: dict[str, Any], model: Any, dtype: str) -> bool:
     m = doc.get("model") or {}
-    return doc.get("dtype") == dtype and all(m.get(k) == getattr(model, k) for k in SHAPE_KEYS)
+    return (doc.get("dtype") == dtype and all(m.get(k) == getattr(model, k) for k in SHAPE_KEYS)
+            and all(m[k] == getattr(model, k) for k in ARCH_KEYS if k in m))
 
 
 _TABLES: dict[int, LayerTable] = {}
@@ -285,6 +290,25 @@ def activation_scale(ctx: Any) -> tuple[float, str] | None:
     return ratio, how
 
 
+def measured_activations(ctx: Any, kept: float, full: float, scores: float) -> tuple[float, float]:
+    """(kept, full) of ``block_activations`` on the scale of what was measured: where the rank's
+    device has a layer profile with activation bytes (``profile --layers`` measures them with
+    saved-tensor hooks; ``profile import`` carries a foreign file's), the formula times measured /
+    formula on the nearest shape the profile holds (``layers.activation_scale``: the measurement
+    itself on that shape). Recomputation keeps its rule on the scaled terms: ``selective`` drops the
+    scores' share, ``full`` keeps each block's input (not scaled: the formula's input is exact)."""
+    got = activation_scale(ctx)
+    if got is None:
+        return kept, full
+    r = got[0]
+    recompute = ctx.step.recompute
+    if recompute == "none":
+        return kept * r, full * r
+    if recompute == "selective":
+        return (full - scores) * r, full * r
+    return kept, full * r
+
+
 def precision_note(spec: Any, model: Any, dtype: str) -> str | None:
     """One line when ``spec`` holds layer profiles of ``model``'s shape, none in ``dtype``: they are
     not used (another precision is another machine), so every piece is priced by the fallback."""
@@ -350,15 +374,16 @@ def measured_block(lc: Any, hit: Lookup) -> Any:
                                 elem_fwd=lc.elem_fwd * scale)
 
 
-def predicted_pieces(plan: Any, model: Any, cluster: Any, seq_len: int, global_batch: int) -> dict[str, Lookup]:
+def predicted_pieces(plan: Any, model: Any, cluster: Any, seq_len: int, global_batch: int,
+                     kernels: Any = None) -> dict[str, Lookup]:
     """What the cost model prices one micro-batch's ``embed``, ``block`` and ``head`` at on the first
     rank of ``plan`` (seconds fwd, bwd, and the source), as ``rank.rank_cost`` composes them:
     the layer profile where it applies, else the compute module's kernel or datasheet model."""
     from autotune.cost import memory as M
     from autotune.cost.compute import head_compute, layer_compute
-    from autotune.cost.context import step_context, tp_groups
+    from autotune.cost.steps import step_context, tp_groups
 
-    s = step_context(plan, model, cluster, seq_len, global_batch, None)
+    s = step_context(plan, model, cluster, seq_len, global_batch, None, kernels)
     ctx = tp_groups(s)[0][2]
     fallback = ctx.rates.source
     _, full, scores = M.block_activations(ctx)

@@ -153,7 +153,7 @@ def rank_cost(ctx: RankContext) -> RankCost:
     pp_sends = PP.sends_per_microbatch(ctx, p2ps)
     overl, fixed = DP.grad_sync(ctx, b.comp_f, b.comp_b)
     dp_raw = DP.step_comm(ctx)
-    kept, full = M.measured_activations(ctx, kept, full, scores)
+    kept, full = LY.measured_activations(ctx, kept, full, scores)
     total, terms = M.rank_memory(ctx, kept, full)
     m_d = ctx.microbatches
     return RankCost(

@@ -5,14 +5,14 @@ row's documents are given by their lengths, in position order, summing to ``S``:
 such tuple per row of a micro-batch. A query at global position ``p`` sees the key at ``p'`` when
 ``p' <= p`` (causal) and both lie in the same document.
 
-Rotary positions are *not* restarted per document: rotary embeddings make a score depend on
-``p - p'`` alone, and the mask only keeps pairs inside one document, so a document's attention is
-the same at any offset (up to rounding); Llama 3 masks without restarting too (its paper: "an
-attention mask that prevents self-attention between different documents within the same
-sequence"). A learned absolute position table (GPT-2, OPT) is read at each token's position inside
-its document (``doc_positions``), as the document alone would read it. Either way the loss of a
+Positions are *not* restarted per document: rotary embeddings (the runtime's only position
+encoding) make a score depend on ``p - p'`` alone, and the mask only keeps pairs inside one
+document, so a document's attention is the same at any offset (up to rounding): the loss of a
 masked window is the token-weighted mean of its documents' losses run one by one, which
-``tests/unit/test_documents.py`` checks.
+``tests/unit/test_documents.py`` checks. Llama 3 also keeps positions running (its paper: "an
+attention mask that prevents self-attention between different documents within the same
+sequence"). A learned absolute position table is indexed from 0 at every document start instead
+(``model.positions_in_documents``), so the same holds for it.
 
 Every attention path runs one fused causal kernel per document piece (a loop over documents), so
 the work really is the sum of squared document lengths that ``autotune/cost/documents.py`` prices.
@@ -64,18 +64,6 @@ def split_docs(docs: Docs, n: int) -> list[Docs]:
 def doc_ids(docs: Docs) -> torch.Tensor:
     """Document index of every position ``[B, S]`` (for masks in tests and references)."""
     return torch.stack([torch.repeat_interleave(torch.arange(len(row)), torch.tensor(row)) for row in docs])
-
-
-def doc_positions(docs: Docs, positions: torch.Tensor) -> torch.Tensor:
-    """``[B, n]``: for each row, the position *inside its document* of each global position in
-    ``positions`` (``[n]``): what a learned absolute position table reads under document masks."""
-    out = []
-    for row in docs:
-        lengths = torch.tensor(row, device=positions.device)
-        starts = torch.cumsum(lengths, 0) - lengths
-        own = torch.repeat_interleave(starts, lengths)  # each position's document start
-        out.append(positions - own[positions])
-    return torch.stack(out)
 
 
 def dense_mask(docs: Docs) -> torch.Tensor:

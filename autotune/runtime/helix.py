@@ -48,8 +48,8 @@ from autotune.runtime.model import (
     build_on_meta,
     hidden_positions,
     init_weights,
-    learned_positions,
     make_norm,
+    positions_in_documents,
     rotary,
     shard_info,
     tp_replicated,
@@ -131,12 +131,13 @@ class HelixRankModel(nn.Module):
     def block(self, j: int, x: torch.Tensor | None, o: torch.Tensor | None, tokens: torch.Tensor | None,
               target: torch.Tensor | None, total_tokens: int, docs: Any = None) -> tuple[torch.Tensor, ...]:
         """Block ``j``: (residual, LN1 output, QKV weights) for the attention, or (loss,) at j = L
-        (``docs``: the micro-batch's documents, for a learned position table at j = 0)."""
+        (``docs``: the micro-batch's documents, where a learned position table restarts)."""
         L, tp, sp = self.spec.layers, self.layout.tp, self.layout.sp
         if j == 0:
             x = self.embed(tokens)
             if not self.rope:  # after the embedding's reduction, on this rank's tokens
-                x = x + self.pos_embed(learned_positions(self.pos_ids, docs)).to(x.dtype)
+                pos = self.pos_ids if docs is None else positions_in_documents(self.pos_ids, docs)
+                x = x + self.pos_embed(pos).to(x.dtype)
         else:
             q = self.layers[str(j - 1)]
             x = x + q.attn.wo(o)
@@ -390,8 +391,8 @@ class HelixRunner:
                     if k % 2 == 0:
                         j = k // 2
                         x, o = (ins[0], ins[1]) if ins else (None, None)
-                        outs = self._block(j, x, o, xs[mb] if j == 0 else None, ys[mb] if j == L else None,
-                                           None if self.docs_mb is None or j else self.docs_mb[mb])
+                        docs = None if self.docs_mb is None or j else self.docs_mb[mb]  # positions restart
+                        outs = self._block(j, x, o, xs[mb] if j == 0 else None, ys[mb] if j == L else None, docs)
                     else:
                         x, n, w = ins
                         docs = None if self.docs_mb is None else self.docs_mb[mb]

@@ -111,16 +111,6 @@ class PositionEmbedding(nn.Module):
         return F.embedding(positions, self.weight)
 
 
-def learned_positions(pos_ids: torch.Tensor, docs: Any) -> torch.Tensor:
-    """The learned table's positions: global ones, or with documents each token's position inside
-    its document (``[B, n]``, ``documents.doc_positions``)."""
-    if docs is None:
-        return pos_ids
-    from autotune.runtime.documents import doc_positions
-
-    return doc_positions(docs, pos_ids)
-
-
 def hidden_positions(layout: Layout, seq_len: int, device: torch.device | None = None) -> torch.Tensor:
     """Global positions of the tokens of this rank's hidden states: the layout's (CP/HP) positions,
     or 0..S-1, then this tp rank's contiguous part of them under sequence parallelism (the split
@@ -131,6 +121,20 @@ def hidden_positions(layout: Layout, seq_len: int, device: torch.device | None =
         n = pos.numel() // layout.tp.size
         pos = pos[layout.tp.index * n:(layout.tp.index + 1) * n]
     return pos
+
+
+def positions_in_documents(positions: torch.Tensor, docs: Any) -> torch.Tensor:
+    """Global positions ``[S]`` -> ``[B, S]`` positions within each row's document (``docs``: per
+    row the document lengths, ``runtime/documents.py``). Under document masks a learned position
+    table is indexed from 0 at every document start, as the document would be alone; rotary needs no
+    restart (a masked score depends on the position difference only)."""
+    out = []
+    for row in docs:
+        lengths = torch.tensor(row, device=positions.device)
+        ends = lengths.cumsum(0)
+        doc = torch.searchsorted(ends, positions, right=True)  # the document holding each position
+        out.append(positions - (ends - lengths)[doc])
+    return torch.stack(out)
 
 
 def rotary(positions: torch.Tensor, head_dim: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -298,7 +302,8 @@ class StageModel(nn.Module):
         if self.first:
             x = self.embed(x)
             if not self.rope:  # after the embedding's reduction: once, on this rank's tokens
-                x = x + self.pos_embed(learned_positions(self.pos_ids, self.docs)).to(x.dtype)
+                pos = self.pos_ids if self.docs is None else positions_in_documents(self.pos_ids, self.docs)
+                x = x + self.pos_embed(pos).to(x.dtype)
         cos, sin = (self.cos.to(x.dtype), self.sin.to(x.dtype)) if self.rope else (None, None)
         docs = self.docs
         for block in self.layers.values():

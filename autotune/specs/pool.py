@@ -109,8 +109,6 @@ def subset(cluster: Any, uses: tuple[int, ...] | None) -> Any:
     if hit is not None and hit[0] is cluster:
         return hit[1]
     check_uses(cluster, uses)
-    from autotune.specs.cluster import ClusterSpec
-
     old_to_new: dict[int, int] = {}
     node = 0
     groups = []
@@ -123,7 +121,7 @@ def subset(cluster: Any, uses: tuple[int, ...] | None) -> Any:
             groups.append(dataclasses.replace(g, count=n, minimum=None))
     overrides = tuple((old_to_new[a], old_to_new[b], lk) for a, b, lk in cluster.overrides
                       if a in old_to_new and b in old_to_new)
-    sub = ClusterSpec(name=f"{cluster.name}[{uses_text(uses)}]", groups=tuple(groups), inter_node=cluster.inter_node,
+    sub = type(cluster)(name=f"{cluster.name}[{uses_text(uses)}]", groups=tuple(groups), inter_node=cluster.inter_node,
                       overrides=overrides, source=cluster.source, digest=cluster.digest)
     if len(_SUBSETS) > 512:
         _SUBSETS.clear()

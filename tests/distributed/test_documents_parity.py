@@ -3,7 +3,10 @@ an attention path: tp (with sequence parallelism), the CP ring (zigzag and conti
 shares), Ulysses hp (uneven heads), cp x hp, pp (1F1B, interleaved, recomputation) and HelixPipe's
 attention ranks; dp too (each replica reads only its rows' documents, dealt in order or by cost). All in ONE launch of 4
 workers; each plan's losses and final weights against ``reference_run`` with the same documents.
-The documents come from a histogram whose pieces cross every CP/HP shard boundary of the window."""
+The documents come from a histogram whose pieces cross every CP/HP shard boundary of the window.
+An OPT-style model (learned positions restarting at each document, LayerNorm, biases, GELU, tied
+head) runs the plans where positions are cut differently (SP, CP layouts, HP, PP, HelixPipe) in a
+second launch."""
 
 from __future__ import annotations
 
@@ -18,6 +21,9 @@ from autotune.specs import ModelSpec
 pytestmark = pytest.mark.slow
 
 SPEC = ModelSpec(name="docs-equiv", layers=4, hidden=64, heads=8, kv_heads=4, ffn_hidden=128, vocab=128)
+OPT = ModelSpec(name="docs-equiv-opt", layers=4, hidden=64, heads=8, kv_heads=4, ffn_hidden=128, vocab=128,
+                activation="gelu", norm="layernorm", position="learned", max_positions=32, bias=True,
+                tied_embeddings=True)
 SEQ, BATCH, STEPS, SEED = 32, 4, 2, 77
 DOCS = LengthDistribution((1, 3, 5, 9, 17, 40), (2, 6, 5, 3, 2, 1), "test").to_payload()
 
@@ -44,35 +50,26 @@ CASES = [
 ]
 
 
-# learned absolute positions (restarted per document), LayerNorm and biases: the positions' paths
-LEARNED = ModelSpec(name="docs-learned", layers=4, hidden=64, heads=8, kv_heads=4, ffn_hidden=128, vocab=128,
-                    position="learned", max_positions=64, norm="layernorm", bias=True, activation="gelu")
-LEARNED_CASES = [
-    ("learned-cp2-zigzag", dict(B, degrees={"cp": 2})),
-    ("learned-tp2-sp", dict(B, degrees={"tp": 2}, sequence_parallel=True)),
-    ("learned-helix-pp2", dict(B, degrees={"pp": 2}, schedule="helixpipe", recompute="full")),
-]
+OPT_CASES = [(n, c) for n, c in CASES if n in (
+    "tp4-sp", "cp2-contiguous-uneven-tp2", "cp2-hp2-zigzag-uneven", "pp2-cp2-1f1b-recompute-full",
+    "pp4-interleaved", "helix-pp2-dp2-F1")]
+SPECS = {SPEC.name: (SPEC, CASES), OPT.name: (OPT, OPT_CASES)}
 
 
 @functools.cache
-def run_learned() -> dict[str, list]:
-    return run_plans("autotune.runtime.worker:plans_job", LEARNED, LEARNED_CASES, 2, SEQ, BATCH, STEPS, SEED,
-                     documents=DOCS)
-
-
-@pytest.mark.parametrize("name", [n for n, _ in LEARNED_CASES])
-def test_learned_positions_restart_per_document_in_every_layout(name):
-    assert_matches_reference(run_learned()[name], reference(LEARNED, SEQ, BATCH, STEPS, SEED, documents=DOCS))
-
-
-@functools.cache
-def run_all() -> dict[str, list]:
-    return run_plans("autotune.runtime.worker:plans_job", SPEC, CASES, 4, SEQ, BATCH, STEPS, SEED, documents=DOCS)
+def run_all(spec_name: str = SPEC.name) -> dict[str, list]:
+    spec, cases = SPECS[spec_name]
+    return run_plans("autotune.runtime.worker:plans_job", spec, cases, 4, SEQ, BATCH, STEPS, SEED, documents=DOCS)
 
 
 @pytest.mark.parametrize("name", [n for n, _ in CASES])
 def test_masked_packed_windows_match_one_process(name):
     assert_matches_reference(run_all()[name], reference(SPEC, SEQ, BATCH, STEPS, SEED, documents=DOCS))
+
+
+@pytest.mark.parametrize("name", [n for n, _ in OPT_CASES])
+def test_opt_style_masked_packed_windows_match_one_process(name):
+    assert_matches_reference(run_all(OPT.name)[name], reference(OPT, SEQ, BATCH, STEPS, SEED, documents=DOCS))
 
 
 def test_the_documents_change_the_training():

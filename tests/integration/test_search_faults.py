@@ -122,9 +122,9 @@ def _search_forever(url: str) -> None:
 
 def test_sigkill_loses_no_finished_trial(tmp_path):
     from autotune.search import SearchOptions, search
+    from autotune.search.spill import spill_dir
     from autotune.specs import load_model
     from autotune.specs.cluster import cluster_from_dict
-    from autotune.search.spill import spill_dir
 
     url = f"sqlite:///{tmp_path}/k.db"
     p = mp.get_context("spawn").Process(target=_search_forever, args=(url,))

@@ -11,8 +11,8 @@ from _cost_helpers import HUGE, device, one_node
 
 from autotune.cost import comm as C
 from autotune.cost import estimate
+from autotune.cost.collectives import collectives_for
 from autotune.cost.compute import CPU_GEMM_CALL_S, SHORT_CALL_EXPONENT, rates_for, ring_blocks
-from autotune.cost.context import collectives_for
 from autotune.cost.cpu import GlooTable
 from autotune.plan import parse_inline
 from autotune.specs import Link, ModelSpec

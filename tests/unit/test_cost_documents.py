@@ -12,6 +12,7 @@ import pytest
 from autotune import documents as W
 from autotune.cost import documents as DOC
 from autotune.cost.compute import causal_keys
+from autotune.cost.documents_estimator import DocumentsEstimator
 from autotune.cost.estimate import estimate
 from autotune.plan import Plan
 from autotune.runtime.documents import dense_mask
@@ -104,7 +105,7 @@ def test_the_step_waits_for_the_slowest_replica_and_balancing_shortens_the_wait(
 
 def test_the_search_estimator_records_its_choice_of_balance():
     dist = W.lognormal(5.0, 1.3, n=20000, seed=0)
-    est = DOC.DocumentsEstimator(dist)(Plan.from_dict({"degrees": {"dp": 4}, "dtype": "fp32"}), TINY,
+    est = DocumentsEstimator(dist)(Plan.from_dict({"degrees": {"dp": 4}, "dtype": "fp32"}), TINY,
                                        local_cluster(4), 2048, 8)
     assert est.plan.doc_mask and est.plan.balance == "cost"
     assert list(itertools.islice(DOC.drawn_steps(dist, 2048, 8, 4, 0), 1)) == \

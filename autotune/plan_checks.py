@@ -1,0 +1,156 @@
+"""The rules a resolved Plan must keep against its model and cluster (``Plan.resolve`` runs them and
+raises one PlanError naming every problem): degrees the model divides by, shares that add up,
+what the schedule says about itself (``autotune/schedules``: shape, micro-batch counts, its own
+rules), what the runtime's ZeRO-2/3 does not compose with, a placement that is a permutation of the
+cluster's devices with tp inside a node. Memoised where the search calls them per plan.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from autotune.plan_parts import HELIX_FOLDS, Degrees, Placement, mesh_groups
+from autotune.schedules import schedule_of
+
+if TYPE_CHECKING:  # annotations only: the Plan builds on these checks
+    from autotune.plan import Plan
+
+
+def _check_basic(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: int) -> list[str]:
+    """What can be checked before defaults are filled in."""
+    from autotune.divisibility import degree_problems
+
+    d = plan.degrees
+    p = [f"{f}: {t}" for f, t in degree_problems(d, model, cluster.num_devices, plan.virtual_stages)]
+    if d.dp > global_batch:
+        p.append(f"degrees.dp: dp({d.dp}) > global_batch({global_batch})")
+    if seq_len < 1:
+        p.append(f"seq_len: must be positive, got {seq_len}")
+    if d.cp * d.hp > seq_len:
+        p.append(f"degrees.cp: cp({d.cp})*hp({d.hp}) > seq_len({seq_len})")
+    p += schedule_of(plan).check_shape(d.pp, plan.virtual_stages)
+    if plan.helix_folds not in HELIX_FOLDS:
+        p.append(f"helix_folds: must be one of {', '.join(map(str, HELIX_FOLDS))}, got {plan.helix_folds}")
+    elif plan.helix_folds not in schedule_of(plan).fold_choices:
+        p.append(f"helix_folds: only helixpipe folds micro-batches, {plan.schedule} needs helix_folds(1)")
+    if plan.helix_attention is not None and not schedule_of(plan).places_attention:
+        p.append(f"helix_attention: only helixpipe places attention apart from its layer, {plan.schedule} "
+                 "needs helix_attention null")
+    if plan.dtype not in {k for dev in cluster.device_types() for k in dev.peak_flops}:
+        p.append(f"dtype: no device in the cluster supports {plan.dtype}")
+    return p
+
+
+def _sharding_problems(plan: Plan, counts: list[int]) -> list[str]:
+    """What the runtime's ZeRO-2/3 (FSDP2, autotune/runtime/sharding.py) does not compose with, as
+    measured against one process: a schedule that splits the backward into input and weight halves
+    runs the weight half outside FSDP2's backward hooks (ZeRO-3 then computed wrong gradients), and
+    its schedule runtime gathers per micro-batch, so replicas must run equal micro-batch counts."""
+    d = plan.degrees
+    if plan.zero_stage < 2 or d.dp * d.cp * d.hp == 1 or not schedule_of(plan).splits_backward:
+        return []
+    if plan.zero_stage == 3:
+        return [f"zero_stage: ZeRO-3 with {plan.schedule} (backward split into input and weight gradients) is "
+                "not run: the weight half runs outside FSDP2's backward hooks; use ZeRO-2 or an unsplit schedule"]
+    if len(set(counts)) > 1:
+        return [f"zero_stage: ZeRO-2 with {plan.schedule} needs the same micro-batch count on every replica "
+                f"(its schedule runtime gathers per micro-batch), got {counts}"]
+    return []
+
+
+def _check_shares(name: str, values: tuple[int, ...] | None, n: int, total: int, what: str,
+                  multiple: int = 1, minimum: int = 1) -> list[str]:
+    if values is None:
+        return [f"shares.{name}: missing"]
+    p = []
+    if len(values) != n:
+        p.append(f"shares.{name}: {len(values)} entries, expected {n} ({what})")
+    if any(v < minimum for v in values):
+        p.append(f"shares.{name}: every entry must be >= {minimum}, got {list(values)}")
+    if sum(values) != total:
+        p.append(f"shares.{name}: {list(values)} adds up to {sum(values)}, expected {total}")
+    if multiple > 1 and any(v % multiple for v in values):
+        p.append(f"shares.{name}: every entry must be a multiple of {multiple}, got {list(values)}")
+    return p
+
+
+def _check_resolved(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: int) -> list[str]:
+    d, sh, p = plan.degrees, plan.shares, []
+    p += _check_shares("layers", sh.layers, d.pp * plan.virtual_stages, model.layers,
+                       "pp*virtual_stages stages; a stage with no layers is not allowed")
+    p += _check_shares("tokens", sh.tokens, d.cp, seq_len, "cp shards", multiple=plan.token_granule())
+    p += _check_shares("heads", sh.heads, d.hp, model.heads // d.tp, "hp ranks, of the heads of one tp rank")
+    mbs = plan.micro_batch_size
+    p += _check_shares("samples", sh.samples, d.dp, global_batch, "dp replicas", multiple=mbs, minimum=mbs)
+    if sh.samples is not None and not any("shares.samples" in x for x in p):
+        counts = [s // mbs for s in sh.samples]
+        if plan.num_microbatches != max(counts):
+            p.append(f"num_microbatches: {plan.num_microbatches} but the largest replica runs "
+                     f"samples({max(sh.samples)})/micro_batch_size({mbs}) = {max(counts)}")
+        p += schedule_of(plan).check_microbatches(d.pp, plan.virtual_stages, counts)
+        p += _sharding_problems(plan, counts)
+    p += schedule_of(plan).check_plan(plan, model)  # rules of its own (helixpipe: L % p, even layers, ...)
+    p += _placement_problems(plan.placement or (), d, cluster)
+    return p
+
+
+_NODE_ORDER: dict[tuple[int, int], tuple[Any, tuple[Placement, ...]]] = {}
+_PLACEMENT_CHECKS: dict[tuple[int, int, Degrees], tuple[Any, tuple[Placement, ...], list[str]]] = {}
+
+
+def _node_order_placement(cluster: Any, n: int) -> tuple[Placement, ...]:
+    """Rank r on the r-th device of the cluster, for ranks 0..n-1. Memoised per (cluster object, n):
+    specs and Placement are frozen, so the shared tuple never changes; the entry holds the cluster,
+    so its id is not reused while cached. Every estimate of the search resolves a plan with it."""
+    hit = _NODE_ORDER.get((id(cluster), n))
+    if hit is None or hit[0] is not cluster:
+        if len(_NODE_ORDER) > 64:
+            _NODE_ORDER.clear()
+        hit = _NODE_ORDER[(id(cluster), n)] = (cluster, tuple(
+            Placement(rank=r, node=cluster.devices[r].node, device=cluster.devices[r].local) for r in range(n)))
+    return hit[1]
+
+
+def _placement_problems(pl: tuple[Placement, ...], d: Degrees, cluster: Any) -> list[str]:
+    """``_check_placement`` memoised per (cluster object, placement object, degrees): a pure function
+    of the three (all frozen); the entry holds the cluster and placement, so their ids are not reused
+    while cached. The node-order placement is one shared object per cluster, so the search checks it
+    once per degrees. A copy of the list goes out (callers append to theirs)."""
+    key = (id(cluster), id(pl), d)
+    hit = _PLACEMENT_CHECKS.get(key)
+    if hit is None or hit[0] is not cluster or hit[1] is not pl:
+        if len(_PLACEMENT_CHECKS) > 4096:  # 128 devices: ~260 layouts x 5 placements
+            _PLACEMENT_CHECKS.clear()
+        hit = _PLACEMENT_CHECKS[key] = (cluster, pl, _check_placement(pl, d, cluster))
+    return list(hit[2])
+
+
+def _check_placement(pl: tuple[Placement, ...], d: Degrees, cluster: Any) -> list[str]:
+    """Problems with a placement: a permutation of the cluster's devices, tp groups inside one node."""
+    p: list[str] = []
+    if len(pl) != d.world:
+        p.append(f"placement: {len(pl)} entries, expected {d.world}")
+    else:
+        valid = {(dev.node, dev.local) for dev in cluster.devices}
+        seen: set[tuple[int, int]] = set()
+        for i, e in enumerate(pl):
+            if e.rank != i:
+                p.append(f"placement[{i}].rank: expected {i}, got {e.rank}")
+                break
+            key = (e.node, e.device)
+            if key not in valid:
+                p.append(f"placement[{i}]: node {e.node} device {e.device} is not in the cluster")
+                break
+            if key in seen:
+                p.append(f"placement[{i}]: node {e.node} device {e.device} is used twice")
+                break
+            seen.add(key)
+        else:
+            if d.tp > 1:
+                for g in mesh_groups(d, "tp"):
+                    nodes = {pl[r].node for r in g}
+                    if len(nodes) > 1:
+                        p.append(f"degrees.tp: tp group of ranks {g} crosses nodes {sorted(nodes)}; "
+                                 "tp must stay inside a node")
+                        break
+    return p

@@ -1,0 +1,134 @@
+"""The parts a Plan is made of (``autotune/plan.py`` holds the Plan itself and reads and writes it):
+the enumerated choices, the error a plan raises, the parallel degrees and the mesh order, uneven
+shares, the placement of a rank, the workload a plan was resolved for. Plain frozen data with no
+import above ``autotune.errors``: the plan's checks (``autotune/plan_checks.py``) and the Plan both
+build on it; every name here is importable from ``autotune.plan`` too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.errors import InputError
+from autotune.schedules.helixpipe import FOLDS
+
+DIMS = ("dp", "pp", "cp", "hp", "tp")
+MESH_ORDER = ("pp", "dp", "cp", "hp", "tp")
+
+
+RECOMPUTE = ("none", "selective", "full")
+HELIX_FOLDS = FOLDS  # HelixPipe's fold counts (autotune/schedules/helixpipe.py)
+CP_LAYOUTS = ("zigzag", "contiguous")
+BALANCES = ("count", "cost")
+"""How packed windows go to DP replicas: ``count`` (rows in order, ``shares.samples`` each) or
+``cost`` (the same counts, heavy windows spread by attention cost: autotune/documents.py)."""
+DTYPES = ("bf16", "fp16", "fp32", "fp32-strict")  # fp32: TF32 GEMMs where the device has them
+DTYPE_CHOICES = ("auto", *DTYPES)
+"""What ``--dtype`` takes: ``auto`` is bf16 where every device of the cluster has it, else fp16
+(``choose_dtype``)."""
+ZERO_STAGES = (0, 1, 2, 3)
+GRAD_REDUCE_DTYPE = "fp32"
+"""Mixed precision: the precision gradients are accumulated and reduced in over the data-parallel
+ranks, whatever the compute dtype (Megatron's default under --bf16; the runtime does this, the cost
+model prices these bytes, the exporters emit the matching flag)."""
+
+
+class PlanError(InputError):
+    """A plan that does not fit the model or the cluster; the message names every factor that is off."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Degrees:
+    """Parallel degrees; their product is the number of devices."""
+
+    dp: int = 1
+    """Data-parallel replicas."""
+    pp: int = 1
+    """Pipeline stages (physical; virtual stages are ``Plan.virtual_stages``)."""
+    cp: int = 1
+    """Context-parallel (ring attention) shards of the sequence."""
+    hp: int = 1
+    """Head-parallel (Ulysses all-to-all) ranks."""
+    tp: int = 1
+    """Tensor-parallel (Megatron) ranks."""
+
+    def __post_init__(self) -> None:
+        for d in DIMS:
+            v = getattr(self, d)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise PlanError(f"must be a positive integer, got {v!r}", field=f"degrees.{d}")
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.pp * self.cp * self.hp * self.tp
+
+    def product_text(self) -> str:
+        return "*".join(f"{d}({getattr(self, d)})" for d in DIMS)
+
+    def to_dict(self) -> dict[str, int]:
+        return {d: getattr(self, d) for d in DIMS}
+
+    def inline(self) -> str:
+        return ",".join(f"{d}={getattr(self, d)}" for d in DIMS if getattr(self, d) != 1) or "dp=1"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Shares:
+    """Uneven splits along each dimension (None: not resolved yet, even split by default)."""
+
+    layers: tuple[int, ...] | None = None
+    tokens: tuple[int, ...] | None = None
+    heads: tuple[int, ...] | None = None
+    samples: tuple[int, ...] | None = None
+
+    def to_dict(self) -> dict[str, list[int] | None]:
+        return {k: (list(v) if v is not None else None) for k, v in dataclasses.asdict(self).items()}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Placement:
+    """Mesh rank ``rank`` runs on device ``device`` of node ``node`` (global node index)."""
+
+    rank: int
+    node: int
+    device: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Workload:
+    """What the plan is for; recorded when a plan is resolved against a model and a cluster."""
+
+    model: str
+    seq_len: int
+    global_batch: int
+    cluster: str = ""
+
+
+def shares_are_even(layers: Any, tokens: Any, heads: Any, samples: Any) -> bool:
+    """The even-split rule of ``Plan.is_even`` on bare share sequences (None: not set): layers,
+    heads and samples may differ by one (a remainder), tokens not at all (CP chunks are equal)."""
+    for v in (layers, heads, samples):
+        if v and max(v) - min(v) > 1:
+            return False
+    return not tokens or max(tokens) == min(tokens)
+
+
+def even_split(total: int, parts: int) -> list[int]:
+    """``total`` into ``parts`` integers differing by at most one, larger ones first."""
+    q, r = divmod(total, parts)
+    return [q + (1 if i < r else 0) for i in range(parts)]
+
+
+def mesh_groups(degrees: Degrees, dim: str, world: int | None = None) -> list[list[int]]:
+    """Every ``dim`` group of the mesh ``degrees`` spans over ranks ``0 .. world - 1`` (default:
+    ``degrees.world``), ordered by first rank (``Plan.all_groups``).
+    Stride arithmetic (same result as collecting each rank's group, which cost ~2 ms at 128 ranks
+    inside every ``resolve``)."""
+    n = getattr(degrees, dim)
+    stride = 1
+    for d in MESH_ORDER[MESH_ORDER.index(dim) + 1:]:
+        stride *= getattr(degrees, d)
+    world = degrees.world if world is None else world
+    return [[r + i * stride for i in range(n)] for r in range(world) if (r // stride) % n == 0]
