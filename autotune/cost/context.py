@@ -236,6 +236,14 @@ class RankContext:
     """Tokens it holds outside attention, over its micro-batch: mbs * tokens / hp."""
     hidden_bytes: float
     """One block's input activation on this rank: bytes per element * tokens_local * hidden."""
+    attn_seq: float | None = None
+    """With documents: the length the attention kernels run at (the pair-weighted mean document
+    piece, ``cost/documents.py``); None: the CP shard (``tokens``)."""
+
+    @property
+    def block_seq(self) -> float:
+        """The sequence length attention is priced at (kernel efficiency): the shard, or the documents'."""
+        return self.tokens if self.attn_seq is None else self.attn_seq
 
     @property
     def pp_index(self) -> int:
@@ -260,7 +268,7 @@ STEP_INPUTS = ("a2a_heads", "bpe", "chunks", "cp", "cp_max_tokens", "dtype", "hp
 """The StepContext fields ``rank_cost`` reads by value (``RankContext.cost_key``)."""
 STEP_OBJECTS = ("model", "schedule")
 """The StepContext fields ``rank_cost`` reads, compared by identity."""
-RANK_INPUTS = ("cf", "mf", "heads", "hidden_bytes", "keysum", "layer_params", "layers", "links", "microbatches",
+RANK_INPUTS = ("attn_seq", "block_seq", "cf", "mf", "heads", "hidden_bytes", "keysum", "layer_params", "layers", "links", "microbatches",
                "params", "pp_index", "rest_params", "ring", "tokens", "tokens_local")
 """The RankContext fields ``rank_cost`` reads by value; ``step`` it reads through STEP_INPUTS and
 STEP_OBJECTS."""
@@ -389,4 +397,5 @@ def _rank_context(s: StepContext, c: Mapping[str, int], spec: Any, links: Links,
         params=params, layer_params=layer_params, rest_params=rest,
         keysum=s.keysums[c["cp"]] if s.doc_work is None else s.doc_work.keysums[c["dp"]][c["cp"]],
         ring=s.ring[c["cp"]] if s.doc_work is None else s.doc_work.ring[c["dp"]][c["cp"]],
+        attn_seq=None if s.doc_work is None else s.doc_work.attn_seq[c["dp"]][c["cp"]],
         tokens_local=tok, hidden_bytes=s.bpe * tok * s.model.hidden)

@@ -375,7 +375,7 @@ def predicted_pieces(plan: Any, model: Any, cluster: Any, seq_len: int, global_b
     fallback = ctx.rates.source
     _, full, scores = M.block_activations(ctx)
     lc = layer_compute(s.model, ctx.rates, tokens=ctx.tokens_local, tp=s.tp, heads_local=ctx.heads,
-                       keysum=ctx.keysum, block_seq=ctx.tokens, blocks=ctx.ring, micro_batch=s.mbs,
+                       keysum=ctx.keysum, block_seq=ctx.block_seq, blocks=ctx.ring, micro_batch=s.mbs,
                        act_bytes=full - scores)
     hf, hb = head_compute(s.model, ctx.rates, tokens=ctx.tokens_local, tp=s.tp)
     out = {"block": Lookup(lc.fwd, lc.bwd, fallback), "head": Lookup(hf, hb, fallback),
