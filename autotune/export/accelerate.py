@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from autotune.cost.kernels import EAGER
 from autotune.export.common import (
     Collected,
     Export,
@@ -33,6 +34,9 @@ from autotune.plan import Plan
 from autotune.plan_record import PlanRecord
 
 NAME = "accelerate"
+
+KERNELS = EAGER
+"""Accelerate runs a Hugging Face-style model eagerly: the cost model\'s kernel costs for ``--target accelerate``."""
 SUFFIX = ".json"
 
 WHY = {

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from autotune.cost.kernels import EAGER
 from autotune.divisibility import even_heads_problem
 from autotune.export.common import (
     Collected,
@@ -40,6 +41,9 @@ from autotune.plan_record import PlanRecord
 from autotune.schedules import schedule_of
 
 NAME = "deepspeed"
+
+KERNELS = EAGER
+"""DeepSpeed runs a Hugging Face-style model eagerly: the cost model\'s kernel costs for ``--target deepspeed``."""
 SUFFIX = ".json"
 
 WHY = {

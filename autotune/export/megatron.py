@@ -36,6 +36,7 @@ import re
 import shlex
 from typing import Any
 
+from autotune.cost.kernels import EAGER_HOST_S, KernelCosts
 from autotune.divisibility import even_heads_problem
 from autotune.export.common import (
     Collected,
@@ -56,6 +57,14 @@ from autotune.plan_record import PlanRecord
 from autotune.schedules import schedule_of
 
 NAME = "megatron"
+
+KERNELS = KernelCosts(
+    name="megatron", host_s=EAGER_HOST_S, block_fwd=11, head_fwd=3,
+    source="Megatron-Core with Transformer Engine issues per block forward: layer norm + QKV GEMM and layer norm "
+           "+ FC1 GEMM (TE LayerNormLinear, 2 kernels each), fused RoPE, one flash-attention kernel, the output "
+           "and FC2 GEMMs, fused bias-GeLU / SwiGLU, 2 fused bias-dropout-adds: 11 kernels; each dispatched "
+           "eagerly from Python (EAGER_HOST_S)")
+"""How Megatron runs a plan: the cost model's kernel costs for ``estimate --target megatron``."""
 HELIX_FORK = ("HelixPipe's Megatron-LM fork (the code of arXiv 2507.00394, branch dev): upstream Megatron-LM "
               "has no --attention-pipeline")
 SUFFIX = ".sh"
@@ -65,6 +74,13 @@ WHY = {
     "heads": "Megatron splits attention heads evenly over tp and the a2a (Ulysses) group",
     "samples": "Megatron gives every data-parallel rank global_batch/dp samples",
 }
+
+
+def _helix_fork(plan: Plan) -> bool:
+    """Whether the plan runs HelixPipe, which only HelixPipe's own fork of Megatron-LM runs, with
+    switches of its own (``HELIX_FORK``): the one place this exporter names a schedule, because
+    those switches belong to that fork, not to a capability another schedule could share."""
+    return plan.schedule == "helixpipe"
 
 
 def reasons(plan: Plan, ctx: ExportContext) -> list[str]:
@@ -187,13 +203,13 @@ def arguments(plan: Plan, ctx: ExportContext) -> list[str]:
             a += ["--cp-comm-type", "a2a+p2p", "--hierarchical-context-parallel-sizes", str(d.hp), str(d.cp)]
         else:
             a += ["--cp-comm-type", "a2a" if d.hp > 1 else "p2p"]
-    if plan.schedule == "helixpipe":  # the fork's switches (HELIX_FORK)
+    if _helix_fork(plan):  # the fork's switches (HELIX_FORK)
         a += ["--attention-pipeline", "--num-fold", str(plan.helix_folds),
               "--num-layers-per-virtual-pipeline-stage", "1", "--transfer-weight"]
     else:
         a += layer_args(plan)
     a += ["--micro-batch-size", str(plan.micro_batch_size), "--global-batch-size", str(ctx.global_batch)]
-    if plan.schedule == "helixpipe" and plan.recompute == "full":
+    if _helix_fork(plan) and plan.recompute == "full":
         a.append("--checkpoint-without-attn")
     elif plan.recompute == "selective":
         a += ["--recompute-granularity", "selective"]
@@ -242,7 +258,7 @@ def render(record: PlanRecord, ctx: ExportContext) -> Export:
     args = arguments(plan, ctx)
     prov = provenance(record, ctx)
     lines = ["#!/usr/bin/env bash", "# Megatron-LM / Megatron Core arguments for pretrain_gpt.py"]
-    if plan.schedule == "helixpipe":
+    if _helix_fork(plan):
         lines.append(f"# REQUIRES {HELIX_FORK}")
     lines += comment_lines(prov)
     lines.append(f"# world size {plan.world} = {plan.degrees.product_text()}; ranks in Megatron's "
@@ -259,7 +275,7 @@ def render(record: PlanRecord, ctx: ExportContext) -> Export:
     lines.append(")")
     lines.append('# torchrun ... pretrain_gpt.py "${MEGATRON_PARALLEL_ARGS[@]}" <data, tokenizer and optimizer args>')
     data: dict[str, Any] = {"args": args, "provenance": prov}
-    if plan.schedule == "helixpipe":
+    if _helix_fork(plan):
         data["requires"] = HELIX_FORK
     return Export(format=NAME, text="\n".join(lines) + "\n", data=data, suffix=SUFFIX)
 

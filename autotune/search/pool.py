@@ -235,6 +235,7 @@ class _PoolRun:
         self.notes.append(f"searched {len(subsets)} subsets of {self.pool.name} ({self.obj.text()}); screening "
                           f"<= {screen} cost-model calls each, then the whole search on {len(chosen)}")
         trials = _union(self.workspaces, study, self.storage)
+        self._within_limits(trials)
         known = StudyView(study, trials)
         res = collect(known, self.storage, self.opts.top, time.monotonic() - t0, before, self.notes,
                       (self.model, self.pool, self.seq_len, self.global_batch))
@@ -245,6 +246,16 @@ class _PoolRun:
         study.set_user_attr("left_out", res.left_out)
         study.set_user_attr("left_out_trial", res.best_trial)
         return res
+
+    def _within_limits(self, trials: list[Any]) -> None:
+        """Feasible plans exist but none within ``--max-step-time``: say so, with the fastest found."""
+        from autotune.study import is_feasible
+
+        ok = [t for t in trials if is_feasible(t) and "cost" in t.user_attrs]
+        if ok and self.obj.max_step_time is not None and not any(admissible(self.obj, t.user_attrs) for t in ok):
+            fastest = min(step_of(t.user_attrs) or math.inf for t in ok)
+            raise WorkError(f"no plan steps within --max-step-time {self.obj.max_step_time:g} s; the fastest found "
+                            f"takes {fastest:.4g} s")
 
     def _to_refine(self, subsets: list[tuple[int, ...]], best: dict[tuple[int, ...], Any]) -> list[tuple[int, ...]]:
         if P.devices_of(self.pool, None) <= SMALL_POOL:

@@ -75,3 +75,10 @@ def test_dashboard_and_report_draw_the_front(tmp_path):
     assert all(" ".join(line.split(":")[0].split()) in flat for line in res.left_out)
     page, facts = render_html(view)
     assert "front" in facts["charts"] and "<div id='front' class='chart'>" in page and '"chosen"' in page
+
+
+def test_a_step_time_no_plan_meets_is_said():
+    from autotune.errors import WorkError
+
+    with pytest.raises(WorkError, match="no plan steps within --max-step-time 1e-09 s; the fastest found takes"):
+        _search("unmet", "time", None, "1ns")

@@ -89,7 +89,7 @@ def test_split_layers_is_the_min_max_partition():
                                 capacity=1.0)
     c = P.Composition(dp=1, stages=(opt(3.0, 0.0), opt(1.0, 0.0), opt(2.0, 5.0)))
     n, _ = P.split_layers(c, 12, 1, 8, [1.0, 1.0, 1.0])
-    times = lambda lay: max(k * o.layer_s + (o.head_s if i == 2 else 0) for i, (k, o) in enumerate(zip(lay, c.stages)))  # noqa: E731
+    times = lambda lay: max(k * o.layer_s + (o.head_s if i == 2 else 0) for i, (k, o) in enumerate(zip(lay, c.stages, strict=True)))  # noqa: E731
     assert sum(n) == 12 and times(n) == min(times(x) for x in _splits(12, 3))
 
 
