@@ -212,6 +212,8 @@ def context_of(prof: dict[str, Any], dtype: str,
     priced += [price(model, seq, b) for b in mbs]
     measured = [(*pts["block", b], *pts["head", b]) for b in (first, *mbs)]
     lines = [_line(tuple(k[i] for k in priced), tuple(m[i] for m in measured)) for i in range(4)]
+    if first != 0:  # the first point is a real micro-batch, not the negligible shape: no floor from it
+        lines = [(a, k, 0.0) for a, k, _ in lines]
     src = (f"profile block_ref ({dtype}: the runtime's block and head at hidden {fixed_model.hidden} / seq "
            f"{fixed_seq} and hidden {model.hidden} / seq {seq}, micro-batches {', '.join(map(str, mbs))})")
     return Context(*lines, source=src)
