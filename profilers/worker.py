@@ -177,7 +177,11 @@ def _rounds(comp: Any, link: Any, phases: dict[str, float], t_start: float) -> N
 
 
 def run_rank(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any] | None:
-    """Measure this rank; returns the whole result on rank 0 (None elsewhere)."""
+    """Measure this rank; returns the whole result on rank 0 (None elsewhere).
+
+    Longer than a screen: the process group, the core pinning, the sweeps and the phase clock are set
+    up in the order torch.distributed and the pinned comm threads need (``_rounds`` measures,
+    ``_collect`` gathers)."""
     import torch
     import torch.distributed as dist
 
