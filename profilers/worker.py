@@ -145,9 +145,10 @@ def _collect(mine: dict[str, Any], rank: int, world: int, kind: str, device: str
     return result
 
 
-def _rounds(comp: Any, link: Any, phases: dict[str, float], t_start: float) -> None:
+def _rounds(comp: Any, link: Any, phases: dict[str, float], t_start: float, flag_device: str) -> None:
     """The measuring rounds, compute then links in each, until every sweep is done or the time
-    budget is spent; their seconds and count go into ``phases``."""
+    budget is spent; their seconds and count go into ``phases``. ``flag_device``: where the stop
+    flag is reduced (the rank's GPU under NCCL)."""
     import torch
     import torch.distributed as dist
 
@@ -158,7 +159,8 @@ def _rounds(comp: Any, link: Any, phases: dict[str, float], t_start: float) -> N
         # time budget is decided together: stop when any rank would overrun it (this all_reduce is
         # also the round's barrier).
         over = over_budget(r, time.perf_counter() - t_start, last, comp.plan.budget_s)
-        flag = torch.tensor([1.0 if over else 0.0])
+        # on the rank's device: NCCL reduces CUDA tensors only (a CPU tensor fails the one-GPU profile)
+        flag = torch.tensor([1.0 if over else 0.0], device=flag_device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         if flag.item() > 0:
             break
@@ -235,7 +237,7 @@ def run_rank(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any] | Non
     if link is not None:
         link.warm()
     phases["link_warm_s"] = time.perf_counter() - t_phase - phases["compute_warm_s"]
-    _rounds(comp, link, phases, t_start)
+    _rounds(comp, link, phases, t_start, device if kind == "cuda" else "cpu")
     compute = comp.rows()
     links = link.rows() if link is not None else []
     mine = {"rank": rank, "local_rank": local_rank, "host": socket.gethostname(), "device": device,

@@ -30,6 +30,7 @@ from autotune.commands.common import (
     err_console,
 )
 from autotune.dashboard.tables import Col, fit
+from autotune.stages import degrees_text
 from autotune.units import fmt_bytes, fmt_time
 
 HELP = "Search parallel plans with Optuna over degrees and uneven shares using the cost model."
@@ -197,8 +198,14 @@ def priced_from(bd: dict[str, Any] | None) -> str:
     """``; block from layers:3 (measured)`` or ``; block from datasheet x 1.37 (one scale: ...)``
     per device type where a layer profile priced the plan (cost/layers.py), else nothing."""
     src = (bd or {}).get("compute_source") or {}
-    parts = [f"{dev} block from {s['block'].split(',')[0] if s['block'].startswith('layers:') else s['block']}"
-             for dev, s in src.items() if "layers:" in s.get("block", "")]
+    parts = []
+    for dev, s in src.items():
+        blk = s.get("block", "")
+        if blk.startswith("layers:"):
+            parts.append(f"{dev} block from {blk.split(',')[0]}")
+        elif " (one scale: " in blk:  # "<fallback> x R (one scale: layers:ID (origin) / ..."
+            head, rest = blk.split(" (one scale: ", 1)
+            parts.append(f"{dev} block from {head} (on {rest.split(' / ')[0]}'s scale)")
     return "; " + "; ".join(parts) if parts else ""
 
 
@@ -213,7 +220,7 @@ def plan_table(plans: list[dict[str, Any]], title: str, measured: bool = False, 
     rows = []
     for i, p in enumerate(plans):
         pr = p.get("predicted") or {}
-        deg = ",".join(f"{k}={v}" for k, v in p["degrees"].items() if v > 1) or "dp=1"
+        deg = degrees_text(p)  # a per-stage plan: its stages with their own degrees
         mem, cap = pr.get("memory_bytes") or [], pr.get("capacity_bytes") or []
         j = max(range(len(mem)), key=lambda r: mem[r] / cap[r] if cap else mem[r]) if mem else None
         memtxt = f"{fmt_bytes(mem[j])} ({mem[j] / cap[j]:.0%})" if j is not None and cap else "-"

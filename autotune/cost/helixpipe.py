@@ -224,7 +224,7 @@ def rank_times(ctx) -> HelixRankTimes:
     h, kv, tp = model.hidden, model.kv_dim, s.tp
     _, full, scores = M.block_activations(ctx)
     lc = layer_compute(model, rates, tokens=ctx.tokens_local, tp=tp, heads_local=ctx.heads, keysum=ctx.keysum,
-                       block_seq=ctx.tokens, blocks=ctx.ring, micro_batch=s.mbs, act_bytes=full - scores)
+                       block_seq=ctx.block_seq, blocks=ctx.ring, micro_batch=s.mbs, act_bytes=full - scores)
     qkv = rates.gemm_time(2.0 * ctx.tokens_local * h * (h + 2 * kv) / tp)
     # the device's layer profile first, as for every other schedule (cost/layers.py: one scale)
     blk = LY.piece(ctx, "block") or LY.reconciled_block(ctx, lc)

@@ -353,28 +353,16 @@ def rank_sources(ctx: Any) -> dict[str, str]:
 
 
 def measured_block(lc: Any, hit: Lookup) -> Any:
-    """The kernel model's ``LayerCompute`` with its totals replaced by the measured block: each
-    forward term scaled so they sum to the measured forward (selective recomputation still finds
-    the attention core's share), backward the measured backward."""
-    from autotune.cost.compute import LayerCompute
+    """The kernel model's ``LayerCompute`` with its totals replaced by the measured block
+    (``compute.rescaled_block``: each forward term scaled to the measured forward, backward the
+    measured backward)."""
+    from autotune.cost.compute import rescaled_block
 
-    scale = hit.fwd / lc.fwd if lc.fwd > 0 else 0.0
-
-    class MeasuredLayerCompute(LayerCompute):
-        @property
-        def fwd(self) -> float:
-            return hit.fwd
-
-        @property
-        def bwd(self) -> float:
-            return hit.bwd
-
-    return MeasuredLayerCompute(gemm_fwd=lc.gemm_fwd * scale, attn_fwd=lc.attn_fwd * scale,
-                                attn_bwd=hit.bwd * (lc.attn_bwd / lc.bwd if lc.bwd > 0 else 0.0),
-                                elem_fwd=lc.elem_fwd * scale)
+    return rescaled_block(lc, hit.fwd, hit.bwd)
 
 
-def predicted_pieces(plan: Any, model: Any, cluster: Any, seq_len: int, global_batch: int) -> dict[str, Lookup]:
+def predicted_pieces(plan: Any, model: Any, cluster: Any, seq_len: int, global_batch: int,
+                     kernels: Any = None) -> dict[str, Lookup]:
     """What the cost model prices one micro-batch's ``embed``, ``block`` and ``head`` at on the first
     rank of ``plan`` (seconds fwd, bwd, and the source), as ``rank.rank_cost`` composes them:
     the layer profile where it applies, else the compute module's kernel or datasheet model."""
@@ -382,12 +370,12 @@ def predicted_pieces(plan: Any, model: Any, cluster: Any, seq_len: int, global_b
     from autotune.cost.compute import head_compute, layer_compute
     from autotune.cost.steps import step_context, tp_groups
 
-    s = step_context(plan, model, cluster, seq_len, global_batch, None)
+    s = step_context(plan, model, cluster, seq_len, global_batch, None, kernels)
     ctx = tp_groups(s)[0][2]
     fallback = ctx.rates.source
     _, full, scores = M.block_activations(ctx)
     lc = layer_compute(s.model, ctx.rates, tokens=ctx.tokens_local, tp=s.tp, heads_local=ctx.heads,
-                       keysum=ctx.keysum, block_seq=ctx.tokens, blocks=ctx.ring, micro_batch=s.mbs,
+                       keysum=ctx.keysum, block_seq=ctx.block_seq, blocks=ctx.ring, micro_batch=s.mbs,
                        act_bytes=full - scores)
     hf, hb = head_compute(s.model, ctx.rates, tokens=ctx.tokens_local, tp=s.tp)
     out = {"block": Lookup(lc.fwd, lc.bwd, fallback), "head": Lookup(hf, hb, fallback),

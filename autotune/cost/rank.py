@@ -135,7 +135,7 @@ def rank_cost(ctx: RankContext) -> RankCost:
     # elementwise traffic over the sbh tensors; the softmax over the scores is part of the attention
     # kernel's throughput (fused attention never writes the s^2 scores to memory)
     lc = layer_compute(s.model, ctx.rates, tokens=ctx.tokens_local, tp=s.tp, heads_local=ctx.heads,
-                       keysum=ctx.keysum, block_seq=ctx.tokens, blocks=ctx.ring, micro_batch=s.mbs,
+                       keysum=ctx.keysum, block_seq=ctx.block_seq, blocks=ctx.ring, micro_batch=s.mbs,
                        act_bytes=full - scores)
     # measured layers first (cost/layers.py), then the kernel curves / datasheet of compute.py, on the
     # profile's scale where the device has one that cannot price this rank's block (a cp/hp shard)

@@ -62,6 +62,13 @@ class StudyContext:
         cl = self.cluster
         if cl is None:
             return None
+        if plan.get("uses") is not None:  # a plan on part of a pool: its placement names that subset's nodes
+            from autotune.specs.pool import subset
+
+            try:
+                cl = subset(cl, tuple(plan["uses"]))
+            except (AutotuneError, TypeError, ValueError):
+                return None
         where = {(d.node, d.local): d for d in cl.devices}
         pl = plan.get("placement")
         if isinstance(pl, list) and pl:

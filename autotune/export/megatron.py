@@ -36,6 +36,7 @@ import re
 import shlex
 from typing import Any
 
+from autotune.cost.kernels import EAGER_HOST_S, KernelCosts
 from autotune.divisibility import even_heads_problem
 from autotune.export.common import (
     Collected,
@@ -50,11 +51,20 @@ from autotune.export.common import (
     provenance,
     with_even,
 )
+from autotune.export.stages import staged_candidates, staged_reasons
 from autotune.plan import Plan
 from autotune.plan_record import PlanRecord
 from autotune.schedules import schedule_of
 
 NAME = "megatron"
+
+KERNELS = KernelCosts(
+    name="megatron", host_s=EAGER_HOST_S, block_fwd=11, head_fwd=3,
+    source="Megatron-Core with Transformer Engine issues per block forward: layer norm + QKV GEMM and layer norm "
+           "+ FC1 GEMM (TE LayerNormLinear, 2 kernels each), fused RoPE, one flash-attention kernel, the output "
+           "and FC2 GEMMs, fused bias-GeLU / SwiGLU, 2 fused bias-dropout-adds: 11 kernels; each dispatched "
+           "eagerly from Python (EAGER_HOST_S)")
+"""How Megatron runs a plan: the cost model's kernel costs for ``estimate --target megatron``."""
 HELIX_FORK = ("HelixPipe's Megatron-LM fork (the code of arXiv 2507.00394, branch dev): upstream Megatron-LM "
               "has no --attention-pipeline")
 SUFFIX = ".sh"
@@ -74,6 +84,8 @@ def _helix_fork(plan: Plan) -> bool:
 
 
 def reasons(plan: Plan, ctx: ExportContext) -> list[str]:
+    if plan.stages is not None:  # per-stage degrees: autotune/export/stages.py
+        return staged_reasons(plan, ctx, NAME, reasons)
     r = Collected(even_share_reasons(plan, NAME, ("tokens", "heads", "samples"), WHY))
     d = plan.degrees
     r.add(d.cp > 1 and plan.cp_layout == "contiguous",
@@ -99,6 +111,8 @@ def reasons(plan: Plan, ctx: ExportContext) -> list[str]:
 
 
 def candidates(plan: Plan, ctx: ExportContext) -> list[Plan]:
+    if plan.stages is not None:
+        return [q for c in staged_candidates(plan, ctx) for q in (c, *candidates(c, ctx))]
     base = with_even(plan, "tokens", "heads", "samples")
     if plan.degrees.pp > 1 and schedule_of(plan).refusal(NAME):  # the nearest schedule Megatron runs: 1F1B
         base = base.replace(schedule="1f1b")

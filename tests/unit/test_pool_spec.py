@@ -136,3 +136,19 @@ def test_launch_dry_run_of_a_subset_prints_only_the_used_hosts(tmp_path):
     heads = [ln for ln in r.stdout.splitlines() if ln.startswith("# node")]
     assert heads == ["# node 0 (node-rank 0) on host0", "# node 4 (node-rank 1) on host4"], r.stdout
     assert "left out 4 H100-SXM" in r.stderr and "8 A100-80GB" in r.stderr
+
+
+def test_estimate_names_what_a_subset_plan_leaves_out(tmp_path):
+    pool_file = tmp_path / "pool.json"
+    pool_file.write_text(json.dumps(_pool()))
+    r = subprocess.run([sys.executable, "-m", "autotune", "estimate", "-m", "llama3-8b", "-c", str(pool_file), "-p",
+                        "pp=2,tp=4,uses=2/0/0,dtype=fp16", "-s", "8192", "-b", "16", "--json"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["plan"]["uses"] == [2, 0, 0]
+    assert d["subset"]["left_out"] == [{"group": 1, "devices": 8, "device": "A100-80GB"},
+                                       {"group": 2, "devices": 4, "device": "V100-16GB"}]
+    by_hand = estimate(parse_inline("pp=2,tp=4").replace(dtype="fp16"), load_model("llama3-8b"),
+                       _by_hand((2, 0, 0)), 8192, 16)
+    assert d["predicted"]["step_time_s"] == by_hand.predicted["step_time_s"]
