@@ -81,7 +81,7 @@ def nothing_fits(trials: list[Any], workload: tuple[Any, Any, int, int] | None =
 def _terms_again(plan: dict[str, Any], rank: int, workload: tuple[Any, Any, int, int]
                  ) -> tuple[dict[str, float], dict[str, Any]]:
     """The memory terms of ``rank`` under the stored ``plan``, priced again, and its device."""
-    from autotune.cost.memory import rank_memory_terms
+    from autotune.cost.plan_memory import rank_memory_terms
     from autotune.plan import Plan
 
     model, cluster, seq_len, global_batch = workload

@@ -31,9 +31,9 @@ def _check_basic(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batc
     p += schedule_of(plan).check_shape(d.pp, plan.virtual_stages)
     if plan.helix_folds not in HELIX_FOLDS:
         p.append(f"helix_folds: must be one of {', '.join(map(str, HELIX_FOLDS))}, got {plan.helix_folds}")
-    elif plan.helix_folds != 1 and plan.schedule != "helixpipe":
+    elif plan.helix_folds not in schedule_of(plan).fold_choices:
         p.append(f"helix_folds: only helixpipe folds micro-batches, {plan.schedule} needs helix_folds(1)")
-    if plan.helix_attention is not None and plan.schedule != "helixpipe":
+    if plan.helix_attention is not None and not schedule_of(plan).places_attention:
         p.append(f"helix_attention: only helixpipe places attention apart from its layer, {plan.schedule} "
                  "needs helix_attention null")
     if plan.dtype not in {k for dev in cluster.device_types() for k in dev.peak_flops}:

@@ -12,14 +12,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.errors import InputError
+from autotune.schedules.helixpipe import FOLDS
 
 DIMS = ("dp", "pp", "cp", "hp", "tp")
 MESH_ORDER = ("pp", "dp", "cp", "hp", "tp")
 
 
 RECOMPUTE = ("none", "selective", "full")
-HELIX_FOLDS = (1, 2)
-"""HelixPipe's fold counts (the fork's ``--num-fold``: two folds hide one another's transfers)."""
+HELIX_FOLDS = FOLDS  # HelixPipe's fold counts (autotune/schedules/helixpipe.py)
 CP_LAYOUTS = ("zigzag", "contiguous")
 BALANCES = ("count", "cost")
 """How packed windows go to DP replicas: ``count`` (rows in order, ``shares.samples`` each) or

@@ -325,6 +325,57 @@ def renumbered(stages: tuple[Stage, ...]) -> tuple[Stage, ...]:
     return tuple(out)
 
 
+def scaled(stages: tuple[Stage, ...], n: int, model: Any) -> tuple[Stage, ...]:
+    """The same shape on ``n`` local devices (``trial --nproc N`` of a plan made for a larger
+    cluster): adjacent stages merged (their layers added), fewer replicas, each replica's tp shrunk
+    to a power of two the model allows; of the ways to do so, the one that keeps what distinguishes
+    the plan (a stage wider in tp than another, replicas of different tp in one stage), then the
+    most stages, then every device used."""
+    wide = len({r.tp for st in stages for r in st.replicas}) > 1
+    mixed = any(len(set(st.tps)) > 1 for st in stages)
+    best: tuple[tuple, tuple[Stage, ...]] | None = None
+    for p in range(1, min(len(stages), n) + 1):
+        groups = [list(range(len(stages)))[i * len(stages) // p:(i + 1) * len(stages) // p] for i in range(p)]
+        for dp in range(1, min(stages[0].dp, n // p) + 1):
+            out = _shrink(stages, groups, dp, n, model)
+            if out is None:
+                continue
+            score = (len({r.tp for st in out for r in st.replicas}) > 1 or not wide,
+                     any(len(set(st.tps)) > 1 for st in out) or not mixed, p,
+                     sum(len(st.devices) for st in out))
+            if best is None or score > best[0]:
+                best = (score, out)
+    assert best is not None, "one device holds any plan"
+    return renumbered(best[1])
+
+
+def _shrink(stages: tuple[Stage, ...], groups: list[list[int]], dp: int, n: int, model: Any) -> tuple[Stage, ...] | None:
+    p = len(groups)
+    budget = [n // p + (1 if i < n % p else 0) for i in range(p)]
+    out = []
+    for g, b in zip(groups, budget, strict=True):
+        first = stages[g[0]]
+        by_tp: dict[int, list[int]] = {}
+        for rep in first.replicas:
+            by_tp.setdefault(rep.tp, []).append(rep.tp)
+        order = [t for k in range(max(len(v) for v in by_tp.values())) for t in sorted(by_tp, reverse=True)
+                 if k < len(by_tp[t])]  # one replica of each tp first
+        reps: list[Replica] = []
+        for r in range(dp):
+            cap = b - (dp - 1 - r) - sum(x.tp for x in reps)
+            if cap < 1:
+                return None
+            t = 1
+            while t * 2 <= min(order[r % len(order)], cap) and not tp_problems(t * 2, model):
+                t *= 2
+            reps.append(Replica(tp=t, devices=tuple(range(t))))
+        st = Stage(layers=sum(stages[i].layers for i in g), replicas=tuple(reps))
+        if nesting_problem(st.tps):
+            return None
+        out.append(st)
+    return tuple(out)
+
+
 def is_uniform(stages: tuple[Stage, ...]) -> bool:
     """Every replica of every stage at one tp (what Megatron and torchtitan express, placement aside)."""
     return len({r.tp for st in stages for r in st.replicas}) <= 1
@@ -339,6 +390,18 @@ def inline(stages: tuple[Stage, ...]) -> str:
             groups[t] = groups.get(t, 0) + 1
         parts.append(f"{st.layers}L[" + "+".join(f"tp{t}x{n}" for t, n in groups.items()) + "]")
     return " | ".join(parts)
+
+
+def degrees_text(plan: dict[str, Any] | None) -> str:
+    """How tables show a plan dict's layout: ``dp=2,pp=2,tp=4``, or a per-stage plan's stages with
+    their own degrees (``stages 6L[tp4x2] | 7L[tp1x2]``; one place for the CLI and the dashboard)."""
+    plan = plan or {}
+    if plan.get("stages"):
+        try:
+            return "stages " + inline(stages_from(plan["stages"]) or ())
+        except InputError:
+            return "stages ?"
+    return ",".join(f"{k}={v}" for k, v in (plan.get("degrees") or {}).items() if v > 1) or "dp=1"
 
 
 # ---- JSON ---------------------------------------------------------------------------------------

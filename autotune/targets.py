@@ -23,6 +23,17 @@ TARGETS = ("runtime", *(f for f in FORMATS if f != "json"))
 training (``json`` is the plan itself, not a runner)."""
 
 
+def kernel_costs(target: str | None) -> Any:
+    """The per-kernel costs (``cost/kernels.KernelCosts``) of the runtime that will run a plan aimed at
+    ``target``: each exporter's ``KERNELS`` (its own module, beside its rules); autotune's runtime for
+    ``runtime`` or None."""
+    from autotune.cost.kernels import RUNTIME
+
+    if target in (None, "runtime"):
+        return RUNTIME
+    return exporter(check_target(target)).KERNELS
+
+
 def check_target(name: str) -> str:
     if name not in TARGETS:
         raise InputError(f"unknown target {name!r}" + suggest(name, TARGETS), field="--target")

@@ -274,6 +274,8 @@ def validate(study_name: str, storage: str, *, options: ValidateOptions | None =
     ``ClusterMismatch`` (exit 2) before anything runs or is written. ``runner`` (run_trial's
     signature) and ``prepare`` (raises InputError for a plan it cannot run) launch elsewhere than
     local processes: across hosts, ``autotune.runtime.control.Leader``."""
+    # Over 60 lines on purpose: each phase is a helper below (_documents_and_data, _choose_plans,
+    # _run_plans, _calibrate, _rerank, _store_best); what stays here is their order, read top down.
     opts = options or ValidateOptions()
     if opts.top < 1:
         raise InputError(f"must be >= 1, got {opts.top}", field="--top")
@@ -290,6 +292,73 @@ def validate(study_name: str, storage: str, *, options: ValidateOptions | None =
         run_trial = runner
     study = open_study(study_name, storage)
     model, cluster, seq_len, global_batch = study_workload(study, storage)
+    estimator, opts, data_kw = _documents_and_data(study, study_name, opts, estimator, runner, model, seq_len,
+                                                   global_batch)
+    machines = machines if machines is not None else [this_machine(opts.device)]
+    check_machines(study.user_attrs, cluster, storage, machines, study_name)
+    measured_on = {"machine": "; ".join(m.describe() for m in machines), "hosts": [m.host for m in machines],
+                   "runtime": runtime_version()}
+    ranked = trial_plans(study)
+    if not ranked:
+        raise WorkError(f"study {study_name!r} has no feasible plan to validate; run `autotune search` first")
+    chosen, skipped = _choose_plans(ranked, opts, measured_on, prepare, model, seq_len, global_batch)
+    runs, rows = _run_plans(chosen, study, opts, run_trial, say, model, seq_len, global_batch, data_kw, measured_on)
+    out = _report(study_name, measured_on, rows, skipped)
+    if not runs:
+        say("every validated plan failed; no calibration")
+        return out
+    ctx = (model, cluster, seq_len, global_batch)
+    # the calibration is fitted on one precision (the one most validated plans ran in): factors
+    # measured in bf16 say nothing about an fp32 plan
+    precisions = [r["plan"].dtype for r in runs]
+    precision = max(sorted(set(precisions)), key=precisions.count)
+    measured_here, runs = runs, [r for r in runs if r["plan"].dtype == precision]
+
+    def calibrated_step(plan: Plan, c: dict | None) -> float:
+        # no catch-all: an estimator that raises is an error with its own message
+        return float(estimator(plan, *ctx, calibration=c).predicted["step_time_s"])
+
+    cal = _calibrate(out, runs, cluster, calibrated_step)
+    key = {"devices": sorted(cal), "precision": precision, "runtime": measured_on["runtime"],
+           "machine": measured_on["machine"], "plans": len(runs)}
+    out["calibration_measured"] = key
+    study.set_user_attr("calibration", cal)
+    study.set_user_attr("calibration_measured", key)
+    study.set_user_attr("calibration_errors", out["calibration_errors"])
+    out["reranked"] = _rerank(ranked, precision, cal, calibrated_step, seq_len, global_batch)
+    study.set_user_attr("calibrated_ranking", [x["trial"] for x in out["reranked"]])
+    _store_best(study, out, measured_here, rows)
+    return out
+
+
+def _report(study_name: str, measured_on: dict[str, Any], rows: list[dict[str, Any]],
+            skipped: list[dict[str, Any]]) -> dict[str, Any]:
+    """validate's report before any calibration (what it returns when every plan failed)."""
+    mem = [r["memory"]["median_error"] for r in rows if r["memory"] and r["memory"]["median_error"] is not None]
+    return {"study": study_name, "measured_on": measured_on, "validated": rows, "skipped": skipped,
+            "median_memory_error": statistics.median(mem) if mem else None, "calibration": None,
+            "calibration_measured": None,
+            "median_error_before": None, "median_error_after": None,
+            "median_error_held_out": None, "calibration_errors": None, "best_measured": None,
+            "reranked": []}
+
+
+def _store_best(study: Any, out: dict[str, Any], measured_here: list[dict[str, Any]],
+                rows: list[dict[str, Any]]) -> None:
+    """The best measured plan into the report and the study, with the trials validated."""
+    # every run here was measured on the study's own cluster (checked above), whatever its precision
+    best = max(measured_here, key=lambda r: r["measured"]["tokens_per_s"])
+    out["best_measured"] = {**best["row"]["plan"], "predicted": best["predicted"]}
+    out["best_measured_trial"] = best["row"]["trial"]
+    study.set_user_attr("best_measured_trial", best["row"]["trial"])
+    study.set_user_attr("validated_trials", [r["trial"] for r in rows])
+
+
+def _documents_and_data(study: Any, study_name: str, opts: ValidateOptions, estimator: Callable[..., Any],
+                        runner: Callable[..., Any] | None, model: Any, seq_len: int,
+                        global_batch: int) -> tuple[Callable[..., Any], ValidateOptions, dict[str, Any]]:
+    """(estimator, options, the trials' data arguments): the study's documents and the token file,
+    checked once before any trial starts."""
     data_kw: dict[str, Any] = {}
     docs = study_documents(study)
     if docs is not None and study.user_attrs["documents"].get("doc_mask", True):
@@ -308,13 +377,13 @@ def validate(study_name: str, storage: str, *, options: ValidateOptions | None =
 
         prepare_data(opts.data, model.vocab, seq_len, global_batch, opts.warmup + opts.steps, dtype=opts.data_dtype)
         data_kw.update({"data": opts.data, "data_dtype": opts.data_dtype})
-    machines = machines if machines is not None else [this_machine(opts.device)]
-    check_machines(study.user_attrs, cluster, storage, machines, study_name)
-    measured_on = {"machine": "; ".join(m.describe() for m in machines), "hosts": [m.host for m in machines],
-                   "runtime": runtime_version()}
-    ranked = trial_plans(study)
-    if not ranked:
-        raise WorkError(f"study {study_name!r} has no feasible plan to validate; run `autotune search` first")
+    return estimator, opts, data_kw
+
+
+def _choose_plans(ranked: list[tuple[Any, Plan]], opts: ValidateOptions, measured_on: dict[str, Any],
+                  prepare: Callable[..., Any] | None, model: Any, seq_len: int, global_batch: int
+                  ) -> tuple[list[tuple[Any, Plan, bool]], list[dict[str, Any]]]:
+    """(chosen (trial, plan, measured here before), skipped): the top K plans this machine can run."""
     chosen, skipped, refused = [], [], set()
     # Two passes: first the best plan of each distinct layout (degrees, schedule, micro-batch),
     # then, if K is not reached, the next best plans whatever their layout. The top
@@ -348,6 +417,14 @@ def validate(study_name: str, storage: str, *, options: ValidateOptions | None =
     if not chosen:
         why = "; ".join(f"trial {s['trial']} ({s['degrees']}): {s['reason']}" for s in skipped[:3])
         raise WorkError(f"none of the study's plans can run on this machine: {why}")
+    return chosen, skipped
+
+
+def _run_plans(chosen: list[tuple[Any, Plan, bool]], study: Any, opts: ValidateOptions, run_trial: Callable[..., Any],
+               say: Callable[[str], None], model: Any, seq_len: int, global_batch: int, data_kw: dict[str, Any],
+               measured_on: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(runs that measured a step, a row per chosen plan): each plan run for real (or its earlier
+    measurement here reused), its figures stored on its trial beside the prediction."""
     runs, rows = [], []
     for t, plan, done_before in chosen:
         pred = dict(trial_record(t).predicted or {})
@@ -374,26 +451,13 @@ def validate(study_name: str, storage: str, *, options: ValidateOptions | None =
         if measured and failure is None:
             runs.append({"plan": plan, "predicted": pred, "breakdown": t.user_attrs.get("breakdown"),
                          "measured": measured, "row": rows[-1]})
-    mem = [r["memory"]["median_error"] for r in rows if r["memory"] and r["memory"]["median_error"] is not None]
-    out: dict[str, Any] = {"study": study_name, "measured_on": measured_on, "validated": rows, "skipped": skipped,
-                           "median_memory_error": statistics.median(mem) if mem else None, "calibration": None,
-                           "calibration_measured": None,
-                           "median_error_before": None, "median_error_after": None,
-                           "median_error_held_out": None, "calibration_errors": None, "best_measured": None,
-                           "reranked": []}
-    if not runs:
-        say("every validated plan failed; no calibration")
-        return out
-    ctx = (model, cluster, seq_len, global_batch)
-    # the calibration is fitted on one precision (the one most validated plans ran in): factors
-    # measured in bf16 say nothing about an fp32 plan
-    precisions = [r["plan"].dtype for r in runs]
-    precision = max(sorted(set(precisions)), key=precisions.count)
-    measured_here, runs = runs, [r for r in runs if r["plan"].dtype == precision]
+    return runs, rows
 
-    def calibrated_step(plan: Plan, c: dict | None) -> float:
-        # no catch-all: an estimator that raises is an error with its own message
-        return float(estimator(plan, *ctx, calibration=c).predicted["step_time_s"])
+
+def _calibrate(out: dict[str, Any], runs: list[dict[str, Any]], cluster: Any,
+               calibrated_step: Callable[[Plan, dict | None], float]) -> dict[str, dict[str, float]]:
+    """Fit the calibration on ``runs`` and write each run's calibrated and held-out error and the
+    medians before / after / held out into ``out`` and the runs' rows; returns the calibration."""
 
     def run_step(run: dict[str, Any], c: dict) -> float | None:
         return calibrated_step(run["plan"], c)
@@ -422,13 +486,13 @@ def validate(study_name: str, storage: str, *, options: ValidateOptions | None =
     out["median_error_held_out"] = statistics.median(held) if held else None
     out["calibration_errors"] = {"before": out["median_error_before"], "after": out["median_error_after"],
                                  "held_out": out["median_error_held_out"], "plans": len(runs)}
-    key = {"devices": sorted(cal), "precision": precision, "runtime": measured_on["runtime"],
-           "machine": measured_on["machine"], "plans": len(runs)}
-    out["calibration_measured"] = key
-    study.set_user_attr("calibration", cal)
-    study.set_user_attr("calibration_measured", key)
-    study.set_user_attr("calibration_errors", out["calibration_errors"])
-    # re-rank the best predicted plans under the calibration (plans of another precision uncalibrated)
+    return cal
+
+
+def _rerank(ranked: list[tuple[Any, Plan]], precision: str, cal: dict[str, dict[str, float]],
+            calibrated_step: Callable[[Plan, dict | None], float], seq_len: int, global_batch: int
+            ) -> list[dict[str, Any]]:
+    """The best predicted plans re-ranked under the calibration (plans of another precision uncalibrated)."""
     reranked = []
     for t, plan in ranked[:RERANK]:
         applies = plan.dtype == precision
@@ -438,12 +502,4 @@ def validate(study_name: str, storage: str, *, options: ValidateOptions | None =
                              "calibrated_tokens_per_s": global_batch * seq_len / s, "calibrated": applies,
                              "predicted_tokens_per_s": trial_record(t).tokens_per_s()})
     reranked.sort(key=lambda x: -x["calibrated_tokens_per_s"])
-    out["reranked"] = reranked
-    study.set_user_attr("calibrated_ranking", [x["trial"] for x in reranked])
-    # every run here was measured on the study's own cluster (checked above), whatever its precision
-    best = max(measured_here, key=lambda r: r["measured"]["tokens_per_s"])
-    out["best_measured"] = {**best["row"]["plan"], "predicted": best["predicted"]}
-    out["best_measured_trial"] = best["row"]["trial"]
-    study.set_user_attr("best_measured_trial", best["row"]["trial"])
-    study.set_user_attr("validated_trials", [r["trial"] for r in rows])
-    return out
+    return reranked

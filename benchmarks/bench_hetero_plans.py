@@ -140,8 +140,8 @@ def balance_text(key: str, plan, bd) -> str:
 
 
 def no_split_sequence(plan_dict) -> bool:
-    """cp = hp = 1: a plan whose block the layer profile prices (a split sequence falls back to the
-    datasheet: the profiles hold whole sequences only)."""
+    """cp = hp = 1: a plan whose block the layer profile prices itself (a split sequence is priced by
+    the datasheet on the profile's scale: the profiles hold whole sequences only)."""
     deg = plan_dict.get("degrees") or {}
     return deg.get("cp", 1) == 1 and deg.get("hp", 1) == 1
 

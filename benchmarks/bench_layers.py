@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from autotune.cost import compute as _compute
-from autotune.cost import datasheet as DS
+from autotune.cost import kernels as K
 from autotune.cost.layers import LayerTable, predicted_pieces
 from autotune.plan import parse_inline
 from autotune.specs.catalogue import device_from_catalogue
@@ -110,7 +110,7 @@ def _gpu_model(key: str):
                             "max_positions": 2048, "bias": True})
 
 
-def gpu_errors(key: str, flat: bool) -> dict[str, list[float]]:
+def gpu_errors(key: str, flat: bool, runtime: K.KernelCosts = K.MEGATRON_DEEPSPEED_EAGER) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {}
     for gpu, dev in GPUS.items():
         prof = json.loads((DATA / key / gpu / "profile.json").read_text())
@@ -122,7 +122,7 @@ def gpu_errors(key: str, flat: bool) -> dict[str, list[float]]:
                 c = cluster_from_dict({"nodes": [{"devices_per_node": int(tp), "device": dev}]})
                 c = dataclasses.replace(c, groups=tuple(dataclasses.replace(g, device=spec) for g in c.groups))
                 blk = predicted_pieces(parse_inline(f"tp={tp},mbs={mbs},dtype=fp32"), _gpu_model(key), c, 2048,
-                                       int(mbs))["block"]
+                                       int(mbs), kernels=runtime)["block"]
                 measured = layers["2"][0] + layers["2"][1]
                 out.setdefault(dev, []).append(abs(blk.fwd + blk.bwd - measured) / measured)
     return out
@@ -130,23 +130,22 @@ def gpu_errors(key: str, flat: bool) -> dict[str, list[float]]:
 
 def gpu_section() -> None:
     print("\n== GPU: block fwd+bwd, Sailor's measured profiles (fp32/TF32, materialised attention, seq 2048) ==")
-    keep = DS.LAUNCH_S
+    keep = K.MEGATRON_DEEPSPEED_EAGER
     fit = {}
-    for launch in (2e-6, 4e-6, 8e-6, 16e-6, 24e-6, 28e-6, 32e-6, 48e-6, 64e-6):
-        DS.LAUNCH_S = launch
-        errs = [e for v in gpu_errors("OPT-350", False).values() for e in v]
-        fit[launch] = statistics.median(errs)
+    for host in (2e-6, 4e-6, 8e-6, 16e-6, 24e-6, 28e-6, 32e-6, 40e-6, 48e-6, 64e-6):
+        errs = [e for v in gpu_errors("OPT-350", False, dataclasses.replace(keep, host_s=host)).values() for e in v]
+        fit[host] = statistics.median(errs)
     best = min(fit, key=fit.get)
-    print("fit LAUNCH_S on OPT-350 (median error): " + ", ".join(f"{1e6 * k:g}us {100 * v:.1f}%" for k, v in fit.items())
-          + f" -> {1e6 * best:g} us (module constant: {1e6 * keep:g} us)")
-    DS.LAUNCH_S = best
+    print("fit the runtime's host time per kernel on OPT-350 (median error): "
+          + ", ".join(f"{1e6 * k:g}us {100 * v:.1f}%" for k, v in fit.items())
+          + f" -> {1e6 * best:g} us (kernels.MEGATRON_DEEPSPEED_EAGER.host_s: {1e6 * keep.host_s:g} us)")
+    runtime = dataclasses.replace(keep, host_s=best)
     try:
         for key, role in (("OPT-350", "fitted on"), ("GPT-Neo-2.7", "held out")):
             for label, flat in (("flat datasheet", True), ("size-aware", False)):
-                for dev, errs in gpu_errors(key, flat).items():
+                for dev, errs in gpu_errors(key, flat, runtime).items():
                     print(f"  {key:12s} ({role:9s}) {dev:10s} {label:15s} {_pct(errs)}")
     finally:
-        DS.LAUNCH_S = keep
         _compute._RATES.clear()
 
 

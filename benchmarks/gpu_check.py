@@ -116,6 +116,44 @@ def report(rows: list[dict[str, Any]], skipped: list[tuple[str, str]]) -> str:
     return "\n".join(lines)
 
 
+CATALOGUE_BY_NAME = (("H200", "H200"), ("H100", "H100-SXM"), ("A100-SXM4-40GB", "A100-40GB"), ("A100", "A100-80GB"),
+                     ("L40S", "L40S"), ("V100", "V100"))
+"""Substring of torch.cuda.get_device_name() -> the catalogue entry that prices the same GPU from its
+datasheet (the first match wins)."""
+
+
+def catalogue_name(device_name: str) -> str | None:
+    return next((cat for key, cat in CATALOGUE_BY_NAME if key in device_name), None)
+
+
+def add_sheet_predictions(rows: list[dict[str, Any]], model: ModelSpec, entry: str, gpus: int, seq: int,
+                          batch: int) -> None:
+    """Each row's plan priced again on the catalogue's ``entry`` (the size-aware datasheet model and
+    the runtime's kernels: what an estimate without a profile gives) as ``row["sheet"]``."""
+    from autotune.cost import estimate
+    from autotune.specs.cluster import cluster_from_dict
+
+    cluster = cluster_from_dict({"name": f"sheet-{entry}", "nodes": [
+        {"count": 1, "devices_per_node": gpus, "device": entry}]}, source="gpu_check")
+    for r in rows:
+        r["sheet"] = estimate(r["plan"], model, cluster, seq, batch).predicted
+
+
+def sheet_report(rows: list[dict[str, Any]], entry: str) -> str:
+    """Predicted (datasheet entry) vs measured step time per plan that ran, and the median |error|."""
+    lines, errs = [f"datasheet prices ({entry} from the catalogue, no profile):"], []
+    for r in rows:
+        meas, sheet = r.get("measured"), r.get("sheet")
+        if not meas or not sheet or r.get("failure"):
+            continue
+        e = (sheet["step_time_s"] - meas["step_time_s"]) / meas["step_time_s"]
+        errs.append(abs(e))
+        lines.append(f"  {r['name']:18} {sheet['step_time_s']:9.4f} {meas['step_time_s']:9.4f} {e:+7.1%}")
+    if errs:
+        lines.append(f"  median |error| over {len(errs)} plans: {statistics.median(errs):.1%}")
+    return "\n".join(lines)
+
+
 def _profile(device: str, gpus: int, storage: str, say) -> tuple[str, float]:
     from profilers.launch import check_request, launch_local
     from profilers.store import save_profile
@@ -171,14 +209,21 @@ def main(argv: list[str] | None = None) -> int:
         cluster = measured_cluster(pid, gpus, storage)
         chosen, skipped = select_plans(gpus)
         rows, refused = plan_rows(chosen, model, cluster, seq, batch, dtype, args.device)
+        entry = catalogue_name(torch.cuda.get_device_name(0)) if args.device == "cuda" else None
+        if entry:
+            add_sheet_predictions(rows, model, entry, gpus, seq, batch)
         for r in rows:
             say(f"{r['name']}: running {r['plan'].degrees.inline()} ({args.warmup}+{args.steps} steps)")
             res = run_trial(r["plan"], model, seq, batch, steps=args.steps, warmup=args.warmup, device=args.device,
                             timeout_s=300)
             r["measured"], r["failure"] = res.measured, res.failure
+            say(f"{r['name']}: predicted {r['predicted']['step_time_s']:.4f} s, measured "
+                + (f"{res.measured['step_time_s']:.4f} s" if res.measured else f"failed: {res.failure}"))
     print(f"profile {pid}; {gpus} {args.device} device(s); model {model.name}, seq {seq}, global batch {batch}, "
           f"{dtype}; {time.perf_counter() - t0:.0f} s in all")
-    print(report(rows, skipped + refused))
+    print(report(rows, skipped + refused), flush=True)
+    if entry:
+        print(sheet_report(rows, entry), flush=True)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(
             {"profile": pid, "device": args.device, "gpus": gpus, "model": model.to_dict(), "seq_len": seq,

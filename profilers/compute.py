@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from autotune.runtime.emulation import SlowdownEmulator
 from autotune.specs.model import ATTENTION_BWD_FLOPS
+from profilers.block_ref import fit_block_ref, ref_calls, ref_points, ref_shape
 from profilers.dtypes import dtype_support, trial_dtype
 from profilers.fits import affine_fit
 from profilers.overheads import call_gemm_shapes, fit_overheads, op_points
@@ -240,6 +241,21 @@ class ComputeSweep:
 
                 add(f"{kind} {adt} d={d} s={s}", [fwd, fwd_bwd], attn_row)
 
+        # CPU: the runtime's own block and head at a reference shape, in every precision measured
+        # (profilers/block_ref.py): what the kernels above cost inside a trial's eager autograd
+        for dt in dtypes if ref_points(device) else ():
+            for piece, mbs in ref_points(device):
+                fwd_fn, fwd_bwd_fn = ref_calls(piece, mbs, device, getattr(torch, DTYPES[dt]))
+
+                def ref_row(ts, dt=dt, piece=piece, mbs=mbs):
+                    tf, tfb = ts
+                    return [{"kind": "block_ref", "params": {"dtype": dt, "piece": piece, "mbs": mbs,
+                                                             "shape": ref_shape()},
+                             "work": float(mbs), "timing": tfb.to_dict(),
+                             "metrics": {"fwd_s": tf.median_s, "bwd_s": max(tfb.median_s - tf.median_s, 1e-9)}}]
+
+                add(f"reference {piece} {dt} mbs {mbs}", [fwd_fn, fwd_bwd_fn], ref_row)
+
         src = torch.empty(plan.copy_bytes // 4, dtype=torch.float32, device=device).fill_(1.0)
         dst = torch.empty_like(src)
 
@@ -295,7 +311,7 @@ def compute_steps(device: str, quick: bool, dtypes: int | None = None) -> int:
     """How many progress ticks the sweep makes (for the progress bar's total): one per point per round."""
     plan = compute_plan(device, quick)
     n = len(plan.gemm_dtypes) if dtypes is None else dtypes
-    calls = n * len(call_gemm_shapes(device)) + len(op_points(device))
+    calls = n * len(call_gemm_shapes(device)) + len(op_points(device)) + n * len(ref_points(device))
     attn = len(attention_points(plan)) + len(attention_points(plan, trial=True))
     return plan.rounds * (n * len(gemm_shapes(plan)) + calls + attn + 1)
 
@@ -350,4 +366,5 @@ def fit_compute(samples: list[dict], unsupported: dict[str, str] | None = None) 
             memory = {k: s["metrics"][k] for k in ("capacity_bytes", "available_bytes", "bandwidth_bytes_per_s")}
     # attention_trial: at the trial dtype and shapes (CPU); kept in the profile, not priced yet
     return {"gemm": gemm, "gemm_unsupported": dict(unsupported or {}), "attention": attention, "memory": memory,
-            "attention_trial": fit_attention(samples, "attention_trial"), "overheads": fit_overheads(samples, gemm)}
+            "attention_trial": fit_attention(samples, "attention_trial"), "overheads": fit_overheads(samples, gemm),
+            "block_ref": fit_block_ref(samples)}

@@ -135,26 +135,27 @@ def compositions(opts: list[Option], dp: int, max_stages: int) -> list[Compositi
         if k >= 1 and k * dp == len(o.slots):  # a device type is used whole or sits out
             by_group.setdefault(o.group, []).append((o, k))
     groups = sorted(by_group)
-    out = []
+    out: list[Composition] = []
+    seen: set[tuple] = set()
 
-    def rec(i: int, chosen: list[tuple[Option, int]]) -> None:
+    def rec(i: int, chosen: list[tuple[Option, int]], n: int) -> None:
+        if n > max_stages:  # more stages than layers allow: no split
+            return
         if i == len(groups):
             if not chosen:
                 return
-            if sum(k for _, k in chosen) > max_stages:
-                return
             for reverse in (False, True):
                 order = sorted(chosen, key=lambda ok: ok[0].layer_s, reverse=reverse)
-                stages = tuple(o for o, k in order for _ in range(k))
-                c = Composition(dp=dp, stages=stages)
-                if c not in out:
-                    out.append(c)
+                key = tuple((id(o), k) for o, k in order)
+                if key not in seen:
+                    seen.add(key)
+                    out.append(Composition(dp=dp, stages=tuple(o for o, k in order for _ in range(k))))
             return
-        rec(i + 1, chosen)  # this group sits out
+        rec(i + 1, chosen, n)  # this group sits out
         for o, k in by_group[groups[i]]:
-            rec(i + 1, chosen + [(o, k)])
+            rec(i + 1, chosen + [(o, k)], n + k)
 
-    rec(0, [])
+    rec(0, [], 0)
     return out
 
 
@@ -246,7 +247,9 @@ def best_plan(ctx: Any, *, mbs: int, schedule: str, vs: int, recompute: str, zer
         m = gbs // mbs // dp
         scaled = [dataclasses.replace(o, layer_states=o.layer_states - (1 - 1 / dp) * _opt_share(o) if zero == 1
                                       else o.layer_states) for o in opts]
-        comps = compositions(scaled, dp, model.layers // vs)
+        # a layer must fit a device with one micro-batch in flight; 1F1B-like schedules need m >= stages
+        fits = [o for o in scaled if o.capacity - o.fixed >= o.layer_states * vs + o.layer_act]
+        comps = compositions(fits, dp, min(model.layers // vs, m if schedule != "gpipe" else model.layers))
         for c in comps:
             p = len(c.stages)
             if sched.check_shape(p, vs) or sched.check_microbatches(p, vs, [m] * dp):

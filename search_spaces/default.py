@@ -195,7 +195,7 @@ class DefaultSpace:
         deg = Degrees(dp=self.n // inner, pp=pp, cp=cp, hp=hp, tp=tp)
         fam = family_of(deg)
         schedule = p["schedule"] if pp > 1 else "1f1b"
-        folds = int(p.get("helix_folds", 1)) if schedule == "helixpipe" else 1
+        folds = int(p.get("helix_folds", 1)) if len(get_schedule(schedule).fold_choices) > 1 else 1
         sched = get_schedule(schedule).for_plan(Plan(schedule=schedule, helix_folds=folds))
         vs = _virtual_stages(sched, pp, p["vpp_exp"])
         if sched.check_shape(pp, vs):
@@ -276,7 +276,7 @@ class DefaultSpace:
         last chunk lightened by the head, then tilted), and HelixPipe's attention shares (L/p layers
         on every rank; the rotating attention shared by speed)."""
         pp, vs, n_layers = sh.deg.pp, sh.vs, self.ctx.model.layers
-        if sh.schedule == "helixpipe":
+        if get_schedule(sh.schedule).places_attention:
             a = B.proportional_split(n_layers, along("pp", "attention_speed"), 1)
             return B.proportional_split(n_layers, np.ones(pp), 1), (
                 tuple(a) if a is not None and len(set(a)) > 1 else None)
@@ -397,7 +397,7 @@ class DefaultSpace:
             sps = [False] if tp == 1 else [False, True]
             places = self.distinct_placements(deg)
             balances = [0.0, 1.0] if (het or pp > 1) else [0.0]
-            scheds = [(n, v, f) for n, v in scheds for f in (HELIX_FOLDS if n == "helixpipe" else (1,))]
+            scheds = [(n, v, f) for n, v in scheds for f in get_schedule(n).fold_choices]
             for mbs_e in range(self.mbs_max_exp + 1):
                 for (sched, vpp, f), rc, z, sp, pl, bal in itertools.product(scheds, RECOMPUTE, zeros, sps, places,
                                                                              balances):

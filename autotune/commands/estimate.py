@@ -37,6 +37,9 @@ def command(model: ModelOpt, cluster: ClusterOpt, plan: PlanOpt, seq_len: SeqLen
                                                                     "(breakdown.timeline) in --json output."),
             storage: StorageOpt = "sqlite:///results/autotune.db", wide: WideOpt = False,
             dtype: DtypeOpt = "auto",
+            target: str = typer.Option("runtime", "--target", help="Who will run the plan: runtime (autotune's "
+                                       "own), megatron, torchtitan, deepspeed or accelerate; the price follows "
+                                       "that framework's kernels (per-kernel host time, kernels per block)."),
             data: DataOpt = None, eod: EodOpt = None, lengths: LengthsOpt = None, doc_mask: DocMaskOpt = None,
             data_dtype: DataDtypeOpt = "auto",
             json_: JsonOpt = False) -> None:
@@ -44,23 +47,39 @@ def command(model: ModelOpt, cluster: ClusterOpt, plan: PlanOpt, seq_len: SeqLen
     from autotune.cost import estimate
     from autotune.plan import load_plan_for
     from autotune.specs import load_cluster, load_model
+    from autotune.targets import check_target, kernel_costs
 
+    kernels = kernel_costs(check_target(target))
     m = load_model(model)
     c = load_cluster(cluster, storage=storage)
     p = load_plan_for(plan, c, dtype)
-    from autotune.commands.documents_options import documents_from_options
-    from autotune.documents import plan_masks
+    from autotune.documents import documents_from_options, plan_masks
 
     docs = documents_from_options(data=data, eod=eod, lengths=lengths, vocab=m.vocab, data_dtype=data_dtype)
     p = plan_masks(p, docs, doc_mask)
-    est = estimate(p, m, c, seq_len, global_batch, timeline=timeline, documents=docs.dist if docs else None)
+    est = estimate(p, m, c, seq_len, global_batch, timeline=timeline, documents=docs.dist if docs else None,
+                   kernels=kernels)
     subset = _subset(p, c, plan)
+    refused = _refusals(target, est.plan, m, c, seq_len, global_batch)
     if json_:
-        emit_json({**est.to_dict(), **({"subset": subset} if subset else {})})
+        emit_json({**est.to_dict(), **({"subset": subset} if subset else {}),
+                   **({"target": {"name": target, "cannot_run": refused}} if target != "runtime" else {})})
         return
     _print(est, m, c, wide)
     for line in [subset["text"], *subset["why"]] if subset else []:
         console.print(line, highlight=False, soft_wrap=True)
+    if refused:
+        console.print(f"note: {target} cannot run this plan as it is ({'; '.join(refused)}): priced as {target} "
+                      "would run it, but `apply --format` will refuse it", highlight=False, soft_wrap=True)
+
+
+def _refusals(target: str, plan: Any, model: Any, cluster: Any, seq_len: int, global_batch: int) -> list[str]:
+    """Why ``target`` cannot run the resolved plan (the exporter's own rules); empty for the runtime."""
+    if target == "runtime":
+        return []
+    from autotune.targets import context, refusals
+
+    return refusals(target, plan, context(model, cluster, seq_len, global_batch))
 
 
 def _subset(p: Any, cluster: Any, source: str) -> dict[str, Any] | None:
@@ -111,6 +130,11 @@ def _print(est: Any, model: Any, cluster: Any, wide: bool = False) -> None:
     console.print(_stage_table(bd, plan, wide))
     console.print(_rank_table(bd, wide))
     console.print(f"throughput from: {'; '.join(bd['throughput_source'])}", highlight=False, soft_wrap=False)
+    rt = bd.get("runtime")
+    if rt:
+        console.print(f"priced as {rt['name']} runs it: {rt['kernels_per_block_fwd']} kernels per block forward, "
+                      f"{rt['host_s_per_kernel'] * 1e6:g} us host time each (--target)", highlight=False,
+                      soft_wrap=False)
     for dev, src in (bd.get("compute_source") or {}).items():  # a layer profile priced some pieces
         if any("layers:" in v for v in src.values()):
             console.print(f"{dev} pieces from: " + "; ".join(f"{k} {v}" for k, v in src.items()), highlight=False,

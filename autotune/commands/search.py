@@ -30,6 +30,7 @@ from autotune.commands.common import (
     err_console,
 )
 from autotune.dashboard.tables import Col, fit
+from autotune.stages import degrees_text
 from autotune.units import fmt_bytes, fmt_time
 
 HELP = "Search parallel plans with Optuna over degrees and uneven shares using the cost model."
@@ -44,7 +45,7 @@ StudyOpt = Annotated[str | None, typer.Option("--study", help="Study name; the s
 SamplerOpt = Annotated[str, typer.Option("--sampler", help="tpe (default), random or grid (exhaustive where small).")]
 WorkersOpt = Annotated[int, typer.Option("--workers", "-w", help="Processes searching one study.")]
 TopOpt = Annotated[int, typer.Option("--top", "-k", help="Plans to show and print.")]
-SpaceOpt = Annotated[str, typer.Option("--space", help="Search space module in search_spaces/.")]
+SpaceOpt = Annotated[str, typer.Option("--space", help="Search space: a name (built in, or an installed `autotune.spaces` entry point) or a Python file defining space(ctx) (docs/spaces.md).")]
 ObjectiveOpt = Annotated[str, typer.Option("--objective", help="time: the fastest plan; cost: the cheapest per "
                                                                "token (needs price on every node group).")]
 BudgetOpt = Annotated[str | None, typer.Option("--budget", help="Fastest (or cheapest) within this price per hour "
@@ -85,7 +86,7 @@ def command(
     json_: JsonOpt = False,
 ) -> None:
     """Search parallel plans with Optuna over degrees and uneven shares using the cost model."""
-    from autotune.commands.documents_options import documents_from_options
+    from autotune.documents import documents_from_options
     from autotune.objective import make_objective
     from autotune.plan import choose_dtype
     from autotune.progress import Progress
@@ -194,8 +195,14 @@ def priced_from(bd: dict[str, Any] | None) -> str:
     """``; block from layers:3 (measured)`` or ``; block from datasheet x 1.37 (one scale: ...)``
     per device type where a layer profile priced the plan (cost/layers.py), else nothing."""
     src = (bd or {}).get("compute_source") or {}
-    parts = [f"{dev} block from {s['block'].split(',')[0] if s['block'].startswith('layers:') else s['block']}"
-             for dev, s in src.items() if "layers:" in s.get("block", "")]
+    parts = []
+    for dev, s in src.items():
+        blk = s.get("block", "")
+        if blk.startswith("layers:"):
+            parts.append(f"{dev} block from {blk.split(',')[0]}")
+        elif " (one scale: " in blk:  # "<fallback> x R (one scale: layers:ID (origin) / ..."
+            head, rest = blk.split(" (one scale: ", 1)
+            parts.append(f"{dev} block from {head} (on {rest.split(' / ')[0]}'s scale)")
     return "; " + "; ".join(parts) if parts else ""
 
 
@@ -210,7 +217,7 @@ def plan_table(plans: list[dict[str, Any]], title: str, measured: bool = False, 
     rows = []
     for i, p in enumerate(plans):
         pr = p.get("predicted") or {}
-        deg = ",".join(f"{k}={v}" for k, v in p["degrees"].items() if v > 1) or "dp=1"
+        deg = degrees_text(p)  # a per-stage plan: its stages with their own degrees
         mem, cap = pr.get("memory_bytes") or [], pr.get("capacity_bytes") or []
         j = max(range(len(mem)), key=lambda r: mem[r] / cap[r] if cap else mem[r]) if mem else None
         memtxt = f"{fmt_bytes(mem[j])} ({mem[j] / cap[j]:.0%})" if j is not None and cap else "-"

@@ -68,8 +68,7 @@ def command(
     emulate = parse_emulation(emulate_slowdown)
     # local workers take every precision; a GPU without bf16 is refused by run_trial's checks
     p = load_plan_for(plan, load_cluster(f"local:{load_plan(plan).world}"), dtype)
-    from autotune.commands.documents_options import documents_from_options
-    from autotune.documents import plan_masks
+    from autotune.documents import documents_from_options, plan_masks
     from autotune.specs import load_model
 
     docs = documents_from_options(data=data, eod=eod, lengths=lengths, vocab=load_model(model).vocab,

@@ -49,13 +49,15 @@ def profile_quick(storage: str, nproc: int, say: Any) -> tuple[str | None, str]:
     return str(pid), f"profiled this machine: profile {pid} ({time.perf_counter() - t0:.1f} s)"
 
 
-def measured_cluster(profile_id: str, storage: str, nodes: int = 1, per_node: int | None = None) -> Any:
+def measured_cluster(profile_id: str, storage: str, nodes: int = 1, per_node: int | None = None,
+                     layers: tuple[str, ...] = ()) -> Any:
     """`local` with its device replaced by the measured profile (falls back to `local`); ``nodes``
-    such hosts of ``per_node`` devices each (``--hosts``)."""
-    return _like_this_machine(f"profile:{profile_id}", "measured-local", storage, nodes, per_node)
+    such hosts of ``per_node`` devices each (``--hosts``); ``layers``: its layer profiles."""
+    return _like_this_machine(f"profile:{profile_id}", "measured-local", storage, nodes, per_node, layers)
 
 
-def _like_this_machine(device: str, name: str, storage: str, nodes: int, per_node: int | None) -> Any:
+def _like_this_machine(device: str, name: str, storage: str, nodes: int, per_node: int | None,
+                       layers: tuple[str, ...] = ()) -> Any:
     from autotune.specs.cluster import cluster_from_dict, load_cluster
 
     g = load_cluster("local").groups[0]
@@ -65,7 +67,8 @@ def _like_this_machine(device: str, name: str, storage: str, nodes: int, per_nod
     d = {"name": name, "nodes": [{"count": nodes, "devices_per_node": per_node, "device": device,
                                   # cluster files write every figure with its unit
                                   "intra_node": {"bandwidth": f"{g.intra_node.bandwidth!r}B/s",
-                                                 "latency": f"{g.intra_node.latency!r}s"}}]}
+                                                 "latency": f"{g.intra_node.latency!r}s"},
+                                  **({"layer_profile": list(layers)} if layers else {})}]}
     return cluster_from_dict(d, source=f"{name} (this machine)", storage=storage)
 
 
@@ -81,12 +84,13 @@ def host_slots(hosts_file: str) -> int | None:
     return slots.pop() if slots else None
 
 
-def hosts_cluster(device: str, hosts_file: str, storage: str, per_node: int | None) -> Any:
+def hosts_cluster(device: str, hosts_file: str, storage: str, per_node: int | None,
+                  layers: tuple[str, ...] = ()) -> Any:
     """``tune --hosts FILE``: the file's hosts, each with this machine's ``device`` (its measured
     profile, else ``local``'s) and ``per_node`` devices (``host_slots``)."""
     from autotune.hostfile import read_hosts
 
-    return _like_this_machine(device, "hosts", storage, len(read_hosts(hosts_file)), per_node)
+    return _like_this_machine(device, "hosts", storage, len(read_hosts(hosts_file)), per_node, layers)
 
 
 def export_best(plan_dict: dict[str, Any], study: str, storage: str, out_dir: Path) -> Path:
@@ -116,6 +120,8 @@ def command(
     top: Annotated[int, typer.Option("--top", "-k", help="Plans to validate for real.", min=1)] = 3,
     steps: Annotated[int, typer.Option("--steps", help="Measured steps per real trial.", min=1)] = 3,
     profile: Annotated[bool, typer.Option("--profile/--no-profile", help="Profile this machine first.")] = True,
+    layers: Annotated[bool, typer.Option("--layers/--no-layers", help="CPU: time the model's own layers first "
+                                         "(and, with --dtype auto, pick the precision it trains fastest in).")] = True,
     storage: StorageOpt = DEFAULT_STORAGE,
     out_dir: Annotated[Path, typer.Option("--out-dir", help="Where the best plan JSON goes.")] = Path("results/plans"),
     seed: SeedOpt = 0,
@@ -163,7 +169,25 @@ def command(
     if hosts is not None:
         cluster = hosts_cluster(device, hosts, storage, per_node)
     precision = choose_dtype(dtype, cluster)  # searched, validated (as searched) and exported in it
-    name = "tune-" + default_study_name(m, cluster, seq_len, global_batch) + (f"-p{profile_id}" if profile_id else "")
+    layer_id = None
+    if layers and all(t.kind == "cpu" for t in cluster.device_types()):
+        from autotune.commands import tune_layers as TL
+
+        if dtype == "auto":
+            chosen = TL.choose_precision(m, seq_len, global_batch, TL.candidate_dtypes(cluster), say)
+            precision = chosen.dtype
+            notes.append(chosen.note)  # the one line that says which precision and why
+        layer_id = TL.measure_layers(m, seq_len, global_batch, cluster.groups[0].devices_per_node, precision,
+                                     storage, say)
+        refs = (f"layers:{layer_id}",)
+        if hosts is not None:
+            cluster = hosts_cluster(device, hosts, storage, per_node, refs)
+        elif profile_id is not None:
+            cluster = measured_cluster(profile_id, storage, per_node=per_node, layers=refs)
+        else:
+            cluster = _like_this_machine(device, "local", storage, 1, per_node, refs)
+    name = ("tune-" + default_study_name(m, cluster, seq_len, global_batch) + (f"-p{profile_id}" if profile_id else "")
+            + (f"-l{layer_id}" if layer_id is not None else ""))
     if precision != "bf16":  # a study holds one precision: another one is another study (as `search` names it)
         name += f"-{precision}"
     say(f"searching {m.name} on {cluster.name} ({cluster.num_devices} workers) ...")
@@ -185,6 +209,7 @@ def command(
     path = export_best(best, name, storage, out_dir)
     errors = val.get("calibration_errors") or {}
     out = {"best": best, "plan_file": str(path), "study": name, "storage": storage, "profile": profile_id,
+           "layers": f"layers:{layer_id}" if layer_id is not None else None, "dtype": precision,
            # median |predicted - measured| / measured of the validated plans: before calibration,
            # after (fitted on them) and held out (leave-one-out, from 3 plans)
            "errors": {"before": errors.get("before"), "after": errors.get("after"),

@@ -1,14 +1,11 @@
-"""Activation bytes of one transformer block: the formula (Korthikanti et al.'s count, fused or
-materialised attention) that ``memory.py`` prices a rank with and that ``layers.py`` compares a layer
-profile's measured bytes against. Apart from ``memory.py`` so that the layer-profile scale
-(``layers.activation_scale``), which ``memory.py`` asks, can read the formula without a circle."""
+"""The activation bytes of one transformer block (Korthikanti et al.'s count; fused or materialised
+attention): the formula ``memory.py`` prices a rank with, ``layers.py`` compares a layer profile's
+measured bytes against, and ``compute.reference_price`` sizes its reference block with. A module of
+its own, importing nothing of the cost model, so each of them can ask it without a circle."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:  # typing only: context.py builds on the dimension modules
-    from autotune.cost.context import RankContext
+from typing import Any
 
 
 def layer_activation_bytes(model: Any, *, micro_batch: int, tokens_local: float, cp_tokens: float, seq_len: int,
@@ -44,13 +41,3 @@ def layer_activation_bytes(model: Any, *, micro_batch: int, tokens_local: float,
     else:
         kept = full
     return kept, full, scores * scale
-
-
-def block_activations(ctx: RankContext) -> tuple[float, float, float]:
-    """``layer_activation_bytes`` of one block on the rank of ``ctx`` (a ``context.RankContext``):
-    (kept per micro-batch, full, of which the scores)."""
-    s = ctx.step
-    return layer_activation_bytes(
-        s.model, micro_batch=s.mbs, tokens_local=ctx.tokens / s.hp, cp_tokens=ctx.tokens, seq_len=s.seq_len,
-        heads_local=ctx.heads, tp=s.tp, sequence_parallel=s.sp, recompute=s.recompute, act_bytes=s.bpe,
-        fused_attention=ctx.spec.fused_attention())

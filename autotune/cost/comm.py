@@ -120,6 +120,37 @@ class Topology:
         return lk
 
 
+    def ring_link(self, devices: list[int] | tuple[int, ...]) -> Link:
+        """The link a ring collective (all-reduce, all-gather, reduce-scatter) over ``devices`` runs at.
+
+        Inside one node: ``group_link``. Across nodes NCCL splits the buffer over several rings
+        (channels), and the rings leave a node through different NICs ("multi-rail"): with g members
+        of the group on every node, each with its own NIC (bandwidths are per device), the buffer
+        crosses between nodes at g x the per-device rate, while every member still forwards the whole
+        ring's traffic over the node's own links, which cap it (NCCL docs, "NCCL_CROSS_NIC" and the
+        ring/tree algorithms; nccl-tests' bus bandwidth of a multi-node all-reduce on DGX A100 nodes
+        with 8 x 200 Gb/s NICs is far above one NIC's 25 GB/s). So the ring runs at
+        min(slowest inner link, g x slowest inter-node link), with the inter-node latency."""
+        counts: dict[int, int] = {}
+        for d in devices:
+            counts[self.node_of[d]] = counts.get(self.node_of[d], 0) + 1
+        if len(counts) < 2:
+            return self.group_link(devices)
+        key = ("ring", tuple(sorted(counts.items())))
+        lk = self._groups.get(key)
+        if lk is None:
+            nodes = sorted(counts)
+            inter = min((self.node_link(a, b) for i, a in enumerate(nodes) for b in nodes[i + 1:]),
+                        key=lambda x: (x.bandwidth, -x.latency))
+            g = min(counts.values())
+            bw = g * inter.bandwidth
+            inner = [self.node_link(n, n).bandwidth for n, c in counts.items() if c > 1]
+            if inner:
+                bw = min(bw, min(inner))
+            lk = self._groups[key] = Link(bandwidth=max(bw, inter.bandwidth), latency=inter.latency, kind=inter.kind)
+        return lk
+
+
 _TOPOLOGIES: dict[int, Topology] = {}
 
 

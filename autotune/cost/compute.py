@@ -16,9 +16,10 @@ Throughput. With a measured profile (``DeviceSpec.profile``, written by ``profil
   throughput at the rank's block length is interpolated log-linearly in the sequence length, at the
   nearest measured head dim.
 
-Without a profile a GEMM or attention call runs at ``peak_flops[dtype] * achievable_fraction`` (the
-catalogue documents each device's fraction; ~0.6 for large Megatron GEMMs on A100/H100, Narayanan et
-al. 2021). Elementwise work (norms, activation, softmax, loss) is memory-bound: bytes moved divided by
+Without a profile a GPU with an SM count is priced kernel by kernel from its shape (``datasheet.py``:
+the catalogue's measured GEMM ceiling at the sustained clock, tile, wave and depth losses, the
+runtime's kernels from ``kernels.py``); any other device runs every GEMM and attention call at the
+flat ``peak_flops[dtype] * achievable_fraction`` (an end-to-end figure, documented per entry). Elementwise work (norms, activation, softmax, loss) is memory-bound: bytes moved divided by
 ``memory_bandwidth``.
 
 On a CPU (``DeviceSpec.kind == "cpu"``) the per-call costs, measured attention call times and ring
@@ -46,6 +47,7 @@ from autotune.cost.cpu import (  # noqa: F401  (their old home: kept importable 
     ring_blocks,
 )
 from autotune.cost.interp import loglinear
+from autotune.cost.kernels import eager_bytes
 from autotune.specs.model import ATTENTION_BWD_FLOPS  # noqa: F401  (cost.compute.ATTENTION_BWD_FLOPS: its old home)
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp32-strict": 4}
@@ -153,9 +155,10 @@ def _attention_rates(r: Rates, att: Any, head_dim: int) -> None:
         r.attn_bwd_flops = factor
 
 
-def rates_for(spec: Any, dtype: str, head_dim: int) -> Rates:
+def rates_for(spec: Any, dtype: str, head_dim: int, kernels: Any = None) -> Rates:
     """Build the throughput model of a DeviceSpec (profile fits where present, else the datasheet;
-    a CPU's trial terms from ``cpu.py``)."""
+    a CPU's trial terms from ``cpu.py``). ``kernels``: the runtime's per-kernel costs
+    (``kernels.KernelCosts``; None: autotune's own runtime), read by the size-aware GPU model."""
     flat = spec.flops(dtype) * spec.achievable_fraction
     r = Rates(name=spec.name, flat=flat, memory_bandwidth=spec.memory_bandwidth,
               source=spec.provenance if spec.provenance != "measured" else "measured (no fits)")
@@ -164,24 +167,26 @@ def rates_for(spec: Any, dtype: str, head_dim: int) -> Rates:
         r.cpu = _cpu.cpu_rates(spec, dtype)
     _gemm_rates(r, (prof.get("gemm") or {}).get(dtype))
     _attention_rates(r, prof.get("attention") or {}, head_dim)
+    if r.cpu is not None:  # priced with the kernel terms above, so after them
+        r.cpu.context = _cpu.context_of(prof, dtype, lambda m, seq, b: reference_price(r, dtype, m, seq, b))
     if r.cpu is None and r.gemm_fit is None and r.gemm_points is None and r.attn_points is None:
-        r.size = _datasheet.size_model(spec, dtype, DTYPE_BYTES.get(dtype, 2))
+        r.size = _datasheet.size_model(spec, dtype, DTYPE_BYTES.get(dtype, 2), kernels)
         if r.size is not None:
             r.source = "datasheet (size-aware)"
     return r
 
 
-_RATES: dict[tuple[int, str, int], tuple[Any, Rates]] = {}
+_RATES: dict[tuple[int, str, int, Any], tuple[Any, Rates]] = {}
 
 
-def cached_rates(spec: Any, dtype: str, head_dim: int) -> Rates:
-    """``rates_for`` memoised per (spec object, dtype, head_dim)."""
-    key = (id(spec), dtype, head_dim)
+def cached_rates(spec: Any, dtype: str, head_dim: int, kernels: Any = None) -> Rates:
+    """``rates_for`` memoised per (spec object, dtype, head_dim, runtime kernel costs)."""
+    key = (id(spec), dtype, head_dim, kernels)
     hit = _RATES.get(key)
     if hit is None or hit[0] is not spec:
         if len(_RATES) > 256:
             _RATES.clear()
-        hit = _RATES[key] = (spec, rates_for(spec, dtype, head_dim))
+        hit = _RATES[key] = (spec, rates_for(spec, dtype, head_dim, kernels))
     return hit[1]
 
 
@@ -247,7 +252,44 @@ def layer_compute(model: Any, rates: Rates, *, tokens: float, tp: int, heads_loc
         elem, attn = _cpu.block_extras(rates, model, elem=elem, heads_local=heads_local, micro_batch=micro_batch,
                                        block_seq=block_seq, blocks=blocks)
     a_fwd, a_bwd = attn if attn is not None else rates.attention_time(attn_flops, block_seq)
-    return LayerCompute(gemm_fwd=gemm, attn_fwd=a_fwd, attn_bwd=a_bwd, elem_fwd=elem)
+    lc = LayerCompute(gemm_fwd=gemm, attn_fwd=a_fwd, attn_bwd=a_bwd, elem_fwd=elem)
+    if rates.cpu is not None and rates.cpu.context is not None:  # CPU: as the block runs in context
+        return rescaled_block(lc, *rates.cpu.context.block(lc.fwd, lc.bwd))
+    return lc
+
+
+def rescaled_block(lc: LayerCompute, fwd: float, bwd: float) -> LayerCompute:
+    """``lc`` with its totals replaced by ``fwd`` / ``bwd`` (a measured block, or the kernel price in
+    context): each forward term scaled so they sum to ``fwd`` (selective recomputation still finds the
+    attention core's share), the attention backward keeping its share of ``bwd``."""
+    scale = fwd / lc.fwd if lc.fwd > 0 else 0.0
+
+    class RescaledLayerCompute(LayerCompute):
+        @property
+        def fwd(self) -> float:
+            return fwd
+
+        @property
+        def bwd(self) -> float:
+            return bwd
+
+    return RescaledLayerCompute(gemm_fwd=lc.gemm_fwd * scale, attn_fwd=lc.attn_fwd * scale,
+                                attn_bwd=bwd * (lc.attn_bwd / lc.bwd if lc.bwd > 0 else 0.0),
+                                elem_fwd=lc.elem_fwd * scale)
+
+
+def reference_price(rates: Rates, dtype: str, model: Any, seq: int, mbs: int) -> tuple[float, float, float, float]:
+    """The kernel price (block fwd, bwd, head fwd, bwd) of a whole-sequence, unsharded micro-batch of
+    ``mbs`` x ``seq`` tokens: what ``cpu.context_of`` sets against the profile's reference points."""
+    from autotune.cost.activations import layer_activation_bytes
+
+    _, full, scores = layer_activation_bytes(
+        model, micro_batch=mbs, tokens_local=float(seq), cp_tokens=float(seq), seq_len=seq, heads_local=model.heads,
+        tp=1, sequence_parallel=False, recompute="none", act_bytes=DTYPE_BYTES.get(dtype, 2), fused_attention=False)
+    lc = layer_compute(model, rates, tokens=float(mbs * seq), tp=1, heads_local=model.heads,
+                       keysum=seq * (seq + 1) / 2.0, block_seq=float(seq), micro_batch=mbs, act_bytes=full - scores)
+    hf, hb = head_compute(model, rates, tokens=float(mbs * seq), tp=1)
+    return lc.fwd, lc.bwd, hf, hb
 
 
 _SIZED: dict[tuple, tuple[Any, tuple[float, float, float, float]]] = {}
@@ -270,12 +312,21 @@ def _sized_block(model: Any, sm: Any, *, tokens: float, tp: int, heads_local: in
 
 def _sized_block_times(model: Any, sm: Any, tokens: float, tp: int, heads_local: int, keysum: float,
                        block_seq: float, micro_batch: int, act_bytes: float) -> tuple[float, float, float, float]:
-    """(gemm_fwd, attn_fwd, attn_bwd, elem_fwd) of one block, every kernel priced from its shape."""
+    """(gemm_fwd, attn_fwd, attn_bwd, elem_fwd) of one block, every kernel priced from its shape.
+
+    The runtime's kernels (``kernels.KernelCosts``: how many a block issues, the host time of each)
+    cost the larger of the GPU's work plus a gap per kernel and the host's time to issue them
+    (``KernelCosts.block_time``); what that adds beyond the GEMMs' and attention's GPU time is
+    booked as elementwise time (backward: twice, as ``LayerCompute.bwd`` counts it)."""
     h, kv, f = model.hidden, model.kv_dim, model.ffn_hidden
     gemm = (sm.gemm_time(tokens, (h + 2 * kv) / tp, h) + sm.gemm_time(tokens, h, h / tp)
             + sm.gemm_time(tokens, f * (model.mlp_matrices - 1) / tp, h) + sm.gemm_time(tokens, h, f / tp))
     a_fwd, a_bwd = sm.attention(micro_batch * heads_local, block_seq, model.head_dim, keysum)
-    elem = sm.stream_time(2.0 * act_bytes, _datasheet.KERNELS_BLOCK_FWD)
+    if sm.kernels.eager_elementwise:  # every eager op reads and writes its own tensors
+        stream = sm.stream_time(tokens * eager_bytes(model, tp))
+    else:  # fused: each stored activation written once, read once
+        stream = sm.stream_time(2.0 * act_bytes)
+    elem = sm.block(gemm + a_fwd + stream, sm.kernels.block_fwd) - gemm - a_fwd
     return gemm, a_fwd, a_bwd, elem
 
 
@@ -283,11 +334,14 @@ def head_compute(model: Any, rates: Rates, *, tokens: float, tp: int) -> tuple[f
     """(fwd, bwd) seconds of the LM head (vocab-parallel over tp) and the cross-entropy on the last
     stage: GEMM 2*h*V/tp per token, and the fp32 logits read/written ~3 times by the softmax-loss."""
     if rates.size is not None:
-        g = rates.size.gemm_time(tokens, model.vocab / tp, model.hidden)
-        e = rates.size.stream_time(3.0 * 4.0 * tokens * model.vocab / tp, _datasheet.KERNELS_HEAD_FWD)
+        sm = rates.size
+        g = sm.gemm_time(tokens, model.vocab / tp, model.hidden)
+        e = sm.block(g + sm.stream_time(3.0 * 4.0 * tokens * model.vocab / tp), sm.kernels.head_fwd) - g
         return g + e, 2.0 * g + e
     g = rates.gemm_time(2.0 * tokens * model.hidden * model.vocab / tp)
     e = rates.memory_time(3.0 * 4.0 * tokens * model.vocab / tp)
     if rates.cpu is not None:
         e = e + _cpu.head_ops(rates)
+        if rates.cpu.context is not None:  # as the head runs in context
+            return rates.cpu.context.head(g + e, 2.0 * g + e)
     return g + e, 2.0 * g + e

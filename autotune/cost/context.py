@@ -92,6 +92,9 @@ class StepContext:
     forward, sends backward); see ``_hop_peers``."""
     group_links: tuple[tuple[Any, tuple, Links], ...] = ()
     """(DeviceSpec, placement key, links) of every tp group in rank order (``_mesh_links``)."""
+    kernels: Any = None
+    """The runtime's per-kernel costs (``kernels.KernelCosts``; None: autotune's own runtime),
+    read through each rank's ``rates`` (which the rank-cost memo compares by identity)."""
     doc_work: Any = None
     """With document masks: one drawn step's attention work per DP replica and CP shard
     (``cost/documents.DocWork``), replacing ``keysums`` and ``ring``; None: whole causal windows."""
@@ -104,8 +107,9 @@ class StepContext:
 
 
 def step_context(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: int,
-                 calibration: Mapping[str, Mapping[str, float]] | None) -> StepContext:
-    """Resolve ``plan`` (PlanError when it does not fit) and gather what every rank shares."""
+                 calibration: Mapping[str, Mapping[str, float]] | None, kernels: Any = None) -> StepContext:
+    """Resolve ``plan`` (PlanError when it does not fit) and gather what every rank shares.
+    ``kernels``: the runtime's per-kernel costs (``kernels.KernelCosts``; None: autotune's own)."""
     rp = plan.resolve(model, cluster, seq_len, global_batch)
     if rp.stages is not None:  # each stage its own degrees: cost/steps.py sends it to cost/stages.py
         raise ValueError("a per-stage plan's step context is cost.stages.staged_step_context (cost.steps asks it)")
@@ -133,7 +137,8 @@ def step_context(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batc
         keysums=tuple(causal_keys(tokens, i, zig, seq_len) for i in range(d.cp)),
         ring=tuple(_cpu.ring_blocks(tokens, i, zig, seq_len) if on_cpu else None for i in range(d.cp)),
         stage_params=DP.stage_params(model, rp, chunks),
-        dp_links=dp_links, schedule=sched, chunks=chunks, hop_peers=hop_peers, group_links=group_links)
+        dp_links=dp_links, schedule=sched, chunks=chunks, hop_peers=hop_peers, group_links=group_links,
+        kernels=kernels)
 
 
 _DEVICES: dict[tuple[int, int], tuple[C.Topology, tuple, tuple[int, ...]]] = {}
@@ -231,6 +236,14 @@ class RankContext:
     """Tokens it holds outside attention, over its micro-batch: mbs * tokens / hp."""
     hidden_bytes: float
     """One block's input activation on this rank: bytes per element * tokens_local * hidden."""
+    attn_seq: float | None = None
+    """With documents: the length the attention kernels run at (the pair-weighted mean document
+    piece, ``cost/documents.py``); None: the CP shard (``tokens``)."""
+
+    @property
+    def block_seq(self) -> float:
+        """The sequence length attention is priced at (kernel efficiency): the shard, or the documents'."""
+        return self.tokens if self.attn_seq is None else self.attn_seq
 
     @property
     def pp_index(self) -> int:
@@ -255,7 +268,7 @@ STEP_INPUTS = ("a2a_heads", "bpe", "chunks", "cp", "cp_max_tokens", "dtype", "hp
 """The StepContext fields ``rank_cost`` reads by value (``RankContext.cost_key``)."""
 STEP_OBJECTS = ("model", "schedule")
 """The StepContext fields ``rank_cost`` reads, compared by identity."""
-RANK_INPUTS = ("cf", "mf", "heads", "hidden_bytes", "keysum", "layer_params", "layers", "links", "microbatches",
+RANK_INPUTS = ("attn_seq", "block_seq", "cf", "mf", "heads", "hidden_bytes", "keysum", "layer_params", "layers", "links", "microbatches",
                "params", "pp_index", "rest_params", "ring", "tokens", "tokens_local")
 """The RankContext fields ``rank_cost`` reads by value; ``step`` it reads through STEP_INPUTS and
 STEP_OBJECTS."""
@@ -295,7 +308,7 @@ def _mesh_links(topo: C.Topology, devs: tuple[int, ...], d: Degrees, v: int, hop
         if len(_MESH_LINKS) > 4096:  # 128 devices: ~260 layouts x 5 placements
             _MESH_LINKS.clear()
         blk, shard_n = d.dp * d.cp * d.hp * d.tp, d.dp * d.cp * d.hp
-        dp_links = tuple(topo.group_link([devs[i * blk + k * d.tp] for k in range(shard_n)]) for i in range(d.pp))
+        dp_links = tuple(topo.ring_link([devs[i * blk + k * d.tp] for k in range(shard_n)]) for i in range(d.pp))
         cache: dict[tuple[str, int], Link] = {}
         links_of: dict[tuple, Links] = {}
         groups = []
@@ -377,11 +390,12 @@ def _rank_context(s: StepContext, c: Mapping[str, int], spec: Any, links: Links,
     tok = s.mbs * tokens / s.hp
     params, layer_params, rest = s.stage_params[c["pp"]]
     return RankContext(
-        step=s, coords=c, spec=spec, rates=cached_rates(spec, s.dtype, s.model.head_dim),
+        step=s, coords=c, spec=spec, rates=cached_rates(spec, s.dtype, s.model.head_dim, s.kernels),
         collectives=collectives_for(spec), cf=float(cal.get("compute", 1.0)), mf=float(cal.get("comm", 1.0)),
         links=links, tokens=tokens, heads=s.plan.shares.heads[c["hp"]], microbatches=m_d,
         layers=tuple(s.plan.shares.layers[j] for j in s.chunks[c["pp"]]),  # Plan.layers_of_stage
         params=params, layer_params=layer_params, rest_params=rest,
         keysum=s.keysums[c["cp"]] if s.doc_work is None else s.doc_work.keysums[c["dp"]][c["cp"]],
         ring=s.ring[c["cp"]] if s.doc_work is None else s.doc_work.ring[c["dp"]][c["cp"]],
+        attn_seq=None if s.doc_work is None else s.doc_work.attn_seq[c["dp"]][c["cp"]],
         tokens_local=tok, hidden_bytes=s.bpe * tok * s.model.hidden)

@@ -8,36 +8,39 @@ This model prices each kernel from its shape and the device's datasheet figures:
 * **GEMM** ``(m x k) @ (k x n)``: the output is cut into ``TILE x TILE`` tiles, one per SM at a time
   (NVIDIA, "Matrix Multiplication Background User's Guide", sections "Tile Quantization" and "Wave
   Quantization": a partial tile costs a whole one, and a last partial wave of tiles leaves SMs idle).
-  Time = max(FLOPs / (peak x ceiling x tile efficiency x wave efficiency), bytes moved / HBM
-  bandwidth) + one launch. The ceiling is the entry's ``achievable_fraction`` on tensor cores (the
-  catalogue's sourced large-GEMM figure), ``CUDA_CORE_EFF`` for fp32 on CUDA cores.
+  Time = max(FLOPs / (peak x sustained clock x ceiling x tile eff. x wave eff. x depth eff.), bytes
+  moved / HBM bandwidth). The ceiling is the catalogue's ``gemm_ceiling`` (the fraction of dense
+  peak a large GEMM reaches through cuBLAS, measured, with its source), kept apart from end-to-end
+  efficiency (``achievable_fraction``, which no longer enters here: the old model used it as every
+  GEMM's ceiling and then added the rest of a step's losses again); the sustained clock is the
+  catalogue's (a benchmark runs at boost, a training run at its power limit); the depth efficiency
+  ``k / (k + K_FILL)`` is the fixed fill and drain of every output tile.
 * **Attention**, fused (flash / memory-efficient, ``DeviceSpec.fused_attention()``): the causal
-  FLOPs at ``ATTN_EFF_MAX(head_dim) x seq / (seq + ATTN_SEQ_HALF)`` of peak, backward at
-  ``ATTN_BWD_EFF`` of the forward's rate. Materialised (a runtime without fused kernels): QK^T and
-  AV as batched GEMMs over the whole s x s square (the mask does not skip work) and the softmax,
-  mask and dropout streaming the scores through HBM (``SCORE_PASSES`` passes each way).
-* **Elementwise** (norms, activations, residuals, dropout): bytes / (HBM bandwidth x ``MEM_EFF``),
-  plus ``LAUNCH_S`` per kernel (``KERNELS_BLOCK_FWD`` forward, twice that backward).
+  FLOPs at ``ATTN_EFF_MAX(head_dim) x seq / (seq + ATTN_SEQ_HALF)`` of peak, backward 2.5x the
+  forward's FLOPs (it recomputes QK^T) at ``ATTN_BWD_EFF`` of the forward's rate. Materialised (a
+  runtime without fused kernels): QK^T and AV as batched GEMMs over the whole s x s square (the
+  mask does not skip work) and the softmax, mask and dropout streaming the scores through HBM
+  (``SCORE_PASSES`` passes each way).
+* **Elementwise** (norms, activations, residuals, dropout): bytes / (HBM bandwidth x ``MEM_EFF``);
+  the bytes and the kernels a block issues are the runtime's (``kernels.py``: fused, or each eager
+  op on its own), and so is the host time per kernel.
 
 Constants and where they come from:
 
 - ``TILE = 128``: cuBLAS/CUTLASS's common tensor-core thread-block tile (the guide's examples use
   128 x 128 and 256 x 128); a dimension below it gets the power-of-two tile that covers it, down to
   ``MIN_TILE = 16``.
-- ``CUDA_CORE_EFF = 0.85``: cuBLAS SGEMM reaches ~14 of V100's 15.7 TFLOPS (NVIDIA V100 whitepaper
-  figure of SGEMM throughput).
+- ``CUDA_CORE_EFF``: IEEE fp32 on CUDA cores, the catalogue's SGEMM figure (~14 of V100's 15.7 TFLOPS).
 - ``MEM_EFF = 0.8``: streaming kernels reach ~80-90% of HBM peak (STREAM-like copy on A100 ~1.3 of
   1.555 TB/s, NVIDIA A100 whitepaper memory section); 0.8 for short kernels.
 - ``ATTN_EFF_MAX`` {64: 0.55, 128: 0.65}, ``ATTN_SEQ_HALF = 512``, ``ATTN_BWD_EFF = 0.75``:
   FlashAttention-2 (Dao 2023), A100 causal forward ~170-190 TFLOPS of 312 at 16k tokens for head
-  dims 64/128, about half that at 512; backward ~25% slower than forward.
-- ``LAUNCH_S``: seconds per kernel (launch, host dispatch, the gap on the stream); ``KERNELS_BLOCK_FWD``: the
-  kernels of a Megatron GPT block's forward (2 layer norms, QKV GEMM, 2 attention kernels (or the
-  fused one) with softmax and dropout, output GEMM, 2 bias-dropout-adds, 2 MLP GEMMs, bias-GeLU,
-  transposes). ``LAUNCH_S`` is the one fitted constant: on Sailor's measured OPT-350 layers
-  (A100-40GB and V100-16GB, fp32 = TF32 on the A100, materialised attention), and checked on its
-  GPT-Neo-2.7B layers, which it never saw (``benchmarks/bench_layers.py``: block fwd+bwd median
-  error 3.9% there, against 35.5% for the flat datasheet rate).
+  dims 64/128, about half that at 512; the H200 sweep of benchmarks/gpu_gemm.py finds the backward's
+  rate (counting 2.5x the forward's FLOPs) at 0.76 of the forward's.
+- ``K_FILL``: fitted on the H200 GEMM sweep (below).
+- The runtime's host time per kernel and kernel counts: ``kernels.py`` (Sailor's Megatron-DeepSpeed
+  runtime's host time is fitted on its OPT-350 layers and checked on GPT-Neo-2.7B, which it never
+  saw: ``benchmarks/bench_layers.py``).
 """
 
 from __future__ import annotations
@@ -46,41 +49,61 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
+from autotune.cost.kernels import MEGATRON_DEEPSPEED_EAGER, RUNTIME, KernelCosts
+from autotune.specs.catalogue import SGEMM_CEILING_DEFAULT
+from autotune.specs.model import ATTENTION_BWD_FLOPS  # noqa: E402  (a fused backward's FLOPs per forward FLOP)
+
 TILE = 128
 MIN_TILE = 16
 """The narrowest tile edge (CUTLASS's smallest tensor-core tiles; a GEMV runs memory-bound)."""
-CUDA_CORE_EFF = 0.85
+CUDA_CORE_EFF = SGEMM_CEILING_DEFAULT
+"""IEEE fp32 on CUDA cores where a device has no measured figure (the catalogue's, with its source)."""
 MEM_EFF = 0.8
 ATTN_EFF_MAX = {64: 0.55, 128: 0.65}
 ATTN_SEQ_HALF = 512.0
 ATTN_BWD_EFF = 0.75
+K_FILL = 512.0
+"""A GEMM's depth k costs a fixed fill and drain per output tile on top of its k / tile_k main-loop
+steps: efficiency k / (k + K_FILL), relative to the catalogue ceiling's own shape (K_REF deep).
+Fitted (grid 0-1024) on the H200 GEMM sweep of benchmarks/gpu_gemm.py (12 transformer shapes of
+bf16, m, n, k >= 1536, benchmarks/data/h200/h200_gemm.json): mean error 3.2% (4096 x 1536 x 12288 at
+0.53 of peak, 8192 x 14336 x 4096 at 0.69), against 7.4% with the ceiling alone; fitted on GEMMs
+only, never on a training run."""
+K_MIN = 1536.0
+"""The shallowest depth the fit saw; a shallower GEMM (attention's QK^T, k = head dim) keeps this depth's efficiency."""
+K_REF = 8192.0
+"""Depth of the shapes the catalogue's ceilings were measured at (MAMF's best shapes, k 2816-13312;
+the H200 sweep's 8192^3)."""
 SCORE_PASSES = 3
 """Passes of the s x s scores through HBM forward (mask + softmax, dropout, the AV GEMM's read)."""
-LAUNCH_S = 28e-6
-"""Fixed seconds per kernel: fitted (grid 2-64 us) on Sailor's OPT-350 layers, where 28 us gave the
-lowest median error (7.8%; 4 us, a bare launch, gave 14.9%): an eager framework's per-op host cost
-(dispatch, autograd, the Python of Megatron-DeepSpeed) as much as the launch itself."""
-KERNELS_BLOCK_FWD = 18
-KERNELS_HEAD_FWD = 4
+LAUNCH_S = MEGATRON_DEEPSPEED_EAGER.host_s
+"""Host seconds per kernel of the runtime Sailor measured (kept for ``benchmarks/bench_layers.py``,
+which re-fits it); each runtime's own figure is its ``kernels.KernelCosts.host_s``."""
+KERNELS_BLOCK_FWD = MEGATRON_DEEPSPEED_EAGER.block_fwd
+KERNELS_HEAD_FWD = MEGATRON_DEEPSPEED_EAGER.head_fwd
 
 
 @dataclass(frozen=True)
 class SizeModel:
-    """One GPU at one dtype as the shape-aware datasheet model sees it."""
+    """One GPU at one dtype, run by one runtime, as the shape-aware datasheet model sees it."""
 
     peak: float
     """Dense FLOP/s at the dtype (catalogue)."""
     ceiling: float
-    """Fraction of peak a large, well-tiled GEMM reaches."""
+    """Fraction of peak a large, well-tiled GEMM reaches (the catalogue's ``gemm_ceiling``)."""
     sms: int
     mem_bw: float
     bpe: int
     fused: bool
     """Fused attention (flash / memory-efficient) on the target runtime."""
-    launch_s: float = LAUNCH_S
+    kernels: KernelCosts = RUNTIME
+    """The runtime's host time per kernel and kernels per block (``kernels.py``)."""
+    tensor_cores: bool = True
+    """Tensor-core GEMMs (the depth efficiency of ``K_FILL`` applies); False: IEEE fp32 on CUDA cores."""
 
     def gemm_time(self, m: float, n: float, k: float, batch: float = 1.0) -> float:
-        """Seconds of ``batch`` independent (m x k) @ (k x n) products."""
+        """GPU seconds of ``batch`` independent (m x k) @ (k x n) products (the launch is the
+        runtime's: ``block``)."""
         return _gemm_time(self, m, n, k, batch)
 
     def _gemm_time(self, m: float, n: float, k: float, batch: float) -> float:
@@ -93,16 +116,22 @@ class SizeModel:
         tile_eff = (m * n) / (tm * tn * sm_ * sn)
         waves = math.ceil(tiles / self.sms)
         wave_eff = tiles / (waves * self.sms)
-        compute = 2.0 * m * n * k * batch / (self.peak * self.ceiling * tile_eff * wave_eff)
+        kd = max(k, K_MIN)  # the sweep's shallowest GEMM: no figure below it (attention's k = head_dim)
+        depth_eff = (kd / (kd + K_FILL)) * (1.0 + K_FILL / K_REF) if self.tensor_cores else 1.0
+        compute = 2.0 * m * n * k * batch / (self.peak * self.ceiling * tile_eff * wave_eff * depth_eff)
         memory = self.bpe * (m * k + k * n + m * n) * batch / self.mem_bw
-        return max(compute, memory) + self.launch_s
+        return max(compute, memory)
 
-    def stream_time(self, nbytes: float, kernels: float = 0.0) -> float:
-        """Seconds of memory-bound kernels moving ``nbytes`` in ``kernels`` launches."""
-        return nbytes / (self.mem_bw * MEM_EFF) + kernels * self.launch_s
+    def stream_time(self, nbytes: float) -> float:
+        """GPU seconds of memory-bound kernels moving ``nbytes``."""
+        return nbytes / (self.mem_bw * MEM_EFF)
+
+    def block(self, gpu_s: float, kernels: float) -> float:
+        """Seconds of ``kernels`` kernels doing ``gpu_s`` of GPU work, as the runtime issues them."""
+        return self.kernels.block_time(gpu_s, kernels)
 
     def attention(self, batch_heads: float, seq: float, head_dim: int, causal_pairs: float) -> tuple[float, float]:
-        """(fwd, bwd) seconds of attention for ``batch_heads`` (micro-batch x local heads) over
+        """GPU (fwd, bwd) seconds of attention for ``batch_heads`` (micro-batch x local heads) over
         ``seq`` queries, ``causal_pairs`` (query, key) pairs per head that the mask keeps."""
         if batch_heads <= 0 or seq <= 0:
             return 0.0, 0.0
@@ -111,13 +140,14 @@ class SizeModel:
             emax = ATTN_EFF_MAX[min(hds, key=lambda d: abs(d - head_dim))]
             eff = emax * seq / (seq + ATTN_SEQ_HALF)
             flops = 4.0 * head_dim * batch_heads * causal_pairs
-            fwd = flops / (self.peak * eff) + self.launch_s
-            return fwd, 2.0 * flops / (self.peak * eff * ATTN_BWD_EFF) + self.launch_s
+            fwd = flops / (self.peak * eff)
+            # the fused backward recomputes QK^T: 2.5x the forward's FLOPs (ATTENTION_BWD_FLOPS)
+            return fwd, ATTENTION_BWD_FLOPS * flops / (self.peak * eff * ATTN_BWD_EFF)
         # materialised: two batched GEMMs over the full square, the scores streamed through HBM
         bmm = self.gemm_time(seq, seq, head_dim, batch_heads) + self.gemm_time(seq, head_dim, seq, batch_heads)
         scores = batch_heads * seq * seq * self.bpe
-        fwd = bmm + self.stream_time(2.0 * SCORE_PASSES * scores, kernels=SCORE_PASSES)
-        return fwd, 2.0 * bmm + self.stream_time(2.0 * SCORE_PASSES * scores, kernels=SCORE_PASSES)
+        fwd = bmm + self.stream_time(2.0 * SCORE_PASSES * scores)
+        return fwd, 2.0 * bmm + self.stream_time(2.0 * SCORE_PASSES * scores)
 
 
 @lru_cache(maxsize=4096)
@@ -132,12 +162,16 @@ def _tile(dim: float) -> int:
     return int(min(TILE, max(MIN_TILE, 2 ** math.ceil(math.log2(max(dim, 1.0))))))
 
 
-def size_model(spec, dtype: str, bpe: int) -> SizeModel | None:
-    """The shape-aware model of a datasheet GPU (None for CPUs, profiled devices and entries without
-    an SM count, which keep the flat rate)."""
+def size_model(spec, dtype: str, bpe: int, kernels: KernelCosts | None = None) -> SizeModel | None:
+    """The shape-aware model of a datasheet GPU run by ``kernels``' runtime (None: autotune's own;
+    None back for CPUs, profiled devices and entries without an SM count, which keep the flat rate)."""
     if spec.kind not in ("cuda", "rocm") or not spec.sm_count or spec.provenance == "measured" or spec.profile:
         return None
-    peak = spec.flops(dtype)
-    strict = dtype == "fp32-strict" or (dtype == "fp32" and spec.peak_flops.get("fp32-strict") == peak)
-    return SizeModel(peak=peak, ceiling=CUDA_CORE_EFF if strict else spec.achievable_fraction, sms=spec.sm_count,
-                     mem_bw=spec.memory_bandwidth, bpe=bpe, fused=spec.fused_attention(), launch_s=LAUNCH_S)
+    datasheet_peak = spec.flops(dtype)
+    strict = dtype == "fp32-strict" or (dtype == "fp32" and spec.peak_flops.get("fp32-strict") == datasheet_peak)
+    if strict:  # IEEE fp32 on CUDA cores: cuBLAS SGEMM's sustained figure, the device's own where measured
+        peak, ceiling = datasheet_peak, spec.gemm_fraction("fp32-strict")[0]
+    else:  # tensor cores: the burst ceiling (a short benchmark) at the clock a training run sustains
+        peak, ceiling = datasheet_peak * spec.sustained()[0], spec.gemm_fraction(dtype)[0]
+    return SizeModel(peak=peak, ceiling=ceiling, sms=spec.sm_count, mem_bw=spec.memory_bandwidth, bpe=bpe,
+                     fused=spec.fused_attention(), kernels=kernels or RUNTIME, tensor_cores=not strict)

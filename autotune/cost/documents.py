@@ -112,6 +112,10 @@ class DocWork:
 
     keysums: tuple[tuple[float, ...], ...]
     ring: tuple[tuple[Any, ...], ...]
+    attn_seq: tuple[tuple[float, ...], ...] = ()
+    """Per replica and CP shard, the length its attention kernels run at: the mean document piece
+    weighted by its pairs (where the work is), at most the shard (GPU kernel efficiency falls at
+    short lengths; the CPU prices each call at its own length instead)."""
 
 
 def step_work(step: tuple[tuple[int, ...], ...], plan: Any, seq_len: int, on_cpu: bool) -> DocWork:
@@ -119,8 +123,10 @@ def step_work(step: tuple[tuple[int, ...], ...], plan: Any, seq_len: int, on_cpu
     d = plan.degrees
     zig = plan.cp_layout == "zigzag" and d.cp > 1
     segs = segments(plan.shares.tokens, zig, seq_len)
-    keysums, rings = [], []
+    keysums, rings, seqs = [], [], []
     for rows in W.replica_rows(step, plan.shares.samples, plan.balance):
+        seqs.append(tuple(_attn_seq([step[r] for r in rows], segs[c], plan.shares.tokens[c], seq_len)
+                          for c in range(d.cp)))
         pairs = np.array([[masked_pairs(step[r], segs[c]) for c in range(d.cp)] for r in rows])
         mean = pairs.mean(axis=0)  # per window (the cost model multiplies by the micro-batch size)
         sync = float(pairs.max(axis=1).mean() / pairs.mean(axis=0).max()) if d.cp > 1 else 1.0
@@ -137,7 +143,27 @@ def step_work(step: tuple[tuple[int, ...], ...], plan: Any, seq_len: int, on_cpu
             w = sync / len(rows)  # per window (the kernels run per row; micro_batch multiplies outside)
             ring.append(tuple(sorted((q, k, causal, n * w) for (q, k, causal), n in calls.items())))
         rings.append(tuple(ring))
-    return DocWork(tuple(keysums), tuple(rings))
+    return DocWork(tuple(keysums), tuple(rings), tuple(seqs))
+
+
+def _attn_seq(windows: list[tuple[int, ...]], segs: list[tuple[int, int]], shard: int, seq_len: int) -> float:
+    """The shard's attention length with documents: the shard (the cost model's length for a whole
+    window) times the pair-weighted mean piece length over that of one window-long document (so a
+    single document prices exactly as no documents)."""
+    def weighted(ws: list[tuple[int, ...]]) -> float:
+        num = den = 0.0
+        for docs in ws:
+            for s, e in W_starts(docs):
+                for a, n in segs:
+                    piece = min(e, a + n) - max(s, a)
+                    if piece > 0:
+                        pairs = piece * (piece + 1) / 2.0
+                        num += pairs * piece
+                        den += pairs
+        return num / den if den else 0.0
+
+    whole = weighted([(seq_len,)])
+    return min(float(shard), shard * weighted(windows) / whole) if whole else float(shard)
 
 
 def drawn_work(plan: Any, dist: W.LengthDistribution, seq_len: int, global_batch: int, on_cpu: bool,

@@ -60,19 +60,21 @@ class Estimate:
 
 def estimate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: int, *,
              calibration: dict[str, dict[str, float]] | None = None, timeline: bool = False,
-             documents: Any = None) -> Estimate:
+             documents: Any = None, kernels: Any = None) -> Estimate:
     """Predict one training step of ``plan`` (resolved here; PlanError when it does not fit).
 
     ``timeline=True`` also fills ``breakdown["timeline"]`` with the simulated events (None
     otherwise); ``calibration`` is ``{device type: {"compute": f, "comm": f}}`` from ``validate``;
     ``documents``: the length distribution (``autotune.documents.LengthDistribution``) packed into
     the windows, priced by ``cost/documents.py`` when the plan masks documents (``doc_mask``).
-    A plan with ``uses`` runs on that subset of ``cluster`` (autotune/specs/pool.py)."""
+    A plan with ``uses`` runs on that subset of ``cluster`` (autotune/specs/pool.py). ``kernels``: the
+    per-kernel costs of the runtime that will run the plan (``cost/kernels.py``,
+    ``targets.kernel_costs``; None: autotune's own runtime)."""
     if plan.uses is not None:
         from autotune.specs.pool import subset
 
         cluster = subset(cluster, plan.uses)
-    s = step_context(plan, model, cluster, seq_len, global_batch, calibration)
+    s = step_context(plan, model, cluster, seq_len, global_batch, calibration, kernels)
     if documents is not None and s.plan.doc_mask:
         from dataclasses import replace
 

@@ -224,7 +224,7 @@ def rank_times(ctx) -> HelixRankTimes:
     h, kv, tp = model.hidden, model.kv_dim, s.tp
     _, full, scores = M.block_activations(ctx)
     lc = layer_compute(model, rates, tokens=ctx.tokens_local, tp=tp, heads_local=ctx.heads, keysum=ctx.keysum,
-                       block_seq=ctx.tokens, blocks=ctx.ring, micro_batch=s.mbs, act_bytes=full - scores)
+                       block_seq=ctx.block_seq, blocks=ctx.ring, micro_batch=s.mbs, act_bytes=full - scores)
     qkv = rates.gemm_time(2.0 * ctx.tokens_local * h * (h + 2 * kv) / tp)
     # the device's layer profile first, as for every other schedule (cost/layers.py: one scale)
     blk = LY.piece(ctx, "block") or LY.reconciled_block(ctx, lc)
@@ -299,8 +299,8 @@ def rank_memory(ctx, t: HelixRankTimes) -> tuple[float, dict[str, float]]:
         params += float(model.embedding_params()) + float(model.head_params())
     states = M.model_states(params / tp, s.dtype, s.zero, s.shard_n, ctx.layer_params / tp)
     _, full0, scores = M.block_activations(ctx)
-    # on the layer profile's scale where it measured activation bytes (memory.measured_activations)
-    full = M.measured_activations(ctx, full0, full0, scores)[1]
+    # on the layer profile's scale where it measured activation bytes (layers.measured_activations)
+    full = LY.measured_activations(ctx, full0, full0, scores)[1]
     scores *= full / full0 if full0 > 0 else 1.0
     attn = _attention_bytes(ctx) + scores
     x_bytes = ctx.hidden_bytes / (tp if s.sp else 1)

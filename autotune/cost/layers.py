@@ -220,7 +220,7 @@ def _reference_block(ctx: Any) -> Any:
     """The fallback's ``LayerCompute`` of the block the profile can price that is nearest the
     rank's: the same device, micro-batch and tp shard over the whole sequence, all heads of the
     shard, cp = hp = 1."""
-    from autotune.cost import activations as M
+    from autotune.cost import memory as M
     from autotune.cost.compute import layer_compute
 
     s, seq = ctx.step, ctx.step.seq_len
@@ -271,7 +271,7 @@ def activation_scale(ctx: Any) -> tuple[float, str] | None:
     layer profile: at the rank's shape where the profile holds it, else at the whole sequence
     (cp = hp = 1, no sequence parallelism: what ``profile --layers`` builds). None: no matching
     profile, or it measured no activation bytes."""
-    from autotune.cost import activations as M
+    from autotune.cost import memory as M
 
     s = ctx.step
     table = table_for(ctx.spec, s.model, s.dtype)
@@ -288,6 +288,25 @@ def activation_scale(ctx: Any) -> tuple[float, str] | None:
     how = got[1] if seq == ctx.tokens and applies(ctx) is not None and not s.sp else \
         f"formula x {ratio:.2f} ({got[1].split(',')[0]} at cp=hp=1, seq {seq}, no sequence parallelism)"
     return ratio, how
+
+
+def measured_activations(ctx: Any, kept: float, full: float, scores: float) -> tuple[float, float]:
+    """(kept, full) of ``block_activations`` on the scale of what was measured: where the rank's
+    device has a layer profile with activation bytes (``profile --layers`` measures them with
+    saved-tensor hooks; ``profile import`` carries a foreign file's), the formula times measured /
+    formula on the nearest shape the profile holds (``layers.activation_scale``: the measurement
+    itself on that shape). Recomputation keeps its rule on the scaled terms: ``selective`` drops the
+    scores' share, ``full`` keeps each block's input (not scaled: the formula's input is exact)."""
+    got = activation_scale(ctx)
+    if got is None:
+        return kept, full
+    r = got[0]
+    recompute = ctx.step.recompute
+    if recompute == "none":
+        return kept * r, full * r
+    if recompute == "selective":
+        return (full - scores) * r, full * r
+    return kept, full * r
 
 
 def precision_note(spec: Any, model: Any, dtype: str) -> str | None:
@@ -334,41 +353,29 @@ def rank_sources(ctx: Any) -> dict[str, str]:
 
 
 def measured_block(lc: Any, hit: Lookup) -> Any:
-    """The kernel model's ``LayerCompute`` with its totals replaced by the measured block: each
-    forward term scaled so they sum to the measured forward (selective recomputation still finds
-    the attention core's share), backward the measured backward."""
-    from autotune.cost.compute import LayerCompute
+    """The kernel model's ``LayerCompute`` with its totals replaced by the measured block
+    (``compute.rescaled_block``: each forward term scaled to the measured forward, backward the
+    measured backward)."""
+    from autotune.cost.compute import rescaled_block
 
-    scale = hit.fwd / lc.fwd if lc.fwd > 0 else 0.0
-
-    class MeasuredLayerCompute(LayerCompute):
-        @property
-        def fwd(self) -> float:
-            return hit.fwd
-
-        @property
-        def bwd(self) -> float:
-            return hit.bwd
-
-    return MeasuredLayerCompute(gemm_fwd=lc.gemm_fwd * scale, attn_fwd=lc.attn_fwd * scale,
-                                attn_bwd=hit.bwd * (lc.attn_bwd / lc.bwd if lc.bwd > 0 else 0.0),
-                                elem_fwd=lc.elem_fwd * scale)
+    return rescaled_block(lc, hit.fwd, hit.bwd)
 
 
-def predicted_pieces(plan: Any, model: Any, cluster: Any, seq_len: int, global_batch: int) -> dict[str, Lookup]:
+def predicted_pieces(plan: Any, model: Any, cluster: Any, seq_len: int, global_batch: int,
+                     kernels: Any = None) -> dict[str, Lookup]:
     """What the cost model prices one micro-batch's ``embed``, ``block`` and ``head`` at on the first
     rank of ``plan`` (seconds fwd, bwd, and the source), as ``rank.rank_cost`` composes them:
     the layer profile where it applies, else the compute module's kernel or datasheet model."""
-    from autotune.cost import activations as M
+    from autotune.cost import memory as M
     from autotune.cost.compute import head_compute, layer_compute
     from autotune.cost.steps import step_context, tp_groups
 
-    s = step_context(plan, model, cluster, seq_len, global_batch, None)
+    s = step_context(plan, model, cluster, seq_len, global_batch, None, kernels)
     ctx = tp_groups(s)[0][2]
     fallback = ctx.rates.source
     _, full, scores = M.block_activations(ctx)
     lc = layer_compute(s.model, ctx.rates, tokens=ctx.tokens_local, tp=s.tp, heads_local=ctx.heads,
-                       keysum=ctx.keysum, block_seq=ctx.tokens, blocks=ctx.ring, micro_batch=s.mbs,
+                       keysum=ctx.keysum, block_seq=ctx.block_seq, blocks=ctx.ring, micro_batch=s.mbs,
                        act_bytes=full - scores)
     hf, hb = head_compute(s.model, ctx.rates, tokens=ctx.tokens_local, tp=s.tp)
     out = {"block": Lookup(lc.fwd, lc.bwd, fallback), "head": Lookup(hf, hb, fallback),

@@ -63,7 +63,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from autotune.cost.activations import block_activations, layer_activation_bytes  # noqa: F401  (their old home)
+from autotune.cost.activations import layer_activation_bytes
 from autotune.cost.compute import DTYPE_BYTES
 from autotune.cost.data_parallel import grad_reduce_dtype, grads_accumulate_unsharded, zero3_weights_gathered
 from autotune.cost.pipeline import peak_in_flight
@@ -110,30 +110,19 @@ def model_states(params: float, dtype: str, zero_stage: int, shard: int, layer_p
     return {"weights": weights, "gradients": grads, "optimizer": params * o / (n if zero_stage >= 1 else 1)}
 
 
-def measured_activations(ctx: RankContext, kept: float, full: float, scores: float) -> tuple[float, float]:
-    """(kept, full) of ``block_activations`` on the scale of what was measured: where the rank's
-    device has a layer profile with activation bytes (``profile --layers`` measures them with
-    saved-tensor hooks; ``profile import`` carries a foreign file's), the formula times measured /
-    formula on the nearest shape the profile holds (``layers.activation_scale``: the measurement
-    itself on that shape). Recomputation keeps its rule on the scaled terms: ``selective`` drops the
-    scores' share, ``full`` keeps each block's input (not scaled: the formula's input is exact)."""
-    from autotune.cost.layers import activation_scale
-
-    got = activation_scale(ctx)
-    if got is None:
-        return kept, full
-    r = got[0]
-    recompute = ctx.step.recompute
-    if recompute == "none":
-        return kept * r, full * r
-    if recompute == "selective":
-        return (full - scores) * r, full * r
-    return kept, full * r
-
-
 def reserve(spec: Any, allocated: float) -> float:
     """The framework's fixed reserve on ``spec`` (a DeviceSpec) plus the allocator's fraction."""
     return spec.framework_reserve() + RESERVE_FRACTION * allocated
+
+
+def block_activations(ctx: RankContext) -> tuple[float, float, float]:
+    """``layer_activation_bytes`` of one block on the rank of ``ctx`` (a ``context.RankContext``):
+    (kept per micro-batch, full, of which the scores)."""
+    s = ctx.step
+    return layer_activation_bytes(
+        s.model, micro_batch=s.mbs, tokens_local=ctx.tokens / s.hp, cp_tokens=ctx.tokens, seq_len=s.seq_len,
+        heads_local=ctx.heads, tp=s.tp, sequence_parallel=s.sp, recompute=s.recompute, act_bytes=s.bpe,
+        fused_attention=ctx.spec.fused_attention())
 
 
 def rank_memory(ctx: RankContext, kept: float, full: float) -> tuple[float, dict[str, float]]:
@@ -154,47 +143,3 @@ def rank_memory(ctx: RankContext, kept: float, full: float) -> tuple[float, dict
     terms = {**states, "activations": acts, "logits": logits, "reserve": res,
              "activation_per_layer_microbatch": kept, "layers_microbatches_in_flight": inflight}
     return alloc + res, terms
-
-
-def peak_rank_memory(plan: Any, model: Any, cluster: Any, seq_len: int, global_batch: int
-                     ) -> tuple[float, int, dict[str, float]]:
-    """(bytes, rank, terms) of the rank that needs the most memory under ``plan`` (resolved here):
-    the cost model's memory, for checks that need no timing (the runtime's pre-launch check)."""
-    best: tuple[float, int, dict[str, float]] | None = None
-    for r0, total, terms in _group_memory(plan, model, cluster, seq_len, global_batch):
-        if best is None or total > best[0]:
-            best = (total, r0, terms)
-    assert best is not None
-    return best
-
-
-def rank_memory_terms(plan: Any, model: Any, cluster: Any, seq_len: int, global_batch: int, rank: int
-                      ) -> tuple[float, dict[str, float]]:
-    """(bytes, terms) of rank ``rank`` under ``plan``: what a search's stored trial no longer holds
-    when it dropped its per-rank rows (more than 64 ranks), for the advice when nothing fits."""
-    for r0, total, terms in _group_memory(plan, model, cluster, seq_len, global_batch):
-        tp = plan.degrees.tp if plan.stages is None else _cell_tp(plan, r0)
-        if r0 <= rank < r0 + tp:
-            return total, terms
-    raise ValueError(f"rank {rank} is not in the plan's {plan.degrees.world} ranks")
-
-
-def _cell_tp(plan: Any, r0: int) -> int:
-    from autotune.stages import layout_of
-
-    return layout_of(plan.stages).slots[r0].tp
-
-
-def _group_memory(plan: Any, model: Any, cluster: Any, seq_len: int, global_batch: int) -> Any:
-    """(first rank, bytes, terms) of every tp group, each distinct context priced once."""
-    from autotune.cost.steps import step_context, tp_groups
-
-    step = step_context(plan, model, cluster, seq_len, global_batch, None)
-    seen: dict[int, tuple[float, dict[str, float]]] = {}
-    for r0, _, ctx in tp_groups(step):
-        hit = seen.get(id(ctx))
-        if hit is None:
-            kept, full, scores = block_activations(ctx)
-            kept, full = measured_activations(ctx, kept, full, scores)
-            hit = seen[id(ctx)] = rank_memory(ctx, kept, full)
-        yield r0, hit[0], hit[1]

@@ -135,7 +135,7 @@ def rank_cost(ctx: RankContext) -> RankCost:
     # elementwise traffic over the sbh tensors; the softmax over the scores is part of the attention
     # kernel's throughput (fused attention never writes the s^2 scores to memory)
     lc = layer_compute(s.model, ctx.rates, tokens=ctx.tokens_local, tp=s.tp, heads_local=ctx.heads,
-                       keysum=ctx.keysum, block_seq=ctx.tokens, blocks=ctx.ring, micro_batch=s.mbs,
+                       keysum=ctx.keysum, block_seq=ctx.block_seq, blocks=ctx.ring, micro_batch=s.mbs,
                        act_bytes=full - scores)
     # measured layers first (cost/layers.py), then the kernel curves / datasheet of compute.py, on the
     # profile's scale where the device has one that cannot price this rank's block (a cp/hp shard)
@@ -153,7 +153,7 @@ def rank_cost(ctx: RankContext) -> RankCost:
     pp_sends = PP.sends_per_microbatch(ctx, p2ps)
     overl, fixed = DP.grad_sync(ctx, b.comp_f, b.comp_b)
     dp_raw = DP.step_comm(ctx)
-    kept, full = M.measured_activations(ctx, kept, full, scores)
+    kept, full = LY.measured_activations(ctx, kept, full, scores)
     total, terms = M.rank_memory(ctx, kept, full)
     m_d = ctx.microbatches
     return RankCost(

@@ -130,14 +130,24 @@ def breakdown(s: StepContext, groups: list, sims: list, stages: list, rows: list
                   "cluster_peak_per_s": peak},
         "stages": stages,
         "ranks": rows,
-        "throughput_source": sorted(f"{sp_.name}: {cached_rates(sp_, s.dtype, hd).source}" for sp_ in specs.values()),
+        "throughput_source": sorted(f"{sp_.name}: {cached_rates(sp_, s.dtype, hd, s.kernels).source}" for sp_ in specs.values()),
         # what priced each compute term per device type: a layer profile, else the kernel curves or
         # the datasheet (autotune/cost/layers.py)
         "compute_source": _compute_sources(groups),
         **_activation_sources(groups),
         **({"notes": notes} if (notes := LY.precision_notes(s.cluster, s.model, s.dtype)) else {}),
+        # the runtime whose kernels priced the datasheet GPUs (cost/kernels.py; --target picks it)
+        "runtime": _runtime(s.kernels),
         "timeline": None,
     }
+
+
+def _runtime(kernels: Any) -> dict[str, Any]:
+    from autotune.cost.kernels import RUNTIME
+
+    k = kernels or RUNTIME
+    return {"name": k.name, "host_s_per_kernel": k.host_s, "kernels_per_block_fwd": k.block_fwd,
+            "kernels_head_fwd": k.head_fwd, "source": k.source}
 
 
 def _compute_sources(groups: list) -> dict[str, dict[str, str]]:
@@ -152,7 +162,7 @@ def _compute_sources(groups: list) -> dict[str, dict[str, str]]:
 
 def _activation_sources(groups: list) -> dict[str, Any]:
     """``{"activation_source": {device: how}}`` where a layer profile measured the activation bytes
-    (``memory.measured_activations``); nothing otherwise (every other estimate's breakdown keeps its
+    (``layers.measured_activations``); nothing otherwise (every other estimate's breakdown keeps its
     keys)."""
     out: dict[str, str] = {}
     for _, _, ctx, _ in groups:

@@ -36,7 +36,7 @@ from autotune.schedules import schedule_of
 
 
 def staged_step_context(rp: Any, model: Any, cluster: Any, seq_len: int, global_batch: int,
-                        calibration: Any) -> Any:
+                        calibration: Any, kernels: Any = None) -> Any:
     """The ``StepContext`` of a resolved per-stage plan: what every cell shares (``tp`` is the
     envelope's; each cell's context carries its own, ``staged_tp_groups``)."""
     from autotune.cost.context import StepContext, _hop_peers
@@ -47,7 +47,7 @@ def staged_step_context(rp: Any, model: Any, cluster: Any, seq_len: int, global_
     sched = schedule_of(rp)
     chunks = tuple(sched.stages_of_rank(i, d.pp, rp.virtual_stages) for i in range(d.pp))
     hop_peers = _hop_peers(sched, d.pp, rp.virtual_stages, chunks)
-    dp_links = tuple(topo.group_link([devs[lay.first_rank[(s, r)]] for r in range(d.dp)]) for s in range(d.pp))
+    dp_links = tuple(topo.ring_link([devs[lay.first_rank[(s, r)]] for r in range(d.dp)]) for s in range(d.pp))
     return StepContext(
         plan=rp, model=model, cluster=cluster, topo=topo, seq_len=seq_len, global_batch=global_batch,
         calibration=calibration or {}, dtype=rp.dtype, bpe=DTYPE_BYTES[rp.dtype],
@@ -57,7 +57,7 @@ def staged_step_context(rp: Any, model: Any, cluster: Any, seq_len: int, global_
         kv_ratio=model.kv_heads / model.heads, a2a_heads=U.busiest_heads(1, (model.heads,), model.heads),
         cp_max_tokens=seq_len, keysums=(causal_keys((seq_len,), 0, False, seq_len),), ring=(None,),
         stage_params=DP.stage_params(model, rp, chunks), dp_links=dp_links, schedule=sched, chunks=chunks,
-        hop_peers=hop_peers, group_links=())
+        hop_peers=hop_peers, group_links=(), kernels=kernels)
 
 
 def staged_tp_groups(s: Any) -> list[tuple[int, int, Any]]:
@@ -106,7 +106,7 @@ def staged_tp_groups(s: Any) -> list[tuple[int, int, Any]]:
             tok = s.mbs * s.seq_len
             ctx = contexts[key] = RankContext(
                 step=step, coords=MappingProxyType({"pp": st, "dp": r, "cp": 0, "hp": 0, "tp": 0}), spec=spec,
-                rates=cached_rates(spec, s.dtype, s.model.head_dim), collectives=collectives_for(spec),
+                rates=cached_rates(spec, s.dtype, s.model.head_dim, s.kernels), collectives=collectives_for(spec),
                 cf=float(cal.get("compute", 1.0)), mf=float(cal.get("comm", 1.0)), links=links, tokens=s.seq_len,
                 heads=s.model.heads // t, microbatches=m_d, layers=tuple(rp.shares.layers[j] for j in s.chunks[st]),
                 params=params, layer_params=layer_params, rest_params=rest, keysum=s.keysums[0], ring=None,

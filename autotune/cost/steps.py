@@ -14,12 +14,13 @@ from autotune.cost import stages as STG
 
 
 def step_context(plan: Any, model: Any, cluster: Any, seq_len: int, global_batch: int,
-                 calibration: Mapping[str, Mapping[str, float]] | None) -> Any:
-    """Resolve ``plan`` (PlanError when it does not fit) and gather what every rank shares."""
+                 calibration: Mapping[str, Mapping[str, float]] | None, kernels: Any = None) -> Any:
+    """Resolve ``plan`` (PlanError when it does not fit) and gather what every rank shares;
+    ``kernels``: the runtime's per-kernel costs (``cost/kernels.py``; None: autotune's own)."""
     if plan.stages is not None:
         rp = plan.resolve(model, cluster, seq_len, global_batch)
-        return STG.staged_step_context(rp, model, cluster, seq_len, global_batch, calibration)
-    return CX.step_context(plan, model, cluster, seq_len, global_batch, calibration)
+        return STG.staged_step_context(rp, model, cluster, seq_len, global_batch, calibration, kernels)
+    return CX.step_context(plan, model, cluster, seq_len, global_batch, calibration, kernels)
 
 
 def tp_groups(s: Any) -> list[tuple[int, int, Any]]:

@@ -134,6 +134,10 @@ class TrialRow:
         return " ".join(parts)
 
     def degrees_text(self) -> str:
+        if self.plan and self.plan.get("stages"):  # each stage its own degrees
+            from autotune.stages import degrees_text
+
+            return degrees_text(self.plan)
         d = {k: v for k, v in self.degrees.items() if v != 1}
         return ",".join(f"{k}={v}" for k, v in d.items()) or ("dp=1" if self.degrees else "-")
 
@@ -141,6 +145,7 @@ class TrialRow:
         return {"number": self.number, "state": self.state, "feasible": self.feasible,
                 "predicted_tokens_per_s": self.predicted_tps, "measured_tokens_per_s": self.measured_tps,
                 "error": self.error, "degrees": self.degrees, "shares": self.shares,
+                "stages": (self.plan or {}).get("stages"),
                 "memory_bytes": self.memory_bytes, "measured_memory_bytes": self.measured_memory_bytes,
                 "capacity_bytes": self.capacity_bytes, "memory_fraction": self.memory_fraction,
                 "reason": self.reason, "baseline": self.baseline, "even": self.even,

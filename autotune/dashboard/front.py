@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from autotune.stages import degrees_text
 from autotune.units import fmt_time
 
 
@@ -28,7 +29,7 @@ def front_table(front: list[dict[str, Any]], wide: bool = False, currency: str =
     rows = []
     for p in front:
         c = p.get("cost") or {}
-        deg = ",".join(f"{k}={v}" for k, v in ((p.get("plan") or {}).get("degrees") or {}).items() if v > 1) or "dp=1"
+        deg = degrees_text(p.get("plan"))
         rows.append(["*" if p.get("chosen") else "", f"#{p['trial']}", p.get("using") or f"{p.get('devices')} devices",
                      fmt_time(p["step_time_s"]) if p.get("step_time_s") else "-",
                      f"{c['per_hour']:.4g}{currency}/h" if c.get("per_hour") is not None else "-",

@@ -8,6 +8,7 @@ the cost model. One module per target: json_plan, megatron, torchtitan, deepspee
 
 from __future__ import annotations
 
+import dataclasses
 from types import ModuleType
 
 from autotune.errors import InputError, suggest
@@ -34,5 +35,11 @@ def export(plan: Plan | PlanRecord, ctx: ExportContext, fmt: str) -> Export:
     PlanRecord) in format ``fmt``, or ExportRefused."""
     mod = exporter(fmt)
     record = plan if isinstance(plan, PlanRecord) else PlanRecord(plan)
+    if record.plan.stages is not None and fmt != "json":  # a uniform mesh in disguise is that mesh
+        from autotune.export.stages import as_uniform
+
+        u = as_uniform(record.plan, ctx)
+        if u is not None:
+            record = dataclasses.replace(record, plan=u)
     refuse_or_pass(mod, record, ctx)  # type: ignore[arg-type]
     return mod.render(record, ctx)

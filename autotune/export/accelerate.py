@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from autotune.cost.kernels import EAGER
 from autotune.export.common import (
     Collected,
     Export,
@@ -28,10 +29,14 @@ from autotune.export.common import (
     placement_reasons,
     provenance,
 )
+from autotune.export.stages import staged_candidates, staged_reasons
 from autotune.plan import Plan
 from autotune.plan_record import PlanRecord
 
 NAME = "accelerate"
+
+KERNELS = EAGER
+"""Accelerate runs a Hugging Face-style model eagerly: the cost model\'s kernel costs for ``--target accelerate``."""
 SUFFIX = ".json"
 
 WHY = {
@@ -43,6 +48,8 @@ WHY = {
 
 
 def reasons(plan: Plan, ctx: ExportContext) -> list[str]:
+    if plan.stages is not None:  # per-stage degrees: autotune/export/stages.py
+        return staged_reasons(plan, ctx, NAME, reasons)
     d = plan.degrees
     r = Collected(even_share_reasons(plan, NAME, ("tokens", "heads", "samples"), WHY))
     r.add(d.pp > 1, f"pp({d.pp}): Accelerate's ParallelismConfig has no pipeline parallelism")
@@ -64,6 +71,8 @@ def reasons(plan: Plan, ctx: ExportContext) -> list[str]:
 
 
 def candidates(plan: Plan, ctx: ExportContext) -> list[Plan]:
+    if plan.stages is not None:
+        return [q for c in staged_candidates(plan, ctx) for q in (c, *candidates(c, ctx))]
     d = plan.degrees
     zero = plan.zero_stage if d.hp > 1 else {1: 2}.get(plan.zero_stage, plan.zero_stage)
     base = even_everything(plan).replace(

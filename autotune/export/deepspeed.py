@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from autotune.cost.kernels import EAGER
 from autotune.divisibility import even_heads_problem
 from autotune.export.common import (
     Collected,
@@ -34,11 +35,15 @@ from autotune.export.common import (
     provenance,
     with_even,
 )
+from autotune.export.stages import staged_candidates, staged_reasons
 from autotune.plan import Plan, even_split
 from autotune.plan_record import PlanRecord
 from autotune.schedules import schedule_of
 
 NAME = "deepspeed"
+
+KERNELS = EAGER
+"""DeepSpeed runs a Hugging Face-style model eagerly: the cost model\'s kernel costs for ``--target deepspeed``."""
 SUFFIX = ".json"
 
 WHY = {
@@ -54,6 +59,8 @@ def uniform_parts(layers: int, pp: int) -> list[int]:
 
 
 def reasons(plan: Plan, ctx: ExportContext) -> list[str]:
+    if plan.stages is not None:  # per-stage degrees: autotune/export/stages.py
+        return staged_reasons(plan, ctx, NAME, reasons)
     d = plan.degrees
     r = Collected(even_share_reasons(plan, NAME, ("tokens", "heads", "samples"), WHY))
     r.add(d.cp > 1, f"cp({d.cp}): DeepSpeed has no ring (context-parallel) attention; its sequence parallelism "
@@ -77,6 +84,8 @@ def reasons(plan: Plan, ctx: ExportContext) -> list[str]:
 
 
 def candidates(plan: Plan, ctx: ExportContext) -> list[Plan]:
+    if plan.stages is not None:
+        return [q for c in staged_candidates(plan, ctx) for q in (c, *candidates(c, ctx))]
     d = plan.degrees
     base = even_everything(plan).replace(
         schedule="1f1b", virtual_stages=1, helix_folds=1,

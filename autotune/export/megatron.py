@@ -36,6 +36,7 @@ import re
 import shlex
 from typing import Any
 
+from autotune.cost.kernels import EAGER_HOST_S, KernelCosts
 from autotune.divisibility import even_heads_problem
 from autotune.export.common import (
     Collected,
@@ -50,11 +51,20 @@ from autotune.export.common import (
     provenance,
     with_even,
 )
+from autotune.export.stages import staged_candidates, staged_reasons
 from autotune.plan import Plan
 from autotune.plan_record import PlanRecord
 from autotune.schedules import schedule_of
 
 NAME = "megatron"
+
+KERNELS = KernelCosts(
+    name="megatron", host_s=EAGER_HOST_S, block_fwd=11, head_fwd=3,
+    source="Megatron-Core with Transformer Engine issues per block forward: layer norm + QKV GEMM and layer norm "
+           "+ FC1 GEMM (TE LayerNormLinear, 2 kernels each), fused RoPE, one flash-attention kernel, the output "
+           "and FC2 GEMMs, fused bias-GeLU / SwiGLU, 2 fused bias-dropout-adds: 11 kernels; each dispatched "
+           "eagerly from Python (EAGER_HOST_S)")
+"""How Megatron runs a plan: the cost model's kernel costs for ``estimate --target megatron``."""
 HELIX_FORK = ("HelixPipe's Megatron-LM fork (the code of arXiv 2507.00394, branch dev): upstream Megatron-LM "
               "has no --attention-pipeline")
 SUFFIX = ".sh"
@@ -66,7 +76,16 @@ WHY = {
 }
 
 
+def _helix_fork(plan: Plan) -> bool:
+    """Whether the plan runs HelixPipe, which only HelixPipe's own fork of Megatron-LM runs, with
+    switches of its own (``HELIX_FORK``): the one place this exporter names a schedule, because
+    those switches belong to that fork, not to a capability another schedule could share."""
+    return plan.schedule == "helixpipe"
+
+
 def reasons(plan: Plan, ctx: ExportContext) -> list[str]:
+    if plan.stages is not None:  # per-stage degrees: autotune/export/stages.py
+        return staged_reasons(plan, ctx, NAME, reasons)
     r = Collected(even_share_reasons(plan, NAME, ("tokens", "heads", "samples"), WHY))
     d = plan.degrees
     r.add(d.cp > 1 and plan.cp_layout == "contiguous",
@@ -92,6 +111,8 @@ def reasons(plan: Plan, ctx: ExportContext) -> list[str]:
 
 
 def candidates(plan: Plan, ctx: ExportContext) -> list[Plan]:
+    if plan.stages is not None:
+        return [q for c in staged_candidates(plan, ctx) for q in (c, *candidates(c, ctx))]
     base = with_even(plan, "tokens", "heads", "samples")
     if plan.degrees.pp > 1 and schedule_of(plan).refusal(NAME):  # the nearest schedule Megatron runs: 1F1B
         base = base.replace(schedule="1f1b")
@@ -182,13 +203,13 @@ def arguments(plan: Plan, ctx: ExportContext) -> list[str]:
             a += ["--cp-comm-type", "a2a+p2p", "--hierarchical-context-parallel-sizes", str(d.hp), str(d.cp)]
         else:
             a += ["--cp-comm-type", "a2a" if d.hp > 1 else "p2p"]
-    if plan.schedule == "helixpipe":  # the fork's switches (HELIX_FORK)
+    if _helix_fork(plan):  # the fork's switches (HELIX_FORK)
         a += ["--attention-pipeline", "--num-fold", str(plan.helix_folds),
               "--num-layers-per-virtual-pipeline-stage", "1", "--transfer-weight"]
     else:
         a += layer_args(plan)
     a += ["--micro-batch-size", str(plan.micro_batch_size), "--global-batch-size", str(ctx.global_batch)]
-    if plan.schedule == "helixpipe" and plan.recompute == "full":
+    if _helix_fork(plan) and plan.recompute == "full":
         a.append("--checkpoint-without-attn")
     elif plan.recompute == "selective":
         a += ["--recompute-granularity", "selective"]
@@ -237,7 +258,7 @@ def render(record: PlanRecord, ctx: ExportContext) -> Export:
     args = arguments(plan, ctx)
     prov = provenance(record, ctx)
     lines = ["#!/usr/bin/env bash", "# Megatron-LM / Megatron Core arguments for pretrain_gpt.py"]
-    if plan.schedule == "helixpipe":
+    if _helix_fork(plan):
         lines.append(f"# REQUIRES {HELIX_FORK}")
     lines += comment_lines(prov)
     lines.append(f"# world size {plan.world} = {plan.degrees.product_text()}; ranks in Megatron's "
@@ -254,7 +275,7 @@ def render(record: PlanRecord, ctx: ExportContext) -> Export:
     lines.append(")")
     lines.append('# torchrun ... pretrain_gpt.py "${MEGATRON_PARALLEL_ARGS[@]}" <data, tokenizer and optimizer args>')
     data: dict[str, Any] = {"args": args, "provenance": prov}
-    if plan.schedule == "helixpipe":
+    if _helix_fork(plan):
         data["requires"] = HELIX_FORK
     return Export(format=NAME, text="\n".join(lines) + "\n", data=data, suffix=SUFFIX)
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from autotune.cost.kernels import COMPILED_HOST_S, KernelCosts
 from autotune.export.common import (
     Collected,
     Export,
@@ -36,11 +37,19 @@ from autotune.export.common import (
     provenance,
     with_even,
 )
+from autotune.export.stages import staged_candidates, staged_reasons
 from autotune.plan import Plan
 from autotune.plan_record import PlanRecord
 from autotune.schedules import schedule_of
 
 NAME = "torchtitan"
+
+KERNELS = KernelCosts(
+    name="torchtitan", host_s=COMPILED_HOST_S, block_fwd=12, head_fwd=3,
+    source="torchtitan with torch.compile per block ([compile] enable, which this exporter writes): the 7 GEMMs "
+           "and SDPA stay library kernels, Inductor fuses the norms, rotary, SiLU-gate and residuals into about 4 "
+           "Triton kernels; host time per kernel COMPILED_HOST_S")
+"""How torchtitan runs an exported plan (compiled): the cost model's kernel costs for ``--target torchtitan``."""
 SUFFIX = ".toml"
 
 PRECISION = {"bf16": "bfloat16", "fp32": "float32", "fp32-strict": "float32"}  # Training.mixed_precision_param
@@ -52,6 +61,8 @@ WHY = {
 
 
 def reasons(plan: Plan, ctx: ExportContext) -> list[str]:
+    if plan.stages is not None:  # per-stage degrees: autotune/export/stages.py
+        return staged_reasons(plan, ctx, NAME, reasons)
     d = plan.degrees
     r = Collected(even_share_reasons(plan, NAME, ("tokens", "heads", "samples"), WHY))
     r.add(d.hp > 1, f"hp({d.hp}): torchtitan has no Ulysses (all-to-all head) parallelism; its context "
@@ -74,6 +85,8 @@ def reasons(plan: Plan, ctx: ExportContext) -> list[str]:
 
 
 def candidates(plan: Plan, ctx: ExportContext) -> list[Plan]:
+    if plan.stages is not None:
+        return [q for c in staged_candidates(plan, ctx) for q in (c, *candidates(c, ctx))]
     d = plan.degrees
     zero = plan.zero_stage
     if zero == 1:
@@ -140,6 +153,7 @@ def config(plan: Plan, ctx: ExportContext) -> dict[str, dict[str, Any]]:
         "training": {"local_batch_size": local_batch, "global_batch_size": ctx.global_batch,
                      "seq_len": ctx.seq_len, "mixed_precision_param": PRECISION[plan.dtype]},
         "activation_checkpoint": ac,
+        "compile": {"enable": True, "components": ["model", "loss"]},
     }
 
 

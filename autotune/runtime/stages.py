@@ -24,8 +24,8 @@ to the replica's other tp ranks after the step. Overflow under fp16 is agreed ov
 per step (one ``LossScale`` for the rank).
 
 What the cost model does not price here: the piece masters are fp32 copies of the rank's weights
-(the uniform runtime's fp32 plans use the module's own weights as masters), and gradients accumulate
-over micro-batches in the compute dtype.
+(the uniform runtime's fp32 plans use the module's own weights as masters). Gradients accumulate
+over micro-batches in fp32 (``PieceOptimizer.watch``), as the uniform runtime's do.
 """
 
 from __future__ import annotations
@@ -107,6 +107,8 @@ class PieceOptimizer:
                 self.infos.append(info[name])
         t, k, top = mesh.tp.size, mesh.tp.index, mesh.finest
         self.per = top // t  # pieces per tp shard
+        self.whole: dict[int, torch.Tensor] = {}
+        """fp32 master of each whole (replicated) parameter, by parameter index."""
         # (piece group, [(param index, dim, start, length) or (param index, None, 0, 0) for whole])
         self.groups: list[tuple[Axis, list[tuple[int, int | None, int, int]], TrainOptimizer]] = []
         for g, axis in mesh.pieces:
@@ -127,17 +129,48 @@ class PieceOptimizer:
                        for i, d, a, n in entries]
             opt = TrainOptimizer(masters, axis if axis.group is not None else None, zero_stage, dtype="fp32")
             self.groups.append((axis, entries, opt))
+            for (i, d, _, _), m in zip(entries, masters, strict=True):
+                if d is None:
+                    self.whole[i] = m  # tp rank 0 steps the whole parameters with piece 0
+        for i, info in enumerate(self.infos):  # the other tp ranks keep fp32 copies they are sent
+            if info is None and i not in self.whole:
+                self.whole[i] = self.params[i].detach().to(REDUCE_DTYPE).clone()
+        # gradients accumulate over the micro-batches in fp32, as the uniform runtime's do
+        self.low_precision = any(p.dtype != REDUCE_DTYPE for p in self.params)
+        self.acc: list[torch.Tensor | None] = [None] * len(self.params)
 
     @staticmethod
     def _piece(t: torch.Tensor, dim: int | None, start: int, length: int) -> torch.Tensor:
         return t if dim is None else t.narrow(dim, start, length)
 
+    def watch(self) -> None:
+        """Under bf16/fp16 move each gradient into an fp32 accumulator as autograd finishes it (call
+        after the modules are cast to the compute dtype)."""
+        self.low_precision = any(p.dtype != REDUCE_DTYPE for p in self.params)
+        if self.low_precision:
+            for i, p in enumerate(self.params):
+                p.register_post_accumulate_grad_hook(lambda _p, i=i: self._accumulate(i))
+
+    def _accumulate(self, i: int) -> None:
+        p = self.params[i]
+        if p.grad is None:
+            return
+        if self.acc[i] is None:
+            self.acc[i] = p.grad.to(REDUCE_DTYPE)
+        else:
+            self.acc[i].add_(p.grad)
+        p.grad = None
+
     def begin_step(self) -> None:
         for p in self.params:
             p.grad = None
+        self.acc = [None] * len(self.params)
 
     def reduce_and_step(self, step_region) -> None:
-        grads = [(p.grad if p.grad is not None else torch.zeros_like(p)).to(REDUCE_DTYPE) for p in self.params]
+        for i in range(len(self.params)):  # whatever the hooks have not moved yet
+            self._accumulate(i)
+        grads = [a if a is not None else torch.zeros_like(p, dtype=REDUCE_DTYPE) for a, p in zip(self.acc, self.params,
+                                                                                                  strict=True)]
         if not self.loss_scale.unscale_and_check(grads):  # every rank calls it once: a world MAX
             self.begin_step()
             return
@@ -149,16 +182,18 @@ class PieceOptimizer:
                 for (i, d, a, n), m in zip(entries, opt.params, strict=True):
                     self._piece(self.params[i], d, a, n).copy_(m)
         tp = self.mesh.tp
-        if tp.group is not None:  # whole parameters: tp rank 0 stepped them, the others take its values
-            with torch.no_grad():
-                for p, info in zip(self.params, self.infos, strict=True):
-                    if info is None:
-                        dist.broadcast(p.data, src=tp.ranks[0], group=tp.group)
+        with torch.no_grad():  # whole parameters: tp rank 0 stepped them, the others take its fp32 values
+            for i, m in sorted(self.whole.items()):
+                if tp.group is not None:
+                    dist.broadcast(m.data, src=tp.ranks[0], group=tp.group)
+                self.params[i].copy_(m)
         self.begin_step()
 
     def master_weights(self) -> list[torch.Tensor]:
         """fp32 master of every parameter (this rank's shard), in ``params`` order."""
         out = [p.detach().to(REDUCE_DTYPE).clone() for p in self.params]
+        for i, m in self.whole.items():
+            out[i].copy_(m)
         for _, entries, opt in self.groups:
             for (i, d, a, n), m in zip(entries, opt.master_weights(), strict=True):
                 self._piece(out[i], d, a, n).copy_(m)
@@ -194,6 +229,7 @@ class StagedTrainer:
         self.opt = PieceOptimizer(list(self.chunks.values()), mesh, plan.zero_stage, plan.dtype)
         for m in self.chunks.values():
             m.to(dtype=self.dtype)
+        self.opt.watch()
         self.dp_index = slot.replica
         self.n_micro = plan.microbatches_of_replica(self.dp_index)
         self.total_tokens = global_batch * seq_len

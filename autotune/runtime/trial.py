@@ -104,6 +104,13 @@ def prepare(plan: Plan | dict[str, Any], model: ModelSpec | str, seq_len: int, g
     if isinstance(plan, dict):
         plan = Plan.from_dict(plan)
     kind = _device_kind(device)
+    if plan.stages is not None and nproc is not None and nproc != plan.world:
+        # a per-stage plan made for a larger cluster runs its shape on nproc local processes
+        from autotune.plan import Shares
+        from autotune.stages import scaled
+
+        plan = plan.replace(stages=scaled(plan.stages, nproc, spec), shares=Shares(), num_microbatches=None,
+                            placement=None, degrees=type(plan.degrees)())
     world = plan.world
     if nproc is not None and nproc != world:
         raise PlanError(f"degrees: {plan.degrees.product_text()} = {world} != --nproc({nproc})", field="plan")
@@ -137,7 +144,8 @@ def prepare(plan: Plan | dict[str, Any], model: ModelSpec | str, seq_len: int, g
 def _check_memory(plan: Plan, spec: ModelSpec, cluster: Any, seq_len: int, global_batch: int, kind: str) -> None:
     """Refuse a plan whose busiest rank needs more memory than a local device has, by the cost
     model's memory (``autotune/cost/memory.py``: the one memory model the search prices with)."""
-    from autotune.cost.memory import TERM_NAMES, peak_rank_memory
+    from autotune.cost.memory import TERM_NAMES
+    from autotune.cost.plan_memory import peak_rank_memory
     from autotune.units import fmt_bytes
 
     need, rank, terms = peak_rank_memory(plan, spec, cluster, seq_len, global_batch)

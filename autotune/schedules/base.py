@@ -61,6 +61,12 @@ class Schedule:
     chain: ClassVar[bool] = True
     """Whether its data flow is the chain of model chunks ``stage_rank`` places (the default
     simulation and ``in_flight`` read ``op_order`` as such); HelixPipe's is not."""
+    fold_choices: ClassVar[tuple[int, ...]] = (1,)
+    """Fold counts it runs (``Plan.helix_folds``): micro-batches run in groups of pp * F, each
+    operation back to back for the F folds (HelixPipe: 1 or 2); 1 for the others."""
+    places_attention: ClassVar[bool] = False
+    """Whether it runs each attention apart from its layer and takes ``Plan.helix_attention``
+    (attentions per pipeline rank; HelixPipe)."""
     splits_backward: ClassVar[bool] = False
     """Whether backward runs as I then W (zero-bubble) rather than one B."""
     torch_class: ClassVar[str | None] = None

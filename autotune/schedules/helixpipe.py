@@ -41,6 +41,8 @@ from typing import Any, NamedTuple
 from autotune.schedules.base import B, F, Op, Schedule
 
 FWD, BWD = 0, 1
+FOLDS = (1, 2)
+"""HelixPipe's fold counts (the fork's ``--num-fold``: two folds hide one another's transfers)."""
 """Operation kinds (the same numbers as torch.distributed.pipelining's F and B)."""
 
 
@@ -270,6 +272,8 @@ class HelixPipe(Schedule):
     summary = ("HelixPipe: attention-parallel pipeline, two-fold first-in-last-out order, recomputation "
                "without attention (Zhang et al. 2025, arXiv 2507.00394)")
     chain = False
+    fold_choices = FOLDS
+    places_attention = True
     targets = {"megatron": "--attention-pipeline (HelixPipe's Megatron-LM fork)"}
     refusals = {
         "torchtitan": "schedule helixpipe: torchtitan's pipeline schedules run whole layers per stage; none "

@@ -1,5 +1,5 @@
 """What a search is asked to do (SearchOptions), what it answers (SearchResult), and the spaces it
-can search (search_spaces/<name>.py)."""
+can search (a name of search_spaces/, a Python file or an installed entry point: search/spaces.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 
 from autotune.errors import InputError
 from autotune.plan_record import PlanRecord
+from autotune.search.spaces import load_space, space_names  # noqa: F401  (their old home)
 from autotune.study import worker_count_ok
 
 SAMPLERS = ("tpe", "random", "grid")
@@ -34,7 +35,7 @@ class SearchOptions:
     """Who will run the plan (autotune/targets.py): the search explores only what it can run."""
     documents: dict[str, Any] | None = None
     """The workload's documents (``autotune.documents.DocumentSource.record``), recorded with the
-    study; the plans are priced with their masks by ``cost/documents.DocumentsEstimator``."""
+    study; the plans are priced with their masks by ``cost/documents_estimator.DocumentsEstimator``."""
     doc_mask: bool = True
     """With documents: mask attention at their boundaries (False: priced as whole causal windows)."""
 
@@ -95,26 +96,5 @@ def check_options(opts: SearchOptions, storage: str) -> None:
         raise InputError(f"must be >= 1, got {opts.workers}", field="--workers")
     if opts.top < 1:
         raise InputError(f"must be >= 1, got {opts.top}", field="--top")
+    load_space(opts.space)  # a bad --space (name, file, entry point) is refused before anything is written
     worker_count_ok(storage, opts.workers)
-
-
-def space_names() -> list[str]:
-    import pkgutil
-
-    import search_spaces
-
-    return sorted({m.name for m in pkgutil.iter_modules(list(search_spaces.__path__))
-                   if not m.name.startswith("_") and m.name != "base"})
-
-
-def load_space(name: str) -> Any:
-    """The module ``search_spaces.<name>`` (works whether search_spaces is installed as a regular or,
-    by an old editable install, a namespace package)."""
-    import importlib
-
-    from autotune.errors import suggest
-
-    names = space_names()
-    if name not in names:
-        raise InputError(f"unknown search space {name!r}" + suggest(name, names), field="--space")
-    return importlib.import_module(f"search_spaces.{name}")

@@ -172,15 +172,24 @@ class Evaluator:
         # The Gantt timeline costs a third of an estimate at scale: price without it, and draw it
         # again only for a plan that beats every plan so far (so the best plan always has one).
         try:
-            self.has_timeline = "timeline" in inspect.signature(estimator).parameters
+            params = inspect.signature(estimator).parameters
         except (TypeError, ValueError):
-            self.has_timeline = False
+            params = {}
+        self.has_timeline = "timeline" in params
+        # a search aimed at a target prices plans as that framework runs them (targets.kernel_costs)
+        self.kernels = None
+        if target is not None and "kernels" in params:
+            from autotune.targets import kernel_costs
+
+            self.kernels = kernel_costs(target)
 
     def _estimate(self, plan: Plan, timeline: bool) -> Any:
         ctx = self.space.ctx
         kw: dict[str, Any] = {"calibration": self.calibration}
         if self.has_timeline:
             kw["timeline"] = timeline
+        if self.kernels is not None:
+            kw["kernels"] = self.kernels
         return self.estimator(plan, ctx.model, ctx.cluster, ctx.seq_len, ctx.global_batch, **kw)
 
     def evaluate(self, params: dict[str, Any]) -> Outcome:

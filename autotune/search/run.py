@@ -146,7 +146,7 @@ def search(model: Any, cluster: Any, seq_len: int, global_batch: int, *, study_n
     check_options(opts, storage)
     t0 = time.monotonic()
     if estimator is None and opts.documents is not None and opts.doc_mask:
-        from autotune.cost.documents import DocumentsEstimator
+        from autotune.cost.documents_estimator import DocumentsEstimator
         from autotune.documents import DocumentSource
 
         estimator = DocumentsEstimator(DocumentSource.from_record(opts.documents).dist)

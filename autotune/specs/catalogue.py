@@ -21,6 +21,9 @@ GiB = 2.0**30
 T = 1e12
 
 FRAMEWORK_RESERVE = {"cuda": 2.0 * GiB, "rocm": 2.0 * GiB, "cpu": 0.0}
+CUDA_CONTEXT_BYTES = 552402944
+"""The CUDA context with PyTorch's kernels loaded, before any tensor: 0.51 GiB measured on an H200
+(benchmarks/gpu_gemm.py, 2026-12-04: mem_get_info's free before and after); part of FRAMEWORK_RESERVE."""
 ATTENTION_IMPLS = ("fused", "materialized")
 """Bytes per device the training framework holds before the model's first tensor: the CUDA context
 with PyTorch's kernels loaded (~0.5-1 GiB: PyTorch notes "CUDA memory management"), NCCL's
@@ -42,7 +45,9 @@ class DeviceSpec:
     """Dense peak FLOP/s per dtype (``bf16``, ``fp16``, ``fp32`` (TF32 tensor cores where the device
     has them), ``fp32-strict`` (IEEE fp32, no tensor cores)); a dtype missing is unsupported."""
     memory_bytes: float
-    """Memory capacity in bytes."""
+    """Memory capacity in bytes, as the device reports it (``nvidia-smi``'s total in MiB) where
+    ``memory_source`` cites that report; else the product name's decimal gigabytes. The CUDA context
+    and the framework's buffers come off it as ``framework_reserve``."""
     memory_bandwidth: float
     """Memory bandwidth, bytes/s."""
     intra_node_bandwidth: float
@@ -56,7 +61,21 @@ class DeviceSpec:
     nic_bandwidth: float = 25 * GB
     """Typical NIC per device in a training node, bytes/s per direction."""
     achievable_fraction: float = 0.6
-    """Fraction of peak a large transformer GEMM reaches without a profile (documented per entry)."""
+    """End-to-end fraction of peak a training step reaches (the flat rate of devices without an SM
+    count, and the search's quick upper bound); not a GEMM ceiling: ``gemm_ceiling`` is that."""
+    memory_source: str = ""
+    """Where ``memory_bytes`` comes from (empty: the datasheet, as ``source`` says)."""
+    gemm_ceiling: dict[str, float] = field(default_factory=dict, compare=False, hash=False)
+    """Per dtype, the fraction of dense peak a large, well-shaped GEMM reaches through cuBLAS /
+    hipBLASLt (measured, ``gemm_source`` says where); the size-aware datasheet model prices every
+    GEMM from it, with its tile and wave losses on top. A dtype missing: ``GEMM_CEILING_DEFAULT``."""
+    gemm_source: str = ""
+    """Where ``gemm_ceiling``'s figures come from."""
+    sustained_clock: float = 0.0
+    """Clock a long training run sustains at the power limit, as a fraction of the boost clock the
+    peaks are quoted at (a short GEMM benchmark runs at boost; hours of training do not); 0:
+    ``SUSTAINED_CLOCK_DEFAULT``. ``sustained_source`` says where it comes from."""
+    sustained_source: str = ""
     provenance: str = "datasheet"
     """``datasheet``, ``measured`` (a profile) or ``derived`` (read from the OS)."""
     source: str = ""
@@ -81,6 +100,20 @@ class DeviceSpec:
     other planners' files), attached by a cluster file's ``layer_profile: layers:ID``; the cost
     model prices a block, the head and the embedding from them where the model and dtype match
     (``autotune/cost/layers.py``)."""
+
+    def sustained(self) -> tuple[float, str]:
+        """(fraction of the boost clock sustained in training, source)."""
+        if self.sustained_clock:
+            return self.sustained_clock, self.sustained_source
+        return SUSTAINED_CLOCK_DEFAULT, SUSTAINED_CLOCK_DEFAULT_SOURCE
+
+    def gemm_fraction(self, dtype: str) -> tuple[float, str]:
+        """(ceiling, source) of a large GEMM at ``dtype`` (``gemm_ceiling``, else the stand-in)."""
+        if dtype in self.gemm_ceiling:
+            return self.gemm_ceiling[dtype], self.gemm_source
+        if dtype == "fp32-strict":
+            return SGEMM_CEILING_DEFAULT, SGEMM_CEILING_DEFAULT_SOURCE
+        return GEMM_CEILING_DEFAULT, GEMM_CEILING_DEFAULT_SOURCE
 
     def framework_reserve(self) -> float:
         """Bytes the framework holds on this device (the named ``framework_reserve`` memory term)."""
@@ -107,7 +140,8 @@ class DeviceSpec:
 
 def _gpu(name: str, bf16: float, fp16: float, tf32: float, fp32: float, mem: float, mem_bw: float, intra: float,
          interconnect: str, pcie: float, nic: float, source: str, frac: float = 0.6, kind: str = "cuda",
-         sms: int = 0) -> DeviceSpec:
+         sms: int = 0, gemm: tuple[dict[str, float], str] = ({}, ""),
+         clock: tuple[float, str] = (0.0, "")) -> DeviceSpec:
     """A datasheet entry. ``tf32``: dense TF32 (or AMD's TF32/XF32 matrix) tensor peak, 0 when the
     device has none; ``fp32``: the non-tensor-core FP32 peak. Plan dtype ``fp32`` prices ``tf32`` where
     there is one: fp32 training on Ampere and later runs its GEMMs on tensor cores in TF32 (Megatron's
@@ -119,11 +153,58 @@ def _gpu(name: str, bf16: float, fp16: float, tf32: float, fp32: float, mem: flo
         peak["bf16"] = bf16 * T
     return DeviceSpec(name=name, kind=kind, peak_flops=peak, memory_bytes=mem, memory_bandwidth=mem_bw,
                       intra_node_bandwidth=intra, interconnect=interconnect, pcie_bandwidth=pcie,
-                      nic_bandwidth=nic, achievable_fraction=frac, source=source, sm_count=sms)
+                      nic_bandwidth=nic, achievable_fraction=frac, source=source, sm_count=sms,
+                      gemm_ceiling=dict(gemm[0]), gemm_source=gemm[1], sustained_clock=clock[0],
+                      sustained_source=clock[1])
 
 
-# achievable_fraction: ~0.6 of dense peak is what Megatron-LM reports for large GEMMs on A100/H100
-# (Narayanan et al. 2021 report 52% MFU end to end on A100); consumer/PCIe parts a little lower.
+A100_CLOCK = (0.87, "fitted (grid 0.80-0.93) on three published A100 bf16 runs, MosaicML's MPT-7B on 8 and MPT-30B "
+                    "on 8 A100-80GB and MPT-13B on 32 A100-40GB (benchmarks/bench_published.py --fit: median error "
+                    "1.5%); below the 1305 of 1410 MHz (0.926) NVIDIA rates A100 HPL at (G. Lockwood, 'Peak "
+                    "FLOPS'), as bf16 tensor-core GEMMs draw more power than HPL's fp64 ones")
+HOPPER_CLOCK = (0.705 / 0.780, "measured on an H200 by benchmarks/gpu_gemm.py on 2026-12-04: a 16384^3 bf16 GEMM "
+                               "(12.6 ms a call, long enough to reach the power limit) ran at 0.705 of peak against "
+                               "0.780 at 8192^3")
+SUSTAINED_CLOCK_DEFAULT = 0.91
+SUSTAINED_CLOCK_DEFAULT_SOURCE = ("no measurement for this device: 0.91, between the A100's 0.926 (HPL clock) and "
+                                  "the H200's measured 0.904")
+
+SGEMM_CEILING_DEFAULT = 0.85
+SGEMM_CEILING_DEFAULT_SOURCE = ("IEEE fp32 on CUDA cores: cuBLAS SGEMM reaches ~14 of V100's 15.7 TFLOPS (NVIDIA V100 "
+                                "whitepaper's SGEMM figure), sustained")
+GEMM_CEILING_DEFAULT = 0.80
+GEMM_CEILING_DEFAULT_SOURCE = ("no published large-GEMM measurement for this device and precision: 0.80, the median "
+                               "of the measured NVIDIA entries (A100 0.87, H100 0.80, H200 0.78, A100 PCIe 0.81); "
+                               "run `autotune profile` on it for its own figure")
+_MAMF = ("Bekman, ML Engineering, compute/accelerator/README.md, 'Maximum Achievable Matmul FLOPS comparison "
+         "table' (BF16, mean of 100 matmuls at the best shape found)")
+_H200 = "measured on an H200 by benchmarks/gpu_gemm.py on 2026-12-04 (benchmarks/data/h200/h200_gemm.json, best square GEMM)"
+
+
+def _ceil(bf16: float, source: str, tf32: float | None = None, strict: float | None = None) -> tuple[dict[str, float], str]:
+    """A large-GEMM ceiling per dtype: bf16 = fp16 (the same tensor-core rate), TF32 (``fp32``) and
+    IEEE fp32 (``fp32-strict``) only where measured."""
+    d = {"bf16": bf16, "fp16": bf16}
+    if tf32 is not None:
+        d["fp32"] = tf32
+    if strict is not None:
+        d["fp32-strict"] = strict
+    return d, source
+
+
+A100_SXM_GEMM = _ceil(0.869, f"{_MAMF}: A100 SXM 271.2 of 312 TFLOPS (torch 2.6.0+cu126)")
+A100_PCIE_GEMM = _ceil(0.811, f"{_MAMF}: A100 PCIe 252.9 of 312 TFLOPS (torch 2.5.1+cu124)")
+H100_GEMM = _ceil(0.803, f"{_MAMF}: H100 SXM 794.5 of 989 TFLOPS (torch 2.7.0+cu126)")
+HOPPER_OTHER_GEMM = _ceil(0.803, f"{_MAMF}: H100 SXM's 0.803 (same Hopper tensor cores and cuBLAS kernels; "
+                                 "no published figure for this part)")
+H200_GEMM = _ceil(0.780, f"{_H200}: bf16 771.7 of 989.4 TFLOPS (0.780) at 8192^3; TF32 0.797; IEEE fp32 0.796",
+                  tf32=0.797, strict=0.796)
+MI300X_GEMM = _ceil(0.514, f"{_MAMF}: MI300X 668.4 of 1300 TFLOPS (torch 2.5.1 ROCm 6.3, TunableOp)")
+
+
+# achievable_fraction: the end-to-end share of peak a training step reaches (~0.5-0.6 on A100/H100,
+# consumer/PCIe parts a little lower): the flat rate of a device without an SM count and the search's
+# quick bound, never a GEMM's ceiling (gemm=, the measured large-GEMM fraction, is that).
 # Columns: bf16, fp16, tf32 (dense tensor-core TF32, 0 = none), fp32 (non-tensor-core) TFLOPS.
 # Memory variants of one chip are separate entries (same compute, their own capacity and bandwidth).
 CATALOGUE: dict[str, DeviceSpec] = {
@@ -132,32 +213,36 @@ CATALOGUE: dict[str, DeviceSpec] = {
         _gpu("H100-SXM", 989, 989, 494.7, 67, 80 * GB, 3.35e12, 450 * GB, "NVLink 4", 64 * GB, 50 * GB,
              "NVIDIA H100 Tensor Core GPU datasheet (SXM5): 989 TFLOPS BF16 dense, 494.7 TF32 dense, 67 FP32, "
              "80GB HBM3 3.35TB/s, NVLink 900GB/s bidirectional, PCIe Gen5; ConnectX-7 400Gb/s per GPU in DGX "
-             "H100; 132 SMs (NVIDIA H100 whitepaper)", sms=132),
+             "H100; 132 SMs (NVIDIA H100 whitepaper)", sms=132, gemm=H100_GEMM, clock=HOPPER_CLOCK),
         _gpu("H100-PCIe", 756, 756, 378, 51, 80 * GB, 2.0e12, 300 * GB, "NVLink bridge", 64 * GB, 25 * GB,
              "NVIDIA H100 datasheet (PCIe): 756 TFLOPS BF16 dense, 378 TF32 dense, 51 FP32, 80GB HBM2e 2TB/s, "
-             "NVLink bridge 600GB/s bidirectional, PCIe Gen5 128GB/s bidirectional; 114 SMs", frac=0.55, sms=114),
+             "NVLink bridge 600GB/s bidirectional, PCIe Gen5 128GB/s bidirectional; 114 SMs", frac=0.55, sms=114,
+             gemm=HOPPER_OTHER_GEMM, clock=HOPPER_CLOCK),
         _gpu("H100-NVL", 835, 835, 417.5, 60, 94 * GB, 3.9e12, 300 * GB, "NVLink bridge", 64 * GB, 25 * GB,
              "NVIDIA H100 NVL datasheet: 835 TFLOPS BF16 dense (1671 sparse), 417.5 TF32 dense, 60 FP32, 94GB "
-             "HBM3 3.9TB/s, NVLink bridge 600GB/s bidirectional, PCIe Gen5; 132 SMs", frac=0.55, sms=132),
+             "HBM3 3.9TB/s, NVLink bridge 600GB/s bidirectional, PCIe Gen5; 132 SMs", frac=0.55, sms=132,
+             gemm=HOPPER_OTHER_GEMM, clock=HOPPER_CLOCK),
         _gpu("H200", 989, 989, 494.7, 67, 141 * GB, 4.8e12, 450 * GB, "NVLink 4", 64 * GB, 50 * GB,
              "NVIDIA H200 datasheet (SXM): 989 TFLOPS BF16 dense, 494.7 TF32 dense, 67 FP32, 141GB HBM3e "
-             "4.8TB/s, NVLink 900GB/s bidirectional; 132 SMs", sms=132),
+             "4.8TB/s, NVLink 900GB/s bidirectional; 132 SMs", sms=132, gemm=H200_GEMM, clock=HOPPER_CLOCK),
         _gpu("H20", 148, 148, 74, 44, 96 * GB, 4.0e12, 450 * GB, "NVLink 4", 64 * GB, 50 * GB,
              "NVIDIA H20 product brief: 148 TFLOPS BF16 dense, 74 TF32 dense, 44 FP32, 96GB HBM3 4.0TB/s, "
-             "NVLink 900GB/s bidirectional; 78 SMs", frac=0.7, sms=78),
+             "NVLink 900GB/s bidirectional; 78 SMs", frac=0.7, sms=78, gemm=HOPPER_OTHER_GEMM, clock=HOPPER_CLOCK),
         _gpu("A100-40GB", 312, 312, 156, 19.5, 40 * GB, 1.555e12, 300 * GB, "NVLink 3", 32 * GB, 25 * GB,
              "NVIDIA A100 datasheet (SXM4 40GB): 312 TFLOPS BF16 dense, 156 TF32 dense, 19.5 FP32, 40GB HBM2 "
              "1.555TB/s, NVLink 600GB/s bidirectional, PCIe Gen4; HDR 200Gb/s per GPU in DGX A100; 108 SMs "
-             "(NVIDIA A100 whitepaper)", sms=108),
+             "(NVIDIA A100 whitepaper)", sms=108, gemm=A100_SXM_GEMM, clock=A100_CLOCK),
         _gpu("A100-80GB", 312, 312, 156, 19.5, 80 * GB, 2.039e12, 300 * GB, "NVLink 3", 32 * GB, 25 * GB,
              "NVIDIA A100 datasheet (SXM4 80GB): 312 TFLOPS BF16 dense, 156 TF32 dense, 19.5 FP32, 80GB HBM2e "
-             "2.039TB/s, NVLink 600GB/s bidirectional; 108 SMs", sms=108),
+             "2.039TB/s, NVLink 600GB/s bidirectional; 108 SMs", sms=108, gemm=A100_SXM_GEMM, clock=A100_CLOCK),
         _gpu("A100-PCIe-40GB", 312, 312, 156, 19.5, 40 * GB, 1.555e12, 32 * GB, "PCIe Gen4", 32 * GB, 25 * GB,
              "NVIDIA A100 datasheet (PCIe 40GB): 312 TFLOPS BF16 dense, 156 TF32 dense, 19.5 FP32, 40GB HBM2 "
-             "1.555TB/s, PCIe Gen4 64GB/s bidirectional (no NVLink bridge assumed); 108 SMs", frac=0.55, sms=108),
+             "1.555TB/s, PCIe Gen4 64GB/s bidirectional (no NVLink bridge assumed); 108 SMs", frac=0.55, sms=108,
+             gemm=A100_PCIE_GEMM, clock=A100_CLOCK),
         _gpu("A100-PCIe-80GB", 312, 312, 156, 19.5, 80 * GB, 1.935e12, 300 * GB, "NVLink bridge", 32 * GB,
              25 * GB, "NVIDIA A100 datasheet (PCIe 80GB): 312 TFLOPS BF16 dense, 156 TF32 dense, 19.5 FP32, 80GB "
-             "HBM2e 1.935TB/s, NVLink bridge 600GB/s bidirectional for 2 GPUs; 108 SMs", frac=0.55, sms=108),
+             "HBM2e 1.935TB/s, NVLink bridge 600GB/s bidirectional for 2 GPUs; 108 SMs", frac=0.55, sms=108,
+             gemm=A100_PCIE_GEMM, clock=A100_CLOCK),
         _gpu("L40S", 362, 362, 183, 91.6, 48 * GB, 864 * GB, 32 * GB, "PCIe Gen4", 32 * GB, 12.5 * GB,
              "NVIDIA L40S datasheet: 362 TFLOPS BF16 dense (733 sparse), 183 TF32 dense, 91.6 FP32, 48GB GDDR6 "
              "864GB/s, PCIe Gen4 x16, no NVLink; 142 SMs", frac=0.5, sms=142),
@@ -183,9 +268,37 @@ CATALOGUE: dict[str, DeviceSpec] = {
         _gpu("MI300X", 1307, 1307, 653.7, 163.4, 192 * GB, 5.3e12, 448 * GB, "Infinity Fabric", 64 * GB, 50 * GB,
              "AMD Instinct MI300X datasheet: 1307.4 TFLOPS BF16 dense, 653.7 TF32 dense, 163.4 FP32 matrix, "
              "192GB HBM3 5.3TB/s, 7 Infinity Fabric links 896GB/s aggregate bidirectional; 304 CUs",
-             frac=0.45, kind="rocm", sms=304),
+             frac=0.45, kind="rocm", sms=304, gemm=MI300X_GEMM),
     )
 }
+
+MiB = 2.0**20
+REPORTED_MIB: dict[str, tuple[int, str]] = {
+    "H100-SXM": (81559, "NVIDIA H100 80GB HBM3"),
+    "H100-NVL": (95830, "NVIDIA H100 NVL"),
+    "H200": (143771, "NVIDIA H200"),
+    "A100-40GB": (40960, "NVIDIA A100-SXM4-40GB"),
+    "A100-80GB": (81920, "NVIDIA A100-SXM4-80GB"),
+    "A100-PCIe-40GB": (40960, "NVIDIA A100-PCIE-40GB"),
+    "L40S": (46068, "NVIDIA L40S"),
+    "L4": (23034, "NVIDIA L4"),
+    "RTX-4090": (24564, "NVIDIA GeForce RTX 4090"),
+    "V100": (32768, "Tesla V100-SXM2-32GB"),
+    "V100-16GB": (16160, "Tesla V100-SXM2-16GB"),
+    "V100-PCIe-16GB": (16160, "Tesla V100-PCIE-16GB"),
+}
+"""Memory as the device reports it: ``nvidia-smi``'s total in MiB (``| 0MiB / 81920MiB |``), read from
+public nvidia-smi tables in many GitHub repositories (found with the project's code search, 2026-12-04);
+on the H200 of benchmarks/gpu_gemm.py torch's ``mem_get_info`` total was 143,156 MiB of these 143,771. Entries not here
+(H100-PCIe, H20, A100-PCIe-80GB, A10, MI300X) keep their datasheet's decimal gigabytes: no report
+was found. What a framework can then use is this total less ``framework_reserve`` (the CUDA
+context, 0.53 GiB on the H200 run, NCCL buffers, workspaces)."""
+
+for _name, (_mib, _label) in REPORTED_MIB.items():
+    CATALOGUE[_name] = dataclasses.replace(
+        CATALOGUE[_name], memory_bytes=_mib * MiB,
+        memory_source=f"nvidia-smi total {_mib}MiB ({_label}), against the datasheet's "
+                      f"{CATALOGUE[_name].memory_bytes / GB:g}GB")
 
 ALIASES: dict[str, str] = {
     "V100-32GB": "V100", "V100-SXM2-32GB": "V100", "V100-SXM2-16GB": "V100-16GB",

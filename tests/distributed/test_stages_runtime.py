@@ -1,7 +1,8 @@
 """Per-stage plans run like one process (issue 26): a stage at tp=2 next to stages at tp=1, a stage
 whose replicas run tp=1 and tp=2 (ZeRO-1 over them too), with 1F1B, GPipe and interleaved 1F1B; losses
 (rtol 1e-5, fp32) and every rank's weights after AdamW against ``reference_run``. One launch of four
-workers runs them all."""
+workers runs them all; an OPT-style model (LayerNorm, biases split with their weights into the
+replicas' pieces, learned positions on the first stage, GELU) runs two of them in another."""
 
 from __future__ import annotations
 
@@ -15,6 +16,10 @@ from autotune.specs import ModelSpec
 pytestmark = pytest.mark.slow
 
 SPEC = ModelSpec(name="equiv", layers=8, hidden=64, heads=8, kv_heads=4, ffn_hidden=128, vocab=128)
+# untied: per-stage plans refuse a tied head on another stage than the embedding (runtime/trial.py)
+OPT = ModelSpec(name="equiv-opt-untied", layers=8, hidden=64, heads=8, kv_heads=4, ffn_hidden=128, vocab=128,
+                activation="gelu", norm="layernorm", position="learned", max_positions=16, bias=True)
+SPECS = {SPEC.name: SPEC, OPT.name: OPT}
 SEQ, BATCH, STEPS, SEED = 16, 4, 2, 1234
 
 
@@ -34,15 +39,23 @@ CASES = {
                                   "schedule": "gpipe"},
 }
 WORLD = {name: sum(len(r["devices"]) for s in item["stages"] for r in s["replicas"]) for name, item in CASES.items()}
+OPT_CASES = ("tp2-then-tp1-then-tp1", "replicas-tp1-tp1-tp2")  # one launch of 4
 
 
 @functools.cache
-def run_world(world: int) -> dict[str, list[dict]]:
-    items = [(n, {"dtype": "fp32", **item}) for n, item in CASES.items() if WORLD[n] == world]
-    return run_plans("autotune.runtime.worker:plans_job", SPEC, items, world, SEQ, BATCH, STEPS, SEED)
+def run_world(world: int, spec_name: str = SPEC.name) -> dict[str, list[dict]]:
+    names = CASES if spec_name == SPEC.name else OPT_CASES
+    items = [(n, {"dtype": "fp32", **CASES[n]}) for n in names if WORLD[n] == world]
+    return run_plans("autotune.runtime.worker:plans_job", SPECS[spec_name], items, world, SEQ, BATCH, STEPS, SEED)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_per_stage_plan_matches_single_process(name):
     per_rank = run_world(WORLD[name])[name]
     assert_matches_reference(per_rank, reference(SPEC, SEQ, BATCH, STEPS, SEED))
+
+
+@pytest.mark.parametrize("name", OPT_CASES)
+def test_opt_style_per_stage_plan_matches_single_process(name):
+    per_rank = run_world(WORLD[name], OPT.name)[name]
+    assert_matches_reference(per_rank, reference(OPT, SEQ, BATCH, STEPS, SEED))

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.cost.memory import peak_rank_memory
+from autotune.cost.plan_memory import peak_rank_memory
 from autotune.plan import Plan
 from autotune.runtime.trial import run_trial
 from autotune.specs import ModelSpec, local_cluster

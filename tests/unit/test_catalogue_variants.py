@@ -41,7 +41,13 @@ def test_memory_variants_share_the_chip_and_differ_in_memory(small, large):
     assert a.memory_bytes < b.memory_bytes
     assert a.sm_count == b.sm_count and a.peak_flops == b.peak_flops
     for d in (a, b, CATALOGUE["H100-SXM"], CATALOGUE["H100-NVL"]):
-        assert f"{d.memory_bytes / 1e9:.0f}GB" in d.source.replace(" ", "")
+        if d.memory_source:  # as the device reports it (nvidia-smi's MiB), near the product name's GB
+            assert f"{d.memory_bytes / 2**20:.0f}MiB" in d.memory_source
+            sheet = float(d.memory_source.split("datasheet's ")[1].rstrip("GB"))
+            assert f"{sheet:g}GB" in d.source.replace(" ", "")
+            assert abs(d.memory_bytes / 1e9 - sheet) < 0.1 * sheet
+        else:
+            assert f"{d.memory_bytes / 1e9:.0f}GB" in d.source.replace(" ", "")
 
 
 def test_aliases_resolve_and_unknown_names_still_suggest():

@@ -97,7 +97,8 @@ def test_the_step_waits_for_the_slowest_replica_and_balancing_shortens_the_wait(
         s = step_context(rp, TINY, cl, 2048, 8, None)
         step = _price(replace(s, doc_work=work), False)[0]["step_time_s"]
         every_heaviest = DOC.DocWork(tuple(work.keysums[heaviest] for _ in sums),
-                                     tuple(work.ring[heaviest] for _ in sums))
+                                     tuple(work.ring[heaviest] for _ in sums),
+                                     tuple(work.attn_seq[heaviest] for _ in sums))
         alone = _price(replace(s, doc_work=every_heaviest), False)[0]["step_time_s"]
         assert step == pytest.approx(alone, rel=1e-9)
 
@@ -109,3 +110,13 @@ def test_the_search_estimator_records_its_choice_of_balance():
     assert est.plan.doc_mask and est.plan.balance == "cost"
     assert list(itertools.islice(DOC.drawn_steps(dist, 2048, 8, 4, 0), 1)) == \
         list(itertools.islice(DOC.drawn_steps(dist, 2048, 8, 4, 0), 1))
+
+
+def test_attention_runs_at_the_documents_length_not_the_windows():
+    """The kernels' length (their efficiency on a measured GPU profile) follows the documents: the
+    shard for one window-long document, much shorter for short documents."""
+    plan = Plan.from_dict({"degrees": {"cp": 2, "dp": 2}}).resolve(TINY, _gpu_cluster(), 4096, 8)
+    one = DOC.drawn_work(plan, W.LengthDistribution((10**6,), (1,)), 4096, 8, on_cpu=False)[0]
+    assert one.attn_seq == ((2048.0, 2048.0), (2048.0, 2048.0))
+    short = DOC.drawn_work(plan, W.LengthDistribution((64,), (1,)), 4096, 8, on_cpu=False)[0]
+    assert all(0 < x < 2048 / 16 for row in short.attn_seq for x in row)

@@ -94,7 +94,7 @@ def test_cpu_devices_have_no_fixed_reserve():
 def test_runtime_prelaunch_check_asks_the_cost_model(inline, monkeypatch):
     """The runtime refuses a local trial exactly when the cost model's busiest rank exceeds the
     device: one memory model for the search and the pre-launch check."""
-    from autotune.cost.memory import peak_rank_memory
+    from autotune.cost.plan_memory import peak_rank_memory
     from autotune.errors import InputError
     from autotune.runtime import trial
     from autotune.specs import load_cluster, load_model

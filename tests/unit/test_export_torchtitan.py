@@ -21,6 +21,7 @@ KNOWN = {
                     "pipeline_parallel_schedule", "pipeline_parallel_microbatch_size", "module_fqns_per_model_part"},
     "training": {"local_batch_size", "global_batch_size", "seq_len", "mixed_precision_param"},
     "activation_checkpoint": {"mode", "selective_ac_option"},
+    "compile": {"enable", "components"},
 }
 SCHEDULES = {"GPipe", "1F1B", "Interleaved1F1B"}  # torch.distributed.pipelining schedule names
 

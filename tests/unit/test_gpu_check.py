@@ -66,3 +66,22 @@ def test_the_report_prints_both_figures_and_their_errors():
     median_m = statistics.median([statistics.median([0.2, 1.0]), 0.0])
     assert f"step time {median_t:.1%}" in text and f"memory {median_m:.1%}" in text
     assert not math.isnan(median_m)
+
+
+def test_the_datasheet_column_prices_the_same_plans_on_the_catalogue_entry():
+    """The GPU's catalogue entry is found by its name, each plan is priced on it, and the report
+    gives its error against the measurement."""
+    assert gc.catalogue_name("NVIDIA H200") == "H200" and gc.catalogue_name("NVIDIA H100 80GB HBM3") == "H100-SXM"
+    assert gc.catalogue_name("NVIDIA A100-SXM4-40GB") == "A100-40GB" and gc.catalogue_name("Quadro") is None
+    plans, _ = gc.select_plans(1)
+    rows = [{"name": n, "plan": Plan.from_dict({**d, "dtype": "bf16"})} for n, d in plans]
+    gc.add_sheet_predictions(rows, gc.CHECK_MODEL, "H200", 1, gc.CHECK_SEQ, gc.CHECK_BATCH)
+    from autotune.cost import estimate
+
+    c = cluster_from_dict({"name": "x", "nodes": [{"count": 1, "devices_per_node": 1, "device": "H200"}]})
+    for r in rows:
+        assert r["sheet"]["step_time_s"] == estimate(r["plan"], gc.CHECK_MODEL, c, gc.CHECK_SEQ,
+                                                     gc.CHECK_BATCH).predicted["step_time_s"]
+        r.update(measured={"step_time_s": r["sheet"]["step_time_s"] * 1.25}, failure=None)
+    text = gc.sheet_report(rows, "H200")
+    assert text.count("-20.0%") == len(rows) and "median |error| over" in text

@@ -20,7 +20,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # bottom first
     ("base", ("autotune", "autotune.errors", "autotune.units", "autotune.defaults", "autotune.consoles", "autotune.hostfile",
               "autotune.progress", "autotune.specs.fields")),
-    ("specs", ("autotune.specs", "autotune.divisibility", "autotune.documents")),
+    ("specs", ("autotune.specs", "autotune.divisibility", "autotune.documents", "autotune.token_files")),
     ("schedules", ("autotune.schedules",)),
     ("plan", ("autotune.plan_parts", "autotune.plan_checks", "autotune.plan", "autotune.stages",
               "autotune.plan_record")),

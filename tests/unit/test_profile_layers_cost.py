@@ -193,7 +193,8 @@ def test_search_picks_a_split_only_where_the_reconciled_price_is_faster():
     g, r = got.best.to_dict(), ref.best.to_dict()
     # the same choice, to the reference's own tolerance (measured pieces and a calibrated datasheet
     # differ by ~0.1% in the terms calibration scales and a profile does not: the optimizer step)
-    assert ref_price(g) == pytest.approx(ref_price(r), rel=3e-3)
+    # (or a better one: both searches are heuristic, and the reference's may stop short of the optimum)
+    assert ref_price(g) <= ref_price(r) * (1 + 3e-3)
     for p in [p.to_dict() for p in got.top]:
         if p["degrees"]["cp"] > 1 or p["degrees"]["hp"] > 1:
             assert p["predicted"]["step_time_s"] == pytest.approx(ref_price(p), rel=3e-3)
@@ -230,7 +231,7 @@ def test_search_output_says_per_plan_what_priced_it():
     profiled = one_node(2, dev=dataclasses.replace(device(), layer_profiles=(_scaled_sheet_doc(),)))
     cp = estimate(parse_inline("cp=2"), SMALL, profiled, 512, 4).breakdown
     dp = estimate(parse_inline("dp=2"), SMALL, profiled, 512, 4).breakdown
-    assert priced_from(cp).startswith(f"; X block from datasheet x {K:.2f} (one scale: layers:9")
+    assert priced_from(cp) == f"; X block from datasheet x {K:.2f} (on layers:9 (measured)'s scale)"
     assert priced_from(dp) == "; X block from layers:9 (measured)"
     assert priced_from(estimate(parse_inline("dp=2"), SMALL, one_node(2), 512, 4).breakdown) == ""
 

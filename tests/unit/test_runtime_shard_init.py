@@ -3,6 +3,7 @@ the same numbers: the shards of a tp=2 build, laid side by side, are the unshard
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from autotune.runtime.mesh import Axis
@@ -14,21 +15,27 @@ from autotune.runtime.model import (
     shard_info,
     unsharded_layout,
 )
-from autotune.specs import load_model
+from autotune.specs import ModelSpec, load_model
+
+# OPT-style: biases (column-parallel ones split with their rows), LayerNorm, a learned position table
+OPT = ModelSpec(name="opt-like", layers=2, hidden=64, heads=8, kv_heads=4, ffn_hidden=176, vocab=256,
+                activation="gelu", norm="layernorm", position="learned", max_positions=16, bias=True,
+                tied_embeddings=True)
 
 
-def _build(layout: Layout, layers: list[int], first: bool = True) -> StageModel:
-    spec = load_model("tiny")
+def _build(layout: Layout, layers: list[int], first: bool = True, spec: ModelSpec | None = None) -> StageModel:
+    spec = spec or load_model("tiny")
     m = build_on_meta(lambda: StageModel(spec, layout, layers, first=first, last=True, seq_len=16))
     assert all(p.is_meta for p in m.parameters()), "the build allocates no storage"
     return materialize(m, spec, 7, torch.device("cpu"), torch.float32)
 
 
-def test_tp_shards_side_by_side_are_the_unsharded_weights():
-    whole = dict(_build(unsharded_layout(), [0, 1]).named_parameters())
+@pytest.mark.parametrize("spec", [load_model("tiny"), OPT], ids=lambda s: s.name)
+def test_tp_shards_side_by_side_are_the_unsharded_weights(spec):
+    whole = dict(_build(unsharded_layout(), [0, 1], spec=spec).named_parameters())
     shards = []
     for i in range(2):
-        m = _build(Layout(tp=Axis(size=2, index=i, ranks=[0, 1], group=None)), [0, 1])
+        m = _build(Layout(tp=Axis(size=2, index=i, ranks=[0, 1], group=None)), [0, 1], spec=spec)
         shards.append((dict(m.named_parameters()), shard_info(m)))
     assert set(shards[0][0]) == set(whole)
     for name, full in whole.items():

@@ -1,4 +1,4 @@
-"""The spill file: finished trials survive SIGKILL of the process that held them (autotune/spill.py)."""
+"""The spill file: finished trials survive SIGKILL of the process that held them (autotune/search/spill.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
-from autotune.spill import Spill, recover, spill_dir, trial_from_json, trial_to_json
+from autotune.search.spill import Spill, recover, spill_dir, trial_from_json, trial_to_json
 
 DISTS = {"x": FloatDistribution(0.0, 2.0), "k": IntDistribution(0, 3), "s": CategoricalDistribution(("a", "b"))}
 

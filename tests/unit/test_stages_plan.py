@@ -96,3 +96,20 @@ def test_interleaved_chunks_split_each_stage():
         p.resolve(TINY, MIXED, 64, 8)
     p = staged((2, [(1, [0])]), (2, [(1, [4])]), schedule="interleaved_1f1b", virtual_stages=2)
     assert p.resolve(TINY, MIXED, 64, 8).shares.layers == (1, 1, 1, 1)
+
+
+def test_scaled_keeps_the_shape_on_fewer_devices():
+    from autotune.specs import local_cluster
+
+    sailor = (ST.Stage(layers=1, replicas=(ST.Replica(tp=4, devices=(8, 9, 10, 11)), ST.Replica(tp=4, devices=(12, 13, 14, 15)))),
+              *(ST.Stage(layers=1, replicas=(ST.Replica(tp=1, devices=(2 * i,)), ST.Replica(tp=1, devices=(2 * i + 1,))))
+                for i in range(3)))
+    mixed = (ST.Stage(layers=2, replicas=(ST.Replica(tp=1, devices=(0,)), ST.Replica(tp=1, devices=(1,)),
+                                          ST.Replica(tp=4, devices=(4, 5, 6, 7)))),
+             ST.Stage(layers=2, replicas=tuple(ST.Replica(tp=1, devices=(i,)) for i in (2, 3, 8))))
+    for stages, kept in ((sailor, lambda s: len({r.tp for st in s for r in st.replicas}) > 1),
+                         (mixed, lambda s: any(len(set(st.tps)) > 1 for st in s))):
+        small = ST.scaled(stages, 4, TINY)
+        assert kept(small) and sum(st.layers for st in small) == TINY.layers
+        p = Plan(stages=small, dtype="fp32", schedule="gpipe").resolve(TINY, local_cluster(4), 64, 8)
+        assert p.world == 4

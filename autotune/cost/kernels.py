@@ -1,0 +1,98 @@
+"""How a runtime issues a transformer block's kernels: the host time per kernel and the kernels per
+block, which the size-aware datasheet model (``datasheet.py``) turns into time.
+
+A block costs its kernels' GPU time plus ``host_s`` per kernel: the time a runtime spends issuing
+each kernel (dispatch, autograd bookkeeping, the launch), which the stream waits for. Counted in
+full, not hidden behind long kernels: the regime model ``max(GPU time, kernels x host time)`` was
+tried first and priced Sailor's measured layers worse at every host time (their OPT-350 block
+median error stayed at 25% for every host time from 2 to 64 us, against 7.6% added in full:
+benchmarks/bench_layers.py), and on the large
+blocks of big models the added time is a few percent of the GEMMs' anyway. ``host_s`` and the
+kernel counts belong to the runtime that will run the plan: an eager PyTorch model dispatches every
+norm, rotary and residual op from Python; Megatron fuses bias-GeLU, bias-dropout-add, the softmax
+and (Transformer Engine) layer norm + GEMM; torch.compile fuses the elementwise chains into a few
+Triton kernels. Each target's figures live beside its rules (``autotune/export/<target>.py``
+``KERNELS``; ``autotune/targets.py`` ``kernel_costs`` asks it); autotune's own runtime's are
+``RUNTIME`` here, the default of every estimate.
+
+Sources:
+
+- a tiny kernel replayed from a CUDA graph (no host in the loop) took 1.03 us per kernel on an H200
+  (benchmarks/gpu_gemm.py, 2026-12-04, ``launch.graph_add_s``): the floor of ``host_s``.
+- eager host time: 10.7 us (an add), 18.4 us (a layer norm), 20.3 us (a small matmul) per op on
+  the same machine (``launch.eager_*``); 18 us, their median, for eager PyTorch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+EAGER_HOST_S = 18e-6
+COMPILED_HOST_S = 8e-6
+"""Host seconds per kernel of code compiled by torch.compile (Inductor's wrapper launches its Triton and
+library kernels without per-op dispatch or autograd bookkeeping): not measured here; between a CUDA
+graph's replay (1.0 us) and eager dispatch (EAGER_HOST_S), assumed 8 us."""
+
+
+@dataclass(frozen=True)
+class KernelCosts:
+    """One runtime's per-kernel host time and kernels per block (forward; backward issues twice as many)."""
+
+    name: str
+    host_s: float
+    """Host seconds to issue one kernel (dispatch, autograd bookkeeping, the launch call)."""
+    block_fwd: int
+    """Kernels of one transformer block's forward (GEMMs, attention, norms, activations, residuals)."""
+    head_fwd: int
+    """Kernels of the final norm, LM head and loss, forward."""
+    source: str = ""
+    eager_elementwise: bool = False
+    """Each norm, rotary and activation op reads and writes its tensors on its own (``eager_bytes``);
+    False: the memory-bound work is fused, each stored activation written once and read once."""
+
+    def block_time(self, gpu_s: float, kernels: float) -> float:
+        """Seconds of ``kernels`` kernels whose GPU work takes ``gpu_s``: the work plus each kernel's
+        host time (module docstring)."""
+        return gpu_s + kernels * self.host_s
+
+
+def eager_bytes(model: Any, tp: int) -> float:
+    """HBM bytes per token that one block's memory-bound ops move forward when each runs as its own
+    eager PyTorch op (bf16 activations; counted from the ops, not fitted):
+
+    - RMSNorm as autotune's runtime and torchtitan write it (upcast, square, mean, rsqrt, scale,
+      weight, downcast): 40 bytes per element, twice; LayerNorm is one fused kernel
+      (``F.layer_norm``): 4 bytes per element, twice;
+    - residual adds: read 2 x 2, write 2 bytes per element, twice (12 per element of h);
+    - rotary on q and k (rotate-half: two products, a negation, a concatenation, a sum): 20 bytes per
+      element of the tp rank's q and k;
+    - SwiGLU (SiLU, then the gate product): 10 bytes per element of the rank's ffn width; GeLU: 4."""
+    h, kv, f = model.hidden, model.kv_dim, model.ffn_hidden
+    norms = 2 * (40 if model.norm == "rmsnorm" else 4) * h
+    rotary = 20 * (h + kv) / tp if model.position == "rope" else 0.0
+    mlp = (10 if model.mlp_matrices == 3 else 4) * f / tp
+    return norms + 12 * h + rotary + mlp
+
+
+RUNTIME = KernelCosts(
+    name="runtime", host_s=EAGER_HOST_S, block_fwd=24, head_fwd=5,
+    source="autotune's runtime is eager PyTorch: per block 2 RMSNorms (3 kernels each), Q/K/V/O and 3 MLP "
+           "GEMMs, rotary on q and k (2 each), SDPA (1), SiLU and the gate product (2), 2 residual adds, "
+           "reshapes that copy (2); host time per kernel: EAGER_HOST_S (H200, benchmarks/gpu_gemm.py); "
+           "elementwise traffic: eager_bytes", eager_elementwise=True)
+"""autotune's own runtime (``autotune/runtime/model.py``): what an estimate without a target prices."""
+
+EAGER = KernelCosts(
+    name="eager PyTorch", host_s=EAGER_HOST_S, block_fwd=24, head_fwd=5,
+    source="an eager PyTorch decoder (Hugging Face models under Accelerate or DeepSpeed, Composer, torchtitan "
+           "without compile): about as many kernels per block as autotune's runtime; host time EAGER_HOST_S; "
+           "elementwise traffic: eager_bytes", eager_elementwise=True)
+"""Eager PyTorch frameworks other than autotune's runtime (their exporters name it)."""
+
+MEGATRON_DEEPSPEED_EAGER = KernelCosts(
+    name="megatron-deepspeed (fp32, unfused)", host_s=32e-6, block_fwd=23, head_fwd=4,
+    source="Megatron-DeepSpeed as Sailor ran it (fp32, materialised attention): 2 layer norms, QKV GEMM, scores "
+           "GEMM, softmax, dropout, AV GEMM, output GEMM, 2 bias-dropout-adds, 2 MLP GEMMs, bias-GeLU, "
+           "transposes; host_s fitted on Sailor's OPT-350 layers (benchmarks/bench_layers.py)")
+"""The runtime of Sailor's published per-layer timings (``benchmarks/bench_layers.py`` fits its host time)."""

@@ -1,0 +1,72 @@
+"""Exporting per-stage plans (``autotune/stages.py``): who runs them, who refuses and what is nearest.
+
+autotune's runtime runs every per-stage plan (``--target runtime``; the JSON export carries its
+stages). Megatron-LM, torchtitan, DeepSpeed and Accelerate build one device mesh with one tp and one
+dp for the whole model, so a plan whose stages or replicas differ in tp, or that leaves devices out,
+is refused with that reason, and the nearest plan they can express is the uniform one: each tp the
+plan uses over the whole cluster, with the plan's layers per stage and with even layers (priced,
+the fastest kept: ``export.common.nearest_expressible``). A per-stage plan that is a uniform mesh in
+disguise (one tp, every device, ranks in mesh order) is that uniform plan (``as_uniform``): the
+framework runs it exactly, so it is exported, not refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from autotune import stages as ST
+from autotune.errors import InputError
+from autotune.plan import Degrees, Plan, Shares
+
+FRAMEWORK_MESH = {
+    "megatron": "Megatron-LM builds one tensor-, pipeline- and data-parallel mesh for the whole model",
+    "torchtitan": "torchtitan's ParallelDims gives the whole model one tp and one dp",
+    "deepspeed": "DeepSpeed's PipelineModule runs one tp and one dp for every stage",
+    "accelerate": "Accelerate runs one data-parallel (or FSDP) layout for the whole model",
+}
+
+
+def as_uniform(plan: Plan, ctx: Any) -> Plan | None:
+    """The uniform plan a resolved per-stage ``plan`` is, when it is one: every replica at one tp,
+    every device of ``ctx.cluster`` used; ranks are numbered alike (stage, replica, tp rank), so the
+    placement carries over. None otherwise."""
+    stages = plan.stages
+    if not ST.is_uniform(stages) or plan.world != ctx.cluster.num_devices:
+        return None
+    d = plan.degrees
+    u = Plan(degrees=Degrees(pp=d.pp, dp=d.dp, tp=d.tp), micro_batch_size=plan.micro_batch_size,
+             schedule=plan.schedule, virtual_stages=plan.virtual_stages, recompute=plan.recompute,
+             zero_stage=plan.zero_stage, dtype=plan.dtype,
+             shares=Shares(layers=plan.shares.layers, samples=plan.shares.samples), placement=plan.placement)
+    try:
+        return u.resolve(ctx.model, ctx.cluster, ctx.seq_len, ctx.global_batch)
+    except InputError:
+        return None
+
+
+def staged_reasons(plan: Plan, ctx: Any, target: str, reasons: Callable[[Plan, Any], list[str]]) -> list[str]:
+    """Why ``target`` cannot run per-stage ``plan``: its own reasons for the uniform plan it is, or
+    the one reason that it is not uniform."""
+    u = as_uniform(plan, ctx)
+    if u is not None:
+        return reasons(u, ctx)
+    used = f"{plan.world} of {ctx.cluster.num_devices} devices"
+    return [f"stages ({ST.inline(plan.stages)}, {used}): {FRAMEWORK_MESH.get(target, target + ' runs one mesh')}; "
+            "per-stage device groups and degrees run on autotune's runtime (--target runtime)"]
+
+
+def staged_candidates(plan: Plan, ctx: Any) -> list[Plan]:
+    """Uniform plans near a per-stage one: each tp it uses (and 1) over the whole cluster, pp its
+    stage count, with its layers per stage and with even layers."""
+    n, p = ctx.cluster.num_devices, len(plan.stages)
+    out = []
+    for tp in sorted({r.tp for st in plan.stages for r in st.replicas} | {1}, reverse=True):
+        if n % (p * tp):
+            continue
+        deg = Degrees(pp=p, dp=n // (p * tp), tp=tp)
+        base = Plan(degrees=deg, micro_batch_size=plan.micro_batch_size, schedule=plan.schedule,
+                    virtual_stages=plan.virtual_stages, recompute=plan.recompute,
+                    zero_stage=plan.zero_stage if deg.dp > 1 else 0, dtype=plan.dtype)
+        out += [base.replace(shares=Shares(layers=plan.shares.layers)), base]
+    return out

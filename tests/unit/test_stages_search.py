@@ -1,0 +1,111 @@
+"""The stage program (search_spaces/_stages.py) against exhaustive enumeration, and per-stage plans in
+the default space.
+
+The reference enumerates every per-stage plan of a 4-device mixed cluster (2 A100 + 2 V100, nodes of
+two): every sequence of stages on disjoint devices (any tp a node allows, replicas of nesting tp,
+devices left out too), every layer split, each priced by ``autotune.cost.estimate``; the program's
+plan for the same knobs must reach 99% of the best of them."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from autotune import stages as ST
+from autotune.cost.estimate import estimate
+from autotune.plan import Plan, PlanError, Shares, even_split
+from autotune.search import load_space
+from autotune.specs import ModelSpec
+from autotune.specs.cluster import cluster_from_dict
+from search_spaces import _stages as P
+from search_spaces.base import Infeasible, SearchContext
+
+M = ModelSpec(name="m6", layers=6, hidden=2048, heads=16, kv_heads=16, ffn_hidden=8192, vocab=32000)
+C = cluster_from_dict({"name": "mix4", "nodes": [
+    {"count": 1, "devices_per_node": 2, "device": "A100-40GB"},
+    {"count": 1, "devices_per_node": 2, "device": "V100-16GB"}], "inter_node": {"bandwidth": "25Gbit/s"}})
+SEQ, GB = 2048, 16
+
+
+def _replicas(free, node_of):
+    out = [(1, (d,)) for d in sorted(free)]
+    out += [(2, (a, b)) for a, b in itertools.combinations(sorted(free), 2) if node_of[a] == node_of[b]]
+    return out
+
+
+def _stage_lists(dp, node_of):
+    def rec(free, acc):
+        if acc:
+            yield list(acc)
+        for combo in itertools.combinations(_replicas(free, node_of), dp):
+            used = [d for _, ds in combo for d in ds]
+            if len(used) != len(set(used)) or ST.nesting_problem(tuple(t for t, _ in combo)):
+                continue
+            yield from rec(free - set(used), acc + [combo])
+    yield from rec(set(node_of), [])
+
+
+def _splits(total, p):
+    for cuts in itertools.combinations(range(1, total), p - 1):
+        b = (0, *cuts, total)
+        yield [b[i + 1] - b[i] for i in range(p)]
+
+
+def exhaustive_best(mbs, recompute, zero) -> float:
+    node_of = {d.index: d.node for d in C.devices}
+    best = 0.0
+    for dp in (1, 2):
+        for sl in _stage_lists(dp, node_of):
+            for lay in _splits(M.layers, len(sl)):
+                stages = tuple(ST.Stage(layers=n, replicas=tuple(ST.Replica(tp=t, devices=ds) for t, ds in combo))
+                               for n, combo in zip(lay, sl, strict=True))
+                plan = Plan(stages=stages, micro_batch_size=mbs, recompute=recompute, zero_stage=zero if dp > 1 else 0,
+                            dtype="fp16", shares=Shares(samples=tuple(x * mbs for x in even_split(GB // mbs, dp))))
+                try:
+                    pred = estimate(plan, M, C, SEQ, GB).predicted
+                except PlanError:  # e.g. too few micro-batches for the pipeline: no plan
+                    continue
+                if pred["feasible"]:
+                    best = max(best, pred["tokens_per_s"])
+    return best
+
+
+@pytest.mark.parametrize("mbs,recompute,zero", [(1, "none", 0), (2, "selective", 1)])
+def test_program_reaches_99_percent_of_every_per_stage_plan(mbs, recompute, zero):
+    ref = exhaustive_best(mbs, recompute, zero)
+    assert ref > 0
+    ctx = SearchContext(model=M, cluster=C, seq_len=SEQ, global_batch=GB, dtype="fp16")
+    got = P.best_plan(ctx, mbs=mbs, schedule="1f1b", vs=1, recompute=recompute, zero=zero, cache={})
+    assert isinstance(got, Plan), got
+    tps = estimate(got, M, C, SEQ, GB).predicted["tokens_per_s"]
+    assert tps >= 0.99 * ref, (tps, ref, ST.inline(got.stages))
+
+
+def test_split_layers_is_the_min_max_partition():
+    """The bisection's split against every split of the layers (same composition, memory unbounded)."""
+    opt = lambda s, h: P.Option(group=0, tp=1, name="x", slots=((0,),) * 4, layer_s=s, head_s=h,  # noqa: E731
+                                layer_states=0.0, layer_act=0.0, ends_states=0.0, logits=0.0, fixed=0.0,
+                                capacity=1.0)
+    c = P.Composition(dp=1, stages=(opt(3.0, 0.0), opt(1.0, 0.0), opt(2.0, 5.0)))
+    n, _ = P.split_layers(c, 12, 1, 8, [1.0, 1.0, 1.0])
+    times = lambda lay: max(k * o.layer_s + (o.head_s if i == 2 else 0) for i, (k, o) in enumerate(zip(lay, c.stages, strict=True)))  # noqa: E731
+    assert sum(n) == 12 and times(n) == min(times(x) for x in _splits(12, 3))
+
+
+def test_default_space_samples_per_stage_points_with_named_limits():
+    sp = load_space("default").space(SearchContext(model=M, cluster=C, seq_len=SEQ, global_batch=GB, dtype="fp16"))
+    pts = list(sp._staged_grid())
+    assert pts and all(p["stages"] == "program" for p in pts)
+    pts = pts[::6]  # every sixth knob set: each is one program run
+    plans = 0
+    for p in pts:
+        out = sp.build(p)
+        if isinstance(out, Infeasible):
+            assert out.kind in ("batch", "memory", "divisibility") and out.reason
+        else:
+            assert out.stages is not None and out.resolve(M, C, SEQ, GB) == out
+            plans += 1
+    assert plans
+    bad = sp.build({**sp.params(stages="program"), "zero_stage": 3})
+    assert isinstance(bad, Infeasible) and bad.kind == "schedule" and "zero_stage" in bad.reason
