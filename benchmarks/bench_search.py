@@ -18,7 +18,7 @@
 6. Pools (``--only pool``): the 128-device four-type cluster as a pool (``available: 4`` nodes of
    each type, with prices) through the CLI, front included (asked: within 20 s), side by side with
    the plain search of the same cluster (run alternately: the machine's load moves both alike); and
-   8 H100 + 8 V100-16GB for llama3-8b at 64k, where the time objective leaves the V100s out.
+   8 H100 + 8 V100-16GB for llama2-7b at 64k, where the time objective leaves the V100s out.
 5. The CLI (``--only cli``): ``autotune search`` as a user runs it at 128 devices (llama3-70b, 128k,
    b=16) with the default storage, process start-up and table included (asked: <= 10 s quiet); each
    run beside a fixed pure-Python loop timed just before it, which says how quiet the machine was.
@@ -278,8 +278,8 @@ def pool_search_cli(runs: int = 2) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         with open(os.path.join(tmp, "slow.json"), "w", encoding="utf-8") as f:
             json.dump(slow, f)
-        w, out = _cli(["-m", "llama3-8b", "-s", "65536", "-b", "8", "-c", "slow.json"], tmp)
-    print(f"8 H100 + 8 V100-16GB, llama3-8b 64k b=8 (time objective): {w:.1f} s; uses {out['best'].get('uses')}; "
+        w, out = _cli(["-m", "llama2-7b", "-s", "65536", "-b", "8", "-c", "slow.json"], tmp)
+    print(f"8 H100 + 8 V100-16GB, llama2-7b 64k b=8 (time objective): {w:.1f} s; uses {out['best'].get('uses')}; "
           + " | ".join(out["left_out"] or ["nothing left out"]))
 
 
