@@ -30,7 +30,7 @@ from autotune.specs.model import ATTENTION_BWD_FLOPS
 from profilers.block_ref import fit_block_ref, ref_calls, ref_points, ref_shape
 from profilers.dtypes import dtype_support, trial_dtype
 from profilers.fits import affine_fit
-from profilers.overheads import call_gemm_shapes, fit_overheads, op_points
+from profilers.overheads import LAUNCH_OPS, call_gemm_shapes, fit_overheads, launch_fns, op_points
 from profilers.timing import Meter, Timing, repeats_for
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -206,6 +206,14 @@ class ComputeSweep:
 
             # With autograd recording (x requires grad), as the model's operators run in training.
             add(f"op mul {odt} {elems}", [lambda x=x, y=y: x * y], op_row)
+
+        for name, fn in launch_fns(device):  # CUDA: the eager host time per kernel (profilers.overheads)
+
+            def launch_row(ts, name=name):
+                return [{"kind": "launch", "params": {"op": name, "ops": LAUNCH_OPS}, "work": float(LAUNCH_OPS),
+                         "timing": ts[0].to_dict(), "metrics": {"host_s": ts[0].median_s / LAUNCH_OPS}}]
+
+            add(f"launch {name} x{LAUNCH_OPS}", [fn], launch_row)
 
         attn_sets = [("attention", plan.attn_dtype, attention_points(plan)),
                      ("attention_trial", self.trial_dtype, attention_points(plan, trial=True))]

@@ -105,3 +105,26 @@ def _gpu_spec():
     from autotune.specs.catalogue import device_from_catalogue
 
     return device_from_catalogue("H200")
+
+
+def test_profile_measured_host_time_prices_the_runtime():
+    """A profile that timed eager host time per kernel (``overheads.kernel_host_s``) prices the
+    runtime's kernels at that figure, not the catalogue's EAGER_HOST_S; another target keeps its own."""
+    from autotune.cost.compute import rates_for
+    from autotune.cost.kernels import EAGER
+
+    spec = dataclasses.replace(_gpu_spec(), profile={"gemm": {"bf16": {"peak_flops_per_s": 7e14, "overhead_s": 5e-6}},
+                                                     "overheads": {"kernel_host_s": 7e-6}})
+    host = rates_for(spec, "bf16", 64).host
+    assert host.host_s == 7e-6 and host.block_fwd == RUNTIME.block_fwd and "measured by profile" in host.source
+    assert rates_for(spec, "bf16", 64, EAGER).host is EAGER
+
+
+def test_launch_samples_fit_the_median_host_time_per_kernel():
+    from profilers.overheads import LAUNCH_OPS, fit_overheads, launch_fns
+
+    samples = [{"kind": "launch", "params": {"op": op, "ops": LAUNCH_OPS}, "work": float(LAUNCH_OPS),
+                "timing": {"median_s": us * 1e-6 * LAUNCH_OPS}} for op, us in (("add_", 10.7), ("small_matmul", 20.3),
+                                                                                ("layer_norm", 18.4))]
+    assert fit_overheads(samples, {})["kernel_host_s"] == pytest.approx(18.4e-6)
+    assert "kernel_host_s" not in fit_overheads([], {}) and launch_fns("cpu") == []
