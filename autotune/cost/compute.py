@@ -15,6 +15,10 @@ Throughput. With a measured profile (``DeviceSpec.profile``, written by ``profil
   ``batch * heads`` independent heads and causal FLOPs ``2*batch*heads*seq^2*d`` (forward); the
   throughput at the rank's block length is interpolated log-linearly in the sequence length, at the
   nearest measured head dim.
+* Host time: the profile measures the GPU's work, so the runtime's kernels (``kernels.KernelCosts``:
+  per block forward and backward, the head) are added at its host time per kernel, as the datasheet
+  path adds them: the profile's own eager figure (``overheads.kernel_host_s``) for autotune's
+  runtime where measured, else the runtime's ``host_s``. A small model on a fast GPU is host-bound.
 
 Without a profile a GPU with an SM count is priced kernel by kernel from its shape (``datasheet.py``:
 the catalogue's measured GEMM ceiling at the sustained clock, tile, wave and depth losses, the
