@@ -50,6 +50,10 @@ class KernelCosts:
     eager_elementwise: bool = False
     """Each norm, rotary and activation op reads and writes its tensors on its own (``eager_bytes``);
     False: the memory-bound work is fused, each stored activation written once and read once."""
+    block_bwd: int | None = None
+    """Kernels of one block's backward where counted (None: twice ``block_fwd``)."""
+    head_bwd: int | None = None
+    """Kernels of the final norm, LM head and loss, backward, where counted (None: ``head_fwd``)."""
 
     def block_time(self, gpu_s: float, kernels: float) -> float:
         """Seconds of ``kernels`` kernels whose GPU work takes ``gpu_s``: the work plus each kernel's
@@ -76,10 +80,12 @@ def eager_bytes(model: Any, tp: int) -> float:
 
 
 RUNTIME = KernelCosts(
-    name="runtime", host_s=EAGER_HOST_S, block_fwd=24, head_fwd=5,
-    source="autotune's runtime is eager PyTorch: per block 2 RMSNorms (3 kernels each), Q/K/V/O and 3 MLP "
-           "GEMMs, rotary on q and k (2 each), SDPA (1), SiLU and the gate product (2), 2 residual adds, "
-           "reshapes that copy (2); host time per kernel: EAGER_HOST_S (H200, benchmarks/gpu_gemm.py); "
+    name="runtime", host_s=EAGER_HOST_S, block_fwd=42, head_fwd=14, block_bwd=71, head_bwd=24,
+    source="autotune's runtime is eager PyTorch; its kernels counted from the ops its Llama block dispatches "
+           "(TorchDispatchMode, views left out; tests/unit/test_runtime_kernels.py keeps the counts in step): "
+           "per block 42 forward (2 fp32 RMSNorms of 8 ops each, 7 GEMMs, rotary 5 ops each on q and k, the "
+           "GQA repeat, SDPA, SiLU, gate product, 2 residual adds) and 71 backward; final norm, head and loss "
+           "14 forward, 24 backward; host time per kernel: EAGER_HOST_S (H200, benchmarks/gpu_gemm.py); "
            "elementwise traffic: eager_bytes", eager_elementwise=True)
 """autotune's own runtime (``autotune/runtime/model.py``): what an estimate without a target prices."""
 
