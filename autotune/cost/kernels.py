@@ -50,6 +50,11 @@ class KernelCosts:
     eager_elementwise: bool = False
     """Each norm, rotary and activation op reads and writes its tensors on its own (``eager_bytes``);
     False: the memory-bound work is fused, each stored activation written once and read once."""
+    attention_eff_max: float = 0.0
+    """Fraction of dense peak the runtime's fused attention forward reaches at long sequences, where
+    its kernels are not the ones ``datasheet.ATTN_EFF_MAX`` describes (FlashAttention-2 on Ampere,
+    FlashAttention-3 / cuDNN on Hopper); 0: ``ATTN_EFF_MAX``. Length and backward scale it as they
+    scale ``ATTN_EFF_MAX``."""
 
     def block_time(self, gpu_s: float, kernels: float) -> float:
         """Seconds of ``kernels`` kernels whose GPU work takes ``gpu_s``: the work plus each kernel's
@@ -89,6 +94,21 @@ EAGER = KernelCosts(
            "without compile): about as many kernels per block as autotune's runtime; host time EAGER_HOST_S; "
            "elementwise traffic: eager_bytes", eager_elementwise=True)
 """Eager PyTorch frameworks other than autotune's runtime (their exporters name it)."""
+
+FA2_ON_HOPPER_EFF = 0.35
+"""FlashAttention-2's utilisation of an H100 (Shah et al. 2024, 'FlashAttention-3', abstract and
+section 1: "FlashAttention-2 achieving only 35% utilization on the H100 GPU"): Ampere-era kernels
+(mma.sync, no wgmma / TMA) run on Hopper. The Triton flash attention of 2023 stacks is no faster
+(Dao 2023, 'FlashAttention-2', section 4.1: FlashAttention-2 is 1.3-2.5x faster than the Triton
+implementation on A100), so this is an upper bound for them."""
+
+EAGER_PRE_HOPPER_ATTENTION = KernelCosts(
+    name="eager PyTorch, pre-Hopper attention kernels", host_s=EAGER_HOST_S, block_fwd=24, head_fwd=5,
+    source="EAGER's kernels with a 2023 flash attention (Triton flash or FlashAttention-1/2, Ampere "
+           "instructions) run on Hopper: forward at FA2_ON_HOPPER_EFF of dense peak (Shah et al. 2024)",
+    eager_elementwise=True, attention_eff_max=FA2_ON_HOPPER_EFF)
+"""Eager PyTorch on H100 before Hopper attention kernels existed (FlashAttention-3, July 2024; cuDNN
+SDPA in torch 2.5): MosaicML's 2023 MPT runs (llm-foundry yamls, ``attn_impl: triton``)."""
 
 MEGATRON_DEEPSPEED_EAGER = KernelCosts(
     name="megatron-deepspeed (fp32, unfused)", host_s=32e-6, block_fwd=23, head_fwd=4,
