@@ -80,6 +80,26 @@ def eager_bytes(model: Any, tp: int) -> float:
     return norms + 12 * h + rotary + mlp
 
 
+FUSED_LOSS_BYTES = (12.0, 12.0)
+"""HBM bytes per logit of a fused softmax cross-entropy (fwd, bwd): the fp32 logits read and written
+about three times (Megatron's and Transformer Engine's fused vocab-parallel loss)."""
+
+
+def eager_loss_bytes(tp: int) -> tuple[float, float]:
+    """HBM bytes per local logit (fwd, bwd) of the cross-entropy as autotune's runtime runs it eager
+    (``runtime/tensor.py``), counted from its ops (bf16 logits, fp32 arithmetic), not fitted:
+
+    - tp = 1, ``F.cross_entropy(logits.float())``: forward the upcast (read 2, write 4) and
+      log-softmax over a row too long for shared memory (max pass, sum-of-exp pass, then read and
+      write: 16); backward the zero-filled nll gradient (4), the log-softmax backward (row sum of
+      the gradient, then read gradient and output, write: 16) and the downcast (read 4, write 2):
+      22 forward, 26 backward;
+    - tp > 1, ``_VocabParallelCE``: forward upcast 6, max 4, subtract 8, exp 8, sum 4, divide 8 (38);
+      backward clone 8, zeros 4, masked fill 8, subtract 12, scale 8, downcast 6 (46).
+    Hugging Face models' losses (``logits.float()`` then ``CrossEntropyLoss``) are the tp = 1 count."""
+    return (22.0, 26.0) if tp == 1 else (38.0, 46.0)
+
+
 RUNTIME = KernelCosts(
     name="runtime", host_s=EAGER_HOST_S, block_fwd=24, head_fwd=5,
     source="autotune's runtime is eager PyTorch: per block 2 RMSNorms (3 kernels each), Q/K/V/O and 3 MLP "

@@ -161,3 +161,26 @@ def test_a_runtime_with_pre_hopper_attention_kernels_prices_only_attention_slowe
         if r.source == "mosaic":
             assert (r.target == "eager-2023-attention") == (r.nodes[0]["device"] == "H100-SXM"), r.name
             assert ("attn_impl: triton" in r.assumed) == (r.target == "eager-2023-attention")
+
+
+def test_an_eager_loss_prices_the_bytes_its_ops_move_and_a_fused_one_its_three_passes():
+    from autotune.cost.compute import Rates, head_compute
+    from autotune.cost.datasheet import size_model
+    from autotune.cost.kernels import FUSED_LOSS_BYTES, eager_loss_bytes
+
+    model, h200 = load_model("llama3-8b"), CATALOGUE["H200"]
+    fused = dataclasses.replace(kernel_costs("megatron"), host_s=0.0)
+    eager = dataclasses.replace(RUNTIME, host_s=0.0)  # the traffic alone: no host time per kernel
+    for tp in (1, 2):
+        logits = 4096 * model.vocab / tp
+        prices = {}
+        for k in (fused, eager):
+            sm = size_model(h200, "bf16", 2, k)
+            prices[k.name] = (sm, head_compute(model, Rates(name="h200", flat=1.0, memory_bandwidth=1.0, size=sm),
+                                               tokens=4096, tp=tp))
+        (sm_f, (ff, bf)), (_, (fe, be)) = prices[fused.name], prices[eager.name]
+        ef, eb = eager_loss_bytes(tp)
+        assert fe - ff == pytest.approx(sm_f.stream_time((ef - FUSED_LOSS_BYTES[0]) * logits))
+        assert be - bf == pytest.approx(sm_f.stream_time((eb - FUSED_LOSS_BYTES[1]) * logits))
+    # the vocabulary-parallel loss runs more eager ops than F.cross_entropy's two kernels
+    assert sum(eager_loss_bytes(2)) > sum(eager_loss_bytes(1)) > sum(FUSED_LOSS_BYTES)
