@@ -131,12 +131,17 @@ def add_sheet_predictions(rows: list[dict[str, Any]], model: ModelSpec, entry: s
     """Each row's plan priced again on the catalogue's ``entry`` (the size-aware datasheet model and
     the runtime's kernels: what an estimate without a profile gives) as ``row["sheet"]``."""
     from autotune.cost import estimate
-    from autotune.specs.cluster import cluster_from_dict
 
-    cluster = cluster_from_dict({"name": f"sheet-{entry}", "nodes": [
-        {"count": 1, "devices_per_node": gpus, "device": entry}]}, source="gpu_check")
+    cluster = _sheet_cluster(entry, gpus)
     for r in rows:
         r["sheet"] = estimate(r["plan"], model, cluster, seq, batch).predicted
+
+
+def _sheet_cluster(entry: str, gpus: int) -> Any:
+    from autotune.specs.cluster import cluster_from_dict
+
+    return cluster_from_dict({"name": f"sheet-{entry}", "nodes": [
+        {"count": 1, "devices_per_node": gpus, "device": entry}]}, source="gpu_check")
 
 
 def sheet_report(rows: list[dict[str, Any]], entry: str) -> str:
@@ -184,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    from autotune.errors import WorkError
     from autotune.runtime.trial import run_trial
 
     def say(m: str) -> None:
@@ -205,11 +211,18 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         storage = args.storage or f"sqlite:///{tmp}/gpu_check.db"
-        pid, _ = _profile(args.device, gpus, storage, say)
-        cluster = measured_cluster(pid, gpus, storage)
+        entry = catalogue_name(torch.cuda.get_device_name(0)) if args.device == "cuda" else None
+        try:
+            pid, _ = _profile(args.device, gpus, storage, say)
+            cluster = measured_cluster(pid, gpus, storage)
+        except WorkError as e:
+            if not entry:
+                raise
+            # the trials still say how the datasheet prices compare: the profile's failure is printed
+            say(f"the profile failed ({e}); pricing on the catalogue's {entry} only")
+            pid, cluster = f"none ({e})", _sheet_cluster(entry, gpus)
         chosen, skipped = select_plans(gpus)
         rows, refused = plan_rows(chosen, model, cluster, seq, batch, dtype, args.device)
-        entry = catalogue_name(torch.cuda.get_device_name(0)) if args.device == "cuda" else None
         if entry:
             add_sheet_predictions(rows, model, entry, gpus, seq, batch)
         for r in rows:

@@ -187,7 +187,8 @@ def run_rank(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any] | Non
         # time budget is decided together: stop when any rank would overrun it (this all_reduce is
         # also the round's barrier).
         over = over_budget(r, time.perf_counter() - t_start, last, comp.plan.budget_s)
-        flag = torch.tensor([1.0 if over else 0.0])
+        # on the rank's device: NCCL reduces CUDA tensors only (a CPU tensor fails the one-GPU profile)
+        flag = torch.tensor([1.0 if over else 0.0], device=device if kind == "cuda" else "cpu")
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         if flag.item() > 0:
             break
