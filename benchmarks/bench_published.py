@@ -113,7 +113,7 @@ def _mosaic(size: str, gpu: str, n: int, seq: int, mbs: int, ga: int, ac: bool, 
                        "intra_node": {"bandwidth": "450GB/s" if dev.startswith("H100") else "300GB/s"}}],
                inter_node=nic, plan=f"dp={n},zero=3,mbs={mbs},recompute={'full' if ac else 'none'},dtype=bf16",
                seq=seq, batch=gbs, published_step_s=gbs * seq / tput,
-               target="eager-2023-attention" if gpu == "h100" else "eager",
+               target="eager-2023-attn" if gpu == "h100" else "eager",
                published_as=f"{tput:g} tokens/s over {n} GPUs (step = {gbs} x {seq} tokens / throughput)",
                assumed="inter-node per GPU: the table's 1600 Gbps per node / 8 (A100); 3200 Gbps per node (H100)"
                        + ("; attention as the run ran it: the MPT yamls' attn_impl: triton (llm-foundry "
@@ -218,7 +218,7 @@ def _other_runtimes() -> dict[str, Any]:
     (``kernels.MEGATRON_DEEPSPEED_EAGER``, fitted in benchmarks/bench_layers.py, not here)."""
     from autotune.cost.kernels import EAGER, EAGER_PRE_HOPPER_ATTENTION, MEGATRON_DEEPSPEED_EAGER
 
-    return {"eager": EAGER, "eager-2023-attention": EAGER_PRE_HOPPER_ATTENTION,
+    return {"eager": EAGER, "eager-2023-attn": EAGER_PRE_HOPPER_ATTENTION,
             "megatron-deepspeed": MEGATRON_DEEPSPEED_EAGER}
 
 

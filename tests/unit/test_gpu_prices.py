@@ -159,8 +159,8 @@ def test_a_runtime_with_pre_hopper_attention_kernels_prices_only_attention_slowe
     b = _bench()
     for r in b.ROWS:
         if r.source == "mosaic":
-            assert (r.target == "eager-2023-attention") == (r.nodes[0]["device"] == "H100-SXM"), r.name
-            assert ("attn_impl: triton" in r.assumed) == (r.target == "eager-2023-attention")
+            assert (r.target == "eager-2023-attn") == (r.nodes[0]["device"] == "H100-SXM"), r.name
+            assert ("attn_impl: triton" in r.assumed) == (r.target == "eager-2023-attn")
 
 
 def test_an_eager_loss_prices_the_bytes_its_ops_move_and_a_fused_one_its_three_passes():
