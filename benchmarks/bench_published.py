@@ -207,7 +207,9 @@ FITTED: dict[str, list[str]] = {
 other figures the prices rest on were chosen elsewhere: GEMM ceilings (catalogue, cuBLAS
 measurements), ``datasheet.K_FILL`` (the H200 GEMM sweep), the Hopper clock (the H200 sweep),
 kernel counts (counted from each runtime's code), host time per kernel (H200 sweep; Sailor's layers
-for Megatron-DeepSpeed, benchmarks/bench_layers.py)."""
+for Megatron-DeepSpeed, benchmarks/bench_layers.py), eager loss traffic (counted from the ops), the
+attention of 2023's pre-Hopper kernels on H100 (``kernels.FA2_ON_HOPPER_EFF``: the FlashAttention-3
+paper's figure, read before these rows were priced with it, never tuned on them)."""
 A100_CLOCK_GRID = [round(0.80 + 0.01 * i, 2) for i in range(14)]
 
 
