@@ -52,7 +52,7 @@ from autotune.cost.cpu import (  # noqa: F401  (their old home: kept importable 
     ring_blocks,
 )
 from autotune.cost.interp import loglinear
-from autotune.cost.kernels import RUNTIME, eager_bytes
+from autotune.cost.kernels import FUSED_LOSS_BYTES, RUNTIME, eager_bytes, eager_loss_bytes
 from autotune.specs.model import ATTENTION_BWD_FLOPS  # noqa: F401  (cost.compute.ATTENTION_BWD_FLOPS: its old home)
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp32-strict": 4}
@@ -365,12 +365,17 @@ def _sized_block_times(model: Any, sm: Any, tokens: float, tp: int, heads_local:
 
 def head_compute(model: Any, rates: Rates, *, tokens: float, tp: int) -> tuple[float, float]:
     """(fwd, bwd) seconds of the LM head (vocab-parallel over tp) and the cross-entropy on the last
-    stage: GEMM 2*h*V/tp per token, and the fp32 logits read/written ~3 times by the softmax-loss."""
+    stage: GEMM 2*h*V/tp per token, and the loss's HBM traffic per logit: counted per eager op where
+    the runtime runs the loss eager (``kernels.eager_loss_bytes``), else a fused loss's
+    (``kernels.FUSED_LOSS_BYTES``; the flat rate's default)."""
     if rates.size is not None:
         sm = rates.size
+        logits = tokens * model.vocab / tp
+        bf, bb = eager_loss_bytes(tp) if sm.kernels.eager_elementwise else FUSED_LOSS_BYTES
         g = sm.gemm_time(tokens, model.vocab / tp, model.hidden)
-        e = sm.block(g + sm.stream_time(3.0 * 4.0 * tokens * model.vocab / tp), sm.kernels.head_fwd) - g
-        return g + e, 2.0 * g + e + _head_bwd_extra(sm.kernels)
+        e_f = sm.block(g + sm.stream_time(bf * logits), sm.kernels.head_fwd) - g
+        e_b = sm.block(g + sm.stream_time(bb * logits), sm.kernels.head_fwd) - g
+        return g + e_f, 2.0 * g + e_b + _head_bwd_extra(sm.kernels)
     g = rates.gemm_time(2.0 * tokens * model.hidden * model.vocab / tp)
     e = rates.memory_time(3.0 * 4.0 * tokens * model.vocab / tp)
     if rates.cpu is not None:
