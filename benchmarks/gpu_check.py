@@ -16,6 +16,10 @@ on one GPU. ``--device cpu`` runs the same steps on CPU worker processes (a smok
 script, not a GPU figure).
 
     python benchmarks/gpu_check.py [--gpus N] [--steps 3] [--json FILE] [--storage URL]
+
+``--predict-only`` runs nothing (no GPU needed): it prints what the check would predict for its
+plans on the catalogue's entry (``--entry``, default H200) and, with ``--profile ID`` (and
+``--storage``), on a stored profile, so a new price can be compared with a stored run quickly.
 """
 
 from __future__ import annotations
@@ -177,6 +181,28 @@ def measured_cluster(pid: str, gpus: int, storage: str) -> Any:
         {"count": 1, "devices_per_node": gpus, "device": f"profile:{pid}"}]}, source="gpu_check", storage=storage)
 
 
+def predict_rows(cluster: Any, gpus: int, model: ModelSpec = CHECK_MODEL, seq: int = CHECK_SEQ,
+                 batch: int = CHECK_BATCH, dtype: str = "bf16") -> list[tuple[str, float]]:
+    """(plan name, predicted step seconds) of the check's plans on ``cluster``, nothing run."""
+    from autotune.cost import estimate
+    from autotune.plan import Plan
+
+    chosen, _ = select_plans(gpus)
+    return [(name, estimate(Plan.from_dict({**d, "dtype": dtype}), model, cluster, seq, batch).predicted["step_time_s"])
+            for name, d in chosen]
+
+
+def predict_only(entry: str, gpus: int, pid: str | None, storage: str | None) -> str:
+    """The ``--predict-only`` table: per plan the prediction on the catalogue entry (and the profile)."""
+    sheet = predict_rows(_sheet_cluster(entry, gpus), gpus)
+    prof = predict_rows(measured_cluster(pid, gpus, storage), gpus) if pid else None
+    lines = [f"predictions only: model {CHECK_MODEL.name}, seq {CHECK_SEQ}, global batch {CHECK_BATCH}, bf16, "
+             f"{gpus} GPU(s)", f"{'plan':18} {entry + ' sheet s':>14}" + (f" {'profile ' + pid + ' s':>14}" if prof else "")]
+    for i, (name, t) in enumerate(sheet):
+        lines.append(f"{name:18} {t:14.4f}" + (f" {prof[i][1]:14.4f}" if prof else ""))
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
@@ -185,7 +211,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--storage", help="profile storage (default: a temporary SQLite file)")
     ap.add_argument("--json", dest="json_out", help="write the rows here")
+    ap.add_argument("--predict-only", action="store_true", help="print the predictions, run nothing")
+    ap.add_argument("--entry", default="H200", help="--predict-only: the catalogue entry to price on")
+    ap.add_argument("--profile", help="--predict-only: also price on this stored profile ID (--storage)")
     args = ap.parse_args(argv)
+    if args.predict_only:
+        from autotune.errors import InputError
+
+        try:
+            print(predict_only(args.entry, args.gpus or 1, args.profile, args.storage))
+        except InputError as e:
+            print(f"gpu_check: {e.message}", file=sys.stderr)
+            return 2
+        return 0
 
     import torch
 

@@ -30,7 +30,7 @@ from autotune.specs.model import ATTENTION_BWD_FLOPS
 from profilers.block_ref import fit_block_ref, ref_calls, ref_points, ref_shape
 from profilers.dtypes import dtype_support, trial_dtype
 from profilers.fits import affine_fit
-from profilers.overheads import call_gemm_shapes, fit_overheads, op_points
+from profilers.overheads import LAUNCH_OPS, call_gemm_shapes, fit_overheads, launch_fns, op_points
 from profilers.timing import Meter, Timing, repeats_for
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -210,7 +210,7 @@ class ComputeSweep:
                     self._add(f"{label} {dt} {m}x{k}x{n}", [lambda a=a, b=b: torch.mm(a, b)], gemm_row)
 
     def _ops(self) -> None:
-        """One elementwise operator's per-call cost (the trial's dtype)."""
+        """One elementwise operator's per-call cost (the trial's dtype); on CUDA, the eager host time per kernel."""
         import torch
 
         device = self.device
@@ -225,6 +225,14 @@ class ComputeSweep:
 
             # With autograd recording (x requires grad), as the model's operators run in training.
             self._add(f"op mul {odt} {elems}", [lambda x=x, y=y: x * y], op_row)
+
+        for name, fn in launch_fns(device):  # CUDA: the eager host time per kernel (profilers.overheads)
+
+            def launch_row(ts, name=name):
+                return [{"kind": "launch", "params": {"op": name, "ops": LAUNCH_OPS}, "work": float(LAUNCH_OPS),
+                         "timing": ts[0].to_dict(), "metrics": {"host_s": ts[0].median_s / LAUNCH_OPS}}]
+
+            self._add(f"launch {name} x{LAUNCH_OPS}", [fn], launch_row)
 
     def _attention(self) -> None:
         """Causal attention forward and forward + backward, at the plan's and the trial's dtype."""
