@@ -18,7 +18,7 @@
 6. Pools (``--only pool``): the 128-device four-type cluster as a pool (``available: 4`` nodes of
    each type, with prices) through the CLI, front included (asked: within 20 s), side by side with
    the plain search of the same cluster (run alternately: the machine's load moves both alike); and
-   8 H100 + 8 V100-16GB for llama3-8b at 64k, where the time objective leaves the V100s out.
+   8 H100 + 8 V100-16GB for llama2-7b at 64k, where the time objective leaves the V100s out.
 5. The CLI (``--only cli``): ``autotune search`` as a user runs it at 128 devices (llama3-70b, 128k,
    b=16) with the default storage, process start-up and table included (asked: <= 10 s quiet); each
    run beside a fixed pure-Python loop timed just before it, which says how quiet the machine was.
@@ -219,15 +219,19 @@ POOL_PRICES = {"H100-SXM": "2.10USD/h", "A100-80GB": "1.30USD/h", "H200": "3.00U
 
 def _cli(args: list[str], tmp: str) -> tuple[float, dict]:
     import json
+    import resource
     import subprocess
     import sys
 
-    t = time.monotonic()
+    t, c = time.monotonic(), resource.getrusage(resource.RUSAGE_CHILDREN)
     r = subprocess.run([sys.executable, "-m", "autotune", "search", *args, "--json"], cwd=tmp, capture_output=True,
                        text=True)
     if r.returncode != 0:
         raise SystemExit(f"autotune search failed: {r.stderr.strip().splitlines()[-1:]}")
-    return time.monotonic() - t, json.loads(r.stdout)
+    c2 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out = json.loads(r.stdout)
+    out["_cpu_s"] = c2.ru_utime + c2.ru_stime - c.ru_utime - c.ru_stime  # the search's own CPU (load-proof)
+    return time.monotonic() - t, out
 
 
 def pool_search_cli(runs: int = 2) -> None:
@@ -244,6 +248,7 @@ def pool_search_cli(runs: int = 2) -> None:
             "nodes": [{"available": 4, "devices_per_node": 8, "device": t, "price": p} for t, p in POOL_PRICES.items()]}
     args = ["-m", "llama3-70b", "-s", "131072", "-b", "16"]
     times: dict[str, list[float]] = {"plain": [], "pool": []}
+    cpu: dict[str, list[float]] = {"plain": [], "pool": []}
     with tempfile.TemporaryDirectory() as tmp:
         for name, spec in (("plain", plain), ("pool", pool)):
             with open(os.path.join(tmp, f"{name}.json"), "w", encoding="utf-8") as f:
@@ -252,27 +257,29 @@ def pool_search_cli(runs: int = 2) -> None:
             for name in ("plain", "pool"):
                 w, out = _cli([*args, "-c", f"{name}.json", "--study", f"{name}{i}"], tmp)
                 times[name].append(w)
+                cpu[name].append(out["_cpu_s"])
                 if name == "pool":
                     chosen = next((p for p in out["front"] if p["chosen"]), None)
                     front = ", ".join(f"#{p['trial']} {p.get('using')} {p['step_time_s']:.3g} s "
                                       f"{p['cost']['per_mtok']:.3g} USD/Mtok" for p in out["front"])
-                    print(f"  pool run {i + 1}: {w:.1f} s, {out['trials']} trials; chosen "
+                    print(f"  pool run {i + 1}: {w:.1f} s ({out['_cpu_s']:.1f} s CPU), {out['trials']} trials; chosen "
                           f"{chosen and chosen.get('using')}; front ({len(out['front'])}): {front}")
                 else:
-                    print(f"  plain run {i + 1}: {w:.1f} s, {out['trials']} trials; best "
+                    print(f"  plain run {i + 1}: {w:.1f} s ({out['_cpu_s']:.1f} s CPU), {out['trials']} trials; best "
                           f"{out['best']['predicted']['step_time_s']:.3g} s")
     mp, mq = statistics.median(times["plain"]), statistics.median(times["pool"])
     print(f"pool search 128 devices, 4 types, llama3-70b 128k b=16: median {mq:.1f} s (runs "
           f"{', '.join(f'{t:.1f}' for t in times['pool'])}); plain search of the whole cluster beside it: median "
-          f"{mp:.1f} s; ratio {mq / mp:.2f}x  [{load()}]")
+          f"{mp:.1f} s; ratio {mq / mp:.2f}x wall, {statistics.median(cpu['pool']) / statistics.median(cpu['plain']):.2f}x "
+          f"CPU (medians {statistics.median(cpu['pool']):.1f} / {statistics.median(cpu['plain']):.1f} s)  [{load()}]")
     slow = {"name": "h100-v100", "inter_node": {"bandwidth": "100Gbit/s", "latency": "5us"},
             "nodes": [{"available": 1, "devices_per_node": 8, "device": "H100-SXM", "price": "2.10USD/h"},
                       {"available": 1, "devices_per_node": 8, "device": "V100-16GB", "price": "0.40USD/h"}]}
     with tempfile.TemporaryDirectory() as tmp:
         with open(os.path.join(tmp, "slow.json"), "w", encoding="utf-8") as f:
             json.dump(slow, f)
-        w, out = _cli(["-m", "llama3-8b", "-s", "65536", "-b", "8", "-c", "slow.json"], tmp)
-    print(f"8 H100 + 8 V100-16GB, llama3-8b 64k b=8 (time objective): {w:.1f} s; uses {out['best'].get('uses')}; "
+        w, out = _cli(["-m", "llama2-7b", "-s", "65536", "-b", "8", "-c", "slow.json"], tmp)
+    print(f"8 H100 + 8 V100-16GB, llama2-7b 64k b=8 (time objective): {w:.1f} s; uses {out['best'].get('uses')}; "
           + " | ".join(out["left_out"] or ["nothing left out"]))
 
 

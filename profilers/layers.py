@@ -43,6 +43,8 @@ from typing import Any
 
 from autotune.errors import InputError
 from autotune.specs.profiles import LAYER_DOC_KIND, LAYER_SCHEMA_VERSION, LAYER_UNITS, PIECES  # noqa: F401
+from profilers.pieces import Piece as _Piece  # noqa: F401  (its old name, used by tests and benchmarks)
+from profilers.pieces import SavedBytes as _SavedBytes  # noqa: F401
 from profilers.timing import Meter, repeats_for
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -133,102 +135,6 @@ def parse_grid(text: str | None, name: str) -> tuple[int, ...] | None:
     if not vals or any(v < 1 for v in vals):
         raise InputError(f"expected a comma-separated list of positive integers, got {text!r}", field=f"--{name}")
     return tuple(sorted(set(vals)))
-
-
-class _SavedBytes:
-    """Bytes of the distinct storages autograd saves for backward while the context is open, and
-    whether one of them is an s x s score matrix."""
-
-    def __init__(self, seq: int = 0) -> None:
-        self.seen: dict[int, int] = {}
-        self.seq = seq
-        self.scores = False
-
-    def pack(self, t):
-        # [batch, heads, s, s]: the softmax output SDPA's math kernel keeps (weights and [b, s, h]
-        # activations are 2- and 3-dimensional, whatever h is)
-        if self.seq > 1 and t.dim() == 4 and t.shape[-1] == t.shape[-2] == self.seq:
-            self.scores = True
-        try:
-            st = t.untyped_storage()
-            self.seen.setdefault(st.data_ptr(), st.nbytes())
-        except (RuntimeError, NotImplementedError):  # tensors without storage (e.g. sparse)
-            self.seen.setdefault(id(t), t.numel() * t.element_size())
-        return t
-
-    @staticmethod
-    def unpack(t):
-        return t
-
-    @property
-    def total(self) -> int:
-        return sum(self.seen.values())
-
-
-def _tp_axis(t: int):
-    from autotune.runtime.mesh import Axis
-
-    # no process group: every tp layer keeps its shard's shape and skips its collectives
-    return Axis(size=t, index=0, ranks=list(range(t)), group=None)
-
-
-class _Piece:
-    """One piece at one (tp, micro_batch, seq): its module, inputs and the two timed calls."""
-
-    def __init__(self, piece: str, model: Any, t: int, b: int, s: int, device: str, dtype: Any, seed: int = 0):
-        import torch
-
-        from autotune.runtime.model import Layout, StageModel, build_on_meta, materialize
-
-        layout = Layout(tp=_tp_axis(t))
-        first, last, layers = piece == "embed", piece == "head", [0] if piece == "block" else []
-        dev = torch.device(device)
-        self.module = materialize(build_on_meta(lambda: StageModel(model, layout, layers, first, last, s)),
-                                  model, seed, dev, dtype)
-        g = torch.Generator(device="cpu").manual_seed(seed + 7919 * t + 31 * b + s)
-        vocab_shard = model.vocab // t
-        if first:
-            self.x = torch.randint(0, vocab_shard, (b, s), generator=g).to(dev)
-        else:
-            self.x = (torch.randn(b, s, model.hidden, generator=g) * 0.5).to(device=dev, dtype=dtype)
-        self.target = torch.randint(0, vocab_shard, (b, s), generator=g).to(dev) if last else None
-        self.piece = piece
-        self.param_bytes = sum(p.numel() * p.element_size() for p in self.module.parameters())
-
-    def _out(self):
-        x = self.x
-        if self.piece != "embed":
-            x = x.detach().requires_grad_(True)  # the gradient flows on to the previous stage
-        y = self.module(x)
-        if self.piece == "head":
-            y = self.module.token_losses(y, self.target).mean()
-        return y
-
-    def fwd(self) -> None:
-        self._out()
-
-    def fwd_bwd(self) -> None:
-        import torch
-
-        y = self._out()
-        y.backward(torch.ones_like(y) if y.dim() else None)
-        for p in self.module.parameters():
-            p.grad = None
-
-    def saved(self) -> _SavedBytes:
-        import torch
-
-        rec = _SavedBytes(self.x.shape[1])
-        with torch.autograd.graph.saved_tensors_hooks(rec.pack, rec.unpack):
-            y = self._out()
-        del y
-        # weights and buffers (rotary tables) are model state, not activations
-        state = {t.untyped_storage().data_ptr() for t in (*self.module.parameters(), *self.module.buffers())}
-        rec.seen = {ptr: n for ptr, n in rec.seen.items() if ptr not in state}
-        return rec
-
-    def activation_bytes(self) -> int:
-        return self.saved().total
 
 
 Progress = Callable[[int, int, str], None]

@@ -15,7 +15,7 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -152,6 +152,28 @@ def _say_subset(plan: Plan, ctx: ExportContext) -> None:
         err_console.print(line, highlight=False, soft_wrap=True)
 
 
+def _check_flags(study: str | None, plan_file: str | None, trial: int | None, dry_run: bool, launch: bool,
+                 node_rank: int | None, hosts: str | None, remote_shell: str | None, output: str | None,
+                 fmt: str) -> None:
+    """The options that only go together, checked before anything is read."""
+    if (study is None) == (plan_file is None):
+        raise InputError("give exactly one of --study NAME or --plan FILE", field="--study/--plan")
+    if trial is not None and study is None:
+        raise InputError("--trial goes with --study", field="--trial")
+    if dry_run and not launch:
+        raise InputError("--dry-run only goes with --launch", field="--dry-run")
+    if node_rank is not None and not launch:
+        raise InputError("--node-rank only goes with --launch", field="--node-rank")
+    if hosts is not None and (not launch or node_rank is not None):
+        raise InputError("--hosts goes with --launch and starts every node from here (no --node-rank)",
+                         field="--hosts")
+    if remote_shell is not None and hosts is None:
+        raise InputError("--remote-shell only goes with --hosts", field="--remote-shell")
+    if launch and (output or fmt != "json"):
+        raise InputError("--launch runs the plan with autotune's own runtime; it writes no export "
+                         "(drop -o/--format, or export without --launch)", field="--launch")
+
+
 def command(
     study: Annotated[str | None, typer.Option("--study", help="Study name: export its best trial "
                                               "(the best measured one once validated).")] = None,
@@ -186,22 +208,7 @@ def command(
     json_: JsonOpt = False,
 ) -> None:
     """Export a plan for Megatron, torchtitan, DeepSpeed, Accelerate or JSON, or launch it."""
-    if (study is None) == (plan_file is None):
-        raise InputError("give exactly one of --study NAME or --plan FILE", field="--study/--plan")
-    if trial is not None and study is None:
-        raise InputError("--trial goes with --study", field="--trial")
-    if dry_run and not launch:
-        raise InputError("--dry-run only goes with --launch", field="--dry-run")
-    if node_rank is not None and not launch:
-        raise InputError("--node-rank only goes with --launch", field="--node-rank")
-    if hosts is not None and (not launch or node_rank is not None):
-        raise InputError("--hosts goes with --launch and starts every node from here (no --node-rank)",
-                         field="--hosts")
-    if remote_shell is not None and hosts is None:
-        raise InputError("--remote-shell only goes with --hosts", field="--remote-shell")
-    if launch and (output or fmt != "json"):
-        raise InputError("--launch runs the plan with autotune's own runtime; it writes no export "
-                         "(drop -o/--format, or export without --launch)", field="--launch")
+    _check_flags(study, plan_file, trial, dry_run, launch, node_rank, hosts, remote_shell, output, fmt)
     mod = exporter(fmt)
     if output:
         _check_output(output, fmt, force)
@@ -223,6 +230,13 @@ def command(
     if launch:
         _launch(plan, ctx, dry_run, steps, json_, node_rank, timeout, hosts, remote_shell)
         return
+    _export(record, plan, ctx, mod, fmt, output, force, json_)
+
+
+def _export(record: PlanRecord, plan: Plan, ctx: ExportContext, mod: Any, fmt: str, output: str | None,
+            force: bool, json_: bool) -> None:
+    """Price the resolved plan on its cluster, export it, write or print it (a refusal under --json:
+    the error object and the refusal, exit 2)."""
     # priced afresh on the cluster it is exported for (the file's or trial's prediction is not carried);
     # where the plan came from is, and what was measured unless it ran in another precision
     measured = record.measured if plan.dtype == record.plan.dtype else None
@@ -250,6 +264,7 @@ def command(
         err_console.print(f"wrote {written} ({fmt}) for {describe(plan)}; {priced}", highlight=False, soft_wrap=True)
     else:
         typer.echo(result.text, nl=False)
+
 
 
 command.__doc__ = HELP

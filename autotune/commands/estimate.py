@@ -27,6 +27,7 @@ from autotune.commands.common import (
     emit_json,
 )
 from autotune.dashboard.tables import Col, fit
+from autotune.stages import degrees_text
 from autotune.units import fmt_bytes, fmt_count, fmt_time
 
 HELP = "Predict step time, tokens/s, MFU and per-device memory of one plan on a cluster."
@@ -60,12 +61,26 @@ def command(model: ModelOpt, cluster: ClusterOpt, plan: PlanOpt, seq_len: SeqLen
     est = estimate(p, m, c, seq_len, global_batch, timeline=timeline, documents=docs.dist if docs else None,
                    kernels=kernels)
     subset = _subset(p, c, plan)
+    refused = _refusals(target, est.plan, m, c, seq_len, global_batch)
     if json_:
-        emit_json({**est.to_dict(), **({"subset": subset} if subset else {})})
+        emit_json({**est.to_dict(), **({"subset": subset} if subset else {}),
+                   **({"target": {"name": target, "cannot_run": refused}} if target != "runtime" else {})})
         return
     _print(est, m, c, wide)
     for line in [subset["text"], *subset["why"]] if subset else []:
         console.print(line, highlight=False, soft_wrap=True)
+    if refused:
+        console.print(f"note: {target} cannot run this plan as it is ({'; '.join(refused)}): priced as {target} "
+                      "would run it, but `apply --format` will refuse it", highlight=False, soft_wrap=True)
+
+
+def _refusals(target: str, plan: Any, model: Any, cluster: Any, seq_len: int, global_batch: int) -> list[str]:
+    """Why ``target`` cannot run the resolved plan (the exporter's own rules); empty for the runtime."""
+    if target == "runtime":
+        return []
+    from autotune.targets import context, refusals
+
+    return refusals(target, plan, context(model, cluster, seq_len, global_batch))
 
 
 def _subset(p: Any, cluster: Any, source: str) -> dict[str, Any] | None:
@@ -100,7 +115,7 @@ def _rank_ranges(rows: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]
 
 def _print(est: Any, model: Any, cluster: Any, wide: bool = False) -> None:
     pr, bd, plan = est.predicted, est.breakdown, est.plan
-    head = Table(title=f"{model.name} on {cluster.name}: {plan.degrees.inline()} {plan.schedule}, "
+    head = Table(title=f"{model.name} on {cluster.name}: {degrees_text(plan.to_dict())} {plan.schedule}, "
                        f"mbs {plan.micro_batch_size} x {plan.num_microbatches} micro-batches, recompute "
                        f"{plan.recompute}, zero {plan.zero_stage}", show_header=False, title_justify="left")
     head.add_column("figure")

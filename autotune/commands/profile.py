@@ -85,13 +85,16 @@ def run(
     storage: StorageOpt = DEFAULT_STORAGE,
     json_: JsonOpt = False,
 ) -> None:
-    """Run a profile (when no sub-command is given)."""
+    """Run a profile (when no sub-command is given).
+
+    Longer than a screen: its 18 options are declared in the signature (typer, 39 lines); the body
+    checks them and hands the measuring to ``_measure``."""
     if ctx.invoked_subcommand is not None:
         return
     if layers is not None:
         _run_layers(layers, device, mbs, seq, tp, dtype, label, storage, json_, attention)
         return
-    from profilers.launch import check_request, default_nproc, launch_local
+    from profilers.launch import check_request, default_nproc
     from profilers.store import engine_for, load_profile, save_profile
     from profilers.summary import summarize_profile
 
@@ -108,6 +111,25 @@ def run(
     nproc = nproc or default_nproc(kind)
     if hosts is not None:
         remote, prefix = _remote_parts(hosts, remote_shell, nnodes, nproc, kind, quick, timeout)
+    result, wall = _measure(kind, nproc, nnodes, node_rank, quick, timeout, slow, remote, prefix, json_)
+    if result is None:
+        return
+    pid = save_profile(result, storage, label=label, nproc=result.get("world", nproc), wall_s=wall)
+    summary = summarize_profile(load_profile(pid, storage))
+    if json_:
+        emit_json(summary)
+    else:
+        _print_summary(summary)
+        err_console.print(f"stored profile {pid} in {storage} ({wall:.1f} s); use it in a cluster file as "
+                          f"device: profile:{pid}", highlight=False)
+
+
+def _measure(kind: str, nproc: int, nnodes: int, node_rank: int | None, quick: bool, timeout: float,
+             slow: dict[int, float], remote: list[Any], prefix: str, json_: bool) -> tuple[dict[str, Any] | None, float]:
+    """(the ranks' result, wall seconds) of one profile run here, under a progress bar; (None, 0)
+    on a node of a multi-host profile whose rank 0 ran elsewhere (that host stores it)."""
+    from profilers.launch import launch_local
+
     t0 = time.perf_counter()
     with Progress(TextColumn("[bold]profile[/]"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console,
@@ -130,18 +152,11 @@ def run(
                                   highlight=False)
                 if json_:
                     emit_json({"stored": False, "nnodes": nnodes, "nproc": nproc})
-                return
+                return None, 0.0
         else:
             result = launch_local(kind, nproc, quick=quick, emulate=slow, timeout_s=timeout, progress=on_progress)
     wall = time.perf_counter() - t0
-    pid = save_profile(result, storage, label=label, nproc=result.get("world", nproc), wall_s=wall)
-    summary = summarize_profile(load_profile(pid, storage))
-    if json_:
-        emit_json(summary)
-    else:
-        _print_summary(summary)
-        err_console.print(f"stored profile {pid} in {storage} ({wall:.1f} s); use it in a cluster file as "
-                          f"device: profile:{pid}", highlight=False)
+    return result, wall
 
 
 def _hosts_request(hosts_file: str, nnodes: int, nproc: int | None, node_rank: int | None) -> tuple[int, int | None, int]:

@@ -49,13 +49,15 @@ def profile_quick(storage: str, nproc: int, say: Any) -> tuple[str | None, str]:
     return str(pid), f"profiled this machine: profile {pid} ({time.perf_counter() - t0:.1f} s)"
 
 
-def measured_cluster(profile_id: str, storage: str, nodes: int = 1, per_node: int | None = None) -> Any:
+def measured_cluster(profile_id: str, storage: str, nodes: int = 1, per_node: int | None = None,
+                     layers: tuple[str, ...] = ()) -> Any:
     """`local` with its device replaced by the measured profile (falls back to `local`); ``nodes``
-    such hosts of ``per_node`` devices each (``--hosts``)."""
-    return _like_this_machine(f"profile:{profile_id}", "measured-local", storage, nodes, per_node)
+    such hosts of ``per_node`` devices each (``--hosts``); ``layers``: its layer profiles."""
+    return _like_this_machine(f"profile:{profile_id}", "measured-local", storage, nodes, per_node, layers)
 
 
-def _like_this_machine(device: str, name: str, storage: str, nodes: int, per_node: int | None) -> Any:
+def _like_this_machine(device: str, name: str, storage: str, nodes: int, per_node: int | None,
+                       layers: tuple[str, ...] = ()) -> Any:
     from autotune.specs.cluster import cluster_from_dict, load_cluster
 
     g = load_cluster("local").groups[0]
@@ -65,7 +67,8 @@ def _like_this_machine(device: str, name: str, storage: str, nodes: int, per_nod
     d = {"name": name, "nodes": [{"count": nodes, "devices_per_node": per_node, "device": device,
                                   # cluster files write every figure with its unit
                                   "intra_node": {"bandwidth": f"{g.intra_node.bandwidth!r}B/s",
-                                                 "latency": f"{g.intra_node.latency!r}s"}}]}
+                                                 "latency": f"{g.intra_node.latency!r}s"},
+                                  **({"layer_profile": list(layers)} if layers else {})}]}
     return cluster_from_dict(d, source=f"{name} (this machine)", storage=storage)
 
 
@@ -81,12 +84,13 @@ def host_slots(hosts_file: str) -> int | None:
     return slots.pop() if slots else None
 
 
-def hosts_cluster(device: str, hosts_file: str, storage: str, per_node: int | None) -> Any:
+def hosts_cluster(device: str, hosts_file: str, storage: str, per_node: int | None,
+                  layers: tuple[str, ...] = ()) -> Any:
     """``tune --hosts FILE``: the file's hosts, each with this machine's ``device`` (its measured
     profile, else ``local``'s) and ``per_node`` devices (``host_slots``)."""
     from autotune.hostfile import read_hosts
 
-    return _like_this_machine(device, "hosts", storage, len(read_hosts(hosts_file)), per_node)
+    return _like_this_machine(device, "hosts", storage, len(read_hosts(hosts_file)), per_node, layers)
 
 
 def export_best(plan_dict: dict[str, Any], study: str, storage: str, out_dir: Path) -> Path:
@@ -116,6 +120,8 @@ def command(
     top: Annotated[int, typer.Option("--top", "-k", help="Plans to validate for real.", min=1)] = 3,
     steps: Annotated[int, typer.Option("--steps", help="Measured steps per real trial.", min=1)] = 3,
     profile: Annotated[bool, typer.Option("--profile/--no-profile", help="Profile this machine first.")] = True,
+    layers: Annotated[bool, typer.Option("--layers/--no-layers", help="CPU: time the model's own layers first "
+                                         "(and, with --dtype auto, pick the precision it trains fastest in).")] = True,
     storage: StorageOpt = DEFAULT_STORAGE,
     out_dir: Annotated[Path, typer.Option("--out-dir", help="Where the best plan JSON goes.")] = Path("results/plans"),
     seed: SeedOpt = 0,
@@ -126,10 +132,12 @@ def command(
     remote_shell: RemoteShellOpt = None,
     json_: JsonOpt = False,
 ) -> None:
-    """The whole loop on this machine: profile, search, validate the top 3, export the best plan."""
-    from autotune.plan import choose_dtype
+    """The whole loop on this machine: profile, search, validate the top 3, export the best plan.
+
+    Longer than a screen: its options are declared in the signature (typer); each step of the loop
+    is one call (``_cluster``, ``search``, ``validate`` or ``lead``, ``export_best``)."""
     from autotune.search import SearchOptions, search
-    from autotune.specs import load_cluster, load_model
+    from autotune.specs import load_model
     from autotune.study import default_study_name
     from autotune.validate import ValidateOptions, validate
 
@@ -140,6 +148,49 @@ def command(
         from autotune.runtime.data import prepare_data
 
         prepare_data(data, m.vocab, seq_len, global_batch, ValidateOptions().warmup + steps, dtype=data_dtype)
+    cluster, profile_id, layer_id, precision = _cluster(m, seq_len, global_batch, hosts, remote_shell, profile,
+                                                         layers, storage, dtype, say, notes)
+    name = ("tune-" + default_study_name(m, cluster, seq_len, global_batch) + (f"-p{profile_id}" if profile_id else "")
+            + (f"-l{layer_id}" if layer_id is not None else ""))
+    if precision != "bf16":  # a study holds one precision: another one is another study (as `search` names it)
+        name += f"-{precision}"
+    say(f"searching {m.name} on {cluster.name} ({cluster.num_devices} workers) ...")
+    res = search(m, cluster, seq_len, global_batch, study_name=name, storage=storage,
+                 options=SearchOptions(trials=trials, seed=seed, top=top, dtype=precision), progress=say)
+    notes += res.notes
+    say(f"validating the top {top} for real ...")
+    vopts = ValidateOptions(top=top, steps=steps, seed=seed, data=data, data_dtype=data_dtype)
+    if hosts is not None:  # across the hosts, started from here (autotune.runtime.control)
+        from autotune.runtime.control import lead
+
+        val = lead(name, storage, vopts, hosts_file=hosts, shell=remote_shell, progress=say)
+    else:
+        val = validate(name, storage, options=vopts, progress=say)
+    if val["best_measured"] is None:
+        raise WorkError("every validated plan failed: " + "; ".join(
+            f"trial {r['trial']}: {(r['failure'] or {}).get('message')}" for r in val["validated"]))
+    best = val["best_measured"]
+    path = export_best(best, name, storage, out_dir)
+    out = _summary(best, path, name, storage, profile_id, layer_id, precision, val, res, notes)
+    if json_:
+        emit_json(out)
+        return
+    from autotune.commands.validate import show as show_validate
+
+    show_validate(val)
+    for n in notes:
+        console.print(f"[dim]note: {n}[/]", highlight=False)
+    console.print(f"best plan written to {path}", highlight=False)
+
+
+def _cluster(m: Any, seq_len: int, global_batch: int, hosts: str | None, remote_shell: str | None, profile: bool,
+             layers: bool, storage: str, dtype: str, say: Any, notes: list[str]) -> tuple[Any, Any, Any, str]:
+    """(cluster, profile id, layer-profile id, precision) the loop searches: this machine (or every
+    host of --hosts), measured first unless --no-profile, its layers timed on CPU; notes say what fell
+    back to the catalogue and which precision was chosen and why."""
+    from autotune.plan import choose_dtype
+    from autotune.specs import load_cluster
+
     if remote_shell is not None and hosts is None:
         raise InputError("--remote-shell only goes with --hosts", field="--remote-shell")
     per_node = None
@@ -163,39 +214,35 @@ def command(
     if hosts is not None:
         cluster = hosts_cluster(device, hosts, storage, per_node)
     precision = choose_dtype(dtype, cluster)  # searched, validated (as searched) and exported in it
-    name = "tune-" + default_study_name(m, cluster, seq_len, global_batch) + (f"-p{profile_id}" if profile_id else "")
-    if precision != "bf16":  # a study holds one precision: another one is another study (as `search` names it)
-        name += f"-{precision}"
-    say(f"searching {m.name} on {cluster.name} ({cluster.num_devices} workers) ...")
-    res = search(m, cluster, seq_len, global_batch, study_name=name, storage=storage,
-                 options=SearchOptions(trials=trials, seed=seed, top=top, dtype=precision), progress=say)
-    notes += res.notes
-    say(f"validating the top {top} for real ...")
-    vopts = ValidateOptions(top=top, steps=steps, seed=seed, data=data, data_dtype=data_dtype)
-    if hosts is not None:  # across the hosts, started from here (autotune.runtime.control)
-        from autotune.runtime.control import lead
+    layer_id = None
+    if layers and all(t.kind == "cpu" for t in cluster.device_types()):
+        from autotune.commands import tune_layers as TL
 
-        val = lead(name, storage, vopts, hosts_file=hosts, shell=remote_shell, progress=say)
-    else:
-        val = validate(name, storage, options=vopts, progress=say)
-    if val["best_measured"] is None:
-        raise WorkError("every validated plan failed: " + "; ".join(
-            f"trial {r['trial']}: {(r['failure'] or {}).get('message')}" for r in val["validated"]))
-    best = val["best_measured"]
-    path = export_best(best, name, storage, out_dir)
+        if dtype == "auto":
+            chosen = TL.choose_precision(m, seq_len, global_batch, TL.candidate_dtypes(cluster), say)
+            precision = chosen.dtype
+            notes.append(chosen.note)  # the one line that says which precision and why
+        layer_id = TL.measure_layers(m, seq_len, global_batch, cluster.groups[0].devices_per_node, precision,
+                                     storage, say)
+        refs = (f"layers:{layer_id}",)
+        if hosts is not None:
+            cluster = hosts_cluster(device, hosts, storage, per_node, refs)
+        elif profile_id is not None:
+            cluster = measured_cluster(profile_id, storage, per_node=per_node, layers=refs)
+        else:
+            cluster = _like_this_machine(device, "local", storage, 1, per_node, refs)
+    return cluster, profile_id, layer_id, precision
+
+
+def _summary(best: dict[str, Any], path: Path, name: str, storage: str, profile_id: Any, layer_id: Any,
+             precision: str, val: dict[str, Any], res: Any, notes: list[str]) -> dict[str, Any]:
+    """What --json prints: the best plan, where it went, the errors before / after / held out."""
     errors = val.get("calibration_errors") or {}
     out = {"best": best, "plan_file": str(path), "study": name, "storage": storage, "profile": profile_id,
+           "layers": f"layers:{layer_id}" if layer_id is not None else None, "dtype": precision,
            # median |predicted - measured| / measured of the validated plans: before calibration,
            # after (fitted on them) and held out (leave-one-out, from 3 plans)
            "errors": {"before": errors.get("before"), "after": errors.get("after"),
                       "held_out": errors.get("held_out"), "plans": errors.get("plans")},
            "search": {k: v for k, v in res.to_dict().items() if k not in ("top",)}, "validate": val, "notes": notes}
-    if json_:
-        emit_json(out)
-        return
-    from autotune.commands.validate import show as show_validate
-
-    show_validate(val)
-    for n in notes:
-        console.print(f"[dim]note: {n}[/]", highlight=False)
-    console.print(f"best plan written to {path}", highlight=False)
+    return out

@@ -35,6 +35,7 @@ from __future__ import annotations
 import bisect
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -94,6 +95,9 @@ class CpuRates:
     ~460 GFLOP/s on this machine where the block's GEMMs run at 800-1000."""
     attn_head_times: dict[int, tuple[list[float], list[float], list[float]]] | None = None
     """{head_dim: (seq, fwd s, bwd s) of one (batch x head) causal call} from the profile."""
+    context: Context | None = None
+    """The kernel price mapped onto the runtime's block and head as measured in context (``Context``;
+    None: the profile has no ``block_ref`` for this dtype, and the kernel price stands alone)."""
 
     def gemm_time(self, flops: float, fallback_rate: float) -> float:
         """The per-call cost, then the measured rate at this size (``fallback_rate`` without points)."""
@@ -128,6 +132,93 @@ class CpuRates:
         return f, b
 
 
+@dataclass(frozen=True)
+class Context:
+    """What a CPU trial's block and head cost in context: per piece and direction, ``measured = fixed
+    + factor x kernel price``, solved from the profile's ``block_ref`` points (the runtime's own block
+    and head at ``profilers/block_ref.py``'s reference shape, two micro-batch sizes) against the
+    kernel price of the same shapes. ``fixed`` is the per-micro-batch cost the kernels timed alone
+    miss (operator dispatch and autograd nodes, ~230 per block fwd + bwd), ``factor`` what running
+    inside a step adds to every kernel (operands evicted between GEMMs, bf16 elementwise conversions).
+    Each is (fixed s, factor, floor s) for (block fwd, block bwd, head fwd, head bwd) (``_line``)."""
+
+    block_fwd: tuple[float, float, float]
+    block_bwd: tuple[float, float, float]
+    head_fwd: tuple[float, float, float]
+    head_bwd: tuple[float, float, float]
+    source: str
+
+    @staticmethod
+    def _at(line: tuple[float, float, float], x: float) -> float:
+        a, k, floor = line
+        return max(a + k * x, floor)
+
+    def block(self, fwd: float, bwd: float) -> tuple[float, float]:
+        """(fwd, bwd) seconds of a block whose kernel price is (``fwd``, ``bwd``), in context."""
+        return self._at(self.block_fwd, fwd), self._at(self.block_bwd, bwd)
+
+    def head(self, fwd: float, bwd: float) -> tuple[float, float]:
+        return self._at(self.head_fwd, fwd), self._at(self.head_bwd, bwd)
+
+
+def _line(x: tuple[float, ...], y: tuple[float, ...]) -> tuple[float, float, float]:
+    """(fixed, factor, floor) of y = fixed + factor * x: through the first point (the negligible shape,
+    whose measured time is what the block costs whatever its size), the factor least squares in
+    relative error over the others (the reference shape's micro-batches). ``fixed`` may be negative
+    (the kernel price of the negligible shape already counts some per-call costs, and the factor
+    scales them too); ``floor`` (the first point's time) bounds a price from below. A factor <= 0
+    (noise) falls back to the ratio of the sums."""
+    x0, y0 = x[0], y[0]
+    num = sum((xi - x0) * (yi - y0) / yi**2 for xi, yi in zip(x[1:], y[1:], strict=True) if yi > 0)
+    den = sum((xi - x0) ** 2 / yi**2 for xi, yi in zip(x[1:], y[1:], strict=True) if yi > 0)
+    k = num / den if den > 0 else 0.0
+    if k > 0 and math.isfinite(k):
+        return y0 - k * x0, k, y0
+    sx, sy = sum(x[1:]), sum(y[1:])
+    return 0.0, sy / sx if sx > 0 and sy > 0 else 1.0, 0.0
+
+
+def _ref_model(shape: dict[str, Any], name: str) -> tuple[Any, int]:
+    from autotune.specs.model import ModelSpec
+
+    return (ModelSpec(name=name, layers=1, hidden=int(shape["hidden"]), heads=int(shape["heads"]),
+                      kv_heads=int(shape["kv_heads"]), ffn_hidden=int(shape["ffn_hidden"]), vocab=int(shape["vocab"]),
+                      activation=str(shape.get("activation", "swiglu")), source="profile block_ref"),
+            int(shape["seq"]))
+
+
+def context_of(prof: dict[str, Any], dtype: str,
+               price: Callable[[Any, int, int], tuple[float, float, float, float]]) -> Context | None:
+    """The ``Context`` of a CPU profile at ``dtype`` (None without two micro-batches of each piece):
+    the reference shapes priced by ``price(model, seq, micro_batch)`` (the kernel model's block fwd,
+    bwd and head fwd, bwd: ``compute.reference_price``), against what the profile measured for them."""
+    ref = (prof.get("block_ref") or {}).get(dtype)
+    if not isinstance(ref, dict):
+        return None
+    try:
+        pts = {(str(p[0]), int(p[1])): (float(p[2]), float(p[3])) for p in ref["points"]}
+        model, seq = _ref_model(ref["shape"], "cpu-ref")
+        fixed_model, fixed_seq = _ref_model(ref["shape"]["fixed"], "cpu-fixed")
+    except (KeyError, TypeError, ValueError, IndexError):
+        return None
+    mbs = sorted({b for piece, b in pts if piece == "block" and b > 0 and ("head", b) in pts})
+    if len(mbs) < 2:
+        return None
+    if ("block", 0) not in pts or ("head", 0) not in pts:  # no fixed shape: the line through two micro-batches
+        mbs, first = mbs[1:], mbs[0]
+    else:
+        first = 0
+    priced = [price(fixed_model, fixed_seq, 1) if first == 0 else price(model, seq, first)]
+    priced += [price(model, seq, b) for b in mbs]
+    measured = [(*pts["block", b], *pts["head", b]) for b in (first, *mbs)]
+    lines = [_line(tuple(k[i] for k in priced), tuple(m[i] for m in measured)) for i in range(4)]
+    if first != 0:  # the first point is a real micro-batch, not the negligible shape: no floor from it
+        lines = [(a, k, 0.0) for a, k, _ in lines]
+    src = (f"profile block_ref ({dtype}: the runtime's block and head at hidden {fixed_model.hidden} / seq "
+           f"{fixed_seq} and hidden {model.hidden} / seq {seq}, micro-batches {', '.join(map(str, mbs))})")
+    return Context(*lines, source=src)
+
+
 def _overhead(over: dict[str, Any], key: str, dtype: str, default: float) -> float:
     """A measured per-call constant: a number, or {dtype: number} (the profiler measures GEMM calls
     per dtype); ``default`` where absent or not a finite non-negative number."""
@@ -152,8 +243,14 @@ def _gemm_points(prof: dict[str, Any], dtype: str) -> tuple[list[float], list[fl
     return xs, [sorted(by_size[x])[len(by_size[x]) // 2] for x in xs]
 
 
-def _attention_head_times(prof: dict[str, Any]) -> dict[int, tuple[list[float], list[float], list[float]]] | None:
-    att = prof.get("attention") or {}
+def _attention_head_times(prof: dict[str, Any], dtype: str = "fp32"
+                          ) -> dict[int, tuple[list[float], list[float], list[float]]] | None:
+    """Per head dim (seq, fwd s, bwd s) of one (batch x head) call: the profile's ``attention_trial``
+    where it was measured in ``dtype`` (the CPU flash kernel's bf16 backward is several times its
+    fp32 one), else its ``attention`` rows."""
+    trial = prof.get("attention_trial") or {}
+    att = trial if isinstance(trial, dict) and trial.get("dtype") == dtype and trial.get("by_head_dim") else (
+        prof.get("attention") or {})
     by_hd = att.get("by_head_dim") if isinstance(att, dict) else None
     if not (isinstance(by_hd, dict) and by_hd):
         return None
@@ -178,7 +275,7 @@ def cpu_rates(spec: Any, dtype: str) -> CpuRates:
         sync_call_s=_overhead(over, "sync_call_s", dtype, CPU_SYNC_CALL_S),
         sync_skew=_overhead(over, "sync_skew", dtype, CPU_SYNC_SKEW),
         gemm_points=_gemm_points(prof, dtype),
-        attn_head_times=_attention_head_times(prof))
+        attn_head_times=_attention_head_times(prof, dtype))
 
 
 # ---- compute ---------------------------------------------------------------------------------------
@@ -341,6 +438,16 @@ def sync_waits(ctx: RankContext, comp_f: float, comp_b: float) -> tuple[float, f
     cpu = ctx.rates.cpu
     return (ctx.mf * (calls_f * cpu.sync_call_s + cpu.sync_skew * comp_f),
             ctx.mf * (calls_b * cpu.sync_call_s + cpu.sync_skew * comp_b))
+
+
+def exposed_grad_sync(overlappable: float, exposed: float) -> tuple[float, float]:
+    """CPU: the step's gradient reduction hides behind nothing. A local trial runs one compute thread
+    per core, so gloo's thread, which would overlap the reduction with the last backward on a GPU's
+    own stream, takes its turn on a busy core. Measured (``autotune tune``, small, dp=2 ZeRO-2 bf16,
+    load ~1): 0.10-0.13 s a step in collectives on the runtime's time split, with the backward
+    running alongside them nothing shorter, against a raw gloo-table price of 0.059 s priced as
+    hidden. Returns (overlappable 0, exposed with it)."""
+    return 0.0, exposed + overlappable
 
 
 def head_tp_comm(ctx: RankContext) -> tuple[float, float]:

@@ -235,10 +235,13 @@ def rank_times(ctx) -> HelixRankTimes:
     share = min(1.0, attn_bytes / max(full - scores, 1.0))
     elem_a, elem_p = lc.elem_fwd * share, lc.elem_fwd * (1.0 - share)
     keep = s.recompute == "full"
+    # the backward's elementwise (and host) time per forward's: the runtime's counted backward kernels
+    # where it has them (compute.LayerCompute.elem_bwd), else twice
+    eb = lc.elem_bwd / lc.elem_fwd if lc.elem_bwd is not None and lc.elem_fwd > 0 else 2.0
     a_f = cf * (qkv + lc.attn_fwd + elem_a)
-    a_b = cf * (2.0 * qkv + lc.attn_bwd + 2.0 * elem_a + (qkv + elem_a if keep else 0.0))
+    a_b = cf * (2.0 * qkv + lc.attn_bwd + eb * elem_a + (qkv + elem_a if keep else 0.0))
     p_f = cf * (lc.gemm_fwd - qkv + elem_p)
-    p_b = 2.0 * p_f + (p_f if keep else 0.0)
+    p_b = (2.0 * p_f if eb == 2.0 else cf * (2.0 * (lc.gemm_fwd - qkv) + eb * elem_p)) + (p_f if keep else 0.0)
     tp1 = TP.block_comm(ctx)
     sync_f, sync_b = _cpu.sync_waits(ctx, cf * lc.fwd, cf * lc.bwd) if rates.cpu is not None else (0.0, 0.0)
     tpa_f, tpa_b = ATTENTION_TP_SHARE * (tp1 + sync_f), ATTENTION_TP_SHARE * (tp1 + sync_b)

@@ -353,25 +353,12 @@ def rank_sources(ctx: Any) -> dict[str, str]:
 
 
 def measured_block(lc: Any, hit: Lookup) -> Any:
-    """The kernel model's ``LayerCompute`` with its totals replaced by the measured block: each
-    forward term scaled so they sum to the measured forward (selective recomputation still finds
-    the attention core's share), backward the measured backward."""
-    from autotune.cost.compute import LayerCompute
+    """The kernel model's ``LayerCompute`` with its totals replaced by the measured block
+    (``compute.rescaled_block``: each forward term scaled to the measured forward, backward the
+    measured backward)."""
+    from autotune.cost.compute import rescaled_block
 
-    scale = hit.fwd / lc.fwd if lc.fwd > 0 else 0.0
-
-    class MeasuredLayerCompute(LayerCompute):
-        @property
-        def fwd(self) -> float:
-            return hit.fwd
-
-        @property
-        def bwd(self) -> float:
-            return hit.bwd
-
-    return MeasuredLayerCompute(gemm_fwd=lc.gemm_fwd * scale, attn_fwd=lc.attn_fwd * scale,
-                                attn_bwd=hit.bwd * (lc.attn_bwd / lc.bwd if lc.bwd > 0 else 0.0),
-                                elem_fwd=lc.elem_fwd * scale)
+    return rescaled_block(lc, hit.fwd, hit.bwd)
 
 
 def predicted_pieces(plan: Any, model: Any, cluster: Any, seq_len: int, global_batch: int,

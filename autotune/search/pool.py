@@ -17,7 +17,8 @@ How subsets enter the search (and how the work is divided):
    (autotune/search/run.py): baselines, balanced starts, the sampler and the polish. The first
    (the screening's best by the objective) gets a plain search's budget, and so does every subset
    of a small pool; on a larger pool the others share it (at least ``MIN_SAMPLER`` sampler trials
-   and ``MIN_POLISH`` polish calls each). At 128 devices of four types that is 15 subsets screened
+   and ``MIN_POLISH`` polish calls each) and skip the baselines (their balanced starts already
+   price every degree layout once). At 128 devices of four types that is 15 subsets screened
    and 3 refined: about 1.7x the trials of a plain search of the whole pool.
 
 Each subset is a search of its own on ``subset(pool, uses)`` (the same space, evaluator and
@@ -211,11 +212,11 @@ class _PoolRun:
             k = 1 if P.devices_of(self.pool, None) <= SMALL_POOL else len(chosen)
             for i, uses in enumerate(chosen):  # the phases of a plain search (autotune/search/run.py)
                 ev, ws = state[uses]
-                if i == 0:  # the screening's best by the objective: a plain search's budget
+                if i == 0 or k == 1:  # the screening's best by the objective (or a small pool): a plain budget
                     n_k, polish_k = n_main, n_polish
-                else:
+                    run_baselines(ws, ev, deadline)
+                else:  # a share, and no baselines (~230 plans at 128 devices; the starts cover each layout)
                     n_k, polish_k = max(MIN_SAMPLER, n_main // k), max(MIN_POLISH, n_polish // k) if n_polish else 0
-                run_baselines(ws, ev, deadline)
                 if polish_k:
                     run_starts(ws, ev, deadline, polish_k, self.opts.seed)
                 run_sampler(ws, ev, n_k, deadline)

@@ -321,7 +321,9 @@ def device_spec_from_profile(ref: str | int, storage: str | None = None):
                "attention_trial": fit.get("attention_trial") or {},
                # the rank's measured per-call costs (profilers.overheads); the cost model falls back
                # to its defaults for any key absent here
-               "overheads": fit.get("overheads") or {}}
+               "overheads": fit.get("overheads") or {},
+               # the runtime's block and head at a reference shape (profilers/block_ref.py)
+               "block_ref": fit.get("block_ref") or {}}
     return DeviceSpec(name=f"profile:{pid}" + (f":{rank}" if rank is not None else ""), kind=info["device_kind"],
                       peak_flops=peak, memory_bytes=capacity or (fallback.memory_bytes if fallback else 0.0),
                       memory_bandwidth=float(mem.get("bandwidth_bytes_per_s") or 0.0) or 1.0 * GB,

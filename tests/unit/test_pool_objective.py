@@ -82,3 +82,22 @@ def test_a_step_time_no_plan_meets_is_said():
 
     with pytest.raises(WorkError, match="no plan steps within --max-step-time 1e-09 s; the fastest found takes"):
         _search("unmet", "time", None, "1ns")
+
+
+def test_a_much_slower_group_is_left_out_and_the_line_says_why():
+    """8 H100 + 8 V100-16GB, llama2-7b at 64k tokens: the fastest plan leaves the V100s out, and the
+    line compares it with the best plan found with them (which the study holds)."""
+    pool = cluster_from_dict({"name": "h100-v100", "inter_node": {"bandwidth": "100Gbit/s", "latency": "5us"},
+                              "nodes": [{"available": 1, "devices_per_node": 8, "device": "H100-SXM"},
+                                        {"available": 1, "devices_per_node": 8, "device": "V100-16GB"}]})
+    res = pool_search(load_model("llama2-7b"), pool, 65536, 8, study_name="slow-group", storage=":memory:",
+                      options=SearchOptions(dtype="fp16", trials=30), objective=make_objective("time", None, None, pool))
+    assert res.best.plan.uses == (1, 0)
+    trials = [t for t in optuna.load_study(study_name="slow-group", storage=storage_for(":memory:"))
+              .get_trials(deepcopy=False) if is_feasible(t) and t.user_attrs.get("uses") == "1,1"]
+    with_them = min(step_of(t.user_attrs) for t in trials)
+    ratio = with_them / res.best.predicted["step_time_s"]
+    assert ratio > 1 and len(res.left_out) == 1
+    assert res.left_out[0].startswith(f"8 V100-16GB left out: with them the step takes {ratio:.2f}x longer")
+    # without prices the front is drawn against the devices used
+    assert [p["devices"] for p in res.front] == sorted(p["devices"] for p in res.front)[::-1] or len(res.front) == 1

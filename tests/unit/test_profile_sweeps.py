@@ -25,9 +25,11 @@ def test_gemm_shapes_are_a_layers_matmuls_within_the_cap():
                 want.add((m, k, n))
     assert set(shapes) == want and len(shapes) == len(want)
     assert compute_steps("cpu", True) < compute_steps("cpu", False)
+    from profilers.block_ref import ref_points
     from profilers.overheads import call_gemm_shapes, op_points
 
-    calls = len(plan.gemm_dtypes) * len(call_gemm_shapes("cpu")) + len(op_points("cpu"))
+    # the reference block and head (profilers/block_ref.py): one item per piece and size per dtype
+    calls = len(plan.gemm_dtypes) * (len(call_gemm_shapes("cpu")) + len(ref_points("cpu"))) + len(op_points("cpu"))
     attn = len(attention_points(plan)) + len(attention_points(plan, trial=True))
     n_points = len(plan.gemm_dtypes) * len(shapes) + calls + attn + 1
     assert compute_steps("cpu", False) == plan.rounds * n_points

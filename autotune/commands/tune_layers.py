@@ -1,0 +1,102 @@
+"""`tune` measures the model it tunes: its real pieces in each precision, then the grid the search prices.
+
+A CPU trial's step is made of what a kernel profile cannot see in isolation: ~230 operator dispatches
+per block and micro-batch (its autograd nodes, views, casts), GEMMs whose operands the elementwise
+operators between them evicted from the cache, bf16 elementwise kernels that convert every element
+(docs/cpu-constants.md, "What the kernel curves miss"). So before it searches, `tune` times the
+runtime's own ``embed``, ``block`` and ``head`` (``profilers/layers.py``, one thread, the thread's
+CPU clock: another process's slices are not counted) and hands them to the cost model as the
+device's layer profile (``autotune/cost/layers.py`` prices a plan's pieces from them first):
+
+1. **precision** (``--dtype auto``): one block and the head at one micro-batch in every precision this
+   CPU computes natively; the fastest per token is the one searched, validated and exported (bf16
+   on a CPU without bf16 units is another machine: no AMX / AVX-512-BF16, each element converted);
+2. **grid**: every piece at each micro-batch size the search can choose (the divisors of the
+   global batch), the workload's sequence, and each tp shard the local ranks can split the model
+   into, in that precision.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+PROBE_MBS = 2
+"""Micro-batch the precision probe times (small enough to be quick, large enough that the GEMMs and
+attention, not the dispatch, decide; capped by the global batch)."""
+
+
+@dataclass(frozen=True)
+class Precision:
+    """The precision ``tune`` runs in and why."""
+
+    dtype: str
+    per_token_s: dict[str, float]
+    """Measured seconds per token (fwd + bwd of every block and the head) per precision probed."""
+    note: str
+
+
+def candidate_dtypes(cluster: Any) -> list[str]:
+    """Precisions every device of ``cluster`` has (its profile's measured GEMM dtypes where measured),
+    in ``choose_dtype``'s order of preference."""
+    types = list(cluster.device_types())
+    return [dt for dt in ("bf16", "fp16", "fp32") if all(dt in t.peak_flops for t in types)]
+
+
+def layer_grid(model: Any, global_batch: int, world: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(micro-batch sizes, tp shards) the search on ``world`` local ranks can price: every divisor of
+    the global batch, and every tp dividing the world that splits the model evenly."""
+    from profilers.layers import shard_sizes
+
+    mbs = tuple(b for b in range(1, global_batch + 1) if global_batch % b == 0)
+    tps, _ = shard_sizes(model, tuple(t for t in range(1, world + 1) if world % t == 0))
+    return mbs, tps
+
+
+def _sweep(mbs: tuple[int, ...], seq: int, tps: tuple[int, ...], dtype: str, pieces: tuple[str, ...]) -> Any:
+    from profilers.layers import LayerSweep
+
+    return LayerSweep(micro_batches=mbs, seq_lens=(seq,), tp=tps, dtype=dtype, pieces=pieces, threads=1)
+
+
+def per_token_s(doc: dict[str, Any], layers: int) -> float:
+    """Seconds per token of ``layers`` blocks and the head, fwd + bwd, at the doc's largest tp-1 micro-batch."""
+    pts = [p for p in doc["points"] if p["tp"] == 1]
+    b = max(p["micro_batch"] for p in pts)
+    t = {p["piece"]: p["fwd_s"] + p["bwd_s"] for p in pts if p["micro_batch"] == b}
+    seq = next(p["seq"] for p in pts)
+    return (layers * t["block"] + t.get("head", 0.0)) / (b * seq)
+
+
+def choose_precision(model: Any, seq: int, global_batch: int, dtypes: list[str], say: Any) -> Precision:
+    """Time one block and the head at ``PROBE_MBS`` in each of ``dtypes``; the fastest per token."""
+    from profilers.layers import profile_layers
+
+    if len(dtypes) == 1:
+        return Precision(dtypes[0], {}, f"precision: {dtypes[0]} (the only one every device has)")
+    say(f"timing {model.name} in {', '.join(dtypes)} to pick the precision ...")
+    b = min(PROBE_MBS, global_batch)
+    per = {dt: per_token_s(profile_layers(model, "cpu", _sweep((b,), seq, (1,), dt, ("block", "head"))), model.layers)
+           for dt in dtypes}
+    best = min(per, key=per.get)
+    others = ", ".join(f"{dt} {per[dt] * 1e6:,.0f}" for dt in dtypes if dt != best)
+    note = (f"precision: {best}, the fastest this machine trains {model.name} in ({per[best] * 1e6:,.0f} us/token "
+            f"against {others}; measured, micro-batch {b}); --dtype chooses another")
+    return Precision(best, per, note)
+
+
+def measure_layers(model: Any, seq: int, global_batch: int, world: int, dtype: str, storage: str, say: Any) -> int:
+    """Time the model's pieces on the grid the search prices, store them; the ``layers:ID``."""
+    import time
+
+    from profilers.layers import profile_layers
+    from profilers.store import save_layer_profile
+
+    mbs, tps = layer_grid(model, global_batch, world)
+    say(f"timing {model.name}'s layers in {dtype} (micro-batches {', '.join(map(str, mbs))}; "
+        f"tp {', '.join(map(str, tps))}) ...")
+    t0 = time.perf_counter()
+    doc = profile_layers(model, "cpu", _sweep(mbs, seq, tps, dtype, ("embed", "block", "head")))
+    lid = save_layer_profile(doc, storage, label="tune")
+    say(f"measured {model.name}'s layers: layers:{lid} ({time.perf_counter() - t0:.1f} s)")
+    return lid
