@@ -238,8 +238,7 @@ class Plan:
         count) and validate against the model and cluster; raises PlanError naming every problem.
         A plan this returned resolves to itself against the same workload without being checked
         again (the search resolves each plan it builds, and the estimate resolves it once more).
-        Longer than a screen: the subset and per-stage plans branch off first, then the defaults are
-        filled in the order the checks need them (shares, placement, micro-batch count)."""
+        The subset and per-stage plans branch off first, then ``_with_defaults`` fills the rest."""
         if self.uses is not None:  # a plan on a subset of a pool resolves on that subset
             from autotune.specs.pool import subset
 
@@ -254,10 +253,23 @@ class Plan:
             plan = ST.resolve(self, model, cluster, seq_len, global_batch)
             _RESOLVED[(id(plan), id(model), id(cluster), seq_len, global_batch)] = (plan, model, cluster)
             return plan
-        d = self.degrees
         problems = _check_basic(self, model, cluster, seq_len, global_batch)
         if problems:
             raise PlanError("; ".join(problems), field="plan")
+        plan = self._with_defaults(model, cluster, seq_len, global_batch)
+        problems = _check_resolved(plan, model, cluster, seq_len, global_batch)
+        if problems:
+            raise PlanError("; ".join(problems), field="plan")
+        if len(_RESOLVED) > 4096:
+            _RESOLVED.clear()
+        # Plan, ModelSpec and ClusterSpec are frozen; the entry holds all three, so no id is reused
+        _RESOLVED[(id(plan), id(model), id(cluster), seq_len, global_batch)] = (plan, model, cluster)
+        return plan
+
+    def _with_defaults(self, model: Any, cluster: Any, seq_len: int, global_batch: int) -> Plan:
+        """This plan with what it left out filled in, in the order the checks need them (even shares,
+        node-order placement, micro-batch count) and its workload named; not yet checked."""
+        d = self.degrees
         sh = self.shares
         layers = sh.layers or tuple(even_split(model.layers, d.pp * self.virtual_stages))
         heads = sh.heads or tuple(even_split(model.heads // d.tp, d.hp))
@@ -277,19 +289,11 @@ class Plan:
         nmb = self.num_microbatches
         if nmb is None and all(s % mbs == 0 for s in samples):
             nmb = max(samples) // mbs
-        plan = self.replace(
+        return self.replace(
             shares=Shares(layers=tuple(layers), tokens=tuple(tokens), heads=tuple(heads), samples=tuple(samples)),
             placement=tuple(placement), num_microbatches=nmb,
             workload=Workload(model=model.name, seq_len=seq_len, global_batch=global_batch,
                               cluster=getattr(cluster, "name", "")))
-        problems = _check_resolved(plan, model, cluster, seq_len, global_batch)
-        if problems:
-            raise PlanError("; ".join(problems), field="plan")
-        if len(_RESOLVED) > 4096:
-            _RESOLVED.clear()
-        # Plan, ModelSpec and ClusterSpec are frozen; the entry holds all three, so no id is reused
-        _RESOLVED[(id(plan), id(model), id(cluster), seq_len, global_batch)] = (plan, model, cluster)
-        return plan
 
     # ---- JSON ---------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
