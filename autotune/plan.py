@@ -237,7 +237,9 @@ class Plan:
         """Fill what a hand-written plan left out (even shares, node-order placement, micro-batch
         count) and validate against the model and cluster; raises PlanError naming every problem.
         A plan this returned resolves to itself against the same workload without being checked
-        again (the search resolves each plan it builds, and the estimate resolves it once more)."""
+        again (the search resolves each plan it builds, and the estimate resolves it once more).
+        Longer than a screen: the subset and per-stage plans branch off first, then the defaults are
+        filled in the order the checks need them (shares, placement, micro-batch count)."""
         if self.uses is not None:  # a plan on a subset of a pool resolves on that subset
             from autotune.specs.pool import subset
 
@@ -389,6 +391,8 @@ def _int_list(v: Any, field: str) -> tuple[int, ...] | None:
 
 
 def _plan_from_dict(d: Any) -> Plan:
+    """A Plan from its JSON object. Longer than a screen: one field after another, each read and
+    checked where it is named, so an error names the field it is about."""
     if not isinstance(d, dict):
         raise InputError(f"a plan must be a JSON object, got {type(d).__name__}")
     F.reject_unknown(d, _PLAN_KEYS, None)

@@ -382,19 +382,20 @@ def is_uniform(stages: tuple[Stage, ...]) -> bool:
 
 
 def inline(stages: tuple[Stage, ...]) -> str:
-    """One line per plan for tables: ``6L[tp4 x2] | 7L[tp1 x2] ...`` (replicas of one tp grouped)."""
+    """One line per plan for tables: ``6L(tp4x2) | 7L(tp1x2) ...`` (replicas of one tp grouped;
+    parentheses, not brackets, which rich would read as markup)."""
     parts = []
     for st in stages:
         groups: dict[int, int] = {}
         for t in st.tps:
             groups[t] = groups.get(t, 0) + 1
-        parts.append(f"{st.layers}L[" + "+".join(f"tp{t}x{n}" for t, n in groups.items()) + "]")
+        parts.append(f"{st.layers}L(" + "+".join(f"tp{t}x{n}" for t, n in groups.items()) + ")")
     return " | ".join(parts)
 
 
 def degrees_text(plan: dict[str, Any] | None) -> str:
     """How tables show a plan dict's layout: ``dp=2,pp=2,tp=4``, or a per-stage plan's stages with
-    their own degrees (``stages 6L[tp4x2] | 7L[tp1x2]``; one place for the CLI and the dashboard)."""
+    their own degrees (``stages 6L(tp4x2) | 7L(tp1x2)``; one place for the CLI and the dashboard)."""
     plan = plan or {}
     if plan.get("stages"):
         try:

@@ -273,9 +273,10 @@ def validate(study_name: str, storage: str, *, options: ValidateOptions | None =
     it); they must be the study's cluster (``autotune.machines.check_machines``), else a
     ``ClusterMismatch`` (exit 2) before anything runs or is written. ``runner`` (run_trial's
     signature) and ``prepare`` (raises InputError for a plan it cannot run) launch elsewhere than
-    local processes: across hosts, ``autotune.runtime.control.Leader``."""
-    # Over 60 lines on purpose: each phase is a helper below (_documents_and_data, _choose_plans,
-    # _run_plans, _calibrate, _rerank, _store_best); what stays here is their order, read top down.
+    local processes: across hosts, ``autotune.runtime.control.Leader``.
+
+    Longer than a screen: each phase is a helper below (``_documents_and_data``, ``_choose_plans``,
+    ``_run_plans``, ``_calibrate``, ``_rerank``, ``_store_best``); what stays here is their order."""
     opts = options or ValidateOptions()
     if opts.top < 1:
         raise InputError(f"must be >= 1, got {opts.top}", field="--top")

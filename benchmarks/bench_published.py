@@ -112,9 +112,14 @@ def _mosaic(size: str, gpu: str, n: int, seq: int, mbs: int, ga: int, ac: bool, 
                nodes=[{"count": n // per_node, "devices_per_node": per_node, "device": dev,
                        "intra_node": {"bandwidth": "450GB/s" if dev.startswith("H100") else "300GB/s"}}],
                inter_node=nic, plan=f"dp={n},zero=3,mbs={mbs},recompute={'full' if ac else 'none'},dtype=bf16",
-               seq=seq, batch=gbs, published_step_s=gbs * seq / tput, target="eager",
+               seq=seq, batch=gbs, published_step_s=gbs * seq / tput,
+               target="eager-2023-attn" if gpu == "h100" else "eager",
                published_as=f"{tput:g} tokens/s over {n} GPUs (step = {gbs} x {seq} tokens / throughput)",
-               assumed="inter-node per GPU: the table's 1600 Gbps per node / 8 (A100); 3200 Gbps per node (H100)")
+               assumed="inter-node per GPU: the table's 1600 Gbps per node / 8 (A100); 3200 Gbps per node (H100)"
+                       + ("; attention as the run ran it: the MPT yamls' attn_impl: triton (llm-foundry "
+                          "scripts/train/yamls/pretrain/mpt-*.yaml), a pre-Hopper flash kernel, priced at "
+                          "FlashAttention-2's 35% of H100 peak (Shah et al. 2024; kernels.FA2_ON_HOPPER_EFF), "
+                          "an upper bound for the Triton kernel" if gpu == "h100" else ""))
 
 
 def published(row: Row) -> float:
@@ -202,17 +207,21 @@ FITTED: dict[str, list[str]] = {
 other figures the prices rest on were chosen elsewhere: GEMM ceilings (catalogue, cuBLAS
 measurements), ``datasheet.K_FILL`` (the H200 GEMM sweep), the Hopper clock (the H200 sweep),
 kernel counts (counted from each runtime's code), host time per kernel (H200 sweep; Sailor's layers
-for Megatron-DeepSpeed, benchmarks/bench_layers.py)."""
+for Megatron-DeepSpeed, benchmarks/bench_layers.py), eager loss traffic (counted from the ops), the
+attention of 2023's pre-Hopper kernels on H100 (``kernels.FA2_ON_HOPPER_EFF``: the FlashAttention-3
+paper's figure, read before these rows were priced with it, never tuned on them)."""
 A100_CLOCK_GRID = [round(0.80 + 0.01 * i, 2) for i in range(14)]
 
 
 def _other_runtimes() -> dict[str, Any]:
     """Runtimes of these runs that are no autotune target: eager PyTorch (Composer, torchtitan before
-    compile) and the 2021-22 Megatron-DeepSpeed whose per-kernel time Sailor's layer timings fix
+    compile), eager PyTorch with 2023's pre-Hopper flash attention on H100 (MosaicML's MPT runs:
+    ``kernels.EAGER_PRE_HOPPER_ATTENTION``, its figure from the FlashAttention-3 paper) and the 2021-22 Megatron-DeepSpeed whose per-kernel time Sailor's layer timings fix
     (``kernels.MEGATRON_DEEPSPEED_EAGER``, fitted in benchmarks/bench_layers.py, not here)."""
-    from autotune.cost.kernels import EAGER, MEGATRON_DEEPSPEED_EAGER
+    from autotune.cost.kernels import EAGER, EAGER_PRE_HOPPER_ATTENTION, MEGATRON_DEEPSPEED_EAGER
 
-    return {"eager": EAGER, "megatron-deepspeed": MEGATRON_DEEPSPEED_EAGER}
+    return {"eager": EAGER, "eager-2023-attn": EAGER_PRE_HOPPER_ATTENTION,
+            "megatron-deepspeed": MEGATRON_DEEPSPEED_EAGER}
 
 
 def predict(row: Row) -> dict[str, Any]:

@@ -36,8 +36,11 @@ def layout(plan: dict) -> str:
     """A validated plan's configuration in one short string (what identifies it across runs)."""
     d = plan["degrees"]
     deg = ",".join(f"{k}={v}" for k, v in d.items() if v > 1) or "single"
+    sh = plan.get("shares") or {}
+    uneven = "".join(f" {k}={'/'.join(map(str, v))}" for k, v in sh.items()
+                     if isinstance(v, list) and len(set(v)) > 1)  # uneven shares tell two plans apart
     return (f"{deg} mbs{plan['micro_batch_size']}x{plan['num_microbatches']} {plan['schedule']} "
-            f"z{plan['zero_stage']} rc={plan['recompute']}")
+            f"z{plan['zero_stage']} rc={plan['recompute']}{' sp' if plan.get('sequence_parallel') else ''}{uneven}")
 
 
 def one_run(i: int, work: Path, extra: list[str]) -> dict:
@@ -80,14 +83,14 @@ def main() -> None:
                 print(f"  {n}")
         for v in out["validate"]["validated"]:
             if not v.get("measured"):
-                print(f"  {layout(v['plan']):44} failed: {(v.get('failure') or {}).get('message')}")
+                print(f"  {layout(v['plan']):52} failed: {(v.get('failure') or {}).get('message')}")
                 continue
             p, m = v["predicted"]["tokens_per_s"], v["measured"]["tokens_per_s"]
             err = v["error"]  # validate's: (predicted - measured) / measured step time, as the issue quotes it
             by_layout.setdefault(layout(v["plan"]), []).append(err)
             ho = v.get("error_held_out")
             ho_s = "n/a" if ho is None else f"{ho:+.1%}"
-            print(f"  {layout(v['plan']):44} predicted {p:9,.0f} tok/s  measured {m:9,.0f}  error {err:+7.1%}  "
+            print(f"  {layout(v['plan']):52} predicted {p:9,.0f} tok/s  measured {m:9,.0f}  error {err:+7.1%}  "
                   f"held out {ho_s}")
         if errs.get("held_out") is not None:
             held.append(errs["held_out"])
@@ -98,7 +101,7 @@ def main() -> None:
     for lay, es in sorted(by_layout.items()):
         med = statistics.median(es)
         worst = max(worst, abs(med))
-        print(f"  {lay:44} {med:+7.1%}  ({len(es)} run{'s' if len(es) > 1 else ''})")
+        print(f"  {lay:52} {med:+7.1%}  ({len(es)} run{'s' if len(es) > 1 else ''})")
     if held:
         print(f"held-out error after calibration: median {statistics.median(held):.1%} over {len(held)} runs; "
               f"worst plan before calibration {worst:.1%}; load average now {load()}")

@@ -72,6 +72,46 @@ def best_of(model: Any, cluster: Any, seq: int, gb: int, docs: Any, trials: int,
     return search(model, cluster, seq, gb, study_name=name, storage=storage, options=opts).best.to_dict()
 
 
+def ratio_check(pid: str, storage: str, steps: int) -> dict[str, Any]:
+    """One process, masked and whole windows alternated step by step (ABAB: drifting load hits both
+    alike): the measured ratio of their step times against the predicted one. A ratio survives a
+    loaded machine that absolute times do not."""
+    import torch
+
+    from autotune import documents as W
+    from autotune.commands.tune import measured_cluster
+    from autotune.cost import estimate
+    from autotune.plan import Degrees, Plan, Shares
+    from autotune.runtime.mesh import single_process_mesh
+    from autotune.runtime.worker import RankTrainer
+    from autotune.specs import load_model
+
+    dist = W.lognormal(MU, SIGMA, n=50000, seed=0, max_len=MAX_LEN)
+    model = load_model(MODEL)
+    cluster = measured_cluster(pid, storage, per_node=1)
+    plan = Plan(degrees=Degrees(), dtype="fp32", micro_batch_size=1, num_microbatches=2,
+                shares=Shares(layers=(model.layers,), tokens=(SEQ,), heads=(model.heads,), samples=(2,)))
+    pred_full = estimate(plan, model, cluster, SEQ, 2).predicted["step_time_s"]
+    pred_docs = estimate(plan.replace(doc_mask=True), model, cluster, SEQ, 2, documents=dist).predicted["step_time_s"]
+    mesh = single_process_mesh(plan, torch.device("cpu"))
+    trainers = {"full": RankTrainer(plan, model, mesh, SEQ, 2, 0),
+                "docs": RankTrainer(plan, model, mesh, SEQ, 2, 0, documents=dist.to_payload())}
+    times: dict[str, list[float]] = {"full": [], "docs": []}
+    for i in range(steps + 1):
+        for name, tr in trainers.items():
+            t0 = time.perf_counter()
+            tr.step(i)
+            if i:  # the first step of each warms up
+                times[name].append(time.perf_counter() - t0)
+    meas = {k: statistics.median(v) for k, v in times.items()}
+    out = {"predicted_ratio": pred_docs / pred_full, "measured_ratio": meas["docs"] / meas["full"],
+           "predicted_s": {"full": pred_full, "docs": pred_docs}, "measured_s": meas, "load": load()}
+    print(f"one process, {MODEL} at {SEQ}, 2 windows a step, masked / whole windows: predicted "
+          f"{out['predicted_ratio']:.3f} ({pred_docs:.3f} / {pred_full:.3f} s), measured {out['measured_ratio']:.3f} "
+          f"({meas['docs']:.3f} / {meas['full']:.3f} s, median of {steps}, load {load():.1f})")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", help="profile id of this machine in --storage (default: profile it, quick)")
@@ -81,7 +121,11 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1, help="trials per plan; the median step time is kept")
     ap.add_argument("--trials", type=int, default=40, help="search trials for the searched plan")
     ap.add_argument("--json", dest="json_out", help="write every figure here")
+    ap.add_argument("--ratio-only", action="store_true", help="only the one-process masked/whole ratio (needs --profile)")
     args = ap.parse_args()
+    if args.ratio_only:
+        ratio_check(args.profile, args.storage, max(args.steps, 3))
+        return
 
     from autotune import documents as W
     from autotune.commands.tune import measured_cluster, profile_quick

@@ -16,6 +16,10 @@ on one GPU. ``--device cpu`` runs the same steps on CPU worker processes (a smok
 script, not a GPU figure).
 
     python benchmarks/gpu_check.py [--gpus N] [--steps 3] [--json FILE] [--storage URL]
+
+``--predict-only`` runs nothing (no GPU needed): it prints what the check would predict for its
+plans on the catalogue's entry (``--entry``, default H200) and, with ``--profile ID`` (and
+``--storage``), on a stored profile, so a new price can be compared with a stored run quickly.
 """
 
 from __future__ import annotations
@@ -131,12 +135,17 @@ def add_sheet_predictions(rows: list[dict[str, Any]], model: ModelSpec, entry: s
     """Each row's plan priced again on the catalogue's ``entry`` (the size-aware datasheet model and
     the runtime's kernels: what an estimate without a profile gives) as ``row["sheet"]``."""
     from autotune.cost import estimate
-    from autotune.specs.cluster import cluster_from_dict
 
-    cluster = cluster_from_dict({"name": f"sheet-{entry}", "nodes": [
-        {"count": 1, "devices_per_node": gpus, "device": entry}]}, source="gpu_check")
+    cluster = _sheet_cluster(entry, gpus)
     for r in rows:
         r["sheet"] = estimate(r["plan"], model, cluster, seq, batch).predicted
+
+
+def _sheet_cluster(entry: str, gpus: int) -> Any:
+    from autotune.specs.cluster import cluster_from_dict
+
+    return cluster_from_dict({"name": f"sheet-{entry}", "nodes": [
+        {"count": 1, "devices_per_node": gpus, "device": entry}]}, source="gpu_check")
 
 
 def sheet_report(rows: list[dict[str, Any]], entry: str) -> str:
@@ -172,6 +181,28 @@ def measured_cluster(pid: str, gpus: int, storage: str) -> Any:
         {"count": 1, "devices_per_node": gpus, "device": f"profile:{pid}"}]}, source="gpu_check", storage=storage)
 
 
+def predict_rows(cluster: Any, gpus: int, model: ModelSpec = CHECK_MODEL, seq: int = CHECK_SEQ,
+                 batch: int = CHECK_BATCH, dtype: str = "bf16") -> list[tuple[str, float]]:
+    """(plan name, predicted step seconds) of the check's plans on ``cluster``, nothing run."""
+    from autotune.cost import estimate
+    from autotune.plan import Plan
+
+    chosen, _ = select_plans(gpus)
+    return [(name, estimate(Plan.from_dict({**d, "dtype": dtype}), model, cluster, seq, batch).predicted["step_time_s"])
+            for name, d in chosen]
+
+
+def predict_only(entry: str, gpus: int, pid: str | None, storage: str | None) -> str:
+    """The ``--predict-only`` table: per plan the prediction on the catalogue entry (and the profile)."""
+    sheet = predict_rows(_sheet_cluster(entry, gpus), gpus)
+    prof = predict_rows(measured_cluster(pid, gpus, storage), gpus) if pid else None
+    lines = [f"predictions only: model {CHECK_MODEL.name}, seq {CHECK_SEQ}, global batch {CHECK_BATCH}, bf16, "
+             f"{gpus} GPU(s)", f"{'plan':18} {entry + ' sheet s':>14}" + (f" {'profile ' + pid + ' s':>14}" if prof else "")]
+    for i, (name, t) in enumerate(sheet):
+        lines.append(f"{name:18} {t:14.4f}" + (f" {prof[i][1]:14.4f}" if prof else ""))
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
@@ -180,10 +211,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--storage", help="profile storage (default: a temporary SQLite file)")
     ap.add_argument("--json", dest="json_out", help="write the rows here")
+    ap.add_argument("--predict-only", action="store_true", help="print the predictions, run nothing")
+    ap.add_argument("--entry", default="H200", help="--predict-only: the catalogue entry to price on")
+    ap.add_argument("--profile", help="--predict-only: also price on this stored profile ID (--storage)")
     args = ap.parse_args(argv)
+    if args.predict_only:
+        from autotune.errors import InputError
+
+        try:
+            print(predict_only(args.entry, args.gpus or 1, args.profile, args.storage))
+        except InputError as e:
+            print(f"gpu_check: {e.message}", file=sys.stderr)
+            return 2
+        return 0
 
     import torch
 
+    from autotune.errors import WorkError
     from autotune.runtime.trial import run_trial
 
     def say(m: str) -> None:
@@ -205,11 +249,18 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         storage = args.storage or f"sqlite:///{tmp}/gpu_check.db"
-        pid, _ = _profile(args.device, gpus, storage, say)
-        cluster = measured_cluster(pid, gpus, storage)
+        entry = catalogue_name(torch.cuda.get_device_name(0)) if args.device == "cuda" else None
+        try:
+            pid, _ = _profile(args.device, gpus, storage, say)
+            cluster = measured_cluster(pid, gpus, storage)
+        except WorkError as e:
+            if not entry:
+                raise
+            # the trials still say how the datasheet prices compare: the profile's failure is printed
+            say(f"the profile failed ({e}); pricing on the catalogue's {entry} only")
+            pid, cluster = f"none ({e})", _sheet_cluster(entry, gpus)
         chosen, skipped = select_plans(gpus)
         rows, refused = plan_rows(chosen, model, cluster, seq, batch, dtype, args.device)
-        entry = catalogue_name(torch.cuda.get_device_name(0)) if args.device == "cuda" else None
         if entry:
             add_sheet_predictions(rows, model, entry, gpus, seq, batch)
         for r in rows:

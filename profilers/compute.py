@@ -30,7 +30,7 @@ from autotune.specs.model import ATTENTION_BWD_FLOPS
 from profilers.block_ref import fit_block_ref, ref_calls, ref_points, ref_shape
 from profilers.dtypes import dtype_support, trial_dtype
 from profilers.fits import affine_fit
-from profilers.overheads import call_gemm_shapes, fit_overheads, op_points
+from profilers.overheads import LAUNCH_OPS, call_gemm_shapes, fit_overheads, launch_fns, op_points
 from profilers.timing import Meter, Timing, repeats_for
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -156,7 +156,6 @@ class ComputeSweep:
 
     def __init__(self, device: str, quick: bool, emu: SlowdownEmulator | None, tick: Progress):
         import torch
-        import torch.nn.functional as F
 
         self.plan = plan = compute_plan(device, quick)
         self.tick = tick
@@ -166,17 +165,32 @@ class ComputeSweep:
         # without the slices another process took from the core (profilers.timing, "Clock").
         self.clock = "thread" if not device.startswith("cuda") and torch.get_num_threads() == 1 else "wall"
 
-        def add(label: str, fns: list[Callable[[], object]], row: Callable[[list[Timing]], list[dict]]) -> None:
-            meters = [Meter(fn, device=device, emulator=emu, clock=self.clock) for fn in fns]
-            call_s = sum(m.warm(1) for m in meters)  # first call: allocation, oneDNN primitive creation
-            # A call of milliseconds settles in one more; a short one (operands in cache, allocator
-            # and thread-pool effects comparable to the call) gets the plan's full warm-up.
-            more = plan.warmup - 1 if call_s < plan.long_call_s else 1
-            call_s = sum(m.warm(more) for m in meters) if more > 0 else call_s
-            self.items.append(_Item(label, meters, repeats_for(call_s, plan.round_s, plan.min_repeats,
-                                                                plan.max_repeats), row,
-                                    rewarm=call_s < plan.long_call_s))
+        self.device, self.emu = device, emu
+        self._gemms(dtypes)
+        self.trial_dtype = trial_dtype(device) if not device.startswith("cuda") else plan.attn_dtype
+        self._ops()
+        self._attention()
+        self._references(dtypes)
+        self._memory()
 
+    def _add(self, label: str, fns: list[Callable[[], object]], row: Callable[[list[Timing]], list[dict]]) -> None:
+        """Warm ``fns`` once, settle their warm-up and repeats by the call's time, keep them as one item."""
+        plan, device, emu = self.plan, self.device, self.emu
+        meters = [Meter(fn, device=device, emulator=emu, clock=self.clock) for fn in fns]
+        call_s = sum(m.warm(1) for m in meters)  # first call: allocation, oneDNN primitive creation
+        # A call of milliseconds settles in one more; a short one (operands in cache, allocator
+        # and thread-pool effects comparable to the call) gets the plan's full warm-up.
+        more = plan.warmup - 1 if call_s < plan.long_call_s else 1
+        call_s = sum(m.warm(more) for m in meters) if more > 0 else call_s
+        self.items.append(_Item(label, meters, repeats_for(call_s, plan.round_s, plan.min_repeats,
+                                                            plan.max_repeats), row,
+                                rewarm=call_s < plan.long_call_s))
+
+    def _gemms(self, dtypes: list[str]) -> None:
+        """The GEMM sweep, then (CPU) the per-call costs of the smallest GEMMs a trial runs."""
+        import torch
+
+        plan, device = self.plan, self.device
         # The GEMM sweep, then (CPU) the per-call costs: the smallest GEMMs a trial runs, their own kind
         # (profilers.overheads), and one elementwise operator below.
         for kind, shapes in (("gemm", gemm_shapes(plan)), ("gemm_call", call_gemm_shapes(device))):
@@ -193,8 +207,13 @@ class ComputeSweep:
                                  "metrics": {"flops": flops, "flops_per_s": flops / ts[0].median_s}}]
 
                     label = "gemm" if kind == "gemm" else "gemm call"
-                    add(f"{label} {dt} {m}x{k}x{n}", [lambda a=a, b=b: torch.mm(a, b)], gemm_row)
-        self.trial_dtype = trial_dtype(device) if not device.startswith("cuda") else plan.attn_dtype
+                    self._add(f"{label} {dt} {m}x{k}x{n}", [lambda a=a, b=b: torch.mm(a, b)], gemm_row)
+
+    def _ops(self) -> None:
+        """One elementwise operator's per-call cost (the trial's dtype); on CUDA, the eager host time per kernel."""
+        import torch
+
+        device = self.device
         for elems in op_points(device):
             odt = self.trial_dtype
             x = torch.randn(elems, device=device).to(getattr(torch, DTYPES[odt])).requires_grad_(True)
@@ -205,8 +224,22 @@ class ComputeSweep:
                          "work": float(elems), "timing": ts[0].to_dict(), "metrics": {"op_s": ts[0].median_s}}]
 
             # With autograd recording (x requires grad), as the model's operators run in training.
-            add(f"op mul {odt} {elems}", [lambda x=x, y=y: x * y], op_row)
+            self._add(f"op mul {odt} {elems}", [lambda x=x, y=y: x * y], op_row)
 
+        for name, fn in launch_fns(device):  # CUDA: the eager host time per kernel (profilers.overheads)
+
+            def launch_row(ts, name=name):
+                return [{"kind": "launch", "params": {"op": name, "ops": LAUNCH_OPS}, "work": float(LAUNCH_OPS),
+                         "timing": ts[0].to_dict(), "metrics": {"host_s": ts[0].median_s / LAUNCH_OPS}}]
+
+            self._add(f"launch {name} x{LAUNCH_OPS}", [fn], launch_row)
+
+    def _attention(self) -> None:
+        """Causal attention forward and forward + backward, at the plan's and the trial's dtype."""
+        import torch
+        import torch.nn.functional as F
+
+        plan, device = self.plan, self.device
         attn_sets = [("attention", plan.attn_dtype, attention_points(plan)),
                      ("attention_trial", self.trial_dtype, attention_points(plan, trial=True))]
         for kind, adt, points in attn_sets:
@@ -239,8 +272,13 @@ class ComputeSweep:
                              "metrics": {"flops": f_fwd + f_bwd, "flops_per_s": (f_fwd + f_bwd) / tfb.median_s,
                                          "bwd_s": bwd_s, "bwd_flops_per_s": f_bwd / bwd_s}}]
 
-                add(f"{kind} {adt} d={d} s={s}", [fwd, fwd_bwd], attn_row)
+                self._add(f"{kind} {adt} d={d} s={s}", [fwd, fwd_bwd], attn_row)
 
+    def _references(self, dtypes: list[str]) -> None:
+        """CPU: the runtime's own block and head at a reference shape, in every precision measured."""
+        import torch
+
+        device = self.device
         # CPU: the runtime's own block and head at a reference shape, in every precision measured
         # (profilers/block_ref.py): what the kernels above cost inside a trial's eager autograd
         for dt in dtypes if ref_points(device) else ():
@@ -254,8 +292,13 @@ class ComputeSweep:
                              "work": float(mbs), "timing": tfb.to_dict(),
                              "metrics": {"fwd_s": tf.median_s, "bwd_s": max(tfb.median_s - tf.median_s, 1e-9)}}]
 
-                add(f"reference {piece} {dt} mbs {mbs}", [fwd_fn, fwd_bwd_fn], ref_row)
+                self._add(f"reference {piece} {dt} mbs {mbs}", [fwd_fn, fwd_bwd_fn], ref_row)
 
+    def _memory(self) -> None:
+        """Copy bandwidth (and the device's memory capacity)."""
+        import torch
+
+        plan, device = self.plan, self.device
         src = torch.empty(plan.copy_bytes // 4, dtype=torch.float32, device=device).fill_(1.0)
         dst = torch.empty_like(src)
 
@@ -265,7 +308,7 @@ class ComputeSweep:
                      "timing": ts[0].to_dict(),
                      "metrics": {"bandwidth_bytes_per_s": moved / ts[0].median_s, **memory_capacity(device)}}]
 
-        add("memory", [lambda: dst.copy_(src)], mem_row)
+        self._add("memory", [lambda: dst.copy_(src)], mem_row)
 
     def round(self) -> None:
         for it in self.items:

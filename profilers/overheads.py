@@ -29,6 +29,7 @@ profile's back-to-back link rounds do not reproduce; the cost model keeps its de
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 
 from profilers.fits import affine_fit
 
@@ -55,6 +56,35 @@ def op_points(device: str) -> tuple[int, ...]:
     return () if device.startswith("cuda") else OP_ELEMS
 
 
+LAUNCH_OPS = 200
+"""Tiny kernels issued back to back per timed call of the launch points (``launch_fns``)."""
+
+
+def launch_fns(device: str) -> list[tuple[str, Callable[[], object]]]:
+    """(name, call) of the eager host-time points (CUDA only; sample kind ``launch``): ``LAUNCH_OPS``
+    tiny kernels back to back whose GPU work (~2 us) is below the host's time to issue them, so the
+    stream's time over the call is the host's: an add, a small matmul and a layer norm, the ops
+    benchmarks/gpu_gemm.py's ``launch_rows`` times (H200: 10.7, 20.3, 18.4 us). Their median per
+    kernel is the profile's ``kernel_host_s``, which prices the runtime's host time per kernel on this
+    GPU (autotune/cost/compute.py ``rates_for``) in place of the catalogue's ``EAGER_HOST_S``."""
+    if not device.startswith("cuda"):
+        return []
+    import torch
+
+    x = torch.zeros(256, device=device)
+    w = torch.zeros(64, 64, device=device)
+    ops = (("add_", lambda: x.add_(1.0)), ("small_matmul", lambda: w @ w),
+           ("layer_norm", lambda: torch.nn.functional.layer_norm(w, (64,))))
+
+    def loop(op):
+        def run():
+            for _ in range(LAUNCH_OPS):
+                op()
+        return run
+
+    return [(name, loop(op)) for name, op in ops]
+
+
 def fit_overheads(samples: list[dict], gemm: dict[str, dict]) -> dict:
     """``{"gemm_call_s": {dtype: s}, "op_s": s, "op": {dtype, name, elems, s, per_element_s}}`` from one rank's ``gemm_call`` and
     ``op`` samples (keys absent when not measured); ``gemm`` is the rank's GEMM fit, whose best
@@ -69,6 +99,9 @@ def fit_overheads(samples: list[dict], gemm: dict[str, dict]) -> dict:
         calls[dt] = max(0.0, statistics.median(excess))
     if calls:
         out["gemm_call_s"] = calls
+    launches = [s["timing"]["median_s"] / s["params"]["ops"] for s in samples if s["kind"] == "launch"]
+    if launches:  # eager host seconds per tiny kernel (launch_fns): the median over the ops
+        out["kernel_host_s"] = statistics.median(launches)
     ops = [s for s in samples if s["kind"] == "op"]
     if ops:
         # time = op_s + elems * per-element seconds (least squares; one size: its whole time)

@@ -125,8 +125,65 @@ def over_budget(done: int, elapsed_s: float, last_round_s: float, budget_s: floa
     return done >= MIN_ROUNDS and elapsed_s + last_round_s > budget_s
 
 
+def _collect(mine: dict[str, Any], rank: int, world: int, kind: str, device: str, cfg: dict[str, Any],
+             t_start: float) -> dict[str, Any] | None:
+    """Every rank's figures gathered on rank 0 into the run's result (written to ``cfg["out"]`` when
+    given); None on the other ranks."""
+    import torch.distributed as dist
+
+    gathered: list[Any] | None = [None] * world if rank == 0 else None
+    dist.gather_object(mine, gathered, dst=0)
+    result = None
+    if rank == 0:
+        assert gathered is not None
+        result = {"schema_version": SCHEMA_VERSION, "world": world, "device": kind, "quick": bool(cfg["quick"]),
+                  "hosts": [g["host"] for g in gathered], "ranks": gathered, "fingerprint": fingerprint(device),
+                  "versions": versions(), "measure_s": time.perf_counter() - t_start,
+                  "emulated": {str(g["rank"]): g["emulated_slowdown"] for g in gathered if g["emulated_slowdown"]}}
+        if cfg.get("out"):
+            _write_json(Path(cfg["out"]) / "result.json", result)
+    return result
+
+
+def _rounds(comp: Any, link: Any, phases: dict[str, float], t_start: float, flag_device: str) -> None:
+    """The measuring rounds, compute then links in each, until every sweep is done or the time
+    budget is spent; their seconds and count go into ``phases``. ``flag_device``: where the stop
+    flag is reduced (the rank's GPU under NCCL)."""
+    import torch
+    import torch.distributed as dist
+
+    phases["compute_rounds_s"] = phases["link_rounds_s"] = 0.0
+    rounds, last = 0, 0.0
+    for r in range(max(comp.plan.rounds, link.plan.rounds if link else 0)):
+        # Every rank must take the same number of rounds (the links pair up call by call), so the
+        # time budget is decided together: stop when any rank would overrun it (this all_reduce is
+        # also the round's barrier).
+        over = over_budget(r, time.perf_counter() - t_start, last, comp.plan.budget_s)
+        # on the rank's device: NCCL reduces CUDA tensors only (a CPU tensor fails the one-GPU profile)
+        flag = torch.tensor([1.0 if over else 0.0], device=flag_device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item() > 0:
+            break
+        rounds += 1
+        t_round = t_phase = time.perf_counter()
+        if r < comp.plan.rounds:
+            comp.round()
+        phases["compute_rounds_s"] += time.perf_counter() - t_phase
+        dist.barrier()
+        t_phase = time.perf_counter()
+        if link is not None and r < link.plan.rounds:
+            link.round()
+        phases["link_rounds_s"] += time.perf_counter() - t_phase
+        last = time.perf_counter() - t_round
+    phases["rounds"] = rounds
+
+
 def run_rank(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any] | None:
-    """Measure this rank; returns the whole result on rank 0 (None elsewhere)."""
+    """Measure this rank; returns the whole result on rank 0 (None elsewhere).
+
+    Longer than a screen: the process group, the core pinning, the sweeps and the phase clock are set
+    up in the order torch.distributed and the pinned comm threads need (``_rounds`` measures,
+    ``_collect`` gathers)."""
     import torch
     import torch.distributed as dist
 
@@ -180,29 +237,7 @@ def run_rank(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any] | Non
     if link is not None:
         link.warm()
     phases["link_warm_s"] = time.perf_counter() - t_phase - phases["compute_warm_s"]
-    phases["compute_rounds_s"] = phases["link_rounds_s"] = 0.0
-    rounds, last = 0, 0.0
-    for r in range(max(comp.plan.rounds, link.plan.rounds if link else 0)):
-        # Every rank must take the same number of rounds (the links pair up call by call), so the
-        # time budget is decided together: stop when any rank would overrun it (this all_reduce is
-        # also the round's barrier).
-        over = over_budget(r, time.perf_counter() - t_start, last, comp.plan.budget_s)
-        flag = torch.tensor([1.0 if over else 0.0])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        if flag.item() > 0:
-            break
-        rounds += 1
-        t_round = t_phase = time.perf_counter()
-        if r < comp.plan.rounds:
-            comp.round()
-        phases["compute_rounds_s"] += time.perf_counter() - t_phase
-        dist.barrier()
-        t_phase = time.perf_counter()
-        if link is not None and r < link.plan.rounds:
-            link.round()
-        phases["link_rounds_s"] += time.perf_counter() - t_phase
-        last = time.perf_counter() - t_round
-    phases["rounds"] = rounds
+    _rounds(comp, link, phases, t_start, device if kind == "cuda" else "cpu")
     compute = comp.rows()
     links = link.rows() if link is not None else []
     mine = {"rank": rank, "local_rank": local_rank, "host": socket.gethostname(), "device": device,
@@ -211,17 +246,7 @@ def run_rank(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any] | Non
             "unsupported": comp.unsupported, "phases_s": phases,
             "emulated_slowdown": factor if factor > 1.0 else None,
             "emulated_s": emu.emulated_s if emu else 0.0, "compute": compute, "links": links}
-    gathered: list[Any] | None = [None] * world if rank == 0 else None
-    dist.gather_object(mine, gathered, dst=0)
-    result = None
-    if rank == 0:
-        assert gathered is not None
-        result = {"schema_version": SCHEMA_VERSION, "world": world, "device": kind, "quick": bool(cfg["quick"]),
-                  "hosts": [g["host"] for g in gathered], "ranks": gathered, "fingerprint": fingerprint(device),
-                  "versions": versions(), "measure_s": time.perf_counter() - t_start,
-                  "emulated": {str(g["rank"]): g["emulated_slowdown"] for g in gathered if g["emulated_slowdown"]}}
-        if cfg.get("out"):
-            _write_json(Path(cfg["out"]) / "result.json", result)
+    result = _collect(mine, rank, world, kind, device, cfg, t_start)
     dist.barrier()
     dist.destroy_process_group()
     return result

@@ -27,6 +27,7 @@ from autotune.commands.common import (
     emit_json,
 )
 from autotune.dashboard.tables import Col, fit
+from autotune.stages import degrees_text
 from autotune.units import fmt_bytes, fmt_count, fmt_time
 
 HELP = "Predict step time, tokens/s, MFU and per-device memory of one plan on a cluster."
@@ -114,7 +115,7 @@ def _rank_ranges(rows: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]
 
 def _print(est: Any, model: Any, cluster: Any, wide: bool = False) -> None:
     pr, bd, plan = est.predicted, est.breakdown, est.plan
-    head = Table(title=f"{model.name} on {cluster.name}: {plan.degrees.inline()} {plan.schedule}, "
+    head = Table(title=f"{model.name} on {cluster.name}: {degrees_text(plan.to_dict())} {plan.schedule}, "
                        f"mbs {plan.micro_batch_size} x {plan.num_microbatches} micro-batches, recompute "
                        f"{plan.recompute}, zero {plan.zero_stage}", show_header=False, title_justify="left")
     head.add_column("figure")

@@ -85,7 +85,10 @@ def command(
     data_dtype: DataDtypeOpt = "auto",
     json_: JsonOpt = False,
 ) -> None:
-    """Search parallel plans with Optuna over degrees and uneven shares using the cost model."""
+    """Search parallel plans with Optuna over degrees and uneven shares using the cost model.
+
+    Longer than a screen: its options are declared in the signature (typer, 28 lines); the body
+    builds ``SearchOptions``, hands the work to ``autotune.search`` and prints."""
     from autotune.documents import documents_from_options
     from autotune.objective import make_objective
     from autotune.plan import choose_dtype

@@ -28,6 +28,7 @@ from autotune.commands.common import (
     parse_emulation,
 )
 from autotune.errors import WorkError
+from autotune.stages import degrees_text
 from autotune.units import fmt_bytes, fmt_time
 
 HELP = "Run a plan for real on local processes (torch.distributed) and measure it."
@@ -60,7 +61,10 @@ def command(
     doc_mask: DocMaskOpt = None,
     json_: JsonOpt = False,
 ) -> None:
-    """Run a plan for real on local processes (torch.distributed) and measure it."""
+    """Run a plan for real on local processes (torch.distributed) and measure it.
+
+    Longer than a screen: its options are declared in the signature (typer, 28 lines); the body
+    checks them, hands the run to ``autotune.runtime.trial`` and prints."""
     from autotune.plan import load_plan, load_plan_for
     from autotune.runtime.trial import run_trial
     from autotune.specs import load_cluster
@@ -85,7 +89,7 @@ def command(
 
     def announce(resolved) -> None:
         if not json_:
-            err_console.print(f"running {resolved.degrees.inline()} on {resolved.world} local processes ...",
+            err_console.print(f"running {degrees_text(resolved.to_dict())} on {resolved.world} local processes ...",
                               highlight=False)
 
     result = run_trial(p, model, seq_len, global_batch, steps=steps, warmup=warmup, seed=seed,
@@ -132,7 +136,7 @@ def _across_hosts(p, model, cluster, node_rank, seq_len, global_batch, steps, wa
         raise InputError(f"the plan runs on {len(cmds)} node(s): node-rank 0..{len(cmds) - 1}", field="--node-rank")
     cmd = cmds[node_rank]
     if not json_:
-        err_console.print(f"running node-rank {node_rank} of {len(cmds)} ({resolved.degrees.inline()}) ...",
+        err_console.print(f"running node-rank {node_rank} of {len(cmds)} ({degrees_text(resolved.to_dict())}) ...",
                           highlight=False)
     from pathlib import Path
 

@@ -132,10 +132,12 @@ def command(
     remote_shell: RemoteShellOpt = None,
     json_: JsonOpt = False,
 ) -> None:
-    """The whole loop on this machine: profile, search, validate the top 3, export the best plan."""
-    from autotune.plan import choose_dtype
+    """The whole loop on this machine: profile, search, validate the top 3, export the best plan.
+
+    Longer than a screen: its options are declared in the signature (typer); each step of the loop
+    is one call (``_cluster``, ``search``, ``validate`` or ``lead``, ``export_best``)."""
     from autotune.search import SearchOptions, search
-    from autotune.specs import load_cluster, load_model
+    from autotune.specs import load_model
     from autotune.study import default_study_name
     from autotune.validate import ValidateOptions, validate
 
@@ -146,6 +148,49 @@ def command(
         from autotune.runtime.data import prepare_data
 
         prepare_data(data, m.vocab, seq_len, global_batch, ValidateOptions().warmup + steps, dtype=data_dtype)
+    cluster, profile_id, layer_id, precision = _cluster(m, seq_len, global_batch, hosts, remote_shell, profile,
+                                                         layers, storage, dtype, say, notes)
+    name = ("tune-" + default_study_name(m, cluster, seq_len, global_batch) + (f"-p{profile_id}" if profile_id else "")
+            + (f"-l{layer_id}" if layer_id is not None else ""))
+    if precision != "bf16":  # a study holds one precision: another one is another study (as `search` names it)
+        name += f"-{precision}"
+    say(f"searching {m.name} on {cluster.name} ({cluster.num_devices} workers) ...")
+    res = search(m, cluster, seq_len, global_batch, study_name=name, storage=storage,
+                 options=SearchOptions(trials=trials, seed=seed, top=top, dtype=precision), progress=say)
+    notes += res.notes
+    say(f"validating the top {top} for real ...")
+    vopts = ValidateOptions(top=top, steps=steps, seed=seed, data=data, data_dtype=data_dtype)
+    if hosts is not None:  # across the hosts, started from here (autotune.runtime.control)
+        from autotune.runtime.control import lead
+
+        val = lead(name, storage, vopts, hosts_file=hosts, shell=remote_shell, progress=say)
+    else:
+        val = validate(name, storage, options=vopts, progress=say)
+    if val["best_measured"] is None:
+        raise WorkError("every validated plan failed: " + "; ".join(
+            f"trial {r['trial']}: {(r['failure'] or {}).get('message')}" for r in val["validated"]))
+    best = val["best_measured"]
+    path = export_best(best, name, storage, out_dir)
+    out = _summary(best, path, name, storage, profile_id, layer_id, precision, val, res, notes)
+    if json_:
+        emit_json(out)
+        return
+    from autotune.commands.validate import show as show_validate
+
+    show_validate(val)
+    for n in notes:
+        console.print(f"[dim]note: {n}[/]", highlight=False)
+    console.print(f"best plan written to {path}", highlight=False)
+
+
+def _cluster(m: Any, seq_len: int, global_batch: int, hosts: str | None, remote_shell: str | None, profile: bool,
+             layers: bool, storage: str, dtype: str, say: Any, notes: list[str]) -> tuple[Any, Any, Any, str]:
+    """(cluster, profile id, layer-profile id, precision) the loop searches: this machine (or every
+    host of --hosts), measured first unless --no-profile, its layers timed on CPU; notes say what fell
+    back to the catalogue and which precision was chosen and why."""
+    from autotune.plan import choose_dtype
+    from autotune.specs import load_cluster
+
     if remote_shell is not None and hosts is None:
         raise InputError("--remote-shell only goes with --hosts", field="--remote-shell")
     per_node = None
@@ -186,27 +231,12 @@ def command(
             cluster = measured_cluster(profile_id, storage, per_node=per_node, layers=refs)
         else:
             cluster = _like_this_machine(device, "local", storage, 1, per_node, refs)
-    name = ("tune-" + default_study_name(m, cluster, seq_len, global_batch) + (f"-p{profile_id}" if profile_id else "")
-            + (f"-l{layer_id}" if layer_id is not None else ""))
-    if precision != "bf16":  # a study holds one precision: another one is another study (as `search` names it)
-        name += f"-{precision}"
-    say(f"searching {m.name} on {cluster.name} ({cluster.num_devices} workers) ...")
-    res = search(m, cluster, seq_len, global_batch, study_name=name, storage=storage,
-                 options=SearchOptions(trials=trials, seed=seed, top=top, dtype=precision), progress=say)
-    notes += res.notes
-    say(f"validating the top {top} for real ...")
-    vopts = ValidateOptions(top=top, steps=steps, seed=seed, data=data, data_dtype=data_dtype)
-    if hosts is not None:  # across the hosts, started from here (autotune.runtime.control)
-        from autotune.runtime.control import lead
+    return cluster, profile_id, layer_id, precision
 
-        val = lead(name, storage, vopts, hosts_file=hosts, shell=remote_shell, progress=say)
-    else:
-        val = validate(name, storage, options=vopts, progress=say)
-    if val["best_measured"] is None:
-        raise WorkError("every validated plan failed: " + "; ".join(
-            f"trial {r['trial']}: {(r['failure'] or {}).get('message')}" for r in val["validated"]))
-    best = val["best_measured"]
-    path = export_best(best, name, storage, out_dir)
+
+def _summary(best: dict[str, Any], path: Path, name: str, storage: str, profile_id: Any, layer_id: Any,
+             precision: str, val: dict[str, Any], res: Any, notes: list[str]) -> dict[str, Any]:
+    """What --json prints: the best plan, where it went, the errors before / after / held out."""
     errors = val.get("calibration_errors") or {}
     out = {"best": best, "plan_file": str(path), "study": name, "storage": storage, "profile": profile_id,
            "layers": f"layers:{layer_id}" if layer_id is not None else None, "dtype": precision,
@@ -215,12 +245,4 @@ def command(
            "errors": {"before": errors.get("before"), "after": errors.get("after"),
                       "held_out": errors.get("held_out"), "plans": errors.get("plans")},
            "search": {k: v for k, v in res.to_dict().items() if k not in ("top",)}, "validate": val, "notes": notes}
-    if json_:
-        emit_json(out)
-        return
-    from autotune.commands.validate import show as show_validate
-
-    show_validate(val)
-    for n in notes:
-        console.print(f"[dim]note: {n}[/]", highlight=False)
-    console.print(f"best plan written to {path}", highlight=False)
+    return out

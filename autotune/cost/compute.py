@@ -15,6 +15,10 @@ Throughput. With a measured profile (``DeviceSpec.profile``, written by ``profil
   ``batch * heads`` independent heads and causal FLOPs ``2*batch*heads*seq^2*d`` (forward); the
   throughput at the rank's block length is interpolated log-linearly in the sequence length, at the
   nearest measured head dim.
+* Host time: the profile measures the GPU's work, so the runtime's kernels (``kernels.KernelCosts``:
+  per block forward and backward, the head) are added at its host time per kernel, as the datasheet
+  path adds them: the profile's own eager figure (``overheads.kernel_host_s``) for autotune's
+  runtime where measured, else the runtime's ``host_s``. A small model on a fast GPU is host-bound.
 
 Without a profile a GPU with an SM count is priced kernel by kernel from its shape (``datasheet.py``:
 the catalogue's measured GEMM ceiling at the sustained clock, tile, wave and depth losses, the
@@ -29,6 +33,7 @@ a CPU constant, so no accelerator's figure depends on one.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -47,7 +52,7 @@ from autotune.cost.cpu import (  # noqa: F401  (their old home: kept importable 
     ring_blocks,
 )
 from autotune.cost.interp import loglinear
-from autotune.cost.kernels import eager_bytes
+from autotune.cost.kernels import FUSED_LOSS_BYTES, RUNTIME, eager_bytes, eager_loss_bytes
 from autotune.specs.model import ATTENTION_BWD_FLOPS  # noqa: F401  (cost.compute.ATTENTION_BWD_FLOPS: its old home)
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp32-strict": 4}
@@ -74,6 +79,10 @@ class Rates:
     """The CPU trial terms (``cpu.py``) of a ``kind == "cpu"`` device; None on accelerators."""
     size: Any = None
     """The shape-aware datasheet model (``datasheet.SizeModel``) of an unprofiled GPU, else None."""
+    host: Any = None
+    """The runtime's kernels (``kernels.KernelCosts``) of a GPU priced from a measured profile: the
+    profile measures the GPU's work, not the host time the runtime spends issuing each kernel, which
+    is the same on any GPU price (the datasheet path adds it in ``SizeModel.block``); None elsewhere."""
 
     @property
     def gemm_call_s(self) -> float:
@@ -173,6 +182,14 @@ def rates_for(spec: Any, dtype: str, head_dim: int, kernels: Any = None) -> Rate
         r.size = _datasheet.size_model(spec, dtype, DTYPE_BYTES.get(dtype, 2), kernels)
         if r.size is not None:
             r.source = "datasheet (size-aware)"
+    if r.cpu is None and r.size is None and r.source == "measured":
+        r.host = kernels or RUNTIME
+        measured = (prof.get("overheads") or {}).get("kernel_host_s")
+        if kernels is None and isinstance(measured, (int, float)) and measured > 0:
+            # the profile timed eager PyTorch's host time per kernel on this machine (profilers/overheads.py
+            # launch_fns): autotune's runtime is eager PyTorch, so it issues its kernels at that rate
+            r.host = dataclasses.replace(RUNTIME, host_s=float(measured),
+                                         source=RUNTIME.source + f"; host time measured by profile: {measured * 1e6:.1f} us")
     return r
 
 
@@ -216,6 +233,9 @@ class LayerCompute:
     attn_fwd: float
     attn_bwd: float
     elem_fwd: float
+    elem_bwd: float | None = None
+    """Elementwise (and host) seconds of the backward where the runtime's backward kernels were
+    counted on their own (``kernels.KernelCosts.block_bwd``); None: twice ``elem_fwd``."""
 
     @property
     def fwd(self) -> float:
@@ -224,7 +244,8 @@ class LayerCompute:
     @property
     def bwd(self) -> float:
         # GEMM backward = dgrad + wgrad, each the forward's size; elementwise backward twice forward
-        return 2.0 * self.gemm_fwd + self.attn_bwd + 2.0 * self.elem_fwd
+        elem_b = 2.0 * self.elem_fwd if self.elem_bwd is None else self.elem_bwd
+        return 2.0 * self.gemm_fwd + self.attn_bwd + elem_b
 
 
 def layer_compute(model: Any, rates: Rates, *, tokens: float, tp: int, heads_local: int, keysum: float,
@@ -252,10 +273,19 @@ def layer_compute(model: Any, rates: Rates, *, tokens: float, tp: int, heads_loc
         elem, attn = _cpu.block_extras(rates, model, elem=elem, heads_local=heads_local, micro_batch=micro_batch,
                                        block_seq=block_seq, blocks=blocks)
     a_fwd, a_bwd = attn if attn is not None else rates.attention_time(attn_flops, block_seq)
+    if rates.host is not None:  # a profiled GPU: the runtime's host time per kernel, as the datasheet adds it
+        k = rates.host
+        return LayerCompute(gemm_fwd=gemm, attn_fwd=a_fwd, attn_bwd=a_bwd, elem_fwd=elem + k.block_fwd * k.host_s,
+                            elem_bwd=2.0 * elem + _bwd_kernels(k) * k.host_s)
     lc = LayerCompute(gemm_fwd=gemm, attn_fwd=a_fwd, attn_bwd=a_bwd, elem_fwd=elem)
     if rates.cpu is not None and rates.cpu.context is not None:  # CPU: as the block runs in context
         return rescaled_block(lc, *rates.cpu.context.block(lc.fwd, lc.bwd))
     return lc
+
+
+def _bwd_kernels(k: Any) -> int:
+    """Kernels of one block's backward: counted (``block_bwd``), else twice the forward's."""
+    return k.block_bwd if k.block_bwd is not None else 2 * k.block_fwd
 
 
 def rescaled_block(lc: LayerCompute, fwd: float, bwd: float) -> LayerCompute:
@@ -311,8 +341,9 @@ def _sized_block(model: Any, sm: Any, *, tokens: float, tp: int, heads_local: in
 
 
 def _sized_block_times(model: Any, sm: Any, tokens: float, tp: int, heads_local: int, keysum: float,
-                       block_seq: float, micro_batch: int, act_bytes: float) -> tuple[float, float, float, float]:
-    """(gemm_fwd, attn_fwd, attn_bwd, elem_fwd) of one block, every kernel priced from its shape.
+                       block_seq: float, micro_batch: int, act_bytes: float
+                       ) -> tuple[float, float, float, float, float | None]:
+    """(gemm_fwd, attn_fwd, attn_bwd, elem_fwd, elem_bwd) of one block, every kernel priced from its shape.
 
     The runtime's kernels (``kernels.KernelCosts``: how many a block issues, the host time of each)
     cost the larger of the GPU's work plus a gap per kernel and the host's time to issue them
@@ -327,21 +358,36 @@ def _sized_block_times(model: Any, sm: Any, tokens: float, tp: int, heads_local:
     else:  # fused: each stored activation written once, read once
         stream = sm.stream_time(2.0 * act_bytes)
     elem = sm.block(gemm + a_fwd + stream, sm.kernels.block_fwd) - gemm - a_fwd
-    return gemm, a_fwd, a_bwd, elem
+    # counted backward kernels: the backward's own host time (None: twice the forward's, as before)
+    elem_b = None if sm.kernels.block_bwd is None else 2.0 * stream + sm.kernels.block_bwd * sm.kernels.host_s
+    return gemm, a_fwd, a_bwd, elem, elem_b
 
 
 def head_compute(model: Any, rates: Rates, *, tokens: float, tp: int) -> tuple[float, float]:
     """(fwd, bwd) seconds of the LM head (vocab-parallel over tp) and the cross-entropy on the last
-    stage: GEMM 2*h*V/tp per token, and the fp32 logits read/written ~3 times by the softmax-loss."""
+    stage: GEMM 2*h*V/tp per token, and the loss's HBM traffic per logit: counted per eager op where
+    the runtime runs the loss eager (``kernels.eager_loss_bytes``), else a fused loss's
+    (``kernels.FUSED_LOSS_BYTES``; the flat rate's default)."""
     if rates.size is not None:
         sm = rates.size
+        logits = tokens * model.vocab / tp
+        bf, bb = eager_loss_bytes(tp) if sm.kernels.eager_elementwise else FUSED_LOSS_BYTES
         g = sm.gemm_time(tokens, model.vocab / tp, model.hidden)
-        e = sm.block(g + sm.stream_time(3.0 * 4.0 * tokens * model.vocab / tp), sm.kernels.head_fwd) - g
-        return g + e, 2.0 * g + e
+        e_f = sm.block(g + sm.stream_time(bf * logits), sm.kernels.head_fwd) - g
+        e_b = sm.block(g + sm.stream_time(bb * logits), sm.kernels.head_fwd) - g
+        return g + e_f, 2.0 * g + e_b + _head_bwd_extra(sm.kernels)
     g = rates.gemm_time(2.0 * tokens * model.hidden * model.vocab / tp)
     e = rates.memory_time(3.0 * 4.0 * tokens * model.vocab / tp)
     if rates.cpu is not None:
         e = e + _cpu.head_ops(rates)
         if rates.cpu.context is not None:  # as the head runs in context
             return rates.cpu.context.head(g + e, 2.0 * g + e)
+    if rates.host is not None:  # a profiled GPU: the runtime's host time per kernel
+        e = e + rates.host.head_fwd * rates.host.host_s
+        return g + e, 2.0 * g + e + _head_bwd_extra(rates.host)
     return g + e, 2.0 * g + e
+
+
+def _head_bwd_extra(k: Any) -> float:
+    """Host seconds the head's counted backward kernels take beyond its forward's (0: not counted)."""
+    return 0.0 if k.head_bwd is None else (k.head_bwd - k.head_fwd) * k.host_s

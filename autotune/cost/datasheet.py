@@ -137,7 +137,7 @@ class SizeModel:
             return 0.0, 0.0
         if self.fused:
             hds = sorted(ATTN_EFF_MAX)
-            emax = ATTN_EFF_MAX[min(hds, key=lambda d: abs(d - head_dim))]
+            emax = self.kernels.attention_eff_max or ATTN_EFF_MAX[min(hds, key=lambda d: abs(d - head_dim))]
             eff = emax * seq / (seq + ATTN_SEQ_HALF)
             flops = 4.0 * head_dim * batch_heads * causal_pairs
             fwd = flops / (self.peak * eff)

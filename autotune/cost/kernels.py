@@ -50,6 +50,15 @@ class KernelCosts:
     eager_elementwise: bool = False
     """Each norm, rotary and activation op reads and writes its tensors on its own (``eager_bytes``);
     False: the memory-bound work is fused, each stored activation written once and read once."""
+    block_bwd: int | None = None
+    """Kernels of one block's backward where counted (None: twice ``block_fwd``)."""
+    head_bwd: int | None = None
+    """Kernels of the final norm, LM head and loss, backward, where counted (None: ``head_fwd``)."""
+    attention_eff_max: float = 0.0
+    """Fraction of dense peak the runtime's fused attention forward reaches at long sequences, where
+    its kernels are not the ones ``datasheet.ATTN_EFF_MAX`` describes (FlashAttention-2 on Ampere,
+    FlashAttention-3 / cuDNN on Hopper); 0: ``ATTN_EFF_MAX``. Length and backward scale it as they
+    scale ``ATTN_EFF_MAX``."""
 
     def block_time(self, gpu_s: float, kernels: float) -> float:
         """Seconds of ``kernels`` kernels whose GPU work takes ``gpu_s``: the work plus each kernel's
@@ -75,11 +84,33 @@ def eager_bytes(model: Any, tp: int) -> float:
     return norms + 12 * h + rotary + mlp
 
 
+FUSED_LOSS_BYTES = (12.0, 12.0)
+"""HBM bytes per logit of a fused softmax cross-entropy (fwd, bwd): the fp32 logits read and written
+about three times (Megatron's and Transformer Engine's fused vocab-parallel loss)."""
+
+
+def eager_loss_bytes(tp: int) -> tuple[float, float]:
+    """HBM bytes per local logit (fwd, bwd) of the cross-entropy as autotune's runtime runs it eager
+    (``runtime/tensor.py``), counted from its ops (bf16 logits, fp32 arithmetic), not fitted:
+
+    - tp = 1, ``F.cross_entropy(logits.float())``: forward the upcast (read 2, write 4) and
+      log-softmax over a row too long for shared memory (max pass, sum-of-exp pass, then read and
+      write: 16); backward the zero-filled nll gradient (4), the log-softmax backward (row sum of
+      the gradient, then read gradient and output, write: 16) and the downcast (read 4, write 2):
+      22 forward, 26 backward;
+    - tp > 1, ``_VocabParallelCE``: forward upcast 6, max 4, subtract 8, exp 8, sum 4, divide 8 (38);
+      backward clone 8, zeros 4, masked fill 8, subtract 12, scale 8, downcast 6 (46).
+    Hugging Face models' losses (``logits.float()`` then ``CrossEntropyLoss``) are the tp = 1 count."""
+    return (22.0, 26.0) if tp == 1 else (38.0, 46.0)
+
+
 RUNTIME = KernelCosts(
-    name="runtime", host_s=EAGER_HOST_S, block_fwd=24, head_fwd=5,
-    source="autotune's runtime is eager PyTorch: per block 2 RMSNorms (3 kernels each), Q/K/V/O and 3 MLP "
-           "GEMMs, rotary on q and k (2 each), SDPA (1), SiLU and the gate product (2), 2 residual adds, "
-           "reshapes that copy (2); host time per kernel: EAGER_HOST_S (H200, benchmarks/gpu_gemm.py); "
+    name="runtime", host_s=EAGER_HOST_S, block_fwd=42, head_fwd=14, block_bwd=71, head_bwd=24,
+    source="autotune's runtime is eager PyTorch; its kernels counted from the ops its Llama block dispatches "
+           "(TorchDispatchMode, views left out; tests/unit/test_runtime_kernels.py keeps the counts in step): "
+           "per block 42 forward (2 fp32 RMSNorms of 8 ops each, 7 GEMMs, rotary 5 ops each on q and k, the "
+           "GQA repeat, SDPA, SiLU, gate product, 2 residual adds) and 71 backward; final norm, head and loss "
+           "14 forward, 24 backward; host time per kernel: EAGER_HOST_S (H200, benchmarks/gpu_gemm.py); "
            "elementwise traffic: eager_bytes", eager_elementwise=True)
 """autotune's own runtime (``autotune/runtime/model.py``): what an estimate without a target prices."""
 
@@ -89,6 +120,21 @@ EAGER = KernelCosts(
            "without compile): about as many kernels per block as autotune's runtime; host time EAGER_HOST_S; "
            "elementwise traffic: eager_bytes", eager_elementwise=True)
 """Eager PyTorch frameworks other than autotune's runtime (their exporters name it)."""
+
+FA2_ON_HOPPER_EFF = 0.35
+"""FlashAttention-2's utilisation of an H100 (Shah et al. 2024, 'FlashAttention-3', abstract and
+section 1: "FlashAttention-2 achieving only 35% utilization on the H100 GPU"): Ampere-era kernels
+(mma.sync, no wgmma / TMA) run on Hopper. The Triton flash attention of 2023 stacks is no faster
+(Dao 2023, 'FlashAttention-2', section 4.1: FlashAttention-2 is 1.3-2.5x faster than the Triton
+implementation on A100), so this is an upper bound for them."""
+
+EAGER_PRE_HOPPER_ATTENTION = KernelCosts(
+    name="eager PyTorch, pre-Hopper attention kernels", host_s=EAGER_HOST_S, block_fwd=24, head_fwd=5,
+    source="EAGER's kernels with a 2023 flash attention (Triton flash or FlashAttention-1/2, Ampere "
+           "instructions) run on Hopper: forward at FA2_ON_HOPPER_EFF of dense peak (Shah et al. 2024)",
+    eager_elementwise=True, attention_eff_max=FA2_ON_HOPPER_EFF)
+"""Eager PyTorch on H100 before Hopper attention kernels existed (FlashAttention-3, July 2024; cuDNN
+SDPA in torch 2.5): MosaicML's 2023 MPT runs (llm-foundry yamls, ``attn_impl: triton``)."""
 
 MEGATRON_DEEPSPEED_EAGER = KernelCosts(
     name="megatron-deepspeed (fp32, unfused)", host_s=32e-6, block_fwd=23, head_fwd=4,

@@ -152,6 +152,8 @@ def rank_cost(ctx: RankContext) -> RankCost:
     p2ps = PP.chunk_send_times(ctx)
     pp_sends = PP.sends_per_microbatch(ctx, p2ps)
     overl, fixed = DP.grad_sync(ctx, b.comp_f, b.comp_b)
+    if ctx.rates.cpu is not None:
+        overl, fixed = _cpu.exposed_grad_sync(overl, fixed)
     dp_raw = DP.step_comm(ctx)
     kept, full = LY.measured_activations(ctx, kept, full, scores)
     total, terms = M.rank_memory(ctx, kept, full)

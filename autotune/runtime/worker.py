@@ -89,6 +89,8 @@ class RankTrainer:
 
     def __init__(self, plan: Plan, spec: ModelSpec, mesh: Mesh, seq_len: int, global_batch: int, seed: int,
                  data: dict[str, Any] | None = None, documents: dict[str, Any] | None = None):
+        # Longer than a screen: the chunks are built on meta, sharded (FSDP2), materialised and wrapped
+        # in pipeline stages in the one order torch accepts, each step reading what the last made.
         self.plan, self.spec, self.mesh, self.seq_len, self.global_batch, self.seed = (
             plan, spec, mesh, seq_len, global_batch, seed)
         self.data = D.source_from(data, spec.vocab, seed)  # None: the synthetic stream of ``seed``

@@ -158,9 +158,9 @@ def _gpu(name: str, bf16: float, fp16: float, tf32: float, fp32: float, mem: flo
                       sustained_source=clock[1])
 
 
-A100_CLOCK = (0.87, "fitted (grid 0.80-0.93) on three published A100 bf16 runs, MosaicML's MPT-7B on 8 and MPT-30B "
+A100_CLOCK = (0.88, "fitted (grid 0.80-0.93) on three published A100 bf16 runs, MosaicML's MPT-7B on 8 and MPT-30B "
                     "on 8 A100-80GB and MPT-13B on 32 A100-40GB (benchmarks/bench_published.py --fit: median error "
-                    "1.5%); below the 1305 of 1410 MHz (0.926) NVIDIA rates A100 HPL at (G. Lockwood, 'Peak "
+                    "1.4%); below the 1305 of 1410 MHz (0.926) NVIDIA rates A100 HPL at (G. Lockwood, 'Peak "
                     "FLOPS'), as bf16 tensor-core GEMMs draw more power than HPL's fp64 ones")
 HOPPER_CLOCK = (0.705 / 0.780, "measured on an H200 by benchmarks/gpu_gemm.py on 2026-12-04: a 16384^3 bf16 GEMM "
                                "(12.6 ms a call, long enough to reach the power limit) ran at 0.705 of peak against "

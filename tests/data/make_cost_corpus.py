@@ -62,6 +62,15 @@ def _cpu_profile() -> dict[str, Any]:
         "memory": {"capacity_bytes": 24 * 2**30, "bandwidth_bytes_per_s": 8 * GB},
         "links": {"collective_table": table},
         "overheads": {"gemm_call_s": {"bf16": 2.3e-5, "fp32": 7.0e-6}, "op_s": 2.1e-6},
+        # the runtime's block and head at profilers/block_ref.py's shapes (issue 25), figures of the
+        # order this machine measured (bf16; fp32 left without, so both CPU paths stay pinned)
+        "block_ref": {"bf16": {"shape": {"hidden": 160, "heads": 5, "kv_heads": 1, "ffn_hidden": 448, "vocab": 1280,
+                                         "activation": "swiglu", "seq": 160,
+                                         "fixed": {"hidden": 40, "heads": 5, "kv_heads": 1, "ffn_hidden": 112,
+                                                   "vocab": 80, "activation": "swiglu", "seq": 8}},
+                               "points": [["block", 0, 5.1e-4, 2.7e-3], ["block", 1, 3.3e-3, 6.5e-3],
+                                          ["block", 4, 7.0e-3, 2.0e-2], ["head", 0, 1.2e-4, 2.5e-4],
+                                          ["head", 1, 1.6e-3, 2.2e-3], ["head", 4, 4.5e-3, 1.15e-2]]}},
     }
 
 

@@ -84,6 +84,8 @@ def test_the_profilers_cuda_path():
     assert spec.kind == "cuda" and spec.profile["gemm"], json.dumps(spec.profile)[:500]
     dt = "bf16" if "bf16" in spec.peak_flops else "fp32"
     assert spec.peak_flops[dt] > 1e12  # any CUDA GPU does a TFLOP/s in large GEMMs
+    # eager host time per tiny kernel (profilers/overheads.py launch_fns): microseconds, not zero
+    assert 1e-7 < spec.profile["overheads"]["kernel_host_s"] < 1e-3, spec.profile["overheads"]
 
 
 def test_a_trial_on_cuda_reports_time_split_and_memory():

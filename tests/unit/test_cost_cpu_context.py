@@ -80,6 +80,16 @@ def test_context_is_cpu_only_and_needs_its_points():
                      32).cpu.context is None
 
 
+def test_without_the_fixed_shape_the_line_runs_through_two_micro_batches_and_sets_no_floor():
+    fixed, factor = (1e-3, 2e-3, 3e-4, 5e-4), (1.5, 1.3, 2.0, 3.0)
+    prof = _profile_with(fixed, factor)
+    pts = [p for p in prof["block_ref"]["bf16"]["points"] if p[1] != 0]
+    prof = {**prof, "block_ref": {"bf16": {"shape": ref_shape(), "points": pts}}}
+    ctx = rates_for(device(kind="cpu", profile=prof, mem_bw=1e10), "bf16", 32).cpu.context
+    for got, a, k in zip((ctx.block_fwd, ctx.block_bwd, ctx.head_fwd, ctx.head_bwd), fixed, factor, strict=True):
+        assert got == (pytest.approx(a, rel=1e-6), pytest.approx(k, rel=1e-6), 0.0)
+
+
 def test_line_falls_back_to_the_ratio_of_sums_when_noise_makes_the_factor_negative():
     assert _line((1.0, 2.0, 4.0), (3.0, 5.0, 9.0)) == pytest.approx((1.0, 2.0, 3.0))  # y = 1 + 2x exactly
     a, k, floor = _line((1.0, 2.0, 4.0), (3.0, 5.0, 2.0))  # the largest shape measured faster: noise

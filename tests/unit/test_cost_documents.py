@@ -108,6 +108,10 @@ def test_the_search_estimator_records_its_choice_of_balance():
     est = DocumentsEstimator(dist)(Plan.from_dict({"degrees": {"dp": 4}, "dtype": "fp32"}), TINY,
                                        local_cluster(4), 2048, 8)
     assert est.plan.doc_mask and est.plan.balance == "cost"
+    import pickle  # search workers receive the estimator pickled
+
+    again = pickle.loads(pickle.dumps(DocumentsEstimator(dist)))
+    assert again.dist == dist
     assert list(itertools.islice(DOC.drawn_steps(dist, 2048, 8, 4, 0), 1)) == \
         list(itertools.islice(DOC.drawn_steps(dist, 2048, 8, 4, 0), 1))
 

@@ -85,3 +85,50 @@ def test_the_datasheet_column_prices_the_same_plans_on_the_catalogue_entry():
         r.update(measured={"step_time_s": r["sheet"]["step_time_s"] * 1.25}, failure=None)
     text = gc.sheet_report(rows, "H200")
     assert text.count("-20.0%") == len(rows) and "median |error| over" in text
+
+
+def _synthetic_profile_cluster():
+    """One H200 priced from a synthetic measured profile (a GEMM fit and a memory bandwidth, as
+    ``profile`` stores them) through the profile path, not the datasheet."""
+    import dataclasses
+
+    from autotune.specs.catalogue import device_from_catalogue
+
+    sheet = device_from_catalogue("H200")
+    dev = dataclasses.replace(sheet, name="profile:1", provenance="measured", achievable_fraction=1.0,
+                              peak_flops={"bf16": 6.8e14}, profile={"id": 1, "gemm": {"bf16": {
+                                  "peak_flops_per_s": 6.8e14, "overhead_s": 8e-6}}})
+    return cluster_from_dict({"name": "synthetic", "nodes": [{"count": 1, "devices_per_node": 1, "device": "profile:1"}]},
+                             source="test", resolve_profile=lambda ref, storage: dev)
+
+
+def test_profile_path_pays_the_runtime_host_time(monkeypatch):
+    """--predict-only's profile path: the check's plans on a profiled GPU cost exactly the runtime's
+    kernels x host time more than with no host time (8 blocks, the head, per micro-batch; full
+    recomputation issues each block's forward again), as the datasheet path charges."""
+    import dataclasses
+
+    from autotune.cost import compute
+    from autotune.cost.kernels import RUNTIME
+
+    with_host = dict(gc.predict_rows(_synthetic_profile_cluster(), 1))
+    compute._RATES.clear()
+    monkeypatch.setattr(compute, "RUNTIME", dataclasses.replace(RUNTIME, host_s=0.0))
+    bare = dict(gc.predict_rows(_synthetic_profile_cluster(), 1))
+    compute._RATES.clear()
+    layers, k = gc.CHECK_MODEL.layers, RUNTIME
+    per_mb = (layers * (k.block_fwd + k.block_bwd) + k.head_fwd + k.head_bwd) * k.host_s
+    assert with_host["single"] - bare["single"] == pytest.approx(8 * per_mb, rel=1e-6)
+    assert with_host["single-mbs4"] - bare["single-mbs4"] == pytest.approx(2 * per_mb, rel=1e-6)
+    assert with_host["single-recompute"] - bare["single-recompute"] == pytest.approx(
+        2 * (per_mb + layers * k.block_fwd * k.host_s), rel=1e-6)
+
+
+def test_predict_only_prints_every_plan_on_the_catalogue_entry(capsys):
+    assert gc.main(["--predict-only", "--entry", "H200"]) == 0
+    out = capsys.readouterr().out
+    names = [n for n, _ in gc.select_plans(1)[0]]
+    rows = {line.split()[0]: float(line.split()[1]) for line in out.splitlines() if line.split()[:1]
+            and line.split()[0] in names}
+    assert sorted(rows) == sorted(names) and all(t > 0 for t in rows.values())
+    assert gc.main(["--predict-only", "--entry", "no-such-gpu"]) == 2

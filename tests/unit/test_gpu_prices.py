@@ -140,3 +140,47 @@ def test_estimate_target_on_the_command_line_prices_with_it_and_says_what_it_can
     bad = subprocess.run([sys.executable, "-m", "autotune", *args, "-p", "dp=16", "--target", "megatrn"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "did you mean megatron" in bad.stderr and len(bad.stderr.splitlines()) == 1
+
+
+def test_a_runtime_with_pre_hopper_attention_kernels_prices_only_attention_slower():
+    from autotune.cost.datasheet import ATTN_EFF_MAX, size_model
+    from autotune.cost.kernels import EAGER_PRE_HOPPER_ATTENTION, FA2_ON_HOPPER_EFF
+
+    h100 = CATALOGUE["H100-SXM"]
+    now, then = size_model(h100, "bf16", 2, EAGER), size_model(h100, "bf16", 2, EAGER_PRE_HOPPER_ATTENTION)
+    assert EAGER.attention_eff_max == 0.0 and RUNTIME.attention_eff_max == 0.0  # today's kernels: ATTN_EFF_MAX
+    f_now, b_now = now.attention(32, 8192, 128, 8192 * 8193 / 2)
+    f_then, b_then = then.attention(32, 8192, 128, 8192 * 8193 / 2)
+    # forward and backward both scale by the kernels' efficiency at the same length
+    assert f_then / f_now == pytest.approx(ATTN_EFF_MAX[128] / FA2_ON_HOPPER_EFF)
+    assert b_then / b_now == pytest.approx(ATTN_EFF_MAX[128] / FA2_ON_HOPPER_EFF)
+    assert then.gemm_time(4096, 4096, 4096) == now.gemm_time(4096, 4096, 4096)  # GEMMs untouched
+    # the benchmark prices MosaicML's 2023 H100 runs with it, and says so in each row
+    b = _bench()
+    for r in b.ROWS:
+        if r.source == "mosaic":
+            assert (r.target == "eager-2023-attn") == (r.nodes[0]["device"] == "H100-SXM"), r.name
+            assert ("attn_impl: triton" in r.assumed) == (r.target == "eager-2023-attn")
+
+
+def test_an_eager_loss_prices_the_bytes_its_ops_move_and_a_fused_one_its_three_passes():
+    from autotune.cost.compute import Rates, head_compute
+    from autotune.cost.datasheet import size_model
+    from autotune.cost.kernels import FUSED_LOSS_BYTES, eager_loss_bytes
+
+    model, h200 = load_model("llama3-8b"), CATALOGUE["H200"]
+    fused = dataclasses.replace(kernel_costs("megatron"), host_s=0.0)
+    eager = dataclasses.replace(RUNTIME, host_s=0.0)  # the traffic alone: no host time per kernel
+    for tp in (1, 2):
+        logits = 4096 * model.vocab / tp
+        prices = {}
+        for k in (fused, eager):
+            sm = size_model(h200, "bf16", 2, k)
+            prices[k.name] = (sm, head_compute(model, Rates(name="h200", flat=1.0, memory_bandwidth=1.0, size=sm),
+                                               tokens=4096, tp=tp))
+        (sm_f, (ff, bf)), (_, (fe, be)) = prices[fused.name], prices[eager.name]
+        ef, eb = eager_loss_bytes(tp)
+        assert fe - ff == pytest.approx(sm_f.stream_time((ef - FUSED_LOSS_BYTES[0]) * logits))
+        assert be - bf == pytest.approx(sm_f.stream_time((eb - FUSED_LOSS_BYTES[1]) * logits))
+    # the vocabulary-parallel loss runs more eager ops than F.cross_entropy's two kernels
+    assert sum(eager_loss_bytes(2)) > sum(eager_loss_bytes(1)) > sum(FUSED_LOSS_BYTES)

@@ -87,7 +87,7 @@ def test_uniform_plan_as_stages_resolves_to_the_same_mesh():
     s = Plan(stages=st, dtype="fp16").resolve(TINY, MIXED, 64, 8)
     assert s.placement == u.placement and s.shares.layers == u.shares.layers and s.degrees == u.degrees
     assert ST.is_uniform(st) and not ST.is_uniform(GOOD.stages)
-    assert ST.inline(GOOD.stages) == "1L[tp2x2] | 3L[tp1x1+tp2x1]"
+    assert ST.inline(GOOD.stages) == "1L(tp2x2) | 3L(tp1x1+tp2x1)"
 
 
 def test_interleaved_chunks_split_each_stage():
