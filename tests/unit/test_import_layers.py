@@ -29,7 +29,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("export", ("autotune.export",)),
     ("profilers", ("profilers", "autotune.machines")),
     ("search", ("autotune.study", "autotune.targets", "search_spaces", "autotune.search")),
-    ("validate", ("autotune.validate", "autotune.runtime.control", "autotune.export.source")),
+    ("validate", ("autotune.validate", "autotune.runtime.control", "autotune.export.source",
+                  "autotune.export.apply")),
     ("dashboard", ("autotune.dashboard",)),
     ("commands", ("autotune.commands", "autotune.cli", "autotune.__main__")),
 )
