@@ -11,7 +11,8 @@ parses options, draws progress on stderr and prints the summary (a table, or one
 from __future__ import annotations
 
 import json
-import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -34,6 +35,8 @@ from autotune.commands.common import (
 from autotune.dashboard.tables import Col, fit
 from autotune.errors import InputError
 from autotune.units import fmt_bandwidth, fmt_bytes, fmt_time
+from profilers import run as P
+from profilers.options import LayerProfileOptions, ProfileOptions
 
 HELP = "Measure this machine's devices and links (GEMM, attention, p2p matrix, collectives) and store a profile."
 
@@ -85,157 +88,57 @@ def run(
     storage: StorageOpt = DEFAULT_STORAGE,
     json_: JsonOpt = False,
 ) -> None:
-    """Run a profile (when no sub-command is given).
+    """Run a profile (when no sub-command is given): the options go to profilers/run.py as
+    ProfileOptions (LayerProfileOptions with ``--layers``); this prints what it measured.
 
-    Longer than a screen: its 18 options are declared in the signature (typer, 39 lines); the body
-    checks them and hands the measuring to ``_measure``."""
+    Longer than a screen: its 18 options are declared in the signature (typer, 39 lines)."""
     if ctx.invoked_subcommand is not None:
         return
     if layers is not None:
-        _run_layers(layers, device, mbs, seq, tp, dtype, label, storage, json_, attention)
+        _run_layers(LayerProfileOptions(model=layers, storage=storage, device=device, mbs=mbs, seq=seq, tp=tp,
+                                        dtype=dtype, attention=attention, label=label), json_)
         return
-    from profilers.launch import check_request, default_nproc
-    from profilers.store import engine_for, load_profile, save_profile
-    from profilers.summary import summarize_profile
-
-    slow = parse_emulation(emulate)
-    engine_for(storage)  # a bad --storage fails before minutes of measuring
-    remote, prefix = [], ""
-    if hosts is not None:  # every host from here: node-rank 0 is this one and stores
-        nnodes, nproc, node_rank = _hosts_request(hosts, nnodes, nproc, node_rank)
-    elif remote_shell is not None:
-        raise InputError("--remote-shell only goes with --hosts", field="--remote-shell")
-    if node_rank is not None and not node_rank < nnodes:
-        raise InputError(f"--nnodes {nnodes}: node-rank 0..{nnodes - 1}", field="--node-rank")
-    kind = check_request(device, nproc)
-    nproc = nproc or default_nproc(kind)
-    if hosts is not None:
-        remote, prefix = _remote_parts(hosts, remote_shell, nnodes, nproc, kind, quick, timeout)
-    result, wall = _measure(kind, nproc, nnodes, node_rank, quick, timeout, slow, remote, prefix, json_)
-    if result is None:
+    opts = ProfileOptions(storage=storage, device=device, nproc=nproc, quick=quick, label=label,
+                          emulate=parse_emulation(emulate), timeout_s=timeout, nnodes=nnodes, node_rank=node_rank,
+                          hosts=hosts, remote_shell=remote_shell)
+    req = P.profile_request(opts)
+    with _progress("profile", "starting ranks", json_) as on_progress:
+        stored = P.run_profile(opts, req, on_progress)
+    if stored is None:
+        err_console.print("this node's ranks are done; the host that ran rank 0 stores the profile",
+                          highlight=False)
+        if json_:
+            emit_json({"stored": False, "nnodes": req.nnodes, "nproc": req.nproc})
         return
-    pid = save_profile(result, storage, label=label, nproc=result.get("world", nproc), wall_s=wall)
-    summary = summarize_profile(load_profile(pid, storage))
     if json_:
-        emit_json(summary)
+        emit_json(stored.summary)
     else:
-        _print_summary(summary)
-        err_console.print(f"stored profile {pid} in {storage} ({wall:.1f} s); use it in a cluster file as "
-                          f"device: profile:{pid}", highlight=False)
+        _print_summary(stored.summary)
+        err_console.print(f"stored profile {stored.pid} in {storage} ({stored.wall_s:.1f} s); use it in a cluster "
+                          f"file as device: profile:{stored.pid}", highlight=False)
 
 
-def _measure(kind: str, nproc: int, nnodes: int, node_rank: int | None, quick: bool, timeout: float,
-             slow: dict[int, float], remote: list[Any], prefix: str, json_: bool) -> tuple[dict[str, Any] | None, float]:
-    """(the ranks' result, wall seconds) of one profile run here, under a progress bar; (None, 0)
-    on a node of a multi-host profile whose rank 0 ran elsewhere (that host stores it)."""
-    from profilers.launch import launch_local
-
-    t0 = time.perf_counter()
-    with Progress(TextColumn("[bold]profile[/]"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+@contextmanager
+def _progress(name: str, first: str, json_: bool) -> Iterator[P.Progress]:
+    """A transient progress bar on stderr (off under --json or off a terminal), as a (done, total,
+    what) callback for profilers/run.py."""
+    with Progress(TextColumn(f"[bold]{name}[/]"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console,
                   transient=True, disable=json_ or not err_console.is_terminal) as prog:
-        task = prog.add_task("starting ranks", total=None)
-
-        def on_progress(done: int, total: int, what: str) -> None:
-            prog.update(task, completed=done, total=total, description=what)
-
-        if nnodes > 1:
-            if slow:
-                raise InputError("--emulate-slowdown is for one host", field="--nnodes")
-            from profilers.launch import launch_node
-
-            prog.update(task, description=f"{nproc} ranks here, waiting for {nnodes} nodes")
-            result = launch_node(nnodes, kind, nproc, quick=quick, timeout_s=timeout, node_rank=node_rank,
-                                 remote=remote, prefix=prefix)
-            if result is None:
-                err_console.print("this node's ranks are done; the host that ran rank 0 stores the profile",
-                                  highlight=False)
-                if json_:
-                    emit_json({"stored": False, "nnodes": nnodes, "nproc": nproc})
-                return None, 0.0
-        else:
-            result = launch_local(kind, nproc, quick=quick, emulate=slow, timeout_s=timeout, progress=on_progress)
-    wall = time.perf_counter() - t0
-    return result, wall
+        task = prog.add_task(first, total=None)
+        yield lambda done, total, what: prog.update(task, completed=done, total=total, description=what)
 
 
-def _hosts_request(hosts_file: str, nnodes: int, nproc: int | None, node_rank: int | None) -> tuple[int, int | None, int]:
-    """``--hosts FILE``: as many nodes as hosts, the file's slots as ranks a host (all the same:
-    torchrun runs one count a node), this host node-rank 0."""
-    from autotune.hostfile import read_hosts
-
-    hosts = read_hosts(hosts_file)
-    if node_rank is not None:
-        raise InputError("--hosts starts every node from node-rank 0 (this host); drop --node-rank",
-                         field="--node-rank")
-    if nnodes not in (1, len(hosts)):
-        raise InputError(f"--nnodes {nnodes}, but the file lists {len(hosts)} host(s)", field="--hosts")
-    slots = {h.slots for h in hosts if h.slots is not None}
-    if len(slots) > 1 or (slots and nproc is not None and slots != {nproc}):
-        got = sorted(slots | ({nproc} if nproc is not None else set()))
-        raise InputError(f"a profile runs the same ranks on every host; the file and --nproc give {got}",
-                         source=hosts_file, field="--hosts")
-    return len(hosts), nproc or (slots.pop() if slots else None), 0
-
-
-def _remote_parts(hosts_file: str, shell: str | None, nnodes: int, nproc: int, kind: str, quick: bool,
-                  timeout: float) -> tuple[list[Any], str]:
-    """The other hosts' ``autotune profile --nnodes N --node-rank K ...`` lines (through the remote
-    shell) and what this host's torchrun line starts with (autotune.hostfile)."""
-    import shlex
-
-    from autotune import hostfile
-    from autotune.export.launch import RemoteLine
-
-    hosts = hostfile.read_hosts(hosts_file)
-    words = hostfile.remote_shell(shell)
-    addr, port = hostfile.rendezvous(hosts)
-    cmds = [shlex.join(["autotune", "profile", "--nnodes", str(nnodes), "--node-rank", str(k), "--nproc", str(nproc),
-                        "--device", kind, "--timeout", f"{timeout:g}", *(["--quick"] if quick else [])])
-            for k in range(nnodes)]
-    lines = hostfile.node_lines(hosts, cmds, words, addr, port)
-    return ([RemoteLine(k, k, h.name, line) for k, (h, line) in enumerate(zip(hosts, lines, strict=True)) if k],
-            hostfile.here_prefix(addr, port))
-
-
-def _run_layers(model_ref: str, device: str, mbs: str | None, seq: str | None, tp: str | None, dtype: str,
-                label: str | None, storage: str, json_: bool, attention: str = "runtime") -> None:
-    from autotune.specs.model import load_model
-    from profilers.layers import default_sweep, parse_grid, profile_layers, sdpa_backends, shard_sizes
-    from profilers.store import engine_for, save_layer_profile
-
-    sdpa_backends(attention)  # a bad --attention fails before anything is built
-    model = load_model(model_ref)
-    engine_for(storage)  # a bad --storage fails before the measuring
-    if device == "auto":
-        import torch
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    elif device not in ("cpu", "cuda"):
-        raise InputError(f"must be auto, cpu or cuda, got {device!r}", field="--device")
-    if dtype == "auto":
-        from profilers.dtypes import trial_dtype
-
-        dtype = trial_dtype(device)
-    sweep = default_sweep(model, device, dtype)
-    sweep.attention = attention
-    sweep.micro_batches = parse_grid(mbs, "mbs") or sweep.micro_batches
-    sweep.seq_lens = parse_grid(seq, "seq") or sweep.seq_lens
-    if tp is not None:
-        sweep.tp, sweep.notes = shard_sizes(model, parse_grid(tp, "tp"))
-    with Progress(TextColumn("[bold]layers[/]"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console,
-                  transient=True, disable=json_ or not err_console.is_terminal) as prog:
-        task = prog.add_task("building pieces", total=None)
-        doc = profile_layers(model, device, sweep,
-                             lambda done, total, what: prog.update(task, completed=done, total=total, description=what))
-    lid = save_layer_profile(doc, storage, label=label)
+def _run_layers(opts: LayerProfileOptions, json_: bool) -> None:
+    prepared = P.prepare_layers(opts)
+    with _progress("layers", "building pieces", json_) as on_progress:
+        lid, doc = P.run_layers(opts, prepared, on_progress)
     if json_:
         emit_json({"id": f"layers:{lid}", **{k: v for k, v in doc.items() if k != "units"}})
         return
     _print_layers(doc, lid)
-    err_console.print(f"stored layer profile layers:{lid} in {storage} ({doc['meta']['measure_s']:.1f} s); use it in a "
-                      f"cluster file as layer_profile: layers:{lid}", highlight=False)
+    err_console.print(f"stored layer profile layers:{lid} in {opts.storage} ({doc['meta']['measure_s']:.1f} s); use "
+                      f"it in a cluster file as layer_profile: layers:{lid}", highlight=False)
 
 
 def _print_layers(doc: dict[str, Any], lid: int | str) -> None:

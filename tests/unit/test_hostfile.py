@@ -148,7 +148,7 @@ def test_tune_searches_the_files_hosts_each_like_this_machine(tmp_path):
 
 
 def test_profile_takes_the_files_hosts_as_its_nodes(tmp_path):
-    from autotune.commands.profile import _hosts_request
+    from profilers.run import hosts_request as _hosts_request
 
     f = str(write(tmp_path, "localhost slots=2\n127.0.0.1 slots=2\n"))
     assert _hosts_request(f, 1, None, None) == (2, 2, 0)  # nodes, ranks a host, this host's node-rank
