@@ -237,7 +237,8 @@ class Plan:
         """Fill what a hand-written plan left out (even shares, node-order placement, micro-batch
         count) and validate against the model and cluster; raises PlanError naming every problem.
         A plan this returned resolves to itself against the same workload without being checked
-        again (the search resolves each plan it builds, and the estimate resolves it once more)."""
+        again (the search resolves each plan it builds, and the estimate resolves it once more).
+        The subset and per-stage plans branch off first, then ``_with_defaults`` fills the rest."""
         if self.uses is not None:  # a plan on a subset of a pool resolves on that subset
             from autotune.specs.pool import subset
 
@@ -252,10 +253,23 @@ class Plan:
             plan = ST.resolve(self, model, cluster, seq_len, global_batch)
             _RESOLVED[(id(plan), id(model), id(cluster), seq_len, global_batch)] = (plan, model, cluster)
             return plan
-        d = self.degrees
         problems = _check_basic(self, model, cluster, seq_len, global_batch)
         if problems:
             raise PlanError("; ".join(problems), field="plan")
+        plan = self._with_defaults(model, cluster, seq_len, global_batch)
+        problems = _check_resolved(plan, model, cluster, seq_len, global_batch)
+        if problems:
+            raise PlanError("; ".join(problems), field="plan")
+        if len(_RESOLVED) > 4096:
+            _RESOLVED.clear()
+        # Plan, ModelSpec and ClusterSpec are frozen; the entry holds all three, so no id is reused
+        _RESOLVED[(id(plan), id(model), id(cluster), seq_len, global_batch)] = (plan, model, cluster)
+        return plan
+
+    def _with_defaults(self, model: Any, cluster: Any, seq_len: int, global_batch: int) -> Plan:
+        """This plan with what it left out filled in, in the order the checks need them (even shares,
+        node-order placement, micro-batch count) and its workload named; not yet checked."""
+        d = self.degrees
         sh = self.shares
         layers = sh.layers or tuple(even_split(model.layers, d.pp * self.virtual_stages))
         heads = sh.heads or tuple(even_split(model.heads // d.tp, d.hp))
@@ -275,19 +289,11 @@ class Plan:
         nmb = self.num_microbatches
         if nmb is None and all(s % mbs == 0 for s in samples):
             nmb = max(samples) // mbs
-        plan = self.replace(
+        return self.replace(
             shares=Shares(layers=tuple(layers), tokens=tuple(tokens), heads=tuple(heads), samples=tuple(samples)),
             placement=tuple(placement), num_microbatches=nmb,
             workload=Workload(model=model.name, seq_len=seq_len, global_batch=global_batch,
                               cluster=getattr(cluster, "name", "")))
-        problems = _check_resolved(plan, model, cluster, seq_len, global_batch)
-        if problems:
-            raise PlanError("; ".join(problems), field="plan")
-        if len(_RESOLVED) > 4096:
-            _RESOLVED.clear()
-        # Plan, ModelSpec and ClusterSpec are frozen; the entry holds all three, so no id is reused
-        _RESOLVED[(id(plan), id(model), id(cluster), seq_len, global_batch)] = (plan, model, cluster)
-        return plan
 
     # ---- JSON ---------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -389,25 +395,14 @@ def _int_list(v: Any, field: str) -> tuple[int, ...] | None:
 
 
 def _plan_from_dict(d: Any) -> Plan:
+    """A Plan from its JSON object: one field after another, each read and checked where it is named,
+    so an error names the field it is about (in the order the fields are checked)."""
     if not isinstance(d, dict):
         raise InputError(f"a plan must be a JSON object, got {type(d).__name__}")
     F.reject_unknown(d, _PLAN_KEYS, None)
-    sv = d.get("schema_version", SCHEMA_VERSION)
-    if isinstance(sv, bool) or sv not in READABLE_SCHEMA_VERSIONS:
-        raise InputError(f"schema_version {sv!r} is not supported (this autotune reads "
-                         f"{', '.join(map(str, READABLE_SCHEMA_VERSIONS))})", field="schema_version")
-    deg = d.get("degrees")
-    if deg is None and d.get("stages") is not None:
-        deg = {}  # a per-stage plan's degrees are its stages' envelope
-    if not isinstance(deg, dict):
-        raise InputError("missing required field (a mapping of dp, pp, cp, hp, tp)", field="degrees")
-    F.reject_unknown(deg, set(DIMS), "degrees")
-    degrees = Degrees(**{k: F.get_int(deg, k, f"degrees.{k}", default=1) for k in DIMS})
-    sh = d.get("shares") or {}
-    if not isinstance(sh, dict):
-        raise InputError(f"expected a mapping, got {sh!r}", field="shares")
-    F.reject_unknown(sh, {"layers", "tokens", "heads", "samples"}, "shares")
-    shares = Shares(**{k: _int_list(sh.get(k), f"shares.{k}") for k in ("layers", "tokens", "heads", "samples")})
+    sv = _schema_version_from(d)
+    degrees = _degrees_from(d)
+    shares = _shares_from(d)
     placement = None if d.get("placement") is None else _placement_from(d["placement"])
     from autotune.stages import envelope, stages_from
 
@@ -416,9 +411,7 @@ def _plan_from_dict(d: Any) -> Plan:
         raise InputError(f"stages need schema_version 3, the file says {sv}", field="stages")
     workload = None if d.get("workload") is None else _workload_from(d["workload"])
     nmb = d.get("num_microbatches")
-    for key in RECORD_KEYS:  # read by autotune.plan_record; a Plan is the configuration alone
-        if d.get(key) is not None and not isinstance(d[key], dict):
-            raise InputError(f"expected a mapping or null, got {d[key]!r}", field=key)
+    _check_record_keys(d)
     zero = F.get_int(d, "zero_stage", "zero_stage", default=0, minimum=0)
     if zero > 3:
         raise InputError(f"must be 0, 1, 2 or 3, got {zero}", field="zero_stage")
@@ -442,6 +435,42 @@ def _plan_from_dict(d: Any) -> Plan:
         shares=shares, placement=placement, workload=workload, stages=stages,
         uses=_uses_from(d.get("uses")),
     )
+
+
+def _schema_version_from(d: dict) -> int:
+    """``schema_version`` (this version when absent), one of the versions this autotune reads."""
+    sv = d.get("schema_version", SCHEMA_VERSION)
+    if isinstance(sv, bool) or sv not in READABLE_SCHEMA_VERSIONS:
+        raise InputError(f"schema_version {sv!r} is not supported (this autotune reads "
+                         f"{', '.join(map(str, READABLE_SCHEMA_VERSIONS))})", field="schema_version")
+    return sv
+
+
+def _degrees_from(d: dict) -> Degrees:
+    """``degrees`` (1 for each dimension left out; all 1 for a per-stage plan that names none)."""
+    deg = d.get("degrees")
+    if deg is None and d.get("stages") is not None:
+        deg = {}  # a per-stage plan's degrees are its stages' envelope
+    if not isinstance(deg, dict):
+        raise InputError("missing required field (a mapping of dp, pp, cp, hp, tp)", field="degrees")
+    F.reject_unknown(deg, set(DIMS), "degrees")
+    return Degrees(**{k: F.get_int(deg, k, f"degrees.{k}", default=1) for k in DIMS})
+
+
+def _shares_from(d: dict) -> Shares:
+    """``shares``: lists of integers for layers, tokens, heads and samples, each optional."""
+    sh = d.get("shares") or {}
+    if not isinstance(sh, dict):
+        raise InputError(f"expected a mapping, got {sh!r}", field="shares")
+    F.reject_unknown(sh, {"layers", "tokens", "heads", "samples"}, "shares")
+    return Shares(**{k: _int_list(sh.get(k), f"shares.{k}") for k in ("layers", "tokens", "heads", "samples")})
+
+
+def _check_record_keys(d: dict) -> None:
+    """The record fields (read by autotune.plan_record; a Plan is the configuration alone) are mappings or null."""
+    for key in RECORD_KEYS:
+        if d.get(key) is not None and not isinstance(d[key], dict):
+            raise InputError(f"expected a mapping or null, got {d[key]!r}", field=key)
 
 
 def _uses_from(v: Any) -> tuple[int, ...] | None:

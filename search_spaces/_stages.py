@@ -232,15 +232,32 @@ def best_plan(ctx: Any, *, mbs: int, schedule: str, vs: int, recompute: str, zer
     from autotune.cost.estimate import estimate
 
     est = estimator or estimate
-    model, gbs = ctx.model, ctx.global_batch
+    gbs = ctx.global_batch
     opts = option_costs(ctx, (mbs, recompute, ctx.dtype), cache)
     if not opts:
         return "memory: no replica option fits one layer"
     sched = get_schedule(schedule)
-    cands: list[tuple[float, Composition, list[int]]] = []
-    rejected = {"batch": 0, "memory": 0}
     if gbs % mbs:
         return f"global_batch({gbs}) not divisible by micro_batch_size({mbs})"
+    cands, rejected = _candidates(ctx, opts, sched, mbs=mbs, schedule=schedule, vs=vs, zero=zero)
+    if not cands:
+        if rejected["memory"]:
+            return "memory: no composition of stages fits the memory of its devices"
+        if rejected["batch"]:
+            return (f"batch: global_batch({gbs}) at micro_batch_size({mbs}) gives no pipeline of these stages "
+                    f"enough micro-batches for {schedule}")
+        return "divisibility: no device group splits into stages of whole replicas"
+    cands.sort(key=lambda x: x[0])
+    return _fastest(ctx, cands[:TOP], est, mbs=mbs, schedule=schedule, vs=vs, recompute=recompute, zero=zero)
+
+
+def _candidates(ctx: Any, opts: list[Option], sched: Any, *, mbs: int, schedule: str, vs: int,
+                zero: int) -> tuple[list[tuple[float, Composition, list[int]]], dict[str, int]]:
+    """Every composition that fits, with its approximate step time and layer split, over every dp that
+    divides the micro-batch count; and how many were rejected for batch and for memory."""
+    model, gbs = ctx.model, ctx.global_batch
+    cands: list[tuple[float, Composition, list[int]]] = []
+    rejected = {"batch": 0, "memory": 0}
     for dp in range(1, gbs // mbs + 1):
         if (gbs // mbs) % dp:
             continue
@@ -263,17 +280,16 @@ def best_plan(ctx: Any, *, mbs: int, schedule: str, vs: int, recompute: str, zer
             n, approx = got
             approx += _sync_s(ctx, c, n, zero)
             cands.append((approx, c, n))
-    if not cands:
-        if rejected["memory"]:
-            return "memory: no composition of stages fits the memory of its devices"
-        if rejected["batch"]:
-            return (f"batch: global_batch({gbs}) at micro_batch_size({mbs}) gives no pipeline of these stages "
-                    f"enough micro-batches for {schedule}")
-        return "divisibility: no device group splits into stages of whole replicas"
-    cands.sort(key=lambda x: x[0])
+    return cands, rejected
+
+
+def _fastest(ctx: Any, cands: list[tuple[float, Composition, list[int]]], est: Any, *, mbs: int, schedule: str,
+             vs: int, recompute: str, zero: int) -> Plan | str:
+    """The fastest of these candidates priced exactly (both replica orders each), or why none is feasible."""
+    model, gbs = ctx.model, ctx.global_batch
     best: tuple[float, Plan] | None = None
     reason = "memory: no per-stage plan fits"
-    for _, c, n in cands[:TOP]:
+    for _, c, n in cands:
         for major in (False, True):
             one = len(c.stages) == 1  # no pipeline: the schedule does not apply (the uniform space's rule)
             plan = Plan(stages=assign(c, n, major), micro_batch_size=mbs, schedule="1f1b" if one else schedule,

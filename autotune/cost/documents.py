@@ -190,26 +190,3 @@ def combine(priced: list[tuple[dict[str, Any], dict[str, Any]]], dist: W.LengthD
                        "step_time_s": mean, "how": f"mean over {len(times)} drawn steps (seed {SEED}) of the "
                                                    "slowest replica's step"}
     return pred, bd
-
-
-class DocumentsEstimator:
-    """The search's estimator for a workload of documents: prices every plan with ``doc_mask`` on,
-    both balances where there are replicas to balance (the search may choose either: the faster
-    is recorded on the plan). Picklable (worker processes)."""
-
-    def __init__(self, dist: W.LengthDistribution, balance: str = "auto"):
-        self.dist, self.balance = dist, balance
-
-    def __call__(self, plan, model, cluster, seq_len, global_batch, *, calibration=None, timeline=False):
-        from autotune.cost.estimate import estimate
-
-        choices = ("count", "cost") if self.balance == "auto" else (self.balance,)
-        if plan.degrees.dp == 1:
-            choices = choices[:1]
-        best = None
-        for b in choices:
-            est = estimate(plan.replace(doc_mask=True, balance=b), model, cluster, seq_len, global_batch,
-                           calibration=calibration, timeline=timeline, documents=self.dist)
-            if best is None or est.predicted.get("tokens_per_s", 0) > best.predicted.get("tokens_per_s", 0):
-                best = est
-        return best

@@ -214,6 +214,27 @@ class HelixRankTimes:
     """Attention -> block: residual and attention output."""
 
 
+def _on_profile_scale(ctx, lc, qkv: float):
+    """(block terms, QKV seconds) from the device's layer profile where it has one, as for every other
+    schedule (cost/layers.py: one scale); else the compute model's unchanged."""
+    blk = LY.piece(ctx, "block") or LY.reconciled_block(ctx, lc)
+    if blk is None:
+        return lc, qkv
+    return LY.measured_block(lc, blk), qkv * (blk.fwd / lc.fwd if lc.fwd > 0 else 1.0)
+
+
+def _ends(ctx) -> tuple[float, float, float]:
+    """(embedding forward, head forward, head backward) seconds: measured pieces first, at the
+    shard's length where the profile holds whole sequences, else the compute model's."""
+    m_emb = LY.piece(ctx, "embed") or LY.shard_piece(ctx, "embed")
+    emb = m_emb.fwd if m_emb is not None else ctx.rates.memory_time(ctx.hidden_bytes)
+    m_head = LY.piece(ctx, "head") or LY.shard_piece(ctx, "head")
+    if m_head is not None:
+        return emb, m_head.fwd, m_head.bwd
+    hf, hb = head_compute(ctx.step.model, ctx.rates, tokens=ctx.tokens_local, tp=ctx.step.tp)
+    return emb, hf, hb
+
+
 def rank_times(ctx) -> HelixRankTimes:
     """Price the helix operations of the tensor-parallel group ``ctx`` (a ``cost.context.RankContext``)
     from the cost model's own block terms: the QKV projection moves to the attention's rank
@@ -226,11 +247,7 @@ def rank_times(ctx) -> HelixRankTimes:
     lc = layer_compute(model, rates, tokens=ctx.tokens_local, tp=tp, heads_local=ctx.heads, keysum=ctx.keysum,
                        block_seq=ctx.block_seq, blocks=ctx.ring, micro_batch=s.mbs, act_bytes=full - scores)
     qkv = rates.gemm_time(2.0 * ctx.tokens_local * h * (h + 2 * kv) / tp)
-    # the device's layer profile first, as for every other schedule (cost/layers.py: one scale)
-    blk = LY.piece(ctx, "block") or LY.reconciled_block(ctx, lc)
-    if blk is not None:
-        qkv *= blk.fwd / lc.fwd if lc.fwd > 0 else 1.0
-        lc = LY.measured_block(lc, blk)
+    lc, qkv = _on_profile_scale(ctx, lc, qkv)
     attn_bytes = _attention_bytes(ctx)
     share = min(1.0, attn_bytes / max(full - scores, 1.0))
     elem_a, elem_p = lc.elem_fwd * share, lc.elem_fwd * (1.0 - share)
@@ -250,11 +267,8 @@ def rank_times(ctx) -> HelixRankTimes:
         tpa_b += tpa_f
         tpp_b += tpp_f
     pre_f, pre_b = PRE_ATTENTION_ELEMENTWISE * cf * elem_p, 2.0 * PRE_ATTENTION_ELEMENTWISE * cf * elem_p
-    m_emb = LY.piece(ctx, "embed") or LY.shard_piece(ctx, "embed")
-    emb = cf * (m_emb.fwd if m_emb is not None else rates.memory_time(ctx.hidden_bytes)) + TP.embedding_comm(ctx)
-    m_head = LY.piece(ctx, "head") or LY.shard_piece(ctx, "head")
-    hf, hb = (m_head.fwd, m_head.bwd) if m_head is not None else head_compute(model, rates, tokens=ctx.tokens_local,
-                                                                              tp=tp)
+    emb_f, hf, hb = _ends(ctx)
+    emb = cf * emb_f + TP.embedding_comm(ctx)
     htp = _cpu.head_tp_comm(ctx) if tp > 1 and rates.cpu is not None else (0.0, 0.0)
     block_f, block_b = p_f + tpp_f, p_b + tpp_b
     last_f = block_f - pre_f + cf * hf + htp[0]

@@ -63,53 +63,66 @@ def staged_step_context(rp: Any, model: Any, cluster: Any, seq_len: int, global_
 def staged_tp_groups(s: Any) -> list[tuple[int, int, Any]]:
     """(first rank, replica, context) of every cell in rank order; cells that see the same step
     (stage, tp, device type, links, micro-batches) share one context."""
-    from autotune.cost.compute import cached_rates
-    from autotune.cost.context import Links, RankContext
-
     rp, topo = s.plan, s.topo
     lay = ST.layout_of(rp.stages)
-    node_of = topo.node_of
     steps: dict[int, Any] = {}
     contexts: dict[tuple, Any] = {}
     out = []
     for (st, r), r0 in lay.first_rank.items():
-        stage = rp.stages[st]
-        t = stage.replicas[r].tp
+        t = rp.stages[st].replicas[r].tp
         step = steps.get(t)
         if step is None:
             step = steps[t] = dataclasses.replace(s, tp=t)
-        d0 = s.devs[r0]
-        spec = topo.cluster.devices[d0].spec
-        tp_link = topo.node_link(node_of[d0], node_of[d0]) if t > 1 else C._SELF
-        hops, hop_tps = [], []
-        pp_link = C._SELF
-        if s.pp > 1:
-            nxt = lay.first_rank[((st + 1) % s.pp, r)]
-            pp_link = topo.node_link(node_of[d0], node_of[s.devs[nxt]])
-            for q, f, b in s.hop_peers[st]:
-                q0 = s.devs[lay.first_rank[(q, r)]]
-                hops.append((topo.node_link(node_of[d0], node_of[q0]), f, b))
-                qt = rp.stages[q].replicas[r].tp
-                hop_tps.append((qt, topo.node_link(node_of[q0], node_of[q0]) if qt > 1 else C._SELF))
-        else:
-            hops = [(C._SELF, False, False)] * s.v
-        tps = stage.tps
-        links = Links(tp=tp_link, hp=C._SELF, cp=C._SELF, pp=pp_link, dp=s.dp_links[st], pp_hops=tuple(hops),
-                      hop_tps=tuple(hop_tps) if any(q != t for q, _ in hop_tps) else (),
-                      dp_tp=min(tps) if len(set(tps)) > 1 else 0)
+        spec = topo.cluster.devices[s.devs[r0]].spec
+        links = _cell_links(s, lay, st, r, r0, t)
         m_d = s.microbatches[r]
         key = (st, t, id(spec), links, m_d)
         ctx = contexts.get(key)
         if ctx is None:
-            cal = s.calibration.get(spec.name) or {}
-            params, layer_params, rest = s.stage_params[st]
-            tok = s.mbs * s.seq_len
-            ctx = contexts[key] = RankContext(
-                step=step, coords=MappingProxyType({"pp": st, "dp": r, "cp": 0, "hp": 0, "tp": 0}), spec=spec,
-                rates=cached_rates(spec, s.dtype, s.model.head_dim, s.kernels), collectives=collectives_for(spec),
-                cf=float(cal.get("compute", 1.0)), mf=float(cal.get("comm", 1.0)), links=links, tokens=s.seq_len,
-                heads=s.model.heads // t, microbatches=m_d, layers=tuple(rp.shares.layers[j] for j in s.chunks[st]),
-                params=params, layer_params=layer_params, rest_params=rest, keysum=s.keysums[0], ring=None,
-                tokens_local=tok, hidden_bytes=s.bpe * tok * s.model.hidden)
+            ctx = contexts[key] = _cell_context(s, step, st, r, spec, links)
         out.append((r0, r, ctx))
     return out
+
+
+def _cell_links(s: Any, lay: Any, st: int, r: int, r0: int, t: int) -> Any:
+    """The ``Links`` a cell (stage ``st``, replica ``r``, first rank ``r0``, tp ``t``) sees."""
+    from autotune.cost.context import Links
+
+    rp, topo, node_of = s.plan, s.topo, s.topo.node_of
+    d0 = s.devs[r0]
+    tp_link = topo.node_link(node_of[d0], node_of[d0]) if t > 1 else C._SELF
+    hops, hop_tps = [], []
+    pp_link = C._SELF
+    if s.pp > 1:
+        nxt = lay.first_rank[((st + 1) % s.pp, r)]
+        pp_link = topo.node_link(node_of[d0], node_of[s.devs[nxt]])
+        for q, f, b in s.hop_peers[st]:
+            q0 = s.devs[lay.first_rank[(q, r)]]
+            hops.append((topo.node_link(node_of[d0], node_of[q0]), f, b))
+            qt = rp.stages[q].replicas[r].tp
+            hop_tps.append((qt, topo.node_link(node_of[q0], node_of[q0]) if qt > 1 else C._SELF))
+    else:
+        hops = [(C._SELF, False, False)] * s.v
+    tps = rp.stages[st].tps
+    return Links(tp=tp_link, hp=C._SELF, cp=C._SELF, pp=pp_link, dp=s.dp_links[st], pp_hops=tuple(hops),
+                 hop_tps=tuple(hop_tps) if any(q != t for q, _ in hop_tps) else (),
+                 dp_tp=min(tps) if len(set(tps)) > 1 else 0)
+
+
+def _cell_context(s: Any, step: Any, st: int, r: int, spec: Any, links: Any) -> Any:
+    """The ``RankContext`` of a cell of stage ``st``, replica ``r`` at ``step``'s tp on ``spec``."""
+    from autotune.cost.compute import cached_rates
+    from autotune.cost.context import RankContext
+
+    rp, t = s.plan, step.tp
+    cal = s.calibration.get(spec.name) or {}
+    params, layer_params, rest = s.stage_params[st]
+    tok = s.mbs * s.seq_len
+    return RankContext(
+        step=step, coords=MappingProxyType({"pp": st, "dp": r, "cp": 0, "hp": 0, "tp": 0}), spec=spec,
+        rates=cached_rates(spec, s.dtype, s.model.head_dim, s.kernels), collectives=collectives_for(spec),
+        cf=float(cal.get("compute", 1.0)), mf=float(cal.get("comm", 1.0)), links=links, tokens=s.seq_len,
+        heads=s.model.heads // t, microbatches=s.microbatches[r],
+        layers=tuple(rp.shares.layers[j] for j in s.chunks[st]),
+        params=params, layer_params=layer_params, rest_params=rest, keysum=s.keysums[0], ring=None,
+        tokens_local=tok, hidden_bytes=s.bpe * tok * s.model.hidden)

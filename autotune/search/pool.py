@@ -16,10 +16,10 @@ How subsets enter the search (and how the work is divided):
    ``SMALL_POOL`` devices) get the phases of a plain search
    (autotune/search/run.py): baselines, balanced starts, the sampler and the polish. The first
    (the screening's best by the objective) gets a plain search's budget, and so does every subset
-   of a small pool; on a larger pool the others share it (at least ``MIN_SAMPLER`` sampler trials
-   and ``MIN_POLISH`` polish calls each) and skip the baselines (their balanced starts already
-   price every degree layout once). At 128 devices of four types that is 15 subsets screened
-   and 3 refined: about 1.7x the trials of a plain search of the whole pool.
+   of a small pool; on a larger pool the others share half of one (at least ``MIN_SAMPLER`` sampler
+   trials and ``MIN_POLISH`` polish calls each) and skip the baselines (their balanced starts
+   already price every degree layout once). At 128 devices of four types that is 15 subsets
+   screened and 3 refined (docs/pools.md has the measured cost against a plain search).
 
 Each subset is a search of its own on ``subset(pool, uses)`` (the same space, evaluator and
 phases as a plain search), recorded in the one study with its plans' ``uses`` and ``cost``; its
@@ -196,34 +196,7 @@ class _PoolRun:
         state: dict[tuple[int, ...], tuple[Any, Any]] = {}
         interrupted = False
         try:
-            if self.display is not None:
-                self.display.phase(f"screening {len(subsets)} subsets")
-            for uses in subsets:
-                ev, ws = state[uses] = self._setup(uses)
-                run_starts(ws, ev, deadline, screen, self.opts.seed)
-                best[uses] = _best_of(ws.rows, self.obj)
-                ws.flush()
-            chosen = self._to_refine(subsets, best)
-            self.say(f"screened {len(subsets)} subsets; refining {len(chosen)}: "
-                     + ", ".join(P.describe_uses(self.pool, u) for u in chosen))
-            if self.display is not None:
-                self.display.phase(f"refining {len(chosen)} subsets")
-            # a small pool: each subset gets a plain search's budget; else the refined share it
-            k = 1 if P.devices_of(self.pool, None) <= SMALL_POOL else len(chosen)
-            for i, uses in enumerate(chosen):  # the phases of a plain search (autotune/search/run.py)
-                ev, ws = state[uses]
-                if i == 0 or k == 1:  # the screening's best by the objective (or a small pool): a plain budget
-                    n_k, polish_k = n_main, n_polish
-                    run_baselines(ws, ev, deadline)
-                else:  # a share, and no baselines (~230 plans at 128 devices; the starts cover each layout)
-                    n_k, polish_k = max(MIN_SAMPLER, n_main // k), max(MIN_POLISH, n_polish // k) if n_polish else 0
-                if polish_k:
-                    run_starts(ws, ev, deadline, polish_k, self.opts.seed)
-                run_sampler(ws, ev, n_k, deadline)
-                if polish_k:
-                    ev.prime(ws.rows)
-                    run_polish(ws, ev, polish_k, deadline)
-                ws.flush()
+            chosen = self._screen_and_refine(subsets, state, best, deadline, screen, n_main, n_polish)
         except KeyboardInterrupt:
             interrupted = True
         finally:
@@ -247,6 +220,44 @@ class _PoolRun:
         study.set_user_attr("left_out", res.left_out)
         study.set_user_attr("left_out_trial", res.best_trial)
         return res
+
+    def _screen_and_refine(self, subsets: list[tuple[int, ...]], state: dict, best: dict, deadline: float | None,
+                           screen: int, n_main: int, n_polish: int) -> list[tuple[int, ...]]:
+        """Screen every subset with its balanced starts, then run a plain search's phases on the ones
+        worth refining (module docstring); returns those."""
+        if self.display is not None:
+            self.display.phase(f"screening {len(subsets)} subsets")
+        for uses in subsets:
+            ev, ws = state[uses] = self._setup(uses)
+            run_starts(ws, ev, deadline, screen, self.opts.seed)
+            best[uses] = _best_of(ws.rows, self.obj)
+            ws.flush()
+        chosen = self._to_refine(subsets, best)
+        self.say(f"screened {len(subsets)} subsets; refining {len(chosen)}: "
+                 + ", ".join(P.describe_uses(self.pool, u) for u in chosen))
+        if self.display is not None:
+            self.display.phase(f"refining {len(chosen)} subsets")
+        # a small pool: each subset gets a plain search's budget; else the refined share it
+        k = 1 if P.devices_of(self.pool, None) <= SMALL_POOL else len(chosen)
+        for i, uses in enumerate(chosen):  # the phases of a plain search (autotune/search/run.py)
+            ev, ws = state[uses]
+            if i == 0 or k == 1:  # the screening's best by the objective (or a small pool): a plain budget
+                n_k, polish_k = n_main, n_polish
+                run_baselines(ws, ev, deadline)
+            else:  # half a plain budget shared, no baselines (~230 plans at 128 devices; the starts
+                # price each layout): measured 2.55x a plain search's CPU through the CLI at 128
+                # devices when each took a third of a whole budget with its baselines
+                share = 2 * (k - 1)
+                n_k = max(MIN_SAMPLER, n_main // share)
+                polish_k = max(MIN_POLISH, n_polish // share) if n_polish else 0
+            if polish_k:
+                run_starts(ws, ev, deadline, polish_k, self.opts.seed)
+            run_sampler(ws, ev, n_k, deadline)
+            if polish_k:
+                ev.prime(ws.rows)
+                run_polish(ws, ev, polish_k, deadline)
+            ws.flush()
+        return chosen
 
     def _within_limits(self, trials: list[Any]) -> None:
         """Feasible plans exist but none within ``--max-step-time``: say so, with the fastest found."""

@@ -145,11 +145,7 @@ def search(model: Any, cluster: Any, seq_len: int, global_batch: int, *, study_n
     opts = options or SearchOptions()
     check_options(opts, storage)
     t0 = time.monotonic()
-    if estimator is None and opts.documents is not None and opts.doc_mask:
-        from autotune.cost.documents_estimator import DocumentsEstimator
-        from autotune.documents import DocumentSource
-
-        estimator = DocumentsEstimator(DocumentSource.from_record(opts.documents).dist)
+    estimator = _documents_estimator(opts, estimator)
     _ctx, space, ev = setup(model, cluster, seq_len, global_batch, opts, estimator)
     record = StudyRecord(model=model, cluster=cluster, seq_len=seq_len, global_batch=global_batch, space=opts.space,
                          target=opts.target, documents=opts.documents)
@@ -160,25 +156,10 @@ def search(model: Any, cluster: Any, seq_len: int, global_batch: int, *, study_n
                t0 + opts.timeout_s if opts.timeout_s else None, say, display)
     if display is not None:
         display.deadline(run.deadline)
-    from autotune.targets import model_problems
-
-    if (why := model_problems(opts.target, model)) is not None:
-        run.notes.append(f"autotune's runtime cannot build {model.name} ({why}): the plans are priced for the "
-                         "frameworks that can; `validate` and `trial` will refuse them")
-    from autotune.cost.layers import precision_notes
-
-    run.notes += precision_notes(cluster, model, opts.dtype)
+    _workload_notes(run, model, cluster, opts)
     ws.on_record = run.recorded
     before = _open(run)
-    interrupted = False
-    try:
-        _phases(run)
-    except KeyboardInterrupt:
-        interrupted = True
-    finally:
-        ws.close()
-    if interrupted:
-        raise KeyboardInterrupt
+    _run_phases(run, ws)
     stopped = None
     if run.deadline is not None and time.monotonic() >= run.deadline:
         stopped = "timeout"
@@ -190,3 +171,38 @@ def search(model: Any, cluster: Any, seq_len: int, global_batch: int, *, study_n
     res = collect(known, storage, opts.top, time.monotonic() - t0, before, run.notes, run.workload)
     res.stopped = stopped
     return res
+
+
+def _documents_estimator(opts: SearchOptions, estimator: Callable[..., Any] | None) -> Callable[..., Any] | None:
+    """The estimator given, or a document-masked one when the options name documents with doc_mask."""
+    if estimator is None and opts.documents is not None and opts.doc_mask:
+        from autotune.cost.documents_estimator import DocumentsEstimator
+        from autotune.documents import DocumentSource
+
+        estimator = DocumentsEstimator(DocumentSource.from_record(opts.documents).dist)
+    return estimator
+
+
+def _workload_notes(run: _Run, model: Any, cluster: Any, opts: SearchOptions) -> None:
+    """Add the notes about the workload itself (a model the runtime cannot build, precision) to ``run``."""
+    from autotune.targets import model_problems
+
+    if (why := model_problems(opts.target, model)) is not None:
+        run.notes.append(f"autotune's runtime cannot build {model.name} ({why}): the plans are priced for the "
+                         "frameworks that can; `validate` and `trial` will refuse them")
+    from autotune.cost.layers import precision_notes
+
+    run.notes += precision_notes(cluster, model, opts.dtype)
+
+
+def _run_phases(run: _Run, ws: Workspace) -> None:
+    """Run the search's phases, closing the workspace whatever happens; Ctrl-C is raised after the close."""
+    interrupted = False
+    try:
+        _phases(run)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        ws.close()
+    if interrupted:
+        raise KeyboardInterrupt

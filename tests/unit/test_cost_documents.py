@@ -110,7 +110,7 @@ def test_the_search_estimator_records_its_choice_of_balance():
     assert est.plan.doc_mask and est.plan.balance == "cost"
     import pickle  # search workers receive the estimator pickled
 
-    again = pickle.loads(pickle.dumps(DOC.DocumentsEstimator(dist)))
+    again = pickle.loads(pickle.dumps(DocumentsEstimator(dist)))
     assert again.dist == dist
     assert list(itertools.islice(DOC.drawn_steps(dist, 2048, 8, 4, 0), 1)) == \
         list(itertools.islice(DOC.drawn_steps(dist, 2048, 8, 4, 0), 1))
