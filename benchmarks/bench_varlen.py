@@ -147,9 +147,9 @@ def main() -> None:
 
     store = f"sqlite:///{tempfile.mkdtemp()}/search.db"
     searched = best_of(model, cluster, SEQ, BATCH, docs, args.trials, store)
-    plans = PLANS + [("searched", {k: searched[k] for k in ("degrees", "micro_batch_size", "schedule", "recompute",
-                                                           "zero_stage", "sequence_parallel", "shares")
-                                   if k in searched} | {"balance": searched.get("balance", "count")})]
+    keep = ("degrees", "micro_batch_size", "num_microbatches", "schedule", "virtual_stages", "helix_folds",
+            "helix_attention", "recompute", "zero_stage", "sequence_parallel", "cp_layout", "shares", "balance")
+    plans = PLANS + [("searched", {k: searched[k] for k in keep if searched.get(k) is not None})]
     rows = []
     for name, d in plans:
         plan = Plan.from_dict({**d, "dtype": "fp32", "doc_mask": True})
