@@ -60,6 +60,12 @@ from autotune.plan_parts import (  # noqa: F401  (every part is importable from 
     PlanError,
     Shares,
     Workload,
+    _degrees_from,
+    _int_list,
+    _placement_from,
+    _shares_from,
+    _uses_from,
+    _workload_from,
     even_split,
     mesh_groups,
     shares_are_even,
@@ -386,14 +392,6 @@ def validate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: i
 _PLAN_KEYS = {f.name for f in dataclasses.fields(Plan)} | set(RECORD_KEYS)
 
 
-def _int_list(v: Any, field: str) -> tuple[int, ...] | None:
-    if v is None:
-        return None
-    if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
-        raise InputError(f"expected a list of integers, got {v!r}", field=field)
-    return tuple(v)
-
-
 def _plan_from_dict(d: Any) -> Plan:
     """A Plan from its JSON object: one field after another, each read and checked where it is named,
     so an error names the field it is about (in the order the fields are checked)."""
@@ -446,63 +444,11 @@ def _schema_version_from(d: dict) -> int:
     return sv
 
 
-def _degrees_from(d: dict) -> Degrees:
-    """``degrees`` (1 for each dimension left out; all 1 for a per-stage plan that names none)."""
-    deg = d.get("degrees")
-    if deg is None and d.get("stages") is not None:
-        deg = {}  # a per-stage plan's degrees are its stages' envelope
-    if not isinstance(deg, dict):
-        raise InputError("missing required field (a mapping of dp, pp, cp, hp, tp)", field="degrees")
-    F.reject_unknown(deg, set(DIMS), "degrees")
-    return Degrees(**{k: F.get_int(deg, k, f"degrees.{k}", default=1) for k in DIMS})
-
-
-def _shares_from(d: dict) -> Shares:
-    """``shares``: lists of integers for layers, tokens, heads and samples, each optional."""
-    sh = d.get("shares") or {}
-    if not isinstance(sh, dict):
-        raise InputError(f"expected a mapping, got {sh!r}", field="shares")
-    F.reject_unknown(sh, {"layers", "tokens", "heads", "samples"}, "shares")
-    return Shares(**{k: _int_list(sh.get(k), f"shares.{k}") for k in ("layers", "tokens", "heads", "samples")})
-
-
 def _check_record_keys(d: dict) -> None:
     """The record fields (read by autotune.plan_record; a Plan is the configuration alone) are mappings or null."""
     for key in RECORD_KEYS:
         if d.get(key) is not None and not isinstance(d[key], dict):
             raise InputError(f"expected a mapping or null, got {d[key]!r}", field=key)
-
-
-def _uses_from(v: Any) -> tuple[int, ...] | None:
-    """``uses``: node counts per node group (checked against the pool when the plan is resolved)."""
-    u = _int_list(v, "uses")
-    if u is not None and (not u or any(x < 0 for x in u)):
-        raise InputError(f"expected a node count >= 0 per node group, got {v!r}", field="uses")
-    return u
-
-
-def _placement_from(pl: Any) -> tuple[Placement, ...]:
-    if not isinstance(pl, list):
-        raise InputError("expected a list of {rank, node, device}", field="placement")
-    items = []
-    for i, e in enumerate(pl):
-        if not isinstance(e, dict):
-            raise InputError(f"expected a mapping, got {e!r}", field=f"placement[{i}]")
-        F.reject_unknown(e, {"rank", "node", "device"}, f"placement[{i}]")
-        items.append(Placement(rank=F.get_int(e, "rank", f"placement[{i}].rank", minimum=0),
-                               node=F.get_int(e, "node", f"placement[{i}].node", minimum=0),
-                               device=F.get_int(e, "device", f"placement[{i}].device", minimum=0)))
-    return tuple(sorted(items, key=lambda x: x.rank))
-
-
-def _workload_from(w: Any) -> Workload:
-    if not isinstance(w, dict):
-        raise InputError(f"expected a mapping, got {w!r}", field="workload")
-    F.reject_unknown(w, {"model", "seq_len", "global_batch", "cluster"}, "workload")
-    return Workload(model=F.get_str(w, "model", "workload.model"),
-                    seq_len=F.get_int(w, "seq_len", "workload.seq_len"),
-                    global_batch=F.get_int(w, "global_batch", "workload.global_batch"),
-                    cluster=str(w.get("cluster") or ""))
 
 
 _INLINE_ALIASES = {"mbs": "micro_batch_size", "nmb": "num_microbatches", "vpp": "virtual_stages", "folds": "helix_folds",

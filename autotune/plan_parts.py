@@ -13,6 +13,7 @@ from typing import Any
 
 from autotune.errors import InputError
 from autotune.schedules.helixpipe import FOLDS
+from autotune.specs import fields as F
 
 DIMS = ("dp", "pp", "cp", "hp", "tp")
 MESH_ORDER = ("pp", "dp", "cp", "hp", "tp")
@@ -132,3 +133,64 @@ def mesh_groups(degrees: Degrees, dim: str, world: int | None = None) -> list[li
         stride *= getattr(degrees, d)
     world = degrees.world if world is None else world
     return [[r + i * stride for i in range(n)] for r in range(world) if (r // stride) % n == 0]
+
+
+# ---- the plan JSON's parts, read and checked field by field (autotune.plan._plan_from_dict) ----
+def _int_list(v: Any, field: str) -> tuple[int, ...] | None:
+    if v is None:
+        return None
+    if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+        raise InputError(f"expected a list of integers, got {v!r}", field=field)
+    return tuple(v)
+
+
+def _degrees_from(d: dict) -> Degrees:
+    """``degrees`` (1 for each dimension left out; all 1 for a per-stage plan that names none)."""
+    deg = d.get("degrees")
+    if deg is None and d.get("stages") is not None:
+        deg = {}  # a per-stage plan's degrees are its stages' envelope
+    if not isinstance(deg, dict):
+        raise InputError("missing required field (a mapping of dp, pp, cp, hp, tp)", field="degrees")
+    F.reject_unknown(deg, set(DIMS), "degrees")
+    return Degrees(**{k: F.get_int(deg, k, f"degrees.{k}", default=1) for k in DIMS})
+
+
+def _shares_from(d: dict) -> Shares:
+    """``shares``: lists of integers for layers, tokens, heads and samples, each optional."""
+    sh = d.get("shares") or {}
+    if not isinstance(sh, dict):
+        raise InputError(f"expected a mapping, got {sh!r}", field="shares")
+    F.reject_unknown(sh, {"layers", "tokens", "heads", "samples"}, "shares")
+    return Shares(**{k: _int_list(sh.get(k), f"shares.{k}") for k in ("layers", "tokens", "heads", "samples")})
+
+
+def _uses_from(v: Any) -> tuple[int, ...] | None:
+    """``uses``: node counts per node group (checked against the pool when the plan is resolved)."""
+    u = _int_list(v, "uses")
+    if u is not None and (not u or any(x < 0 for x in u)):
+        raise InputError(f"expected a node count >= 0 per node group, got {v!r}", field="uses")
+    return u
+
+
+def _placement_from(pl: Any) -> tuple[Placement, ...]:
+    if not isinstance(pl, list):
+        raise InputError("expected a list of {rank, node, device}", field="placement")
+    items = []
+    for i, e in enumerate(pl):
+        if not isinstance(e, dict):
+            raise InputError(f"expected a mapping, got {e!r}", field=f"placement[{i}]")
+        F.reject_unknown(e, {"rank", "node", "device"}, f"placement[{i}]")
+        items.append(Placement(rank=F.get_int(e, "rank", f"placement[{i}].rank", minimum=0),
+                               node=F.get_int(e, "node", f"placement[{i}].node", minimum=0),
+                               device=F.get_int(e, "device", f"placement[{i}].device", minimum=0)))
+    return tuple(sorted(items, key=lambda x: x.rank))
+
+
+def _workload_from(w: Any) -> Workload:
+    if not isinstance(w, dict):
+        raise InputError(f"expected a mapping, got {w!r}", field="workload")
+    F.reject_unknown(w, {"model", "seq_len", "global_batch", "cluster"}, "workload")
+    return Workload(model=F.get_str(w, "model", "workload.model"),
+                    seq_len=F.get_int(w, "seq_len", "workload.seq_len"),
+                    global_batch=F.get_int(w, "global_batch", "workload.global_batch"),
+                    cluster=str(w.get("cluster") or ""))
