@@ -97,7 +97,9 @@ def test_weight_gradient_is_the_forwards_gemms():
         assert all(0 < w < b for w, b in zip(c.wgt, c.bwd, strict=True))
         ratios[seq] = [w / f for w, f in zip(c.wgt, c.fwd, strict=True)]
     assert all(0.0 < r <= 1.0 for r in ratios[1024])
-    assert all(r < 0.8 * q for r, q in zip(ratios[65536], ratios[1024], strict=True))
+    # falls with the sequence; by less than the FLOPs alone say, since the forward also carries the
+    # runtime's host time per kernel (cost/kernels.RUNTIME), a larger share of a short forward
+    assert all(r < 0.95 * q for r, q in zip(ratios[65536], ratios[1024], strict=True))
 
 
 def test_estimate_prices_the_trade():
