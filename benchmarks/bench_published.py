@@ -113,13 +113,14 @@ def _mosaic(size: str, gpu: str, n: int, seq: int, mbs: int, ga: int, ac: bool, 
                        "intra_node": {"bandwidth": "450GB/s" if dev.startswith("H100") else "300GB/s"}}],
                inter_node=nic, plan=f"dp={n},zero=3,mbs={mbs},recompute={'full' if ac else 'none'},dtype=bf16",
                seq=seq, batch=gbs, published_step_s=gbs * seq / tput,
-               target="eager-2023-attn" if gpu == "h100" else "eager",
+               target="eager-h100-2023" if gpu == "h100" else "eager",
                published_as=f"{tput:g} tokens/s over {n} GPUs (step = {gbs} x {seq} tokens / throughput)",
                assumed="inter-node per GPU: the table's 1600 Gbps per node / 8 (A100); 3200 Gbps per node (H100)"
-                       + ("; attention as the run ran it: the MPT yamls' attn_impl: triton (llm-foundry "
-                          "scripts/train/yamls/pretrain/mpt-*.yaml), a pre-Hopper flash kernel, priced at "
-                          "FlashAttention-2's 35% of H100 peak (Shah et al. 2024; kernels.FA2_ON_HOPPER_EFF), "
-                          "an upper bound for the Triton kernel" if gpu == "h100" else ""))
+                       + ("; the stack as the run ran it (llm-foundry scripts/train/benchmarking/sweep.sh at "
+                          "061f2c7c: IMAGE mosaicml/pytorch:2.0.1_cu118; submit_benchmarks.py: attn_impl "
+                          "default 'triton', a pre-Hopper flash kernel, priced at FlashAttention-2's 35% of "
+                          "H100 peak, kernels.FA2_ON_HOPPER_EFF, an upper bound for it) and its fitted "
+                          "kernels.H100_2023_EFF" if gpu == "h100" else ""))
 
 
 def published(row: Row) -> float:
@@ -153,18 +154,21 @@ ROWS: list[Row] = [
     *[Row(name=f"MT-NLG 530B x{n}", source="mtnlg", where=f"{n // 8} DGX A100 servers: {t} s per iteration",
           model=MTNLG, nodes=[dict(DGX_A100, count=n // 8, **UNFUSED_ATTENTION)], inter_node="25GB/s",
           plan=f"tp=8,pp=35,dp={n // 280},mbs=1,recompute=full,zero=1,dtype=bf16", seq=2048, batch=1920,
-          published_step_s=t, target="megatron-deepspeed", published_as=f"{t} s per iteration",
+          published_step_s=t, target="megatron-deepspeed-2021", published_as=f"{t} s per iteration",
           assumed="micro-batch 1 and full recomputation (not stated in section 2.4); HDR InfiniBand 200 Gb/s per GPU "
                   "(Selene)")
       for n, t in ((2240, 60.1), (2800, 50.2), (3360, 44.4))],
     # ---- BLOOM-176B: Megatron-DeepSpeed, TP4 x PP12 x DP8 -------------------------------------------------
     Row(name="BLOOM-176B x384", source="bloom", where="chronicles.md: iteration 12695, 105.22 s", model=BLOOM,
         nodes=[dict(DGX_A100, count=48, **UNFUSED_ATTENTION)], inter_node="6.25GB/s",
-        plan="tp=4,pp=12,dp=8,mbs=2,recompute=full,zero=1,dtype=bf16,layers=6/6/6/6/6/6/6/6/6/6/5/5",
-        seq=2048, batch=2048, published_step_s=105.22, target="megatron-deepspeed",
+        plan="tp=4,pp=12,dp=8,mbs=2,recompute=full,zero=1,dtype=bf16,layers=5/6/6/6/6/6/6/6/6/6/6/5",
+        seq=2048, batch=2048, published_step_s=105.22, target="megatron-deepspeed-2021",
         published_as="105.22 s per iteration",
-        assumed="full recomputation (--checkpoint-activations, the tr11 launch script); 4 x 100 Gb/s Omni-Path per "
-                "node = 6.25 GB/s per GPU; the embedding stages' 5 blocks placed last (layers 6 x 10 then 5, 5)"),
+        assumed="full recomputation (--checkpoint-activations, tr11-176B-ml.slurm); 4 x 100 Gb/s Omni-Path per "
+                "node = 6.25 GB/s per GPU; stages as --pp-partition-method 'type:transformer|embedding' cuts 70 "
+                "blocks and the 2 embeddings into 12 x 6 (5 blocks with each embedding); ALiBi positions (no "
+                "parameters: priced as 'rope', which adds none and, fused, no traffic); the launch script's CUDA_LAUNCH_BLOCKING=1 "
+                "is not priced apart (MEGATRON_DEEPSPEED_2021_EFF, fitted on MT-NLG, stands for it)"),
     # ---- Llama 3 405B on H100 (Meta's training stack): TP8 x PP16 x DP -------------------------------------
     *[Row(name=f"Llama3-405B x{n}", source="llama3", where=f"Table 4: {n:,} GPUs, TP 8, CP 1, PP 16, DP {n // 128}, "
                                                             f"{tf} TFLOPs/GPU",
@@ -202,8 +206,16 @@ ROWS: list[Row] = [
 FITTED: dict[str, list[str]] = {
     "catalogue.A100_CLOCK (the clock an A100 sustains in bf16 training, as a fraction of boost)": [
         "MPT-7b a100_80gb x8 s2048", "MPT-30b a100_80gb x8 s2048", "MPT-13b a100_40gb x32 s2048"],
+    "kernels.H100_2023_EFF (MosaicML's 2023 H100 stack: share of the tensor-core rate kept)": [
+        "MPT-3b h100 x8 s8192", "MPT-7b h100 x8 s2048"],
+    "kernels.MEGATRON_DEEPSPEED_2021_EFF (2021-22 Megatron-DeepSpeed: share of the tensor-core rate kept)": [
+        "MT-NLG 530B x2240"],
 }
-"""Constant -> the rows that chose it (``--fit`` re-runs the fit); every other row is held out. The
+"""Constant -> the rows that chose it (``--fit`` re-runs the fits); every other row is held out.
+Each fit's rows were named by a rule before the fit, never by their errors: the A100 clock on three
+MPT A100 rows; each historical stack's ``compute_eff`` on the rows whose step time is least shaped
+by anything but compute (H100 2023: the single-node rows, no inter-node network; Megatron-DeepSpeed:
+MT-NLG's configuration with the most micro-batches per replica, the least pipeline bubble). The
 other figures the prices rest on were chosen elsewhere: GEMM ceilings (catalogue, cuBLAS
 measurements), ``datasheet.K_FILL`` (the H200 GEMM sweep), the Hopper clock (the H200 sweep),
 kernel counts (counted from each runtime's code), host time per kernel (H200 sweep; Sailor's layers
@@ -211,29 +223,57 @@ for Megatron-DeepSpeed, benchmarks/bench_layers.py), eager loss traffic (counted
 attention of 2023's pre-Hopper kernels on H100 (``kernels.FA2_ON_HOPPER_EFF``: the FlashAttention-3
 paper's figure, read before these rows were priced with it, never tuned on them)."""
 A100_CLOCK_GRID = [round(0.80 + 0.01 * i, 2) for i in range(14)]
+EFF_GRID = [round(0.70 + 0.01 * i, 2) for i in range(31)]
+EFF_FITS = {"eager-h100-2023": ("H100_2023_EFF", 1), "megatron-deepspeed-2021": ("MEGATRON_DEEPSPEED_2021_EFF", 2)}
+"""Runtime -> (its ``compute_eff`` constant in ``autotune/cost/kernels.py``, its key's place in FITTED)."""
 
 
 def _other_runtimes() -> dict[str, Any]:
     """Runtimes of these runs that are no autotune target: eager PyTorch (Composer, torchtitan before
-    compile), eager PyTorch with 2023's pre-Hopper flash attention on H100 (MosaicML's MPT runs:
-    ``kernels.EAGER_PRE_HOPPER_ATTENTION``, its figure from the FlashAttention-3 paper) and the 2021-22 Megatron-DeepSpeed whose per-kernel time Sailor's layer timings fix
-    (``kernels.MEGATRON_DEEPSPEED_EAGER``, fitted in benchmarks/bench_layers.py, not here)."""
-    from autotune.cost.kernels import EAGER, EAGER_PRE_HOPPER_ATTENTION, MEGATRON_DEEPSPEED_EAGER
+    compile), MosaicML's 2023 H100 stack (``kernels.EAGER_H100_2023``: pre-Hopper attention and
+    ``H100_2023_EFF``) and the 2021-22 Megatron-DeepSpeed of MT-NLG and BLOOM
+    (``kernels.MEGATRON_DEEPSPEED_2021``: Sailor's Megatron-DeepSpeed kernels, host time fitted in
+    benchmarks/bench_layers.py, and ``MEGATRON_DEEPSPEED_2021_EFF``)."""
+    from autotune.cost.kernels import EAGER, EAGER_H100_2023, MEGATRON_DEEPSPEED_2021
 
-    return {"eager": EAGER, "eager-2023-attn": EAGER_PRE_HOPPER_ATTENTION,
-            "megatron-deepspeed": MEGATRON_DEEPSPEED_EAGER}
+    return {"eager": EAGER, "eager-h100-2023": EAGER_H100_2023, "megatron-deepspeed-2021": MEGATRON_DEEPSPEED_2021}
 
 
-def predict(row: Row) -> dict[str, Any]:
+def predict(row: Row, runtimes: dict[str, Any] | None = None) -> dict[str, Any]:
     from autotune.targets import kernel_costs
 
-    OTHER_RUNTIMES = _other_runtimes()
+    other = runtimes or _other_runtimes()
     cluster = cluster_from_dict({"name": row.name, "nodes": row.nodes,
                                  "inter_node": {"bandwidth": row.inter_node, "latency": "5us"}})
     est = estimate(parse_inline(row.plan), model_from_dict(row.model), cluster, row.seq, row.batch,
-                   kernels=OTHER_RUNTIMES.get(row.target) or kernel_costs(row.target))
+                   kernels=other.get(row.target) or kernel_costs(row.target))
     return {"step_time_s": est.predicted["step_time_s"], "mfu": est.predicted["mfu"],
             "feasible": est.predicted.get("feasible", True)}
+
+
+def _fit_rows(index: int) -> list[Row]:
+    names = list(FITTED.values())[index]
+    return [r for r in ROWS if r.name in names]
+
+
+def fit_compute_eff(target: str) -> float:
+    """Grid the ``compute_eff`` of ``target``'s historical stack on its FITTED rows (median |error|);
+    print and return the best."""
+    import dataclasses
+
+    from autotune.cost import kernels as K
+
+    const, index = EFF_FITS[target]
+    rows, base = _fit_rows(index), _other_runtimes()
+    fit = {}
+    for eff in EFF_GRID:
+        runtimes = dict(base, **{target: dataclasses.replace(base[target], compute_eff=eff)})
+        fit[eff] = statistics.median(abs(predict(r, runtimes)["step_time_s"] / published(r) - 1) for r in rows)
+    best = min(fit, key=fit.get)
+    print(f"fit of {target}'s compute_eff on " + ", ".join(r.name for r in rows) + " (median |error|): "
+          + ", ".join(f"{k:.2f} {100 * v:.1f}%" for k, v in fit.items()) + f" -> {best:.2f} (kernels.{const}: "
+          f"{getattr(K, const):.2f})")
+    return best
 
 
 def fit_a100_clock() -> float:
@@ -243,7 +283,7 @@ def fit_a100_clock() -> float:
     from autotune.cost import compute
     from autotune.specs import catalogue as C
 
-    rows = [r for r in ROWS if r.name in next(iter(FITTED.values()))]
+    rows = _fit_rows(0)
     keep = {n: C.CATALOGUE[n] for n in C.CATALOGUE if n.startswith("A100")}
     fit = {}
     try:
@@ -265,10 +305,12 @@ def fit_a100_clock() -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--fit", action="store_true", help="re-run the fit of FITTED's constant and print it")
+    ap.add_argument("--fit", action="store_true", help="re-run the fits of FITTED's constants and print them")
     args = ap.parse_args()
     if args.fit:
         fit_a100_clock()
+        for target in EFF_FITS:
+            fit_compute_eff(target)
     fitted_rows = {r for rows in FITTED.values() for r in rows}
     out = []
     for row in ROWS:
@@ -284,9 +326,9 @@ def main() -> None:
     if args.json:
         print(json.dumps({"rows": out, "fitted": FITTED, "sources": SOURCES}, indent=1))
         return
-    print(f"{'row':30s} {'source':10s} {'runtime':18s} {'published':>10s} {'predicted':>10s} {'error':>7s}  MFU")
+    print(f"{'row':30s} {'source':10s} {'runtime':23s} {'published':>10s} {'predicted':>10s} {'error':>7s}  MFU")
     for o in out:
-        print(f"{o['row']:30s} {o['source']:10s} {o['target']:18s} {o['published_step_s']:9.2f}s "
+        print(f"{o['row']:30s} {o['source']:10s} {o['target']:23s} {o['published_step_s']:9.2f}s "
               f"{o['predicted_step_s']:9.2f}s {100 * o['error']:+6.1f}%  {100 * o['mfu']:.1f}%"
               + ("" if o["held_out"] else "  (fit)"))
     for label, sel in (("held out", [o for o in out if o["held_out"]]), ("fitted", [o for o in out if not o["held_out"]])):

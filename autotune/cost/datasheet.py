@@ -173,5 +173,7 @@ def size_model(spec, dtype: str, bpe: int, kernels: KernelCosts | None = None) -
         peak, ceiling = datasheet_peak, spec.gemm_fraction("fp32-strict")[0]
     else:  # tensor cores: the burst ceiling (a short benchmark) at the clock a training run sustains
         peak, ceiling = datasheet_peak * spec.sustained()[0], spec.gemm_fraction(dtype)[0]
+        if kernels is not None:  # a historical stack's fitted share of that rate (kernels.KernelCosts.compute_eff)
+            peak *= kernels.compute_eff
     return SizeModel(peak=peak, ceiling=ceiling, sms=spec.sm_count, mem_bw=spec.memory_bandwidth, bpe=bpe,
                      fused=spec.fused_attention(), kernels=kernels or RUNTIME, tensor_cores=not strict)

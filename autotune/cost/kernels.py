@@ -59,6 +59,11 @@ class KernelCosts:
     its kernels are not the ones ``datasheet.ATTN_EFF_MAX`` describes (FlashAttention-2 on Ampere,
     FlashAttention-3 / cuDNN on Hopper); 0: ``ATTN_EFF_MAX``. Length and backward scale it as they
     scale ``ATTN_EFF_MAX``."""
+    compute_eff: float = 1.0
+    """Fraction of the device's tensor-core rate (peak x sustained clock) this runtime's GEMMs and
+    attention keep over a whole training step, beyond the shape losses ``datasheet.py`` prices: 1
+    for every runtime autotune targets; below 1 only for the historical stacks of
+    ``benchmarks/bench_published.py``, fitted there on named rows (each figure says which)."""
 
     def block_time(self, gpu_s: float, kernels: float) -> float:
         """Seconds of ``kernels`` kernels whose GPU work takes ``gpu_s``: the work plus each kernel's
@@ -142,3 +147,39 @@ MEGATRON_DEEPSPEED_EAGER = KernelCosts(
            "GEMM, softmax, dropout, AV GEMM, output GEMM, 2 bias-dropout-adds, 2 MLP GEMMs, bias-GeLU, "
            "transposes; host_s fitted on Sailor's OPT-350 layers (benchmarks/bench_layers.py)")
 """The runtime of Sailor's published per-layer timings (``benchmarks/bench_layers.py`` fits its host time)."""
+
+# ---- historical stacks of benchmarks/bench_published.py (no autotune target runs like them) -------------
+H100_2023_EFF = 0.81
+"""``compute_eff`` of MosaicML's 2023 H100 stack, fitted (grid 0.70-1.00, median |error|) by
+``benchmarks/bench_published.py --fit`` on its two single-node rows (MPT-3B at s 8,192 and MPT-7B at
+s 2,048 on 8 H100: NVLink only, so no inter-node network in the figure); its four multi-node rows
+are held out. What it stands for (docs/validation.md "Prices against published runs"): torch 2.0.1
+with CUDA 11.8 (llm-foundry ``scripts/train/benchmarking/sweep.sh``: ``mosaicml/pytorch:2.0.1_cu118``),
+whose cuBLAS 11.11 ran a 2048 x 8192 x 8192 bf16 GEMM at 720 TFLOPS on H100 against 743 with
+cuBLAS 12.0 (pytorch/pytorch#100850), Triton pre-MLIR flash attention, FSDP1's gathers and
+reduce-scatters sharing the SMs with the GEMMs they overlap; the same table's A100 rows need none
+of it (H100 ran 2.1-2.3x A100 per GPU there, against 3.2x in peak)."""
+
+EAGER_H100_2023 = KernelCosts(
+    name="eager PyTorch on H100, 2023 stack", host_s=EAGER_HOST_S, block_fwd=24, head_fwd=5,
+    source="EAGER_PRE_HOPPER_ATTENTION's kernels (torch 2.0.1+cu118, Triton flash attention) keeping "
+           "H100_2023_EFF of the tensor-core rate (fitted on two published rows, bench_published.py)",
+    eager_elementwise=True, attention_eff_max=FA2_ON_HOPPER_EFF, compute_eff=H100_2023_EFF)
+"""MosaicML's 2023 MPT runs on H100 (llm-foundry benchmarking README, table 'H100 80GB BF16')."""
+
+MEGATRON_DEEPSPEED_2021_EFF = 0.75
+"""``compute_eff`` of the 2021-22 Megatron-DeepSpeed that trained MT-NLG 530B and BLOOM 176B,
+fitted (grid 0.70-1.00) by ``benchmarks/bench_published.py --fit`` on one row, MT-NLG on 280 DGX
+A100 (its most micro-batches per replica, so the least bubble in the figure); MT-NLG's other two
+rows and BLOOM (another cluster, network and model) are held out. Candidates it stands for
+(docs/validation.md): DeepSpeed's synchronous pipeline sends, ``CUDA_LAUNCH_BLOCKING=1`` in
+BLOOM's launch script (bigscience ``train/tr11-176B-ml/tr11-176B-ml.slurm``: every launch waits for
+its kernel), the tensor-parallel all-reduces' achieved NVLink bandwidth."""
+
+MEGATRON_DEEPSPEED_2021 = KernelCosts(
+    name="megatron-deepspeed 2021-22 (bf16, pipelined)", host_s=MEGATRON_DEEPSPEED_EAGER.host_s,
+    block_fwd=MEGATRON_DEEPSPEED_EAGER.block_fwd, head_fwd=MEGATRON_DEEPSPEED_EAGER.head_fwd,
+    source="MEGATRON_DEEPSPEED_EAGER's kernels and host time (Sailor's layers) keeping "
+           "MEGATRON_DEEPSPEED_2021_EFF of the tensor-core rate (fitted on one published row, bench_published.py)",
+    compute_eff=MEGATRON_DEEPSPEED_2021_EFF)
+"""MT-NLG 530B (Smith et al. 2022) and BLOOM 176B (BigScience tr11) as they were trained."""

@@ -155,12 +155,39 @@ def test_a_runtime_with_pre_hopper_attention_kernels_prices_only_attention_slowe
     assert f_then / f_now == pytest.approx(ATTN_EFF_MAX[128] / FA2_ON_HOPPER_EFF)
     assert b_then / b_now == pytest.approx(ATTN_EFF_MAX[128] / FA2_ON_HOPPER_EFF)
     assert then.gemm_time(4096, 4096, 4096) == now.gemm_time(4096, 4096, 4096)  # GEMMs untouched
-    # the benchmark prices MosaicML's 2023 H100 runs with it, and says so in each row
+    # the benchmark prices MosaicML's 2023 H100 runs with these kernels, and says so in each row
+    from autotune.cost.kernels import EAGER_H100_2023
+
+    assert EAGER_H100_2023.attention_eff_max == EAGER_PRE_HOPPER_ATTENTION.attention_eff_max
     b = _bench()
     for r in b.ROWS:
         if r.source == "mosaic":
-            assert (r.target == "eager-2023-attn") == (r.nodes[0]["device"] == "H100-SXM"), r.name
-            assert ("attn_impl: triton" in r.assumed) == (r.target == "eager-2023-attn")
+            assert (r.target == "eager-h100-2023") == (r.nodes[0]["device"] == "H100-SXM"), r.name
+            assert ("attn_impl default 'triton'" in r.assumed) == (r.target == "eager-h100-2023")
+
+
+def test_a_historical_stacks_compute_eff_slows_its_gemms_and_attention_alone_and_no_target_has_one():
+    import dataclasses
+
+    from autotune.cost.datasheet import size_model
+    from autotune.targets import TARGETS, kernel_costs
+
+    assert all(kernel_costs(t).compute_eff == 1.0 for t in TARGETS)  # targets are priced as they run today
+    h100 = CATALOGUE["H100-SXM"]
+    now = size_model(h100, "bf16", 2, EAGER)
+    slow = size_model(h100, "bf16", 2, dataclasses.replace(EAGER, compute_eff=0.8))
+    assert slow.gemm_time(4096, 4096, 4096) / now.gemm_time(4096, 4096, 4096) == pytest.approx(1 / 0.8)
+    f_now, b_now = now.attention(32, 4096, 128, 4096 * 4097 / 2)
+    f_slow, b_slow = slow.attention(32, 4096, 128, 4096 * 4097 / 2)
+    assert (f_slow / f_now, b_slow / b_now) == pytest.approx((1 / 0.8, 1 / 0.8))
+    assert slow.stream_time(1e9) == now.stream_time(1e9)  # memory-bound work keeps its price
+    # each fitted constant names the rows that chose it, and those rows exist
+    b = _bench()
+    names = {r.name for r in b.ROWS}
+    for target, (const, index) in b.EFF_FITS.items():
+        rows = list(b.FITTED.values())[index]
+        assert const in list(b.FITTED)[index] and rows and set(rows) <= names
+        assert all(r.target == target for r in b.ROWS if r.name in rows)
 
 
 def test_an_eager_loss_prices_the_bytes_its_ops_move_and_a_fused_one_its_three_passes():
