@@ -29,8 +29,13 @@ per-layer times the cost model itself prices for each (device type, tp) (``_stag
 the rule the program uses), the last stage lightened by the LM head. Each plan: step time, tokens/s,
 peak predicted memory per device type against capacity.
 
+With ``--cli`` the search is the user's: ``autotune search`` as a process with its default storage
+(``results/autotune.db`` in a fresh directory, Sailor's timings imported into it first), its wall
+seconds (start-up and all) printed beside its best plan (asked: at most 3 s per setup on a quiet
+machine; SAILOR's planner takes 0.04-0.13 s).
+
 Usage: python benchmarks/bench_stages.py [--trials N] [--models opt,neo] [--clusters 8+8,16+16]
-       [--batches 1024,2048] [--pricings sailor-fp32,sheet-fp16] [--no-search]
+       [--batches 1024,2048] [--pricings sailor-fp32,sheet-fp16] [--no-search | --cli]
 """
 
 from __future__ import annotations
@@ -181,6 +186,24 @@ def searched(model, cluster, batch: int, dtype: str, trials: int, url: str, name
     return (uni[1] if uni else None), (stg[1] if stg else None), time.perf_counter() - t
 
 
+def cli_searched(model_file: Path, doc: dict, batch: int, dtype: str, trials: int | None, tmp: str):
+    """(best plan, wall seconds) of ``autotune search`` run as a user runs it: a fresh process in
+    ``tmp`` with the default storage (where the layer profiles the cluster names were imported)."""
+    import json
+    import subprocess
+
+    path = Path(tmp) / "cluster.json"
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    args = [sys.executable, "-m", "autotune", "search", "-m", str(model_file), "-c", str(path), "-s", str(SEQ),
+            "-b", str(batch), "--dtype", dtype, "--json"] + (["--trials", str(trials)] if trials else [])
+    t = time.perf_counter()
+    r = subprocess.run(args, cwd=tmp, capture_output=True, text=True)
+    wall = time.perf_counter() - t
+    if r.returncode != 0:
+        raise SystemExit(f"autotune search failed: {r.stderr.strip().splitlines()[-1:]}")
+    return Plan.from_dict(json.loads(r.stdout)["best"]), wall
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--trials", type=int, default=None, help="sampler trials per search (default: the search's)")
@@ -189,11 +212,14 @@ def main() -> None:
     ap.add_argument("--batches", default="1024,2048")
     ap.add_argument("--pricings", default=",".join(PRICINGS))
     ap.add_argument("--no-search", action="store_true", help="the hand-built and program plans only")
+    ap.add_argument("--cli", action="store_true", help="search with `autotune search` (default storage), timed")
     a = ap.parse_args()
+    walls: list[float] = []
     print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average "
           f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}, seq {SEQ}, materialised attention")
     with tempfile.TemporaryDirectory() as tmp:
-        url = f"sqlite:///{tmp}/stages.db"
+        url = f"sqlite:///{tmp}/results/autotune.db" if a.cli else f"sqlite:///{tmp}/stages.db"
+        Path(tmp, "results").mkdir()
         for mk in a.models.split(","):
             fname, key = MODELS[mk]
             model = load_model(str(DATA / fname))
@@ -202,14 +228,18 @@ def main() -> None:
                 nodes = int(cl.split("+")[0]) // 4
                 for pricing in a.pricings.split(","):
                     dtype = pricing.split("-")[1]
-                    cluster = cluster_from_dict(cluster_doc(nodes, profiles if pricing.startswith("sailor") else None),
-                                                storage=url)
+                    doc = cluster_doc(nodes, profiles if pricing.startswith("sailor") else None)
+                    cluster = cluster_from_dict(doc, storage=url)
                     _compute._RATES.clear()
                     ctx = SearchContext(model=model, cluster=cluster, seq_len=SEQ, global_batch=1, dtype=dtype)
                     opts = per_layer(ctx, {})
                     for batch in (int(b) for b in a.batches.split(",")):
                         print(f"\n{model.name}, {cl} A100-40GB + V100-16GB, {pricing}, global batch {batch}")
-                        if not a.no_search:
+                        if a.cli:
+                            plan, wall = cli_searched(DATA / fname, doc, batch, dtype, a.trials, tmp)
+                            walls.append(wall)
+                            print(line("searched", plan, model, cluster, batch) + f"  [autotune search {wall:.1f} s]")
+                        elif not a.no_search:
                             uni, stg, wall = searched(model, cluster, batch, dtype, a.trials, url,
                                                       f"{mk}-{cl}-{pricing}-{batch}")
                             print(line("uniform", uni, model, cluster, batch))
@@ -235,6 +265,10 @@ def main() -> None:
                         print(line("Metis-style", metis_plan(cluster, model, opts, dtype, batch), model, cluster,
                                    batch))
                         sys.stdout.flush()
+    if walls:
+        walls.sort()
+        print(f"\nautotune search wall seconds: median {walls[len(walls) // 2]:.1f}, max {walls[-1]:.1f} over "
+              f"{len(walls)} searches; load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":
