@@ -224,20 +224,25 @@ def source(op: HelixOp, p: int, layers: int, folds: int, shares: tuple[int, ...]
     return chain_rank(prev, op.microbatch, p, folds, shares)
 
 
+@lru_cache(maxsize=1024)
 def in_flight(p: int, layers: int, m: int, folds: int, rank: int,
               shares: tuple[int, ...] | None = None) -> tuple[int, int]:
     """(most (block or attention) x micro-batch activations ``rank`` holds at once, most
-    micro-batches whose logits it holds): from the order, forwards done minus backwards done."""
-    held = peak = logits = peak_logits = 0
-    last = 2 * layers
-    for op in rank_order(p, layers, m, folds, rank, shares):
-        step = 1 if op.kind == FWD else -1
-        held += step
-        peak = max(peak, held)
-        if op.k == last:
-            logits += step
-            peak_logits = max(peak_logits, logits)
-    return peak, peak_logits
+    micro-batches whose logits it holds). ``rank_order`` runs every forward of a rank before its
+    backwards, so both peaks are counts of its forwards, taken here without building the order (a
+    list schedule of m x (2L + 1) operations under uneven shares: seconds in a search's hill climb):
+    its blocks for every micro-batch, its attentions per micro-batch offset (the rotation depends
+    on nothing else), the logits those of block L."""
+    bad = problems(p, layers, m, folds, shares)
+    if bad:
+        raise ValueError("; ".join(bad))
+    blocks = len(blocks_of_rank(rank, p, layers))
+    per_offset = [0] * p  # micro-batches at each offset of their group
+    for mb in range(m):
+        per_offset[offset_of(mb, p, folds)] += 1
+    attentions = sum(n * sum(1 for i in range(layers) if attention_rank(i, d, p, shares) == rank)
+                     for d, n in enumerate(per_offset) if n)
+    return m * blocks + attentions, (m if block_rank(layers, p) == rank else 0)
 
 
 def plan_problems(plan, model) -> list[str]:

@@ -221,3 +221,23 @@ def test_weighted_shares_balance_a_slow_rank():
     even = HC.simulate(p, L, m, F, fwd, bwd, links).makespan
     weighted = HC.simulate(p, L, m, F, fwd, bwd, links, (6, 2)).makespan
     assert weighted < even
+
+
+def _walked_in_flight(p, L, m, F, r, shares=None):
+    """The peaks by walking rank_order (forwards add, backwards take away), the reference."""
+    held = peak = logits = peak_logits = 0
+    for op in H.rank_order(p, L, m, F, r, shares):
+        step = 1 if op.kind == H.FWD else -1
+        held += step
+        peak = max(peak, held)
+        if op.k == 2 * L:
+            logits += step
+            peak_logits = max(peak_logits, logits)
+    return peak, peak_logits
+
+
+@pytest.mark.parametrize("p,L,m,F,shares", [(4, 8, 8, 2, None), (4, 8, 16, 1, (3, 1, 2, 2)),
+                                            (2, 6, 4, 2, (5, 1)), (4, 12, 8, 1, (0, 4, 4, 4))])
+def test_in_flight_counts_match_the_walked_order(p, L, m, F, shares):
+    for r in range(p):
+        assert H.in_flight(p, L, m, F, r, shares) == _walked_in_flight(p, L, m, F, r, shares)
