@@ -172,24 +172,12 @@ def split_layers(c: Composition, layers: int, v: int, m: int, in_flight: list[fl
         per = o.layer_states + o.layer_act * in_flight[s]
         cap.append(int(free // per) if per > 0 else layers)
         ext.append(o.head_s if last else 0.0)
-    if any(x < v for x in cap) or sum(cap) < layers:
+    if any(x < v for x in cap) or sum(cap) < layers or p * v > layers:
         return None
-
-    def take(bound: float) -> list[int]:
-        return [min(cap[s], int((bound - ext[s]) // o.layer_s) if o.layer_s > 0 else cap[s])
-                for s, o in enumerate(c.stages)]
-
-    lo, hi = 0.0, max(ext) + layers * max(o.layer_s for o in c.stages)
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        n = take(mid)
-        if min(n) >= v and sum(n) >= layers:
-            hi = mid
-        else:
-            lo = mid
-    n = take(hi)
-    if min(n) < v or sum(n) < layers:
+    bound = _bottleneck(c, layers, v, cap, ext)
+    if bound is None:
         return None
+    n = _take(c, cap, ext, bound)
     surplus = sum(n) - layers
     for s in sorted(range(p), key=lambda s: -c.stages[s].layer_s):  # shed from the slowest per layer
         d = min(surplus, n[s] - v)
@@ -197,6 +185,35 @@ def split_layers(c: Composition, layers: int, v: int, m: int, in_flight: list[fl
         surplus -= d
     times = [n[s] * o.layer_s + ext[s] for s, o in enumerate(c.stages)]
     return n, (m - 1) * max(times) + sum(times)
+
+
+def _take(c: Composition, cap: list[int], ext: list[float], bound: float) -> list[int]:
+    """Per stage the most layers whose time stays within ``bound`` (and its memory cap)."""
+    return [min(cap[s], int((bound - ext[s]) / o.layer_s + 1e-9) if o.layer_s > 0 else cap[s])
+            for s, o in enumerate(c.stages)]
+
+
+def _bottleneck(c: Composition, layers: int, v: int, cap: list[int], ext: list[float]) -> float | None:
+    """The least slowest-stage time of any split: it is one stage's time at a whole layer count, so
+    a binary search over those candidate times (sorted) for the first whose greedy ``_take`` gives
+    every stage at least ``v`` layers and all of them in total; the test is monotone in the bound.
+    Exact, and ~log2(stages x layers) tests where a bisection of the real line took 60."""
+    cands = sorted({k * o.layer_s + ext[s] for s, o in enumerate(c.stages) for k in range(v, min(cap[s], layers) + 1)})
+
+    def fits(bound: float) -> bool:
+        n = _take(c, cap, ext, bound)
+        return min(n) >= v and sum(n) >= layers
+
+    lo, hi = 0, len(cands) - 1
+    if not cands or not fits(cands[hi]):
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits(cands[mid]):
+            hi = mid
+        else:
+            lo = mid + 1
+    return cands[lo]
 
 
 def assign(c: Composition, layers: list[int], replica_major: bool) -> tuple[ST.Stage, ...]:

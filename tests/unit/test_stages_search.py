@@ -93,6 +93,31 @@ def test_split_layers_is_the_min_max_partition():
     assert sum(n) == 12 and times(n) == min(times(x) for x in _splits(12, 3))
 
 
+def test_split_layers_binary_search_matches_every_split_under_memory_caps():
+    """Random chains (times, head, memory caps from activations in flight) against every split:
+    the same least slowest stage, or no split where none fits the caps."""
+    import random
+
+    rng = random.Random(7)
+    for _ in range(200):
+        p, layers, v = rng.randint(1, 4), rng.randint(4, 14), rng.choice((1, 1, 2))
+        stages = tuple(P.Option(group=0, tp=1, name="x", slots=((0,),) * 4, layer_s=rng.choice((0.5, 1.0, 1.5, 3.0)),
+                                head_s=rng.choice((0.0, 2.0)), layer_states=1.0, layer_act=0.0, ends_states=0.0,
+                                logits=0.0, fixed=0.0, capacity=float(rng.randint(2, 12)))
+                       for _ in range(p))
+        c = P.Composition(dp=1, stages=stages)
+        got = P.split_layers(c, layers, v, 8, [1.0] * p)
+        times = lambda lay: max(k * o.layer_s + (o.head_s if i == p - 1 else 0)  # noqa: E731
+                                for i, (k, o) in enumerate(zip(lay, stages, strict=True)))
+        ok = [x for x in _splits(layers, p) if all(v <= k <= o.capacity for k, o in zip(x, stages, strict=True))]
+        if not ok:
+            assert got is None
+            continue
+        n, _ = got
+        assert sum(n) == layers and all(v <= k <= o.capacity for k, o in zip(n, stages, strict=True))
+        assert times(n) == min(times(x) for x in ok)
+
+
 def test_default_space_samples_per_stage_points_with_named_limits():
     sp = load_space("default").space(SearchContext(model=M, cluster=C, seq_len=SEQ, global_batch=GB, dtype="fp16"))
     pts = list(sp._staged_grid())
