@@ -13,6 +13,8 @@ from autotune.study import worker_count_ok
 
 SAMPLERS = ("tpe", "random", "grid")
 DEFAULT_TRIALS = 100
+SAMPLER_PATIENCE = 25  # the default budget's sampler stops after this many trials in a row without a new
+# best (an explicit --trials N runs its N: a longer search is asked for by name)
 POLISH_FACTOR = 8  # the hill climb may price up to this many times the sampler's trials (it converges
 # sooner; each of its points costs one estimate, no sampler work, so it is the cheap part of the search)
 

@@ -10,7 +10,14 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.errors import InputError
 from autotune.search.grid import GridCount, grid_note, run_grid
-from autotune.search.options import DEFAULT_TRIALS, POLISH_FACTOR, SearchOptions, SearchResult, check_options
+from autotune.search.options import (
+    DEFAULT_TRIALS,
+    POLISH_FACTOR,
+    SAMPLER_PATIENCE,
+    SearchOptions,
+    SearchResult,
+    check_options,
+)
 from autotune.search.phases import run_baselines, run_polish, run_sampler, run_starts
 from autotune.search.pricing import Evaluator, Outcome
 from autotune.search.report import collect, failure_summary
@@ -31,12 +38,15 @@ class Budget:
     n_polish: int
     grid: dict[str, Any] | None = None  # {"index", "of", "limit"} for the grid sampler
     grid_size: int = 0
+    patience: int | None = None
+    """The sampler's early stop (``run_sampler``): with the default budget only."""
 
 
 def budget_of(opts: SearchOptions, space: Any) -> Budget:
     if opts.sampler != "grid":
         n_main = opts.trials or DEFAULT_TRIALS
-        return Budget(n_main, POLISH_FACTOR * n_main if opts.polish else 0)
+        return Budget(n_main, POLISH_FACTOR * n_main if opts.polish else 0,
+                      patience=SAMPLER_PATIENCE if opts.trials is None else None)
     from search_spaces.default import GRID_LIMIT
 
     size = space.grid_size(GRID_LIMIT)
@@ -116,7 +126,7 @@ def _main_phase(run: _Run, b: Budget) -> GridCount | None:
         run.enter("grid")
         return run_grid(run.ws, run.ev, itertools.islice(run.space.grid_points(), b.grid["limit"]), run.deadline)
     run.enter("sampler", b.n_main)
-    run_sampler(run.ws, run.ev, b.n_main, run.deadline)
+    run_sampler(run.ws, run.ev, b.n_main, run.deadline, b.patience)
     return None
 
 
