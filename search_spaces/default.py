@@ -58,6 +58,8 @@ SHARE_FLOATS = {"layers_speed": (0.0, 1.5), "tokens_speed": (0.0, 1.5), "heads_s
 STAGE_MODES = ("uniform", "program")
 """``stages``: one mesh for the whole model, or per-stage device groups and degrees chosen by the stage
 program (search_spaces/_stages.py) for the point's micro-batch size, schedule, recomputation and ZeRO."""
+PROGRAM_KNOBS = ("mbs_exp", "schedule", "vpp_exp", "recompute", "zero_stage")
+"""What a per-stage point's plan depends on (``DefaultSpace._staged``): the program chooses the rest."""
 GRID_LIMIT = 1_000_000  # points; priced directly (no sampler), ~1 ms each at 32 devices
 
 
@@ -460,10 +462,19 @@ class DefaultSpace:
         """Moves of one parameter: every other value of the degrees, micro-batch size, ZeRO stage and
         the categories (each has a handful; the best is rarely one step away: ZeRO-1 -> 3 where 2 is
         worse), layer tilt +-1, share exponents +-0.05/0.25 and the even (0) and balanced (1) anchors,
-        all share exponents at once to 0 or 1, and a factor traded between two degrees."""
+        all share exponents at once to 0 or 1, and a factor traded between two degrees.
+
+        A climb keeps its ``stages`` mode: the polish has a seed of each (``phases._seeds``), and a
+        one-mesh start moved onto the stage program in one step stops in the program's optimum,
+        which its own seed reaches anyway (measured: five of eight seeds did, the one-mesh optimum
+        was missed). A per-stage point moves only the knobs the program takes (``PROGRAM_KNOBS``):
+        the others do not change its plan."""
         dists = self.distributions()
+        program = p.get("stages", "uniform") == "program"
         out = []
         for name, dist in dists.items():
+            if name == "stages" or program and name not in PROGRAM_KNOBS:
+                continue
             v = p[name]
             cands: list[Any] = []
             if hasattr(dist, "choices"):
@@ -477,6 +488,8 @@ class DefaultSpace:
                 cands = sorted((steps | {0.0, 1.0}) - {v})
             for c in cands:
                 out.append({**p, name: c})
+        if program:
+            return out
         for anchor in (0.0, 1.0):
             q = {**p, **{k: anchor for k in SHARE_FLOATS if k.endswith("_speed")}}
             if q != p:
@@ -495,12 +508,22 @@ class DefaultSpace:
         """Moves of two coupled parameters at once, for a plan no single move improves: memory couples
         recomputation, ZeRO stage and micro-batch size (one alone may not fit where the pair is
         faster), and a degree change shifts the samples per replica, so with it the micro-batch size."""
+        return self.knob_pairs(p) + self.degree_pairs(p)
+
+    def pair_movesets(self) -> list[Any]:
+        """``pair_moves`` as two move sets, the ~26 pairs of the memory knobs before the ~200 of a
+        degree with the micro-batch size or placement: a climb step stops at the first set with an
+        improving move (``phases.run_polish``), and the knob pairs make most of the late gains
+        (measured on issue 26's mixed clusters: a step of the first set prices ~25 plans, of both ~100)."""
+        return [self.knob_pairs, self.degree_pairs]
+
+    def knob_pairs(self, p: dict[str, Any]) -> list[dict[str, Any]]:
+        """Two of recomputation, ZeRO stage and micro-batch size at once."""
         out = []
-        mbs = range(self.mbs_max_exp + 1)
         for rc, z in itertools.product(RECOMPUTE, range(4)):
             if rc != p["recompute"] and z != p["zero_stage"]:
                 out.append({**p, "recompute": rc, "zero_stage": z})
-        for m in mbs:
+        for m in range(self.mbs_max_exp + 1):
             if m == p["mbs_exp"]:
                 continue
             for rc in RECOMPUTE:
@@ -509,10 +532,18 @@ class DefaultSpace:
             for z in range(4):
                 if z != p["zero_stage"]:
                     out.append({**p, "mbs_exp": m, "zero_stage": z})
+        return out
+
+    def degree_pairs(self, p: dict[str, Any]) -> list[dict[str, Any]]:
+        """A degree move with another micro-batch size or placement (none for a per-stage point: its
+        degrees are the program's)."""
+        if p.get("stages", "uniform") == "program":
+            return []
+        out = []
         degree_moves = [q for q in self.neighbours(p) if any(q[k] != p[k] for k in
                                                               ("tp_exp", "pp_exp", "cp_exp", "hp_exp"))]
         for q in degree_moves:
-            for m in mbs:
+            for m in range(self.mbs_max_exp + 1):
                 if m != p["mbs_exp"]:
                     out.append({**q, "mbs_exp": m})
             for pl in PLACEMENTS:

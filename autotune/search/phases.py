@@ -100,12 +100,16 @@ def run_sampler(ws: Workspace, ev: Evaluator, n: int, deadline: float | None, pa
 
 
 def _seeds(rows: list[Row], starts: int) -> list[tuple[dict[str, Any], float]]:
-    """The best trial of each of the best ``starts`` degree layouts: diverse starts, not near-copies."""
+    """The best trial of each of the best ``starts`` degree layouts: diverse starts, not near-copies.
+    Per-stage plans (``stages`` in the plan) are one layout whatever their stages: the stage program
+    chose those from the same knobs, so their climbs all meet at one program optimum (measured on
+    issue 26's mixed clusters: up to five of eight seeds, each climb re-running the program)."""
     best: dict[str, Row] = {}
     for r in rows:
         if not (r.feasible and r.params and r.value is not None):
             continue
-        k = json.dumps(r.attrs["plan"]["degrees"], sort_keys=True)
+        plan = r.attrs["plan"]
+        k = "stages" if plan.get("stages") else json.dumps(plan["degrees"], sort_keys=True)
         if k not in best or r.value > best[k].value:
             best[k] = r
     ranked = sorted(best.values(), key=lambda r: -r.value)[:starts]
@@ -158,11 +162,12 @@ class _Climb:
 def run_polish(ws: Workspace, ev: Evaluator, budget: int, deadline: float | None, starts: int = 8) -> int:
     """Variable-neighbourhood hill climb from the best plan of each of the best ``starts`` degree
     layouts: take the best one-parameter move while one helps; where none does, the best move of two
-    coupled parameters (space.pair_moves). ``budget`` counts cost-model calls (a point that is no plan
+    coupled parameters (space.pair_moves, or the first of space.pair_movesets() that has one). ``budget`` counts cost-model calls (a point that is no plan
     or repeats a priced plan costs none, and is not recorded: the study would fill with them). Returns
     the plans priced."""
     climb = _Climb(ws, ev, budget, deadline)
-    movesets = [ev.space.neighbours] + ([ev.space.pair_moves] if hasattr(ev.space, "pair_moves") else [])
+    movesets = [ev.space.neighbours] + (ev.space.pair_movesets() if hasattr(ev.space, "pair_movesets") else
+                                        [ev.space.pair_moves] if hasattr(ev.space, "pair_moves") else [])
     for params, value in _seeds(ws.rows, starts):
         while not climb.spent():
             best_p, best_v = climb.best_move(params, value, movesets)
