@@ -28,6 +28,12 @@ class GPipe(Schedule):
     def op_order(self, pp: int, virtual_stages: int, m: int, rank: int) -> tuple[Op, ...]:
         return _order(pp, m, rank)
 
+    def in_flight(self, pp: int, virtual_stages: int, m: int, rank: int,
+                  layers: tuple[int, ...]) -> tuple[int, int]:
+        """The walk of ``Schedule.in_flight`` over ``_order`` in closed form: every forward before
+        any backward, so all ``m`` micro-batches (the last stage's are its logits)."""
+        return layers[0] * m, (m if rank == pp - 1 else 0)
+
 
 @lru_cache(maxsize=1024)
 def _order(pp: int, m: int, s: int) -> tuple[Op, ...]:

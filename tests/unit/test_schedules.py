@@ -142,3 +142,16 @@ def test_configured_instances_compare_by_options():
     a, b = get_schedule("1f1b"), get_schedule("1f1b")
     assert a is b and a == b and hash(a) == hash(b)
     assert a != get_schedule("gpipe")
+
+
+@pytest.mark.parametrize("name", ["1f1b", "gpipe"])
+def test_closed_form_in_flight_matches_the_walk_of_the_order(name):
+    """1F1B's and GPipe's in_flight (closed forms) against Schedule.in_flight's walk of op_order."""
+    from autotune.schedules import get_schedule
+    from autotune.schedules.base import Schedule
+
+    sched = get_schedule(name)
+    for p in (1, 2, 3, 5, 8):
+        for m in (1, 2, 4, 7, 16):
+            for s in range(p):
+                assert sched.in_flight(p, 1, m, s, (3,)) == Schedule.in_flight(sched, p, 1, m, s, (3,)), (p, m, s)
