@@ -187,21 +187,25 @@ def searched(model, cluster, batch: int, dtype: str, trials: int, url: str, name
 
 
 def cli_searched(model_file: Path, doc: dict, batch: int, dtype: str, trials: int | None, tmp: str):
-    """(best plan, wall seconds) of ``autotune search`` run as a user runs it: a fresh process in
-    ``tmp`` with the default storage (where the layer profiles the cluster names were imported)."""
+    """(best plan, wall seconds, CPU seconds) of ``autotune search`` run as a user runs it: a fresh
+    process in ``tmp`` with the default storage (where the layer profiles the cluster names were
+    imported). The CPU seconds are the process's own: on a loaded machine they hold where wall does not."""
     import json
+    import resource
     import subprocess
 
     path = Path(tmp) / "cluster.json"
     path.write_text(json.dumps(doc), encoding="utf-8")
     args = [sys.executable, "-m", "autotune", "search", "-m", str(model_file), "-c", str(path), "-s", str(SEQ),
             "-b", str(batch), "--dtype", dtype, "--json"] + (["--trials", str(trials)] if trials else [])
-    t = time.perf_counter()
+    t, c = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
     r = subprocess.run(args, cwd=tmp, capture_output=True, text=True)
     wall = time.perf_counter() - t
+    c2 = resource.getrusage(resource.RUSAGE_CHILDREN)
     if r.returncode != 0:
         raise SystemExit(f"autotune search failed: {r.stderr.strip().splitlines()[-1:]}")
-    return Plan.from_dict(json.loads(r.stdout)["best"]), wall
+    cpu = c2.ru_utime + c2.ru_stime - c.ru_utime - c.ru_stime
+    return Plan.from_dict(json.loads(r.stdout)["best"]), wall, cpu
 
 
 def main() -> None:
@@ -236,9 +240,10 @@ def main() -> None:
                     for batch in (int(b) for b in a.batches.split(",")):
                         print(f"\n{model.name}, {cl} A100-40GB + V100-16GB, {pricing}, global batch {batch}")
                         if a.cli:
-                            plan, wall = cli_searched(DATA / fname, doc, batch, dtype, a.trials, tmp)
-                            walls.append(wall)
-                            print(line("searched", plan, model, cluster, batch) + f"  [autotune search {wall:.1f} s]")
+                            plan, wall, cpu = cli_searched(DATA / fname, doc, batch, dtype, a.trials, tmp)
+                            walls.append((wall, cpu))
+                            print(line("searched", plan, model, cluster, batch)
+                                  + f"  [autotune search {wall:.1f} s wall, {cpu:.1f} s CPU]")
                         elif not a.no_search:
                             uni, stg, wall = searched(model, cluster, batch, dtype, a.trials, url,
                                                       f"{mk}-{cl}-{pricing}-{batch}")
@@ -266,9 +271,10 @@ def main() -> None:
                                    batch))
                         sys.stdout.flush()
     if walls:
-        walls.sort()
-        print(f"\nautotune search wall seconds: median {walls[len(walls) // 2]:.1f}, max {walls[-1]:.1f} over "
-              f"{len(walls)} searches; load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+        w, c = sorted(x for x, _ in walls), sorted(x for _, x in walls)
+        print(f"\nautotune search over {len(walls)} searches: wall median {w[len(w) // 2]:.1f} s, max {w[-1]:.1f} s; "
+              f"CPU median {c[len(c) // 2]:.1f} s, max {c[-1]:.1f} s; load average "
+              f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":
