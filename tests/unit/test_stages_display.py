@@ -1,6 +1,6 @@
-"""A per-stage trial in the dashboard: the terminal table, the HTML report and the JSON rows show its
-stages with their own degrees (``stages.degrees_text``: ``stages 3L(tp2x2) | 5L(tp1x2)``), not the
-envelope degrees the plan also records (pp=2, dp=2, tp=2)."""
+"""A per-stage plan on show: the dashboard's terminal table, HTML report and JSON rows, and the
+search's "why the best wins" line, show its stages with their own degrees (``stages 3L(tp2x2) |
+5L(tp1x2)``), not the envelope degrees the plan also records (pp=2, dp=2, tp=2)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from autotune.dashboard.data import load_view
 from autotune.dashboard.report import render_html
 from autotune.dashboard.terminal import render
 from autotune.plan import Degrees
+from autotune.plan_record import PlanRecord
+from autotune.search.report import why_best
 from autotune.specs.cluster import load_cluster
 
 STAGED = resolved(stages=(ST.Stage(layers=3, replicas=(ST.Replica(tp=2, devices=(0, 1)), ST.Replica(tp=2, devices=(2, 3)))),
@@ -42,3 +44,14 @@ def test_per_stage_trial_shows_its_stages_with_their_own_degrees(tmp_path):
     assert SHOWN in html
     rows = view.to_dict()["rows"]
     assert [bool(r["stages"]) for r in rows] == [True, False]
+
+
+def test_why_the_best_wins_names_the_stages():
+    base = resolved(degrees=Degrees(dp=8))
+    why = why_best(PlanRecord(STAGED, predicted={"step_time_s": 1.0}), PlanRecord(base, predicted={"step_time_s": 1.5}),
+                   None, None)
+    assert why.startswith("1.50x the best even-split plan (dp=8)")
+    assert f"{SHOWN} instead of dp=8" in why and "pp=2" not in why
+    back = why_best(PlanRecord(base, predicted={"step_time_s": 1.0}), PlanRecord(STAGED, predicted={"step_time_s": 2.0}),
+                    None, None)
+    assert f"({SHOWN})" in back and f"dp=8 instead of {SHOWN}" in back
