@@ -329,8 +329,7 @@ def train(plan: Plan, spec: ModelSpec, seq_len: int, global_batch: int, *, steps
         losses.append(float(loss.item()))
         if i >= warmup:
             times.append(t1 - t0)
-            splits.append({"compute_s": clk.compute + clk.emulated, "comm_s": clk.comm, "idle_s": idle,
-                           "emulated_s": clk.emulated, "compute_cpu_s": clk.compute_cpu, "cpu_s": cpu_s})
+            splits.append(_split(clk, idle, cpu_s))
     report: dict[str, Any] = {
         "rank": rank, "losses": losses, "step_times": times,
         "peak_memory_bytes": max(0, peak_memory(device) - baseline),
@@ -341,6 +340,12 @@ def train(plan: Plan, spec: ModelSpec, seq_len: int, global_batch: int, *, steps
     if export_state:
         report["state"] = trainer.export_state()
     return report
+
+
+def _split(clk: CommClock, idle: float, cpu_s: float) -> dict[str, float]:
+    """One measured step's split (the module docstring says what each holds)."""
+    return {"compute_s": clk.compute + clk.emulated, "comm_s": clk.comm, "idle_s": idle, "emulated_s": clk.emulated,
+            "compute_cpu_s": clk.compute_cpu, "cpu_s": cpu_s}
 
 
 def _median_split(splits: list[dict[str, float]], times: list[float], rank: int) -> dict[str, float]:
