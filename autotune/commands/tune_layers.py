@@ -17,6 +17,10 @@ device's layer profile (``autotune/cost/layers.py`` prices a plan's pieces from 
 3. **update** (``profilers/update_costs.py``): the runtime's own optimizer step and, in bf16 / fp16,
    its per-micro-batch fp32 gradient accumulation, stored with the layers (``meta["update"]``) and
    counted in the precision probe too (fp32 accumulates nothing, its update copies nothing back).
+
+All three are timed beside ``world - 1`` helper processes doing the same work
+(``profilers/twins.py``): a trial's ranks share the cores' cache and memory bandwidth, which one
+process timed alone, the other cores idle, does not see.
 """
 
 from __future__ import annotations
@@ -79,17 +83,28 @@ def per_token_s(doc: dict[str, Any], layers: int, update: dict[str, Any] | None 
     return per
 
 
-def choose_precision(model: Any, seq: int, global_batch: int, dtypes: list[str], say: Any) -> Precision:
-    """Time one block and the head at ``PROBE_MBS`` in each of ``dtypes``; the fastest per token."""
+def _timed(model: Any, sweep: Any, world: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(layer profile doc, update costs) of ``sweep``, timed beside ``world - 1`` twins."""
     from profilers.layers import profile_layers
+    from profilers.twins import twins
     from profilers.update_costs import measure_update
 
+    with twins(model, sweep, world - 1):
+        return profile_layers(model, "cpu", sweep), measure_update(model, sweep.dtype)
+
+
+def choose_precision(model: Any, seq: int, global_batch: int, dtypes: list[str], say: Any,
+                     world: int = 1) -> Precision:
+    """Time one block and the head at ``PROBE_MBS`` in each of ``dtypes`` (beside ``world - 1``
+    twins); the fastest per token."""
     if len(dtypes) == 1:
         return Precision(dtypes[0], {}, f"precision: {dtypes[0]} (the only one every device has)")
     say(f"timing {model.name} in {', '.join(dtypes)} to pick the precision ...")
     b = min(PROBE_MBS, global_batch)
-    per = {dt: per_token_s(profile_layers(model, "cpu", _sweep((b,), seq, (1,), dt, ("block", "head"))), model.layers,
-                           measure_update(model, dt), global_batch) for dt in dtypes}
+    per = {}
+    for dt in dtypes:
+        doc, update = _timed(model, _sweep((b,), seq, (1,), dt, ("block", "head")), world)
+        per[dt] = per_token_s(doc, model.layers, update, global_batch)
     best = min(per, key=per.get)
     others = ", ".join(f"{dt} {per[dt] * 1e6:,.0f}" for dt in dtypes if dt != best)
     note = (f"precision: {best}, the fastest this machine trains {model.name} in ({per[best] * 1e6:,.0f} us/token "
@@ -101,16 +116,14 @@ def measure_layers(model: Any, seq: int, global_batch: int, world: int, dtype: s
     """Time the model's pieces on the grid the search prices, store them; the ``layers:ID``."""
     import time
 
-    from profilers.layers import profile_layers
     from profilers.store import save_layer_profile
-    from profilers.update_costs import measure_update
 
     mbs, tps = layer_grid(model, global_batch, world)
     say(f"timing {model.name}'s layers in {dtype} (micro-batches {', '.join(map(str, mbs))}; "
         f"tp {', '.join(map(str, tps))}) ...")
     t0 = time.perf_counter()
-    doc = profile_layers(model, "cpu", _sweep(mbs, seq, tps, dtype, ("embed", "block", "head")))
-    doc["meta"] = {**(doc.get("meta") or {}), "update": measure_update(model, dtype)}
+    doc, update = _timed(model, _sweep(mbs, seq, tps, dtype, ("embed", "block", "head")), world)
+    doc["meta"] = {**(doc.get("meta") or {}), "update": update}
     lid = save_layer_profile(doc, storage, label="tune")
     say(f"measured {model.name}'s layers: layers:{lid} ({time.perf_counter() - t0:.1f} s)")
     return lid
