@@ -148,6 +148,7 @@ class _PoolRun:
         self.estimator, self.say, self.display = estimator, say, display
         self.notes: list[str] = []
         self.workspaces: list[Any] = []
+        self.stored: list[Any] = []  # the study's trials before this run (each subset takes its own)
 
     def _setup(self, uses: tuple[int, ...]) -> tuple[Any, Any]:
         """The space, evaluator and workspace of one subset."""
@@ -163,7 +164,7 @@ class _PoolRun:
         ev = SubsetEvaluator(space, self.estimator or default_estimator(), self.pool, uses, target=self.opts.target)
         key = uses_key(uses)
         ws = Workspace(self.name, self.storage, space.distributions(), make_sampler(self.opts.sampler, self.opts.seed),
-                       self.opts.batch_s, keep=lambda t: t.user_attrs.get("uses") == key)
+                       self.opts.batch_s, keep=lambda t: t.user_attrs.get("uses") == key, stored=self.stored)
         ws.on_record = self._recorded
         ev.prime(ws.rows)
         self.workspaces.append(ws)
@@ -188,7 +189,8 @@ class _PoolRun:
                              global_batch=self.global_batch, space=self.opts.space, target=self.opts.target)
         study = create_or_open(self.name, self.storage, record)
         study.set_user_attr(STUDY_KEY, self.obj.attrs())
-        before = len(study.get_trials(deepcopy=False))
+        self.stored = study.get_trials(deepcopy=False)
+        before = len(self.stored)
         n_main = self.opts.trials or DEFAULT_TRIALS
         n_polish = POLISH_FACTOR * n_main if self.opts.polish else 0
         screen = max(MIN_SCREEN, 2 * n_main // len(subsets))
