@@ -22,7 +22,7 @@ document lengths are commonly described with. Windows are packed in data order
    priced), and on a mixed 8 x H100 + 8 x A100 cluster for llama3-8b at 32k (priced).
 
     python benchmarks/bench_varlen.py [--profile ID] [--storage URL] [--steps 3] [--repeat 1] [--layers N] [--json FILE]
-    python benchmarks/bench_varlen.py --ratio-only --profile ID [--steps 4] [--layers N]
+    python benchmarks/bench_varlen.py --ratio-only --profile ID [--steps 4] [--layers N] [--seed S]
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def priced_steps(plan: Any, model: Any, cluster: Any, dist: Any, gb: int, seed: 
             .predicted["step_time_s"] for st in range(first, first + count)]
 
 
-def ratio_check(pid: str, storage: str, steps: int, layers: int | None = None) -> dict[str, Any]:
+def ratio_check(pid: str, storage: str, steps: int, layers: int | None = None, seed: int = 0) -> dict[str, Any]:
     """One process, masked and whole windows alternated step by step (ABAB: drifting load hits both
     alike): the measured ratio of their step times against the predicted one. A ratio survives a
     loaded machine that absolute times do not."""
@@ -121,8 +121,8 @@ def ratio_check(pid: str, storage: str, steps: int, layers: int | None = None) -
     pred_full = estimate(plan, model, cluster, SEQ, 2).predicted["step_time_s"]
     pred_docs = estimate(plan.replace(doc_mask=True), model, cluster, SEQ, 2, documents=dist).predicted["step_time_s"]
     mesh = single_process_mesh(plan, torch.device("cpu"))
-    trainers = {"full": RankTrainer(plan, model, mesh, SEQ, 2, 0),
-                "docs": RankTrainer(plan, model, mesh, SEQ, 2, 0, documents=dist.to_payload())}
+    trainers = {"full": RankTrainer(plan, model, mesh, SEQ, 2, seed),
+                "docs": RankTrainer(plan, model, mesh, SEQ, 2, seed, documents=dist.to_payload())}
     times: dict[str, list[float]] = {"full": [], "docs": []}
     for i in range(steps + 1):
         for name, tr in trainers.items():
@@ -131,15 +131,15 @@ def ratio_check(pid: str, storage: str, steps: int, layers: int | None = None) -
             if i:  # the first step of each warms up
                 times[name].append(time.perf_counter() - t0)
     meas = {k: statistics.median(v) for k, v in times.items()}
-    # the windows the masked trainer ran (seed 0, steps 1..steps), priced one step at a time
-    same = priced_steps(plan.replace(doc_mask=True), model, cluster, dist, 2, 0, 1, steps)
+    # the windows the masked trainer ran (its seed, steps 1..steps), priced one step at a time
+    same = priced_steps(plan.replace(doc_mask=True), model, cluster, dist, 2, seed, 1, steps)
     pairs = [statistics.fmean(W.attention_pairs(d) for d in st) / (SEQ * (SEQ + 1) / 2)
-             for st in DOC.trial_windows(dist, SEQ, 2, 0, 1, steps).steps]
+             for st in DOC.trial_windows(dist, SEQ, 2, seed, 1, steps).steps]
     out = {"predicted_ratio": pred_docs / pred_full, "measured_ratio": meas["docs"] / meas["full"],
            "same_windows_ratio": statistics.median(same) / pred_full,
            "predicted_s": {"full": pred_full, "docs": pred_docs, "docs_same_windows": same},
-           "measured_s": meas, "measured_steps_s": times, "pairs_fraction": pairs, "load": load()}
-    print(f"one process, {model.name} at {SEQ}, 2 windows a step, masked / whole windows: measured "
+           "measured_s": meas, "measured_steps_s": times, "pairs_fraction": pairs, "seed": seed, "load": load()}
+    print(f"one process, {model.name} at {SEQ}, 2 windows a step (seed {seed}), masked / whole windows: measured "
           f"{out['measured_ratio']:.3f} ({meas['docs']:.3f} / {meas['full']:.3f} s, median of {steps}, load "
           f"{load():.1f}); predicted on the same windows {out['same_windows_ratio']:.3f} "
           f"({statistics.median(same):.3f} / {pred_full:.3f} s); expected over the distribution "
@@ -158,11 +158,12 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=40, help="search trials for the searched plan")
     ap.add_argument("--json", dest="json_out", help="write every figure here")
     ap.add_argument("--ratio-only", action="store_true", help="only the one-process masked/whole ratio (needs --profile)")
+    ap.add_argument("--seed", type=int, default=0, help="--ratio-only: the trainers' seed (which windows they draw)")
     ap.add_argument("--no-moves", action="store_true", help="skip part 2 (the searches with and without documents)")
     ap.add_argument("--layers", type=int, help=f"run {MODEL} with this many blocks (default: all)")
     args = ap.parse_args()
     if args.ratio_only:
-        out = ratio_check(args.profile, args.storage, max(args.steps, 3), args.layers)
+        out = ratio_check(args.profile, args.storage, max(args.steps, 3), args.layers, args.seed)
         if args.json_out:
             Path(args.json_out).write_text(json.dumps(out, indent=2, default=str))
         return
