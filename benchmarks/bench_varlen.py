@@ -23,6 +23,7 @@ document lengths are commonly described with. Windows are packed in data order
 
     python benchmarks/bench_varlen.py [--profile ID] [--storage URL] [--steps 3] [--repeat 1] [--layers N] [--json FILE]
     python benchmarks/bench_varlen.py --ratio-only --profile ID [--steps 4] [--layers N] [--seed S]
+    python benchmarks/bench_varlen.py --attention-only --profile ID [--windows 6] [--seed S]
 """
 
 from __future__ import annotations
@@ -148,6 +149,66 @@ def ratio_check(pid: str, storage: str, steps: int, layers: int | None = None, s
     return out
 
 
+def attention_check(pid: str, storage: str, windows: int, seed: int) -> dict[str, Any]:
+    """The runtime's attention core alone (one layer of ``small``: GQA repeat, then one SDPA per
+    document piece or one for the whole window), forward and backward, whole and masked alternated
+    (ABAB, median of 3 each), against the cost model's CPU attention price of the same windows
+    (``cpu.block_extras``' per-call pricing of ``cost.documents.masked_blocks``, before the block's
+    in-context factor). What documents change is this part of a step."""
+    import numpy as np
+    import torch
+
+    from autotune import documents as W
+    from autotune.commands.tune import measured_cluster
+    from autotune.cost import documents as DOC
+    from autotune.cost.compute import cached_rates
+    from autotune.runtime.model import attention_core
+
+    torch.set_num_threads(1)
+    m = the_model(None)
+    h, kv, d = m.heads, m.kv_heads, m.head_dim
+    cpu = cached_rates(measured_cluster(pid, storage, per_node=1).groups[0].device, "fp32", d).cpu
+    dist = W.lognormal(MU, SIGMA, n=50000, seed=0, max_len=MAX_LEN)
+    rng = np.random.default_rng(seed)
+    wins = [W.sample_window(dist, SEQ, rng) for _ in range(windows)]
+
+    def run(docs):
+        q = torch.randn(1, SEQ, h * d).view(1, SEQ, h, d).transpose(1, 2).requires_grad_()
+        k, v = (torch.randn(1, SEQ, kv * d).view(1, SEQ, kv, d).transpose(1, 2).requires_grad_() for _ in range(2))
+        t0 = time.perf_counter()
+        o = attention_core(q, k, v, None, docs)
+        t1 = time.perf_counter()
+        o.backward(torch.randn_like(o))
+        return time.perf_counter() - t0, t1 - t0
+
+    def price(docs):
+        calls = [(SEQ, SEQ, True)] if docs is None else DOC.masked_blocks(docs, [[(0, SEQ)]], 0)
+        return sum(h * sum(cpu.attention_head_time(q, d)) for q, _, _ in calls)
+
+    run(None)
+    rows = []
+    for w in wins:
+        full, docs = [], []
+        for _ in range(3):
+            full.append(run(None)[0])
+            docs.append(run((w,))[0])
+        mf, md = statistics.median(full), statistics.median(docs)
+        pf, pd = price(None), price(w)
+        rows.append({"pieces": len(w), "pairs_fraction": W.attention_pairs(w) / (SEQ * (SEQ + 1) / 2),
+                     "measured_s": {"full": mf, "docs": md}, "priced_s": {"full": pf, "docs": pd},
+                     "measured_ratio": md / mf, "priced_ratio": pd / pf, "load": load()})
+        r = rows[-1]
+        print(f"window of {len(w):3d} pieces, {r['pairs_fraction']:.2f} of the pairs: masked / whole attention "
+              f"measured {r['measured_ratio']:.3f} ({md:.3f} / {mf:.3f} s), priced {r['priced_ratio']:.3f} "
+              f"({pd:.3f} / {pf:.3f} s), error {r['priced_ratio'] / r['measured_ratio'] - 1:+.1%}, load {load():.1f}",
+              flush=True)
+    errs = [r["priced_ratio"] / r["measured_ratio"] - 1 for r in rows]
+    print(f"median |error| of the masked / whole attention ratio over {len(rows)} windows: "
+          f"{statistics.median(abs(e) for e in errs):.1%}; whole-window attention priced / measured "
+          f"{statistics.median(r['priced_s']['full'] / r['measured_s']['full'] for r in rows):.2f}")
+    return {"rows": rows}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", help="profile id of this machine in --storage (default: profile it, quick)")
@@ -158,10 +219,18 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=40, help="search trials for the searched plan")
     ap.add_argument("--json", dest="json_out", help="write every figure here")
     ap.add_argument("--ratio-only", action="store_true", help="only the one-process masked/whole ratio (needs --profile)")
+    ap.add_argument("--attention-only", action="store_true",
+                    help="only the attention core, masked / whole, measured against its price (needs --profile)")
+    ap.add_argument("--windows", type=int, default=6, help="--attention-only: windows drawn")
     ap.add_argument("--seed", type=int, default=0, help="--ratio-only: the trainers' seed (which windows they draw)")
     ap.add_argument("--no-moves", action="store_true", help="skip part 2 (the searches with and without documents)")
     ap.add_argument("--layers", type=int, help=f"run {MODEL} with this many blocks (default: all)")
     args = ap.parse_args()
+    if args.attention_only:
+        out = attention_check(args.profile, args.storage, args.windows, args.seed)
+        if args.json_out:
+            Path(args.json_out).write_text(json.dumps(out, indent=2, default=str))
+        return
     if args.ratio_only:
         out = ratio_check(args.profile, args.storage, max(args.steps, 3), args.layers, args.seed)
         if args.json_out:
