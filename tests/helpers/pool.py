@@ -12,8 +12,9 @@ kept for the process: autotune.runtime.mesh).
 A job that raises on a rank ends the pool as a failed launch ends (the launcher's supervisor stops
 every rank), and the call returns that failure with its traceback; the next call starts a new pool.
 At most ``KEEP`` pools are alive at a time (the least recently used one is closed): an idle rank
-holds a few hundred MB. The pools close at the interpreter's exit; their ranks also watch this
-process and exit if it disappears (launcher._watch_parent)."""
+holds a few hundred MB. The pools close after the last test of tests/distributed (tests/conftest.py)
+and at the interpreter's exit; their ranks also watch this process and exit if it disappears
+(launcher._watch_parent)."""
 
 from __future__ import annotations
 
@@ -33,8 +34,9 @@ from autotune.runtime.launcher import LaunchResult, launch, resolve_target
 
 KEEP = 2
 """Pools alive at once: worlds 2 and 4 serve most parity modules."""
-POLL_S = 0.01
-"""How often an idle rank looks for the next job, and the caller for the results (a stat a round)."""
+POLL_S = 0.05
+"""How often an idle rank looks for the next job, and the caller for the results (a stat a round: an
+idle rank costs about nothing, a job of seconds waits 25 ms more on average)."""
 SESSION_S = 24 * 3600.0
 """The pool's launch timeout and default group's timeout: a job has its own (``run``'s timeout_s)."""
 
