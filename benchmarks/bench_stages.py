@@ -15,6 +15,15 @@ Each row prices, per setup and pricing:
 - **uniform**: the best plan of the default search with one mesh (``stages = uniform`` trials);
 - **per-stage**: the best per-stage plan of the same search (``stages = program``: the stage program,
   search_spaces/_stages.py);
+- **uniform cp=1** (with the search): the best uniform plan of the same search that a per-stage plan
+  could also be (cp = hp = 1, ZeRO 0/1, no sequence parallelism, a per-stage schedule): what is left
+  of the uniform space once context parallelism and the rest per-stage plans refuse are taken away;
+- **program, all** (with the search): the stage program over every knob set the search can sample
+  (micro-batch 1..16, recomputation none/selective/full, 1F1B, GPipe, interleaved 1F1B with 2
+  virtual stages, ZeRO 0/1) with every candidate composition priced exactly (``TOP`` unbounded):
+  the best per-stage plan the program can reach, to tell a search that samples too few knob sets or
+  a program whose approximate ranking drops the fastest composition from a per-stage plan that is
+  really slower;
 - **SAILOR-style**: the shape SAILOR publishes for these clusters: the V100s as tp=4 replicas, the
   A100s as tp=1 replicas, dp = the V100 replica count; on 8+8 a V100 stage then A100 stages (the
   issue's GPT-Neo plan: [V100 tp4 x2] then four [A100 tp1 x2]); the mixed-replica variant (the issue's
@@ -208,6 +217,44 @@ def cli_searched(model_file: Path, doc: dict, batch: int, dtype: str, trials: in
     return Plan.from_dict(json.loads(r.stdout)["best"]), wall, cpu
 
 
+def stage_legal(plan: dict) -> bool:
+    """A uniform plan dict a per-stage plan could also be (``stages.problems``' rules on the degrees
+    and options)."""
+    d = plan.get("degrees") or {}
+    return (d.get("cp", 1) == 1 and d.get("hp", 1) == 1 and (plan.get("zero_stage") or 0) <= 1
+            and not plan.get("sequence_parallel") and plan.get("schedule", "1f1b") in ST.STAGED_SCHEDULES
+            and not plan.get("stages"))
+
+
+def best_uniform_cp1(url: str, name: str) -> Plan | None:
+    import optuna
+
+    from autotune.study import iter_trial_plans
+
+    got = next(iter_trial_plans(optuna.load_study(study_name=name, storage=url), where=stage_legal), None)
+    return got[1] if got else None
+
+
+def program_all(model, cluster, batch: int, dtype: str) -> tuple[Plan | None, float]:
+    """The stage program's best plan over every knob set, every candidate priced exactly; seconds."""
+    ctx = SearchContext(model=model, cluster=cluster, seq_len=SEQ, global_batch=batch, dtype=dtype)
+    top, P.TOP = P.TOP, 10**9
+    best, cache, t = None, {}, time.perf_counter()
+    try:
+        for mbs in (1, 2, 4, 8, 16):
+            for rc in ("none", "selective", "full"):
+                for sched, vs in (("1f1b", 1), ("gpipe", 1), ("interleaved_1f1b", 2)):
+                    for zero in (0, 1):
+                        got = P.best_plan(ctx, mbs=mbs, schedule=sched, vs=vs, recompute=rc, zero=zero, cache=cache)
+                        if isinstance(got, Plan):
+                            e = estimate(got, model, cluster, SEQ, batch).predicted
+                            if e["feasible"] and (best is None or e["step_time_s"] < best[0]):
+                                best = (e["step_time_s"], got)
+    finally:
+        P.TOP = top
+    return (best[1] if best else None), time.perf_counter() - t
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--trials", type=int, default=None, help="sampler trials per search (default: the search's)")
@@ -249,6 +296,10 @@ def main() -> None:
                                                       f"{mk}-{cl}-{pricing}-{batch}")
                             print(line("uniform", uni, model, cluster, batch))
                             print(line("per-stage", stg, model, cluster, batch) + f"  [search {wall:.0f} s]")
+                            print(line("uniform cp=1", best_uniform_cp1(url, f"{mk}-{cl}-{pricing}-{batch}"), model,
+                                       cluster, batch))
+                            every, secs = program_all(model, cluster, batch, dtype)
+                            print(line("program, all", every, model, cluster, batch) + f"  [{secs:.0f} s]")
                         else:
                             bctx = SearchContext(model=model, cluster=cluster, seq_len=SEQ, global_batch=batch,
                                                  dtype=dtype)

@@ -10,12 +10,20 @@ document lengths are commonly described with. Windows are packed in data order
 1. CPU trials (``run_trial`` on 2 local processes, ``small`` at a 4096 window, batch 4, fp32): each
    plan priced by the cost model (measured profile of this machine) with the distribution, then run
    for real with the same distribution; plain packing (windows to replicas in order) and balanced
-   packing (by cost), plus the plan ``search --lengths`` returns. Printed: predicted, measured,
-   error; the median |error| over plans; the predicted and measured gain of balancing.
+   packing (by cost), plus the plan ``search --lengths`` returns. Printed: predicted (the expected
+   step over the distribution), measured, error; and ``same windows``: the model priced on the very
+   windows the trial ran (``cost.documents.trial_windows``), step by step, median as the trial takes
+   it, and its error: a window's cost is heavy-tailed (one window in ten is one document), so a
+   3-step trial's windows may cost far more or less than the expectation, and only this column
+   compares the model with the runtime free of that draw. The median |error| over plans; the
+   predicted and measured gain of balancing (both columns).
+   ``--layers N`` runs ``small`` with N blocks (a loaded machine: the ratios of interest hold).
 2. The best plan with and without the distribution at the same window: on this machine (2 ranks,
    priced), and on a mixed 8 x H100 + 8 x A100 cluster for llama3-8b at 32k (priced).
 
-    python benchmarks/bench_varlen.py [--profile ID] [--storage URL] [--steps 3] [--repeat 1] [--json FILE]
+    python benchmarks/bench_varlen.py [--profile ID] [--storage URL] [--steps 3] [--repeat 1] [--layers N] [--json FILE]
+    python benchmarks/bench_varlen.py --ratio-only --profile ID [--steps 4] [--layers N] [--seed S]
+    python benchmarks/bench_varlen.py --attention-only --profile ID [--windows 6] [--seed S]
 """
 
 from __future__ import annotations
@@ -72,7 +80,26 @@ def best_of(model: Any, cluster: Any, seq: int, gb: int, docs: Any, trials: int,
     return search(model, cluster, seq, gb, study_name=name, storage=storage, options=opts).best.to_dict()
 
 
-def ratio_check(pid: str, storage: str, steps: int) -> dict[str, Any]:
+def the_model(layers: int | None) -> Any:
+    import dataclasses
+
+    from autotune.specs import load_model
+
+    m = load_model(MODEL)
+    return m if not layers else dataclasses.replace(m, name=f"{MODEL}-{layers}l", layers=layers)
+
+
+def priced_steps(plan: Any, model: Any, cluster: Any, dist: Any, gb: int, seed: int, first: int, count: int
+                 ) -> list[float]:
+    """The model's step time for each of the steps a trial with ``seed`` runs (its very windows)."""
+    from autotune.cost import documents as DOC
+    from autotune.cost import estimate
+
+    return [estimate(plan, model, cluster, SEQ, gb, documents=DOC.trial_windows(dist, SEQ, gb, seed, st, 1))
+            .predicted["step_time_s"] for st in range(first, first + count)]
+
+
+def ratio_check(pid: str, storage: str, steps: int, layers: int | None = None, seed: int = 0) -> dict[str, Any]:
     """One process, masked and whole windows alternated step by step (ABAB: drifting load hits both
     alike): the measured ratio of their step times against the predicted one. A ratio survives a
     loaded machine that absolute times do not."""
@@ -80,22 +107,23 @@ def ratio_check(pid: str, storage: str, steps: int) -> dict[str, Any]:
 
     from autotune import documents as W
     from autotune.commands.tune import measured_cluster
+    from autotune.cost import documents as DOC
     from autotune.cost import estimate
     from autotune.plan import Degrees, Plan, Shares
     from autotune.runtime.mesh import single_process_mesh
     from autotune.runtime.worker import RankTrainer
-    from autotune.specs import load_model
 
+    torch.set_num_threads(1)  # as a trial's process and the profile's ranks run (2 on 2 cores)
     dist = W.lognormal(MU, SIGMA, n=50000, seed=0, max_len=MAX_LEN)
-    model = load_model(MODEL)
+    model = the_model(layers)
     cluster = measured_cluster(pid, storage, per_node=1)
     plan = Plan(degrees=Degrees(), dtype="fp32", micro_batch_size=1, num_microbatches=2,
                 shares=Shares(layers=(model.layers,), tokens=(SEQ,), heads=(model.heads,), samples=(2,)))
     pred_full = estimate(plan, model, cluster, SEQ, 2).predicted["step_time_s"]
     pred_docs = estimate(plan.replace(doc_mask=True), model, cluster, SEQ, 2, documents=dist).predicted["step_time_s"]
     mesh = single_process_mesh(plan, torch.device("cpu"))
-    trainers = {"full": RankTrainer(plan, model, mesh, SEQ, 2, 0),
-                "docs": RankTrainer(plan, model, mesh, SEQ, 2, 0, documents=dist.to_payload())}
+    trainers = {"full": RankTrainer(plan, model, mesh, SEQ, 2, seed),
+                "docs": RankTrainer(plan, model, mesh, SEQ, 2, seed, documents=dist.to_payload())}
     times: dict[str, list[float]] = {"full": [], "docs": []}
     for i in range(steps + 1):
         for name, tr in trainers.items():
@@ -104,12 +132,81 @@ def ratio_check(pid: str, storage: str, steps: int) -> dict[str, Any]:
             if i:  # the first step of each warms up
                 times[name].append(time.perf_counter() - t0)
     meas = {k: statistics.median(v) for k, v in times.items()}
+    # the windows the masked trainer ran (its seed, steps 1..steps), priced one step at a time
+    same = priced_steps(plan.replace(doc_mask=True), model, cluster, dist, 2, seed, 1, steps)
+    pairs = [statistics.fmean(W.attention_pairs(d) for d in st) / (SEQ * (SEQ + 1) / 2)
+             for st in DOC.trial_windows(dist, SEQ, 2, seed, 1, steps).steps]
     out = {"predicted_ratio": pred_docs / pred_full, "measured_ratio": meas["docs"] / meas["full"],
-           "predicted_s": {"full": pred_full, "docs": pred_docs}, "measured_s": meas, "load": load()}
-    print(f"one process, {MODEL} at {SEQ}, 2 windows a step, masked / whole windows: predicted "
-          f"{out['predicted_ratio']:.3f} ({pred_docs:.3f} / {pred_full:.3f} s), measured {out['measured_ratio']:.3f} "
-          f"({meas['docs']:.3f} / {meas['full']:.3f} s, median of {steps}, load {load():.1f})")
+           "same_windows_ratio": statistics.median(same) / pred_full,
+           "predicted_s": {"full": pred_full, "docs": pred_docs, "docs_same_windows": same},
+           "measured_s": meas, "measured_steps_s": times, "pairs_fraction": pairs, "seed": seed, "load": load()}
+    print(f"one process, {model.name} at {SEQ}, 2 windows a step (seed {seed}), masked / whole windows: measured "
+          f"{out['measured_ratio']:.3f} ({meas['docs']:.3f} / {meas['full']:.3f} s, median of {steps}, load "
+          f"{load():.1f}); predicted on the same windows {out['same_windows_ratio']:.3f} "
+          f"({statistics.median(same):.3f} / {pred_full:.3f} s); expected over the distribution "
+          f"{out['predicted_ratio']:.3f} ({pred_docs:.3f} s); the measured steps' windows hold "
+          f"{', '.join(f'{p:.2f}' for p in pairs)} of a whole window's pairs")
     return out
+
+
+def attention_check(pid: str, storage: str, windows: int, seed: int) -> dict[str, Any]:
+    """The runtime's attention core alone (one layer of ``small``: GQA repeat, then one SDPA per
+    document piece or one for the whole window), forward and backward, whole and masked alternated
+    (ABAB, median of 3 each), against the cost model's CPU attention price of the same windows
+    (``cpu.block_extras``' per-call pricing of ``cost.documents.masked_blocks``, before the block's
+    in-context factor). What documents change is this part of a step."""
+    import numpy as np
+    import torch
+
+    from autotune import documents as W
+    from autotune.commands.tune import measured_cluster
+    from autotune.cost import documents as DOC
+    from autotune.cost.compute import cached_rates
+    from autotune.runtime.model import attention_core
+
+    torch.set_num_threads(1)
+    m = the_model(None)
+    h, kv, d = m.heads, m.kv_heads, m.head_dim
+    cpu = cached_rates(measured_cluster(pid, storage, per_node=1).groups[0].device, "fp32", d).cpu
+    dist = W.lognormal(MU, SIGMA, n=50000, seed=0, max_len=MAX_LEN)
+    rng = np.random.default_rng(seed)
+    wins = [W.sample_window(dist, SEQ, rng) for _ in range(windows)]
+
+    def run(docs):
+        q = torch.randn(1, SEQ, h * d).view(1, SEQ, h, d).transpose(1, 2).requires_grad_()
+        k, v = (torch.randn(1, SEQ, kv * d).view(1, SEQ, kv, d).transpose(1, 2).requires_grad_() for _ in range(2))
+        t0 = time.perf_counter()
+        o = attention_core(q, k, v, None, docs)
+        t1 = time.perf_counter()
+        o.backward(torch.randn_like(o))
+        return time.perf_counter() - t0, t1 - t0
+
+    def price(docs):
+        calls = [(SEQ, SEQ, True)] if docs is None else DOC.masked_blocks(docs, [[(0, SEQ)]], 0)
+        return sum(h * sum(cpu.attention_head_time(q, d)) for q, _, _ in calls)
+
+    run(None)
+    rows = []
+    for w in wins:
+        full, docs = [], []
+        for _ in range(3):
+            full.append(run(None)[0])
+            docs.append(run((w,))[0])
+        mf, md = statistics.median(full), statistics.median(docs)
+        pf, pd = price(None), price(w)
+        rows.append({"pieces": len(w), "pairs_fraction": W.attention_pairs(w) / (SEQ * (SEQ + 1) / 2),
+                     "measured_s": {"full": mf, "docs": md}, "priced_s": {"full": pf, "docs": pd},
+                     "measured_ratio": md / mf, "priced_ratio": pd / pf, "load": load()})
+        r = rows[-1]
+        print(f"window of {len(w):3d} pieces, {r['pairs_fraction']:.2f} of the pairs: masked / whole attention "
+              f"measured {r['measured_ratio']:.3f} ({md:.3f} / {mf:.3f} s), priced {r['priced_ratio']:.3f} "
+              f"({pd:.3f} / {pf:.3f} s), error {r['priced_ratio'] / r['measured_ratio'] - 1:+.1%}, load {load():.1f}",
+              flush=True)
+    errs = [r["priced_ratio"] / r["measured_ratio"] - 1 for r in rows]
+    print(f"median |error| of the masked / whole attention ratio over {len(rows)} windows: "
+          f"{statistics.median(abs(e) for e in errs):.1%}; whole-window attention priced / measured "
+          f"{statistics.median(r['priced_s']['full'] / r['measured_s']['full'] for r in rows):.2f}")
+    return {"rows": rows}
 
 
 def main() -> None:
@@ -122,9 +219,22 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=40, help="search trials for the searched plan")
     ap.add_argument("--json", dest="json_out", help="write every figure here")
     ap.add_argument("--ratio-only", action="store_true", help="only the one-process masked/whole ratio (needs --profile)")
+    ap.add_argument("--attention-only", action="store_true",
+                    help="only the attention core, masked / whole, measured against its price (needs --profile)")
+    ap.add_argument("--windows", type=int, default=6, help="--attention-only: windows drawn")
+    ap.add_argument("--seed", type=int, default=0, help="--ratio-only: the trainers' seed (which windows they draw)")
+    ap.add_argument("--no-moves", action="store_true", help="skip part 2 (the searches with and without documents)")
+    ap.add_argument("--layers", type=int, help=f"run {MODEL} with this many blocks (default: all)")
     args = ap.parse_args()
+    if args.attention_only:
+        out = attention_check(args.profile, args.storage, args.windows, args.seed)
+        if args.json_out:
+            Path(args.json_out).write_text(json.dumps(out, indent=2, default=str))
+        return
     if args.ratio_only:
-        ratio_check(args.profile, args.storage, max(args.steps, 3))
+        out = ratio_check(args.profile, args.storage, max(args.steps, 3), args.layers, args.seed)
+        if args.json_out:
+            Path(args.json_out).write_text(json.dumps(out, indent=2, default=str))
         return
 
     from autotune import documents as W
@@ -142,8 +252,8 @@ def main() -> None:
     docs = W.DocumentSource(dist)
     pid = args.profile or profile_quick(args.storage, 2, log)[0]
     cluster = measured_cluster(pid, args.storage, per_node=2)
-    model = load_model(MODEL)
-    print(f"profile {pid}; {MODEL} at window {SEQ}, batch {BATCH}, fp32, 2 local processes; load {load():.1f}")
+    model = the_model(args.layers)
+    print(f"profile {pid}; {model.name} at window {SEQ}, batch {BATCH}, fp32, 2 local processes; load {load():.1f}")
 
     store = f"sqlite:///{tempfile.mkdtemp()}/search.db"
     searched = best_of(model, cluster, SEQ, BATCH, docs, args.trials, store)
@@ -155,37 +265,50 @@ def main() -> None:
         plan = Plan.from_dict({**d, "dtype": "fp32", "doc_mask": True})
         pred = estimate(plan, model, cluster, SEQ, BATCH, documents=dist).predicted["step_time_s"]
         full = estimate(plan.replace(doc_mask=False), model, cluster, SEQ, BATCH).predicted["step_time_s"]
-        times = []
+        times, same = [], []
         for rep in range(args.repeat):
             log(f"{name}: trial {rep + 1}/{args.repeat} (load {load():.1f})")
             res = run_trial(plan, model, SEQ, BATCH, steps=args.steps, warmup=args.warmup, device="cpu",
                             timeout_s=600, seed=rep, documents=docs)
             if res.failure is None:
                 times.append(res.measured["step_time_s"])
+                same.append(statistics.median(priced_steps(plan, model, cluster, dist, BATCH, rep, args.warmup,
+                                                           args.steps)))
             else:
                 log(f"  failed: {res.failure}")
         meas = statistics.median(times) if times else None
+        sw = statistics.median(same) if same else None
         rows.append({"name": name, "plan": describe(plan.to_dict()), "predicted_s": pred, "full_window_s": full,
-                     "measured_s": meas, "error": (pred - meas) / meas if meas else None, "load": load()})
-    print(f"\n{'plan':<14} {'layout':<34} {'full window':>11} {'predicted':>10} {'measured':>10} {'error':>8}")
+                     "measured_s": meas, "error": (pred - meas) / meas if meas else None,
+                     "same_windows_s": sw, "same_windows_error": (sw - meas) / meas if meas else None,
+                     "load": load()})
+    print(f"\n{'plan':<14} {'layout':<30} {'full window':>11} {'predicted':>10} {'measured':>10} {'error':>8} "
+          f"{'same windows':>12} {'error':>8}")
     for r in rows:
         m = f"{r['measured_s']:.3f}s" if r["measured_s"] else "failed"
         e = f"{r['error']:+.1%}" if r["error"] is not None else "-"
-        print(f"{r['name']:<14} {r['plan']:<34} {r['full_window_s']:>10.3f}s {r['predicted_s']:>9.3f}s {m:>10} {e:>8}")
-    errs = [abs(r["error"]) for r in rows if r["error"] is not None]
-    print(f"median |error| over {len(errs)} plans: {statistics.median(errs):.1%}" if errs else "no plan ran")
+        sw = f"{r['same_windows_s']:.3f}s" if r["same_windows_s"] else "-"
+        se = f"{r['same_windows_error']:+.1%}" if r["same_windows_error"] is not None else "-"
+        print(f"{r['name']:<14} {r['plan']:<30} {r['full_window_s']:>10.3f}s {r['predicted_s']:>9.3f}s {m:>10} {e:>8} "
+              f"{sw:>12} {se:>8}")
+    for key, what in (("error", "expected step"), ("same_windows_error", "same windows")):
+        errs = [abs(r[key]) for r in rows if r[key] is not None]
+        print(f"median |error| over {len(errs)} plans, {what}: {statistics.median(errs):.1%}" if errs else "no plan ran")
     by = {r["name"]: r for r in rows}
     gain = {}
     if by["dp2 plain"]["measured_s"] and by["dp2 balanced"]["measured_s"]:
         gain = {"predicted": by["dp2 plain"]["predicted_s"] / by["dp2 balanced"]["predicted_s"] - 1,
+                "same_windows": by["dp2 plain"]["same_windows_s"] / by["dp2 balanced"]["same_windows_s"] - 1,
                 "measured": by["dp2 plain"]["measured_s"] / by["dp2 balanced"]["measured_s"] - 1}
-        print(f"gain of balancing (dp2, plain / balanced - 1): predicted {gain['predicted']:+.1%}, measured "
-              f"{gain['measured']:+.1%}")
+        print(f"gain of balancing (dp2, plain / balanced - 1): predicted {gain['predicted']:+.1%} (expected), "
+              f"{gain['same_windows']:+.1%} (same windows), measured {gain['measured']:+.1%}")
 
-    print("\nbest plan, fixed-length windows against the distribution at the same window (priced):")
     moves = []
-    for cname, cl, mname, seq, gb in (("this machine, 2 ranks", cluster, MODEL, SEQ, BATCH),
-                                      ("8 H100 + 8 A100", cluster_from_dict(MIXED), "llama3-8b", 32768, 16)):
+    if not args.no_moves:
+        print("\nbest plan, fixed-length windows against the distribution at the same window (priced):")
+    for cname, cl, mname, seq, gb in () if args.no_moves else (
+            ("this machine, 2 ranks", cluster, MODEL, SEQ, BATCH),
+            ("8 H100 + 8 A100", cluster_from_dict(MIXED), "llama3-8b", 32768, 16)):
         m = load_model(mname)
         fixed = best_of(m, cl, seq, gb, None, args.trials, store)
         with_docs = best_of(m, cl, seq, gb, docs, args.trials, store)

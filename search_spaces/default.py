@@ -488,6 +488,8 @@ class DefaultSpace:
                 cands = sorted((steps | {0.0, 1.0}) - {v})
             for c in cands:
                 out.append({**p, name: c})
+                if name == "schedule":
+                    out += self._with_virtual_stages(p, c, dists["vpp_exp"])
         if program:
             return out
         for anchor in (0.0, 1.0):
@@ -495,6 +497,28 @@ class DefaultSpace:
             if q != p:
                 out.append(q)
         out += self._trades(p)
+        return out
+
+    def _with_virtual_stages(self, p: dict[str, Any], schedule: str, vpp: Any) -> list[dict[str, Any]]:
+        """A move to ``schedule`` with each other virtual-stage count it offers at this pp: one
+        move, not two (``vpp_exp`` alone does nothing under a schedule of one count, so a climb from
+        1F1B never reaches interleaved 1F1B with 4 chunks where 2 chunks are worse)."""
+        offered = get_schedule(schedule).virtual_stage_choices(self.divs[p["pp_exp"]])
+        if len(offered) < 2:
+            return []
+        return [{**p, "schedule": schedule, "vpp_exp": e} for e in range(vpp.low, vpp.high + 1)
+                if e != p["vpp_exp"] and 2 ** e in offered]
+
+    def memory_repairs(self, p: dict[str, Any]) -> list[dict[str, Any]]:
+        """Point ``p`` (a move that would be faster but does not fit) with one knob turned towards
+        less memory: a higher ZeRO stage, heavier recomputation, or half the micro-batch. The
+        polish prices these only for such moves, so a move that needs memory relief is not lost
+        (interleaved 1F1B with 4 chunks fits 4 H100 at 16k only with ZeRO-3)."""
+        out = [{**p, "zero_stage": z} for z in range(p["zero_stage"] + 1, 4)]
+        rc = RECOMPUTE.index(p["recompute"])
+        out += [{**p, "recompute": r} for r in RECOMPUTE[rc + 1:]]
+        if p["mbs_exp"] > 0:
+            out.append({**p, "mbs_exp": p["mbs_exp"] - 1})
         return out
 
     def _trades(self, p: dict[str, Any]) -> list[dict[str, Any]]:

@@ -15,6 +15,16 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
+def pytest_runtest_teardown(item, nextitem):
+    """The parity tests' kept workers (helpers.pool) go when no test of tests/distributed follows: the
+    rest of the suite need not share the machine with idle ranks."""
+    import sys
+
+    pool = sys.modules.get("helpers.pool")
+    if pool is not None and (nextitem is None or nextitem.path.parent.name != "distributed"):
+        pool.close_all()
+
+
 @pytest.fixture
 def in_tmp(tmp_path, monkeypatch):
     """Run the test with the working directory in a fresh temp dir (results/ lands there)."""

@@ -219,7 +219,8 @@ def _cluster(m: Any, seq_len: int, global_batch: int, hosts: str | None, remote_
         from autotune.commands import tune_layers as TL
 
         if dtype == "auto":
-            chosen = TL.choose_precision(m, seq_len, global_batch, TL.candidate_dtypes(cluster), say)
+            chosen = TL.choose_precision(m, seq_len, global_batch, TL.candidate_dtypes(cluster), say,
+                                         cluster.groups[0].devices_per_node)
             precision = chosen.dtype
             notes.append(chosen.note)  # the one line that says which precision and why
         layer_id = TL.measure_layers(m, seq_len, global_batch, cluster.groups[0].devices_per_node, precision,

@@ -13,7 +13,14 @@ device's layer profile (``autotune/cost/layers.py`` prices a plan's pieces from 
    on a CPU without bf16 units is another machine: no AMX / AVX-512-BF16, each element converted);
 2. **grid**: every piece at each micro-batch size the search can choose (the divisors of the
    global batch), the workload's sequence, and each tp shard the local ranks can split the model
-   into, in that precision.
+   into, in that precision;
+3. **update** (``profilers/update_costs.py``): the runtime's own optimizer step and, in bf16 / fp16,
+   its per-micro-batch fp32 gradient accumulation, stored with the layers (``meta["update"]``) and
+   counted in the precision probe too (fp32 accumulates nothing, its update copies nothing back).
+
+All three are timed beside ``world - 1`` helper processes doing the same work
+(``profilers/twins.py``): a trial's ranks share the cores' cache and memory bandwidth, which one
+process timed alone, the other cores idle, does not see.
 """
 
 from __future__ import annotations
@@ -59,25 +66,45 @@ def _sweep(mbs: tuple[int, ...], seq: int, tps: tuple[int, ...], dtype: str, pie
     return LayerSweep(micro_batches=mbs, seq_lens=(seq,), tp=tps, dtype=dtype, pieces=pieces, threads=1)
 
 
-def per_token_s(doc: dict[str, Any], layers: int) -> float:
-    """Seconds per token of ``layers`` blocks and the head, fwd + bwd, at the doc's largest tp-1 micro-batch."""
+def per_token_s(doc: dict[str, Any], layers: int, update: dict[str, Any] | None = None,
+                global_batch: int | None = None) -> float:
+    """Seconds per token of ``layers`` blocks and the head, fwd + bwd, at the doc's largest tp-1
+    micro-batch; with ``update`` (``profilers/update_costs.measure_update``) also one micro-batch's
+    gradient accumulation and the step's update shared over ``global_batch`` sequences."""
     pts = [p for p in doc["points"] if p["tp"] == 1]
     b = max(p["micro_batch"] for p in pts)
     t = {p["piece"]: p["fwd_s"] + p["bwd_s"] for p in pts if p["micro_batch"] == b}
     seq = next(p["seq"] for p in pts)
-    return (layers * t["block"] + t.get("head", 0.0)) / (b * seq)
+    per = (layers * t["block"] + t.get("head", 0.0)) / (b * seq)
+    if update:
+        n = update["params"]
+        per += update["accumulate_s_per_param"] * n / (b * seq)
+        per += update["update_s_per_param"] * n / ((global_batch or b) * seq)
+    return per
 
 
-def choose_precision(model: Any, seq: int, global_batch: int, dtypes: list[str], say: Any) -> Precision:
-    """Time one block and the head at ``PROBE_MBS`` in each of ``dtypes``; the fastest per token."""
+def _timed(model: Any, sweep: Any, world: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(layer profile doc, update costs) of ``sweep``, timed beside ``world - 1`` twins."""
     from profilers.layers import profile_layers
+    from profilers.twins import twins
+    from profilers.update_costs import measure_update
 
+    with twins(model, sweep, world - 1):
+        return profile_layers(model, "cpu", sweep), measure_update(model, sweep.dtype)
+
+
+def choose_precision(model: Any, seq: int, global_batch: int, dtypes: list[str], say: Any,
+                     world: int = 1) -> Precision:
+    """Time one block and the head at ``PROBE_MBS`` in each of ``dtypes`` (beside ``world - 1``
+    twins); the fastest per token."""
     if len(dtypes) == 1:
         return Precision(dtypes[0], {}, f"precision: {dtypes[0]} (the only one every device has)")
     say(f"timing {model.name} in {', '.join(dtypes)} to pick the precision ...")
     b = min(PROBE_MBS, global_batch)
-    per = {dt: per_token_s(profile_layers(model, "cpu", _sweep((b,), seq, (1,), dt, ("block", "head"))), model.layers)
-           for dt in dtypes}
+    per = {}
+    for dt in dtypes:
+        doc, update = _timed(model, _sweep((b,), seq, (1,), dt, ("block", "head")), world)
+        per[dt] = per_token_s(doc, model.layers, update, global_batch)
     best = min(per, key=per.get)
     others = ", ".join(f"{dt} {per[dt] * 1e6:,.0f}" for dt in dtypes if dt != best)
     note = (f"precision: {best}, the fastest this machine trains {model.name} in ({per[best] * 1e6:,.0f} us/token "
@@ -89,14 +116,14 @@ def measure_layers(model: Any, seq: int, global_batch: int, world: int, dtype: s
     """Time the model's pieces on the grid the search prices, store them; the ``layers:ID``."""
     import time
 
-    from profilers.layers import profile_layers
     from profilers.store import save_layer_profile
 
     mbs, tps = layer_grid(model, global_batch, world)
     say(f"timing {model.name}'s layers in {dtype} (micro-batches {', '.join(map(str, mbs))}; "
         f"tp {', '.join(map(str, tps))}) ...")
     t0 = time.perf_counter()
-    doc = profile_layers(model, "cpu", _sweep(mbs, seq, tps, dtype, ("embed", "block", "head")))
+    doc, update = _timed(model, _sweep(mbs, seq, tps, dtype, ("embed", "block", "head")), world)
+    doc["meta"] = {**(doc.get("meta") or {}), "update": update}
     lid = save_layer_profile(doc, storage, label="tune")
     say(f"measured {model.name}'s layers: layers:{lid} ({time.perf_counter() - t0:.1f} s)")
     return lid

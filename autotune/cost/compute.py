@@ -49,10 +49,10 @@ from autotune.cost.cpu import (  # noqa: F401  (their old home: kept importable 
     CPU_SYNC_CALL_S,
     CPU_SYNC_SKEW,
     SHORT_CALL_EXPONENT,
-    ring_blocks,
 )
 from autotune.cost.interp import loglinear
 from autotune.cost.kernels import FUSED_LOSS_BYTES, RUNTIME, eager_bytes, eager_loss_bytes
+from autotune.cost.ring import ring_blocks  # noqa: F401  (cost.compute.ring_blocks: kept importable)
 from autotune.specs.model import ATTENTION_BWD_FLOPS  # noqa: F401  (cost.compute.ATTENTION_BWD_FLOPS: its old home)
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp32-strict": 4}
@@ -257,11 +257,12 @@ def layer_compute(model: Any, rates: Rates, *, tokens: float, tp: int, heads_loc
     heads this rank attends after tp and hp; keysum: sum of keys attended per query position over the
     rank's queries (``causal_keys``, whole cp shard: Ulysses gives each hp rank all of its shard's
     tokens for its heads); act_bytes: the block's stored activation bytes (elementwise traffic);
-    blocks: with cp > 1 the ring's blocks (``cpu.ring_blocks``), priced one kernel call each on CPU."""
+    blocks: with cp > 1 the ring's blocks (``ring.ring_blocks``), priced one kernel call each on CPU and
+    one materialised square each on an unprofiled GPU."""
     h, kv, f = model.hidden, model.kv_dim, model.ffn_hidden
     if rates.size is not None:  # an unprofiled GPU: every kernel priced from its shape (datasheet.py)
         return _sized_block(model, rates.size, tokens=tokens, tp=tp, heads_local=heads_local, keysum=keysum,
-                            block_seq=block_seq, micro_batch=micro_batch, act_bytes=act_bytes)
+                            block_seq=block_seq, micro_batch=micro_batch, act_bytes=act_bytes, blocks=blocks)
     gemm = (rates.gemm_time(2.0 * tokens * h * (h + 2 * kv) / tp)          # fused QKV projection
             + rates.gemm_time(2.0 * tokens * h * h / tp)                    # output projection
             + rates.gemm_time(2.0 * tokens * h * f * (model.mlp_matrices - 1) / tp)  # up (and gate)
@@ -326,22 +327,24 @@ _SIZED: dict[tuple, tuple[Any, tuple[float, float, float, float]]] = {}
 
 
 def _sized_block(model: Any, sm: Any, *, tokens: float, tp: int, heads_local: int, keysum: float,
-                 block_seq: float, micro_batch: int, act_bytes: float) -> LayerCompute:
+                 block_seq: float, micro_batch: int, act_bytes: float,
+                 blocks: tuple[tuple[int, int, bool], ...] | None = None) -> LayerCompute:
     """``_sized_block_times`` memoised: a pure function of the model (a frozen spec, held by identity
     like ``cached_rates``), the frozen ``SizeModel`` and the shape, which the search meets again
     and again (every plan of the same tp, shares and device type); a fresh LayerCompute each call."""
-    key = (id(model), sm, tokens, tp, heads_local, keysum, block_seq, micro_batch, act_bytes)
+    key = (id(model), sm, tokens, tp, heads_local, keysum, block_seq, micro_batch, act_bytes, blocks)
     hit = _SIZED.get(key)
     if hit is None or hit[0] is not model:
         if len(_SIZED) > 4096:
             _SIZED.clear()
         hit = _SIZED[key] = (model, _sized_block_times(model, sm, tokens, tp, heads_local, keysum, block_seq,
-                                                       micro_batch, act_bytes))
+                                                       micro_batch, act_bytes, blocks))
     return LayerCompute(*hit[1])
 
 
 def _sized_block_times(model: Any, sm: Any, tokens: float, tp: int, heads_local: int, keysum: float,
-                       block_seq: float, micro_batch: int, act_bytes: float
+                       block_seq: float, micro_batch: int, act_bytes: float,
+                       blocks: tuple[tuple[int, int, bool], ...] | None = None
                        ) -> tuple[float, float, float, float, float | None]:
     """(gemm_fwd, attn_fwd, attn_bwd, elem_fwd, elem_bwd) of one block, every kernel priced from its shape.
 
@@ -352,7 +355,7 @@ def _sized_block_times(model: Any, sm: Any, tokens: float, tp: int, heads_local:
     h, kv, f = model.hidden, model.kv_dim, model.ffn_hidden
     gemm = (sm.gemm_time(tokens, (h + 2 * kv) / tp, h) + sm.gemm_time(tokens, h, h / tp)
             + sm.gemm_time(tokens, f * (model.mlp_matrices - 1) / tp, h) + sm.gemm_time(tokens, h, f / tp))
-    a_fwd, a_bwd = sm.attention(micro_batch * heads_local, block_seq, model.head_dim, keysum)
+    a_fwd, a_bwd = sm.attention(micro_batch * heads_local, block_seq, model.head_dim, keysum, blocks)
     if sm.kernels.eager_elementwise:  # every eager op reads and writes its own tensors
         stream = sm.stream_time(tokens * eager_bytes(model, tp))
     else:  # fused: each stored activation written once, read once

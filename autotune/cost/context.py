@@ -25,11 +25,11 @@ from types import MappingProxyType
 from typing import Any
 
 from autotune.cost import comm as C
-from autotune.cost import cpu as _cpu
 from autotune.cost import data_parallel as DP
 from autotune.cost import ulysses as U
 from autotune.cost.collectives import collectives_for
 from autotune.cost.compute import DTYPE_BYTES, Rates, cached_rates, causal_keys
+from autotune.cost.ring import ring_blocks
 from autotune.plan import Degrees, Plan
 from autotune.schedules import schedule_of
 from autotune.specs.cluster import Link
@@ -77,7 +77,8 @@ class StepContext:
     keysums: tuple[float, ...]
     """Causal (query, key) pairs of each CP shard (``compute.causal_keys``)."""
     ring: tuple[Any, ...]
-    """Each CP shard's ring blocks (``cpu.ring_blocks``), priced on CPU only (else None)."""
+    """Each CP shard's ring blocks (``ring.ring_blocks``; None without cp): priced one call each on
+    CPU, and as the squares a materialised attention computes on an unprofiled GPU (datasheet.py)."""
     stage_params: tuple[tuple[float, float, float], ...]
     """(parameters of the pipeline rank before tp sharding, one block's, those outside its blocks)
     per pipeline rank."""
@@ -117,7 +118,6 @@ def step_context(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batc
     topo = C.topology(cluster)
     devs = _devices(topo, rp.placement)
     tokens, zig = rp.shares.tokens, rp.cp_layout == "zigzag" and d.cp > 1
-    on_cpu = d.cp > 1 and any(g.device.kind == "cpu" for g in cluster.groups)
     shard_n = d.dp * d.cp * d.hp
     sched = schedule_of(rp)
     # the schedule's placement, asked once per estimate (Plan.stages_of_rank asks the registry each call)
@@ -135,7 +135,7 @@ def step_context(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batc
         a2a_heads=U.busiest_heads(d.hp, rp.shares.heads, model.heads // d.tp),
         cp_max_tokens=max(tokens),
         keysums=tuple(causal_keys(tokens, i, zig, seq_len) for i in range(d.cp)),
-        ring=tuple(_cpu.ring_blocks(tokens, i, zig, seq_len) if on_cpu else None for i in range(d.cp)),
+        ring=tuple(ring_blocks(tokens, i, zig, seq_len) if d.cp > 1 else None for i in range(d.cp)),
         stage_params=DP.stage_params(model, rp, chunks),
         dp_links=dp_links, schedule=sched, chunks=chunks, hop_peers=hop_peers, group_links=group_links,
         kernels=kernels)

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.cost import comm as C
 from autotune.cost.interp import loglinear, loglog
+from autotune.cost.ring import ring_blocks  # noqa: F401  (its old home: kept importable from here)
 
 if TYPE_CHECKING:  # typing only: context.py builds on the dimension modules
     from autotune.cost.context import RankContext
@@ -279,30 +280,6 @@ def cpu_rates(spec: Any, dtype: str) -> CpuRates:
 
 
 # ---- compute ---------------------------------------------------------------------------------------
-def ring_blocks(tokens: tuple[int, ...], index: int, zigzag: bool, seq_len: int) -> tuple[tuple[int, int, bool], ...]:
-    """The attention blocks CP rank ``index`` computes over one ring turn: ``(query length, key
-    length, causal)`` for every (own query segment, key segment of any rank) pair with a visible key,
-    the rule of ``autotune/runtime/ring_attention.py:_pairs`` over the segments of
-    ``autotune/runtime/attention.py:shard_segments`` (zigzag: a front and a mirrored back segment)."""
-    segs = []
-    a = 0
-    for t in tokens:
-        if zigzag and len(tokens) > 1:
-            f = t // 2
-            segs.append([(a, f), (seq_len - a - f, f)])
-            a += f
-        else:
-            segs.append([(a, t)])
-            a += t
-    out = []
-    for qs, ql in segs[index]:
-        for ksegs in segs:
-            for ks, kl in ksegs:
-                if ql and kl and ks < qs + ql:
-                    out.append((ql, kl, not (ks + kl <= qs + 1)))
-    return tuple(out)
-
-
 def block_extras(rates: Any, model: Any, *, elem: float, heads_local: int, micro_batch: int, block_seq: float,
                  blocks: tuple[tuple[int, int, bool], ...] | None) -> tuple[float, tuple[float, float] | None]:
     """(elementwise seconds with the block's per-operator costs, (attention fwd, bwd) seconds from

@@ -20,7 +20,9 @@ This model prices each kernel from its shape and the device's datasheet figures:
   forward's FLOPs (it recomputes QK^T) at ``ATTN_BWD_EFF`` of the forward's rate. Materialised (a
   runtime without fused kernels): QK^T and AV as batched GEMMs over the whole s x s square (the
   mask does not skip work) and the softmax, mask and dropout streaming the scores through HBM
-  (``SCORE_PASSES`` passes each way).
+  (``SCORE_PASSES`` passes each way); under context parallelism one such square per block of the
+  rank's ring (``ring.ring_blocks``: its queries against every key block they see), not one square
+  of its own shard.
 * **Elementwise** (norms, activations, residuals, dropout): bytes / (HBM bandwidth x ``MEM_EFF``);
   the bytes and the kernels a block issues are the runtime's (``kernels.py``: fused, or each eager
   op on its own), and so is the host time per kernel.
@@ -130,9 +132,12 @@ class SizeModel:
         """Seconds of ``kernels`` kernels doing ``gpu_s`` of GPU work, as the runtime issues them."""
         return self.kernels.block_time(gpu_s, kernels)
 
-    def attention(self, batch_heads: float, seq: float, head_dim: int, causal_pairs: float) -> tuple[float, float]:
+    def attention(self, batch_heads: float, seq: float, head_dim: int, causal_pairs: float,
+                  blocks: tuple[tuple[int, int, bool], ...] | None = None) -> tuple[float, float]:
         """GPU (fwd, bwd) seconds of attention for ``batch_heads`` (micro-batch x local heads) over
-        ``seq`` queries, ``causal_pairs`` (query, key) pairs per head that the mask keeps."""
+        ``seq`` queries, ``causal_pairs`` (query, key) pairs per head that the mask keeps; ``blocks``:
+        a CP rank's ring blocks (``cpu.ring_blocks``: query length, key length, causal), which a
+        materialised attention computes as one full (query x key) square each."""
         if batch_heads <= 0 or seq <= 0:
             return 0.0, 0.0
         if self.fused:
@@ -143,9 +148,12 @@ class SizeModel:
             fwd = flops / (self.peak * eff)
             # the fused backward recomputes QK^T: 2.5x the forward's FLOPs (ATTENTION_BWD_FLOPS)
             return fwd, ATTENTION_BWD_FLOPS * flops / (self.peak * eff * ATTN_BWD_EFF)
-        # materialised: two batched GEMMs over the full square, the scores streamed through HBM
-        bmm = self.gemm_time(seq, seq, head_dim, batch_heads) + self.gemm_time(seq, head_dim, seq, batch_heads)
-        scores = batch_heads * seq * seq * self.bpe
+        # materialised: two batched GEMMs over the full square, the scores streamed through HBM; under
+        # cp one square per ring block, the rank's queries against every key block they see
+        squares = blocks or ((seq, seq, True),)
+        bmm = sum(self.gemm_time(q, k, head_dim, batch_heads) + self.gemm_time(q, head_dim, k, batch_heads)
+                  for q, k, _ in squares)
+        scores = batch_heads * sum(q * k for q, k, _ in squares) * self.bpe
         fwd = bmm + self.stream_time(2.0 * SCORE_PASSES * scores)
         return fwd, 2.0 * bmm + self.stream_time(2.0 * SCORE_PASSES * scores)
 

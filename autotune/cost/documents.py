@@ -10,8 +10,16 @@ before. Windows differ, so:
   (``documents.sample_window``: data-order packing), each step's windows are dealt to the replicas
   as the runtime deals them (``documents.replica_rows``: in order, or by cost), and each drawn step
   is priced by the whole cost model with every replica's own attention work (so mixed devices,
-  uneven shares and pipeline bubbles act as usual) : the prediction is the mean over the drawn
-  steps of their step times, i.e. a sampled estimate of the expected maximum over replicas.
+  uneven shares and pipeline bubbles act as usual). Window costs are heavy-tailed (a window is one
+  document in ~9% of draws of a log-normal corpus, a fifth of its pairs in the median one), so the
+  mean over ``STEPS`` priced steps alone is a noisy estimate (+-25% on 8 windows). The prediction
+  corrects it with a control variate (``expected``): ``DRAWS`` further steps are dealt (cheap: no
+  pricing), and the priced steps' times are regressed on each step's slowest replica's pairs per
+  window (``bottleneck``); the estimate is the priced mean moved along that line to the mean
+  bottleneck of all ``DRAWS`` steps (exact where the step time is linear in it, as with one replica).
+* **Given windows.** ``estimate(..., documents=GivenWindows(steps))`` prices exactly these steps
+  (the windows a trial ran, ``trial_windows``): predicted against measured step by step, with no
+  sampling error on either side.
 * **Per CP rank.** A replica's CP rank c gets the mean over the replica's windows of its masked
   pairs (its segments of the zigzag or contiguous layout cut by the documents), scaled by
   ``mean_w max_c pairs_c(w) / max_c mean_w pairs_c(w)`` (>= 1): the ring synchronises every window,
@@ -37,9 +45,30 @@ import numpy as np
 from autotune import documents as W
 
 STEPS = 4
-"""Steps drawn per estimate (each priced by the whole model): the mean over 4 steps of max-over-
-replica step times; the draws are fixed (SEED), so a plan's price is deterministic."""
+"""Steps priced per estimate (each by the whole model); the draws are fixed (SEED), so a plan's price
+is deterministic."""
+DRAWS = 128
+"""Steps dealt (not priced) for the control variate's mean: the first ``STEPS`` of them are priced."""
 SEED = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class GivenWindows:
+    """Steps of windows to price as they are (``estimate(documents=...)``) instead of drawing them:
+    per step, per row of the global batch, its document pieces. ``source`` names where they came
+    from (a trial's seed)."""
+
+    steps: tuple[tuple[tuple[int, ...], ...], ...]
+    source: str = "given windows"
+
+
+def trial_windows(dist: W.LengthDistribution, seq_len: int, global_batch: int, seed: int, first: int,
+                  count: int) -> GivenWindows:
+    """The windows a trial with ``seed`` draws for steps ``first .. first + count - 1`` from ``dist``
+    (``runtime/documents.DocumentFeed``: ``documents.window_rng(seed, step, row)``)."""
+    return GivenWindows(tuple(tuple(W.sample_window(dist, seq_len, W.window_rng(seed, st, r)) for r in range(global_batch))
+                              for st in range(first, first + count)), f"trial windows (seed {seed}, steps {first}.."
+                                                                         f"{first + count - 1})")
 
 
 def segments(tokens: tuple[int, ...], zigzag: bool, seq_len: int) -> list[list[tuple[int, int]]]:
@@ -166,17 +195,50 @@ def _attn_seq(windows: list[tuple[int, ...]], segs: list[tuple[int, int]], shard
     return min(float(shard), shard * weighted(windows) / whole) if whole else float(shard)
 
 
-def drawn_work(plan: Any, dist: W.LengthDistribution, seq_len: int, global_batch: int, on_cpu: bool,
+def drawn_work(plan: Any, dist: Any, seq_len: int, global_batch: int, on_cpu: bool,
                steps: int = STEPS, seed: int = SEED) -> list[DocWork]:
-    return [step_work(st, plan, seq_len, on_cpu) for st in drawn_steps(dist, seq_len, global_batch, steps, seed)]
+    """The work of the steps to price: the first ``steps`` draws, or every step of ``GivenWindows``."""
+    chosen = dist.steps if isinstance(dist, GivenWindows) else drawn_steps(dist, seq_len, global_batch, DRAWS, seed)[:steps]
+    return [step_work(st, plan, seq_len, on_cpu) for st in chosen]
 
 
-def combine(priced: list[tuple[dict[str, Any], dict[str, Any]]], dist: W.LengthDistribution, plan: Any,
+def bottleneck(step: tuple[tuple[int, ...], ...], plan: Any) -> float:
+    """The control variate of one step: the largest attention pairs per window over its replicas (as
+    ``documents.assign_windows`` weighs a replica: its load over its sample count)."""
+    rows = W.replica_rows(step, plan.shares.samples, plan.balance)
+    return max(sum(_pairs(step[r]) for r in rs) / len(rs) for rs in rows if rs)
+
+
+@lru_cache(maxsize=65536)
+def _pairs(docs: tuple[int, ...]) -> int:
+    return W.attention_pairs(docs)
+
+
+def expected(times: list[float], xs: list[float], mean_x: float) -> float:
+    """Control-variate estimate of the mean step time: ``mean(times) + b (mean_x - mean(xs))`` with
+    ``b`` the least-squares slope of the times on ``xs`` (0 where the xs do not spread or the slope is
+    negative, i.e. the priced steps say nothing about it)."""
+    mt, mx = statistics.fmean(times), statistics.fmean(xs)
+    var = sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (t - mt) for x, t in zip(xs, times, strict=True)) / var if var > 0 else 0.0
+    return max(mt + max(b, 0.0) * (mean_x - mx), min(times))
+
+
+def combine(priced: list[tuple[dict[str, Any], dict[str, Any]]], dist: Any, plan: Any,
             seq_len: int, global_batch: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(predicted, breakdown) of the drawn steps: the step time is their mean; the breakdown and
-    memory are the drawn step nearest that mean's, with a ``documents`` entry saying how it was priced."""
+    """(predicted, breakdown) of the priced steps: the step time is their control-variate mean
+    (``expected``; given windows: their plain mean, and ``step_times_s`` each); the breakdown and
+    memory are the priced step nearest that mean's, with a ``documents`` entry saying how it was priced."""
     times = [float(p["step_time_s"]) for p, _ in priced]
-    mean = statistics.fmean(times)
+    if isinstance(dist, GivenWindows):
+        mean = statistics.fmean(times)
+        how = f"mean over {len(times)} given steps ({dist.source})"
+    else:
+        draws = drawn_steps(dist, seq_len, global_batch, DRAWS, SEED)
+        xs = [bottleneck(st, plan) for st in draws]
+        mean = expected(times, xs[:len(times)], statistics.fmean(xs))
+        how = (f"{len(times)} drawn steps (seed {SEED}) priced, their mean moved by a control variate (the slowest "
+               f"replica's pairs per window, mean over {DRAWS} dealt steps)")
     pred, bd = min(priced, key=lambda pb: abs(pb[0]["step_time_s"] - mean))
     pred = dict(pred)
     ratio = pred["step_time_s"] / mean if mean > 0 else 1.0
@@ -185,8 +247,8 @@ def combine(priced: list[tuple[dict[str, Any], dict[str, Any]]], dist: W.LengthD
     if isinstance(pred.get("mfu"), (int, float)):
         pred["mfu"] = pred["mfu"] * ratio
     bd = dict(bd)
-    bd["documents"] = {"source": dist.source, "digest": dist.digest(), "mean_length": round(dist.mean(), 2),
-                       "packing": "order", "balance": plan.balance, "drawn_steps_s": times,
-                       "step_time_s": mean, "how": f"mean over {len(times)} drawn steps (seed {SEED}) of the "
-                                                   "slowest replica's step"}
+    info = ({"source": dist.source} if isinstance(dist, GivenWindows) else
+            {"source": dist.source, "digest": dist.digest(), "mean_length": round(dist.mean(), 2)})
+    bd["documents"] = {**info, "packing": "order", "balance": plan.balance, "drawn_steps_s": times,
+                       "step_time_s": mean, "how": how}
     return pred, bd

@@ -1,31 +1,74 @@
 """The search's estimator for a workload of documents (``cost/documents.py`` prices one plan's
 masked windows; ``cost/estimate.py`` composes them into a step): a callable like ``estimate`` that
-prices each plan with document masks and picks its balance. Above both, so the estimate and the
-document pricing never import each other.
+prices each plan with document masks and picks its balance, over DP replicas (windows dealt by
+count or by cost) and over CP ranks (token shares by count or by cost, ``cp_balanced``). Above
+both, so the estimate and the document pricing never import each other.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 from autotune import documents as W
+from autotune.cost import cp_shares as CPS
 from autotune.cost.estimate import estimate
+
+CP_STEPS = (1 / 3, 2 / 3, 1.0)
+"""Points priced on the line from the count shares to the attention-balanced ones (``cp_balanced``):
+the attention is not all of a rank's time, so the best split lies between them."""
+
+
+def cp_balanced(plan: Any, model: Any, cluster: Any, seq_len: int, global_batch: int, dist: W.LengthDistribution,
+                **kw: Any) -> Any:
+    """The ``Estimate`` of ``plan`` (doc_mask on) with its CP token shares by cost: the fastest of its
+    own shares and ``CP_STEPS`` of the way to the shares whose expected masked attention stands in
+    their ratio (``cp_shares.cost_tokens``), each priced by the cost model with the distribution.
+    A plan without CP, or whose shares cannot move by a granule, prices as it is."""
+    base = estimate(plan, model, cluster, seq_len, global_batch, documents=dist, **kw)
+    rp = base.plan
+    if rp.degrees.cp == 1:
+        return base
+    zig, g = rp.cp_layout == "zigzag", rp.token_granule()
+    start = rp.shares.tokens
+    target = CPS.cost_tokens(CPS.key_profile(dist, seq_len), start, zig, g)
+    best = base
+    tried = {start}
+    for frac in CP_STEPS:
+        tokens = CPS.toward(start, target, frac, g)
+        if tokens in tried:
+            continue
+        tried.add(tokens)
+        cand = rp.replace(shares=dataclasses.replace(rp.shares, tokens=tokens))
+        est = estimate(cand, model, cluster, seq_len, global_batch, documents=dist, **kw)
+        if est.predicted.get("tokens_per_s", 0) > best.predicted.get("tokens_per_s", 0):
+            best = est
+    if best is not base:
+        best.breakdown["documents"]["cp_tokens"] = {"by": "cost", "count_shares": list(start),
+                                                    "attention_balanced": list(target),
+                                                    "count_shares_step_s": base.predicted["step_time_s"]}
+    return best
 
 
 class DocumentsEstimator:
     """The search's estimator for a workload of documents: prices every plan with ``doc_mask`` on,
     both balances where there are replicas to balance (the search may choose either: the faster
-    is recorded on the plan). Picklable (worker processes)."""
+    is recorded on the plan) and, with CP, token shares by count or by cost (``cp_balanced``: the
+    plan then carries the shares that won). Picklable (worker processes)."""
 
-    def __init__(self, dist: W.LengthDistribution, balance: str = "auto"):
-        self.dist, self.balance = dist, balance
+    def __init__(self, dist: W.LengthDistribution, balance: str = "auto", cp_balance: bool = True):
+        self.dist, self.balance, self.cp_balance = dist, balance, cp_balance
 
     def __call__(self, plan, model, cluster, seq_len, global_batch, *, calibration=None, timeline=False):
         choices = ("count", "cost") if self.balance == "auto" else (self.balance,)
         if plan.degrees.dp == 1:
             choices = choices[:1]
+        price = cp_balanced if self.cp_balance else (
+            lambda p, *a, **kw: estimate(p, *a[:4], documents=a[4], **kw))
         best = None
         for b in choices:
-            est = estimate(plan.replace(doc_mask=True, balance=b), model, cluster, seq_len, global_batch,
-                           calibration=calibration, timeline=timeline, documents=self.dist)
+            est = price(plan.replace(doc_mask=True, balance=b), model, cluster, seq_len, global_batch, self.dist,
+                        calibration=calibration, timeline=timeline)
             if best is None or est.predicted.get("tokens_per_s", 0) > best.predicted.get("tokens_per_s", 0):
                 best = est
         return best

@@ -118,6 +118,17 @@ class LayerTable:
         self.rows: dict[str, dict[int, list[tuple[int, int, float, float]]]] = {}
         self.act: dict[str, dict[int, list[tuple[int, int, float, float]]]] = {}
         """Points with measured activation bytes (as (mbs, seq, bytes, bytes): the time rows' shape)."""
+        upd = (doc.get("meta") or {}).get("update")
+        self.update: tuple[float, float] | None = None
+        """(accumulation s per parameter and micro-batch, update s per parameter and step) measured by
+        ``profilers/update_costs.py`` (``tune`` stores them in ``meta["update"]``), or None."""
+        if isinstance(upd, dict):
+            try:
+                acc, up = float(upd["accumulate_s_per_param"]), float(upd["update_s_per_param"])
+            except (KeyError, TypeError, ValueError):
+                acc = up = -1.0
+            if min(acc, up) >= 0 and math.isfinite(acc + up):
+                self.update = (acc, up)
         for p in doc.get("points") or []:
             key = (int(p["micro_batch"]), int(p["seq"]))
             self.rows.setdefault(p["piece"], {}).setdefault(int(p["tp"]), []).append(
@@ -185,6 +196,26 @@ def table_for(spec: Any, model: Any, dtype: str) -> LayerTable | None:
                 _TABLES[key] = LayerTable(doc)
             return _TABLES[key]
     return None
+
+
+def update_time(ctx: Any) -> tuple[float, str] | None:
+    """(seconds, source) of the rank's optimizer update and, under ``TrainOptimizer`` (ZeRO 0/1) in
+    bf16 / fp16, its micro-batches' fp32 gradient accumulation, from the layer profile's measured
+    rates (``LayerTable.update``); None without them (then ``data_parallel.optimizer_time`` prices the
+    update from the memory bandwidth). The update runs over the rank's parameters (its tp shard of its
+    stage), sharded from ZeRO-1 on as the runtime's AdamW is; accumulation over all of them once per
+    micro-batch (FSDP2, ZeRO-2/3, accumulates inside its reduction: not measured, not charged). Charged
+    at the step's end with the update (under pipelining the accumulation really follows each
+    backward: the same seconds, placed later)."""
+    s = ctx.step
+    table = table_for(ctx.spec, s.model, s.dtype)
+    if table is None or table.update is None:
+        return None
+    acc, up = table.update
+    params = ctx.params / s.tp
+    shard = s.shard_n if s.zero >= 1 else 1
+    accumulate = acc * params * ctx.microbatches if s.zero <= 1 else 0.0
+    return ctx.cf * (up * params / shard + accumulate), f"{table.ref} ({table.origin}), measured update"
 
 
 def applies(ctx: Any) -> LayerTable | None:

@@ -164,8 +164,15 @@ def rank_cost(ctx: RankContext) -> RankCost:
         pp_comm_s=m_d * pp_sends, dp_comm_s=dp_raw, comm_s=m_d * (ch.tp + ch.hp + ch.cp_raw + pp_sends) + dp_raw,
         exposed_in_ops=m_d * ch.exposed, busy=m_d * (sum(ch.fwd) + sum(ch.bwd)),
         dp_overlappable=overl, dp_exposed_fixed=fixed, dp_in_window=ctx.layers[0] * b.z3_b,
-        optimizer=DP.optimizer_time(ctx),
+        optimizer=_optimizer(ctx),
         memory_total=total, memory_terms=terms)
+
+
+def _optimizer(ctx: RankContext) -> float:
+    """The step-end update: measured where the device's layer profile has it (``layers.update_time``:
+    the runtime's AdamW and, per micro-batch, its gradient accumulation), else the bandwidth price."""
+    got = LY.update_time(ctx)
+    return got[0] if got is not None else DP.optimizer_time(ctx)
 
 
 _MEMO: dict[tuple, tuple[tuple[Any, ...], RankCost]] = {}

@@ -63,11 +63,16 @@ class CommClock:
     def __init__(self) -> None:
         self.comm = 0.0
         self.compute = 0.0
+        self.compute_cpu = 0.0
+        """CPU seconds of this (main) thread in compute regions, communication inside them taken out:
+        the clock ``profilers/layers.py`` times a layer with, so the two compare whatever else runs
+        on the cores (a slice given to another process counts on the wall, not here)."""
         self.emulated = 0.0
         self.idle = 0.0
         self.slowdown = 1.0
         self._in_comm = False
         self._region_comm = 0.0
+        self._region_comm_cpu = 0.0
         self._in_region = False
         self._region = 0
         self._comm_spans: list[tuple[Any, Any, int | None]] = []
@@ -80,7 +85,7 @@ class CommClock:
         then timed to completion with ``torch.cuda.synchronize``."""
 
     def reset(self) -> None:
-        self.comm = self.compute = self.emulated = self.idle = 0.0
+        self.comm = self.compute = self.compute_cpu = self.emulated = self.idle = 0.0
         self._comm_spans, self._region_spans = [], []
 
     def wrap(self, fn):
@@ -91,11 +96,14 @@ class CommClock:
             self._in_comm = True
             self.sync()
             start = self.stopwatch.mark()
+            cpu0 = time.thread_time()
             try:
                 return fn(*a, **k)
             finally:
                 self.sync()
                 end = self.stopwatch.mark()
+                if self._in_region:
+                    self._region_comm_cpu += time.thread_time() - cpu0
                 self._in_comm = False
                 if self.stopwatch.deferred:
                     self._comm_spans.append((start, end, self._region if self._in_region else None))
@@ -116,14 +124,16 @@ class CommClock:
         if self._in_region:  # nested (a chunk inside a timed step part): the outer region counts
             yield
             return
-        self._in_region, self._region_comm = True, 0.0
+        self._in_region, self._region_comm, self._region_comm_cpu = True, 0.0, 0.0
         self._region += 1
         start = self.stopwatch.mark()
+        cpu0 = time.thread_time()
         try:
             yield
         finally:
             self.sync()
             end = self.stopwatch.mark()
+            self.compute_cpu += max(0.0, time.thread_time() - cpu0 - self._region_comm_cpu)
             self._in_region = False
             if self.stopwatch.deferred:
                 self._region_spans.append((start, end, self._region))

@@ -23,6 +23,10 @@ arithmetic as the uniform runtime (elementwise, so the pieces' update is the who
 to the replica's other tp ranks after the step. Overflow under fp16 is agreed over the world once
 per step (one ``LossScale`` for the rank).
 
+Tied embeddings: the first stage's embedding and the last stage's copy of it (the LM head) swap
+the gradients of the rows they share before the reduction over replicas, matched row by row since
+the two stages may split the vocabulary over different tp (``runtime/tied.py``).
+
 What the cost model does not price here: the piece masters are fp32 copies of the rank's weights
 (the uniform runtime's fp32 plans use the module's own weights as masters). Gradients accumulate
 over micro-batches in fp32 (``PieceOptimizer.watch``), as the uniform runtime's do.
@@ -43,6 +47,7 @@ from autotune.runtime.model import Layout, build_on_meta, materialize, shard_inf
 from autotune.runtime.optimizer import TrainOptimizer
 from autotune.runtime.pipeline import stage_layer_ids
 from autotune.runtime.precision import REDUCE_DTYPE, TORCH_DTYPES, LossScale
+from autotune.runtime.tied import TIED_NAME, exchange_tied_rows, staged_tied_segments
 from autotune.schedules import schedule_of
 from autotune.schedules.base import B, F
 
@@ -95,7 +100,10 @@ class PieceOptimizer:
     """AdamW over this rank's parameters, reduced piece by piece over the stage's replicas (module
     docstring). Interface of ``TrainOptimizer`` as the trainer uses it."""
 
-    def __init__(self, modules: list[torch.nn.Module], mesh: StagedMesh, zero_stage: int, dtype: str):
+    def __init__(self, modules: list[torch.nn.Module], mesh: StagedMesh, zero_stage: int, dtype: str,
+                 tied_segments: list[tuple[int, int, int]] | None = None):
+        """``tied_segments``: ``tied.staged_tied_segments`` of this rank when the model ties its
+        embeddings (None: untied); the copies are the parameters named ``tied.TIED_NAME``."""
         self.mesh = mesh
         self.loss_scale = LossScale(dtype)
         self.params: list[torch.nn.Parameter] = []
@@ -138,6 +146,11 @@ class PieceOptimizer:
         # gradients accumulate over the micro-batches in fp32, as the uniform runtime's do
         self.low_precision = any(p.dtype != REDUCE_DTYPE for p in self.params)
         self.acc: list[torch.Tensor | None] = [None] * len(self.params)
+        names = [n for m in modules for n, _ in m.named_parameters()]
+        self.tied = [i for i, n in enumerate(names) if n == TIED_NAME] if tied_segments is not None else []
+        self.tied_segments = tied_segments or []
+        self.tied_start = (self.infos[self.tied[0]] or (0, 0))[1] if self.tied else 0
+        """Global row of this rank's first embedding row (its copies are one cell's: the same rows)."""
 
     @staticmethod
     def _piece(t: torch.Tensor, dim: int | None, start: int, length: int) -> torch.Tensor:
@@ -174,6 +187,8 @@ class PieceOptimizer:
         if not self.loss_scale.unscale_and_check(grads):  # every rank calls it once: a world MAX
             self.begin_step()
             return
+        # the tied copies' rows summed with the other stage's, before the replicas reduce them
+        exchange_tied_rows([grads[i] for i in self.tied], self.tied_start, self.tied_segments)
         for _, entries, opt in self.groups:  # ascending piece index on every rank: collectives match
             for (i, d, a, n), m in zip(entries, opt.params, strict=True):
                 m.grad = self._piece(grads[i], d, a, n).contiguous()
@@ -226,7 +241,11 @@ class StagedTrainer:
                                              for j in chunks})
         for m in self.chunks.values():
             materialize(m, spec, seed, self.device, torch.float32)
-        self.opt = PieceOptimizer(list(self.chunks.values()), mesh, plan.zero_stage, plan.dtype)
+        tied = None
+        if spec.tied_embeddings:  # the stages holding the embedding (chunk 0) and the head (the last chunk)
+            ends = (self.sched.stage_rank(0, self.p, self.v), self.sched.stage_rank(self.n_chunks - 1, self.p, self.v))
+            tied = staged_tied_segments(plan.stages, mesh.rank, spec.vocab, *ends)
+        self.opt = PieceOptimizer(list(self.chunks.values()), mesh, plan.zero_stage, plan.dtype, tied_segments=tied)
         for m in self.chunks.values():
             m.to(dtype=self.dtype)
         self.opt.watch()

@@ -68,11 +68,6 @@ def check_runtime_support(plan: Plan, spec: ModelSpec) -> None:
     if spec.position == "learned" and seq > spec.max_positions:
         p.append(f"seq_len: {seq} tokens > the learned position table of model {spec.name} "
                  f"(max_positions: {spec.max_positions})")
-    if spec.tied_embeddings and plan.stages is not None and len(plan.stages) > 1:
-        # the per-stage runtime (runtime/stages.py) has no embedding-gradient exchange between its
-        # first and last stage, which tied weights across stages need (the uniform pipeline has one)
-        p.append("stages: tied embeddings across per-stage pipeline stages are not built (use one stage or "
-                 "untied embeddings)")
     tps = sorted({r.tp for st in plan.stages for r in st.replicas}) if plan.stages is not None else [d.tp]
     for tp in tps:  # a per-stage plan: every replica's tp
         if spec.vocab % tp:

@@ -9,7 +9,11 @@ after the step's one synchronisation, so no region or call waits for the GPU: ``
 * ``compute_s``: wall time of forward/backward chunks and the optimizer step minus the communication
   inside them, plus the emulated slowdown (a rank emulated ``F`` times slower stays busy
   ``(F-1) x`` its measured compute after every chunk, as ``autotune.runtime.emulation`` does);
-* ``idle_s``: waiting at the end-of-step barrier for slower ranks (load imbalance).
+* ``idle_s``: waiting at the end-of-step barrier for slower ranks (load imbalance);
+* ``compute_cpu_s``: the main thread's CPU seconds in the compute regions (communication taken
+  out), the clock the layer profile is timed with; ``cpu_s``: the process's CPU seconds over the
+  step (every thread, gloo's included, kernel time too). Neither counts slices the cores gave to
+  other processes, so on a shared machine they say what the step cost where the wall clock cannot.
 
 What none of the three covers is Python glue of the schedules; ``coverage`` reports the share covered.
 Peak memory (``peak_memory_bytes``, per rank): the peak over the rank's own baseline taken after its
@@ -308,11 +312,13 @@ def train(plan: Plan, spec: ModelSpec, seq_len: int, global_batch: int, *, steps
         dist.barrier()
         clk.reset()
         t0 = time.perf_counter()
+        cpu0 = time.process_time()
         contribution = trainer.step(i)
         if device.type == "cuda":  # the step's one synchronisation; its event spans are readable now
             torch.cuda.synchronize(device)
         clk.settle()
         t_idle = time.perf_counter()
+        cpu_s = time.process_time() - cpu0
         comm_before = clk.comm
         dist.barrier()
         t1 = time.perf_counter()
@@ -323,8 +329,7 @@ def train(plan: Plan, spec: ModelSpec, seq_len: int, global_batch: int, *, steps
         losses.append(float(loss.item()))
         if i >= warmup:
             times.append(t1 - t0)
-            splits.append({"compute_s": clk.compute + clk.emulated, "comm_s": clk.comm, "idle_s": idle,
-                           "emulated_s": clk.emulated})
+            splits.append(_split(clk, idle, cpu_s))
     report: dict[str, Any] = {
         "rank": rank, "losses": losses, "step_times": times,
         "peak_memory_bytes": max(0, peak_memory(device) - baseline),
@@ -337,11 +342,17 @@ def train(plan: Plan, spec: ModelSpec, seq_len: int, global_batch: int, *, steps
     return report
 
 
+def _split(clk: CommClock, idle: float, cpu_s: float) -> dict[str, float]:
+    """One measured step's split (the module docstring says what each holds)."""
+    return {"compute_s": clk.compute + clk.emulated, "comm_s": clk.comm, "idle_s": idle, "emulated_s": clk.emulated,
+            "compute_cpu_s": clk.compute_cpu, "cpu_s": cpu_s}
+
+
 def _median_split(splits: list[dict[str, float]], times: list[float], rank: int) -> dict[str, float]:
     if not splits:
         return {"rank": rank, "compute_s": 0.0, "comm_s": 0.0, "idle_s": 0.0, "emulated_s": 0.0, "coverage": 0.0}
     out: dict[str, Any] = {"rank": rank}
-    for k in ("compute_s", "comm_s", "idle_s", "emulated_s"):
+    for k in ("compute_s", "comm_s", "idle_s", "emulated_s", "compute_cpu_s", "cpu_s"):
         out[k] = statistics.median(s[k] for s in splits)
     covered = [(s["compute_s"] + s["comm_s"] + s["idle_s"]) / t for s, t in zip(splits, times, strict=True) if t > 0]
     out["coverage"] = statistics.median(covered) if covered else 0.0

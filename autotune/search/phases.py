@@ -25,6 +25,9 @@ from autotune.search.pricing import Evaluator
 from autotune.search.workspace import Row, Workspace
 
 
+Moves = Callable[[dict[str, Any]], Iterable[dict[str, Any]]]  # a point -> the points one move away
+
+
 def deadline_passed(deadline: float | None) -> bool:
     import time
 
@@ -122,8 +125,19 @@ class _Climb:
     def __init__(self, ws: Workspace, ev: Evaluator, budget: int, deadline: float | None):
         self.ws, self.ev = ws, ev
         self.known: dict[tuple, float] = {pkey(r.params): (r.value if r.feasible else -1.0) for r in ws.rows}
+        # points over memory: the tokens/s they would reach if they fitted (what memory repair is for)
+        self.would: dict[tuple, float] = {}
+        for r in ws.rows:
+            if not r.feasible:
+                self._note(pkey(r.params), r.attrs)
         self.calls0, self.budget, self.deadline = ev.calls, budget, deadline
         self.done = 0
+
+    def _note(self, k: tuple, attrs: dict[str, Any]) -> None:
+        if attrs.get("infeasible_kind") == "memory":
+            tps = ((attrs.get("plan") or {}).get("predicted") or {}).get("tokens_per_s")
+            if tps:
+                self.would[k] = float(tps)
 
     def spent(self) -> bool:
         return self.ev.calls - self.calls0 >= self.budget or deadline_passed(self.deadline)
@@ -141,19 +155,28 @@ class _Climb:
             self.ws.record(q, out, {"polish": True}, sampler=False)  # no sampler after this
             self.done += 1
         v = self.known[k] = out.value if out.feasible else -1.0
+        if not out.feasible:
+            self._note(k, out.attrs)
         return v
 
-    def best_move(self, params: dict[str, Any], value: float,
-                  movesets: list[Callable[[dict[str, Any]], Iterable[dict[str, Any]]]]) -> tuple[Any, float]:
-        """The best improving move of the first move set that has one (single moves before pairs)."""
+    def best_move(self, params: dict[str, Any], value: float, movesets: list[tuple[Moves, Moves | None]]
+                  ) -> tuple[Any, float]:
+        """The best improving move of the first move set that has one (single moves before pairs).
+        A set's ``repairs``: a move over memory that would beat the best so far if it fitted is
+        priced again with each of them (one knob towards less memory), and counts as a move."""
         best_p, best_v = None, value * (1 + 1e-9)
-        for moves in movesets:
+        for moves, repairs in movesets:
             for q in moves(params):
                 v = self.value(q)
                 if v is None:
                     break
                 if v > best_v:
                     best_p, best_v = q, v
+                elif repairs is not None and v < 0 and self.would.get(pkey(q), 0.0) > best_v:
+                    for r in repairs(q):
+                        v = self.value(r)
+                        if v is not None and v > best_v:
+                            best_p, best_v = r, v
             if best_p is not None:
                 break  # a single move helps: no need for pairs
         return best_p, best_v
@@ -166,8 +189,11 @@ def run_polish(ws: Workspace, ev: Evaluator, budget: int, deadline: float | None
     or repeats a priced plan costs none, and is not recorded: the study would fill with them). Returns
     the plans priced."""
     climb = _Climb(ws, ev, budget, deadline)
-    movesets = [ev.space.neighbours] + (ev.space.pair_movesets() if hasattr(ev.space, "pair_movesets") else
-                                        [ev.space.pair_moves] if hasattr(ev.space, "pair_moves") else [])
+    movesets: list[tuple[Moves, Moves | None]] = [(ev.space.neighbours, getattr(ev.space, "memory_repairs", None))]
+    if hasattr(ev.space, "pair_movesets"):
+        movesets += [(moves, None) for moves in ev.space.pair_movesets()]
+    elif hasattr(ev.space, "pair_moves"):
+        movesets.append((ev.space.pair_moves, None))
     for params, value in _seeds(ws.rows, starts):
         while not climb.spent():
             best_p, best_v = climb.best_move(params, value, movesets)

@@ -16,9 +16,9 @@ How subsets enter the search (and how the work is divided):
    ``SMALL_POOL`` devices) get the phases of a plain search
    (autotune/search/run.py): baselines, balanced starts, the sampler and the polish. The first
    (the screening's best by the objective) gets a plain search's budget, and so does every subset
-   of a small pool; on a larger pool the others share half of one (at least ``MIN_SAMPLER`` sampler
-   trials and ``MIN_POLISH`` polish calls each) and skip the baselines (their balanced starts
-   already price every degree layout once). At 128 devices of four types that is 15 subsets
+   of a small pool; on a larger pool the others share a quarter of one (at least ``MIN_POLISH``
+   starts and polish calls each) and skip the baselines (their balanced starts already price every
+   degree layout once) and the sampler. At 128 devices of four types that is 15 subsets
    screened and 3 refined (docs/pools.md has the measured cost against a plain search).
 
 Each subset is a search of its own on ``subset(pool, uses)`` (the same space, evaluator and
@@ -47,7 +47,7 @@ MAX_SUBSETS = 32
 SMALL_POOL = 16  # devices: every candidate subset gets the whole search
 REFINE = 3  # subsets refined on a larger pool
 MIN_SCREEN = 24  # cost-model calls a subset's screening may spend at least
-MIN_SAMPLER, MIN_POLISH = 25, 200  # a refined subset's sampler trials and polish calls at least
+MIN_POLISH = 100  # a refined subset's balanced starts and polish calls at least
 ADAM_STATE_BYTES = 16  # per parameter, fully sharded: bf16/fp16 weights and gradients, fp32 master + Adam
 
 
@@ -148,6 +148,7 @@ class _PoolRun:
         self.estimator, self.say, self.display = estimator, say, display
         self.notes: list[str] = []
         self.workspaces: list[Any] = []
+        self.stored: list[Any] = []  # the study's trials before this run (each subset takes its own)
 
     def _setup(self, uses: tuple[int, ...]) -> tuple[Any, Any]:
         """The space, evaluator and workspace of one subset."""
@@ -163,7 +164,7 @@ class _PoolRun:
         ev = SubsetEvaluator(space, self.estimator or default_estimator(), self.pool, uses, target=self.opts.target)
         key = uses_key(uses)
         ws = Workspace(self.name, self.storage, space.distributions(), make_sampler(self.opts.sampler, self.opts.seed),
-                       self.opts.batch_s, keep=lambda t: t.user_attrs.get("uses") == key)
+                       self.opts.batch_s, keep=lambda t: t.user_attrs.get("uses") == key, stored=self.stored)
         ws.on_record = self._recorded
         ev.prime(ws.rows)
         self.workspaces.append(ws)
@@ -188,7 +189,8 @@ class _PoolRun:
                              global_batch=self.global_batch, space=self.opts.space, target=self.opts.target)
         study = create_or_open(self.name, self.storage, record)
         study.set_user_attr(STUDY_KEY, self.obj.attrs())
-        before = len(study.get_trials(deepcopy=False))
+        self.stored = study.get_trials(deepcopy=False)
+        before = len(self.stored)
         n_main = self.opts.trials or DEFAULT_TRIALS
         n_polish = POLISH_FACTOR * n_main if self.opts.polish else 0
         screen = max(MIN_SCREEN, 2 * n_main // len(subsets))
@@ -244,11 +246,12 @@ class _PoolRun:
             if i == 0 or k == 1:  # the screening's best by the objective (or a small pool): a plain budget
                 n_k, polish_k = n_main, n_polish
                 run_baselines(ws, ev, deadline)
-            else:  # half a plain budget shared, no baselines (~230 plans at 128 devices; the starts
-                # price each layout): measured 2.55x a plain search's CPU through the CLI at 128
-                # devices when each took a third of a whole budget with its baselines
-                share = 2 * (k - 1)
-                n_k = max(MIN_SAMPLER, n_main // share)
+            else:  # a quarter of a plain budget shared, no baselines (the starts price each layout)
+                # and no sampler (its ~25 trials each cost 5x a polish call's CPU): at 128 devices
+                # (llama3-70b 128k b=16) 13.0 -> 10.0 s CPU in process against half a budget shared
+                # with the sampler, the same best plan and front there and at 32k b=256
+                share = 4 * (k - 1)
+                n_k = 0
                 polish_k = max(MIN_POLISH, n_polish // share) if n_polish else 0
             if polish_k:
                 run_starts(ws, ev, deadline, polish_k, self.opts.seed)

@@ -119,9 +119,20 @@ def _num(d: Any, key: str) -> float | None:
     return float(v) if isinstance(v, (int, float)) else None
 
 
+def _layout_text(plan: Plan) -> str:
+    """``dp=2,pp=2``, or a per-stage plan's stages with their own degrees (its ``degrees`` are only
+    the envelope: the largest tp of any replica)."""
+    from autotune.stages import inline
+
+    return f"stages {inline(plan.stages)}" if plan.stages else plan.degrees.inline()
+
+
 def _differences(best: Plan, base: Plan) -> list[str]:
     diffs = []
-    if best.degrees != base.degrees:
+    if best.stages or base.stages:
+        if best.stages != base.stages:
+            diffs.append(f"{_layout_text(best)} instead of {_layout_text(base)}")
+    elif best.degrees != base.degrees:
         diffs.append(f"degrees {best.degrees.inline()} instead of {base.degrees.inline()}")
     for k in ("layers", "tokens", "heads", "samples"):
         v = getattr(best.shares, k)
@@ -156,5 +167,5 @@ def why_best(best_rec: PlanRecord, base_rec: PlanRecord | None, bd_best: Any, bd
     best, base = best_rec.plan, base_rec.plan
     if best == base:
         return "the best plan is itself an even split"
-    return (f"{te / tb:.2f}x the best even-split plan ({base.degrees.inline()}): step {tb:.4g} s vs {te:.4g} s, "
+    return (f"{te / tb:.2f}x the best even-split plan ({_layout_text(base)}): step {tb:.4g} s vs {te:.4g} s, "
             "from " + (", ".join(_differences(best, base)) or "placement") + _largest_saving(bd_best, bd_base))

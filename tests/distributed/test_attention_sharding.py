@@ -1,6 +1,6 @@
 """Sharded attention (CP ring x Ulysses HP) against plain causal SDPA on the whole sequence.
 
-One launch of 4 workers runs every configuration: (cp, hp) in (2,1), (4,1), (1,2), (1,4), (2,2)
+One job of the session's 4 workers (helpers.pool) runs every configuration: (cp, hp) in (2,1), (4,1), (1,2), (1,4), (2,2)
 (a degree product of 2 runs as two independent replicas), even and uneven token and head shares,
 zigzag and contiguous, MHA and GQA, with the ring's fused CPU block kernel and with its matmul
 kernel (the one other devices use); forward output and the gradients of q, k and v (fp32).
@@ -9,8 +9,7 @@ kernel (the one other devices use); forward output and the gradients of q, k and
 from __future__ import annotations
 
 import pytest
-
-from autotune.runtime.launcher import launch
+from helpers.pool import run_in_pool
 
 pytestmark = pytest.mark.slow
 
@@ -120,7 +119,7 @@ def check_all(payload, rank, world, device):
 
 def test_sharded_attention_matches_whole_sequence_sdpa():
     configs = configurations()
-    res = launch("test_attention_sharding:check_all", {"configs": configs}, 4, timeout_s=240, device="cpu")
+    res = run_in_pool("test_attention_sharding:check_all", {"configs": configs}, 4, timeout_s=240)
     assert res.failure is None, (res.failure, res.extra.get("traceback"))
     bad = []
     for c in configs:

@@ -1,7 +1,8 @@
 """Packed windows with document masks train like one process in every parallel dimension that has
 an attention path: tp (with sequence parallelism), the CP ring (zigzag and contiguous, uneven
 shares), Ulysses hp (uneven heads), cp x hp, pp (1F1B, interleaved, recomputation) and HelixPipe's
-attention ranks; dp too (each replica reads only its rows' documents, dealt in order or by cost). All in ONE launch of 4
+attention ranks; dp too (each replica reads only its rows' documents, dealt in order or by cost); CP token
+shares by cost (``cost/cp_shares.cost_tokens`` on these documents, contiguous and zigzag). All in ONE launch of 4
 workers; each plan's losses and final weights against ``reference_run`` with the same documents.
 The documents come from a histogram whose pieces cross every CP/HP shard boundary of the window.
 An OPT-style model (learned positions restarting at each document, LayerNorm, biases, GELU, tied
@@ -15,6 +16,7 @@ import functools
 import pytest
 from helpers.parity import assert_matches_reference, reference, run_plans
 
+from autotune.cost import cp_shares as CPS
 from autotune.documents import LengthDistribution
 from autotune.specs import ModelSpec
 
@@ -25,7 +27,10 @@ OPT = ModelSpec(name="docs-equiv-opt", layers=4, hidden=64, heads=8, kv_heads=4,
                 activation="gelu", norm="layernorm", position="learned", max_positions=32, bias=True,
                 tied_embeddings=True)
 SEQ, BATCH, STEPS, SEED = 32, 4, 2, 77
-DOCS = LengthDistribution((1, 3, 5, 9, 17, 40), (2, 6, 5, 3, 2, 1), "test").to_payload()
+DIST = LengthDistribution((1, 3, 5, 9, 17, 40), (2, 6, 5, 3, 2, 1), "test")
+DOCS = DIST.to_payload()
+COST_TOKENS_2 = list(CPS.cost_tokens(CPS.key_profile(DIST, SEQ), (16, 16), False, 1))  # (20, 12)
+COST_TOKENS_4Z = list(CPS.cost_tokens(CPS.key_profile(DIST, SEQ), (8, 8, 8, 8), True, 2))  # (10, 8, 8, 6)
 
 B = {"dtype": "fp32"}
 CASES = [
@@ -47,6 +52,10 @@ CASES = [
     ("dp4-balanced", dict(B, degrees={"dp": 4}, balance="cost")),
     ("dp2-balanced-uneven-cp2", dict(B, degrees={"dp": 2, "cp": 2}, balance="cost", shares={"samples": [1, 3]})),
     ("helix-pp2-dp2-balanced", dict(B, degrees={"pp": 2, "dp": 2}, schedule="helixpipe", balance="cost")),
+    # CP token shares by cost (the rule's shares for these documents)
+    ("cp2-contiguous-cost-tokens-dp2", dict(B, degrees={"cp": 2, "dp": 2}, cp_layout="contiguous",
+                                            shares={"tokens": COST_TOKENS_2})),
+    ("cp4-zigzag-cost-tokens", dict(B, degrees={"cp": 4}, shares={"tokens": COST_TOKENS_4Z})),
 ]
 
 

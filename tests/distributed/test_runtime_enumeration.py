@@ -50,10 +50,10 @@ import test_helix_equivalence
 import test_pipeline_schedules
 import test_runtime_equivalence
 from helpers import parity
+from helpers.pool import run_in_pool
 
 from autotune.cost import estimate
 from autotune.plan import DTYPES, Plan
-from autotune.runtime.launcher import launch
 from autotune.runtime.trial import prepare
 from autotune.runtime.worker import reference_run
 from autotune.specs import ModelSpec, local_cluster
@@ -212,8 +212,7 @@ def run_world(world: int) -> list[tuple[tuple, Plan, list[dict]]]:
         payload = {"model": SPEC.to_dict(), "plans": [p.to_dict() for _, p in reps], "seq_len": SEQ,
                    "global_batch": BATCH, "steps": STEPS, "seed": SEED, "timeout_s": 120, "init": init,
                    "refs": refs, "weight_atol": WEIGHT_ATOL, "weight_rtol": WEIGHT_RTOL}
-        res = launch("tests.distributed._enumeration_targets:parity_job", payload, world, timeout_s=3000,
-                     device="cpu")
+        res = run_in_pool("tests.distributed._enumeration_targets:parity_job", payload, world, timeout_s=3000)
         assert res.failure is None, f"{res.failure}\n{res.extra.get('traceback', '')}"
         _RUNS[world] = [(key, plan, [res.results[r][i] for r in range(world)]) for i, (key, plan) in enumerate(reps)]
     return _RUNS[world]

@@ -6,6 +6,7 @@ import os
 import socket
 
 import pytest
+from helpers.pool import run_in_pool
 
 from autotune.runtime.launcher import launch
 
@@ -14,7 +15,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_tp_layers_match_unsharded(world):
-    res = launch("_runtime_targets:tp_layers", {}, world, timeout_s=120, device="cpu")
+    res = run_in_pool("_runtime_targets:tp_layers", {}, world, timeout_s=120)
     assert res.failure is None, res.extra.get("traceback")
     for rank_result in res.results:
         for name, err in rank_result.items():

@@ -12,11 +12,11 @@ import functools
 
 import pytest
 import test_runtime_enumeration as E
+from helpers.pool import run_in_pool
 
 from autotune import stages as ST
 from autotune.cost import estimate
 from autotune.plan import DTYPES
-from autotune.runtime.launcher import launch
 from autotune.runtime.trial import prepare
 from autotune.specs import local_cluster
 from search_spaces.base import Infeasible, SearchContext
@@ -81,7 +81,7 @@ def run_all() -> list:
     payload = {"model": E.SPEC.to_dict(), "plans": [p.to_dict() for p in plans], "seq_len": E.SEQ,
                "global_batch": E.BATCH, "steps": E.STEPS, "seed": E.SEED, "timeout_s": 120, "init": init,
                "refs": refs, "weight_atol": E.WEIGHT_ATOL, "weight_rtol": E.WEIGHT_RTOL}
-    res = launch("tests.distributed._enumeration_targets:parity_job", payload, WORLD, timeout_s=3000, device="cpu")
+    res = run_in_pool("tests.distributed._enumeration_targets:parity_job", payload, WORLD, timeout_s=3000)
     assert res.failure is None, f"{res.failure}\n{res.extra.get('traceback', '')}"
     return [(p, [res.results[r][i] for r in range(WORLD)]) for i, p in enumerate(plans)]
 

@@ -2,7 +2,10 @@
 whose replicas run tp=1 and tp=2 (ZeRO-1 over them too), with 1F1B, GPipe and interleaved 1F1B; losses
 (rtol 1e-5, fp32) and every rank's weights after AdamW against ``reference_run``. One launch of four
 workers runs them all; an OPT-style model (LayerNorm, biases split with their weights into the
-replicas' pieces, learned positions on the first stage, GELU) runs two of them in another."""
+replicas' pieces, learned positions on the first stage, GELU, tied embeddings) runs those with more
+than one stage in others: its first stage's embedding and its last stage's copy of it split the
+vocabulary over different tp (tp=2 beside tp=1 and the other way round, replicas of tp 1 and 2 beside
+replicas of tp 1), and their gradients are summed row by row (runtime/tied.py)."""
 
 from __future__ import annotations
 
@@ -16,9 +19,9 @@ from autotune.specs import ModelSpec
 pytestmark = pytest.mark.slow
 
 SPEC = ModelSpec(name="equiv", layers=8, hidden=64, heads=8, kv_heads=4, ffn_hidden=128, vocab=128)
-# untied: per-stage plans refuse a tied head on another stage than the embedding (runtime/trial.py)
-OPT = ModelSpec(name="equiv-opt-untied", layers=8, hidden=64, heads=8, kv_heads=4, ffn_hidden=128, vocab=128,
-                activation="gelu", norm="layernorm", position="learned", max_positions=16, bias=True)
+OPT = ModelSpec(name="equiv-opt-tied", layers=8, hidden=64, heads=8, kv_heads=4, ffn_hidden=128, vocab=128,
+                activation="gelu", norm="layernorm", position="learned", max_positions=16, bias=True,
+                tied_embeddings=True)
 SPECS = {SPEC.name: SPEC, OPT.name: OPT}
 SEQ, BATCH, STEPS, SEED = 16, 4, 2, 1234
 
@@ -39,7 +42,8 @@ CASES = {
                                   "schedule": "gpipe"},
 }
 WORLD = {name: sum(len(r["devices"]) for s in item["stages"] for r in s["replicas"]) for name, item in CASES.items()}
-OPT_CASES = ("tp2-then-tp1-then-tp1", "replicas-tp1-tp1-tp2")  # one launch of 4
+OPT_CASES = ("tp2-then-tp1-then-tp1", "replicas-tp1-tp1-tp2", "tp1-then-tp2-gpipe", "tp2-tp1-interleaved",
+             "replicas-tp1-tp2-then-tp1")  # launches of 4, 3 and 5
 
 
 @functools.cache

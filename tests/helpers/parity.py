@@ -1,5 +1,5 @@
-"""A parallel run against one process: many plans of one world size trained in ONE launch of workers
-(process start-up dominates small runs), each compared with ``reference_run`` (one process, whole
+"""A parallel run against one process: many plans of one world size trained in ONE job of the
+session's workers of that world (helpers.pool: process start-up dominates small runs), each compared with ``reference_run`` (one process, whole
 batch, no parallelism, same data, init and AdamW) in fp32."""
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from autotune.plan import Plan
-from autotune.runtime.launcher import launch
 from autotune.runtime.worker import reference_run
 from autotune.specs import ModelSpec, local_cluster
+
+from .pool import run_in_pool
 
 LOSS_RTOL = 1e-5
 # AdamW divides by sqrt(v): an element whose gradient is ~0 moves by up to lr on rounding noise, so
@@ -24,12 +25,12 @@ WEIGHT_ATOL, WEIGHT_RTOL = 1e-4, 1e-4
 def run_plans(job: str, spec: ModelSpec, items: list[tuple[str, dict]], world: int, seq: int, batch: int,
               steps: int, seed: int, documents: dict | None = None) -> dict[str, list[dict]]:
     """{name: every rank's report} for the named plan dicts, resolved on ``local:WORLD`` and run by the
-    launcher target ``job`` (``module:function``) in one launch (``documents``: the payload's
+    launcher target ``job`` (``module:function``) in one job of the session's pool (``documents``: the payload's
     document entry, ``autotune.runtime.documents.DocumentFeed``; None: no document masks)."""
     plans = [Plan.from_dict(item).resolve(spec, local_cluster(world), seq, batch).to_dict() for _, item in items]
     payload = {"model": spec.to_dict(), "plans": plans, "seq_len": seq, "global_batch": batch,
                "steps": steps, "seed": seed, "timeout_s": 120, "documents": documents}
-    res = launch(job, payload, world, timeout_s=400, device="cpu")
+    res = run_in_pool(job, payload, world, timeout_s=400)
     assert res.failure is None, f"{res.failure}\n{res.extra.get('traceback', '')}"
     return {name: [res.results[r][i] for r in range(world)] for i, (name, _) in enumerate(items)}
 

@@ -124,3 +124,31 @@ def test_attention_runs_at_the_documents_length_not_the_windows():
     assert one.attn_seq == ((2048.0, 2048.0), (2048.0, 2048.0))
     short = DOC.drawn_work(plan, W.LengthDistribution((64,), (1,)), 4096, 8, on_cpu=False)[0]
     assert all(0 < x < 2048 / 16 for row in short.attn_seq for x in row)
+
+
+@pytest.mark.parametrize("deg,cpu", [({"dp": 2}, True), ({"tp": 4}, False), ({"dp": 4}, False),
+                                     ({"dp": 2, "cp": 2}, False)])
+def test_expected_step_follows_the_mean_over_many_priced_steps(deg, cpu):
+    """The control-variate estimate (STEPS priced, DRAWS dealt) against the reference: every one of
+    DRAWS // 2 steps priced by the whole model (``GivenWindows``). Heavy-tailed windows: the plain
+    mean of the STEPS priced steps may miss it by far more."""
+    dist = W.lognormal(5.5, 1.3, n=20000, seed=0, max_len=65536)
+    cluster = local_cluster(2) if cpu else _gpu_cluster()
+    seq, gb = 2048, 8
+    plan = Plan.from_dict({"degrees": deg, "doc_mask": True})
+    est = estimate(plan, TINY, cluster, seq, gb, documents=dist)
+    n = DOC.DRAWS // 2
+    ref = estimate(plan, TINY, cluster, seq, gb,
+                   documents=DOC.GivenWindows(DOC.drawn_steps(dist, seq, gb, DOC.DRAWS, DOC.SEED)[:n]))
+    got, want = est.predicted["step_time_s"], ref.predicted["step_time_s"]
+    assert got == pytest.approx(want, rel=0.05), (got, want, est.breakdown["documents"]["drawn_steps_s"])
+    assert len(ref.breakdown["documents"]["drawn_steps_s"]) == n
+
+
+def test_trial_windows_are_the_runtime_feeds():
+    from autotune.runtime.documents import DocumentFeed
+
+    dist = W.lognormal(5.0, 1.0, n=2000, seed=0)
+    feed = DocumentFeed(dist.to_payload(), None, seed=3)
+    given = DOC.trial_windows(dist, 512, 4, seed=3, first=2, count=2)
+    assert given.steps == tuple(feed.docs(st, 0, 4, 4, 512) for st in (2, 3))

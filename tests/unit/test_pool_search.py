@@ -70,14 +70,8 @@ def _front(points):
             if not any(s2 <= s and c2 <= c and (s2 < s or c2 < c) for k2, (s2, c2) in points.items() if k2 != k)}
 
 
-MISSED = {"leave-out": "the plain search of 4 H100 (2 nodes of 2) misses the grid's pp=2,cp=2 interleaved_1f1b "
-                      "(4 chunks) ZeRO-3 plan: 2.311 s against 2.238 s at 64k (main of 2026-12-04 17:40), with 30 "
-                      "trials and with 100; the pool search inherits it"}
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(reason=MISSED[n], strict=True))
-                                  if n in MISSED else n for n in sorted(POOLS)])
+@pytest.mark.parametrize("name", sorted(POOLS))
 def test_pool_search_matches_exhaustive_enumeration(name):
     groups, model_name, seq, batch = POOLS[name]
     model = load_model(model_name)

@@ -104,3 +104,31 @@ def test_held_out_layers_are_priced_closer_than_by_the_flat_rate():
     assert len(sized) >= 20
     assert statistics.median(sized) < 0.5 * statistics.median(flat)
     assert statistics.median(sized) < 0.10
+
+
+@pytest.mark.parametrize("cp,zigzag", [(2, False), (4, True)])
+def test_materialised_attention_under_cp_prices_every_ring_block_as_a_square(cp, zigzag):
+    """A cp rank's materialised attention is its ring's blocks (``ring.ring_blocks``, the runtime's
+    rule), each one full (query x key) square; over the ring the squares cover exactly the visible
+    segment pairs, never less than the causal half the rank's queries need."""
+    from autotune.cost.compute import causal_keys
+    from autotune.cost.ring import ring_blocks
+
+    mat = dataclasses.replace(A100, fused=False)
+    S, bh, hd = 2048, 32, 64
+    tokens = (S // cp,) * cp
+    area = 0
+    for r in range(cp):
+        blocks = ring_blocks(tokens, r, zigzag, S)
+        keys = causal_keys(tokens, r, zigzag, S)
+        got = mat.attention(bh, S // cp, hd, keys, blocks)
+        want = [sum(x) for x in zip(*(mat.attention(bh, q, hd, 0.0) for q, _, _ in blocks), strict=True)]
+        assert all(k == q for q, k, _ in blocks)  # equal segments: every block is a square of one size
+        assert got == pytest.approx(tuple(want), rel=1e-12)
+        one = mat.attention(bh, S // cp, hd, keys)[0]  # one square of the rank's shard
+        assert got[0] > one if len(blocks) > 1 else got[0] == one
+        area += sum(q * k for q, k, _ in blocks)
+        assert sum(q * k for q, k, _ in blocks) >= keys
+    seg = S // cp // (2 if zigzag else 1)
+    n = S // seg
+    assert area == seg * seg * n * (n + 1) // 2  # the lower triangle of segment pairs, diagonal included

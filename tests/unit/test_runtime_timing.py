@@ -4,6 +4,8 @@ The real CUDA events are checked in tests/gpu/test_gpu_runtime.py."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from autotune.runtime.worker import CommClock, CudaStopwatch, WallStopwatch
@@ -71,3 +73,25 @@ def test_a_reset_between_steps_drops_the_spans_of_the_end_barrier():
     _one_step(clk)
     clk.settle()
     assert clk.comm == pytest.approx(5.0)
+
+
+def _busy(seconds: float) -> None:
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def test_the_cpu_clock_counts_work_not_waiting_and_leaves_the_communication_out():
+    """Against the wall clock of the same regions: a region that only waits (another process's
+    slice, a sleep) costs wall time and no CPU time; one that works costs both alike; work inside a
+    communication call is the call's, not the region's."""
+    clk = CommClock()
+    with clk.compute_region():
+        time.sleep(0.05)
+    assert clk.compute >= 0.045 and clk.compute_cpu < 0.01
+    clk.reset()
+    with clk.compute_region():
+        _busy(0.02)
+        clk.wrap(_busy)(0.02)  # a collective that spins: communication
+    assert clk.compute_cpu == pytest.approx(0.02, abs=0.008)
+    assert clk.compute_cpu <= clk.compute + 1e-3 and clk.comm >= 0.018

@@ -166,3 +166,38 @@ def test_distinct_placements_lose_no_plan():
         plans = {sp.build(sp.params(tp=tp, pp=pp, cp=cp, hp=hp, placement=pl)) for pl in
                  ("node", "pp", "dp", "cp", "hp")}
         assert plans == {sp.build(sp.params(tp=tp, pp=pp, cp=cp, hp=hp, placement=pl)) for pl in kept}
+
+
+def test_a_schedule_move_reaches_every_virtual_stage_count_the_schedule_offers():
+    """A climb from 1F1B reaches interleaved 1F1B at each count in one move (the vpp count alone does
+    nothing under 1F1B, so without this 4 chunks sat two moves away where 2 chunks are worse)."""
+    from autotune.schedules import get_schedule
+
+    sp = space_for(model="llama3-8b", seq=1024, batch=64)  # enough layers for 4 chunks a rank
+    p = sp.params(pp=2)
+    sampled = {2 ** e for e in range(sp.distributions()["vpp_exp"].low, sp.distributions()["vpp_exp"].high + 1)}
+    for name in sp.distributions()["schedule"].choices:
+        if name == p["schedule"]:
+            continue
+        offered = set(get_schedule(name).virtual_stage_choices(2))
+        got = {b.virtual_stages for q in sp.neighbours(p) if q["schedule"] == name
+               and all(q[k] == p[k] for k in p if k not in ("schedule", "vpp_exp"))
+               and not isinstance(b := sp.build(q), Infeasible)}
+        want = offered & sampled if len(offered) > 1 else offered
+        assert got == want, (name, got, want)
+
+
+def test_memory_repairs_turn_one_knob_towards_less_memory():
+    from autotune.cost import estimate
+
+    sp = space_for(model="llama3-8b", seq=1024, batch=64)
+    c = sp.ctx
+    p = sp.params(pp=2, mbs=2, recompute="none", zero=0)
+    assert not isinstance(sp.build(p), Infeasible)
+    peak = max(estimate(sp.build(p), c.model, c.cluster, c.seq_len, c.global_batch).predicted["memory_bytes"])
+    repairs = sp.memory_repairs(p)
+    assert len(repairs) == 3 + 2 + 1  # ZeRO 1, 2, 3; selective, full; half the micro-batch
+    for q in repairs:
+        assert sum(q[k] != p[k] for k in p) == 1
+        got = max(estimate(sp.build(q), c.model, c.cluster, c.seq_len, c.global_batch).predicted["memory_bytes"])
+        assert got <= peak, (q, got, peak)

@@ -29,6 +29,23 @@ def test_per_token_cost_is_every_block_and_the_head_over_the_tokens():
     assert TL.per_token_s(_doc(3e-3, 1e-3), tiny.layers) == pytest.approx((tiny.layers * 3e-3 + 1e-3) / 32)
 
 
+def test_per_token_cost_counts_the_accumulation_per_micro_batch_and_the_update_per_step():
+    tiny = load_model("tiny")
+    upd = {"params": 1000, "accumulate_s_per_param": 2e-9, "update_s_per_param": 8e-9}
+    base = TL.per_token_s(_doc(3e-3, 1e-3), tiny.layers)
+    # micro-batch 2 of 16 tokens (32 tokens), global batch 8 (128 tokens a step)
+    assert TL.per_token_s(_doc(3e-3, 1e-3), tiny.layers, upd, 8) == pytest.approx(base + 2e-6 / 32 + 8e-6 / 128)
+
+
+def test_a_precision_whose_update_costs_more_can_lose(monkeypatch):
+    tiny = load_model("tiny")
+    monkeypatch.setattr("profilers.layers.profile_layers", lambda model, device, sweep, progress=None: _doc(2e-3, 1e-3))
+    costs = {"bf16": 1e-6, "fp32": 0.0}  # same layers; bf16 accumulates its gradients in fp32 every micro-batch
+    monkeypatch.setattr("profilers.update_costs.measure_update", lambda model, dt: {
+        "params": 10_000, "accumulate_s_per_param": costs[dt], "update_s_per_param": 1e-9})
+    assert TL.choose_precision(tiny, 16, 8, ["bf16", "fp32"], lambda _m: None).dtype == "fp32"
+
+
 def test_precision_is_the_fastest_measured_and_the_note_says_so(monkeypatch):
     tiny = load_model("tiny")
     timed = {"bf16": _doc(4e-3, 1e-3), "fp32": _doc(2e-3, 1e-3), "fp16": _doc(5e-3, 1e-3)}
@@ -39,6 +56,8 @@ def test_precision_is_the_fastest_measured_and_the_note_says_so(monkeypatch):
         return timed[sweep.dtype]
 
     monkeypatch.setattr("profilers.layers.profile_layers", fake)
+    monkeypatch.setattr("profilers.update_costs.measure_update", lambda model, dt: {
+        "params": 1, "accumulate_s_per_param": 0.0, "update_s_per_param": 0.0})
     got = TL.choose_precision(tiny, 16, 8, ["bf16", "fp16", "fp32"], lambda _m: None)
     assert got.dtype == "fp32" == min(got.per_token_s, key=got.per_token_s.get)
     assert [s[0] for s in seen] == ["bf16", "fp16", "fp32"] and all(s[1] == (TL.PROBE_MBS,) for s in seen)
