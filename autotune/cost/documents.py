@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from autotune import documents as W
+from autotune.cost.ring import segments
 
 STEPS = 4
 """Steps priced per estimate (each by the whole model); the draws are fixed (SEED), so a plan's price
@@ -69,20 +70,6 @@ def trial_windows(dist: W.LengthDistribution, seq_len: int, global_batch: int, s
     return GivenWindows(tuple(tuple(W.sample_window(dist, seq_len, W.window_rng(seed, st, r)) for r in range(global_batch))
                               for st in range(first, first + count)), f"trial windows (seed {seed}, steps {first}.."
                                                                          f"{first + count - 1})")
-
-
-def segments(tokens: tuple[int, ...], zigzag: bool, seq_len: int) -> list[list[tuple[int, int]]]:
-    """Each CP rank's ``(start, length)`` segments (``runtime/attention.py:shard_segments``)."""
-    out, a = [], 0
-    for t in tokens:
-        if zigzag and len(tokens) > 1:
-            f = t // 2
-            out.append([(a, f), (seq_len - a - f, f)])
-            a += f
-        else:
-            out.append([(a, t)])
-            a += t
-    return out
 
 
 def masked_pairs(docs: tuple[int, ...], segs: list[tuple[int, int]]) -> float:
