@@ -24,7 +24,6 @@ from typing import Any
 from autotune.search.pricing import Evaluator
 from autotune.search.workspace import Row, Workspace
 
-
 Moves = Callable[[dict[str, Any]], Iterable[dict[str, Any]]]  # a point -> the points one move away
 
 

@@ -107,7 +107,7 @@ def test_split_layers_binary_search_matches_every_split_under_memory_caps():
                        for _ in range(p))
         c = P.Composition(dp=1, stages=stages)
         got = P.split_layers(c, layers, v, 8, [1.0] * p)
-        times = lambda lay: max(k * o.layer_s + (o.head_s if i == p - 1 else 0)  # noqa: E731
+        times = lambda lay, p=p, stages=stages: max(k * o.layer_s + (o.head_s if i == p - 1 else 0)  # noqa: E731
                                 for i, (k, o) in enumerate(zip(lay, stages, strict=True)))
         ok = [x for x in _splits(layers, p) if all(v <= k <= o.capacity for k, o in zip(x, stages, strict=True))]
         if not ok:
