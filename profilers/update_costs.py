@@ -14,7 +14,8 @@ where the bandwidth price said 10, and the accumulation 4-8 ms a micro-batch: a 
 the layer timings cannot contain. So ``tune`` times both here, on the model's whole stage (all its
 layers, one rank, no process group: the collectives are priced by the link model), with the calling
 thread's CPU clock as the layers are (another process's slices are not counted), and stores seconds
-per parameter in the layer profile's ``meta["update"]`` (``autotune/cost/layers.py`` ``update_rates``).
+per parameter in the layer profile's ``meta["update"]`` (``autotune/cost/layers.py``: ``LayerTable.update``,
+priced by ``update_time``).
 """
 
 from __future__ import annotations

@@ -50,6 +50,12 @@ def cp_balanced(plan: Any, model: Any, cluster: Any, seq_len: int, global_batch:
     return best
 
 
+def _count_shares(plan: Any, model: Any, cluster: Any, seq_len: int, global_batch: int, dist: W.LengthDistribution,
+                  **kw: Any) -> Any:
+    """The ``Estimate`` of ``plan`` with its own CP token shares (``cp_balanced``'s signature)."""
+    return estimate(plan, model, cluster, seq_len, global_batch, documents=dist, **kw)
+
+
 class DocumentsEstimator:
     """The search's estimator for a workload of documents: prices every plan with ``doc_mask`` on,
     both balances where there are replicas to balance (the search may choose either: the faster
@@ -63,8 +69,7 @@ class DocumentsEstimator:
         choices = ("count", "cost") if self.balance == "auto" else (self.balance,)
         if plan.degrees.dp == 1:
             choices = choices[:1]
-        price = cp_balanced if self.cp_balance else (
-            lambda p, *a, **kw: estimate(p, *a[:4], documents=a[4], **kw))
+        price = cp_balanced if self.cp_balance else _count_shares
         best = None
         for b in choices:
             est = price(plan.replace(doc_mask=True, balance=b), model, cluster, seq_len, global_batch, self.dist,
