@@ -162,6 +162,7 @@ def attention_check(pid: str, storage: str, windows: int, seed: int) -> dict[str
     from autotune.commands.tune import measured_cluster
     from autotune.cost import documents as DOC
     from autotune.cost.compute import cached_rates
+    from autotune.cost.cpu import attention_calls
     from autotune.runtime.model import attention_core
 
     torch.set_num_threads(1)
@@ -183,7 +184,7 @@ def attention_check(pid: str, storage: str, windows: int, seed: int) -> dict[str
 
     def price(docs):
         calls = [(SEQ, SEQ, True)] if docs is None else DOC.masked_blocks(docs, [[(0, SEQ)]], 0)
-        return sum(h * sum(cpu.attention_head_time(q, d)) for q, _, _ in calls)
+        return attention_calls(cpu, calls, d, h)
 
     run(None)
     rows = []

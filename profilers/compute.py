@@ -72,6 +72,12 @@ class ComputePlan:
     trial_attn_seq: tuple[int, ...] = ()
     trial_attn_head_dims: tuple[int, ...] = ()
     """Attention also measured at these shapes in the trial dtype (CPU: ``attention_trial``)."""
+    cpu_attn_seq: tuple[int, ...] = ()
+    cpu_attn_head_dims: tuple[int, ...] = ()
+    """CPU: one-head calls at these lengths and head dims, in fp32 and the trial dtype, plus one call of
+    ``cpu_attn_heads`` heads at the shortest: what ``cost/cpu_attention.fit_line`` needs (a per-call, a
+    per-head and a per-cell cost), stored as ``attention_cpu``."""
+    cpu_attn_heads: int = 4
 
 
 def compute_plan(device: str, quick: bool) -> ComputePlan:
@@ -99,7 +105,10 @@ def compute_plan(device: str, quick: bool) -> ComputePlan:
         # priced with it, benchmarks/bench_validate.py's held-out error doubled (docs/contracts.md,
         # "Cost model on CPU"); the priced `attention` rows stay fp32 at head dims >= 64.
         trial_attn_seq=(64, 128, 256) if quick else (64, 128, 256, 512),
-        trial_attn_head_dims=(32,) if quick else (32, 64), copy_bytes=(32 if quick else 128) << 20,
+        trial_attn_head_dims=(32,) if quick else (32, 64),
+        # 1,024 is past the kernel's last block-size change (768): its tiles are those of a 4k window
+        cpu_attn_seq=(64, 256, 1024) if quick else (64, 256, 1024, 4096), cpu_attn_head_dims=(32, 64),
+        copy_bytes=(32 if quick else 128) << 20,
         warmup=2 if quick else 3, rounds=5 if quick else 6, round_s=0.004 if quick else 0.02,
         min_repeats=2, max_repeats=12 if quick else 20, long_call_s=0.005,
         budget_s=4.5 if quick else 28.0,
@@ -122,6 +131,17 @@ def attention_points(plan: ComputePlan, trial: bool = False) -> list[tuple[int, 
     dims, seqs = (plan.trial_attn_head_dims, plan.trial_attn_seq) if trial else (plan.attn_head_dims, plan.attn_seq)
     return [(d, s) for d in dims for s in seqs
             if sum(attention_flops(1, plan.attn_heads, s, d)) <= plan.max_attn_flops]
+
+
+def cpu_attention_points(plan: ComputePlan, trial_dt: str) -> list[tuple[str, int, int, int]]:
+    """(dtype, head_dim, seq, heads) of the CPU attention calls: one head at every length, and
+    ``cpu_attn_heads`` at the shortest (separating a call's fixed cost from a head's), in fp32 and the
+    trial dtype."""
+    if not plan.cpu_attn_seq:
+        return []
+    dts = ["fp32"] + ([trial_dt] if trial_dt != "fp32" else [])
+    shapes = [(s, 1) for s in plan.cpu_attn_seq] + [(min(plan.cpu_attn_seq), plan.cpu_attn_heads)]
+    return [(dt, d, s, h) for dt in dts for d in plan.cpu_attn_head_dims for s, h in shapes]
 
 
 def attention_flops(b: int, h: int, s: int, d: int) -> tuple[float, float]:
@@ -170,6 +190,8 @@ class ComputeSweep:
         self.trial_dtype = trial_dtype(device) if not device.startswith("cuda") else plan.attn_dtype
         self._ops()
         self._attention()
+        if not device.startswith("cuda"):
+            self._attention_cpu()
         self._references(dtypes)
         self._memory()
 
@@ -274,6 +296,32 @@ class ComputeSweep:
 
                 self._add(f"{kind} {adt} d={d} s={s}", [fwd, fwd_bwd], attn_row)
 
+    def _attention_cpu(self) -> None:
+        """CPU: SDPA calls as the runtime makes them (q, k, v views of a [batch, seq, heads, head_dim]
+        projection), forward and forward + backward, for ``attention_cpu`` (``cost/cpu_attention.py``)."""
+        import torch
+        import torch.nn.functional as F
+
+        for dt, d, s, h in cpu_attention_points(self.plan, self.trial_dtype):
+            adtype = getattr(torch, DTYPES[dt])
+            q, k, v = (torch.randn(1, s, h, d, dtype=adtype).transpose(1, 2).requires_grad_() for _ in range(3))
+            grad = torch.randn(1, h, s, d, dtype=adtype)
+
+            def fwd(q=q, k=k, v=v):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+            def fwd_bwd(q=q, k=k, v=v, grad=grad):
+                F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad)
+                q.grad = k.grad = v.grad = None
+
+            def row(ts, dt=dt, d=d, s=s, h=h):
+                tf, tfb = ts
+                return [{"kind": "attention_cpu", "params": {"dtype": dt, "head_dim": d, "seq": s, "heads": h},
+                         "work": float(s), "timing": tfb.to_dict(),
+                         "metrics": {"fwd_s": tf.median_s, "bwd_s": max(tfb.median_s - tf.median_s, 1e-9)}}]
+
+            self._add(f"attention cpu {dt} d={d} s={s} h={h}", [fwd, fwd_bwd], row)
+
     def _references(self, dtypes: list[str]) -> None:
         """CPU: the runtime's own block and head at a reference shape, in every precision measured."""
         import torch
@@ -356,6 +404,7 @@ def compute_steps(device: str, quick: bool, dtypes: int | None = None) -> int:
     n = len(plan.gemm_dtypes) if dtypes is None else dtypes
     calls = n * len(call_gemm_shapes(device)) + len(op_points(device)) + n * len(ref_points(device))
     attn = len(attention_points(plan)) + len(attention_points(plan, trial=True))
+    attn += len(cpu_attention_points(plan, trial_dtype(device))) if not device.startswith("cuda") else 0
     return plan.rounds * (n * len(gemm_shapes(plan)) + calls + attn + 1)
 
 
@@ -410,4 +459,30 @@ def fit_compute(samples: list[dict], unsupported: dict[str, str] | None = None) 
     # attention_trial: at the trial dtype and shapes (CPU); kept in the profile, not priced yet
     return {"gemm": gemm, "gemm_unsupported": dict(unsupported or {}), "attention": attention, "memory": memory,
             "attention_trial": fit_attention(samples, "attention_trial"), "overheads": fit_overheads(samples, gemm),
-            "block_ref": fit_block_ref(samples)}
+            "block_ref": fit_block_ref(samples), "attention_cpu": fit_attention_cpu(samples)}
+
+
+def fit_attention_cpu(samples: list[dict]) -> dict:
+    """``attention_cpu`` (docs/contracts.md "Profiles"): per dtype and head dim, the forward and
+    backward ``cost/cpu_attention.Line`` through the ``attention_cpu`` samples, with the points and
+    the largest relative error of the fit on them ({} without samples)."""
+    from autotune.cost.cpu_attention import fit_line, kernel_cells
+
+    groups: dict[tuple[str, int], list[tuple[int, int, float, float]]] = {}
+    for s in samples:
+        if s["kind"] == "attention_cpu":
+            p = s["params"]
+            groups.setdefault((p["dtype"], int(p["head_dim"])), []).append(
+                (int(p["seq"]), int(p["heads"]), s["metrics"]["fwd_s"], s["metrics"]["bwd_s"]))
+    out: dict[str, dict] = {}
+    for (dt, d), pts in sorted(groups.items()):
+        entry: dict = {"points": [list(p) for p in sorted(pts)]}
+        worst = 0.0
+        for name, col in (("fwd", 2), ("bwd", 3)):
+            cells = [(kernel_cells(p[0], p[0], True), p[1], p[col]) for p in pts]
+            line = fit_line(cells)
+            entry[name] = {"call_s": line.call_s, "head_s": line.head_s, "cell_s": line.cell_s}
+            worst = max([worst] + [abs(line.at(c, h) / t - 1) for c, h, t in cells])
+        entry["max_rel_err"] = worst
+        out.setdefault(dt, {})[str(d)] = entry
+    return out

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from autotune.cost import comm as C
+from autotune.cost.cpu_attention import CpuAttention, read_curves
 from autotune.cost.interp import loglinear, loglog
 from autotune.cost.ring import ring_blocks  # noqa: F401  (its old home: kept importable from here)
 
@@ -96,6 +97,9 @@ class CpuRates:
     ~460 GFLOP/s on this machine where the block's GEMMs run at 800-1000."""
     attn_head_times: dict[int, tuple[list[float], list[float], list[float]]] | None = None
     """{head_dim: (seq, fwd s, bwd s) of one (batch x head) causal call} from the profile."""
+    attention: CpuAttention | None = None
+    """The SDPA price by kernel tiles (``cpu_attention.py``) from the profile's ``attention_cpu``; where
+    present it prices every attention call instead of ``attn_head_times``."""
     context: Context | None = None
     """The kernel price mapped onto the runtime's block and head as measured in context (``Context``;
     None: the profile has no ``block_ref`` for this dtype, and the kernel price stands alone)."""
@@ -276,7 +280,8 @@ def cpu_rates(spec: Any, dtype: str) -> CpuRates:
         sync_call_s=_overhead(over, "sync_call_s", dtype, CPU_SYNC_CALL_S),
         sync_skew=_overhead(over, "sync_skew", dtype, CPU_SYNC_SKEW),
         gemm_points=_gemm_points(prof, dtype),
-        attn_head_times=_attention_head_times(prof, dtype))
+        attn_head_times=_attention_head_times(prof, dtype),
+        attention=read_curves(prof.get("attention_cpu"), dtype, f"profile {prof.get('id', '?')}"))
 
 
 # ---- compute ---------------------------------------------------------------------------------------
@@ -284,30 +289,46 @@ def block_extras(rates: Any, model: Any, *, elem: float, heads_local: int, micro
                  blocks: tuple[tuple[int, int, bool], ...] | None) -> tuple[float, tuple[float, float] | None]:
     """(elementwise seconds with the block's per-operator costs, (attention fwd, bwd) seconds from
     measured call times or None without them) of one block on a CPU rank; ``elem`` is the block's
-    memory-bound time. With cp > 1 (``blocks``) one kernel call per ring block (a causal one at its
-    length, a full one as the causal call with the same work, length sqrt(2 q k)); each block's fp32
-    merge streams o and lse."""
+    memory-bound time. With cp > 1 (``blocks``) one kernel call per ring block; each block's fp32
+    merge streams o and lse. With documents (weighted blocks: calls per window) one call per document
+    piece and row. Priced by ``cpu_attention`` where the profile has ``attention_cpu`` (every call by
+    its kernel tiles), else by the per-head times (a full block as the causal call with the same
+    work, length sqrt(2 q k))."""
     cpu = rates.cpu
     elem = elem + CPU_OPS_BLOCK_FWD * cpu.op_s
-    if not cpu.attn_head_times:
+    if cpu.attention is None and not cpu.attn_head_times:
         return elem, None
     n = heads_local * micro_batch
     if blocks:
         a_fwd = a_bwd = calls = merge = 0.0
         for blk in blocks:  # (q, k, causal) or, with documents, (q, k, causal, calls per sequence)
             ql, kl, causal = blk[0], blk[1], blk[2]
-            w = blk[3] if len(blk) > 3 else 1.0
-            f, b = cpu.attention_head_time(ql if causal else math.sqrt(2.0 * ql * kl), model.head_dim)
-            a_fwd += w * f
-            a_bwd += w * b
+            per_row = len(blk) > 3  # documents: one call per row and piece, of the rank's heads
+            w = blk[3] if per_row else 1.0
+            f, b = _call(cpu, ql, kl, causal, model.head_dim, heads_local if per_row else n)
+            k = w * (micro_batch if per_row else 1.0)
+            a_fwd += k * f
+            a_bwd += k * b
             calls += w
             merge += w * ql
-        a_fwd, a_bwd = a_fwd * n, a_bwd * n
         merge = merge * n * model.head_dim * 4.0 * 4.0  # o read+written, fp32, x2
         elem += calls * CPU_OPS_RING_BLOCK_FWD * cpu.op_s + rates.memory_time(merge)
         return elem, (a_fwd, a_bwd)
-    f, b = cpu.attention_head_time(block_seq, model.head_dim)
-    return elem, (f * n, b * n)
+    return elem, _call(cpu, block_seq, block_seq, True, model.head_dim, n)
+
+
+def _call(cpu: CpuRates, q: float, k: float, causal: bool, head_dim: int, heads: float) -> tuple[float, float]:
+    """(fwd, bwd) seconds of one attention call over ``heads`` (batch x head) rows."""
+    if cpu.attention is not None:
+        return cpu.attention.call(q, k, causal, head_dim, heads)
+    f, b = cpu.attention_head_time(q if causal else math.sqrt(2.0 * q * k), head_dim)
+    return f * heads, b * heads
+
+
+def attention_calls(cpu: CpuRates, calls: list[tuple[int, int, bool]], head_dim: int, heads: int) -> float:
+    """Forward + backward seconds of these calls (each over ``heads`` rows) as ``block_extras`` prices
+    them: the reference a benchmark measures the runtime's attention against."""
+    return sum(sum(_call(cpu, q, k, c, head_dim, heads)) for q, k, c in calls)
 
 
 def head_ops(rates: Any) -> float:

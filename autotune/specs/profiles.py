@@ -319,6 +319,8 @@ def device_spec_from_profile(ref: str | int, storage: str | None = None):
                "gemm_unsupported": fit.get("gemm_unsupported") or {},
                "attention": fit.get("attention") or {}, "memory": mem, "links": links,
                "attention_trial": fit.get("attention_trial") or {},
+               # CPU: the SDPA price by kernel tiles (cost/cpu_attention.py)
+               "attention_cpu": fit.get("attention_cpu") or {},
                # the rank's measured per-call costs (profilers.overheads); the cost model falls back
                # to its defaults for any key absent here
                "overheads": fit.get("overheads") or {},

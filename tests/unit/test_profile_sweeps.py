@@ -9,9 +9,11 @@ from profilers.compute import (
     attention_points,
     compute_plan,
     compute_steps,
+    cpu_attention_points,
     fit_compute,
     gemm_shapes,
 )
+from profilers.dtypes import trial_dtype
 from profilers.links import COLLECTIVES, bus_factor, fit_links, group_sizes, link_plan, link_steps, pairs
 
 
@@ -31,6 +33,7 @@ def test_gemm_shapes_are_a_layers_matmuls_within_the_cap():
     # the reference block and head (profilers/block_ref.py): one item per piece and size per dtype
     calls = len(plan.gemm_dtypes) * (len(call_gemm_shapes("cpu")) + len(ref_points("cpu"))) + len(op_points("cpu"))
     attn = len(attention_points(plan)) + len(attention_points(plan, trial=True))
+    attn += len(cpu_attention_points(plan, trial_dtype("cpu")))  # the SDPA tiles' price (cost/cpu_attention.py)
     n_points = len(plan.gemm_dtypes) * len(shapes) + calls + attn + 1
     assert compute_steps("cpu", False) == plan.rounds * n_points
 
