@@ -24,6 +24,7 @@ document lengths are commonly described with. Windows are packed in data order
     python benchmarks/bench_varlen.py [--profile ID] [--storage URL] [--steps 3] [--repeat 1] [--layers N] [--json FILE]
     python benchmarks/bench_varlen.py --ratio-only --profile ID [--steps 4] [--layers N] [--seed S]
     python benchmarks/bench_varlen.py --attention-only --profile ID [--windows 6] [--seed S]
+    python benchmarks/bench_varlen.py --gain-only --profile ID [--steps 8] [--layers N] [--seed S] [--repeat 2]
 """
 
 from __future__ import annotations
@@ -210,6 +211,78 @@ def attention_check(pid: str, storage: str, windows: int, seed: int) -> dict[str
     return {"rows": rows}
 
 
+class _GivenFeed:
+    """A trainer's document feed that serves the windows it is handed (``gain_check``)."""
+
+    def __init__(self) -> None:
+        self.windows: tuple[tuple[int, ...], ...] = ()
+
+    def docs(self, step, first, last, global_batch, seq_len, rows=None):
+        return self.windows[first:last]
+
+
+def gain_check(pid: str, storage: str, steps: int, layers: int | None, seed: int, repeat: int) -> dict[str, Any]:
+    """The gain of dealing windows by cost over dealing them in order, measured side by side in one
+    process: the windows of ``steps`` steps of a dp=2 trial (``seed``, 4 windows a step), every pair of
+    windows that one replica gets under either dealing run as one step of a 2-window trainer (the
+    replica's work: 2 micro-batches and its optimizer step; the gradient all-reduce, the same for
+    both dealings, left out); a dealing's step is its slower pair. Against the cost model's dp=2 plain
+    and balanced prices of the very same steps, and its expected gain over the distribution."""
+    import torch
+
+    from autotune import documents as W
+    from autotune.commands.tune import measured_cluster
+    from autotune.cost import documents as DOC
+    from autotune.cost import estimate
+    from autotune.plan import Degrees, Plan, Shares
+    from autotune.runtime.mesh import single_process_mesh
+    from autotune.runtime.worker import RankTrainer
+
+    torch.set_num_threads(1)
+    dist = W.lognormal(MU, SIGMA, n=50000, seed=0, max_len=MAX_LEN)
+    model = the_model(layers)
+    cluster = measured_cluster(pid, storage, per_node=2)
+    one = Plan(degrees=Degrees(), dtype="fp32", micro_batch_size=1, num_microbatches=2,
+               shares=Shares(layers=(model.layers,), tokens=(SEQ,), heads=(model.heads,), samples=(2,)))
+    tr = RankTrainer(one, model, single_process_mesh(one, torch.device("cpu")), SEQ, 2, seed,
+                     documents=dist.to_payload())
+    feed = tr.feed = _GivenFeed()
+    wins = DOC.trial_windows(dist, SEQ, BATCH, seed, 1, steps)
+    dp2 = {b: Plan.from_dict({"degrees": {"dp": 2}, "balance": b, "dtype": "fp32", "doc_mask": True})
+           for b in ("count", "cost")}
+    timed: dict[tuple[tuple[int, ...], ...], list[float]] = {}
+    feed.windows = wins.steps[0][:2]
+    tr.step(0)  # warm-up
+    deals = [{b: W.replica_rows(st, (2, 2), b) for b in dp2} for st in wins.steps]
+    for _ in range(repeat):  # every pair once a round, in step order (drifting load hits both dealings)
+        for st, deal in zip(wins.steps, deals, strict=True):
+            for rows in {tuple(r) for d in deal.values() for r in d}:
+                feed.windows = tuple(st[r] for r in rows)
+                t0 = time.perf_counter()
+                tr.step(1)
+                timed.setdefault(feed.windows, []).append(time.perf_counter() - t0)
+    meas = {b: [max(statistics.median(timed[tuple(st[r] for r in rows)]) for rows in deal[b])
+                for st, deal in zip(wins.steps, deals, strict=True)] for b in dp2}
+    same = {b: [estimate(p, model, cluster, SEQ, BATCH, documents=DOC.GivenWindows((st,))).predicted["step_time_s"]
+                for st in wins.steps] for b, p in dp2.items()}
+    exp = {b: estimate(p, model, cluster, SEQ, BATCH, documents=dist).predicted["step_time_s"] for b, p in dp2.items()}
+
+    def gain(t):
+        return statistics.fmean(t["count"]) / statistics.fmean(t["cost"]) - 1
+
+    out = {"measured_gain": gain(meas), "same_windows_gain": gain(same), "expected_gain": gain({k: [v] for k, v in
+                                                                                               exp.items()}),
+           "measured_s": meas, "same_windows_s": same, "expected_s": exp, "steps_dealt_differently":
+           sum(d["count"] != d["cost"] for d in deals), "seed": seed, "load": load()}
+    print(f"gain of balancing, one process, {model.name} at {SEQ}, {steps} steps of {BATCH} windows (seed {seed}, "
+          f"{out['steps_dealt_differently']} dealt differently), mean step plain / balanced - 1: measured "
+          f"{out['measured_gain']:+.1%} ({statistics.fmean(meas['count']):.3f} / {statistics.fmean(meas['cost']):.3f} s"
+          f", median of {repeat} per pair), priced on the same windows {out['same_windows_gain']:+.1%} "
+          f"({statistics.fmean(same['count']):.3f} / {statistics.fmean(same['cost']):.3f} s); expected over the "
+          f"distribution {out['expected_gain']:+.1%}; load {load():.1f}")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", help="profile id of this machine in --storage (default: profile it, quick)")
@@ -222,6 +295,8 @@ def main() -> None:
     ap.add_argument("--ratio-only", action="store_true", help="only the one-process masked/whole ratio (needs --profile)")
     ap.add_argument("--attention-only", action="store_true",
                     help="only the attention core, masked / whole, measured against its price (needs --profile)")
+    ap.add_argument("--gain-only", action="store_true",
+                    help="only the gain of balancing, measured side by side in one process (needs --profile)")
     ap.add_argument("--windows", type=int, default=6, help="--attention-only: windows drawn")
     ap.add_argument("--seed", type=int, default=0, help="--ratio-only: the trainers' seed (which windows they draw)")
     ap.add_argument("--no-moves", action="store_true", help="skip part 2 (the searches with and without documents)")
@@ -229,6 +304,11 @@ def main() -> None:
     args = ap.parse_args()
     if args.attention_only:
         out = attention_check(args.profile, args.storage, args.windows, args.seed)
+        if args.json_out:
+            Path(args.json_out).write_text(json.dumps(out, indent=2, default=str))
+        return
+    if args.gain_only:
+        out = gain_check(args.profile, args.storage, args.steps, args.layers, args.seed, args.repeat)
         if args.json_out:
             Path(args.json_out).write_text(json.dumps(out, indent=2, default=str))
         return
