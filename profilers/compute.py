@@ -101,9 +101,8 @@ def compute_plan(device: str, quick: bool) -> ComputePlan:
         attn_heads=4, attn_dtype="fp32",
         # Also at the sequences and head dims the CPU trials run (tiny: seq 128, head_dim 8; small:
         # 256 and 32; CP halves them) in the trial dtype (bf16 where native: its CPU flash backward
-        # is ~4x fp32's there). Stored as `attention_trial`, which the cost model does not read yet:
-        # priced with it, benchmarks/bench_validate.py's held-out error doubled (docs/contracts.md,
-        # "Cost model on CPU"); the priced `attention` rows stay fp32 at head dims >= 64.
+        # is ~4x fp32's there). Stored as `attention_trial`: what an older profile's cost model reads
+        # for a plan of that dtype; `attention_cpu` (below) supersedes both where present.
         trial_attn_seq=(64, 128, 256) if quick else (64, 128, 256, 512),
         trial_attn_head_dims=(32,) if quick else (32, 64),
         # 1,024 is past the kernel's last block-size change (768): its tiles are those of a 4k window
@@ -456,7 +455,7 @@ def fit_compute(samples: list[dict], unsupported: dict[str, str] | None = None) 
     for s in samples:
         if s["kind"] == "memory_copy":
             memory = {k: s["metrics"][k] for k in ("capacity_bytes", "available_bytes", "bandwidth_bytes_per_s")}
-    # attention_trial: at the trial dtype and shapes (CPU); kept in the profile, not priced yet
+    # attention_trial: at the trial dtype and shapes (CPU); attention_cpu: the SDPA price by kernel tiles
     return {"gemm": gemm, "gemm_unsupported": dict(unsupported or {}), "attention": attention, "memory": memory,
             "attention_trial": fit_attention(samples, "attention_trial"), "overheads": fit_overheads(samples, gemm),
             "block_ref": fit_block_ref(samples), "attention_cpu": fit_attention_cpu(samples)}

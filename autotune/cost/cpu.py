@@ -11,10 +11,11 @@ device of ``kind == "cpu"`` only:
 * a fixed cost per elementwise operator (``op_s``: dispatch, allocation and the autograd node; the
   profile measures it as the intercept of a bf16 multiply's time against its elements, ~2 us here)
   times the operators a block issues (``CPU_OPS_BLOCK_FWD``), backward twice that;
-* attention from the profile's measured *times* per (batch x head) call, interpolated in log(seq)
-  and linearly in head_dim (torch's CPU flash kernel works in fixed blocks, so at short sequences its
-  time hardly falls with the FLOPs), and with context parallelism one kernel call per ring block
-  (``ring_blocks``) plus its online-softmax merge;
+* attention per SDPA call by the tiles torch's CPU flash kernel computes (``cpu_attention.py``,
+  the profile's ``attention_cpu``: a fixed cost per call and per head, and a cost per computed cell;
+  an older profile's measured times per (batch x head) call, interpolated in log(seq) and linearly in
+  head_dim), with context parallelism one kernel call per ring block (``ring_blocks``) plus its
+  online-softmax merge, with documents one call per piece and row;
 * collectives from the profile's measured gloo table (``GlooTable``) where it covers the op and the
   group size: gloo's loopback costs are far from alpha-beta with a datasheet figure (a 64 KiB
   reduce-scatter takes ~0.5 ms, an all-reduce of the same ~0.2 ms);
