@@ -107,8 +107,10 @@ class Curve:
 
 class CpuAttention:
     """The profile's curves of one dtype, by head dim; ``call`` prices one SDPA call. Between profiled
-    head dims each part is linear in head_dim; outside them the fixed parts are the nearest one's and
-    ``cell_s`` scales with head_dim (a cell's two dot products are head_dim long)."""
+    head dims each part is linear in head_dim; below the smallest, that one's curve (a cell's softmax
+    and bookkeeping, not its dot products, set the time there: measured fp32 at 128 tokens, 122 us per
+    head at head_dim 8 against 125 at 32); above the largest, its fixed parts and ``cell_s`` scaled
+    with head_dim (the dot products dominate: 2.2x the cell cost from 32 to 64 at 4,096 tokens)."""
 
     def __init__(self, curves: dict[int, Curve], source: str = ""):
         if not curves:
@@ -118,10 +120,11 @@ class CpuAttention:
 
     def _lines(self, head_dim: float) -> tuple[Line, Line]:
         dims = self.dims
-        if head_dim <= dims[0] or head_dim >= dims[-1]:
-            d = dims[0] if head_dim <= dims[0] else dims[-1]
-            c, r = self.curves[d], head_dim / d
-            return tuple(Line(ln.call_s, ln.head_s, ln.cell_s * r) for ln in (c.fwd, c.bwd))  # type: ignore[return-value]
+        if head_dim <= dims[0]:
+            return self.curves[dims[0]].fwd, self.curves[dims[0]].bwd
+        if head_dim >= dims[-1]:
+            c, r = self.curves[dims[-1]], head_dim / dims[-1]
+            return Line(c.fwd.call_s, c.fwd.head_s, c.fwd.cell_s * r), Line(c.bwd.call_s, c.bwd.head_s, c.bwd.cell_s * r)
         i = bisect.bisect_right(dims, head_dim)
         lo, hi = self.curves[dims[i - 1]], self.curves[dims[i]]
         w = (head_dim - dims[i - 1]) / (dims[i] - dims[i - 1])

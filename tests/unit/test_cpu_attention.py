@@ -118,8 +118,10 @@ def test_head_dims_between_and_outside_the_profiled_ones():
     c = kernel_cells(1024, 1024, True)
     f48, _ = att.call(1024, 1024, True, 48, 4)
     assert f48 == pytest.approx(1.5 * SYNTH["fwd"].at(c, 4))  # every part linear between 32 and 64
-    f16, _ = att.call(1024, 1024, True, 16, 4)  # below: fixed parts of 32, cells at half the cost
-    assert f16 == pytest.approx(Line(SYNTH["fwd"].call_s, SYNTH["fwd"].head_s, SYNTH["fwd"].cell_s / 2).at(c, 4))
+    f8, _ = att.call(1024, 1024, True, 8, 4)  # below: the smallest's curve as it is
+    assert f8 == pytest.approx(SYNTH["fwd"].at(c, 4))
+    f128, _ = att.call(1024, 1024, True, 128, 4)  # above: the largest's fixed parts, its cells scaled
+    assert f128 == pytest.approx(Line(2 * SYNTH["fwd"].call_s, 2 * SYNTH["fwd"].head_s, 4 * SYNTH["fwd"].cell_s).at(c, 4))
     assert read_curves(two, "bf16") is None and read_curves({}, "fp32") is None
 
 
