@@ -76,7 +76,7 @@ class ComputePlan:
     cpu_attn_head_dims: tuple[int, ...] = ()
     """CPU: one-head calls at these lengths and head dims, in fp32 and the trial dtype, plus one call of
     ``cpu_attn_heads`` heads at the shortest: what ``cost/cpu_attention.fit_line`` needs (a per-call, a
-    per-head and a per-cell cost), stored as ``attention_cpu``."""
+    per-head, a per-query and a per-cell cost), stored as ``attention_cpu``."""
     cpu_attn_heads: int = 4
 
 
@@ -106,7 +106,7 @@ def compute_plan(device: str, quick: bool) -> ComputePlan:
         trial_attn_seq=(64, 128, 256) if quick else (64, 128, 256, 512),
         trial_attn_head_dims=(32,) if quick else (32, 64),
         # 1,024 is past the kernel's last block-size change (768): its tiles are those of a 4k window
-        cpu_attn_seq=(64, 256, 1024) if quick else (64, 256, 1024, 4096), cpu_attn_head_dims=(32, 64),
+        cpu_attn_seq=(64, 160, 256, 1024) if quick else (64, 160, 256, 1024, 4096), cpu_attn_head_dims=(32, 64),
         copy_bytes=(32 if quick else 128) << 20,
         warmup=2 if quick else 3, rounds=5 if quick else 6, round_s=0.004 if quick else 0.02,
         min_repeats=2, max_repeats=12 if quick else 20, long_call_s=0.005,
@@ -478,10 +478,10 @@ def fit_attention_cpu(samples: list[dict]) -> dict:
         entry: dict = {"points": [list(p) for p in sorted(pts)]}
         worst = 0.0
         for name, col in (("fwd", 2), ("bwd", 3)):
-            cells = [(kernel_cells(p[0], p[0], True), p[1], p[col]) for p in pts]
+            cells = [(p[0], kernel_cells(p[0], p[0], True), p[1], p[col]) for p in pts]
             line = fit_line(cells)
-            entry[name] = {"call_s": line.call_s, "head_s": line.head_s, "cell_s": line.cell_s}
-            worst = max([worst] + [abs(line.at(c, h) / t - 1) for c, h, t in cells])
+            entry[name] = {"call_s": line.call_s, "head_s": line.head_s, "tok_s": line.tok_s, "cell_s": line.cell_s}
+            worst = max([worst] + [abs(line.at(q, c, h) / t - 1) for q, c, h, t in cells])
         entry["max_rel_err"] = worst
         out.setdefault(dt, {})[str(d)] = entry
     return out

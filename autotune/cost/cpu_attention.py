@@ -13,10 +13,12 @@ window 2.8x what it took, and short documents at half their cost (their calls ru
 
 The price of one call over ``heads`` (batch x head) rows, per direction::
 
-    seconds = call_s + heads * (head_s + cell_s * kernel_cells(q, k, causal))
+    seconds = call_s + heads * (head_s + tok_s * q + cell_s * kernel_cells(q, k, causal))
 
 ``call_s`` is per SDPA call (dispatch, autograd node: what a document piece costs whatever its
-length), ``head_s`` per head row, ``cell_s`` per computed cell. The profile measures a few calls per
+length), ``head_s`` per head row, ``tok_s`` per query of a head (bf16's backward: ~0.5 us a query at
+short lengths, where its time grows faster than its tiles: 224, 366, 554 us a head at 64, 160, 256
+tokens, against 16, 102, 262 us of cells), ``cell_s`` per computed cell. The profile measures a few calls per
 dtype and head dim (``profilers/compute.py``: short and long, one head and several) and ``fit_line``
 solves the three by least squares in relative error. A masked window runs one call per document piece
 (``runtime/documents.py``), so its price is this sum over its pieces (``cost/cpu.py:block_extras``).
@@ -39,7 +41,7 @@ Q_SPLITS = ((768, 256), (192, 64), (0, 32))
 """(from this many query tokens, query block rows): torch's CPU flash kernel's ``q_split_size``."""
 KV_SPLIT = 512
 """Its key block (``kv_split_size``)."""
-PARTS = ("call_s", "head_s", "cell_s")
+PARTS = ("call_s", "head_s", "tok_s", "cell_s")
 
 
 @lru_cache(maxsize=65536)
@@ -64,30 +66,32 @@ def kernel_cells(q: int, k: int, causal: bool) -> float:
 
 @dataclass(frozen=True)
 class Line:
-    """One direction's price: ``call_s + heads * (head_s + cell_s * cells)``."""
+    """One direction's price: ``call_s + heads * (head_s + tok_s * queries + cell_s * cells)``."""
 
     call_s: float
     head_s: float
+    tok_s: float
     cell_s: float
 
-    def at(self, cells: float, heads: float) -> float:
-        return self.call_s + heads * (self.head_s + self.cell_s * cells)
+    def at(self, queries: float, cells: float, heads: float) -> float:
+        return self.call_s + heads * (self.head_s + self.tok_s * queries + self.cell_s * cells)
 
 
-def fit_line(points: list[tuple[float, float, float]]) -> Line:
-    """``Line`` through (cells, heads, seconds) points: least squares in relative error, each part >= 0
-    (a negative one is noise: the best fit with it at 0, over the subsets that keep ``cell_s``)."""
-    pts = [(float(c), float(h), float(t)) for c, h, t in points if c > 0 and h > 0 and t > 0]
+def fit_line(points: list[tuple[float, float, float, float]]) -> Line:
+    """``Line`` through (queries, cells, heads, seconds) points: least squares in relative error, each
+    part >= 0 (a negative one is noise: the best fit with it at 0, over the subsets that keep
+    ``cell_s``)."""
+    pts = [tuple(float(x) for x in p) for p in points if p[1] > 0 and p[2] > 0 and p[3] > 0]
     if not pts:
         raise ValueError("no attention points to fit")
     y = np.array([1.0 for _ in pts])
-    cols = np.array([[1.0 / t, h / t, h * c / t] for c, h, t in pts])
+    cols = np.array([[1.0 / t, h / t, h * q / t, h * c / t] for q, c, h, t in pts])
     best, best_res = None, math.inf
-    for keep in (s for n in (3, 2, 1) for s in itertools.combinations(range(3), n) if 2 in s):
+    for keep in (s for n in (4, 3, 2, 1) for s in itertools.combinations(range(4), n) if 3 in s):
         coef, *_ = np.linalg.lstsq(cols[:, keep], y, rcond=None)
         if np.any(coef < 0):
             continue
-        full = np.zeros(3)
+        full = np.zeros(4)
         full[list(keep)] = coef
         res = float(np.sum((cols @ full - y) ** 2))
         if res < best_res - 1e-12:
@@ -124,7 +128,8 @@ class CpuAttention:
             return self.curves[dims[0]].fwd, self.curves[dims[0]].bwd
         if head_dim >= dims[-1]:
             c, r = self.curves[dims[-1]], head_dim / dims[-1]
-            return Line(c.fwd.call_s, c.fwd.head_s, c.fwd.cell_s * r), Line(c.bwd.call_s, c.bwd.head_s, c.bwd.cell_s * r)
+            return tuple(Line(ln.call_s, ln.head_s, ln.tok_s, ln.cell_s * r)  # type: ignore[return-value]
+                         for ln in (c.fwd, c.bwd))
         i = bisect.bisect_right(dims, head_dim)
         lo, hi = self.curves[dims[i - 1]], self.curves[dims[i]]
         w = (head_dim - dims[i - 1]) / (dims[i] - dims[i - 1])
@@ -137,7 +142,7 @@ class CpuAttention:
         and ``k`` keys."""
         cells = kernel_cells(int(round(q)), int(round(k)), bool(causal))
         f, b = self._lines(head_dim)
-        return f.at(cells, heads), b.at(cells, heads)
+        return f.at(q, cells, heads), b.at(q, cells, heads)
 
 
 def _number(v: Any, where: str) -> float:

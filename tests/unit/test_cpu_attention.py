@@ -47,14 +47,15 @@ def test_tiles_over_pairs_fall_with_length_as_measured():
     assert [round(ratio[s] * (s + 1) / s, 4) for s in (1024, 2048, 4096)] == [1.5, 1.25, 1.125]
 
 
-SYNTH = {"fwd": Line(call_s=12e-6, head_s=4e-6, cell_s=2.4e-9), "bwd": Line(call_s=70e-6, head_s=16e-6, cell_s=5.8e-9)}
+SYNTH = {"fwd": Line(call_s=12e-6, head_s=4e-6, tok_s=0.1e-6, cell_s=2.4e-9),
+         "bwd": Line(call_s=70e-6, head_s=16e-6, tok_s=0.5e-6, cell_s=5.8e-9)}
 
 
 def _samples(plan, trial_dt, curves):
     rows = []
     for dt, d, s, h in cpu_attention_points(plan, trial_dt):
         c = kernel_cells(s, s, True)
-        f, b = (curves[dt, d][x].at(c, h) for x in ("fwd", "bwd"))
+        f, b = (curves[dt, d][x].at(s, c, h) for x in ("fwd", "bwd"))
         rows.append({"kind": "attention_cpu", "params": {"dtype": dt, "head_dim": d, "seq": s, "heads": h},
                      "work": float(s), "timing": {"median_s": f + b}, "metrics": {"fwd_s": f, "bwd_s": b}})
     return rows
@@ -71,15 +72,15 @@ def test_the_profile_fit_recovers_a_known_curve(quick):
         got = fit[dt][str(d)]
         assert got["max_rel_err"] < 1e-9
         for x in ("fwd", "bwd"):
-            assert [got[x][p] for p in ("call_s", "head_s", "cell_s")] == pytest.approx(list(vars(want[x]).values()),
+            assert [got[x][p] for p in ("call_s", "head_s", "tok_s", "cell_s")] == pytest.approx(list(vars(want[x]).values()),
                                                                                        rel=1e-6)
 
 
 def test_a_noisy_negative_part_is_dropped_not_kept():
-    pts = [(kernel_cells(s, s, True), h, 1e-9 * kernel_cells(s, s, True) * h * (1.02 if s == 64 else 1.0))
-           for s, h in ((64, 1), (64, 4), (256, 1), (1024, 1))]
+    pts = [(s, kernel_cells(s, s, True), h, 1e-9 * kernel_cells(s, s, True) * h * (1.02 if s == 64 else 1.0))
+           for s, h in ((64, 1), (64, 4), (160, 1), (256, 1), (1024, 1))]
     line = fit_line(pts)
-    assert min(line.call_s, line.head_s, line.cell_s) >= 0 and line.cell_s == pytest.approx(1e-9, rel=0.05)
+    assert min(line.call_s, line.head_s, line.tok_s, line.cell_s) >= 0 and line.cell_s == pytest.approx(1e-9, rel=0.05)
 
 
 def _profile(curves=None):
@@ -103,7 +104,7 @@ def test_a_masked_window_is_the_curve_summed_over_its_documents(docs):
     fitted curve summed over the document pieces (one call each, of the rank's 8 heads) over one call
     of the whole window (micro-batch 2: whole, one call of 16 rows; masked, one call per row and piece)."""
     def by_hand(lengths, heads, calls):
-        return sum(calls * ln.at(_cells_by_walk(n, n, True), heads) for n in lengths for ln in SYNTH.values())
+        return sum(calls * ln.at(n, _cells_by_walk(n, n, True), heads) for n in lengths for ln in SYNTH.values())
 
     whole = sum(_attention(None, micro_batch=2))
     masked = sum(_attention(docs, micro_batch=2))
@@ -117,21 +118,23 @@ def test_head_dims_between_and_outside_the_profiled_ones():
     att = read_curves(two, "fp32")
     c = kernel_cells(1024, 1024, True)
     f48, _ = att.call(1024, 1024, True, 48, 4)
-    assert f48 == pytest.approx(1.5 * SYNTH["fwd"].at(c, 4))  # every part linear between 32 and 64
+    assert f48 == pytest.approx(1.5 * SYNTH["fwd"].at(1024, c, 4))  # every part linear between 32 and 64
     f8, _ = att.call(1024, 1024, True, 8, 4)  # below: the smallest's curve as it is
-    assert f8 == pytest.approx(SYNTH["fwd"].at(c, 4))
+    assert f8 == pytest.approx(SYNTH["fwd"].at(1024, c, 4))
     f128, _ = att.call(1024, 1024, True, 128, 4)  # above: the largest's fixed parts, its cells scaled
-    assert f128 == pytest.approx(Line(2 * SYNTH["fwd"].call_s, 2 * SYNTH["fwd"].head_s, 4 * SYNTH["fwd"].cell_s).at(c, 4))
+    f = SYNTH["fwd"]
+    assert f128 == pytest.approx(Line(2 * f.call_s, 2 * f.head_s, 2 * f.tok_s, 4 * f.cell_s).at(1024, c, 4))
     assert read_curves(two, "bf16") is None and read_curves({}, "fp32") is None
 
 
 @pytest.mark.parametrize("section,field", [
-    ({"fp32": {"32": {"fwd": {"call_s": 1e-5, "head_s": 0, "cell_s": -1e-9}, "bwd": vars(SYNTH["bwd"])}}},
+    ({"fp32": {"32": {"fwd": {"call_s": 1e-5, "head_s": 0, "tok_s": 0, "cell_s": -1e-9}, "bwd": vars(SYNTH["bwd"])}}},
      "attention_cpu.fp32.32.fwd.cell_s"),
     ({"fp32": {"32": {"fwd": vars(SYNTH["fwd"])}}}, "attention_cpu.fp32.32.bwd"),
-    ({"fp32": {"32": {"fwd": {"call_s": "fast", "head_s": 0, "cell_s": 1e-9}, "bwd": vars(SYNTH["bwd"])}}},
+    ({"fp32": {"32": {"fwd": {"call_s": "fast", "head_s": 0, "tok_s": 0, "cell_s": 1e-9}, "bwd": vars(SYNTH["bwd"])}}},
      "attention_cpu.fp32.32.fwd.call_s"),
-    ({"fp32": {"32": {"fwd": {"call_s": float("nan"), "head_s": 0, "cell_s": 1e-9}, "bwd": vars(SYNTH["bwd"])}}},
+    ({"fp32": {"32": {"fwd": {"call_s": float("nan"), "head_s": 0, "tok_s": 0, "cell_s": 1e-9},
+                       "bwd": vars(SYNTH["bwd"])}}},
      "attention_cpu.fp32.32.fwd.call_s"),
     ({"fp32": {"x": {}}}, "attention_cpu.fp32"),
     ({"fp32": []}, "attention_cpu.fp32"),
