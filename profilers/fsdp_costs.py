@@ -51,7 +51,9 @@ def _fwd_bwd(module: Any, tokens: Any) -> None:
     y.float().sum().backward()
 
 
-def _rank(rank: int, model: Any, dtype: str, store_path: str, out: Any) -> None:
+def _build(model: Any, dtype: str, rank: int) -> tuple[Any, dict[int, tuple[Any, Any]], Any]:
+    """(plain module in ``dtype``, {zero stage: (FSDP2-sharded module, its ShardedOptimizer)}, tokens):
+    the stage as the worker builds it, every layer, tp 1, sharded over all ``WORLD`` ranks."""
     import torch
     import torch.distributed as dist
 
@@ -61,60 +63,71 @@ def _rank(rank: int, model: Any, dtype: str, store_path: str, out: Any) -> None:
     from autotune.runtime.sharding import shard_stage_modules
     from profilers.layers import DTYPES
 
+    compute = getattr(torch, DTYPES[dtype])
+    group = dist.new_group(list(range(WORLD)))
+    axis = Axis(size=WORLD, index=rank, ranks=list(range(WORLD)), group=group)
+    layout = Layout(tp=Axis(size=1, index=0, ranks=[rank], group=None))
+
+    def stage(dt: Any) -> Any:
+        return materialize(build_on_meta(lambda: StageModel(model, layout, list(range(model.layers)), True, True,
+                                                            SEQ)), model, 0, torch.device("cpu"), dt)
+
+    sharded = {}
+    for z in (2, 3):  # fp32 masters, computed in ``dtype``, as the worker builds them
+        m = stage(torch.float32)
+        roots = shard_stage_modules([m], Block, axis, z, compute, torch.device("cpu"))
+        sharded[z] = (m, ShardedOptimizer(roots, list(m.parameters()), dtype=dtype, zero_stage=z))
+    return stage(compute), sharded, torch.randint(0, model.vocab, (1, SEQ))
+
+
+def _rounds(plain: Any, sharded: dict[int, tuple[Any, Any]], tokens: Any) -> dict[str, float]:
+    """Medians over ``ROUNDS`` of each configuration's thread seconds (``terms``' keys)."""
+
+    def plain_step(n: int) -> float:
+        c = time.thread_time()
+        for _ in range(n):
+            _fwd_bwd(plain, tokens)
+            for p in plain.parameters():
+                p.grad = None
+        return time.thread_time() - c
+
+    def sharded_step(z: int, n: int) -> tuple[float, float]:
+        m, opt = sharded[z]
+        c = time.thread_time()
+        opt.begin_step()
+        for i in range(n):
+            if i == n - 1:
+                opt.before_last_backward()
+            _fwd_bwd(m, tokens)
+        fb = time.thread_time() - c
+        c = time.thread_time()
+        opt.reduce_and_step(None)
+        return fb, time.thread_time() - c
+
+    runs: dict[str, list[float]] = {}
+    for r in range(ROUNDS + 1):
+        for n in (1, MICROBATCHES_HI):
+            got = {f"plain{n}": plain_step(n)}
+            for z in (2, 3):
+                got[f"z{z}_{n}"], got[f"z{z}_update{n}"] = sharded_step(z, n)
+            if r:  # the first round allocates buffers and AdamW's states
+                for k, v in got.items():
+                    runs.setdefault(k, []).append(v)
+    return {k: statistics.median(v) for k, v in runs.items()}
+
+
+def _rank(rank: int, model: Any, dtype: str, store_path: str, out: Any) -> None:
+    import torch
+    import torch.distributed as dist
+
     torch.set_num_threads(1)  # one thread, as a trial's rank runs
     dist.init_process_group("gloo", store=dist.FileStore(store_path, WORLD), rank=rank, world_size=WORLD)
     try:
-        compute = getattr(torch, DTYPES[dtype])
-        group = dist.new_group(list(range(WORLD)))
-        axis = Axis(size=WORLD, index=rank, ranks=list(range(WORLD)), group=group)
-        layout = Layout(tp=Axis(size=1, index=0, ranks=[rank], group=None))
-
-        def stage(dt: Any) -> Any:
-            return materialize(build_on_meta(lambda: StageModel(model, layout, list(range(model.layers)), True, True,
-                                                                SEQ)), model, 0, torch.device("cpu"), dt)
-
-        plain = stage(compute)
-        sharded = {}
-        for z in (2, 3):  # fp32 masters, computed in ``dtype``, as the worker builds them
-            m = stage(torch.float32)
-            roots = shard_stage_modules([m], Block, axis, z, compute, torch.device("cpu"))
-            sharded[z] = (m, ShardedOptimizer(roots, list(m.parameters()), dtype=dtype, zero_stage=z))
-        tokens = torch.randint(0, model.vocab, (1, SEQ))
-        params = sum(p.numel() for p in plain.parameters())
-        local = sum(p.to_local().numel() for p in sharded[2][0].parameters())
-
-        def plain_step(n: int) -> float:
-            c = time.thread_time()
-            for _ in range(n):
-                _fwd_bwd(plain, tokens)
-                for p in plain.parameters():
-                    p.grad = None
-            return time.thread_time() - c
-
-        def sharded_step(z: int, n: int) -> tuple[float, float]:
-            m, opt = sharded[z]
-            c = time.thread_time()
-            opt.begin_step()
-            for i in range(n):
-                if i == n - 1:
-                    opt.before_last_backward()
-                _fwd_bwd(m, tokens)
-            fb = time.thread_time() - c
-            c = time.thread_time()
-            opt.reduce_and_step(None)
-            return fb, time.thread_time() - c
-
-        runs: dict[str, list[float]] = {}
-        for r in range(ROUNDS + 1):
-            for n in (1, MICROBATCHES_HI):
-                got = {f"plain{n}": plain_step(n)}
-                for z in (2, 3):
-                    got[f"z{z}_{n}"], got[f"z{z}_update{n}"] = sharded_step(z, n)
-                if r:  # the first round allocates buffers and AdamW's states
-                    for k, v in got.items():
-                        runs.setdefault(k, []).append(v)
+        plain, sharded, tokens = _build(model, dtype, rank)
+        medians = _rounds(plain, sharded, tokens)  # every rank: the collectives pair up
         if rank == 0:
-            out.put({"medians": {k: statistics.median(v) for k, v in runs.items()}, "params": params, "local": local})
+            out.put({"medians": medians, "params": sum(p.numel() for p in plain.parameters()),
+                     "local": sum(p.to_local().numel() for p in sharded[2][0].parameters())})
         dist.barrier()
     finally:
         dist.destroy_process_group()
