@@ -151,6 +151,22 @@ def test_dp_has_no_per_block_sync():
     assert a == b
 
 
+@pytest.mark.parametrize("inline", ["dp=2,zero=3", "dp=2,zero=2", "dp=2,zero=3,mbs=1,samples=3/1"])
+def test_on_a_cpu_no_zero_gather_hides_behind_compute(inline):
+    """Every ZeRO-2/3 transfer of a CPU step is exposed (gloo copies on the busy core: the gathers as
+    the reduction, ``data_parallel._beyond``): exposed in the blocks plus exposed at the step equals
+    all DP communication; the same plan on a GPU of the same rates hides part of its gathers."""
+    S, B = 64, 4
+    prof = {"overheads": {"sync_call_s": 0.0, "sync_skew": 0.0, "op_s": 0.0, "gemm_call_s": 0.0}}
+    got = {}
+    for kind in ("cpu", "cuda"):
+        c = one_node(2, dev=device(kind=kind, profile=prof if kind == "cpu" else None, mem_bw=HUGE), bw=1e10, lat=0.0)
+        r = estimate(parse_inline(inline), MODEL, c, S, B).breakdown["ranks"][0]
+        got[kind] = (r["exposed_comm_s"] + r["dp_exposed_s"], r["dp_comm_s"])
+    assert got["cpu"][0] == pytest.approx(got["cpu"][1], rel=1e-9) and got["cpu"][1] > 0
+    assert got["cuda"][0] < got["cuda"][1]
+
+
 def _corpus():
     import importlib.util
     import json
