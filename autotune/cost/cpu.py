@@ -400,18 +400,20 @@ def measured_collectives(spec: Any) -> Any:
     return hit[1]
 
 
-def sync_waits(ctx: RankContext, comp_f: float, comp_b: float) -> tuple[float, float]:
+def sync_waits(ctx: RankContext, comp_f: float, comp_b: float, z3: int = 0) -> tuple[float, float]:
     """(forward, backward) seconds one block waits at its blocking collectives (0 without any):
     per call ``sync_call_s`` plus ``sync_skew`` of the compute between syncs. Calls per block and
     micro-batch as the runtime issues them: Megatron f/g 2 all-reduces (4 with sequence parallelism:
     an all-gather and a reduce-scatter each), Ulysses 2 all-to-alls, the ring's cp - 1 K/V passes
-    forward; backward the same, plus the ring's cp dK/dV passes and the recomputed forward's calls."""
+    forward; backward the same, plus the ring's cp dK/dV passes and the recomputed forward's calls;
+    ``z3`` (``data_parallel.zero3_gathers``) more each way: ZeRO-3's block gathers."""
     s = ctx.step
     tp, hp, cp = s.tp, s.hp, s.cp
     calls_f = (4 if s.sp else 2) * (tp > 1) + 2 * (hp > 1) + (cp - 1)
-    if not calls_f:
+    if not calls_f + z3:
         return 0.0, 0.0
-    calls_b = calls_f + cp * (cp > 1) + (calls_f if s.recompute == "full" else 0)
+    calls_b = calls_f + cp * (cp > 1) + (calls_f if s.recompute == "full" else 0) + z3
+    calls_f += z3
     cpu = ctx.rates.cpu
     return (ctx.mf * (calls_f * cpu.sync_call_s + cpu.sync_skew * comp_f),
             ctx.mf * (calls_b * cpu.sync_call_s + cpu.sync_skew * comp_b))

@@ -116,6 +116,18 @@ def gathers_per_microbatch(s: Any) -> bool:
     return len(set(s.microbatches)) == 1
 
 
+def zero3_gathers(ctx: RankContext) -> int:
+    """1 where each block's weights are all-gathered in every forward and again in every backward
+    (ZeRO-3 over more than one rank, gathering per micro-batch: ``gathers_per_microbatch``), else 0.
+    Each gather is a collective over the gradient group matched by order, so on a CPU a rank waits
+    there for the one that drifted behind, as at a tp all-reduce (``cpu.sync_waits``: FSDP2
+    prefetches the transfer, not the meeting). Trial (``benchmarks/bench_zero_cpu.py``, small dp=2
+    bf16, load 0.4-1.9): the wall clock exceeded the slowest rank's CPU seconds by 74 ms a step under
+    ZeRO-3 at two micro-batches, by 20 ms under ZeRO-0."""
+    s = ctx.step
+    return int(s.zero >= 3 and s.shard_n > 1 and gathers_per_microbatch(s))
+
+
 def zero3_weights_gathered(s: Any) -> bool:
     """Whether a ZeRO-3 rank (``s`` a ``StepContext``) holds all its weights gathered at some point of
     the step, as ZeRO-2 does, rather than one block and the prefetched next: when the replicas run

@@ -144,6 +144,21 @@ def test_sync_term_counts_the_runtimes_blocking_calls(inline, calls_per_layer_mb
     assert b - a == pytest.approx(1e-3 * calls_per_layer_mb * MODEL.layers * mb, rel=1e-6)
 
 
+@pytest.mark.parametrize("inline,calls_per_layer_mb", [
+    ("dp=2,zero=3", 2),                        # the block's gather forward and again backward
+    ("dp=2,zero=3,recompute=full", 2),         # the recomputation runs on the backward's gather
+    ("dp=2,zero=2", 0),                        # gathered once a step, kept: nothing per block
+    ("dp=2,zero=3,samples=3/1", 0),            # uneven replicas gather once a step
+])
+def test_zero3_gathers_are_blocking_calls_per_micro_batch(inline, calls_per_layer_mb):
+    S, B = 64, 4
+    plan = parse_inline(inline)
+    a = estimate(plan, MODEL, _cpu_cluster(0.0, n=2), S, B).predicted["step_time_s"]
+    b = estimate(plan, MODEL, _cpu_cluster(1e-3, n=2), S, B).predicted["step_time_s"]
+    mb = max(plan.shares.samples) if plan.shares.samples else B // 2  # micro-batches of one sample
+    assert b - a == pytest.approx(1e-3 * calls_per_layer_mb * MODEL.layers * mb, rel=1e-6, abs=1e-12)
+
+
 def test_dp_has_no_per_block_sync():
     S, B = 64, 4
     a = estimate(parse_inline("dp=2"), MODEL, _cpu_cluster(0.0, 0.0), S, B).predicted["step_time_s"]
