@@ -4,8 +4,8 @@ priced with and without FSDP2's measured work (``meta.fsdp``, profilers/fsdp_cos
 `tune` validates the plans its search ranks first, which on this machine are mostly ZeRO-0; this runs
 the same dp=2 plan at every ZeRO stage through `autotune trial` and prices each on the layer profile
 `tune` measured (a storage kept by ``bench_tune.py --keep DIR``, or measured here when none is given).
-Per plan: the prediction with ``meta.fsdp`` (what `tune` prices now) and without it (the price before
-the term), the measured step (median over ``--repeats`` trials, wall clock) and the slowest rank's CPU
+Per plan: the prediction with ``meta.fsdp`` (what `tune` prices now) and without it (the rest of
+the cost model as it is now), the measured step (median over ``--repeats`` trials, wall clock) and the slowest rank's CPU
 seconds per step (``time_split.cpu_s``), and both errors.
 
     python benchmarks/bench_zero_cpu.py [--storage sqlite:///DIR/run1.db] [--repeats 3]
@@ -102,7 +102,8 @@ def main() -> None:
         for _ in range(args.repeats):  # rounds over every plan: a load change hits each plan alike
             for k in PLANS:
                 runs[k].append(trial(*k))
-        print(f"{'plan':34} {'with fsdp':>9} {'without':>9} {'measured':>9} {'cpu':>9}   error now (cpu)   before (cpu)")
+        print(f"{'plan':34} {'priced':>9} {'no fsdp':>9} {'measured':>9} {'cpu':>9}   error (cpu)       "
+              "without meta.fsdp (cpu)")
         for k in PLANS:
             wall = statistics.median(w for w, _ in runs[k])
             cpu = statistics.median(c for _, c in runs[k])
