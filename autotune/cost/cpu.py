@@ -419,6 +419,19 @@ def sync_waits(ctx: RankContext, comp_f: float, comp_b: float, z3: int = 0) -> t
             ctx.mf * (calls_b * cpu.sync_call_s + cpu.sync_skew * comp_b))
 
 
+def zero_step_sync(ctx: RankContext, comp_f: float, comp_b: float, n_blocks: int) -> float:
+    """CPU: seconds a ZeRO rank that gathers once a step (ZeRO-2; ZeRO-3 with uneven replicas,
+    ``data_parallel.gathers_per_microbatch``) waits at those meetings: each block's all-gather in its
+    first forward and its reduce-scatter in the last backward are collectives matched by order over
+    the gradient group, so, as at ``sync_waits``' calls, ``sync_call_s`` each plus ``sync_skew`` of the
+    block's compute (``comp_f``, ``comp_b``: one micro-batch's), once a step. Trial
+    (``benchmarks/bench_zero_cpu.py``, small dp=2 bf16, load 1.1-1.9, two runs): the wall clock
+    exceeded the slowest rank's CPU seconds by 46-51 ms a step under ZeRO-2 and 14-19 ms under
+    ZeRO-0, at one and at two micro-batches."""
+    cpu = ctx.rates.cpu
+    return ctx.mf * n_blocks * (2 * cpu.sync_call_s + cpu.sync_skew * (comp_f + comp_b))
+
+
 def exposed_grad_sync(overlappable: float, exposed: float) -> tuple[float, float]:
     """CPU: the step's gradient reduction hides behind nothing. A local trial runs one compute thread
     per core, so gloo's thread, which would overlap the reduction with the last backward on a GPU's

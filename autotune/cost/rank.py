@@ -156,6 +156,8 @@ def rank_cost(ctx: RankContext) -> RankCost:
     overl, fixed = DP.grad_sync(ctx, b.comp_f, b.comp_b)
     if ctx.rates.cpu is not None:
         overl, fixed = _cpu.exposed_grad_sync(overl, fixed)
+        if s.zero >= 2 and s.shard_n > 1 and not DP.zero3_gathers(ctx):  # ZeRO-3's meet per block: block_times
+            fixed += _cpu.zero_step_sync(ctx, b.comp_f, b.comp_b, sum(ctx.layers))
     dp_raw = DP.step_comm(ctx)
     kept, full = LY.measured_activations(ctx, kept, full, scores)
     total, terms = M.rank_memory(ctx, kept, full)

@@ -147,8 +147,6 @@ def test_sync_term_counts_the_runtimes_blocking_calls(inline, calls_per_layer_mb
 @pytest.mark.parametrize("inline,calls_per_layer_mb", [
     ("dp=2,zero=3", 2),                        # the block's gather forward and again backward
     ("dp=2,zero=3,recompute=full", 2),         # the recomputation runs on the backward's gather
-    ("dp=2,zero=2", 0),                        # gathered once a step, kept: nothing per block
-    ("dp=2,zero=3,samples=3/1", 0),            # uneven replicas gather once a step
 ])
 def test_zero3_gathers_are_blocking_calls_per_micro_batch(inline, calls_per_layer_mb):
     S, B = 64, 4
@@ -157,6 +155,23 @@ def test_zero3_gathers_are_blocking_calls_per_micro_batch(inline, calls_per_laye
     b = estimate(plan, MODEL, _cpu_cluster(1e-3, n=2), S, B).predicted["step_time_s"]
     mb = max(plan.shares.samples) if plan.shares.samples else B // 2  # micro-batches of one sample
     assert b - a == pytest.approx(1e-3 * calls_per_layer_mb * MODEL.layers * mb, rel=1e-6, abs=1e-12)
+
+
+@pytest.mark.parametrize("inline", ["dp=2,zero=2", "dp=2,zero=3,samples=3/1", "dp=2,zero=2,pp=2"])
+def test_zero_gathering_once_a_step_meets_once_a_step(inline):
+    """ZeRO-2 (and ZeRO-3 with uneven replicas) gathers each block in its first forward and
+    reduce-scatters it in the last backward: two blocking calls per block a step, whatever the
+    micro-batch count; ZeRO-1 none."""
+    S = 64
+    for B in (4, 8):
+        plan = parse_inline(inline.replace("3/1", f"{3 * B // 4}/{B // 4}"))
+        n = plan.degrees.world
+        a = estimate(plan, MODEL, _cpu_cluster(0.0, n=n), S, B).predicted["step_time_s"]
+        b = estimate(plan, MODEL, _cpu_cluster(1e-3, n=n), S, B).predicted["step_time_s"]
+        assert b - a == pytest.approx(1e-3 * 2 * MODEL.layers / plan.degrees.pp, rel=1e-6)
+    z1 = parse_inline("dp=2,zero=1")
+    assert (estimate(z1, MODEL, _cpu_cluster(1e-3, n=2), S, 4).predicted["step_time_s"]
+            == estimate(z1, MODEL, _cpu_cluster(0.0, n=2), S, 4).predicted["step_time_s"])
 
 
 def test_dp_has_no_per_block_sync():
