@@ -16,9 +16,13 @@ device's layer profile (``autotune/cost/layers.py`` prices a plan's pieces from 
    into, in that precision;
 3. **update** (``profilers/update_costs.py``): the runtime's own optimizer step and, in bf16 / fp16,
    its per-micro-batch fp32 gradient accumulation, stored with the layers (``meta["update"]``) and
-   counted in the precision probe too (fp32 accumulates nothing, its update copies nothing back).
+   counted in the precision probe too (fp32 accumulates nothing, its update copies nothing back);
+4. **FSDP2** (``profilers/fsdp_costs.py``, where the search has two ranks or more): what a ZeRO-2 and
+   a ZeRO-3 step add on a rank's thread (FSDP2's copies, casts, hooks and accumulation, per step and
+   per micro-batch, and its update over DTensor shards), timed on two gloo ranks of their own and
+   stored with the layers (``meta["fsdp"]``); not in the precision probe (only ZeRO-2/3 plans pay it).
 
-All three are timed beside ``world - 1`` helper processes doing the same work
+The first three are timed beside ``world - 1`` helper processes doing the same work
 (``profilers/twins.py``): a trial's ranks share the cores' cache and memory bandwidth, which one
 process timed alone, the other cores idle, does not see.
 """
@@ -123,7 +127,12 @@ def measure_layers(model: Any, seq: int, global_batch: int, world: int, dtype: s
         f"tp {', '.join(map(str, tps))}) ...")
     t0 = time.perf_counter()
     doc, update = _timed(model, _sweep(mbs, seq, tps, dtype, ("embed", "block", "head")), world)
-    doc["meta"] = {**(doc.get("meta") or {}), "update": update}
+    meta = {**(doc.get("meta") or {}), "update": update}
+    if world >= 2:  # ZeRO-2/3 shard over at least two ranks: what FSDP2 adds to their step
+        from profilers.fsdp_costs import measure_fsdp
+
+        meta["fsdp"] = measure_fsdp(model, dtype)  # two ranks of their own: no twins beside them
+    doc["meta"] = meta
     lid = save_layer_profile(doc, storage, label="tune")
     say(f"measured {model.name}'s layers: layers:{lid} ({time.perf_counter() - t0:.1f} s)")
     return lid

@@ -422,21 +422,36 @@ def measured_collectives(spec: Any) -> Any:
     return hit[1]
 
 
-def sync_waits(ctx: RankContext, comp_f: float, comp_b: float) -> tuple[float, float]:
+def sync_waits(ctx: RankContext, comp_f: float, comp_b: float, z3: int = 0) -> tuple[float, float]:
     """(forward, backward) seconds one block waits at its blocking collectives (0 without any):
     per call ``sync_call_s`` plus ``sync_skew`` of the compute between syncs. Calls per block and
     micro-batch as the runtime issues them: Megatron f/g 2 all-reduces (4 with sequence parallelism:
     an all-gather and a reduce-scatter each), Ulysses 2 all-to-alls, the ring's cp - 1 K/V passes
-    forward; backward the same, plus the ring's cp dK/dV passes and the recomputed forward's calls."""
+    forward; backward the same, plus the ring's cp dK/dV passes and the recomputed forward's calls;
+    ``z3`` (``data_parallel.zero3_gathers``) more each way: ZeRO-3's block gathers."""
     s = ctx.step
     tp, hp, cp = s.tp, s.hp, s.cp
     calls_f = (4 if s.sp else 2) * (tp > 1) + 2 * (hp > 1) + (cp - 1)
-    if not calls_f:
+    if not calls_f + z3:
         return 0.0, 0.0
-    calls_b = calls_f + cp * (cp > 1) + (calls_f if s.recompute == "full" else 0)
+    calls_b = calls_f + cp * (cp > 1) + (calls_f if s.recompute == "full" else 0) + z3
+    calls_f += z3
     cpu = ctx.rates.cpu
     return (ctx.mf * (calls_f * cpu.sync_call_s + cpu.sync_skew * comp_f),
             ctx.mf * (calls_b * cpu.sync_call_s + cpu.sync_skew * comp_b))
+
+
+def zero_step_sync(ctx: RankContext, comp_f: float, comp_b: float, n_blocks: int) -> float:
+    """CPU: seconds a ZeRO rank that gathers once a step (ZeRO-2; ZeRO-3 with uneven replicas,
+    ``data_parallel.gathers_per_microbatch``) waits at those meetings: each block's all-gather in its
+    first forward and its reduce-scatter in the last backward are collectives matched by order over
+    the gradient group, so, as at ``sync_waits``' calls, ``sync_call_s`` each plus ``sync_skew`` of the
+    block's compute (``comp_f``, ``comp_b``: one micro-batch's), once a step. Trial
+    (``benchmarks/bench_zero_cpu.py``, small dp=2 bf16, load 1.1-1.9, two runs): the wall clock
+    exceeded the slowest rank's CPU seconds by 46-51 ms a step under ZeRO-2 and 14-19 ms under
+    ZeRO-0, at one and at two micro-batches."""
+    cpu = ctx.rates.cpu
+    return ctx.mf * n_blocks * (2 * cpu.sync_call_s + cpu.sync_skew * (comp_f + comp_b))
 
 
 def exposed_grad_sync(overlappable: float, exposed: float) -> tuple[float, float]:

@@ -116,6 +116,18 @@ def gathers_per_microbatch(s: Any) -> bool:
     return len(set(s.microbatches)) == 1
 
 
+def zero3_gathers(ctx: RankContext) -> int:
+    """1 where each block's weights are all-gathered in every forward and again in every backward
+    (ZeRO-3 over more than one rank, gathering per micro-batch: ``gathers_per_microbatch``), else 0.
+    Each gather is a collective over the gradient group matched by order, so on a CPU a rank waits
+    there for the one that drifted behind, as at a tp all-reduce (``cpu.sync_waits``: FSDP2
+    prefetches the transfer, not the meeting). Trial (``benchmarks/bench_zero_cpu.py``, small dp=2
+    bf16, load 0.4-1.9): the wall clock exceeded the slowest rank's CPU seconds by 74 ms a step under
+    ZeRO-3 at two micro-batches, by 20 ms under ZeRO-0."""
+    s = ctx.step
+    return int(s.zero >= 3 and s.shard_n > 1 and gathers_per_microbatch(s))
+
+
 def zero3_weights_gathered(s: Any) -> bool:
     """Whether a ZeRO-3 rank (``s`` a ``StepContext``) holds all its weights gathered at some point of
     the step, as ZeRO-2 does, rather than one block and the prefetched next: when the replicas run
@@ -168,7 +180,19 @@ def zero3_block_exposed(ctx: RankContext, comp_f: float, comp_b: float) -> tuple
     if s.zero < 3 or s.shard_n <= 1 or not gathers_per_microbatch(s):
         return 0.0, 0.0
     gather = _block_gather(ctx)
-    return max(0.0, gather - comp_f), max(0.0, gather - comp_b)
+    return _beyond(ctx, gather, comp_f), _beyond(ctx, gather, comp_b)
+
+
+def _beyond(ctx: RankContext, gather: float, comp: float) -> float:
+    """Seconds of a prefetched weight gather the compute it runs behind (``comp``) leaves exposed.
+    On a CPU, all of it: as ``cpu.exposed_grad_sync`` says of the gradient reduction, a local trial
+    runs one compute thread per core, so gloo's thread copies on a busy core, not beside it. Measured
+    (``benchmarks/bench_zero_cpu.py``, small, dp=2 bf16, trial CPU clock, load ~3): ZeRO-3 over
+    ZeRO-2 took 30-90 ms more a step at two micro-batches, which priced the gathers as hidden (23 ms of
+    them) left short."""
+    if ctx.rates.cpu is not None:
+        return gather
+    return max(0.0, gather - comp)
 
 
 def grad_sync(ctx: RankContext, comp_f: float, comp_b: float) -> tuple[float, float]:
@@ -193,9 +217,9 @@ def grad_sync(ctx: RankContext, comp_f: float, comp_b: float) -> tuple[float, fl
     fixed = 0.0
     if s.zero == 2 or not gathers_per_microbatch(s):  # block gathers once (twice under ZeRO-3) a step
         gather = _block_gather(ctx)
-        fixed = n_blocks * max(0.0, gather - comp_f)
+        fixed = n_blocks * _beyond(ctx, gather, comp_f)
         if s.zero >= 3:
-            fixed += n_blocks * max(0.0, gather - comp_b)
+            fixed += n_blocks * _beyond(ctx, gather, comp_b)
     for x in t[2:]:  # the weights outside the blocks: nothing to hide behind
         fixed += x.calls * _seconds(ctx, "all_gather", x.nbytes)
     return overl, fixed + exposed_reduction

@@ -52,11 +52,31 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.errors import InputError
+
 SHAPE_KEYS = ("hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "activation")
 ARCH_KEYS = ("norm", "bias", "position")
 """What a block is built of besides its shape (LayerNorm or RMSNorm, linear biases, learned or rotary
 positions): a document that records them matches only the same; one written before they were
 recorded (or by a format that does not say) matches as before."""
+
+
+FSDP_KEYS = ("step_s_per_param", "microbatch_s_per_param", "update_s_per_param")
+
+
+def _rates(value: Any, name: str, keys: tuple[str, ...], ref: str) -> dict[str, float]:
+    """``value``'s ``keys`` as non-negative finite seconds; a one-line InputError naming the field
+    otherwise (a measurement that cannot be read is not priced as if it were absent)."""
+    if not isinstance(value, dict):
+        raise InputError(f"must be an object with {', '.join(keys)}, got {value!r}", source=ref, field=name)
+    out = {}
+    for k in keys:
+        v = value.get(k)
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+        if not ok:
+            raise InputError(f"must be a non-negative number of seconds, got {v!r}", source=ref, field=f"{name}.{k}")
+        out[k] = float(v)
+    return out
 
 
 @dataclass(frozen=True)
@@ -118,17 +138,24 @@ class LayerTable:
         self.rows: dict[str, dict[int, list[tuple[int, int, float, float]]]] = {}
         self.act: dict[str, dict[int, list[tuple[int, int, float, float]]]] = {}
         """Points with measured activation bytes (as (mbs, seq, bytes, bytes): the time rows' shape)."""
-        upd = (doc.get("meta") or {}).get("update")
+        meta = doc.get("meta") or {}
         self.update: tuple[float, float] | None = None
         """(accumulation s per parameter and micro-batch, update s per parameter and step) measured by
         ``profilers/update_costs.py`` (``tune`` stores them in ``meta["update"]``), or None."""
-        if isinstance(upd, dict):
-            try:
-                acc, up = float(upd["accumulate_s_per_param"]), float(upd["update_s_per_param"])
-            except (KeyError, TypeError, ValueError):
-                acc = up = -1.0
-            if min(acc, up) >= 0 and math.isfinite(acc + up):
-                self.update = (acc, up)
+        if meta.get("update") is not None:
+            upd = _rates(meta["update"], "meta.update", ("accumulate_s_per_param", "update_s_per_param"), self.ref)
+            self.update = (upd["accumulate_s_per_param"], upd["update_s_per_param"])
+        self.fsdp: dict[int, dict[str, float]] = {}
+        """Per ZeRO stage (2, 3): FSDP2's per-step and per-micro-batch work per parameter of the stage
+        and its sharded update per parameter of the shard, measured by ``profilers/fsdp_costs.py``
+        (``tune`` stores them in ``meta["fsdp"]``); empty where the profile has none."""
+        if meta.get("fsdp") is not None:
+            if not isinstance(meta["fsdp"], dict):
+                raise InputError(f"must be an object of ZeRO stages, got {meta['fsdp']!r}", source=self.ref,
+                                 field="meta.fsdp")
+            for z in ("2", "3"):
+                if meta["fsdp"].get(z) is not None:
+                    self.fsdp[int(z)] = _rates(meta["fsdp"][z], f"meta.fsdp.{z}", FSDP_KEYS, self.ref)
         for p in doc.get("points") or []:
             key = (int(p["micro_batch"]), int(p["seq"]))
             self.rows.setdefault(p["piece"], {}).setdefault(int(p["tp"]), []).append(
@@ -199,21 +226,38 @@ def table_for(spec: Any, model: Any, dtype: str) -> LayerTable | None:
 
 
 def update_time(ctx: Any) -> tuple[float, str] | None:
-    """(seconds, source) of the rank's optimizer update and, under ``TrainOptimizer`` (ZeRO 0/1) in
-    bf16 / fp16, its micro-batches' fp32 gradient accumulation, from the layer profile's measured
-    rates (``LayerTable.update``); None without them (then ``data_parallel.optimizer_time`` prices the
-    update from the memory bandwidth). The update runs over the rank's parameters (its tp shard of its
-    stage), sharded from ZeRO-1 on as the runtime's AdamW is; accumulation over all of them once per
-    micro-batch (FSDP2, ZeRO-2/3, accumulates inside its reduction: not measured, not charged). Charged
-    at the step's end with the update (under pipelining the accumulation really follows each
-    backward: the same seconds, placed later)."""
+    """(seconds, source) of the rank's step-end work outside the layers, from the layer profile's
+    measured rates; None without them (then ``data_parallel.optimizer_time`` prices the update from
+    the memory bandwidth).
+
+    * ZeRO 0/1 (``TrainOptimizer``; ``LayerTable.update``): the optimizer update over the rank's
+      parameters (its tp shard of its stage), sharded from ZeRO-1 on as the runtime's AdamW is, and
+      in bf16 / fp16 its micro-batches' fp32 gradient accumulation over all of them once per
+      micro-batch.
+    * ZeRO 2/3 (FSDP2; ``LayerTable.fsdp``, where the profile has the stage's rates): FSDP2's own work
+      per step and per micro-batch over the rank's parameters (copies into and out of the
+      collectives, casts, hooks, the fp32 accumulation, ZeRO-3's gathers) plus the update over the
+      shard at the rate measured on DTensor shards. A profile without them prices ZeRO 2/3 as before:
+      the ``update`` rate over the shard, no accumulation, FSDP2's work not charged. Under uneven
+      samples per replica ZeRO-3 gathers per step, not per micro-batch: its per-micro-batch rate then
+      over-charges the gathers (the hooks and accumulation stay).
+
+    Charged at the step's end with the update (under pipelining the accumulation and the gathers
+    really follow each micro-batch: the same seconds, placed later)."""
     s = ctx.step
     table = table_for(ctx.spec, s.model, s.dtype)
-    if table is None or table.update is None:
+    if table is None:
         return None
-    acc, up = table.update
     params = ctx.params / s.tp
     shard = s.shard_n if s.zero >= 1 else 1
+    z = table.fsdp.get(s.zero) if s.zero >= 2 else None
+    if z is not None:
+        seconds = (z["update_s_per_param"] * params / shard + z["step_s_per_param"] * params
+                   + z["microbatch_s_per_param"] * params * ctx.microbatches)
+        return ctx.cf * seconds, f"{table.ref} ({table.origin}), measured update and FSDP2 work"
+    if table.update is None:
+        return None
+    acc, up = table.update
     accumulate = acc * params * ctx.microbatches if s.zero <= 1 else 0.0
     return ctx.cf * (up * params / shard + accumulate), f"{table.ref} ({table.origin}), measured update"
 

@@ -114,8 +114,8 @@ def block_times(ctx: RankContext, lc: LayerCompute) -> BlockTimes:
 
 def _charge_sync(ctx: RankContext, b: BlockTimes) -> None:
     """CPU: each blocking collective inside a block also waits for the rank that drifted behind;
-    charged to the dimension that synchronises (tp, else hp, else the ring)."""
-    sync_f, sync_b = _cpu.sync_waits(ctx, b.comp_f, b.comp_b)
+    charged to the dimension that synchronises (tp, else hp, else the ring, else ZeRO-3's gathers)."""
+    sync_f, sync_b = _cpu.sync_waits(ctx, b.comp_f, b.comp_b, DP.zero3_gathers(ctx))
     if sync_f == 0.0 and sync_b == 0.0:
         return
     s = ctx.step
@@ -123,9 +123,11 @@ def _charge_sync(ctx: RankContext, b: BlockTimes) -> None:
         b.tp_f, b.tp_b = b.tp_f + sync_f, b.tp_b + sync_b
     elif s.hp > 1:
         b.hp_f, b.hp_b = b.hp_f + sync_f, b.hp_b + sync_b
-    else:
+    elif s.cp > 1:
         b.cp_f, b.cp_b = b.cp_f + sync_f, b.cp_b + sync_b
         b.cp_raw_f, b.cp_raw_b = b.cp_raw_f + sync_f, b.cp_raw_b + sync_b
+    else:
+        b.z3_f, b.z3_b = b.z3_f + sync_f, b.z3_b + sync_b
 
 
 def rank_cost(ctx: RankContext) -> RankCost:
@@ -154,6 +156,8 @@ def rank_cost(ctx: RankContext) -> RankCost:
     overl, fixed = DP.grad_sync(ctx, b.comp_f, b.comp_b)
     if ctx.rates.cpu is not None:
         overl, fixed = _cpu.exposed_grad_sync(overl, fixed)
+        if s.zero >= 2 and s.shard_n > 1 and not DP.zero3_gathers(ctx):  # ZeRO-3's meet per block: block_times
+            fixed += _cpu.zero_step_sync(ctx, b.comp_f, b.comp_b, sum(ctx.layers))
     dp_raw = DP.step_comm(ctx)
     kept, full = LY.measured_activations(ctx, kept, full, scores)
     total, terms = M.rank_memory(ctx, kept, full)

@@ -144,11 +144,57 @@ def test_sync_term_counts_the_runtimes_blocking_calls(inline, calls_per_layer_mb
     assert b - a == pytest.approx(1e-3 * calls_per_layer_mb * MODEL.layers * mb, rel=1e-6)
 
 
+@pytest.mark.parametrize("inline,calls_per_layer_mb", [
+    ("dp=2,zero=3", 2),                        # the block's gather forward and again backward
+    ("dp=2,zero=3,recompute=full", 2),         # the recomputation runs on the backward's gather
+])
+def test_zero3_gathers_are_blocking_calls_per_micro_batch(inline, calls_per_layer_mb):
+    S, B = 64, 4
+    plan = parse_inline(inline)
+    a = estimate(plan, MODEL, _cpu_cluster(0.0, n=2), S, B).predicted["step_time_s"]
+    b = estimate(plan, MODEL, _cpu_cluster(1e-3, n=2), S, B).predicted["step_time_s"]
+    mb = max(plan.shares.samples) if plan.shares.samples else B // 2  # micro-batches of one sample
+    assert b - a == pytest.approx(1e-3 * calls_per_layer_mb * MODEL.layers * mb, rel=1e-6, abs=1e-12)
+
+
+@pytest.mark.parametrize("inline", ["dp=2,zero=2", "dp=2,zero=3,samples=3/1", "dp=2,zero=2,pp=2"])
+def test_zero_gathering_once_a_step_meets_once_a_step(inline):
+    """ZeRO-2 (and ZeRO-3 with uneven replicas) gathers each block in its first forward and
+    reduce-scatters it in the last backward: two blocking calls per block a step, whatever the
+    micro-batch count; ZeRO-1 none."""
+    S = 64
+    for B in (4, 8):
+        plan = parse_inline(inline.replace("3/1", f"{3 * B // 4}/{B // 4}"))
+        n = plan.degrees.world
+        a = estimate(plan, MODEL, _cpu_cluster(0.0, n=n), S, B).predicted["step_time_s"]
+        b = estimate(plan, MODEL, _cpu_cluster(1e-3, n=n), S, B).predicted["step_time_s"]
+        assert b - a == pytest.approx(1e-3 * 2 * MODEL.layers / plan.degrees.pp, rel=1e-6)
+    z1 = parse_inline("dp=2,zero=1")
+    assert (estimate(z1, MODEL, _cpu_cluster(1e-3, n=2), S, 4).predicted["step_time_s"]
+            == estimate(z1, MODEL, _cpu_cluster(0.0, n=2), S, 4).predicted["step_time_s"])
+
+
 def test_dp_has_no_per_block_sync():
     S, B = 64, 4
     a = estimate(parse_inline("dp=2"), MODEL, _cpu_cluster(0.0, 0.0), S, B).predicted["step_time_s"]
     b = estimate(parse_inline("dp=2"), MODEL, _cpu_cluster(1e-3, 0.5), S, B).predicted["step_time_s"]
     assert a == b
+
+
+@pytest.mark.parametrize("inline", ["dp=2,zero=3", "dp=2,zero=2", "dp=2,zero=3,mbs=1,samples=3/1"])
+def test_on_a_cpu_no_zero_gather_hides_behind_compute(inline):
+    """Every ZeRO-2/3 transfer of a CPU step is exposed (gloo copies on the busy core: the gathers as
+    the reduction, ``data_parallel._beyond``): exposed in the blocks plus exposed at the step equals
+    all DP communication; the same plan on a GPU of the same rates hides part of its gathers."""
+    S, B = 64, 4
+    prof = {"overheads": {"sync_call_s": 0.0, "sync_skew": 0.0, "op_s": 0.0, "gemm_call_s": 0.0}}
+    got = {}
+    for kind in ("cpu", "cuda"):
+        c = one_node(2, dev=device(kind=kind, profile=prof if kind == "cpu" else None, mem_bw=HUGE), bw=1e10, lat=0.0)
+        r = estimate(parse_inline(inline), MODEL, c, S, B).breakdown["ranks"][0]
+        got[kind] = (r["exposed_comm_s"] + r["dp_exposed_s"], r["dp_comm_s"])
+    assert got["cpu"][0] == pytest.approx(got["cpu"][1], rel=1e-9) and got["cpu"][1] > 0
+    assert got["cuda"][0] < got["cuda"][1]
 
 
 def _corpus():
