@@ -46,8 +46,7 @@ from autotune.plan import (
 from autotune.schedules import get_schedule
 from autotune.stages import STAGED_SCHEDULES
 from search_spaces import _balance as B
-from search_spaces import _fill
-from search_spaces import _stages
+from search_spaces import _fill, _stages
 from search_spaces.base import Infeasible, SearchContext, family_of
 
 NAME = "default"
