@@ -365,7 +365,7 @@ def _sync_s(ctx: Any, c: Composition, n: list[int], zero: int) -> float:
     worst = 0.0
     for s, o in enumerate(c.stages):
         devs = [o.slots[i][0] for i in range(min(len(o.slots), c.dp))]
-        link = topo.group_link(devs)
+        link = topo.ring_link(devs)  # the cost model's link for a ring over replicas (multi-rail across nodes)
         nbytes = 4 * n[s] * _layer_params(ctx.model) / o.tp
         coll = collectives_for(ctx.cluster.groups[o.group].device)
         t = coll.all_reduce(link, c.dp, nbytes)

@@ -46,7 +46,7 @@ from autotune.plan import (
 from autotune.schedules import get_schedule
 from autotune.stages import STAGED_SCHEDULES
 from search_spaces import _balance as B
-from search_spaces import _stages
+from search_spaces import _fill, _stages
 from search_spaces.base import Infeasible, SearchContext, family_of
 
 NAME = "default"
@@ -453,6 +453,15 @@ class DefaultSpace:
         # the stage program's plan for the same knobs, with and without recomputation
         out += [self.params(recompute=rc, zero=1, stages="program") for rc in ("none", "selective")]
         return out
+
+    def filled_starts(self, p: dict[str, Any], attrs: dict[str, Any]) -> list[dict[str, Any]]:
+        """Start ``p``, priced and fitting at micro-batch 1 (``attrs``), at the largest micro-batch its
+        memory and pipeline leave room for (``_fill``: read from its breakdown), then half that."""
+        plan, rows = attrs.get("plan") or {}, (attrs.get("breakdown") or {}).get("ranks")
+        samples = min((plan.get("shares") or {}).get("samples") or [self.ctx.global_batch])
+        mbs = _fill.largest_micro_batch(rows, samples, (plan.get("degrees") or {}).get("pp", 1), 2 ** self.mbs_max_exp)
+        e = int(math.log2(mbs))
+        return [{**p, "mbs_exp": x} for x in (e, e - 1) if x > p["mbs_exp"]]
 
     @staticmethod
     def memory_fallback(p: dict[str, Any]) -> dict[str, Any]:

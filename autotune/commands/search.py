@@ -36,7 +36,7 @@ from autotune.units import fmt_bytes, fmt_time
 HELP = "Search parallel plans with Optuna over degrees and uneven shares using the cost model."
 
 TrialsOpt = Annotated[int | None, typer.Option("--trials", "-n", help="Sampler trials (baselines, balanced starts "
-                                                                      "and the polish, up to 8x, come on top); "
+                                                                      "and the polish, up to 4x, come on top); "
                                                                       "default 100, or the whole grid.")]
 TimeoutOpt = Annotated[float | None, typer.Option("--timeout", help="Stop after this many seconds (the notes say "
                                                                    "where it stopped).")]

@@ -241,3 +241,39 @@ def _walked_in_flight(p, L, m, F, r, shares=None):
 def test_in_flight_counts_match_the_walked_order(p, L, m, F, shares):
     for r in range(p):
         assert H.in_flight(p, L, m, F, r, shares) == _walked_in_flight(p, L, m, F, r, shares)
+
+
+def _scanned_forward(p, L, m, F, shares):
+    """The list schedule as its docstring states it, every ready operation of every rank scanned
+    each step: the reference ``_listed_forward``'s heaps must reproduce exactly."""
+    per = L / p
+    slow = min(x for x in shares if x > 0) / per
+    dur = [1.0 / (x / per if x > 0 else slow) for x in shares]
+    n, group = 2 * L + 1, p * F
+    ready = [[] for _ in range(p)]
+    ready[0] = [((mb // group, H.offset_of(mb, p, F), mb % F), 0.0, 0, mb) for mb in range(m)]
+    free, out = [0.0] * p, [[] for _ in range(p)]
+    for _ in range(m * n):
+        best = None
+        for r in range(p):
+            if ready[r]:
+                at = max(free[r], min(it[1] for it in ready[r]))
+                item = min(it for it in ready[r] if it[1] <= at)
+                if best is None or (at, r) < best[:2]:
+                    best = (at, r, item)
+        at, r, item = best
+        ready[r].remove(item)
+        key, _, k, mb = item
+        out[r].append(H.HelixOp(H.FWD, k, mb))
+        free[r] = at + dur[r]
+        if k + 1 < n:
+            g, d, f = key[0], H.offset_of(mb, p, F), mb % F
+            ready[H.chain_rank(k + 1, mb, p, F, shares)].append(((g, d + k + 1, f), free[r], k + 1, mb))
+    return tuple(tuple(o) for o in out)
+
+
+@pytest.mark.parametrize("p,L,m,F,shares", [(2, 8, 8, 1, (5, 3)), (2, 8, 16, 2, (6, 2)), (3, 6, 12, 2, (0, 2, 4)),
+                                            (4, 8, 16, 1, (3, 1, 2, 2)), (4, 16, 32, 2, (7, 1, 0, 8)),
+                                            (8, 16, 16, 1, (4, 0, 2, 2, 1, 3, 2, 2))])
+def test_listed_forward_matches_the_scanned_list_schedule(p, L, m, F, shares):
+    assert H._listed_forward.__wrapped__(p, L, m, F, shares) == _scanned_forward(p, L, m, F, shares)

@@ -134,3 +134,18 @@ def test_default_space_samples_per_stage_points_with_named_limits():
     assert plans
     bad = sp.build({**sp.params(stages="program"), "zero_stage": 3})
     assert isinstance(bad, Infeasible) and bad.kind == "schedule" and "zero_stage" in bad.reason
+
+
+def test_program_gradient_sync_matches_the_cost_model_across_nodes():
+    """The program's approximate gradient sync (``_sync_s``) against the cost model's own DP time of
+    the plan it stands for: 16 replicas over 4 nodes reduce at the multi-rail ring rate
+    (``comm.ring_link``), not one NIC's (it ranked issue 26's Metis-style plan out of the top)."""
+    c16 = cluster_from_dict({"name": "a16", "nodes": [{"count": 4, "devices_per_node": 4, "device": "A100-40GB"}],
+                             "inter_node": {"bandwidth": "25Gbit/s"}})
+    ctx = SearchContext(model=M, cluster=c16, seq_len=SEQ, global_batch=64, dtype="bf16")
+    opt = next(o for o in P.option_costs(ctx, (1, "none", "bf16"), {}) if o.tp == 1)
+    comp = P.Composition(dp=16, stages=(opt,))
+    plan = Plan(stages=P.assign(comp, [M.layers], False), zero_stage=0, dtype="bf16", shares=P._samples(64, 1, 16))
+    e = estimate(plan, M, c16, SEQ, 64)
+    actual = max(r["dp_comm_s"] for r in e.breakdown["ranks"])
+    assert P._sync_s(ctx, comp, [M.layers], 0) == pytest.approx(actual, rel=0.25)
