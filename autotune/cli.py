@@ -7,6 +7,8 @@ is also printed on stdout as ``{"error": {"kind", "message", "source", "field"}}
 
 from __future__ import annotations
 
+import atexit
+import gc
 import os
 import sys
 import traceback
@@ -97,8 +99,24 @@ def _fail(exc: AutotuneError | None, message: str, code: int, kind: str) -> None
     sys.exit(code)
 
 
+def _collector_for_a_short_process() -> None:
+    """Tune Python's cyclic garbage collector for a process that runs one command and exits.
+
+    A search makes a few hundred thousand small objects (trials, plans, memoised prices) and keeps
+    nearly all of them to the end. At the default thresholds the collector rescans them again and
+    again, and at exit the interpreter runs full collections over everything once more: together
+    0.8-1.0 s of a 3-4 s `autotune search` on this machine. Freezing what the imports made (it lives
+    as long as the process), collecting young objects less often and freezing everything at exit
+    (the process is about to end: nothing needs collecting) removes that without changing any
+    result. Reference counting still frees every object without a cycle at once."""
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)
+    atexit.register(gc.freeze)  # registered first, so it runs last of the exit handlers
+
+
 def main() -> None:
     debug = os.environ.get("AUTOTUNE_DEBUG") == "1"
+    _collector_for_a_short_process()
     try:
         # Outside standalone mode click returns a command's `typer.Exit(n)` code instead of exiting.
         rv = app(standalone_mode=False)
