@@ -20,7 +20,7 @@ out as ``(p-1)/(m+p-1)`` (tests/unit/test_cost_pipeline.py), and a slow stage se
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Any
 
 from autotune.schedules import B, F, I, Op, Schedule, W, as_schedule
@@ -53,11 +53,10 @@ class Simulation:
     p: int
     v: int
     m: int
-    f_end: list[list[float]]
-    b_end: list[list[float]]
-    """End of the backward that produces the chunk's input gradient (B, or I when split)."""
-    w_end: list[list[float]] | None
-    """End of the weight-gradient backward (None when the schedule does not split it)."""
+    program: _Program
+    """The operations in the order they were timed (``_program``)."""
+    ends: list[float]
+    """When each operation of ``program`` ends."""
     fwd: tuple[float, ...]
     bwd: tuple[float, ...]
     p2p: tuple[float, ...]
@@ -69,6 +68,25 @@ class Simulation:
     """Seconds each pipeline rank spends in forward and backward operations."""
     makespan: float = 0.0
     """When the last pipeline rank finishes."""
+
+    @cached_property
+    def f_end(self) -> list[list[float]]:
+        """End of each forward, ``[chunk][micro-batch]``."""
+        return self._per_op(self.program.f_at)
+
+    @cached_property
+    def b_end(self) -> list[list[float]]:
+        """End of the backward that produces the chunk's input gradient (B, or I when split)."""
+        return self._per_op(self.program.b_at)
+
+    @cached_property
+    def w_end(self) -> list[list[float]] | None:
+        """End of the weight-gradient backward (None when the schedule does not split it)."""
+        return self._per_op(self.program.w_at) if self.program.w_at is not None else None
+
+    def _per_op(self, at: tuple[tuple[int, ...], ...]) -> list[list[float]]:
+        ends = self.ends
+        return [[ends[k] for k in row] for row in at]
 
     def bubble_fraction(self, s: int) -> float:
         span = self.makespan
@@ -132,80 +150,106 @@ def simulate(schedule: Schedule | str, p: int, v: int, m: int, fwd: tuple[float,
     return simulate_chain(sched, p, v, m, fwd, bwd, p2p, wgt)
 
 
-def simulate_chain(sched: Schedule, p: int, v: int, m: int, fwd: tuple[float, ...], bwd: tuple[float, ...],
-                   p2p: tuple[float, ...], wgt: tuple[float, ...] | None = None) -> Simulation:
-    """The chain of model chunks run in ``sched.op_order`` (every schedule whose ``chain`` is True).
+@dataclass(frozen=True)
+class _Program:
+    """A chain schedule's operations for one (p, v, m), in one order that respects every
+    dependency, each with what it needs: ``ops[k]`` = (pipeline rank, kind, model chunk, index of
+    the operation whose end it waits for or -1, index into the hop times: ``n - 1`` = none).
+    ``f_at`` / ``b_at`` / ``w_at``: the index in ``ops`` of each chunk's and micro-batch's F, B-or-I
+    and W."""
 
-    Longer than a screen on purpose: it is the estimate's inner loop (every operation of every
-    micro-batch on every rank), kept as one loop over local variables rather than a call per
-    operation."""
+    ops: tuple[tuple[int, int, int, int, int], ...]
+    f_at: tuple[tuple[int, ...], ...]
+    b_at: tuple[tuple[int, ...], ...]
+    w_at: tuple[tuple[int, ...], ...] | None
+    rank_of: tuple[int, ...]
+
+
+@lru_cache(maxsize=256)
+def _program(sched: Schedule, p: int, v: int, m: int) -> _Program:
+    """Order the operations once per (schedule, p, v, m): sweep the ranks, each running its
+    operations in the schedule's order until one waits for an operation not yet placed (the same
+    sweep as timing them, with nothing timed). What runs when depends on the times, but which
+    operation waits for which does not, so every simulation of this shape reuses the order."""
     n = p * v
-    if sched.splits_backward and wgt is None:
-        raise ValueError(f"schedule {sched.name} splits the backward: give wgt, the weight-gradient seconds")
-    rank_of = [sched.stage_rank(j, p, v) for j in range(n)]
-    hop = tuple(0.0 if rank_of[j] == rank_of[j + 1] else p2p[j] for j in range(n - 1))
-    f_end: list[list[float]] = [[-1.0] * m for _ in range(n)]
-    b_end: list[list[float]] = [[-1.0] * m for _ in range(n)]
-    w_end: list[list[float]] | None = [[-1.0] * m for _ in range(n)] if sched.splits_backward else None
-    igr = tuple(bwd[j] - wgt[j] for j in range(n)) if wgt is not None else bwd
-    orders = [sched.op_order(p, v, m, s) for s in range(p)]
-    ptr = [0] * p
-    free = [0.0] * p
-    busy = [0.0] * p
-    remaining = sum(len(o) for o in orders)
     last = n - 1
+    orders = [sched.op_order(p, v, m, s) for s in range(p)]
+    f_at = [[-1] * m for _ in range(n)]
+    b_at = [[-1] * m for _ in range(n)]
+    w_at = [[-1] * m for _ in range(n)] if sched.splits_backward else None
+    ops: list[tuple[int, int, int, int, int]] = []
+    ptr = [0] * p
+    remaining = sum(len(o) for o in orders)
     while remaining:
         advanced = 0
         for s in range(p):
-            ops, k, t = orders[s], ptr[s], free[s]
-            nops = len(ops)
-            while k < nops:
-                kind, j, i = ops[k]
+            order, k = orders[s], ptr[s]
+            while k < len(order):
+                kind, j, i = order[k]
                 if kind == F:
-                    if j:
-                        dep = f_end[j - 1][i]
-                        if dep < 0:
-                            break
-                        dep += hop[j - 1]
-                        if dep > t:
-                            t = dep
-                    t += fwd[j]
-                    busy[s] += fwd[j]
-                    f_end[j][i] = t
-                elif kind != W:  # B or I: needs the input gradient of the next chunk
-                    if j < last:
-                        dep = b_end[j + 1][i]
-                        if dep < 0:
-                            break
-                        dep += hop[j]
-                    else:
-                        dep = f_end[j][i]
-                        if dep < 0:
-                            break
-                    if dep > t:
-                        t = dep
-                    d = bwd[j] if kind == B else igr[j]
-                    t += d
-                    busy[s] += d
-                    b_end[j][i] = t
+                    dep, hop = (f_at[j - 1][i], j - 1) if j else (-2, last)
+                elif kind != W:  # B or I: the input gradient of the next chunk (the last: its own F)
+                    dep, hop = (b_at[j + 1][i], j) if j < last else (f_at[j][i], last)
                 else:
-                    assert w_end is not None and wgt is not None
-                    dep = b_end[j][i]
-                    if dep < 0:
-                        break
-                    if dep > t:
-                        t = dep
-                    t += wgt[j]
-                    busy[s] += wgt[j]
-                    w_end[j][i] = t
+                    assert w_at is not None
+                    dep, hop = b_at[j][i], last
+                if dep == -1:
+                    break
+                if kind == F:
+                    f_at[j][i] = len(ops)
+                elif kind != W:
+                    b_at[j][i] = len(ops)
+                else:
+                    assert w_at is not None
+                    w_at[j][i] = len(ops)
+                ops.append((s, kind, j, max(dep, -1), hop))
                 k += 1
             advanced += k - ptr[s]
-            ptr[s], free[s] = k, t
+            ptr[s] = k
         if not advanced:  # pragma: no cover - a schedule whose order deadlocks is a bug here
             raise RuntimeError(f"pipeline schedule {sched.name} deadlocked (p={p}, v={v}, m={m})")
         remaining -= advanced
-    return Simulation(schedule=sched, p=p, v=v, m=m, f_end=f_end, b_end=b_end, w_end=w_end, fwd=fwd, bwd=bwd,
-                      p2p=hop, wgt=wgt, rank_finish=free, rank_busy=busy, makespan=max(free))
+    return _Program(tuple(ops), _frozen(f_at), _frozen(b_at), _frozen(w_at) if w_at is not None else None,
+                    tuple(sched.stage_rank(j, p, v) for j in range(n)))
+
+
+def _frozen(rows: list[list[int]]) -> tuple[tuple[int, ...], ...]:
+    return tuple(tuple(r) for r in rows)
+
+
+def simulate_chain(sched: Schedule, p: int, v: int, m: int, fwd: tuple[float, ...], bwd: tuple[float, ...],
+                   p2p: tuple[float, ...], wgt: tuple[float, ...] | None = None) -> Simulation:
+    """The chain of model chunks run in ``sched.op_order`` (every schedule whose ``chain`` is True):
+    each operation starts when its rank is free and its input has arrived (its dependency's end plus
+    the hop), in the dependency order ``_program`` fixed for this shape.
+
+    It is the estimate's inner loop (every operation of every micro-batch on every rank), kept as
+    one loop over local variables; each sum is taken in the order the ranks run their operations."""
+    n = p * v
+    if sched.splits_backward and wgt is None:
+        raise ValueError(f"schedule {sched.name} splits the backward: give wgt, the weight-gradient seconds")
+    prog = _program(sched, p, v, m)
+    rank_of = prog.rank_of
+    hop = tuple(0.0 if rank_of[j] == rank_of[j + 1] else p2p[j] for j in range(n - 1))
+    hops = hop + (0.0,)  # index n - 1: no hop (adding 0.0 leaves a time as it is)
+    igr = tuple(bwd[j] - wgt[j] for j in range(n)) if wgt is not None else bwd
+    seconds = (fwd, bwd, igr, wgt)  # by operation kind: F, B, I, W
+    ends = [0.0] * len(prog.ops)
+    free = [0.0] * p
+    busy = [0.0] * p
+    for k, (s, kind, j, dep, h) in enumerate(prog.ops):
+        t = free[s]
+        if dep >= 0:
+            arrive = ends[dep] + hops[h]
+            if arrive > t:
+                t = arrive
+        d = seconds[kind][j]
+        t += d
+        busy[s] += d
+        free[s] = t
+        ends[k] = t
+    return Simulation(schedule=sched, p=p, v=v, m=m, program=prog, ends=ends, fwd=fwd, bwd=bwd, p2p=hop, wgt=wgt,
+                      rank_finish=free, rank_busy=busy, makespan=max(free))
 
 
 @lru_cache(maxsize=2048)

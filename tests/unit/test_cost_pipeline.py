@@ -1,7 +1,7 @@
 """The pipeline simulation against hand-derived schedule results (no constants from the code)."""
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from autotune.cost.pipeline import op_order, peak_in_flight, simulate
@@ -112,3 +112,65 @@ def test_interleaved_first_stage_holds_p_plus_p_minus_1_over_v_micro_batches(p, 
     # p * (1 + (p - 1) / (p * v)) micro-batches' worth of its layers, i.e. p*v + p - 1 chunks
     peak, _ = peak_in_flight("interleaved_1f1b", p, v, m, 0, (1,) * v)
     assert peak == p * v + p - 1
+
+
+def _reference_ends(schedule, p, v, m, fwd, bwd, p2p, wgt):
+    """Each operation's end from its definition (the module docstring), by recursion: it starts when
+    the operation before it on its rank has ended and its input has arrived."""
+    import functools
+
+    from autotune.schedules import B, F, W, as_schedule
+
+    sched = as_schedule(schedule)
+    n, last = p * v, p * v - 1
+    rank = [sched.stage_rank(j, p, v) for j in range(n)]
+    hop = [0.0 if rank[j] == rank[j + 1] else p2p[j] for j in range(n - 1)]
+    before, where = {}, {}
+    for s in range(p):
+        prev = None
+        for op in sched.op_order(p, v, m, s):
+            before[op], prev = prev, op
+            where[(op.kind if op.kind in (F, W) else B, op.stage, op.microbatch)] = op
+
+    @functools.cache
+    def end(op):
+        kind, j, i = op
+        start = end(before[op]) if before[op] is not None else 0.0
+        if kind == F:
+            dep = end(where[(F, j - 1, i)]) + hop[j - 1] if j else 0.0
+            d = fwd[j]
+        elif kind == W:
+            dep, d = end(where[(B, j, i)]), wgt[j]
+        else:
+            dep = end(where[(B, j + 1, i)]) + hop[j] if j < last else end(where[(F, j, i)])
+            d = bwd[j] if kind == B else bwd[j] - wgt[j]
+        return max(start, dep) + d
+
+    return {op: end(op) for op in before}
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(["1f1b", "gpipe", "interleaved_1f1b", "zbv", "interleaved_zb"]), st.integers(1, 4),
+       st.integers(1, 9), st.randoms(use_true_random=False))
+def test_every_operation_ends_where_its_definition_puts_it(schedule, p, m, rng):
+    # the simulation times operations in an order fixed once per shape (pipeline._program); the
+    # reference times each one from the rule itself, whatever the order
+    import sys
+
+    from autotune.schedules import F, W, as_schedule
+
+    sys.setrecursionlimit(10000)
+    sched = as_schedule(schedule)
+    v = sched.virtual_stage_choices(p)[-1]
+    assume(not sched.check_shape(p, v) and not sched.check_microbatches(p, v, [m]))  # shapes it takes
+    n = p * v
+    fwd = tuple(rng.uniform(0.1, 2.0) for _ in range(n))
+    bwd = tuple(f * rng.uniform(1.5, 2.5) for f in fwd)
+    wgt = tuple(b * rng.uniform(0.2, 0.6) for b in bwd) if sched.splits_backward else None
+    p2p = tuple(rng.choice([0.0, rng.uniform(0.0, 0.3)]) for _ in range(n - 1))
+    sim = simulate(schedule, p, v, m, fwd, bwd, p2p, wgt)
+    ref = _reference_ends(schedule, p, v, m, fwd, bwd, p2p, wgt)
+    for (kind, j, i), t in ref.items():
+        got = sim.f_end[j][i] if kind == F else (sim.w_end[j][i] if kind == W else sim.b_end[j][i])
+        assert got == pytest.approx(t, rel=1e-12, abs=1e-12), (kind, j, i)
+    assert sim.makespan == pytest.approx(max(ref.values()), rel=1e-12)
