@@ -41,6 +41,27 @@ def make_sampler(name: str, seed: int) -> Any:
     return MemoTPESampler(seed=seed, multivariate=True, n_startup_trials=16)
 
 
+def finished_trial(params: dict[str, Any], dists: Shared, value: float | None, state: Any,
+                   user_attrs: dict[str, Any] | None = None, constraints: dict[str, float] | None = None) -> Any:
+    """``optuna.trial.create_trial`` for a finished trial, keeping ``dists`` as they are (shared by
+    every trial, never copied: see Shared). create_trial first rebuilds the distributions dict,
+    passing each through Optuna's converter of pre-3.0 distributions: a tenth of a 16-device
+    search's time, for distributions this process made with today's classes. The trial is
+    validated as create_trial validates it."""
+    import datetime
+
+    import optuna
+
+    now = datetime.datetime.now()
+    trial = optuna.trial.FrozenTrial(number=-1, trial_id=-1, state=state, value=value, datetime_start=now,
+                                     datetime_complete=now, params=params, distributions=dists,
+                                     user_attrs=user_attrs or {}, system_attrs={}, intermediate_values={})
+    for key, v in (constraints or {}).items():
+        trial.set_constraint(key, v)
+    trial._validate()
+    return trial
+
+
 class Workspace:
     """This process's view of the study.
 
@@ -137,18 +158,13 @@ class Workspace:
             self.mem.tell(trial, value, state=state)
         own = dists if len(dists) == len(params) else Shared({k: dists[k] for k in params})
         if trial is None and sampler:
-            light = optuna.trial.create_trial(params=params, distributions=own, value=value, state=state)
-            light.distributions = own  # create_trial copies them to a plain dict, which the storage deep-copies
-            self.mem.add_trial(light)
-        stored = self._stored(attrs, out)
-        frozen = optuna.trial.create_trial(params=params, distributions=own, value=value, user_attrs=stored,
-                                           constraints=out.constraints or None, state=state)
-        frozen.distributions = own  # shared, never copied (see Shared)
+            self.mem.add_trial(finished_trial(params, own, value, state))
+        frozen = finished_trial(params, own, value, state, self._stored(attrs, out), out.constraints or None)
         self.rows.append(Row(dict(params), value, out.feasible, attrs, out.constraints, mine=True))
         self.local += 1  # after the trial exists: the origins of one process stay gap-free
         self.pending.append(frozen)  # first: an interrupt inside the spill write loses nothing
         if self.spill is not None:
-            js = encode_attrs(stored)  # once, for the spill line and the batch
+            js = encode_attrs(frozen.user_attrs)  # once, for the spill line and the batch
             self.pending_json.append(js)
             self.spill.append(frozen, js)
         if self.on_record is not None:
