@@ -112,6 +112,7 @@ class DefaultSpace:
         # fastest first, then node order: each node is one device type, so nodes stay whole
         self._fast_order = np.array(sorted(range(self.n), key=lambda i: (-ctx.speeds[i], i)), dtype=np.int64)
         self._coords_cache: dict[tuple[int, ...], np.ndarray] = {}
+        self._minima_cache: dict[tuple[Any, str, str], tuple[np.ndarray, np.ndarray]] = {}
         self._staged_cache: dict[tuple, Plan | Infeasible] = {}
         self._option_cache: dict[tuple, Any] = {}
         self._place_cache: dict[tuple[Degrees, str], tuple[np.ndarray, tuple[Placement, ...]]] = {}
@@ -240,15 +241,9 @@ class DefaultSpace:
         dimension), the placement, and the plan resolved."""
         ctx, model, deg, vs = self.ctx, self.ctx.model, sh.deg, sh.vs
         dev_of_rank, placement = self._placement(deg, p["placement"])
-        mesh = tuple(getattr(deg, d) for d in MESH_ORDER)
-        coords = self._coords(mesh)
-        speed, mem = self._speeds[dev_of_rank], self._mem[dev_of_rank]
 
         def along(dim: str, sp_key: str, mem_key: str | None = None) -> np.ndarray:
-            ax = MESH_ORDER.index(dim)
-            n = mesh[ax]
-            s = B.index_minimum(speed, coords, ax, n)
-            m = B.index_minimum(mem, coords, ax, n)
+            s, m = self._minima(deg, p["placement"], dim)
             return B.weights(s, m, float(p[sp_key]), float(p[mem_key]) if mem_key else 0.0)
 
         # samples: units of mbs (x pp for interleaved, which needs counts divisible by pp)
@@ -290,6 +285,19 @@ class DefaultSpace:
             offset[-1] = self._head_layers * min(1.0, float(p["layers_speed"]))
         layers = B.proportional_split(n_layers, chunk_w, 1, offset)
         return (None if layers is None else B.tilt(layers, int(p["layers_tilt"]))), None
+
+    def _minima(self, deg: Degrees, how: str, dim: str) -> tuple[np.ndarray, np.ndarray]:
+        """(slowest speed, least memory) per index of mesh dimension ``dim`` under the layout and
+        placement: the same for every point of one layout, so computed once per layout."""
+        key = (deg, how, dim)
+        out = self._minima_cache.get(key)
+        if out is None:
+            dev_of_rank = self._placement(deg, how)[0]
+            mesh = tuple(getattr(deg, d) for d in MESH_ORDER)
+            coords, ax = self._coords(mesh), MESH_ORDER.index(dim)
+            out = self._minima_cache[key] = (B.index_minimum(self._speeds[dev_of_rank], coords, ax, mesh[ax]),
+                                             B.index_minimum(self._mem[dev_of_rank], coords, ax, mesh[ax]))
+        return out
 
     def _coords(self, mesh: tuple[int, ...]) -> np.ndarray:
         c = self._coords_cache.get(mesh)
