@@ -104,17 +104,19 @@ def read_histogram(path: str | Path, field: str = "--lengths") -> LengthDistribu
     if not p.is_file():
         raise InputError(f"{p} does not exist or is not a file", field=field)
     pairs: dict[int, int] = {}
+    first = True  # the first line that is not blank or a comment may be a header
     for n, raw in enumerate(p.read_text().splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
+        header, first = first, False
         parts = line.replace(",", " ").replace("\t", " ").split()
         if len(parts) != 2:
             raise InputError(f"{p}:{n}: expected 'length,count', got {raw.strip()!r}", field=field)
         try:
             length, count = int(parts[0]), int(parts[1])
         except ValueError:
-            if n == 1 and not pairs:  # a header line
+            if header:
                 continue
             raise InputError(f"{p}:{n}: length and count must be whole numbers, got {raw.strip()!r}",
                              field=field) from None

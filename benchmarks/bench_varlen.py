@@ -4,8 +4,12 @@ balancing, and how the best plan moves from fixed-length windows to a length dis
 Workload: document lengths from a log-normal, ln(length) ~ N(MU, SIGMA), clipped to [2, 64k]; the
 parameters are *not* fitted to a corpus here (no corpus statistic could be checked offline): MU =
 5.5 (median 245 tokens) and SIGMA = 1.3 give a long tail (p99 ~5k tokens), the shape web-text
-document lengths are commonly described with. Windows are packed in data order
-(autotune/documents.py) and trials draw them synthetically from the histogram.
+document lengths are commonly described with. ``--lengths FILE`` takes a ``length,count``
+histogram instead (as ``autotune search --lengths`` reads one): benchmarks/data/two_mode_lengths.csv
+holds whole-window files among 32-token snippets, half the tokens each, where the gain of balancing
+is largest (the log-normal's is ~3-5%, too close to the noise of a few dozen CPU steps to judge a
+prediction by). Windows are packed in data order (autotune/documents.py) and trials draw them
+synthetically from the histogram.
 
 1. CPU trials (``run_trial`` on 2 local processes, ``small`` at a 4096 window, batch 4, fp32): each
    plan priced by the cost model (measured profile of this machine) with the distribution, then run
@@ -25,6 +29,7 @@ document lengths are commonly described with. Windows are packed in data order
     python benchmarks/bench_varlen.py --ratio-only --profile ID [--steps 4] [--layers N] [--seed S]
     python benchmarks/bench_varlen.py --attention-only --profile ID [--windows 6] [--seed S]
     python benchmarks/bench_varlen.py --gain-only --profile ID [--steps 8] [--layers N] [--seed S] [--repeat 2]
+    (each mode also takes --lengths FILE)
 """
 
 from __future__ import annotations
@@ -81,6 +86,17 @@ def best_of(model: Any, cluster: Any, seq: int, gb: int, docs: Any, trials: int,
     return search(model, cluster, seq, gb, study_name=name, storage=storage, options=opts).best.to_dict()
 
 
+LENGTHS: str | None = None  # --lengths FILE: the distribution instead of the log-normal
+
+
+def the_distribution() -> Any:
+    """The documents' length distribution: ``--lengths FILE`` (a ``length,count`` histogram, as
+    ``autotune search --lengths`` reads it), else the log-normal of the module docstring."""
+    from autotune import documents as W
+
+    return W.read_histogram(LENGTHS) if LENGTHS else W.lognormal(MU, SIGMA, n=50000, seed=0, max_len=MAX_LEN)
+
+
 def the_model(layers: int | None) -> Any:
     import dataclasses
 
@@ -115,7 +131,7 @@ def ratio_check(pid: str, storage: str, steps: int, layers: int | None = None, s
     from autotune.runtime.worker import RankTrainer
 
     torch.set_num_threads(1)  # as a trial's process and the profile's ranks run (2 on 2 cores)
-    dist = W.lognormal(MU, SIGMA, n=50000, seed=0, max_len=MAX_LEN)
+    dist = the_distribution()
     model = the_model(layers)
     cluster = measured_cluster(pid, storage, per_node=1)
     plan = Plan(degrees=Degrees(), dtype="fp32", micro_batch_size=1, num_microbatches=2,
@@ -170,7 +186,7 @@ def attention_check(pid: str, storage: str, windows: int, seed: int) -> dict[str
     m = the_model(None)
     h, kv, d = m.heads, m.kv_heads, m.head_dim
     cpu = cached_rates(measured_cluster(pid, storage, per_node=1).groups[0].device, "fp32", d).cpu
-    dist = W.lognormal(MU, SIGMA, n=50000, seed=0, max_len=MAX_LEN)
+    dist = the_distribution()
     rng = np.random.default_rng(seed)
     wins = [W.sample_window(dist, SEQ, rng) for _ in range(windows)]
 
@@ -239,7 +255,7 @@ def gain_check(pid: str, storage: str, steps: int, layers: int | None, seed: int
     from autotune.runtime.worker import RankTrainer
 
     torch.set_num_threads(1)
-    dist = W.lognormal(MU, SIGMA, n=50000, seed=0, max_len=MAX_LEN)
+    dist = the_distribution()
     model = the_model(layers)
     cluster = measured_cluster(pid, storage, per_node=2)
     one = Plan(degrees=Degrees(), dtype="fp32", micro_batch_size=1, num_microbatches=2,
@@ -300,8 +316,11 @@ def main() -> None:
     ap.add_argument("--windows", type=int, default=6, help="--attention-only: windows drawn")
     ap.add_argument("--seed", type=int, default=0, help="--ratio-only: the trainers' seed (which windows they draw)")
     ap.add_argument("--no-moves", action="store_true", help="skip part 2 (the searches with and without documents)")
+    ap.add_argument("--lengths", help="a length,count histogram of the documents (default: the log-normal)")
     ap.add_argument("--layers", type=int, help=f"run {MODEL} with this many blocks (default: all)")
     args = ap.parse_args()
+    global LENGTHS
+    LENGTHS = args.lengths
     if args.attention_only:
         out = attention_check(args.profile, args.storage, args.windows, args.seed)
         if args.json_out:
@@ -326,7 +345,7 @@ def main() -> None:
     from autotune.specs import load_model
     from autotune.specs.cluster import cluster_from_dict
 
-    dist = W.lognormal(MU, SIGMA, n=50000, seed=0, max_len=MAX_LEN)
+    dist = the_distribution()
     s = dist.summary()
     print(f"distribution: {dist.source}: mean {s['mean']:.0f}, p50 {s['p50']}, p90 {s['p90']}, p99 {s['p99']}, "
           f"max {s['max']} tokens")

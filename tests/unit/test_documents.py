@@ -141,10 +141,17 @@ def test_lengths_from_eod_and_a_histogram_file(tmp_path):
     d = W.read_histogram(f)
     assert d.lengths == (7, 100) and d.counts == (2, 4) and d.tokens == 414
     assert W.LengthDistribution.from_summary(d.summary()) == d
+    commented = tmp_path / "c.csv"  # a header after comment lines is still the header
+    commented.write_text("# where the lengths came from\n\nlength,count\n7,2\n100,4\n")
+    assert W.read_histogram(commented).counts == d.counts
     bad = tmp_path / "bad.csv"
     bad.write_text("100,3\nx,y\n")
     with pytest.raises(W.InputError, match="bad.csv:2"):
         W.read_histogram(bad)
+    late = tmp_path / "late.csv"  # only the first line may be a header
+    late.write_text("length,count\n100,3\nlength,count\n")
+    with pytest.raises(W.InputError, match="late.csv:3"):
+        W.read_histogram(late)
 
 
 def test_sampled_windows_tile_the_window_and_follow_the_distribution():
