@@ -125,6 +125,20 @@ def block_activations(ctx: RankContext) -> tuple[float, float, float]:
         fused_attention=ctx.spec.fused_attention())
 
 
+def micro_batches_that_fit(terms: dict[str, float], capacity: float) -> int | None:
+    """How many whole times a rank holds what one micro-batch adds (its activations and logits), from the
+    ``terms`` ``rank_memory`` gave it at micro-batch 1, on ``capacity`` bytes: ``rank_memory`` read
+    backwards. It is affine in the micro-batch: the model states stay, activations and logits scale
+    with it, and the reserve is its fixed part plus ``RESERVE_FRACTION`` of the rest (``reserve``).
+    None where micro-batches add nothing (no activations: any size fits)."""
+    states = terms["weights"] + terms["gradients"] + terms["optimizer"]
+    per = terms["activations"] + terms["logits"]
+    if per <= 0:
+        return None
+    fixed = terms["reserve"] - RESERVE_FRACTION * (states + per)
+    return int(((capacity - fixed) / (1 + RESERVE_FRACTION) - states) // per)
+
+
 def rank_memory(ctx: RankContext, kept: float, full: float) -> tuple[float, dict[str, float]]:
     """(bytes, terms) on the rank of ``ctx``: its model states (ZeRO-sharded), the activations of
     the layer-micro-batches its schedule holds at once (plus one block rebuilt under recompute),

@@ -143,3 +143,20 @@ def test_zero3_weights_are_whole_when_gathered_per_step():
         assert row["memory"]["weights"] == pytest.approx(2 * PHI)
     fp32 = estimate(parse_inline("dp=4,zero=3,dtype=fp32"), GELU, one_node(4), S, 16).breakdown["ranks"][0]
     assert fp32["memory"]["weights"] == pytest.approx(4 * PHI / 4 + 2 * 4 * GELU.layer_params())
+
+
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_micro_batches_that_fit_reads_rank_memory_backwards(recompute):
+    # rank_memory at micro-batch 1, read backwards, against the memory it prices at each micro-batch
+    from autotune.cost.memory import micro_batches_that_fit
+
+    def row(mbs):
+        est = estimate(parse_inline(f"dp=1,mbs={mbs},recompute={recompute}"), GELU, one_node(1), S, 64)
+        return est.breakdown["ranks"][0]
+
+    one = row(1)
+    cap = one["memory_bytes"] + 5.5 * (one["memory"]["activations"] + one["memory"]["logits"]) * (1 + RESERVE_FRACTION)
+    n = micro_batches_that_fit(one["memory"], cap)
+    assert n == 6  # 1 + 5.5 more, whole
+    for mbs in (1, 2, 4, 8):
+        assert (row(mbs)["memory_bytes"] <= cap) == (mbs <= n)
