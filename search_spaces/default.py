@@ -488,9 +488,10 @@ class DefaultSpace:
         the others do not change its plan."""
         dists = self.distributions()
         program = p.get("stages", "uniform") == "program"
+        idle = set() if program else self._idle_knobs(p)
         out = []
         for name, dist in dists.items():
-            if name == "stages" or program and name not in PROGRAM_KNOBS:
+            if name == "stages" or program and name not in PROGRAM_KNOBS or name in idle:
                 continue
             v = p[name]
             cands: list[Any] = []
@@ -515,6 +516,34 @@ class DefaultSpace:
                 out.append(q)
         out += self._trades(p)
         return out
+
+    def _idle_knobs(self, p: dict[str, Any]) -> set[str]:
+        """The knobs whose value cannot change the plan of point ``p``: the shares of a dimension of
+        degree 1 (one index takes the whole), a schedule without a pipeline, sequence parallelism
+        without tp, ZeRO with nothing to shard over. A move of one only builds ``p``'s own plan
+        again (half of a 32-device climb's points were such repeats: they cost no price, but their
+        building took a tenth of the search)."""
+        sh = self._shape(p)
+        if isinstance(sh, Infeasible):
+            return set()
+        d, idle = sh.deg, set()
+        if d.dp == 1:
+            idle |= {"samples_speed", "samples_mem"}
+        if d.cp == 1:
+            idle.add("tokens_speed")
+        if d.hp == 1:
+            idle.add("heads_speed")
+        if d.pp == 1:
+            idle |= {"layers_speed", "layers_mem", "layers_tilt", "attention_speed", "schedule", "vpp_exp"}
+        elif not get_schedule(sh.schedule).places_attention:
+            idle.add("attention_speed")
+        if len(get_schedule(sh.schedule).fold_choices) <= 1:
+            idle.add("helix_folds")
+        if d.tp == 1:
+            idle.add("sp")
+        if d.dp * d.cp * d.hp == 1:
+            idle.add("zero_stage")
+        return idle
 
     def _with_virtual_stages(self, p: dict[str, Any], schedule: str, vpp: Any) -> list[dict[str, Any]]:
         """A move to ``schedule`` with each other virtual-stage count it offers at this pp: one
