@@ -280,20 +280,8 @@ def layer_compute(model: Any, rates: Rates, *, tokens: float, tp: int, heads_loc
                             elem_bwd=2.0 * elem + _bwd_kernels(k) * k.host_s)
     lc = LayerCompute(gemm_fwd=gemm, attn_fwd=a_fwd, attn_bwd=a_bwd, elem_fwd=elem)
     if rates.cpu is not None and rates.cpu.context is not None:  # CPU: as the block runs in context
-        return in_context(lc, rates.cpu.context)
+        return rescaled_block(lc, *rates.cpu.context.block(lc.fwd, lc.bwd))
     return lc
-
-
-def in_context(lc: LayerCompute, context: Any) -> LayerCompute:
-    """A CPU block as it runs inside a step: the context's line (``cpu.Context``) over its GEMMs and
-    elementwise work, its attention core at the attention calls' own price. The context's factor is
-    what running among the block's other operators adds to their kernels (operands evicted between
-    GEMMs), fitted where attention is a few percent of the block (the profile's reference shape,
-    160 tokens); SDPA calls were measured as they run and cost the same inside a step (measured: a
-    whole 4,096-token window adds 0.50 s a layer to a trainer's step, 1.05x its calls timed alone,
-    where the block's factors, 1.20-1.29 on this machine, priced it 1.2x)."""
-    f, b = context.block(lc.fwd - lc.attn_fwd, lc.bwd - lc.attn_bwd)
-    return rescaled_block(lc, f + lc.attn_fwd, b + lc.attn_bwd, keep_attention=True)
 
 
 def _bwd_kernels(k: Any) -> int:
@@ -301,18 +289,11 @@ def _bwd_kernels(k: Any) -> int:
     return k.block_bwd if k.block_bwd is not None else 2 * k.block_fwd
 
 
-def rescaled_block(lc: LayerCompute, fwd: float, bwd: float, keep_attention: bool = False) -> LayerCompute:
-    """``lc`` with its totals replaced by ``fwd`` / ``bwd`` (a measured block, or the price in
+def rescaled_block(lc: LayerCompute, fwd: float, bwd: float) -> LayerCompute:
+    """``lc`` with its totals replaced by ``fwd`` / ``bwd`` (a measured block, or the kernel price in
     context): each forward term scaled so they sum to ``fwd`` (selective recomputation still finds the
-    attention core's share), the attention backward keeping its share of ``bwd``; with
-    ``keep_attention`` the attention terms stay as they are and the others make up the rest."""
-    if keep_attention:
-        rest = lc.fwd - lc.attn_fwd
-        scale = (fwd - lc.attn_fwd) / rest if rest > 0 else 0.0
-        attn_fwd, attn_bwd = lc.attn_fwd, lc.attn_bwd
-    else:
-        scale = fwd / lc.fwd if lc.fwd > 0 else 0.0
-        attn_fwd, attn_bwd = lc.attn_fwd * scale, bwd * (lc.attn_bwd / lc.bwd if lc.bwd > 0 else 0.0)
+    attention core's share), the attention backward keeping its share of ``bwd``."""
+    scale = fwd / lc.fwd if lc.fwd > 0 else 0.0
 
     class RescaledLayerCompute(LayerCompute):
         @property
@@ -323,15 +304,14 @@ def rescaled_block(lc: LayerCompute, fwd: float, bwd: float, keep_attention: boo
         def bwd(self) -> float:
             return bwd
 
-    return RescaledLayerCompute(gemm_fwd=lc.gemm_fwd * scale, attn_fwd=attn_fwd, attn_bwd=attn_bwd,
+    return RescaledLayerCompute(gemm_fwd=lc.gemm_fwd * scale, attn_fwd=lc.attn_fwd * scale,
+                                attn_bwd=bwd * (lc.attn_bwd / lc.bwd if lc.bwd > 0 else 0.0),
                                 elem_fwd=lc.elem_fwd * scale)
 
 
-def reference_price(rates: Rates, dtype: str, model: Any, seq: int, mbs: int
-                    ) -> tuple[float, float, float, float, float, float]:
-    """The kernel price (block fwd, bwd, head fwd, bwd, and the block's attention core fwd, bwd) of a
-    whole-sequence, unsharded micro-batch of ``mbs`` x ``seq`` tokens: what ``cpu.context_of`` sets
-    against the profile's reference points."""
+def reference_price(rates: Rates, dtype: str, model: Any, seq: int, mbs: int) -> tuple[float, float, float, float]:
+    """The kernel price (block fwd, bwd, head fwd, bwd) of a whole-sequence, unsharded micro-batch of
+    ``mbs`` x ``seq`` tokens: what ``cpu.context_of`` sets against the profile's reference points."""
     from autotune.cost.activations import layer_activation_bytes
 
     _, full, scores = layer_activation_bytes(
@@ -340,7 +320,7 @@ def reference_price(rates: Rates, dtype: str, model: Any, seq: int, mbs: int
     lc = layer_compute(model, rates, tokens=float(mbs * seq), tp=1, heads_local=model.heads,
                        keysum=seq * (seq + 1) / 2.0, block_seq=float(seq), micro_batch=mbs, act_bytes=full - scores)
     hf, hb = head_compute(model, rates, tokens=float(mbs * seq), tp=1)
-    return lc.fwd, lc.bwd, hf, hb, lc.attn_fwd, lc.attn_bwd
+    return lc.fwd, lc.bwd, hf, hb
 
 
 _SIZED: dict[tuple, tuple[Any, tuple[float, float, float, float]]] = {}

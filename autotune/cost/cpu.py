@@ -145,10 +145,8 @@ class Context:
     and head at ``profilers/block_ref.py``'s reference shape, two micro-batch sizes) against the
     kernel price of the same shapes. ``fixed`` is the per-micro-batch cost the kernels timed alone
     miss (operator dispatch and autograd nodes, ~230 per block fwd + bwd), ``factor`` what running
-    inside a step adds to every kernel (operands evicted between GEMMs, bf16 elementwise conversions)
-    but the block's attention core, whose calls cost in a step what they cost alone
-    (``compute.in_context``). Each is (fixed s, factor, floor s) for (block fwd, block bwd, head fwd,
-    head bwd) (``_line``); the block's are over its price without the attention core."""
+    inside a step adds to every kernel (operands evicted between GEMMs, bf16 elementwise conversions).
+    Each is (fixed s, factor, floor s) for (block fwd, block bwd, head fwd, head bwd) (``_line``)."""
 
     block_fwd: tuple[float, float, float]
     block_bwd: tuple[float, float, float]
@@ -196,11 +194,10 @@ def _ref_model(shape: dict[str, Any], name: str) -> tuple[Any, int]:
 
 
 def context_of(prof: dict[str, Any], dtype: str,
-               price: Callable[[Any, int, int], tuple[float, ...]]) -> Context | None:
+               price: Callable[[Any, int, int], tuple[float, float, float, float]]) -> Context | None:
     """The ``Context`` of a CPU profile at ``dtype`` (None without two micro-batches of each piece):
     the reference shapes priced by ``price(model, seq, micro_batch)`` (the kernel model's block fwd,
-    bwd, head fwd, bwd and the block's attention fwd, bwd: ``compute.reference_price``), against what
-    the profile measured for them; the block's lines leave its attention core out."""
+    bwd and head fwd, bwd: ``compute.reference_price``), against what the profile measured for them."""
     ref = (prof.get("block_ref") or {}).get(dtype)
     if not isinstance(ref, dict):
         return None
@@ -217,13 +214,9 @@ def context_of(prof: dict[str, Any], dtype: str,
         mbs, first = mbs[1:], mbs[0]
     else:
         first = 0
-    # the block's line is over its work beside the attention core (``compute.in_context``): the
-    # attention's price comes off both the kernel price and the measured time
-    full = [price(fixed_model, fixed_seq, 1) if first == 0 else price(model, seq, first)]
-    full += [price(model, seq, b) for b in mbs]
-    priced = [(bf - af, bb - ab, hf, hb) for bf, bb, hf, hb, af, ab in full]
-    measured = [(pts["block", b][0] - af, pts["block", b][1] - ab, *pts["head", b])
-                for b, (_, _, _, _, af, ab) in zip((first, *mbs), full, strict=True)]
+    priced = [price(fixed_model, fixed_seq, 1) if first == 0 else price(model, seq, first)]
+    priced += [price(model, seq, b) for b in mbs]
+    measured = [(*pts["block", b], *pts["head", b]) for b in (first, *mbs)]
     lines = [_line(tuple(k[i] for k in priced), tuple(m[i] for m in measured)) for i in range(4)]
     if first != 0:  # the first point is a real micro-batch, not the negligible shape: no floor from it
         lines = [(a, k, 0.0) for a, k, _ in lines]

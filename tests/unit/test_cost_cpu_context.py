@@ -28,8 +28,7 @@ BASE = {"gemm": GEMM, "attention": ATT, "overheads": {"gemm_call_s": {"bf16": 2e
 
 
 def _kernel(prof, model, seq, b):
-    """The kernel price (no context) of one block without its attention core, the head, and the
-    attention core (fwd, bwd), as ``context_of`` prices the shapes."""
+    """The kernel price (no context) of one block and the head, as ``context_of`` prices the shapes."""
     r = rates_for(device(kind="cpu", profile=prof, mem_bw=1e10), "bf16", model.head_dim)
     assert r.cpu.context is None
     _, full, scores = M.layer_activation_bytes(model, micro_batch=b, tokens_local=seq, cp_tokens=seq, seq_len=seq,
@@ -37,17 +36,15 @@ def _kernel(prof, model, seq, b):
                                                recompute="none", act_bytes=2)
     lc = layer_compute(model, r, tokens=b * seq, tp=1, heads_local=model.heads, keysum=seq * (seq + 1) / 2,
                        block_seq=seq, micro_batch=b, act_bytes=full - scores)
-    return (lc.fwd - lc.attn_fwd, lc.bwd - lc.attn_bwd, *head_compute(model, r, tokens=b * seq, tp=1),
-            lc.attn_fwd, lc.attn_bwd)
+    return (lc.fwd, lc.bwd, *head_compute(model, r, tokens=b * seq, tp=1))
 
 
 def _profile_with(fixed, factor):
-    """``BASE`` with ``block_ref`` points made as fixed + factor x kernel price (per term; a block's
-    attention core at its own price on top)."""
+    """``BASE`` with ``block_ref`` points made as fixed + factor x kernel price (per term)."""
     pts = []
     for b in (0, *REF_MBS):
         k = _kernel(BASE, FIXED_MODEL, FIXED_SEQ, 1) if b == 0 else _kernel(BASE, REF_MODEL, REF_SEQ, b)
-        y = [fixed[i] + factor[i] * k[i] + (k[4 + i] if i < 2 else 0.0) for i in range(4)]
+        y = [fixed[i] + factor[i] * k[i] for i in range(4)]
         pts += [["block", b, y[0], y[1]], ["head", b, y[2], y[3]]]
     return {**BASE, "block_ref": {"bf16": {"shape": ref_shape(), "points": pts}}}
 
@@ -68,10 +65,7 @@ def test_context_recovers_the_fixed_cost_and_factor_it_was_made_with():
                                                act_bytes=2)
     lc = layer_compute(other, r, tokens=192, tp=1, heads_local=3, keysum=96 * 97 / 2, block_seq=96, micro_batch=2,
                        act_bytes=full - scores)
-    assert lc.fwd == pytest.approx(fixed[0] + factor[0] * k[0] + k[4])
-    assert lc.bwd == pytest.approx(fixed[1] + factor[1] * k[1] + k[5])
-    assert (lc.attn_fwd, lc.attn_bwd) == (pytest.approx(k[4]), pytest.approx(k[5]))  # the attention as priced alone
-    assert k[4] > 0.05 * lc.fwd  # a shape where leaving the attention out of the factor shows
+    assert lc.fwd == pytest.approx(fixed[0] + factor[0] * k[0]) and lc.bwd == pytest.approx(fixed[1] + factor[1] * k[1])
     hf, hb = head_compute(other, r, tokens=192, tp=1)
     assert (hf, hb) == (pytest.approx(fixed[2] + factor[2] * k[2]), pytest.approx(fixed[3] + factor[3] * k[3]))
 
