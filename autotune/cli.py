@@ -111,7 +111,7 @@ def _collector_for_a_short_process() -> None:
     result. Reference counting still frees every object without a cycle at once."""
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
-    atexit.register(gc.freeze)  # registered first, so it runs last of the exit handlers
+    atexit.register(gc.freeze)  # before the command registers its own: runs after them
 
 
 def main() -> None:

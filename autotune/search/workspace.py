@@ -22,11 +22,11 @@ from autotune.study import MEMORY_URL, is_feasible, storage_for
 
 # A stored trial keeps its per-rank rows (21 KB of a 32-rank plan's 24 KB breakdown) when it is
 # feasible and within this fraction of the best plan this process had seen when it was recorded: the
-# plans `validate` proves and calibrates from, the best plan the report and
-# the dashboard describe (a best plan was the best so far when it was recorded, so it always keeps
-# them). The others keep their totals and their per-stage rows; the rows are the cost model's, so
-# `estimate` gives them again for any plan. Writing every trial's rows was a fifth of a 32-device
-# search (measured: 17.6 MB of JSON for 760 trials, 0.6 s of `autotune search`'s 3.9 s).
+# plans `validate` proves and calibrates from, the best plan the report and the dashboard describe
+# (a best plan was the best so far when it was recorded, so it always keeps them). The others keep
+# their totals and their per-stage rows; the rows are the cost model's, so `estimate` gives them
+# again for any plan. Writing every trial's rows was a sixth of a 32-device search (measured: 17.6 MB
+# of JSON for 760 trials, 0.6 s of `autotune search`'s 3.9 s).
 KEEP_RANKS_NEAR = 0.9
 
 
