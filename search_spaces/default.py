@@ -521,8 +521,8 @@ class DefaultSpace:
         """The knobs whose value cannot change the plan of point ``p``: the shares of a dimension of
         degree 1 (one index takes the whole), a schedule without a pipeline, sequence parallelism
         without tp, ZeRO with nothing to shard over. A move of one only builds ``p``'s own plan
-        again (half of a 32-device climb's points were such repeats: they cost no price, but their
-        building took a tenth of the search)."""
+        again: it costs no price, but a quarter of the points a 32-device search built were such
+        repeats (1,628 -> 1,240 on OPT-350M 16+16 without them, the same trials)."""
         sh = self._shape(p)
         if isinstance(sh, Infeasible):
             return set()
