@@ -160,6 +160,8 @@ class Workspace:
         if trial is None and sampler:
             self.mem.add_trial(finished_trial(params, own, value, state))
         frozen = finished_trial(params, own, value, state, self._stored(attrs, out), out.constraints or None)
+        if out.feasible and out.value is not None:  # after _stored: a plan is compared with those before it
+            self.best = max(self.best, float(out.value))
         self.rows.append(Row(dict(params), value, out.feasible, attrs, out.constraints, mine=True))
         self.local += 1  # after the trial exists: the origins of one process stay gap-free
         self.pending.append(frozen)  # first: an interrupt inside the spill write loses nothing
@@ -176,8 +178,6 @@ class Workspace:
         """``attrs`` as the storage gets them: without the per-rank rows unless the plan is near the
         best so far (``KEEP_RANKS_NEAR``); this process's rows keep them all (the phases read them)."""
         near = out.feasible and out.value is not None and out.value >= KEEP_RANKS_NEAR * self.best
-        if out.feasible and out.value is not None:
-            self.best = max(self.best, float(out.value))
         bd = attrs.get("breakdown")
         if near or not isinstance(bd, dict) or not bd.get("ranks"):
             return attrs
