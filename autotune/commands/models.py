@@ -20,19 +20,32 @@ def list_models(ctx: typer.Context, json_: JsonOpt = False) -> None:
     """List presets with their parameter counts."""
     if ctx.invoked_subcommand is not None:
         return
-    rows = [{"name": m.name, "params": m.param_count(), "layers": m.layers, "hidden": m.hidden, "heads": m.heads,
-             "kv_heads": m.kv_heads, "ffn_hidden": m.ffn_hidden, "vocab": m.vocab, "activation": m.activation}
+    rows = [{"name": m.name, "params": m.param_count(), "active_params": m.active_params(), "layers": m.layers,
+             "hidden": m.hidden, "heads": m.heads, "kv_heads": m.kv_heads, "ffn_hidden": m.ffn_hidden, "vocab": m.vocab,
+             "activation": m.activation, "experts": _experts(m)}
             for m in PRESETS.values()]
     if json_:
         emit_json({"models": rows})
         return
-    t = Table(title="Model presets")
-    for col in ("name", "params", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "activation"):
-        t.add_column(col, justify="left" if col in ("name", "activation") else "right")
+    t = Table(title="Model presets (params: total; active: per token)")
+    for col in _COLUMNS:
+        t.add_column(col, justify="left" if col in ("name", "activation", "experts") else "right")
     for r in rows:
-        t.add_row(*[fmt_count(r[c]) if c == "params" else str(r[c]) for c in
-                    ("name", "params", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "activation")])
+        t.add_row(*[fmt_count(r[c]) if c in ("params", "active_params") else str(r[c]) for c in _COLUMNS])
     console.print(t)
+
+
+_COLUMNS = ("name", "params", "active_params", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab",
+            "activation", "experts")
+
+
+def _experts(m) -> str:
+    """'128 top-8' (plus shared experts, and MLA), '-' for a dense model."""
+    if m.moe is None:
+        return "-"
+    e = m.moe
+    text = f"{e.experts} top-{e.top_k}" + (f" +{e.shared_experts} shared" if e.shared_experts else "")
+    return text + (" MLA" if m.mla is not None else "")
 
 
 @app.command("show")
@@ -51,8 +64,8 @@ def show(name: Annotated[str, typer.Argument(help="Preset name or model file.")]
         if k == "flops_per_token":
             for s, f in v.items():
                 t.add_row(f"train FLOPs/token @ seq {s}", f"{f:.4g}")
-        elif k == "params":
-            t.add_row("params", f"{fmt_count(v)} ({v:,})")
+        elif k in ("params", "active_params"):
+            t.add_row(k, f"{fmt_count(v)} ({v:,})")
         else:
             t.add_row(k, str(v))
     console.print(t)

@@ -17,6 +17,7 @@ from typing import Any
 
 from autotune.errors import InputError, suggest
 from autotune.specs import fields as F
+from autotune.specs.moe import MLASpec, MoESpec, mla_from_dict, moe_from_dict
 
 ATTENTION_BWD_FLOPS = 2.5
 """A measured attention backward's FLOPs per forward FLOP: five matmuls (S = QK^T recomputed, dV, dP,
@@ -66,6 +67,13 @@ class ModelSpec:
     """Linear layers carry biases (GPT-3 style)."""
     source: str = ""
     """Where the figures come from (paper, model card) for presets."""
+    explicit_head_dim: int = 0
+    """Each head's width where it is not hidden / heads (Qwen3, GPT-OSS: the model file's
+    ``head_dim``); 0: hidden / heads."""
+    moe: MoESpec | None = None
+    """Experts (``autotune/specs/moe.py``); None: a dense model."""
+    mla: MLASpec | None = None
+    """Multi-head Latent Attention; None: standard multi-head / grouped-query attention."""
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab"):
@@ -85,11 +93,37 @@ class ModelSpec:
             raise InputError(f"must be one of {', '.join(POSITIONS)}, got {self.position!r}", field="position")
         if self.position == "learned" and self.max_positions < 1:
             raise InputError("learned positions need max_positions >= 1", field="max_positions")
+        if self.explicit_head_dim < 0:
+            raise InputError(f"must be a positive integer, got {self.explicit_head_dim}", field="head_dim")
+        if self.moe is not None:
+            bad = [i for i in self.moe.dense_layers if not 0 <= i < self.layers]
+            if bad:
+                raise InputError(f"layer {bad[0]} is out of range (the model has {self.layers} layers, 0..{self.layers - 1})",
+                                 field="moe.dense_layers")
+            if len(self.moe.dense_layers) == self.layers:
+                raise InputError("every layer is dense: drop the moe block or a dense layer", field="moe.dense_layers")
 
     # ---- shapes -------------------------------------------------------------------------------
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        """Each head's width: the file's ``head_dim``, MLA's value head, else hidden / heads."""
+        if self.explicit_head_dim:
+            return self.explicit_head_dim
+        return self.mla.v_head_dim if self.mla is not None else self.hidden // self.heads
+
+    @property
+    def q_dim(self) -> int:
+        """Width of the queries (and of the attention output): heads * head_dim."""
+        return self.heads * self.head_dim
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Each head's query/key width (MLA: non-rope plus rope part)."""
+        return self.mla.qk_head_dim if self.mla is not None else self.head_dim
+
+    @property
+    def v_head_dim(self) -> int:
+        return self.mla.v_head_dim if self.mla is not None else self.head_dim
 
     @property
     def kv_dim(self) -> int:
@@ -101,15 +135,37 @@ class ModelSpec:
         return 3 if self.activation == "swiglu" else 2
 
     # ---- parameters ---------------------------------------------------------------------------
+    def attention_gemms(self) -> tuple[tuple[int, int, bool], ...]:
+        """(in, out, split over tp) of each attention weight matrix, in the order the block runs them.
+
+        Standard attention: the fused QKV projection and the output projection. MLA (DeepSeek-V2,
+        section 2.1.2): the query down- and up-projection (or one projection without q
+        compression), the joint KV down-projection (which also yields the shared rope key), the KV
+        up-projection, the output projection; the down-projections are replicated over tp
+        (Megatron-Core's MLA), every other matrix split."""
+        h = self.hidden
+        if self.mla is None:
+            return ((h, self.q_dim + 2 * self.kv_dim, True), (self.q_dim, h, True))
+        m, a = self.mla, self.heads
+        q = ((h, m.q_lora_rank, False), (m.q_lora_rank, a * m.qk_head_dim, True)) if m.q_lora_rank else \
+            ((h, a * m.qk_head_dim, True),)
+        return q + ((h, m.kv_lora_rank + m.qk_rope_head_dim, False),
+                    (m.kv_lora_rank, a * (m.qk_nope_head_dim + m.v_head_dim), True), (a * m.v_head_dim, h, True))
+
     def attention_params(self) -> int:
-        h, kv = self.hidden, self.kv_dim
-        n = h * h + 2 * h * kv + h * h  # Wq, Wk, Wv, Wo
+        if self.mla is not None:  # the matrices plus the two latent RMSNorms
+            return sum(i * o for i, o, _ in self.attention_gemms()) + self.mla.q_lora_rank + self.mla.kv_lora_rank
+        h, kv, q = self.hidden, self.kv_dim, self.q_dim
+        n = h * q + 2 * h * kv + q * h  # Wq, Wk, Wv, Wo
         if self.bias:
-            n += h + 2 * kv + h
+            n += q + 2 * kv + h
         return n
 
-    def mlp_params(self) -> int:
-        h, f = self.hidden, self.ffn_hidden
+    def mlp_params(self, width: int | None = None) -> int:
+        """One FFN of ``width`` (default ``ffn_hidden``)."""
+        h, f = self.hidden, self.ffn_hidden if width is None else width
+        if f == 0:
+            return 0
         n = self.mlp_matrices * h * f
         if self.bias:
             n += (self.mlp_matrices - 1) * f + h
@@ -118,9 +174,53 @@ class ModelSpec:
     def norm_params(self) -> int:
         return self.hidden * (2 if self.norm == "layernorm" else 1)
 
-    def layer_params(self) -> int:
-        """One transformer block: attention, MLP and its two norms."""
-        return self.attention_params() + self.mlp_params() + 2 * self.norm_params()
+    # ---- experts ------------------------------------------------------------------------------
+    def is_moe_layer(self, i: int) -> bool:
+        return self.moe is not None and i not in self.moe.dense_layers
+
+    @property
+    def moe_layer_count(self) -> int:
+        return 0 if self.moe is None else self.layers - len(self.moe.dense_layers)
+
+    @property
+    def dense_ffn_width(self) -> int:
+        """FFN width of the dense layers (all layers of a dense model)."""
+        if self.moe is None or self.moe.dense_ffn_hidden is None:
+            return self.ffn_hidden
+        return self.moe.dense_ffn_hidden
+
+    def ffn_width(self, i: int) -> int:
+        """Width of the FFN every token of layer ``i`` runs through on the attention's ranks: the dense
+        FFN, or in a MoE layer the shared experts (0 without them); routed experts are apart."""
+        return self.moe.shared_width if self.is_moe_layer(i) else self.dense_ffn_width
+
+    def router_params(self) -> int:
+        return 0 if self.moe is None else self.moe.experts * self.hidden
+
+    def expert_params(self) -> int:
+        """One routed expert."""
+        return 0 if self.moe is None else self.mlp_params(self.moe.expert_ffn_hidden)
+
+    def expert_params_per_layer(self) -> int:
+        """All routed experts of one MoE layer (what expert parallelism shards)."""
+        return 0 if self.moe is None else self.moe.experts * self.expert_params()
+
+    def layer_params(self, i: int | None = None) -> int:
+        """One transformer block's parameters outside its routed experts: attention, its two norms,
+        and the FFN (a MoE layer: its shared experts and router). ``i`` picks the layer of a MoE
+        model (default: a MoE layer, or any layer of a dense model)."""
+        if self.moe is None:
+            return self.attention_params() + self.mlp_params() + 2 * self.norm_params()
+        moe = self.is_moe_layer(i) if i is not None else True
+        ffn = self.mlp_params(self.moe.shared_width) + self.router_params() if moe else self.mlp_params(self.dense_ffn_width)
+        return self.attention_params() + ffn + 2 * self.norm_params()
+
+    def dense_params(self) -> int:
+        """Every parameter outside the routed experts (what data parallelism replicates)."""
+        if self.moe is None:
+            return self.param_count()
+        blocks = sum(self.layer_params(i) for i in range(self.layers))
+        return blocks + self.embedding_params() + self.head_params()
 
     def embedding_params(self) -> int:
         n = self.vocab * self.hidden
@@ -133,29 +233,64 @@ class ModelSpec:
         return self.norm_params() + (0 if self.tied_embeddings else self.vocab * self.hidden)
 
     def param_count(self) -> int:
-        return self.layers * self.layer_params() + self.embedding_params() + self.head_params()
+        if self.moe is None:
+            return self.layers * self.layer_params() + self.embedding_params() + self.head_params()
+        return self.dense_params() + self.moe_layer_count * self.expert_params_per_layer()
+
+    def total_params(self) -> int:
+        return self.param_count()
+
+    def active_params(self) -> int:
+        """Parameters one token's forward uses: every dense parameter (embedding table included, as
+        Mistral's Mixtral counts and as the model cards of tests/unit/test_moe_spec.py compare) and
+        ``top_k`` routed experts in each MoE layer."""
+        if self.moe is None:
+            return self.param_count()
+        return self.dense_params() + self.moe_layer_count * self.moe.top_k * self.expert_params()
 
     # ---- FLOPs --------------------------------------------------------------------------------
-    def layer_matmul_flops_fwd(self) -> float:
-        """Forward FLOPs per token of one block's weight matmuls: 2 * (weights)."""
-        h, kv, f = self.hidden, self.kv_dim, self.ffn_hidden
-        return 2.0 * (2 * h * h + 2 * h * kv + self.mlp_matrices * h * f)
+    def layer_matmul_flops_fwd(self, i: int | None = None) -> float:
+        """Forward FLOPs per token of one block's weight matmuls: 2 * (weights a token multiplies);
+        a MoE layer: attention, router, shared and ``top_k`` routed experts (``i``: as ``layer_params``)."""
+        if self.moe is None and self.mla is None and not self.explicit_head_dim:
+            h, kv, f = self.hidden, self.kv_dim, self.ffn_hidden
+            return 2.0 * (2 * h * h + 2 * h * kv + self.mlp_matrices * h * f)
+        attn = sum(a * b for a, b, _ in self.attention_gemms())
+        if self.moe is None or (i is not None and not self.is_moe_layer(i)):
+            return 2.0 * (attn + self.mlp_matrices * self.hidden * self.dense_ffn_width)
+        m = self.moe
+        ffn = self.mlp_matrices * self.hidden * (m.shared_width + m.top_k * m.expert_ffn_hidden) + self.router_params()
+        return 2.0 * (attn + ffn)
+
+    def matmul_flops_fwd(self) -> float:
+        """Forward FLOPs per token of every block's weight matmuls."""
+        if self.moe is None:
+            return self.layers * self.layer_matmul_flops_fwd()
+        n_moe = self.moe_layer_count
+        return n_moe * self.layer_matmul_flops_fwd() + (self.layers - n_moe) * self.layer_matmul_flops_fwd(
+            self.moe.dense_layers[0] if self.moe.dense_layers else None)
 
     def layer_attention_flops_fwd(self, seq_len: int, causal: bool = True) -> float:
-        """Forward FLOPs per token of QK^T and AV: 2 matmuls * 2 * hidden * keys attended."""
+        """Forward FLOPs per token of QK^T and AV: 2 * heads * (qk width + v width) * keys attended
+        (standard attention: 2 matmuls * 2 * heads * head_dim)."""
         keys = (seq_len + 1) / 2 if causal else seq_len
-        return 2.0 * 2.0 * self.hidden * keys
+        if self.mla is None:
+            return 2.0 * 2.0 * self.q_dim * keys
+        return 2.0 * self.heads * (self.qk_head_dim + self.v_head_dim) * keys
 
     def head_flops_fwd(self) -> float:
         """LM head per token (the embedding lookup is free)."""
         return 2.0 * self.hidden * self.vocab
 
     def forward_flops_per_token(self, seq_len: int) -> float:
-        layer = self.layer_matmul_flops_fwd() + self.layer_attention_flops_fwd(seq_len)
-        return self.layers * layer + self.head_flops_fwd()
+        if self.moe is None:
+            layer = self.layer_matmul_flops_fwd() + self.layer_attention_flops_fwd(seq_len)
+            return self.layers * layer + self.head_flops_fwd()
+        return self.matmul_flops_fwd() + self.layers * self.layer_attention_flops_fwd(seq_len) + self.head_flops_fwd()
 
     def model_flops_per_token(self, seq_len: int) -> float:
-        """Training FLOPs per token without recomputation (forward + 2x backward): what MFU counts."""
+        """Training FLOPs per token without recomputation (forward + 2x backward): what MFU counts
+        (a MoE model: the active parameters' matmuls, docs/cost-model.md)."""
         return 3.0 * self.forward_flops_per_token(seq_len)
 
     def hardware_flops_per_token(self, seq_len: int, recompute: str = "none") -> float:
@@ -168,17 +303,31 @@ class ModelSpec:
             raise InputError(f"must be one of {', '.join(RECOMPUTE)}, got {recompute!r}", field="recompute")
         base = self.model_flops_per_token(seq_len)
         if recompute == "full":
-            return base + self.layers * (self.layer_matmul_flops_fwd() + self.layer_attention_flops_fwd(seq_len))
+            if self.moe is None:
+                return base + self.layers * (self.layer_matmul_flops_fwd() + self.layer_attention_flops_fwd(seq_len))
+            return base + self.matmul_flops_fwd() + self.layers * self.layer_attention_flops_fwd(seq_len)
         if recompute == "selective":
             return base + self.layers * self.layer_attention_flops_fwd(seq_len)
         return base
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The model file's keys; the optional blocks only where set, so a dense model's dict (and the
+        studies that store it) reads as before."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+             if f.name not in ("explicit_head_dim", "moe", "mla")}
+        if self.explicit_head_dim:
+            d["head_dim"] = self.explicit_head_dim
+        if self.moe is not None:
+            d["moe"] = self.moe.to_dict()
+        if self.mla is not None:
+            d["mla"] = self.mla.to_dict()
+        return d
 
     def summary(self) -> dict[str, Any]:
         d = self.to_dict()
         d["params"] = self.param_count()
+        if self.moe is not None:
+            d["active_params"] = self.active_params()
         d["head_dim"] = self.head_dim
         return d
 
@@ -210,7 +359,7 @@ PRESETS: dict[str, ModelSpec] = {
     )
 }
 
-_MODEL_KEYS = {f.name for f in dataclasses.fields(ModelSpec)}
+_MODEL_KEYS = ({f.name for f in dataclasses.fields(ModelSpec)} - {"explicit_head_dim"}) | {"head_dim"}
 
 
 def model_from_dict(d: dict[str, Any], source: str | None = None) -> ModelSpec:
@@ -232,10 +381,29 @@ def model_from_dict(d: dict[str, Any], source: str | None = None) -> ModelSpec:
             max_positions=F.get_int(d, "max_positions", "max_positions", default=0, minimum=0),
             bias=F.get_bool(d, "bias", "bias", default=False),
             source=str(d.get("source") or source or ""),
+            explicit_head_dim=F.get_int(d, "head_dim", "head_dim", default=0, minimum=0),
+            moe=moe_from_dict(d["moe"]) if d.get("moe") is not None else None,
+            mla=mla_from_dict(d["mla"]) if d.get("mla") is not None else None,
         )
         return ModelSpec(**kw)
     except InputError as e:
         raise e.within(source=source) from None
+
+
+_DATA = Path(__file__).with_name("data")
+
+
+def _file_presets() -> dict[str, ModelSpec]:
+    """The presets written as model files (``specs/data/*.yaml``: the MoE models, each with its
+    model card's source), read as a user's model file is."""
+    out = {}
+    for p in sorted(_DATA.glob("*.yaml")):
+        m = model_from_dict(F.read_mapping(p, "model"), source=p.name)
+        out[m.name] = m
+    return out
+
+
+PRESETS.update(_file_presets())
 
 
 def load_model(name_or_path: str | Path) -> ModelSpec:
