@@ -50,6 +50,7 @@ from autotune.plan_parts import (  # noqa: F401  (every part is importable from 
     DIMS,
     DTYPE_CHOICES,
     DTYPES,
+    EXPERT_DIMS,
     GRAD_REDUCE_DTYPE,
     HELIX_FOLDS,
     MESH_ORDER,
@@ -67,6 +68,7 @@ from autotune.plan_parts import (  # noqa: F401  (every part is importable from 
     _uses_from,
     _workload_from,
     even_split,
+    expert_groups,
     mesh_groups,
     shares_are_even,
 )
@@ -295,8 +297,13 @@ class Plan:
         nmb = self.num_microbatches
         if nmb is None and all(s % mbs == 0 for s in samples):
             nmb = max(samples) // mbs
+        experts = sh.experts
+        moe = getattr(model, "moe", None)
+        if experts is None and moe is not None and moe.experts % d.ep == 0:  # even (else refused: plan_checks)
+            experts = (moe.experts // d.ep,) * d.ep
         return self.replace(
-            shares=Shares(layers=tuple(layers), tokens=tuple(tokens), heads=tuple(heads), samples=tuple(samples)),
+            shares=Shares(layers=tuple(layers), tokens=tuple(tokens), heads=tuple(heads), samples=tuple(samples),
+                          experts=experts),
             placement=tuple(placement), num_microbatches=nmb,
             workload=Workload(model=model.name, seq_len=seq_len, global_batch=global_batch,
                               cluster=getattr(cluster, "name", "")))
@@ -456,9 +463,10 @@ _INLINE_ALIASES = {"mbs": "micro_batch_size", "nmb": "num_microbatches", "vpp": 
 
 
 def parse_inline(text: str) -> Plan:
-    """``dp=32,pp=2,tp=8`` (plus optional ``mbs=2,schedule=gpipe,recompute=full,zero=1,sp=1``), and
-    uneven shares as ``/``-separated lists: ``pp=2,layers=13/19`` (layers per stage, model order),
-    ``tokens=``, ``heads=``, ``samples=`` likewise (docs/files.md, "Plan")."""
+    """``dp=32,pp=2,tp=8`` (plus optional ``mbs=2,schedule=gpipe,recompute=full,zero=1,sp=1``, and the
+    expert degrees ``ep=8,etp=1``), and uneven shares as ``/``-separated lists: ``pp=2,layers=13/19``
+    (layers per stage, model order), ``tokens=``, ``heads=``, ``samples=``, ``experts=`` likewise
+    (docs/files.md, "Plan")."""
     degrees: dict[str, Any] = {}
     rest: dict[str, Any] = {}
     shares: dict[str, list[int]] = {}
@@ -471,7 +479,7 @@ def parse_inline(text: str) -> Plan:
             raise PlanError(f"bad inline plan item {part!r}; write key=value, e.g. dp=2,pp=2", field="plan")
         key = _INLINE_ALIASES.get(key, key)
         value = value.strip()
-        if key in DIMS:
+        if key in DIMS or key in EXPERT_DIMS:
             if not value.isdigit():
                 raise PlanError(f"expected a positive integer, got {value!r}", field=f"degrees.{key}")
             degrees[key] = int(value)
@@ -479,7 +487,7 @@ def parse_inline(text: str) -> Plan:
             if not value.isdigit():
                 raise PlanError(f"expected an integer, got {value!r}", field=key)
             rest[key] = int(value)
-        elif key in ("layers", "tokens", "heads", "samples"):
+        elif key in ("layers", "tokens", "heads", "samples", "experts"):
             parts = value.split("/")
             if not all(x.strip().isdigit() for x in parts):
                 raise PlanError(f"expected counts separated by '/', e.g. {key}=13/19, got {value!r}",
@@ -495,11 +503,11 @@ def parse_inline(text: str) -> Plan:
         elif key in ("schedule", "recompute", "cp_layout", "dtype", "balance"):
             rest[key] = value
         else:
-            raise PlanError(f"unknown inline plan key {key!r}" + suggest(key, [*DIMS, *_INLINE_ALIASES,
+            raise PlanError(f"unknown inline plan key {key!r}" + suggest(key, [*DIMS, *EXPERT_DIMS, *_INLINE_ALIASES,
                                                                                "schedule", "recompute",
                                                                                "cp_layout", "dtype", "layers",
                                                                                "tokens", "heads", "samples",
-                                                                               "doc_mask", "balance", "uses"]),
+                                                                               "experts", "doc_mask", "balance", "uses"]),
                             field="plan")
     if shares:
         rest["shares"] = shares

@@ -89,8 +89,36 @@ def _check_resolved(plan: Plan, model: Any, cluster: Any, seq_len: int, global_b
                      f"samples({max(sh.samples)})/micro_batch_size({mbs}) = {max(counts)}")
         p += schedule_of(plan).check_microbatches(d.pp, plan.virtual_stages, counts)
         p += _sharding_problems(plan, counts)
+    p += _expert_problems(plan, model)
     p += schedule_of(plan).check_plan(plan, model)  # rules of its own (helixpipe: L % p, even layers, ...)
     p += _placement_problems(plan.placement or (), d, cluster)
+    return p
+
+
+def _expert_problems(plan: Plan, model: Any) -> list[str]:
+    """Expert parallelism's rules (Megatron-Core's, with parallel folding): ep*etp ranks fold onto each
+    stage's dp*cp*hp*tp ranks, so they divide them; every EP rank holds at least one expert and the
+    shares add up to the model's experts (even shares: experts divisible by ep); etp divides each
+    expert's FFN width; a dense model takes no expert degree."""
+    d, moe = plan.degrees, getattr(model, "moe", None)
+    if moe is None:
+        bad = [f"degrees.{k}: {k}({getattr(d, k)}) > 1 but model {model.name!r} has no experts"
+               for k in ("ep", "etp") if getattr(d, k) > 1]
+        if plan.shares.experts is not None:
+            bad.append(f"shares.experts: model {model.name!r} has no experts")
+        return bad
+    p = []
+    if d.stage_ranks % (d.ep * d.etp):
+        p.append(f"degrees.ep: ep({d.ep})*etp({d.etp}) does not divide a stage's ranks "
+                 f"dp({d.dp})*cp({d.cp})*hp({d.hp})*tp({d.tp}) = {d.stage_ranks}")
+    if moe.expert_ffn_hidden % d.etp:
+        p.append(f"degrees.etp: moe.expert_ffn_hidden({moe.expert_ffn_hidden}) is not divisible by etp({d.etp})")
+    if plan.shares.experts is None:  # even shares are filled only where ep divides the experts
+        p.append(f"shares.experts: moe.experts({moe.experts}) is not divisible by ep({d.ep}); give uneven shares "
+                 "(experts=a/b/...) or another ep")
+    else:
+        p += _check_shares("experts", plan.shares.experts, d.ep, moe.experts,
+                           "ep ranks; an EP rank with no expert is not allowed")
     return p
 
 

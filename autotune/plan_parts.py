@@ -17,6 +17,11 @@ from autotune.specs import fields as F
 
 DIMS = ("dp", "pp", "cp", "hp", "tp")
 MESH_ORDER = ("pp", "dp", "cp", "hp", "tp")
+EXPERT_DIMS = ("ep", "etp")
+"""Expert parallelism's degrees. They fold onto the ranks the dimensions above already count
+(Megatron-Core's "parallel folding"): within a pipeline stage the dp*cp*hp*tp attention ranks are
+also edp*ep*etp expert ranks, ordered pp, edp, ep, etp (etp innermost); edp, the expert data
+parallelism, is derived (``Degrees.edp``), never written. They do not multiply the world."""
 
 
 RECOMPUTE = ("none", "selective", "full")
@@ -54,9 +59,13 @@ class Degrees:
     """Head-parallel (Ulysses all-to-all) ranks."""
     tp: int = 1
     """Tensor-parallel (Megatron) ranks."""
+    ep: int = 1
+    """Expert-parallel ranks: each holds its share of every MoE layer's routed experts (``EXPERT_DIMS``)."""
+    etp: int = 1
+    """Expert tensor-parallel ranks: each expert's FFN split over them."""
 
     def __post_init__(self) -> None:
-        for d in DIMS:
+        for d in (*DIMS, *EXPERT_DIMS):
             v = getattr(self, d)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise PlanError(f"must be a positive integer, got {v!r}", field=f"degrees.{d}")
@@ -65,14 +74,27 @@ class Degrees:
     def world(self) -> int:
         return self.dp * self.pp * self.cp * self.hp * self.tp
 
+    @property
+    def stage_ranks(self) -> int:
+        """Ranks of one pipeline stage: the attention's dp*cp*hp*tp, the experts' edp*ep*etp."""
+        return self.dp * self.cp * self.hp * self.tp
+
+    @property
+    def edp(self) -> int:
+        """Expert data-parallel replicas of one stage (derived: the stage's ranks over ep*etp;
+        0 where ep*etp does not divide them, which the plan checks refuse)."""
+        n = self.ep * self.etp
+        return self.stage_ranks // n if self.stage_ranks % n == 0 else 0
+
     def product_text(self) -> str:
         return "*".join(f"{d}({getattr(self, d)})" for d in DIMS)
 
     def to_dict(self) -> dict[str, int]:
-        return {d: getattr(self, d) for d in DIMS}
+        """Every attention degree; the expert degrees only where not 1 (dense plans read as before)."""
+        return {**{d: getattr(self, d) for d in DIMS}, **{d: getattr(self, d) for d in EXPERT_DIMS if getattr(self, d) != 1}}
 
     def inline(self) -> str:
-        return ",".join(f"{d}={getattr(self, d)}" for d in DIMS if getattr(self, d) != 1) or "dp=1"
+        return ",".join(f"{d}={getattr(self, d)}" for d in (*DIMS, *EXPERT_DIMS) if getattr(self, d) != 1) or "dp=1"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,9 +105,13 @@ class Shares:
     tokens: tuple[int, ...] | None = None
     heads: tuple[int, ...] | None = None
     samples: tuple[int, ...] | None = None
+    experts: tuple[int, ...] | None = None
+    """Routed experts each EP rank holds (``ep`` entries summing to the model's experts); None for a
+    dense model (and left out of its JSON, so dense plans read as before)."""
 
     def to_dict(self) -> dict[str, list[int] | None]:
-        return {k: (list(v) if v is not None else None) for k, v in dataclasses.asdict(self).items()}
+        return {k: (list(v) if v is not None else None) for k, v in dataclasses.asdict(self).items()
+                if k != "experts" or v is not None}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,6 +148,20 @@ def even_split(total: int, parts: int) -> list[int]:
     return [q + (1 if i < r else 0) for i in range(parts)]
 
 
+def expert_groups(degrees: Degrees, dim: str, world: int | None = None) -> list[list[int]]:
+    """Every ``dim`` group (``ep``, ``etp`` or ``edp``) of the expert mesh, ordered by first rank:
+    inside each pipeline stage's block of ranks, etp innermost, then ep, then edp (Megatron-Core's
+    expert mesh folded onto the attention ranks)."""
+    sizes = {"etp": degrees.etp, "ep": degrees.ep, "edp": degrees.edp}
+    order = ("edp", "ep", "etp")
+    n = sizes[dim]
+    stride = 1
+    for d in order[order.index(dim) + 1:]:
+        stride *= sizes[d]
+    world = degrees.world if world is None else world
+    return [[r + i * stride for i in range(n)] for r in range(world) if (r // stride) % n == 0]
+
+
 def mesh_groups(degrees: Degrees, dim: str, world: int | None = None) -> list[list[int]]:
     """Every ``dim`` group of the mesh ``degrees`` spans over ranks ``0 .. world - 1`` (default:
     ``degrees.world``), ordered by first rank (``Plan.all_groups``).
@@ -151,8 +191,8 @@ def _degrees_from(d: dict) -> Degrees:
         deg = {}  # a per-stage plan's degrees are its stages' envelope
     if not isinstance(deg, dict):
         raise InputError("missing required field (a mapping of dp, pp, cp, hp, tp)", field="degrees")
-    F.reject_unknown(deg, set(DIMS), "degrees")
-    return Degrees(**{k: F.get_int(deg, k, f"degrees.{k}", default=1) for k in DIMS})
+    F.reject_unknown(deg, {*DIMS, *EXPERT_DIMS}, "degrees")
+    return Degrees(**{k: F.get_int(deg, k, f"degrees.{k}", default=1) for k in (*DIMS, *EXPERT_DIMS)})
 
 
 def _shares_from(d: dict) -> Shares:
@@ -160,8 +200,9 @@ def _shares_from(d: dict) -> Shares:
     sh = d.get("shares") or {}
     if not isinstance(sh, dict):
         raise InputError(f"expected a mapping, got {sh!r}", field="shares")
-    F.reject_unknown(sh, {"layers", "tokens", "heads", "samples"}, "shares")
-    return Shares(**{k: _int_list(sh.get(k), f"shares.{k}") for k in ("layers", "tokens", "heads", "samples")})
+    names = [f.name for f in dataclasses.fields(Shares)]
+    F.reject_unknown(sh, set(names), "shares")
+    return Shares(**{k: _int_list(sh.get(k), f"shares.{k}") for k in names})
 
 
 def _uses_from(v: Any) -> tuple[int, ...] | None:
