@@ -108,6 +108,8 @@ def _expert_problems(plan: Plan, model: Any) -> list[str]:
             bad.append(f"shares.experts: model {model.name!r} has no experts")
         return bad
     p = []
+    if not schedule_of(plan).chain:
+        p.append(f"schedule: {plan.schedule} is priced by its own cost module, which has no experts")
     if d.stage_ranks % (d.ep * d.etp):
         p.append(f"degrees.ep: ep({d.ep})*etp({d.etp}) does not divide a stage's ranks "
                  f"dp({d.dp})*cp({d.cp})*hp({d.hp})*tp({d.tp}) = {d.stage_ranks}")

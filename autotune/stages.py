@@ -175,6 +175,9 @@ def problems(plan: Any, model: Any, cluster: Any) -> list[str]:
                  "shards differ is not built); use 0 or 1")
     if getattr(plan, "doc_mask", False):
         p.append("doc_mask: document masks are not priced or run with per-stage degrees yet")
+    if getattr(model, "moe", None) is not None:
+        p.append(f"stages: model {model.name!r} has experts; per-stage plans of a MoE model are not priced yet "
+                 "(use one mesh with ep/etp)")
     sp = schedule_problem(plan.schedule)
     if sp:
         p.append(sp)

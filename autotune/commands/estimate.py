@@ -130,6 +130,8 @@ def _print(est: Any, model: Any, cluster: Any, wide: bool = False) -> None:
     console.print(head)
     console.print(_stage_table(bd, plan, wide))
     console.print(_rank_table(bd, wide))
+    if bd.get("moe"):
+        console.print(_moe_line(bd["moe"]), highlight=False, soft_wrap=False)
     console.print(f"throughput from: {'; '.join(bd['throughput_source'])}", highlight=False, soft_wrap=False)
     rt = bd.get("runtime")
     if rt:
@@ -144,6 +146,18 @@ def _print(est: Any, model: Any, cluster: Any, wide: bool = False) -> None:
         console.print(f"{dev} activation memory from: {src}", highlight=False, soft_wrap=False)
     for note in bd.get("notes") or []:
         console.print(f"[dim]note: {note}[/]", highlight=False, soft_wrap=False)
+
+
+def _moe_line(x: dict[str, Any]) -> str:
+    """The MoE terms of the rank that ends the step (``breakdown["moe"]``), one paragraph."""
+    return (f"MoE ({x['experts']} experts, top-{x['top_k']}; ep {x['ep']} x etp {x['etp']} x edp {x['edp']}, "
+            f"{fmt_count(x['active_params'])} of {fmt_count(x['total_params'])} parameters active), per step on the "
+            f"rank that ends it: routed experts {fmt_time(x['experts_s'])} (busiest EP rank at "
+            f"{x['imbalance']:.3f} x its even load, {x['tokens_per_expert']:.0f} tokens per expert), router "
+            f"{fmt_time(x['router_s'])}, all-to-all {fmt_time(x['ep_comm_s'])} of which exposed "
+            f"{fmt_time(x['ep_exposed_s'])} (overlap: {x['overlap']}), expert gradients over edp "
+            f"{fmt_time(x['expert_grad_sync_s'])}; memory: expert states {fmt_bytes(x['expert_states_bytes'])}, "
+            f"dispatch buffers {fmt_bytes(x['dispatch_buffers_bytes'])}")
 
 
 def _stage_table(bd: dict[str, Any], plan: Any, wide: bool) -> Table:

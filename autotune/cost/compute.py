@@ -263,11 +263,17 @@ def layer_compute(model: Any, rates: Rates, *, tokens: float, tp: int, heads_loc
     if rates.size is not None:  # an unprofiled GPU: every kernel priced from its shape (datasheet.py)
         return _sized_block(model, rates.size, tokens=tokens, tp=tp, heads_local=heads_local, keysum=keysum,
                             block_seq=block_seq, micro_batch=micro_batch, act_bytes=act_bytes, blocks=blocks)
-    gemm = (rates.gemm_time(2.0 * tokens * h * (h + 2 * kv) / tp)          # fused QKV projection
-            + rates.gemm_time(2.0 * tokens * h * h / tp)                    # output projection
+    if _standard_attention(model):
+        attn_gemm = (rates.gemm_time(2.0 * tokens * h * (h + 2 * kv) / tp)  # fused QKV projection
+                     + rates.gemm_time(2.0 * tokens * h * h / tp))          # output projection
+    else:  # queries wider than hidden (Qwen3, GPT-OSS) or MLA's projections (specs/model.attention_gemms)
+        attn_gemm = sum(rates.gemm_time(2.0 * tokens * i * o / (tp if split else 1))
+                        for i, o, split in model.attention_gemms())
+    gemm = (attn_gemm
             + rates.gemm_time(2.0 * tokens * h * f * (model.mlp_matrices - 1) / tp)  # up (and gate)
             + rates.gemm_time(2.0 * tokens * f * h / tp))                   # down projection
-    attn_flops = 4.0 * model.head_dim * heads_local * micro_batch * keysum
+    # QK^T over the query/key width, AV over the value width (4 * head_dim for standard attention)
+    attn_flops = 2.0 * (model.qk_head_dim + model.v_head_dim) * heads_local * micro_batch * keysum
     elem = rates.memory_time(2.0 * act_bytes)  # written once, read once
     attn = None
     if rates.cpu is not None:
@@ -282,6 +288,12 @@ def layer_compute(model: Any, rates: Rates, *, tokens: float, tp: int, heads_loc
     if rates.cpu is not None and rates.cpu.context is not None:  # CPU: as the block runs in context
         return rescaled_block(lc, *rates.cpu.context.block(lc.fwd, lc.bwd))
     return lc
+
+
+def _standard_attention(model: Any) -> bool:
+    """Queries as wide as the model and no latent attention: the fused QKV and output projections
+    priced as they always were (so every dense preset's figures stay bit for bit)."""
+    return getattr(model, "mla", None) is None and not getattr(model, "explicit_head_dim", 0)
 
 
 def _bwd_kernels(k: Any) -> int:
@@ -353,9 +365,14 @@ def _sized_block_times(model: Any, sm: Any, tokens: float, tp: int, heads_local:
     (``KernelCosts.block_time``); what that adds beyond the GEMMs' and attention's GPU time is
     booked as elementwise time (backward: twice, as ``LayerCompute.bwd`` counts it)."""
     h, kv, f = model.hidden, model.kv_dim, model.ffn_hidden
-    gemm = (sm.gemm_time(tokens, (h + 2 * kv) / tp, h) + sm.gemm_time(tokens, h, h / tp)
+    if _standard_attention(model):
+        attn_gemm = sm.gemm_time(tokens, (h + 2 * kv) / tp, h) + sm.gemm_time(tokens, h, h / tp)
+    else:
+        attn_gemm = sum(sm.gemm_time(tokens, o / (tp if split else 1), i) for i, o, split in model.attention_gemms())
+    gemm = (attn_gemm
             + sm.gemm_time(tokens, f * (model.mlp_matrices - 1) / tp, h) + sm.gemm_time(tokens, h, f / tp))
-    a_fwd, a_bwd = sm.attention(micro_batch * heads_local, block_seq, model.head_dim, keysum, blocks)
+    a_fwd, a_bwd = sm.attention(micro_batch * heads_local, block_seq, (model.qk_head_dim + model.v_head_dim) // 2,
+                                keysum, blocks)
     if sm.kernels.eager_elementwise:  # every eager op reads and writes its own tensors
         stream = sm.stream_time(tokens * eager_bytes(model, tp))
     else:  # fused: each stored activation written once, read once

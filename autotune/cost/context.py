@@ -29,6 +29,7 @@ from autotune.cost import data_parallel as DP
 from autotune.cost import ulysses as U
 from autotune.cost.collectives import collectives_for
 from autotune.cost.compute import DTYPE_BYTES, Rates, cached_rates, causal_keys
+from autotune.cost.expert_layout import expert_links, expert_step
 from autotune.cost.ring import ring_blocks
 from autotune.plan import Degrees, Plan
 from autotune.schedules import schedule_of
@@ -99,6 +100,8 @@ class StepContext:
     doc_work: Any = None
     """With document masks: one drawn step's attention work per DP replica and CP shard
     (``cost/documents.DocWork``), replacing ``keysums`` and ``ring``; None: whole causal windows."""
+    experts: Any = None
+    """A MoE model's expert layout (``expert_layout.ExpertStep``); None for a dense model."""
 
     @cached_property
     def cost_token(self) -> int:
@@ -123,7 +126,8 @@ def step_context(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batc
     # the schedule's placement, asked once per estimate (Plan.stages_of_rank asks the registry each call)
     chunks = tuple(sched.stages_of_rank(i, d.pp, rp.virtual_stages) for i in range(d.pp))
     hop_peers = _hop_peers(sched, d.pp, rp.virtual_stages, chunks)
-    dp_links, group_links = _mesh_links(topo, devs, d, rp.virtual_stages, hop_peers)
+    moe = getattr(model, "moe", None) is not None
+    dp_links, group_links = _mesh_links(topo, devs, d, rp.virtual_stages, hop_peers, moe)
     return StepContext(
         plan=rp, model=model, cluster=cluster, topo=topo, seq_len=seq_len, global_batch=global_batch,
         calibration=calibration or {}, dtype=rp.dtype, bpe=DTYPE_BYTES[rp.dtype],
@@ -138,7 +142,7 @@ def step_context(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batc
         ring=tuple(ring_blocks(tokens, i, zig, seq_len) if d.cp > 1 else None for i in range(d.cp)),
         stage_params=DP.stage_params(model, rp, chunks),
         dp_links=dp_links, schedule=sched, chunks=chunks, hop_peers=hop_peers, group_links=group_links,
-        kernels=kernels)
+        kernels=kernels, experts=expert_step(rp, model, chunks, kernels))
 
 
 _DEVICES: dict[tuple[int, int], tuple[C.Topology, tuple, tuple[int, ...]]] = {}
@@ -196,6 +200,8 @@ class Links:
     dp_tp: int = 0
     """Per-stage plans whose stage's replicas differ in tp: the smallest tp of the rank's stage
     (the gradient reduction moves parameters / dp_tp, ``data_parallel.step_transfers``); 0 otherwise."""
+    experts: Any = None
+    """A MoE plan's expert groups' links (``expert_layout.ExpertLinks``); None for a dense model."""
 
 
 @dataclass(frozen=True)
@@ -249,6 +255,11 @@ class RankContext:
     def pp_index(self) -> int:
         return self.coords["pp"]
 
+    @property
+    def expert_links(self) -> Any:
+        """The links of its expert groups (``Links.experts``)."""
+        return self.links.experts
+
     def cost_key(self) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
         """(objects, values): everything ``cost.rank.rank_cost`` reads from this context and its
         step. Two contexts with equal keys have equal rank costs, so a search prices each tp group
@@ -263,7 +274,7 @@ class RankContext:
                 (s.cost_token, *(getattr(self, f) for f in RANK_INPUTS)))
 
 
-STEP_INPUTS = ("a2a_heads", "bpe", "chunks", "cp", "cp_max_tokens", "dtype", "hp", "kv_ratio", "mbs", "microbatches",
+STEP_INPUTS = ("a2a_heads", "bpe", "chunks", "cp", "cp_max_tokens", "dtype", "experts", "hp", "kv_ratio", "mbs", "microbatches",
                "n_chunks", "pp", "recompute", "seq_len", "shard_n", "sp", "tp", "v", "zero")
 """The StepContext fields ``rank_cost`` reads by value (``RankContext.cost_key``)."""
 STEP_OBJECTS = ("model", "schedule")
@@ -293,7 +304,7 @@ def _step_token(values: tuple) -> int:
 _MESH_LINKS: dict[tuple, tuple[C.Topology, tuple, tuple]] = {}
 
 
-def _mesh_links(topo: C.Topology, devs: tuple[int, ...], d: Degrees, v: int, hop_peers: tuple
+def _mesh_links(topo: C.Topology, devs: tuple[int, ...], d: Degrees, v: int, hop_peers: tuple, moe: bool = False
                 ) -> tuple[tuple, tuple]:
     """(dp link of each pipeline rank, (DeviceSpec, placement key, ``Links``) of every tp group).
     The placement key tells apart groups at different mesh coordinates along pp/cp/hp, on another
@@ -302,7 +313,7 @@ def _mesh_links(topo: C.Topology, devs: tuple[int, ...], d: Degrees, v: int, hop
     pure function of them (links and specs are the topology's and cluster's own objects, so the
     identities in the keys come out the same), and the search resolves plan after plan of one mesh
     onto the same devices; the entry holds the topology, so its id is not reused while cached."""
-    key = (id(topo), devs, d, v, hop_peers)
+    key = (id(topo), devs, d, v, hop_peers, moe)
     hit = _MESH_LINKS.get(key)
     if hit is None or hit[0] is not topo:
         if len(_MESH_LINKS) > 4096:  # 128 devices: ~260 layouts x 5 placements
@@ -317,9 +328,14 @@ def _mesh_links(topo: C.Topology, devs: tuple[int, ...], d: Degrees, v: int, hop
             spec = topo.cluster.devices[devs[r0]].spec
             place = (c["pp"], c["cp"], c["hp"], id(spec), id(tp_l), id(hp_l), id(cp_l), id(pp_l),
                      tuple([id(h) for h, _, _ in hops]))
+            el = None
+            if moe:  # the expert groups' links tell groups apart too (an EP group may cross nodes)
+                el = expert_links(topo, devs, d, r0)
+                place = (*place, el)
             links = links_of.get(place)
             if links is None:
-                links = links_of[place] = Links(tp=tp_l, hp=hp_l, cp=cp_l, pp=pp_l, dp=dp_links[c["pp"]], pp_hops=hops)
+                links = links_of[place] = Links(tp=tp_l, hp=hp_l, cp=cp_l, pp=pp_l, dp=dp_links[c["pp"]], pp_hops=hops,
+                                                experts=el)
             groups.append((spec, place, links))
         hit = _MESH_LINKS[key] = (topo, dp_links, tuple(groups))
     return hit[1], hit[2]

@@ -69,10 +69,14 @@ def stage_params(model: Any, plan: Plan, chunks: tuple[tuple[int, ...], ...] | N
     lp = float(model.layer_params())
     emb, head = float(model.embedding_params()), float(model.head_params())
     p, n_chunks = plan.degrees.pp, len(plan.shares.layers)
+    moe_blocks = _moe_chunk_params(model, plan.shares.layers) if getattr(model, "moe", None) is not None else None
     out = []
     for pp_i in range(p):
         mine = chunks[pp_i] if chunks is not None else plan.stages_of_rank(pp_i)  # the schedule's placement
-        params, rest = sum(plan.shares.layers[j] for j in mine) * lp, 0.0
+        if moe_blocks is None:
+            params, rest = sum(plan.shares.layers[j] for j in mine) * lp, 0.0
+        else:  # a MoE model: its blocks' dense parameters, layer by layer (expert_data_parallel: the experts)
+            params, rest = sum(moe_blocks[j] for j in mine), 0.0
         if 0 in mine:
             params += emb
             rest += emb
@@ -84,6 +88,16 @@ def stage_params(model: Any, plan: Plan, chunks: tuple[tuple[int, ...], ...] | N
                 rest += model.vocab * model.hidden
         out.append((params, lp, rest))
     return tuple(out)
+
+
+def _moe_chunk_params(model: Any, layers: tuple[int, ...]) -> list[float]:
+    """Each model chunk's parameters outside the routed experts (the dense layers' FFNs, the MoE
+    layers' shared experts and routers, every attention): what the dense data parallelism reduces."""
+    out, i = [], 0
+    for n in layers:
+        out.append(float(sum(model.layer_params(k) for k in range(i, i + n))))
+        i += n
+    return out
 
 
 @dataclass(frozen=True)

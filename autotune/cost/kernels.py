@@ -65,6 +65,11 @@ class KernelCosts:
     for every runtime autotune targets; below 1 only for the historical stacks of
     ``benchmarks/bench_published.py``, fitted there on named rows (each figure says which)."""
 
+    moe_overlap: str = "none"
+    """What the runtime runs beside a MoE layer's token all-to-all (``expert_layout.MOE_OVERLAPS``):
+    ``none`` (torchtitan, DeepSpeed, autotune's runtime wait for each exchange) or ``shared_experts``
+    (Megatron-Core ``--moe-shared-expert-overlap``: the shared experts' MLP runs during it)."""
+
     def block_time(self, gpu_s: float, kernels: float) -> float:
         """Seconds of ``kernels`` kernels whose GPU work takes ``gpu_s``: the work plus each kernel's
         host time (module docstring)."""

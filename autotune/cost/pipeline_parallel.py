@@ -39,23 +39,34 @@ class ChunkTimes:
     ZeRO-3 gathers' excess)."""
     wgt: tuple[float, ...] = ()
     """Weight-gradient part of each chunk's backward (see the module docstring)."""
+    ep: float = 0.0
+    """A MoE model's token exchange (all-to-all, expert-TP), hidden or not."""
 
 
 def chunk_times(ctx: RankContext, b: Any, embedding_tp: float, head: tuple[float, float],
                 head_tp: tuple[float, float], embed: tuple[float, float] | None = None,
-                layer_w: float = 0.0) -> ChunkTimes:
+                layer_w: Any = 0.0) -> ChunkTimes:
     """Chunk times from one block's times ``b`` (``rank.BlockTimes``): the blocks of each chunk, the
     embedding (memory-bound lookup, or ``embed`` (fwd, bwd) measured by a layer profile, and
     ``embedding_tp``) on chunk 0, the LM head's compute ``head`` and its small collectives
     ``head_tp`` on the last chunk; ``layer_w`` one block's weight-gradient seconds (the LM head's:
-    its backward less its forward, one GEMM)."""
+    its backward less its forward, one GEMM). A MoE rank gives ``b`` and ``layer_w`` per chunk
+    (tuples: each chunk's mean block, its dense and MoE layers mixed)."""
     s = ctx.step
+    blocks, layer_ws = b, layer_w
     cf, act = ctx.cf, ctx.hidden_bytes
     fwd, bwd, wgt = [], [], []
-    comp_total = tp_total = hp_total = cp_raw_total = exposed = 0.0
-    for j, n in zip(s.chunks[ctx.pp_index], ctx.layers, strict=True):
+    comp_total = tp_total = hp_total = cp_raw_total = exposed = ep_total = 0.0
+    per_chunk = isinstance(b, tuple)  # a MoE rank: each chunk its own mean block (rank._moe_blocks)
+    for c, (j, n) in enumerate(zip(s.chunks[ctx.pp_index], ctx.layers, strict=True)):
+        if per_chunk:
+            b, w = blocks[c], layer_ws[c]
+            ep_total += n * b.ep_raw
+            exposed += n * (b.ep_f + b.ep_b)
+        else:
+            w = layer_w
         f, bw = n * b.layer_f, n * b.layer_b
-        wgt.append(n * layer_w + (cf * (head[1] - head[0]) if j == s.n_chunks - 1 else 0.0))
+        wgt.append(n * w + (cf * (head[1] - head[0]) if j == s.n_chunks - 1 else 0.0))
         comp = n * (b.comp_f + b.comp_b)
         tpc = n * (b.tp_f + b.tp_b)
         if j == 0:  # embedding lookup and its tp reduction (vocab-parallel embedding)
@@ -77,7 +88,7 @@ def chunk_times(ctx: RankContext, b: Any, embedding_tp: float, head: tuple[float
         cp_raw_total += n * (b.cp_raw_f + b.cp_raw_b)
         exposed += tpc + n * (b.hp_f + b.hp_b + b.cp_f + b.cp_b + b.z3_f + b.z3_b)
     return ChunkTimes(fwd=tuple(fwd), bwd=tuple(bwd), compute=comp_total, tp=tp_total, hp=hp_total,
-                      cp_raw=cp_raw_total, exposed=exposed, wgt=tuple(wgt))
+                      cp_raw=cp_raw_total, exposed=exposed, wgt=tuple(wgt), ep=ep_total)
 
 
 def chunk_send_times(ctx: RankContext) -> tuple[float, ...]:

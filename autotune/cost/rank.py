@@ -18,8 +18,11 @@ from typing import Any
 from autotune.cost import context_parallel as CP
 from autotune.cost import cpu as _cpu
 from autotune.cost import data_parallel as DP
+from autotune.cost import expert_data_parallel as EDP
 from autotune.cost import layers as LY
 from autotune.cost import memory as M
+from autotune.cost import moe_layers as ML
+from autotune.cost import moe_memory as MM
 from autotune.cost import pipeline_parallel as PP
 from autotune.cost import tensor_parallel as TP
 from autotune.cost import ulysses as U
@@ -44,14 +47,19 @@ class BlockTimes:
     cp_raw_b: float
     z3_f: float
     z3_b: float
+    ep_f: float = 0.0
+    """A MoE layer's token exchange the target runtime does not hide (``expert_dispatch.py``)."""
+    ep_b: float = 0.0
+    ep_raw: float = 0.0
+    """All of the exchange, forward and backward."""
 
     @property
     def layer_f(self) -> float:
-        return self.comp_f + self.tp_f + self.hp_f + self.cp_f + self.z3_f
+        return self.comp_f + self.tp_f + self.hp_f + self.cp_f + self.z3_f + self.ep_f
 
     @property
     def layer_b(self) -> float:
-        return self.comp_b + self.tp_b + self.hp_b + self.cp_b + self.z3_b
+        return self.comp_b + self.tp_b + self.hp_b + self.cp_b + self.z3_b + self.ep_b
 
 
 @dataclass(frozen=True)
@@ -86,6 +94,8 @@ class RankCost:
     """Weight-gradient part of each chunk's backward (``pipeline_parallel.chunk_times``)."""
     p2p_chunks: tuple[float, ...] = ()
     """Seconds of one send of each chunk, on the link it takes (``pipeline_parallel.chunk_send_times``)."""
+    moe: dict[str, float] | None = None
+    """A MoE model's terms over the step (``_moe_summary``); None for a dense model."""
 
 
 def block_times(ctx: RankContext, lc: LayerCompute) -> BlockTimes:
@@ -133,24 +143,19 @@ def _charge_sync(ctx: RankContext, b: BlockTimes) -> None:
 def rank_cost(ctx: RankContext) -> RankCost:
     """Per-micro-batch chunk times, per-step terms and memory of one TP group's ranks."""
     s = ctx.step
-    kept, full, scores = M.block_activations(ctx)
-    # elementwise traffic over the sbh tensors; the softmax over the scores is part of the attention
-    # kernel's throughput (fused attention never writes the s^2 scores to memory)
-    lc = layer_compute(s.model, ctx.rates, tokens=ctx.tokens_local, tp=s.tp, heads_local=ctx.heads,
-                       keysum=ctx.keysum, block_seq=ctx.block_seq, blocks=ctx.ring, micro_batch=s.mbs,
-                       act_bytes=full - scores)
-    # measured layers first (cost/layers.py), then the kernel curves / datasheet of compute.py, on the
-    # profile's scale where the device has one that cannot price this rank's block (a cp/hp shard)
-    blk = LY.piece(ctx, "block") or LY.reconciled_block(ctx, lc)
+    if s.experts is not None:  # a MoE model: each chunk its mix of dense and MoE layers
+        blocks, lc, (kept, full, scores), moe = _moe_blocks(ctx)
+        b = blocks[0]
+        layer_w: Any = tuple(ctx.cf * g for g in lc)
+    else:
+        b, layer_w, (kept, full, scores) = _dense_block(ctx)
+        blocks, moe = b, None
     hd = LY.piece(ctx, "head") or LY.shard_piece(ctx, "head")
     emb = LY.piece(ctx, "embed") or LY.shard_piece(ctx, "embed")
-    if blk is not None:
-        lc = LY.measured_block(lc, blk)
-    b = block_times(ctx, lc)
     head = (hd.fwd, hd.bwd) if hd is not None else head_compute(s.model, ctx.rates, tokens=ctx.tokens_local, tp=s.tp)
     head_tp = _cpu.head_tp_comm(ctx) if s.tp > 1 and ctx.rates.cpu is not None else (0.0, 0.0)
-    ch = PP.chunk_times(ctx, b, TP.embedding_comm(ctx), head, head_tp,
-                        embed=(emb.fwd, emb.bwd) if emb is not None else None, layer_w=ctx.cf * lc.gemm_fwd)
+    ch = PP.chunk_times(ctx, blocks, TP.embedding_comm(ctx), head, head_tp,
+                        embed=(emb.fwd, emb.bwd) if emb is not None else None, layer_w=layer_w)
     p2ps = PP.chunk_send_times(ctx)
     pp_sends = PP.sends_per_microbatch(ctx, p2ps)
     overl, fixed = DP.grad_sync(ctx, b.comp_f, b.comp_b)
@@ -161,15 +166,84 @@ def rank_cost(ctx: RankContext) -> RankCost:
     dp_raw = DP.step_comm(ctx)
     kept, full = LY.measured_activations(ctx, kept, full, scores)
     total, terms = M.rank_memory(ctx, kept, full)
+    optimizer = _optimizer(ctx)
+    if moe is not None:
+        e_overl, e_fixed = EDP.grad_sync(ctx)
+        overl, fixed, dp_raw = overl + e_overl, fixed + e_fixed, dp_raw + e_overl + e_fixed
+        optimizer += EDP.optimizer_time(ctx)
+        total, terms = MM.add_expert_memory(ctx, total, terms, moe.pop("buffers"))
+        moe["expert_grad_sync_s"] = e_overl + e_fixed
     m_d = ctx.microbatches
+    ep = m_d * ch.ep
     return RankCost(
         spec=ctx.spec, fwd=ch.fwd, bwd=ch.bwd, p2p=p2ps[0], wgt=ch.wgt, p2p_chunks=p2ps,
         compute_s=m_d * ch.compute, tp_comm_s=m_d * ch.tp, hp_comm_s=m_d * ch.hp, cp_comm_s=m_d * ch.cp_raw,
-        pp_comm_s=m_d * pp_sends, dp_comm_s=dp_raw, comm_s=m_d * (ch.tp + ch.hp + ch.cp_raw + pp_sends) + dp_raw,
+        pp_comm_s=m_d * pp_sends, dp_comm_s=dp_raw,
+        comm_s=m_d * (ch.tp + ch.hp + ch.cp_raw + pp_sends) + dp_raw + ep,
         exposed_in_ops=m_d * ch.exposed, busy=m_d * (sum(ch.fwd) + sum(ch.bwd)),
         dp_overlappable=overl, dp_exposed_fixed=fixed, dp_in_window=ctx.layers[0] * b.z3_b,
-        optimizer=_optimizer(ctx),
-        memory_total=total, memory_terms=terms)
+        optimizer=optimizer, memory_total=total, memory_terms=terms,
+        moe=None if moe is None else {**{k: m_d * v if k.endswith("_s") and k != "expert_grad_sync_s" else v
+                                         for k, v in moe.items()}, "ep_comm_s": ep})
+
+
+def _dense_block(ctx: RankContext) -> tuple[BlockTimes, float, tuple[float, float, float]]:
+    """A dense model's block: its times, its weight-gradient GEMM seconds, its activations (kept per
+    micro-batch, full, of which the scores)."""
+    s = ctx.step
+    kept, full, scores = M.block_activations(ctx)
+    # elementwise traffic over the sbh tensors; the softmax over the scores is part of the attention
+    # kernel's throughput (fused attention never writes the s^2 scores to memory)
+    lc = layer_compute(s.model, ctx.rates, tokens=ctx.tokens_local, tp=s.tp, heads_local=ctx.heads,
+                       keysum=ctx.keysum, block_seq=ctx.block_seq, blocks=ctx.ring, micro_batch=s.mbs,
+                       act_bytes=full - scores)
+    # measured layers first (cost/layers.py), then the kernel curves / datasheet of compute.py, on the
+    # profile's scale where the device has one that cannot price this rank's block (a cp/hp shard)
+    blk = LY.piece(ctx, "block") or LY.reconciled_block(ctx, lc)
+    if blk is not None:
+        lc = LY.measured_block(lc, blk)
+    return block_times(ctx, lc), ctx.cf * lc.gemm_fwd, (kept, full, scores)
+
+
+def _moe_blocks(ctx: RankContext) -> tuple[tuple[BlockTimes, ...], tuple[float, ...], tuple[float, float, float],
+                                           dict[str, float]]:
+    """A MoE rank's blocks: per model chunk of the rank, the mean of its dense and MoE layers' block
+    times (a chunk's layers times it is their sum); per chunk the weight-gradient GEMM seconds of one
+    layer; the activations kept per layer and micro-batch (mean over the rank's layers); the MoE
+    terms per micro-batch over the rank's layers (``moe_layers.py``)."""
+    s, x, m = ctx.step, ctx.step.experts, ctx.step.model
+    lc_d, kd, fd, sd = ML.base_block(ctx, m.dense_ffn_width)
+    lc_m, km, fm, sm = ML.base_block(ctx, m.moe.shared_width)
+    t = ML.moe_terms(ctx, ML.shared_gemm_fwd(ctx))
+    bd, bm = block_times(ctx, lc_d), block_times(ctx, lc_m)
+    if not m.moe.shared_width:  # tp's second gather/scatter pair is the FFN's: routed tokens leave in their
+        bm.tp_f, bm.tp_b = 0.5 * bm.tp_f, 0.5 * bm.tp_b  # sequence-parallel slices (expert_dispatch.py)
+    full_rc = s.recompute == "full"
+    bm.comp_f += t.comp_f
+    bm.comp_b += t.comp_b + (t.comp_f if full_rc else 0.0)
+    # full recomputation runs the forward's dispatch and combine again in the backward
+    bm.ep_f, bm.ep_b = t.ep_f, t.ep_b + (t.ep_f if full_rc else 0.0)
+    bm.ep_raw = t.exchange_raw * (1.5 if full_rc else 1.0)
+    n_moe = x.chunk_moe_layers[ctx.pp_index]
+    blocks, w = [], []
+    for n, k in zip(ctx.layers, n_moe, strict=True):
+        blocks.append(_mix(bd, bm, n - k, k))
+        w.append(((n - k) * lc_d.gemm_fwd + k * (lc_m.gemm_fwd + t.experts_s / (3.0 * ctx.cf))) / n)
+    nl, nm = sum(ctx.layers), sum(n_moe)
+    mean = lambda a, b: ((nl - nm) * a + nm * b) / nl  # noqa: E731
+    acts = (mean(kd, km + t.routed_kept), mean(fd, fm + t.routed_full), mean(sd, sm))
+    terms = {"router_s": nm * t.router_s, "experts_s": nm * t.experts_s, "ep_exchange_s": nm * t.exchange_raw,
+             "ep_exposed_s": nm * (bm.ep_f + bm.ep_b), "imbalance": t.imbalance,
+             "tokens_per_expert": t.tokens_per_expert, "moe_layers": float(nm), "buffers": t.buffers,
+             "ep_inter_peers": float(ctx.expert_links.ep_inter_n)}
+    return tuple(blocks), tuple(w), acts, terms
+
+
+def _mix(bd: BlockTimes, bm: BlockTimes, n_dense: int, n_moe: int) -> BlockTimes:
+    """The mean block of ``n_dense`` blocks ``bd`` and ``n_moe`` blocks ``bm``."""
+    n = n_dense + n_moe
+    return BlockTimes(**{f: (n_dense * getattr(bd, f) + n_moe * getattr(bm, f)) / n
+                         for f in BlockTimes.__dataclass_fields__})
 
 
 def _optimizer(ctx: RankContext) -> float:

@@ -36,7 +36,8 @@ def rank_rows(s: StepContext, groups: list, exposed_of: dict, step: float) -> tu
                 "pp_comm_s": c.pp_comm_s, "dp_comm_s": c.dp_comm_s,
                 "exposed_comm_s": c.exposed_in_ops, "dp_exposed_s": exposed, "optimizer_s": c.optimizer,
                 "bubble_s": max(0.0, step - own), "memory_bytes": c.memory_total,
-                "capacity_bytes": spec.memory_bytes, "memory": c.memory_terms}
+                "capacity_bytes": spec.memory_bytes, "memory": c.memory_terms,
+                **({"moe": c.moe} if c.moe is not None else {})}
         total = c.memory_total
         for r in range(r0, r0 + ctx.step.tp):  # a per-stage plan's cells differ in tp
             memory[r] = total
@@ -138,8 +139,27 @@ def breakdown(s: StepContext, groups: list, sims: list, stages: list, rows: list
         **({"notes": notes} if (notes := LY.precision_notes(s.cluster, s.model, s.dtype)) else {}),
         # the runtime whose kernels priced the datasheet GPUs (cost/kernels.py; --target picks it)
         "runtime": _runtime(s.kernels),
+        **({"moe": _moe(s, cr)} if s.experts is not None else {}),
         "timeline": None,
     }
+
+
+def _moe(s: StepContext, row: dict[str, Any]) -> dict[str, Any]:
+    """The MoE terms of the rank that ends the step (per step, seconds; bytes per rank): its router,
+    routed experts (busiest EP rank, ``imbalance`` its load over the even share), the token
+    exchange (all of it, and what compute does not hide), the expert gradients' reduction over edp,
+    the expert states and dispatch buffers in its memory."""
+    x, m = s.experts, s.model
+    t, mem = row["moe"], row["memory"]
+    return {"experts": m.moe.experts, "top_k": m.moe.top_k, "ep": x.ep, "etp": x.etp, "edp": x.edp,
+            "experts_per_rank": list(x.shares), "moe_layers_on_rank": int(t["moe_layers"]),
+            "router_s": t["router_s"], "experts_s": t["experts_s"], "ep_comm_s": t["ep_comm_s"],
+            "ep_exposed_s": t["ep_exposed_s"], "expert_grad_sync_s": t["expert_grad_sync_s"],
+            "imbalance": t["imbalance"], "tokens_per_expert": t["tokens_per_expert"], "overlap": x.overlap,
+            "ep_crosses_nodes": t["ep_inter_peers"] > 0,
+            "expert_states_bytes": mem["expert_weights"] + mem["expert_gradients"] + mem["expert_optimizer"],
+            "dispatch_buffers_bytes": mem["dispatch_buffers"], "active_params": m.active_params(),
+            "total_params": m.total_params()}
 
 
 def _runtime(kernels: Any) -> dict[str, Any]:

@@ -63,8 +63,10 @@ KERNELS = KernelCosts(
     source="Megatron-Core with Transformer Engine issues per block forward: layer norm + QKV GEMM and layer norm "
            "+ FC1 GEMM (TE LayerNormLinear, 2 kernels each), fused RoPE, one flash-attention kernel, the output "
            "and FC2 GEMMs, fused bias-GeLU / SwiGLU, 2 fused bias-dropout-adds: 11 kernels; each dispatched "
-           "eagerly from Python (EAGER_HOST_S)")
-"""How Megatron runs a plan: the cost model's kernel costs for ``estimate --target megatron``."""
+           "eagerly from Python (EAGER_HOST_S)",
+    moe_overlap="shared_experts")
+"""How Megatron runs a plan: the cost model's kernel costs for ``estimate --target megatron`` (a MoE
+layer's shared experts overlap its all-to-all: ``--moe-shared-expert-overlap``)."""
 HELIX_FORK = ("HelixPipe's Megatron-LM fork (the code of arXiv 2507.00394, branch dev): upstream Megatron-LM "
               "has no --attention-pipeline")
 SUFFIX = ".sh"

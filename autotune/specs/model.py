@@ -78,7 +78,9 @@ class ModelSpec:
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            # ffn_hidden 0: a block without FFN, what the cost model prices of a MoE layer without
+            # shared experts beside its routed experts (cost/moe_layers.ffn_model); files need >= 1
+            if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "ffn_hidden" else 1):
                 raise InputError(f"must be a positive integer, got {v!r}", field=name)
         if self.hidden % self.heads:
             raise InputError(f"hidden({self.hidden}) is not divisible by heads({self.heads})", field="hidden")
@@ -290,7 +292,7 @@ class ModelSpec:
 
     def model_flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token without recomputation (forward + 2x backward): what MFU counts
-        (a MoE model: the active parameters' matmuls, docs/cost-model.md)."""
+        (a MoE model: the active parameters' matmuls, docs/moe.md)."""
         return 3.0 * self.forward_flops_per_token(seq_len)
 
     def hardware_flops_per_token(self, seq_len: int, recompute: str = "none") -> float:

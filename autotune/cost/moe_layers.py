@@ -1,0 +1,112 @@
+"""One MoE rank's layers priced as they compute: the attention and the FFN the attention's ranks run
+(a dense layer's FFN, or a MoE layer's shared experts) as a dense block of that FFN width, plus in
+each MoE layer the router, the routed experts and their token exchange (``MoETerms``).
+
+The routed experts' work on the busiest EP rank: the EP group's ``ep * etp`` ranks route
+``tokens`` each (their sequence-parallel slices), ``top_k`` copies per token; the busiest EP rank,
+holding ``share`` experts, receives ``imbalance`` times its even part of them
+(``moe_imbalance.py``) and, with etp > 1, its etp ranks gather them and compute 1/etp of each
+expert's width (``grouped_gemm.py``). Under even shares and balanced routing each rank computes
+``tokens * top_k`` copies at the full expert width: the dense model's work with ``top_k`` FFNs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+from autotune.cost import expert_dispatch as XD
+from autotune.cost import grouped_gemm as GG
+from autotune.cost import moe_imbalance as MI
+from autotune.cost import moe_memory as MM
+from autotune.cost import moe_router as MR
+from autotune.cost.activations import layer_activation_bytes
+from autotune.cost.compute import LayerCompute, layer_compute
+
+if TYPE_CHECKING:
+    from autotune.cost.context import RankContext
+
+
+@lru_cache(maxsize=256)
+def ffn_model(model: Any, width: int) -> Any:
+    """``model`` as a dense model whose every FFN has ``width`` (0: attention alone): what the
+    attention's ranks compute of a layer whose FFN is that wide. Memoised, so the kernel-price memo
+    (keyed by the model's identity) meets the same object again."""
+    return dataclasses.replace(model, ffn_hidden=width, moe=None)
+
+
+@dataclass(frozen=True)
+class MoETerms:
+    """Seconds and bytes of one MoE layer beyond its dense block, per micro-batch, busiest rank."""
+
+    comp_f: float
+    """Router, permutation, routed experts' GEMMs and activation, forward."""
+    comp_b: float
+    ep_f: float
+    """Token exchange (all-to-all and expert-TP collectives) not hidden, forward."""
+    ep_b: float
+    exchange_raw: float
+    """All of the exchange, forward and backward."""
+    router_s: float
+    experts_s: float
+    """Routed experts' compute, forward and backward."""
+    imbalance: float
+    tokens_per_expert: float
+    routed_kept: float
+    routed_full: float
+    buffers: float
+
+
+def tokens_in(ctx: RankContext) -> float:
+    """Tokens one rank holds entering a MoE layer per micro-batch: its sequence-parallel slice
+    (Megatron-Core runs MoE under tp with sequence parallelism)."""
+    return ctx.tokens_local / ctx.step.tp
+
+
+def base_block(ctx: RankContext, width: int) -> tuple[LayerCompute, float, float, float]:
+    """(compute, kept, full, scores) of the attention plus an FFN of ``width`` on this rank."""
+    s = ctx.step
+    m = ffn_model(s.model, width)
+    kept, full, scores = layer_activation_bytes(
+        m, micro_batch=s.mbs, tokens_local=ctx.tokens / s.hp, cp_tokens=ctx.tokens, seq_len=s.seq_len,
+        heads_local=ctx.heads, tp=s.tp, sequence_parallel=s.sp, recompute=s.recompute, act_bytes=s.bpe,
+        fused_attention=ctx.spec.fused_attention())
+    lc = layer_compute(m, ctx.rates, tokens=ctx.tokens_local, tp=s.tp, heads_local=ctx.heads, keysum=ctx.keysum,
+                       block_seq=ctx.block_seq, blocks=ctx.ring, micro_batch=s.mbs, act_bytes=full - scores)
+    return lc, kept, full, scores
+
+
+def moe_terms(ctx: RankContext, shared_fwd: float) -> MoETerms:
+    """The router, routed experts and exchange of one MoE layer on this rank (``shared_fwd``: the
+    shared experts' forward GEMM seconds, what Megatron-Core overlaps the exchange with)."""
+    s, x, m = ctx.step, ctx.step.experts, ctx.step.model
+    e = m.moe
+    n = tokens_in(ctx)
+    share = x.busiest_share
+    imb = MI.imbalance(e, x.ep, x.ep * x.etp * n, share)
+    received = x.ep * x.etp * n * e.top_k * share / e.experts * imb  # token copies, after the etp gather
+    width = e.expert_ffn_hidden / x.etp
+    g = GG.mlp_gemm_time(ctx.rates, m, received, width, share) + GG.activation_time(ctx.rates, m, received, width,
+                                                                                    s.bpe)
+    r_gemm, r_mem = MR.router_time(ctx.rates, m, n, s.bpe)
+    a2a, etp_t = XD.exchange_times(ctx.collectives, ctx.expert_links, ep=x.ep, etp=x.etp, tokens=n,
+                                   top_k=e.top_k, hidden=m.hidden, bpe=s.bpe, imbalance=imb, received=received)
+    one_way = ctx.mf * (a2a + etp_t)  # dispatch; the combine moves as much back
+    exposed = 2.0 * XD.exposed(one_way, x.overlap, ctx.cf * shared_fwd)
+    cf = ctx.cf
+    comp_f = cf * (g + r_gemm + r_mem)
+    comp_b = cf * (2.0 * g + 2.0 * r_gemm + r_mem)
+    kept = MM.routed_activation_bytes(m, received=received, tokens=n, etp=x.etp, bpe=s.bpe, recompute=s.recompute)
+    full = MM.routed_activation_bytes(m, received=received, tokens=n, etp=x.etp, bpe=s.bpe, recompute="none")
+    return MoETerms(comp_f=comp_f, comp_b=comp_b, ep_f=exposed, ep_b=exposed, exchange_raw=4.0 * one_way,
+                    router_s=cf * (3.0 * r_gemm + 2.0 * r_mem), experts_s=3.0 * cf * g, imbalance=imb,
+                    tokens_per_expert=received / share, routed_kept=kept, routed_full=full,
+                    buffers=MM.dispatch_buffer_bytes(m, received, s.bpe))
+
+
+def shared_gemm_fwd(ctx: RankContext) -> float:
+    """Forward GEMM seconds of the shared experts on this rank (tp-split, as the dense FFN)."""
+    s, m = ctx.step, ctx.step.model
+    return GG.mlp_gemm_time(ctx.rates, m, ctx.tokens_local, m.moe.shared_width / s.tp)
