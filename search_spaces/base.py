@@ -59,7 +59,7 @@ class Infeasible:
 def family_of(plan_or_degrees: Any) -> str:
     """The family a plan belongs to: the dimensions it uses, e.g. ``tp+pp+dp`` (``single`` for none)."""
     deg = plan_or_degrees.degrees if isinstance(plan_or_degrees, Plan) else plan_or_degrees
-    used = [d for d in ("tp", "pp", "dp", "cp", "hp") if getattr(deg, d) > 1]
+    used = [d for d in ("tp", "pp", "dp", "cp", "hp", "ep", "etp") if getattr(deg, d, 1) > 1]
     return "+".join(used) or "single"
 
 

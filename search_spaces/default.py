@@ -119,6 +119,12 @@ class DefaultSpace:
         m = ctx.model
         self._head_layers = m.head_flops_fwd() / (m.layer_matmul_flops_fwd()
                                                   + m.layer_attention_flops_fwd(ctx.seq_len))
+        # a MoE model's expert degrees (a dense model has no such knobs, so its study is as before):
+        # ep among the device count's divisors that divide the experts, etp inside a node dividing
+        # each expert's width; whether they fold onto a stage's ranks is checked per point (_shape)
+        self.moe = getattr(m, "moe", None)
+        self.ep_divs = [d for d in self.divs if self.moe is not None and self.moe.experts % d == 0] or [1]
+        self.etp_divs = [d for d in self.tp_divs if self.moe is not None and self.moe.expert_ffn_hidden % d == 0] or [1]
 
     # ---- the distributions ------------------------------------------------------------------
     def distributions(self) -> dict[str, Any]:
@@ -136,11 +142,14 @@ class DefaultSpace:
         }
         for name, (lo, hi) in SHARE_FLOATS.items():
             d[name] = Flt(lo, hi)
+        if self.moe is not None:
+            d["ep_exp"], d["etp_exp"] = Int(0, len(self.ep_divs) - 1), Int(0, len(self.etp_divs) - 1)
         return d
 
     def params(self, *, tp: int = 1, pp: int = 1, cp: int = 1, hp: int = 1, mbs: int = 1, schedule: str = "1f1b",
                vpp: int = 2, recompute: str = "none", zero: int = 0, sp: bool = False, placement: str = "node",
-               balance: float = 0.0, tilt: int = 0, folds: int = 1, stages: str = "uniform") -> dict[str, Any]:
+               balance: float = 0.0, tilt: int = 0, folds: int = 1, stages: str = "uniform", ep: int = 1,
+               etp: int = 1) -> dict[str, Any]:
         """The parameter dict of a plan given by its degrees and options (for baselines and tests)."""
         p = {"tp_exp": self.tp_divs.index(tp), "pp_exp": self.divs.index(pp), "cp_exp": self.divs.index(cp),
              "hp_exp": self.divs.index(hp), "mbs_exp": int(math.log2(mbs)), "schedule": schedule,
@@ -148,6 +157,8 @@ class DefaultSpace:
              "placement": placement, "layers_tilt": tilt, "helix_folds": folds, "stages": stages}
         for name in SHARE_FLOATS:
             p[name] = balance if name.endswith("_speed") else 0.0
+        if self.moe is not None:
+            p["ep_exp"], p["etp_exp"] = self.ep_divs.index(ep), self.etp_divs.index(etp)
         return p
 
     # ---- params -> plan ---------------------------------------------------------------------
@@ -157,6 +168,8 @@ class DefaultSpace:
         of a grid or a hill climb that are no plan fail there, before the placement and the shares
         are computed."""
         if p.get("stages", "uniform") == "program":
+            if self.moe is not None:  # the stage program prices dense blocks only
+                return Infeasible("divisibility", "per-stage plans of a MoE model are not priced", "per-stage")
             return self._staged(p)
         shape = self._shape(p)
         if isinstance(shape, Infeasible):
@@ -195,8 +208,12 @@ class DefaultSpace:
         if self.n % inner:
             return Infeasible("divisibility", f"tp({tp})*pp({pp})*cp({cp})*hp({hp}) = {inner} does not divide "
                                               f"devices({self.n})", "")
-        deg = Degrees(dp=self.n // inner, pp=pp, cp=cp, hp=hp, tp=tp)
+        ep, etp = (self.ep_divs[p["ep_exp"]], self.etp_divs[p["etp_exp"]]) if self.moe is not None else (1, 1)
+        deg = Degrees(dp=self.n // inner, pp=pp, cp=cp, hp=hp, tp=tp, ep=ep, etp=etp)
         fam = family_of(deg)
+        if deg.stage_ranks % (ep * etp):
+            return Infeasible("divisibility", f"ep({ep})*etp({etp}) does not divide a stage's ranks "
+                                              f"dp*cp*hp*tp = {deg.stage_ranks}", fam)
         schedule = p["schedule"] if pp > 1 else "1f1b"
         folds = int(p.get("helix_folds", 1)) if len(get_schedule(schedule).fold_choices) > 1 else 1
         sched = get_schedule(schedule).for_plan(Plan(schedule=schedule, helix_folds=folds))
@@ -360,7 +377,10 @@ class DefaultSpace:
                 if self.n % (tp * pp) == 0 and pp <= layers:
                     dp = self.n // (tp * pp)
                     for rc in RECOMPUTE:
-                        out.append(("megatron", self.params(tp=tp, pp=pp, recompute=rc, zero=1 if dp > 1 else 0)))
+                        for ep, etp in self._start_experts(self.n // pp):
+                            out.append(("megatron" if ep == 1 else "megatron-moe",
+                                        self.params(tp=tp, pp=pp, recompute=rc, zero=1 if dp > 1 else 0, ep=ep,
+                                                    etp=etp, sp=tp > 1 and self.moe is not None)))
         tp_max = max(t for t in self.tp_divs if heads % t == 0 and self.ctx.model.kv_heads % t == 0)
         for cp in self.divs:
             if cp > 1 and self.n % (tp_max * cp) == 0:
@@ -395,25 +415,35 @@ class DefaultSpace:
                 out.append(how)
         return out
 
+    def expert_choices(self, stage_ranks: int) -> list[tuple[int, int]]:
+        """(ep, etp) pairs that fold onto a stage of ``stage_ranks`` ranks ([(1, 1)] for a dense model)."""
+        return [(e, t) for e in self.ep_divs for t in self.etp_divs if stage_ranks % (e * t) == 0]
+
     def _grid_iter(self):
-        het = self.ctx.heterogeneous
         for tp, pp, cp, hp in self._degree_tuples():
-            dp = self.n // (tp * pp * cp * hp)
-            deg = Degrees(dp=dp, pp=pp, cp=cp, hp=hp, tp=tp)
-            scheds = [("1f1b", 2)] if pp == 1 else [("1f1b", 2)] + [
-                (name, vs if vs > 1 else 2) for name in SCHEDULES if name != "1f1b"
-                for vs in get_schedule(name).virtual_stage_choices(pp)]
-            zeros = [0] if dp * cp * hp == 1 else [0, 1, 2, 3]
-            sps = [False] if tp == 1 else [False, True]
-            places = self.distinct_placements(deg)
-            balances = [0.0, 1.0] if (het or pp > 1) else [0.0]
-            scheds = [(n, v, f) for n, v in scheds for f in get_schedule(n).fold_choices]
-            for mbs_e in range(self.mbs_max_exp + 1):
-                for (sched, vpp, f), rc, z, sp, pl, bal in itertools.product(scheds, RECOMPUTE, zeros, sps, places,
-                                                                             balances):
-                    yield self.params(tp=tp, pp=pp, cp=cp, hp=hp, mbs=2 ** mbs_e, schedule=sched, vpp=vpp,
-                                      recompute=rc, zero=z, sp=sp, placement=pl, balance=bal, folds=f)
-        yield from self._staged_grid()
+            for ep, etp in self.expert_choices(self.n // pp):
+                yield from self._grid_layout(tp, pp, cp, hp, ep, etp)
+        if self.moe is None:  # the stage program prices dense blocks only
+            yield from self._staged_grid()
+
+    def _grid_layout(self, tp: int, pp: int, cp: int, hp: int, ep: int, etp: int):
+        """Every point of one layout of degrees."""
+        het = self.ctx.heterogeneous
+        dp = self.n // (tp * pp * cp * hp)
+        deg = Degrees(dp=dp, pp=pp, cp=cp, hp=hp, tp=tp, ep=ep, etp=etp)
+        scheds = [("1f1b", 2)] if pp == 1 else [("1f1b", 2)] + [
+            (name, vs if vs > 1 else 2) for name in SCHEDULES if name != "1f1b"
+            for vs in get_schedule(name).virtual_stage_choices(pp)]
+        zeros = [0] if dp * cp * hp == 1 else [0, 1, 2, 3]
+        sps = [False] if tp == 1 else [False, True]
+        places = self.distinct_placements(deg)
+        balances = [0.0, 1.0] if (het or pp > 1) else [0.0]
+        scheds = [(n, v, f) for n, v in scheds for f in get_schedule(n).fold_choices]
+        for mbs_e in range(self.mbs_max_exp + 1):
+            for (sched, vpp, f), rc, z, sp, pl, bal in itertools.product(scheds, RECOMPUTE, zeros, sps, places,
+                                                                         balances):
+                yield self.params(tp=tp, pp=pp, cp=cp, hp=hp, mbs=2 ** mbs_e, schedule=sched, vpp=vpp,
+                                  recompute=rc, zero=z, sp=sp, placement=pl, balance=bal, folds=f, ep=ep, etp=etp)
 
     def _staged_grid(self):
         """The per-stage points: one per knob set the stage program takes."""
@@ -456,11 +486,23 @@ class DefaultSpace:
             place = "node"
             if het:
                 place = next((d for d in ("pp", "dp", "cp", "hp") if getattr(deg, d) > 1), "node")
-            out.append(self.params(tp=tp, pp=pp, cp=cp, hp=hp, recompute="selective",
-                                   zero=1 if dp * cp * hp > 1 else 0, sp=tp > 1, placement=place, balance=1.0))
-        # the stage program's plan for the same knobs, with and without recomputation
-        out += [self.params(recompute=rc, zero=1, stages="program") for rc in ("none", "selective")]
+            for ep, etp in self._start_experts(self.n // pp):
+                out.append(self.params(tp=tp, pp=pp, cp=cp, hp=hp, recompute="selective",
+                                       zero=1 if dp * cp * hp > 1 else 0, sp=tp > 1, placement=place, balance=1.0,
+                                       ep=ep, etp=etp))
+        if self.moe is None:  # the stage program's plan for the same knobs, with and without recomputation
+            out += [self.params(recompute=rc, zero=1, stages="program") for rc in ("none", "selective")]
         return out
+
+    def _start_experts(self, stage_ranks: int) -> list[tuple[int, int]]:
+        """A MoE layout's starts: no expert parallelism, the widest EP inside a node, the widest EP over
+        the stage (etp 1: each expert whole on its rank, what Megatron-Core recommends first);
+        [(1, 1)] for a dense model."""
+        if self.moe is None:
+            return [(1, 1)]
+        dpn = self.tp_divs[-1]
+        eps = [e for e, t in self.expert_choices(stage_ranks) if t == 1]
+        return sorted({(1, 1), (max(e for e in eps if e <= dpn), 1), (max(eps), 1)})
 
     def filled_starts(self, p: dict[str, Any], attrs: dict[str, Any]) -> list[dict[str, Any]]:
         """Start ``p``, priced and fitting at micro-batch 1 (``attrs``), at the largest micro-batch its
