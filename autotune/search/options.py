@@ -35,7 +35,9 @@ class SearchOptions:
     space: str = "default"
     batch_s: float = 1.0
     polish: bool = True
-    dtype: str = "bf16"
+    dtype: str = "auto"
+    """The precision (``plan.DTYPE_CHOICES``): ``auto``, as ``--dtype`` defaults, takes bf16 where every
+    device of the cluster has it, else fp16, else fp32 (``plan.choose_dtype``, asked by ``search``)."""
     target: str = "runtime"
     """Who will run the plan (autotune/targets.py): the search explores only what it can run."""
     documents: dict[str, Any] | None = None

@@ -30,6 +30,7 @@ a constant, so the front's points are the best plan of each subset that no other
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import time
@@ -135,6 +136,9 @@ def pool_search(model: Any, pool: Any, seq_len: int, global_batch: int, *, study
         res.front = front_of(res, pool, seq_len, global_batch)
         return res
     check_options(opts, storage)
+    from autotune.plan import choose_dtype
+
+    opts = dataclasses.replace(opts, dtype=choose_dtype(opts.dtype, pool))  # ``auto`` as --dtype means it
     if opts.workers > 1 or opts.sampler == "grid":
         raise InputError("a pool search runs one process with the tpe or random sampler", field="--workers/--sampler")
     return _PoolRun(model, pool, seq_len, global_batch, study_name, storage, opts, obj, estimator,

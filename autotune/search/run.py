@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections.abc import Callable
@@ -9,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import InputError
+from autotune.plan import choose_dtype
 from autotune.search.grid import GridCount, grid_note, run_grid
 from autotune.search.options import (
     DEFAULT_TRIALS,
@@ -154,6 +156,9 @@ def search(model: Any, cluster: Any, seq_len: int, global_batch: int, *, study_n
     ``progress``: told each phase's trial count as a line; ``display``: a live Progress (autotune/progress.py)."""
     opts = options or SearchOptions()
     check_options(opts, storage)
+    # the precision is chosen (and a device that lacks it refused) before any point is priced, as the
+    # CLI does: an API caller's default ``auto`` means the same as ``--dtype``'s
+    opts = dataclasses.replace(opts, dtype=choose_dtype(opts.dtype, cluster))
     t0 = time.monotonic()
     estimator = _documents_estimator(opts, estimator)
     _ctx, space, ev = setup(model, cluster, seq_len, global_batch, opts, estimator)
