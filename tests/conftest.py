@@ -5,6 +5,18 @@ import os
 import pytest
 
 
+def pytest_report_header(config):
+    """The CPU's vector capability and whether it has native bf16 (what the CPU profiles measure and
+    local trials train in): the suite must pass either way, and CI runs it with native bf16 hidden
+    (ONEDNN_MAX_CPU_ISA=AVX2 in .ci/run), so a log says which machine it was."""
+    import torch
+
+    from profilers.dtypes import trial_dtype
+
+    return (f"cpu: {torch.backends.cpu.get_cpu_capability()}, native bf16: "
+            f"{'yes' if trial_dtype('cpu') == 'bf16' else 'no'} (local trials train in {trial_dtype('cpu')})")
+
+
 def pytest_collection_modifyitems(config, items):
     import torch  # a dependency of the project: a broken torch fails the suite, it does not skip
 
