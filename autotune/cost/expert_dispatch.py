@@ -46,8 +46,9 @@ def exchange_times(coll: Any, links: Any, *, ep: int, etp: int, tokens: float, t
 
 
 def exposed(total: float, overlap: str, shared_compute: float) -> float:
-    """The part of ``total`` exchange seconds (one direction of one layer, forward or backward) that
-    the target runtime's compute does not hide (module docstring)."""
+    """The part of ``total`` exchange seconds (a layer's dispatch and combine, forward or backward)
+    that the target runtime's compute (``shared_compute``: the shared experts' in that pass) does
+    not hide (module docstring)."""
     if overlap == "shared_experts":
         return max(0.0, total - shared_compute)
     return total

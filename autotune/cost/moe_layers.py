@@ -94,13 +94,16 @@ def moe_terms(ctx: RankContext, shared_fwd: float) -> MoETerms:
     a2a, etp_t = XD.exchange_times(ctx.collectives, ctx.expert_links, ep=x.ep, etp=x.etp, tokens=n,
                                    top_k=e.top_k, hidden=m.hidden, bpe=s.bpe, imbalance=imb, received=received)
     one_way = ctx.mf * (a2a + etp_t)  # dispatch; the combine moves as much back
-    exposed = 2.0 * XD.exposed(one_way, x.overlap, ctx.cf * shared_fwd)
+    # the shared experts' forward runs beside the forward's dispatch and combine, their backward (twice
+    # the GEMM work) beside the backward's
+    exp_f = XD.exposed(2.0 * one_way, x.overlap, ctx.cf * shared_fwd)
+    exp_b = XD.exposed(2.0 * one_way, x.overlap, 2.0 * ctx.cf * shared_fwd)
     cf = ctx.cf
     comp_f = cf * (g + r_gemm + r_mem)
     comp_b = cf * (2.0 * g + 2.0 * r_gemm + r_mem)
     kept = MM.routed_activation_bytes(m, received=received, tokens=n, etp=x.etp, bpe=s.bpe, recompute=s.recompute)
     full = MM.routed_activation_bytes(m, received=received, tokens=n, etp=x.etp, bpe=s.bpe, recompute="none")
-    return MoETerms(comp_f=comp_f, comp_b=comp_b, ep_f=exposed, ep_b=exposed, exchange_raw=4.0 * one_way,
+    return MoETerms(comp_f=comp_f, comp_b=comp_b, ep_f=exp_f, ep_b=exp_b, exchange_raw=4.0 * one_way,
                     router_s=cf * (3.0 * r_gemm + 2.0 * r_mem), experts_s=3.0 * cf * g, imbalance=imb,
                     tokens_per_expert=received / share, routed_kept=kept, routed_full=full,
                     buffers=MM.dispatch_buffer_bytes(m, received, s.bpe))

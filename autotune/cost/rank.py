@@ -183,8 +183,12 @@ def rank_cost(ctx: RankContext) -> RankCost:
         exposed_in_ops=m_d * ch.exposed, busy=m_d * (sum(ch.fwd) + sum(ch.bwd)),
         dp_overlappable=overl, dp_exposed_fixed=fixed, dp_in_window=ctx.layers[0] * b.z3_b,
         optimizer=optimizer, memory_total=total, memory_terms=terms,
-        moe=None if moe is None else {**{k: m_d * v if k.endswith("_s") and k != "expert_grad_sync_s" else v
-                                         for k, v in moe.items()}, "ep_comm_s": ep})
+        moe=None if moe is None else {**{k: m_d * v if k in _PER_MICROBATCH else v for k, v in moe.items()},
+                                      "ep_comm_s": ep})
+
+
+_PER_MICROBATCH = ("router_s", "experts_s", "ep_exposed_s")
+"""The MoE terms ``_moe_blocks`` gives per micro-batch (``rank_cost`` reports them per step)."""
 
 
 def _dense_block(ctx: RankContext) -> tuple[BlockTimes, float, tuple[float, float, float]]:
@@ -232,8 +236,7 @@ def _moe_blocks(ctx: RankContext) -> tuple[tuple[BlockTimes, ...], tuple[float, 
     nl, nm = sum(ctx.layers), sum(n_moe)
     mean = lambda a, b: ((nl - nm) * a + nm * b) / nl  # noqa: E731
     acts = (mean(kd, km + t.routed_kept), mean(fd, fm + t.routed_full), mean(sd, sm))
-    terms = {"router_s": nm * t.router_s, "experts_s": nm * t.experts_s, "ep_exchange_s": nm * t.exchange_raw,
-             "ep_exposed_s": nm * (bm.ep_f + bm.ep_b), "imbalance": t.imbalance,
+    terms = {"router_s": nm * t.router_s, "experts_s": nm * t.experts_s, "ep_exposed_s": nm * (bm.ep_f + bm.ep_b), "imbalance": t.imbalance,
              "tokens_per_expert": t.tokens_per_expert, "moe_layers": float(nm), "buffers": t.buffers,
              "ep_inter_peers": float(ctx.expert_links.ep_inter_n)}
     return tuple(blocks), tuple(w), acts, terms
