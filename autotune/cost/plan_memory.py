@@ -49,6 +49,11 @@ def _group_memory(plan: Any, model: Any, cluster: Any, seq_len: int, global_batc
     seen: dict[int, tuple[float, dict[str, float]]] = {}
     for r0, _, ctx in tp_groups(step):
         hit = seen.get(id(ctx))
+        if hit is None and ctx.step.experts is not None:  # a MoE rank: its mix of dense and MoE layers
+            from autotune.cost.rank import rank_cost_memo
+
+            c = rank_cost_memo(ctx)
+            hit = seen[id(ctx)] = (c.memory_total, c.memory_terms)
         if hit is None:
             kept, full, scores = block_activations(ctx)
             kept, full = measured_activations(ctx, kept, full, scores)

@@ -203,3 +203,14 @@ def test_done_when_estimate_command(tmp_path):
         assert text in r.stdout, text
     j = json.loads(run_autotune(*args, "--json", timeout=300).stdout)
     assert j["breakdown"]["moe"]["ep_crosses_nodes"] is True and len(j["predicted"]["memory_bytes"]) == 256
+
+
+def test_pre_launch_memory_check_prices_moe_memory():
+    """The runtime's pre-launch check (plan_memory.peak_rank_memory) reads the estimate's MoE memory."""
+    from autotune.cost.plan_memory import peak_rank_memory
+
+    m, c = load_model("qwen3-30b-a3b"), h100(8)
+    plan = parse_inline("dp=8,ep=4")
+    total, _, terms = peak_rank_memory(plan, m, c, 4096, 16)
+    e = estimate(plan, m, c, 4096, 16)
+    assert total == pytest.approx(max(e.predicted["memory_bytes"])) and terms["expert_weights"] > 0
