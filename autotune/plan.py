@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autotune import dims
 from autotune.errors import InputError, suggest
 from autotune.plan_checks import (  # noqa: F401  (_PLACEMENT_CHECKS: benchmarks/bench_estimate.py clears it)
     _PLACEMENT_CHECKS,
@@ -172,13 +173,8 @@ class Plan:
             from autotune.stages import layout_of
 
             x = layout_of(self.stages).slots[rank]
-            return {"pp": x.stage, "dp": x.replica, "cp": 0, "hp": 0, "tp": x.tp_index}
-        out: dict[str, int] = {}
-        for d in reversed(MESH_ORDER):
-            n = getattr(self.degrees, d)
-            out[d] = rank % n
-            rank //= n
-        return {d: out[d] for d in MESH_ORDER}
+            return dims.origin(pp=x.stage, dp=x.replica, tp=x.tp_index)
+        return dims.coords(self.degrees, rank)
 
     def rank_of(self, **coords: int) -> int:
         r = 0
@@ -458,6 +454,8 @@ def _check_record_keys(d: dict) -> None:
             raise InputError(f"expected a mapping or null, got {d[key]!r}", field=key)
 
 
+_INLINE_DIMS = {dims.dimension(n).inline_key: n for n in dims.WRITTEN}
+"""Inline key -> dimension (``autotune/dims.py``)."""
 _INLINE_ALIASES = {"mbs": "micro_batch_size", "nmb": "num_microbatches", "vpp": "virtual_stages", "folds": "helix_folds",
                    "zero": "zero_stage", "sp": "sequence_parallel"}
 
@@ -479,7 +477,8 @@ def parse_inline(text: str) -> Plan:
             raise PlanError(f"bad inline plan item {part!r}; write key=value, e.g. dp=2,pp=2", field="plan")
         key = _INLINE_ALIASES.get(key, key)
         value = value.strip()
-        if key in DIMS or key in EXPERT_DIMS:
+        if key in _INLINE_DIMS:
+            key = _INLINE_DIMS[key]
             if not value.isdigit():
                 raise PlanError(f"expected a positive integer, got {value!r}", field=f"degrees.{key}")
             degrees[key] = int(value)
@@ -503,7 +502,7 @@ def parse_inline(text: str) -> Plan:
         elif key in ("schedule", "recompute", "cp_layout", "dtype", "balance"):
             rest[key] = value
         else:
-            raise PlanError(f"unknown inline plan key {key!r}" + suggest(key, [*DIMS, *EXPERT_DIMS, *_INLINE_ALIASES,
+            raise PlanError(f"unknown inline plan key {key!r}" + suggest(key, [*_INLINE_DIMS, *_INLINE_ALIASES,
                                                                                "schedule", "recompute",
                                                                                "cp_layout", "dtype", "layers",
                                                                                "tokens", "heads", "samples",
@@ -553,10 +552,13 @@ def read_plan(path_or_inline: str | Path) -> tuple[Plan, dict[str, Any], bool]:
 
 def plan_schema() -> dict[str, Any]:
     """The shipped JSON Schema (autotune/schema/plan.schema.json) with the schedule names of the
-    registry (``autotune.schedules``) as the ``schedule`` enum: the file does not list them, so
-    that a new schedule is one module."""
+    registry (``autotune.schedules``) as the ``schedule`` enum and the declared dimensions
+    (``autotune/dims.py``) as the ``degrees`` properties: the file lists neither, so that a new
+    schedule is one module and a new dimension one declaration."""
     schema = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
     schema["properties"]["schedule"]["enum"] = list(SCHEDULES)
+    schema["properties"]["degrees"]["properties"] = {  # the declared dimensions (autotune/dims.py)
+        n: {"type": "integer", "minimum": 1, "description": dims.dimension(n).doc} for n in dims.WRITTEN}
     return schema
 
 

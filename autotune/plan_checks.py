@@ -7,9 +7,11 @@ cluster's devices with tp inside a node. Memoised where the search calls them pe
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
-from autotune.plan_parts import HELIX_FOLDS, Degrees, Placement, mesh_groups
+from autotune import dims
+from autotune.plan_parts import HELIX_FOLDS, Degrees, Placement, Shares, mesh_groups
 from autotune.schedules import schedule_of
 
 if TYPE_CHECKING:  # annotations only: the Plan builds on these checks
@@ -47,7 +49,7 @@ def _sharding_problems(plan: Plan, counts: list[int]) -> list[str]:
     runs the weight half outside FSDP2's backward hooks (ZeRO-3 then computed wrong gradients), and
     its schedule runtime gathers per micro-batch, so replicas must run equal micro-batch counts."""
     d = plan.degrees
-    if plan.zero_stage < 2 or d.dp * d.cp * d.hp == 1 or not schedule_of(plan).splits_backward:
+    if plan.zero_stage < 2 or dims.shard_size(d) == 1 or not schedule_of(plan).splits_backward:
         return []
     if plan.zero_stage == 3:
         return [f"zero_stage: ZeRO-3 with {plan.schedule} (backward split into input and weight gradients) is "
@@ -74,14 +76,33 @@ def _check_shares(name: str, values: tuple[int, ...] | None, n: int, total: int,
     return p
 
 
+def _share_rules(plan: Plan, model: Any, seq_len: int, global_batch: int) -> dict[str, tuple[int, int, str, int, int]]:
+    """Per share field: (entries, total, what an entry is, multiple, minimum); a declared dimension's
+    share (``autotune/dims.py``) without a rule here is a KeyError in ``_check_resolved``."""
+    d, mbs = plan.degrees, plan.micro_batch_size
+    return {
+        "layers": (d.pp * plan.virtual_stages, model.layers,
+                   "pp*virtual_stages stages; a stage with no layers is not allowed", 1, 1),
+        "tokens": (d.cp, seq_len, "cp shards", plan.token_granule(), 1),
+        "heads": (d.hp, model.heads // d.tp, "hp ranks, of the heads of one tp rank", 1, 1),
+        "samples": (d.dp, global_batch, "dp replicas", mbs, mbs),
+    }
+
+
+_SHARES_CHECKED = tuple(sorted((share for n, share in dims.SHARES if not dims.dimension(n).folds),
+                               key=[f.name for f in fields(Shares)].index))
+"""The share of every declared dimension that multiplies the world, in the order ``Shares`` lists
+them (the order problems are named in); a folding dimension's share (experts) depends on the
+model's experts and is checked with them (``_expert_problems``)."""
+
+
 def _check_resolved(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: int) -> list[str]:
     d, sh, p = plan.degrees, plan.shares, []
-    p += _check_shares("layers", sh.layers, d.pp * plan.virtual_stages, model.layers,
-                       "pp*virtual_stages stages; a stage with no layers is not allowed")
-    p += _check_shares("tokens", sh.tokens, d.cp, seq_len, "cp shards", multiple=plan.token_granule())
-    p += _check_shares("heads", sh.heads, d.hp, model.heads // d.tp, "hp ranks, of the heads of one tp rank")
+    rules = _share_rules(plan, model, seq_len, global_batch)
+    for share in _SHARES_CHECKED:
+        n, total, what, multiple, minimum = rules[share]
+        p += _check_shares(share, getattr(sh, share), n, total, what, multiple=multiple, minimum=minimum)
     mbs = plan.micro_batch_size
-    p += _check_shares("samples", sh.samples, d.dp, global_batch, "dp replicas", multiple=mbs, minimum=mbs)
     if sh.samples is not None and not any("shares.samples" in x for x in p):
         counts = [s // mbs for s in sh.samples]
         if plan.num_microbatches != max(counts):

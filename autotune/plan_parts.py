@@ -11,17 +11,20 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from autotune import dims
 from autotune.errors import InputError
 from autotune.schedules.helixpipe import FOLDS
 from autotune.specs import fields as F
 
-DIMS = ("dp", "pp", "cp", "hp", "tp")
-MESH_ORDER = ("pp", "dp", "cp", "hp", "tp")
-EXPERT_DIMS = ("ep", "etp")
-"""Expert parallelism's degrees. They fold onto the ranks the dimensions above already count
-(Megatron-Core's "parallel folding"): within a pipeline stage the dp*cp*hp*tp attention ranks are
-also edp*ep*etp expert ranks, ordered pp, edp, ep, etp (etp innermost); edp, the expert data
+DIMS = tuple(n for n in dims.WRITTEN if not dims.dimension(n).folds)
+"""The names of the dimensions that multiply the world, in the order plans write them (dp, pp, cp,
+hp, tp; ``autotune/dims.py`` declares every dimension)."""
+EXPERT_DIMS = tuple(n for n in dims.WRITTEN if dims.dimension(n).folds)
+"""Expert parallelism's degrees (ep, etp). They fold onto the ranks the dimensions above already
+count (Megatron-Core's "parallel folding"): within a pipeline stage the dp*cp*hp*tp attention ranks
+are also edp*ep*etp expert ranks, ordered pp, edp, ep, etp (etp innermost); edp, the expert data
 parallelism, is derived (``Degrees.edp``), never written. They do not multiply the world."""
+MESH_ORDER = dims.MESH_ORDER
 
 
 RECOMPUTE = ("none", "selective", "full")
@@ -45,39 +48,26 @@ class PlanError(InputError):
     """A plan that does not fit the model or the cluster; the message names every factor that is off."""
 
 
-@dataclass(frozen=True, kw_only=True)
-class Degrees:
-    """Parallel degrees; their product is the number of devices."""
+class _DegreesMethods:
+    """What ``Degrees`` does; its fields come from ``autotune.dims.DIMENSIONS`` (``_degrees_class``)."""
 
-    dp: int = 1
-    """Data-parallel replicas."""
-    pp: int = 1
-    """Pipeline stages (physical; virtual stages are ``Plan.virtual_stages``)."""
-    cp: int = 1
-    """Context-parallel (ring attention) shards of the sequence."""
-    hp: int = 1
-    """Head-parallel (Ulysses all-to-all) ranks."""
-    tp: int = 1
-    """Tensor-parallel (Megatron) ranks."""
-    ep: int = 1
-    """Expert-parallel ranks: each holds its share of every MoE layer's routed experts (``EXPERT_DIMS``)."""
-    etp: int = 1
-    """Expert tensor-parallel ranks: each expert's FFN split over them."""
+    __slots__ = ()
 
     def __post_init__(self) -> None:
-        for d in (*DIMS, *EXPERT_DIMS):
+        for d in dims.WRITTEN:
             v = getattr(self, d)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise PlanError(f"must be a positive integer, got {v!r}", field=f"degrees.{d}")
+        object.__setattr__(self, "_world", dims.world(self))  # read per rank group: computed once
 
     @property
     def world(self) -> int:
-        return self.dp * self.pp * self.cp * self.hp * self.tp
+        return self._world  # type: ignore[attr-defined]
 
     @property
     def stage_ranks(self) -> int:
         """Ranks of one pipeline stage: the attention's dp*cp*hp*tp, the experts' edp*ep*etp."""
-        return self.dp * self.cp * self.hp * self.tp
+        return dims.stride(self, "pp")
 
     @property
     def edp(self) -> int:
@@ -87,14 +77,30 @@ class Degrees:
         return self.stage_ranks // n if self.stage_ranks % n == 0 else 0
 
     def product_text(self) -> str:
-        return "*".join(f"{d}({getattr(self, d)})" for d in DIMS)
+        """``dp(2)*pp(1)*...``: the degrees whose product is the world."""
+        return "*".join(f"{d}({getattr(self, d)})" for d in DIMS if not dims.dimension(d).folds)
 
     def to_dict(self) -> dict[str, int]:
-        """Every attention degree; the expert degrees only where not 1 (dense plans read as before)."""
-        return {**{d: getattr(self, d) for d in DIMS}, **{d: getattr(self, d) for d in EXPERT_DIMS if getattr(self, d) != 1}}
+        """Every degree, a folding one only where it is not 1 (plans written before it read the same)."""
+        return {d: getattr(self, d) for d in dims.WRITTEN if getattr(self, d) != 1 or not dims.dimension(d).folds}
 
     def inline(self) -> str:
-        return ",".join(f"{d}={getattr(self, d)}" for d in (*DIMS, *EXPERT_DIMS) if getattr(self, d) != 1) or "dp=1"
+        return ",".join(f"{dims.dimension(d).inline_key}={getattr(self, d)}" for d in dims.WRITTEN
+                        if getattr(self, d) != 1) or "dp=1"
+
+
+def _degrees_class() -> type:
+    """``Degrees``: one int field per declared dimension (default 1), in the written order, frozen and
+    keyword-only, so ``plan.degrees.tp`` reads as before and a new declaration is a new field."""
+    fields = [(n, int, dataclasses.field(default=1)) for n in dims.WRITTEN]
+    cls = dataclasses.make_dataclass("Degrees", fields, bases=(_DegreesMethods,), frozen=True, kw_only=True,
+                                     namespace={"__module__": __name__})
+    cls.__doc__ = "Parallel degrees; the product of those that do not fold is the number of devices. " + "; ".join(
+        f"{d.name}: {d.doc}" for d in dims.DIMENSIONS)
+    return cls
+
+
+Degrees = _degrees_class()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -164,15 +170,8 @@ def expert_groups(degrees: Degrees, dim: str, world: int | None = None) -> list[
 
 def mesh_groups(degrees: Degrees, dim: str, world: int | None = None) -> list[list[int]]:
     """Every ``dim`` group of the mesh ``degrees`` spans over ranks ``0 .. world - 1`` (default:
-    ``degrees.world``), ordered by first rank (``Plan.all_groups``).
-    Stride arithmetic (same result as collecting each rank's group, which cost ~2 ms at 128 ranks
-    inside every ``resolve``)."""
-    n = getattr(degrees, dim)
-    stride = 1
-    for d in MESH_ORDER[MESH_ORDER.index(dim) + 1:]:
-        stride *= getattr(degrees, d)
-    world = degrees.world if world is None else world
-    return [[r + i * stride for i in range(n)] for r in range(world) if (r // stride) % n == 0]
+    ``degrees.world``), ordered by first rank (``Plan.all_groups``; ``autotune.dims.groups``)."""
+    return dims.groups(degrees, dim, world)
 
 
 # ---- the plan JSON's parts, read and checked field by field (autotune.plan._plan_from_dict) ----
@@ -190,9 +189,9 @@ def _degrees_from(d: dict) -> Degrees:
     if deg is None and d.get("stages") is not None:
         deg = {}  # a per-stage plan's degrees are its stages' envelope
     if not isinstance(deg, dict):
-        raise InputError("missing required field (a mapping of dp, pp, cp, hp, tp)", field="degrees")
-    F.reject_unknown(deg, {*DIMS, *EXPERT_DIMS}, "degrees")
-    return Degrees(**{k: F.get_int(deg, k, f"degrees.{k}", default=1) for k in (*DIMS, *EXPERT_DIMS)})
+        raise InputError(f"missing required field (a mapping of {', '.join(DIMS)})", field="degrees")
+    F.reject_unknown(deg, set(dims.WRITTEN), "degrees")
+    return Degrees(**{k: F.get_int(deg, k, f"degrees.{k}", default=1) for k in dims.WRITTEN})
 
 
 def _shares_from(d: dict) -> Shares:

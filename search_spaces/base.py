@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Protocol
 
+from autotune import dims
 from autotune.plan import DIMS, Plan
 
 
@@ -56,10 +57,14 @@ class Infeasible:
     family: str = ""
 
 
+_FAMILY_ORDER = (dims.MESH_ORDER[-1], *dims.MESH_ORDER[:-1], *(n for n in dims.NAMES if n not in dims.MESH_ORDER))
+"""A family names its dimensions innermost (tp) first, then in mesh order: ``tp+pp+dp``."""
+
+
 def family_of(plan_or_degrees: Any) -> str:
     """The family a plan belongs to: the dimensions it uses, e.g. ``tp+pp+dp`` (``single`` for none)."""
     deg = plan_or_degrees.degrees if isinstance(plan_or_degrees, Plan) else plan_or_degrees
-    used = [d for d in ("tp", "pp", "dp", "cp", "hp", "ep", "etp") if getattr(deg, d, 1) > 1]
+    used = [d for d in _FAMILY_ORDER if getattr(deg, d, 1) > 1]
     return "+".join(used) or "single"
 
 

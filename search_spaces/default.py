@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from autotune import dims
 from autotune.divisibility import degree_problems
 from autotune.plan import (
     HELIX_FOLDS,
@@ -50,11 +51,21 @@ from search_spaces import _fill, _stages
 from search_spaces.base import Infeasible, SearchContext, family_of
 
 NAME = "default"
-PLACEMENTS = ("node", "pp", "dp", "cp", "hp")
+INNER = dims.MESH_ORDER[-1]
+"""The innermost dimension (tp): sampled among the divisors of the devices per node, so it stays in one."""
+REMAINDER = dims.WRITTEN_FIRST
+"""The dimension the devices left over go to (dp): no knob of its own."""
+DEGREE_KNOBS = (INNER, *(n for n in dims.MESH_ORDER[:-1] if n != REMAINDER and not dims.dimension(n).folds))
+"""Every sampled degree (``<name>_exp``), innermost first, then in mesh order: tp, pp, cp, hp."""
+PLACEMENTS = ("node", *dims.MESH_ORDER[:-1])
+"""Node order, or the devices sorted fastest first along one dimension outermost (every one but the
+innermost, tp, whose groups stay on one node)."""
 MAX_MBS = 16
 SHARE_FLOATS = {"layers_speed": (0.0, 1.5), "tokens_speed": (0.0, 1.5), "heads_speed": (0.0, 1.5),
                 "samples_speed": (0.0, 1.5), "layers_mem": (0.0, 1.0), "samples_mem": (0.0, 1.0),
                 "attention_speed": (0.0, 1.5)}
+SHARE_KNOBS = (*SHARE_FLOATS, "layers_tilt")
+"""The knobs that shape uneven shares: each starts with its share's name (``_idle_knobs``)."""
 STAGE_MODES = ("uniform", "program")
 """``stages``: one mesh for the whole model, or per-stage device groups and degrees chosen by the stage
 program (search_spaces/_stages.py) for the point's micro-batch size, schedule, recomputation and ZeRO."""
@@ -134,7 +145,7 @@ class DefaultSpace:
 
         k = len(self.divs) - 1
         d: dict[str, Any] = {
-            "tp_exp": Int(0, len(self.tp_divs) - 1), "pp_exp": Int(0, k), "cp_exp": Int(0, k), "hp_exp": Int(0, k),
+            **{f"{n}_exp": Int(0, (len(self.tp_divs) if n == INNER else k + 1) - 1) for n in DEGREE_KNOBS},
             "mbs_exp": Int(0, self.mbs_max_exp), "schedule": Cat(SCHEDULES), "vpp_exp": Int(1, 2),
             "recompute": Cat(RECOMPUTE), "zero_stage": Int(0, 3), "sp": Cat((False, True)),
             "placement": Cat(PLACEMENTS), "layers_tilt": Int(-2, 2), "helix_folds": Cat(HELIX_FOLDS),
@@ -146,13 +157,16 @@ class DefaultSpace:
             d["ep_exp"], d["etp_exp"] = Int(0, len(self.ep_divs) - 1), Int(0, len(self.etp_divs) - 1)
         return d
 
-    def params(self, *, tp: int = 1, pp: int = 1, cp: int = 1, hp: int = 1, mbs: int = 1, schedule: str = "1f1b",
-               vpp: int = 2, recompute: str = "none", zero: int = 0, sp: bool = False, placement: str = "node",
-               balance: float = 0.0, tilt: int = 0, folds: int = 1, stages: str = "uniform", ep: int = 1,
-               etp: int = 1) -> dict[str, Any]:
-        """The parameter dict of a plan given by its degrees and options (for baselines and tests)."""
-        p = {"tp_exp": self.tp_divs.index(tp), "pp_exp": self.divs.index(pp), "cp_exp": self.divs.index(cp),
-             "hp_exp": self.divs.index(hp), "mbs_exp": int(math.log2(mbs)), "schedule": schedule,
+    def params(self, *, mbs: int = 1, schedule: str = "1f1b", vpp: int = 2, recompute: str = "none", zero: int = 0,
+               sp: bool = False, placement: str = "node", balance: float = 0.0, tilt: int = 0, folds: int = 1,
+               stages: str = "uniform", ep: int = 1, etp: int = 1, **degrees: int) -> dict[str, Any]:
+        """The parameter dict of a plan given by its degrees (``tp=2, pp=4``: each knob's dimension,
+        1 where not given; dp is what is left) and options (for baselines and tests)."""
+        unknown = set(degrees) - set(DEGREE_KNOBS)
+        if unknown:
+            raise TypeError(f"params() takes the degrees {', '.join(DEGREE_KNOBS)}, not {', '.join(sorted(unknown))}")
+        p = {**{f"{n}_exp": (self.tp_divs if n == INNER else self.divs).index(degrees.get(n, 1)) for n in DEGREE_KNOBS},
+             "mbs_exp": int(math.log2(mbs)), "schedule": schedule,
              "vpp_exp": int(math.log2(vpp)), "recompute": recompute, "zero_stage": zero, "sp": sp,
              "placement": placement, "layers_tilt": tilt, "helix_folds": folds, "stages": stages}
         for name in SHARE_FLOATS:
@@ -202,14 +216,14 @@ class DefaultSpace:
     def _shape(self, p: dict[str, Any]) -> _Shape | Infeasible:
         """Degrees, schedule and the per-plan switches of point ``p``, checked by the plan's own rules."""
         model = self.ctx.model
-        tp, pp = self.tp_divs[p["tp_exp"]], self.divs[p["pp_exp"]]
-        cp, hp = self.divs[p["cp_exp"]], self.divs[p["hp_exp"]]
-        inner = tp * pp * cp * hp
+        knobs = {n: (self.tp_divs if n == INNER else self.divs)[p[f"{n}_exp"]] for n in DEGREE_KNOBS}
+        inner = math.prod(knobs.values())
         if self.n % inner:
-            return Infeasible("divisibility", f"tp({tp})*pp({pp})*cp({cp})*hp({hp}) = {inner} does not divide "
-                                              f"devices({self.n})", "")
+            return Infeasible("divisibility", "*".join(f"{n}({v})" for n, v in knobs.items())
+                              + f" = {inner} does not divide devices({self.n})", "")
         ep, etp = (self.ep_divs[p["ep_exp"]], self.etp_divs[p["etp_exp"]]) if self.moe is not None else (1, 1)
-        deg = Degrees(dp=self.n // inner, pp=pp, cp=cp, hp=hp, tp=tp, ep=ep, etp=etp)
+        deg = Degrees(**{REMAINDER: self.n // inner}, **knobs, ep=ep, etp=etp)
+        pp, tp = deg.pp, deg.tp
         fam = family_of(deg)
         if deg.stage_ranks % (ep * etp):
             return Infeasible("divisibility", f"ep({ep})*etp({etp}) does not divide a stage's ranks "
@@ -224,7 +238,7 @@ class DefaultSpace:
         if bad:
             return Infeasible("divisibility", bad[0][1], fam)
         return _Shape(deg=deg, fam=fam, schedule=schedule, sched=sched, vs=vs, folds=folds,
-                      sp=bool(p["sp"]) and tp > 1, zero=int(p["zero_stage"]) if deg.dp * cp * hp > 1 else 0,
+                      sp=bool(p["sp"]) and tp > 1, zero=int(p["zero_stage"]) if dims.shard_size(deg) > 1 else 0,
                       mbs=2 ** p["mbs_exp"])
 
     def _units(self, sh: _Shape) -> _Units | Infeasible:
@@ -485,7 +499,7 @@ class DefaultSpace:
             deg = Degrees(dp=dp, pp=pp, cp=cp, hp=hp, tp=tp)
             place = "node"
             if het:
-                place = next((d for d in ("pp", "dp", "cp", "hp") if getattr(deg, d) > 1), "node")
+                place = next((d for d in PLACEMENTS[1:] if getattr(deg, d) > 1), "node")
             for ep, etp in self._start_experts(self.n // pp):
                 out.append(self.params(tp=tp, pp=pp, cp=cp, hp=hp, recompute="selective",
                                        zero=1 if dp * cp * hp > 1 else 0, sp=tp > 1, placement=place, balance=1.0,
@@ -569,21 +583,18 @@ class DefaultSpace:
         if isinstance(sh, Infeasible):
             return set()
         d, idle = sh.deg, set()
-        if d.dp == 1:
-            idle |= {"samples_speed", "samples_mem"}
-        if d.cp == 1:
-            idle.add("tokens_speed")
-        if d.hp == 1:
-            idle.add("heads_speed")
+        for name, share in dims.SHARES:  # one index takes the whole share: its knobs do nothing
+            if getattr(d, name) == 1:
+                idle |= {k for k in SHARE_KNOBS if k.startswith(share + "_")}
         if d.pp == 1:
-            idle |= {"layers_speed", "layers_mem", "layers_tilt", "attention_speed", "schedule", "vpp_exp"}
+            idle |= {"attention_speed", "schedule", "vpp_exp"}
         elif not get_schedule(sh.schedule).places_attention:
             idle.add("attention_speed")
         if len(get_schedule(sh.schedule).fold_choices) <= 1:
             idle.add("helix_folds")
         if d.tp == 1:
             idle.add("sp")
-        if d.dp * d.cp * d.hp == 1:
+        if dims.shard_size(d) == 1:
             idle.add("zero_stage")
         return idle
 

@@ -17,6 +17,7 @@ degrees: the dimension modules read degrees from the context they are given (``d
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from functools import cached_property, lru_cache
 from types import MappingProxyType
 from typing import Any
 
+from autotune import dims
 from autotune.cost import comm as C
 from autotune.cost import data_parallel as DP
 from autotune.cost import ulysses as U
@@ -51,11 +53,9 @@ class StepContext:
     dtype: str
     bpe: int
     """Bytes per element of the compute dtype."""
-    pp: int
-    dp: int
-    cp: int
-    hp: int
-    tp: int
+    degrees: Degrees
+    """The degrees this step is priced at (a per-stage plan's cell: the envelope at the cell's tp);
+    each dimension reads as an attribute of its own, ``step.tp`` (``_dimension_properties``)."""
     v: int
     """Virtual stages (model chunks) per pipeline rank."""
     n_chunks: int
@@ -66,7 +66,8 @@ class StepContext:
     recompute: str
     zero: int
     shard_n: int
-    """Ranks holding the same parameters: dp * cp * hp (the ZeRO and gradient-sync group)."""
+    """Ranks holding the same parameters (``dims.shard_size``: dp * cp * hp), the ZeRO and
+    gradient-sync group."""
     devs: tuple[int, ...]
     """Cluster device index of every rank."""
     microbatches: tuple[int, ...]
@@ -110,6 +111,18 @@ class StepContext:
         return _step_token(tuple(getattr(self, f) for f in STEP_INPUTS))
 
 
+def _dimension_properties(cls: type) -> type:
+    """Each declared dimension (``autotune/dims.py``) as a read-only attribute of the step, its
+    degree in ``step.degrees``: the dimension modules read ``ctx.step.tp`` and a new declaration
+    needs no new field here."""
+    for name in dims.NAMES:
+        setattr(cls, name, property(lambda self, n=name: getattr(self.degrees, n), doc=dims.dimension(name).doc))
+    return cls
+
+
+_dimension_properties(StepContext)
+
+
 def step_context(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: int,
                  calibration: Mapping[str, Mapping[str, float]] | None, kernels: Any = None) -> StepContext:
     """Resolve ``plan`` (PlanError when it does not fit) and gather what every rank shares.
@@ -121,7 +134,7 @@ def step_context(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batc
     topo = C.topology(cluster)
     devs = _devices(topo, rp.placement)
     tokens, zig = rp.shares.tokens, rp.cp_layout == "zigzag" and d.cp > 1
-    shard_n = d.dp * d.cp * d.hp
+    shard_n = dims.shard_size(d)
     sched = schedule_of(rp)
     # the schedule's placement, asked once per estimate (Plan.stages_of_rank asks the registry each call)
     chunks = tuple(sched.stages_of_rank(i, d.pp, rp.virtual_stages) for i in range(d.pp))
@@ -131,7 +144,7 @@ def step_context(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batc
     return StepContext(
         plan=rp, model=model, cluster=cluster, topo=topo, seq_len=seq_len, global_batch=global_batch,
         calibration=calibration or {}, dtype=rp.dtype, bpe=DTYPE_BYTES[rp.dtype],
-        pp=d.pp, dp=d.dp, cp=d.cp, hp=d.hp, tp=d.tp, v=rp.virtual_stages, n_chunks=d.pp * rp.virtual_stages,
+        degrees=d, v=rp.virtual_stages, n_chunks=d.pp * rp.virtual_stages,
         mbs=rp.micro_batch_size, zigzag=zig, sp=rp.sequence_parallel and d.tp > 1, recompute=rp.recompute,
         zero=rp.zero_stage, shard_n=shard_n, devs=devs,
         microbatches=tuple(s // rp.micro_batch_size for s in rp.shares.samples),
@@ -181,27 +194,28 @@ def _hop_peers(sched: Any, p: int, v: int, chunks: tuple[tuple[int, ...], ...]) 
     return tuple(out)
 
 
-@dataclass(frozen=True)
-class Links:
-    """The slowest link of each group a rank belongs to (``comm._SELF`` for a group of one)."""
+class _LinksDoc:
+    """The slowest link of each group a rank belongs to (``comm._SELF`` for a group of one): one field
+    per declared dimension (``autotune/dims.py``; ``pp``: to the next pipeline rank, the last stage's
+    to the first; ``dp``: the ring of the pipeline rank's parameter-sharing group, dp x cp x hp), and:
 
-    tp: Link
-    hp: Link
-    cp: Link
-    pp: Link
-    """To the next pipeline rank (the last stage: to the first)."""
-    dp: Link
-    pp_hops: tuple[tuple[Link, bool, bool], ...] = ()
-    """Per chunk of the rank: (link its sends are priced on, sends forward, sends backward), from
-    the schedule's placement (``StepContext.hop_peers``)."""
-    hop_tps: tuple[tuple[int, Link], ...] = ()
-    """Per-stage plans whose hops change tp: per chunk, (tp of the peer its sends are priced with,
-    the peer's tp link) (``cost/stages.py``); empty where every hop keeps the tp."""
-    dp_tp: int = 0
-    """Per-stage plans whose stage's replicas differ in tp: the smallest tp of the rank's stage
-    (the gradient reduction moves parameters / dp_tp, ``data_parallel.step_transfers``); 0 otherwise."""
-    experts: Any = None
-    """A MoE plan's expert groups' links (``expert_layout.ExpertLinks``); None for a dense model."""
+    ``pp_hops``: per chunk of the rank, (link its sends are priced on, sends forward, sends
+    backward), from the schedule's placement (``StepContext.hop_peers``).
+    ``hop_tps``: per-stage plans whose hops change tp: per chunk, (tp of the peer its sends are
+    priced with, the peer's tp link) (``cost/stages.py``); empty where every hop keeps the tp.
+    ``dp_tp``: per-stage plans whose stage's replicas differ in tp: the smallest tp of the rank's
+    stage (the gradient reduction moves parameters / dp_tp, ``data_parallel.step_transfers``); 0 otherwise.
+    ``experts``: a MoE plan's expert groups' links (``expert_layout.ExpertLinks``; the expert mesh's
+    dimensions, ep and etp, fold onto these ranks); None for a dense model."""
+
+    __slots__ = ()
+
+
+Links = dataclasses.make_dataclass(
+    "Links", [*((n, Link, dataclasses.field(default=C._SELF)) for n in dims.MESH_ORDER),
+              ("pp_hops", tuple, dataclasses.field(default=())), ("hop_tps", tuple, dataclasses.field(default=())),
+              ("dp_tp", int, dataclasses.field(default=0)), ("experts", Any, dataclasses.field(default=None))],
+    bases=(_LinksDoc,), frozen=True, namespace={"__module__": __name__, "__doc__": _LinksDoc.__doc__})
 
 
 @dataclass(frozen=True)
@@ -318,15 +332,16 @@ def _mesh_links(topo: C.Topology, devs: tuple[int, ...], d: Degrees, v: int, hop
     if hit is None or hit[0] is not topo:
         if len(_MESH_LINKS) > 4096:  # 128 devices: ~260 layouts x 5 placements
             _MESH_LINKS.clear()
-        blk, shard_n = d.dp * d.cp * d.hp * d.tp, d.dp * d.cp * d.hp
-        dp_links = tuple(topo.ring_link([devs[i * blk + k * d.tp] for k in range(shard_n)]) for i in range(d.pp))
+        blk = dims.stride(d, "pp")
+        dp_links = tuple(topo.ring_link([devs[r] for r in dims.ranks_along(d, dims.SHARED_BY, i * blk)])
+                         for i in range(d.pp))
         cache: dict[tuple[str, int], Link] = {}
-        links_of: dict[tuple, Links] = {}
+        links_of: dict[tuple, Any] = {}
         groups = []
         for r0, c in _tp_group_coords(d):
-            tp_l, hp_l, cp_l, pp_l, hops = _group_links(topo, devs, d, hop_peers, v, r0, c, cache)
+            own, hops = _group_links(topo, devs, d, hop_peers, v, r0, c, cache)
             spec = topo.cluster.devices[devs[r0]].spec
-            place = (c["pp"], c["cp"], c["hp"], id(spec), id(tp_l), id(hp_l), id(cp_l), id(pp_l),
+            place = (*(c[n] for n in _PLACE_DIMS), id(spec), *(id(x) for x in own.values()),
                      tuple([id(h) for h, _, _ in hops]))
             el = None
             if moe:  # the expert groups' links tell groups apart too (an EP group may cross nodes)
@@ -334,42 +349,48 @@ def _mesh_links(topo: C.Topology, devs: tuple[int, ...], d: Degrees, v: int, hop
                 place = (*place, el)
             links = links_of.get(place)
             if links is None:
-                links = links_of[place] = Links(tp=tp_l, hp=hp_l, cp=cp_l, pp=pp_l, dp=dp_links[c["pp"]], pp_hops=hops,
+                links = links_of[place] = Links(**own, dp=dp_links[c["pp"]], pp_hops=hops,
                                                 experts=el)
             groups.append((spec, place, links))
         hit = _MESH_LINKS[key] = (topo, dp_links, tuple(groups))
     return hit[1], hit[2]
 
 
+_PLACE_DIMS = tuple(n for n in dims.MESH_ORDER if n != "dp")
+"""The coordinates that tell groups' contexts apart (their shares of layers, tokens, heads): not the
+dp index, which ``tp_groups`` keys by the replica's micro-batches."""
+
+
 def _group_links(topo: C.Topology, devs: tuple[int, ...], d: Degrees, hop_peers: tuple, v: int, r0: int,
-                 c: Mapping[str, int], cache: dict) -> tuple[Link, Link, Link, Link, tuple]:
-    """(tp, hp, cp, pp, pp hops) links of the groups the tp group starting at rank ``r0`` belongs to
-    (hp and cp groups cached by their first rank; the dp link is the pipeline rank's)."""
+                 c: Mapping[str, int], cache: dict) -> tuple[dict[str, Link], tuple]:
+    """({dimension: link} of the groups the tp group starting at rank ``r0`` belongs to, pp hops).
+    Every dimension of degree > 1 but pp and dp: the slowest link of its group (at its stride,
+    ``dims.stride``; cached by the group's first rank); pp: the link to the next pipeline rank; dp:
+    the pipeline rank's (``_mesh_links``)."""
     node_of = topo.node_of
     d0 = devs[r0]
-    tp_link = topo.node_link(node_of[d0], node_of[d0]) if d.tp > 1 else C._SELF
-    hp_link = cp_link = pp_link = C._SELF
-    if d.hp > 1:
-        base = r0 - c["hp"] * d.tp
-        hp_link = cache.get(("hp", base))
-        if hp_link is None:
-            hp_link = cache[("hp", base)] = topo.group_link([devs[base + k * d.tp] for k in range(d.hp)])
-    if d.cp > 1:
-        base = r0 - c["cp"] * d.hp * d.tp
-        cp_link = cache.get(("cp", base))
-        if cp_link is None:
-            cp_link = cache[("cp", base)] = topo.group_link([devs[base + k * d.hp * d.tp] for k in range(d.cp)])
+    own: dict[str, Link] = {}
+    for name in dims.MESH_ORDER:
+        n = getattr(d, name)
+        if n == 1 or name in ("pp", "dp"):
+            continue
+        st = dims.stride(d, name)
+        base = r0 - c[name] * st
+        lk = cache.get((name, base))
+        if lk is None:
+            lk = cache[(name, base)] = topo.group_link([devs[base + k * st] for k in range(n)])
+        own[name] = lk
     if d.pp > 1:
-        blk = d.dp * d.cp * d.hp * d.tp
+        blk = dims.stride(d, "pp")
         nxt = r0 + blk if c["pp"] < d.pp - 1 else r0 - (d.pp - 1) * blk
-        pp_link = topo.node_link(node_of[d0], node_of[devs[nxt]])
+        own["pp"] = pp_link = topo.node_link(node_of[d0], node_of[devs[nxt]])
         base = r0 - c["pp"] * blk
         # most hops go to the next pipeline rank: its link is pp_link already (same lookup, same object)
         hops = tuple((pp_link if base + q * blk == nxt else topo.node_link(node_of[d0], node_of[devs[base + q * blk]]),
                       f, b) for q, f, b in hop_peers[c["pp"]])
     else:
         hops = ((C._SELF, False, False),) * v
-    return tp_link, hp_link, cp_link, pp_link, hops
+    return own, hops
 
 
 @lru_cache(maxsize=512)

@@ -26,6 +26,7 @@ import dataclasses
 from types import MappingProxyType
 from typing import Any
 
+from autotune import dims
 from autotune import stages as ST
 from autotune.cost import comm as C
 from autotune.cost import data_parallel as DP
@@ -51,8 +52,9 @@ def staged_step_context(rp: Any, model: Any, cluster: Any, seq_len: int, global_
     return StepContext(
         plan=rp, model=model, cluster=cluster, topo=topo, seq_len=seq_len, global_batch=global_batch,
         calibration=calibration or {}, dtype=rp.dtype, bpe=DTYPE_BYTES[rp.dtype],
-        pp=d.pp, dp=d.dp, cp=1, hp=1, tp=d.tp, v=rp.virtual_stages, n_chunks=d.pp * rp.virtual_stages,
-        mbs=rp.micro_batch_size, zigzag=False, sp=False, recompute=rp.recompute, zero=rp.zero_stage, shard_n=d.dp,
+        degrees=d, v=rp.virtual_stages, n_chunks=d.pp * rp.virtual_stages,
+        mbs=rp.micro_batch_size, zigzag=False, sp=False, recompute=rp.recompute, zero=rp.zero_stage,
+        shard_n=dims.shard_size(d),
         devs=devs, microbatches=tuple(x // rp.micro_batch_size for x in rp.shares.samples),
         kv_ratio=model.kv_heads / model.heads, a2a_heads=U.busiest_heads(1, (model.heads,), model.heads),
         cp_max_tokens=seq_len, keysums=(causal_keys((seq_len,), 0, False, seq_len),), ring=(None,),
@@ -72,7 +74,7 @@ def staged_tp_groups(s: Any) -> list[tuple[int, int, Any]]:
         t = rp.stages[st].replicas[r].tp
         step = steps.get(t)
         if step is None:
-            step = steps[t] = dataclasses.replace(s, tp=t)
+            step = steps[t] = dataclasses.replace(s, degrees=dataclasses.replace(s.degrees, tp=t))
         spec = topo.cluster.devices[s.devs[r0]].spec
         links = _cell_links(s, lay, st, r, r0, t)
         m_d = s.microbatches[r]
@@ -104,7 +106,7 @@ def _cell_links(s: Any, lay: Any, st: int, r: int, r0: int, t: int) -> Any:
     else:
         hops = [(C._SELF, False, False)] * s.v
     tps = rp.stages[st].tps
-    return Links(tp=tp_link, hp=C._SELF, cp=C._SELF, pp=pp_link, dp=s.dp_links[st], pp_hops=tuple(hops),
+    return Links(tp=tp_link, pp=pp_link, dp=s.dp_links[st], pp_hops=tuple(hops),
                  hop_tps=tuple(hop_tps) if any(q != t for q, _ in hop_tps) else (),
                  dp_tp=min(tps) if len(set(tps)) > 1 else 0)
 
@@ -119,7 +121,7 @@ def _cell_context(s: Any, step: Any, st: int, r: int, spec: Any, links: Any) -> 
     params, layer_params, rest = s.stage_params[st]
     tok = s.mbs * s.seq_len
     return RankContext(
-        step=step, coords=MappingProxyType({"pp": st, "dp": r, "cp": 0, "hp": 0, "tp": 0}), spec=spec,
+        step=step, coords=MappingProxyType(dims.origin(pp=st, dp=r)), spec=spec,
         rates=cached_rates(spec, s.dtype, s.model.head_dim, s.kernels), collectives=collectives_for(spec),
         cf=float(cal.get("compute", 1.0)), mf=float(cal.get("comm", 1.0)), links=links, tokens=s.seq_len,
         heads=s.model.heads // t, microbatches=s.microbatches[r],

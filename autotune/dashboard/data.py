@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autotune import dims
 from autotune.errors import InputError
 
-DIMS = ("dp", "pp", "cp", "hp", "tp")
+DIMS = tuple(n for n in dims.WRITTEN if not dims.dimension(n).folds)  # as plans write them (autotune/dims.py)
 
 
 def optuna_storage(url: str) -> Any:

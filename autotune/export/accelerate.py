@@ -28,6 +28,7 @@ from autotune.export.common import (
     node_order,
     placement_reasons,
     provenance,
+    unexpressed,
 )
 from autotune.export.stages import staged_candidates, staged_reasons
 from autotune.plan import Plan
@@ -39,6 +40,9 @@ KERNELS = EAGER
 """Accelerate runs a Hugging Face-style model eagerly: the cost model\'s kernel costs for ``--target accelerate``."""
 SUFFIX = ".json"
 
+EXPRESSES = ("dp", "cp", "hp", "tp")
+"""The dimensions Accelerate's ParallelismConfig runs (``export.common.unexpressed`` refuses the rest)."""
+WHY_NOT = {"pp": "Accelerate's ParallelismConfig has no pipeline parallelism"}
 WHY = {
     "layers": "Accelerate has no pipeline stages",
     "tokens": "Accelerate shards the sequence evenly (cp or sp)",
@@ -52,7 +56,7 @@ def reasons(plan: Plan, ctx: ExportContext) -> list[str]:
         return staged_reasons(plan, ctx, NAME, reasons)
     d = plan.degrees
     r = Collected(even_share_reasons(plan, NAME, ("tokens", "heads", "samples"), WHY))
-    r.add(d.pp > 1, f"pp({d.pp}): Accelerate's ParallelismConfig has no pipeline parallelism")
+    r.items += unexpressed(plan, NAME, EXPRESSES, WHY_NOT)
     r.add(d.cp > 1 and d.hp > 1, f"cp({d.cp}) with hp({d.hp}): Accelerate's context parallelism (cp_size) and "
           "Ulysses (sp_size) are mutually exclusive")
     r.add(d.cp > 1 and plan.cp_layout == "contiguous",

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from autotune import __version__
+from autotune import __version__, dims
 from autotune.errors import InputError
-from autotune.plan import DIMS, Degrees, Plan, Shares
+from autotune.plan import Degrees, Plan, Shares
 from autotune.plan_record import PlanRecord
 
 
@@ -137,6 +137,16 @@ def predicted_text(p: dict[str, Any] | None) -> str:
     return ", ".join(out) or "no prediction"
 
 
+# ---- what a target expresses ---------------------------------------------------------------------
+def unexpressed(plan: Plan, target: str, expresses: Iterable[str], why: dict[str, str] | None = None) -> list[str]:
+    """One reason per declared dimension (``autotune/dims.py``) of degree > 1 that the target does
+    not list in ``expresses`` (``why[name]``: the target's own words; else the declaration's), so a
+    new dimension is refused by every target that has not said it runs it."""
+    d, known, why = plan.degrees, set(expresses), why or {}
+    return [f"{n}({getattr(d, n)}): " + why.get(n, f"{target} has no {dims.dimension(n).doc}")
+            for n in dims.WRITTEN if getattr(d, n) > 1 and n not in known]
+
+
 # ---- share rules every exporter uses ------------------------------------------------------------
 def uneven(values: tuple[int, ...] | None) -> bool:
     return values is not None and len(set(values)) > 1
@@ -168,8 +178,7 @@ def fold(plan: Plan, src: str, dst: str) -> Plan:
     deg = plan.degrees.to_dict()
     deg[dst] *= deg[src]
     deg[src] = 1
-    names = {"pp": "layers", "cp": "tokens", "hp": "heads", "dp": "samples", "tp": None}
-    drop = [n for n in (names[src], names[dst]) if n]
+    drop = [n for n in (dims.dimension(src).share, dims.dimension(dst).share) if n]
     if "tp" in (src, dst):
         drop.append("heads")  # heads are counted per tp rank
     out = with_even(plan, *drop).replace(degrees=Degrees(**deg))
@@ -386,4 +395,4 @@ class Collected:
 
 
 def degrees_text(d: Degrees) -> str:
-    return "*".join(f"{k}({getattr(d, k)})" for k in DIMS)
+    return d.product_text()

@@ -33,6 +33,7 @@ from autotune.export.common import (
     node_order,
     placement_reasons,
     provenance,
+    unexpressed,
     with_even,
 )
 from autotune.export.stages import staged_candidates, staged_reasons
@@ -46,6 +47,10 @@ KERNELS = EAGER
 """DeepSpeed runs a Hugging Face-style model eagerly: the cost model\'s kernel costs for ``--target deepspeed``."""
 SUFFIX = ".json"
 
+EXPRESSES = ("dp", "pp", "hp", "tp")
+"""The dimensions it runs (``export.common.unexpressed`` refuses the rest)."""
+WHY_NOT = {"cp": "DeepSpeed has no ring (context-parallel) attention; its sequence parallelism is Ulysses "
+                   "(sequence_parallel_size)"}
 WHY = {
     "tokens": "DeepSpeed-Ulysses shards the sequence evenly",
     "heads": "DeepSpeed-Ulysses splits heads evenly over sequence_parallel_size ranks",
@@ -63,8 +68,7 @@ def reasons(plan: Plan, ctx: ExportContext) -> list[str]:
         return staged_reasons(plan, ctx, NAME, reasons)
     d = plan.degrees
     r = Collected(even_share_reasons(plan, NAME, ("tokens", "heads", "samples"), WHY))
-    r.add(d.cp > 1, f"cp({d.cp}): DeepSpeed has no ring (context-parallel) attention; its sequence parallelism "
-          "is Ulysses (sequence_parallel_size)")
+    r.items += unexpressed(plan, NAME, EXPRESSES, WHY_NOT)
     lay = plan.shares.layers
     r.add(d.pp > 1 and lay is not None and list(lay) != uniform_parts(ctx.model.layers, d.pp),
           f"shares.layers {list(lay or ())}: DeepSpeed's PipelineModule partitions uniformly "

@@ -49,6 +49,7 @@ from autotune.export.common import (
     placement_comment,
     placement_reasons,
     provenance,
+    unexpressed,
     with_even,
 )
 from autotune.export.stages import staged_candidates, staged_reasons
@@ -71,6 +72,8 @@ HELIX_FORK = ("HelixPipe's Megatron-LM fork (the code of arXiv 2507.00394, branc
               "has no --attention-pipeline")
 SUFFIX = ".sh"
 
+EXPRESSES = ("dp", "pp", "cp", "hp", "tp", "ep", "etp")
+"""The dimensions it runs (``export.common.unexpressed`` refuses the rest)."""
 WHY = {
     "tokens": "Megatron context parallelism cuts the sequence into 2*cp equal chunks",
     "heads": "Megatron splits attention heads evenly over tp and the a2a (Ulysses) group",
@@ -89,6 +92,7 @@ def reasons(plan: Plan, ctx: ExportContext) -> list[str]:
     if plan.stages is not None:  # per-stage degrees: autotune/export/stages.py
         return staged_reasons(plan, ctx, NAME, reasons)
     r = Collected(even_share_reasons(plan, NAME, ("tokens", "heads", "samples"), WHY))
+    r.items += unexpressed(plan, NAME, EXPRESSES)
     d = plan.degrees
     r.add(d.cp > 1 and plan.cp_layout == "contiguous",
           "cp_layout contiguous: Megatron's causal context parallelism always uses the load-balanced "

@@ -35,6 +35,7 @@ from autotune.export.common import (
     placement_comment,
     placement_reasons,
     provenance,
+    unexpressed,
     with_even,
 )
 from autotune.export.stages import staged_candidates, staged_reasons
@@ -53,6 +54,9 @@ KERNELS = KernelCosts(
 SUFFIX = ".toml"
 
 PRECISION = {"bf16": "bfloat16", "fp32": "float32", "fp32-strict": "float32"}  # Training.mixed_precision_param
+EXPRESSES = ("dp", "pp", "cp", "tp", "ep", "etp")
+"""The dimensions torchtitan's ParallelDims runs (``export.common.unexpressed`` refuses the rest)."""
+WHY_NOT = {"hp": "torchtitan has no Ulysses (all-to-all head) parallelism; its context parallelism is ring attention"}
 WHY = {
     "tokens": "torchtitan context parallelism shards the sequence evenly",
     "heads": "torchtitan splits heads evenly over tensor-parallel ranks",
@@ -65,8 +69,7 @@ def reasons(plan: Plan, ctx: ExportContext) -> list[str]:
         return staged_reasons(plan, ctx, NAME, reasons)
     d = plan.degrees
     r = Collected(even_share_reasons(plan, NAME, ("tokens", "heads", "samples"), WHY))
-    r.add(d.hp > 1, f"hp({d.hp}): torchtitan has no Ulysses (all-to-all head) parallelism; its context "
-          "parallelism is ring attention")
+    r.items += unexpressed(plan, NAME, EXPRESSES, WHY_NOT)
     r.add(d.cp > 1 and plan.cp_layout == "contiguous",
           "cp_layout contiguous: torchtitan's causal context parallelism always load-balances the shards")
     r.add(plan.zero_stage == 1, "zero_stage 1: torchtitan shards with FSDP2 (parameters too); there is no "

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from autotune import dims
 from autotune.plan import MESH_ORDER, Plan
 
 
@@ -86,12 +87,12 @@ def build_mesh(plan: Plan, rank: int, device: torch.device, timeout_s: float | N
                 if rank in ranks:
                     group = g
         mesh.axes[dim] = Axis(size=size, index=coords[dim], ranks=mine, group=group)
-    # the gradient group: vary dp, cp, hp with pp and tp fixed
-    grad_groups: dict[tuple[int, int], list[int]] = {}
+    # the gradient group: the dimensions dense gradients reduce over (dp, cp, hp), the others fixed
+    grad_groups: dict[tuple[int, ...], list[int]] = {}
     for r in range(plan.world):
         c = plan.coords(r)
-        grad_groups.setdefault((c["pp"], c["tp"]), []).append(r)
-    mine = grad_groups[(coords["pp"], coords["tp"])]
+        grad_groups.setdefault(tuple(c[d] for d in MESH_ORDER if d not in dims.DENSE_REDUCE), []).append(r)
+    mine = grad_groups[tuple(coords[d] for d in MESH_ORDER if d not in dims.DENSE_REDUCE)]
     group = None
     if len(mine) > 1:
         for key in sorted(grad_groups):

@@ -22,7 +22,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
               "autotune.progress", "autotune.specs.fields")),
     ("specs", ("autotune.specs", "autotune.divisibility", "autotune.documents", "autotune.token_files")),
     ("schedules", ("autotune.schedules",)),
-    ("plan", ("autotune.plan_parts", "autotune.plan_checks", "autotune.plan", "autotune.stages",
+    ("plan", ("autotune.dims", "autotune.plan_parts", "autotune.plan_checks", "autotune.plan", "autotune.stages",
               "autotune.plan_record")),
     ("cost", ("autotune.cost", "autotune.advice", "autotune.objective")),
     ("runtime", ("autotune.runtime",)),

@@ -6,7 +6,9 @@ import pytest
 from autotune.errors import InputError
 from autotune.plan import (
     CP_LAYOUTS,
+    DIMS,
     DTYPES,
+    EXPERT_DIMS,
     MESH_ORDER,
     RECOMPUTE,
     SCHEDULES,
@@ -165,6 +167,8 @@ def test_schema_file_enumerations_follow_the_registries():
     props = json.loads(SCHEMA_PATH.read_text())["properties"]
     assert "enum" not in props["schedule"]
     assert plan_schema()["properties"]["schedule"]["enum"] == list(SCHEDULES)
+    assert props["degrees"]["properties"] == {}  # filled from autotune/dims.py
+    assert list(plan_schema()["properties"]["degrees"]["properties"]) == [*DIMS, *EXPERT_DIMS]
     assert props["recompute"]["enum"] == list(RECOMPUTE)
     assert props["cp_layout"]["enum"] == list(CP_LAYOUTS)
     assert props["dtype"]["enum"] == list(DTYPES)
