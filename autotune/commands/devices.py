@@ -10,7 +10,7 @@ from autotune.units import fmt_bandwidth
 
 HELP = "List the device catalogue: peak FLOP/s per precision, memory, bandwidths and where each figure comes from."
 
-_DTYPES = ("bf16", "fp16", "fp32", "fp32-strict")
+_DTYPES = ("bf16", "fp16", "fp8", "fp32", "fp32-strict")
 
 
 def rows() -> list[dict[str, Any]]:
@@ -38,7 +38,7 @@ def command(wide: WideOpt = False, json_: JsonOpt = False) -> None:
     if json_:
         emit_json({"devices": data})
         return
-    cols = [Col("device", "left", 0), *(Col(k, priority=1 if k != "fp32-strict" else 3)
+    cols = [Col("device", "left", 0), *(Col(k, priority={"fp32-strict": 3, "fp8": 2}.get(k, 1))
                                         for k in _DTYPES),
             Col("memory", priority=0), Col("GEMM", priority=1), Col("clock", priority=2), Col("HBM", priority=2),
             Col("intra-node", priority=2), Col("NIC", priority=3), Col("aliases", "left", 4)]
@@ -54,7 +54,8 @@ def command(wide: WideOpt = False, json_: JsonOpt = False) -> None:
     console.print(fit(console, cols, table_rows, wide=wide, title="Device catalogue: dense peak TFLOP/s per precision, "
                       "memory as the device reports it, the fraction of peak a large bf16 GEMM reaches (GEMM), "
                       "the clock a training run sustains (clock), bandwidths per device and direction",
-                      caption="fp32 is TF32 where the device has it, fp32-strict the non-tensor-core peak; "
+                      caption="fp32 is TF32 where the device has it, fp32-strict the non-tensor-core peak, fp8 the FP8 "
+                              "tensor peak (MXFP8 too on Blackwell: `--json` peak_flops.mxfp8); "
                               "the source of every figure: `autotune devices --json` (source, memory_source, "
                               "gemm_source, sustained_source); a device not listed can be described in "
                               "the cluster file (docs/files.md)"))

@@ -43,7 +43,11 @@ class DeviceSpec:
     """``cuda``, ``rocm`` or ``cpu``: which runtime backend drives it."""
     peak_flops: dict[str, float]
     """Dense peak FLOP/s per dtype (``bf16``, ``fp16``, ``fp32`` (TF32 tensor cores where the device
-    has them), ``fp32-strict`` (IEEE fp32, no tensor cores)); a dtype missing is unsupported."""
+    has them), ``fp32-strict`` (IEEE fp32, no tensor cores), ``fp8`` (FP8 tensor cores, E4M3/E5M2
+    inputs with a per-tensor or per-block scale applied outside the tensor core: Hopper, Ada, Blackwell,
+    CDNA3), ``mxfp8`` (MX-format FP8 with 1x32 block scales applied inside the tensor core: Blackwell
+    only)); a dtype missing is unsupported. Which of them a plan's ``dtype`` runs its GEMMs at is
+    ``autotune.plan_parts.gemm_peak``."""
     memory_bytes: float
     """Memory capacity in bytes, as the device reports it (``nvidia-smi``'s total in MiB) where
     ``memory_source`` cites that report; else the product name's decimal gigabytes. The CUDA context
@@ -141,16 +145,22 @@ class DeviceSpec:
 def _gpu(name: str, bf16: float, fp16: float, tf32: float, fp32: float, mem: float, mem_bw: float, intra: float,
          interconnect: str, pcie: float, nic: float, source: str, frac: float = 0.6, kind: str = "cuda",
          sms: int = 0, gemm: tuple[dict[str, float], str] = ({}, ""),
-         clock: tuple[float, str] = (0.0, "")) -> DeviceSpec:
+         clock: tuple[float, str] = (0.0, ""), fp8: float = 0.0, mx: bool = False) -> DeviceSpec:
     """A datasheet entry. ``tf32``: dense TF32 (or AMD's TF32/XF32 matrix) tensor peak, 0 when the
     device has none; ``fp32``: the non-tensor-core FP32 peak. Plan dtype ``fp32`` prices ``tf32`` where
     there is one: fp32 training on Ampere and later runs its GEMMs on tensor cores in TF32 (Megatron's
     and Hugging Face's ``--tf32``, torch's ``set_float32_matmul_precision("high")``, which the runtime
     sets for ``fp32``); issue 18 measured A100:V100 at ~3.4x in fp32, the TF32 ratio, not the 1.24x of
-    the CUDA-core peaks. ``fp32-strict`` is always the non-tensor-core peak (IEEE fp32 GEMMs)."""
+    the CUDA-core peaks. ``fp32-strict`` is always the non-tensor-core peak (IEEE fp32 GEMMs).
+    ``fp8``: dense FP8 tensor peak (0: no FP8 tensor cores); ``mx``: the tensor cores apply MX block
+    scales themselves (Blackwell), so MXFP8 runs at the FP8 peak."""
     peak = {"fp16": fp16 * T, "fp32": (tf32 or fp32) * T, "fp32-strict": fp32 * T}
     if bf16:
         peak["bf16"] = bf16 * T
+    if fp8:
+        peak["fp8"] = fp8 * T
+    if mx:
+        peak["mxfp8"] = fp8 * T
     return DeviceSpec(name=name, kind=kind, peak_flops=peak, memory_bytes=mem, memory_bandwidth=mem_bw,
                       intra_node_bandwidth=intra, interconnect=interconnect, pcie_bandwidth=pcie,
                       nic_bandwidth=nic, achievable_fraction=frac, source=source, sm_count=sms,
@@ -178,6 +188,8 @@ GEMM_CEILING_DEFAULT_SOURCE = ("no published large-GEMM measurement for this dev
                                "run `autotune profile` on it for its own figure")
 _MAMF = ("Bekman, ML Engineering, compute/accelerator/README.md, 'Maximum Achievable Matmul FLOPS comparison "
          "table' (BF16, mean of 100 matmuls at the best shape found)")
+_BLACKWELL = ("NVIDIA GB200 NVL72 and HGX B200 technical specifications ('Individual Blackwell GPU Specifications'; "
+              "the sparse figures the table gives, halved for dense)")
 _H200 = "measured on an H200 by benchmarks/gpu_gemm.py on 2026-12-04 (benchmarks/data/h200/h200_gemm.json, best square GEMM)"
 
 
@@ -211,23 +223,45 @@ CATALOGUE: dict[str, DeviceSpec] = {
     d.name: d
     for d in (
         _gpu("H100-SXM", 989, 989, 494.7, 67, 80 * GB, 3.35e12, 450 * GB, "NVLink 4", 64 * GB, 50 * GB,
-             "NVIDIA H100 Tensor Core GPU datasheet (SXM5): 989 TFLOPS BF16 dense, 494.7 TF32 dense, 67 FP32, "
-             "80GB HBM3 3.35TB/s, NVLink 900GB/s bidirectional, PCIe Gen5; ConnectX-7 400Gb/s per GPU in DGX "
-             "H100; 132 SMs (NVIDIA H100 whitepaper)", sms=132, gemm=H100_GEMM, clock=HOPPER_CLOCK),
+             "NVIDIA H100 Tensor Core GPU datasheet (SXM5): 989 TFLOPS BF16 dense, 1979 FP8 dense (3958 sparse), "
+             "494.7 TF32 dense, 67 FP32, 80GB HBM3 3.35TB/s, NVLink 900GB/s bidirectional, PCIe Gen5; ConnectX-7 "
+             "400Gb/s per GPU in DGX H100; 132 SMs (NVIDIA H100 whitepaper)", sms=132, gemm=H100_GEMM,
+             clock=HOPPER_CLOCK, fp8=1979),
         _gpu("H100-PCIe", 756, 756, 378, 51, 80 * GB, 2.0e12, 300 * GB, "NVLink bridge", 64 * GB, 25 * GB,
-             "NVIDIA H100 datasheet (PCIe): 756 TFLOPS BF16 dense, 378 TF32 dense, 51 FP32, 80GB HBM2e 2TB/s, "
-             "NVLink bridge 600GB/s bidirectional, PCIe Gen5 128GB/s bidirectional; 114 SMs", frac=0.55, sms=114,
-             gemm=HOPPER_OTHER_GEMM, clock=HOPPER_CLOCK),
+             "NVIDIA H100 datasheet (PCIe): 756 TFLOPS BF16 dense, 1513 FP8 dense (3026 sparse), 378 TF32 dense, "
+             "51 FP32, 80GB HBM2e 2TB/s, NVLink bridge 600GB/s bidirectional, PCIe Gen5 128GB/s bidirectional; "
+             "114 SMs", frac=0.55, sms=114, gemm=HOPPER_OTHER_GEMM, clock=HOPPER_CLOCK, fp8=1513),
         _gpu("H100-NVL", 835, 835, 417.5, 60, 94 * GB, 3.9e12, 300 * GB, "NVLink bridge", 64 * GB, 25 * GB,
-             "NVIDIA H100 NVL datasheet: 835 TFLOPS BF16 dense (1671 sparse), 417.5 TF32 dense, 60 FP32, 94GB "
-             "HBM3 3.9TB/s, NVLink bridge 600GB/s bidirectional, PCIe Gen5; 132 SMs", frac=0.55, sms=132,
-             gemm=HOPPER_OTHER_GEMM, clock=HOPPER_CLOCK),
+             "NVIDIA H100 NVL datasheet: 835 TFLOPS BF16 dense (1671 sparse), 1670.5 FP8 dense (3341 sparse), "
+             "417.5 TF32 dense, 60 FP32, 94GB HBM3 3.9TB/s, NVLink bridge 600GB/s bidirectional, PCIe Gen5; 132 "
+             "SMs", frac=0.55, sms=132, gemm=HOPPER_OTHER_GEMM, clock=HOPPER_CLOCK, fp8=1670.5),
         _gpu("H200", 989, 989, 494.7, 67, 141 * GB, 4.8e12, 450 * GB, "NVLink 4", 64 * GB, 50 * GB,
-             "NVIDIA H200 datasheet (SXM): 989 TFLOPS BF16 dense, 494.7 TF32 dense, 67 FP32, 141GB HBM3e "
-             "4.8TB/s, NVLink 900GB/s bidirectional; 132 SMs", sms=132, gemm=H200_GEMM, clock=HOPPER_CLOCK),
+             "NVIDIA H200 datasheet (SXM): 989 TFLOPS BF16 dense, 1979 FP8 dense (3958 sparse), 494.7 TF32 "
+             "dense, 67 FP32, 141GB HBM3e 4.8TB/s, NVLink 900GB/s bidirectional; 132 SMs", sms=132,
+             gemm=H200_GEMM, clock=HOPPER_CLOCK, fp8=1979),
+        _gpu("H800", 989, 989, 494.7, 67, 80 * GB, 3.35e12, 200 * GB, "NVLink 4 (8 links)", 64 * GB, 50 * GB,
+             "NVIDIA H800 SXM5 product specification: the H100 SXM5's compute (989 TFLOPS BF16 dense, 1979 FP8 "
+             "dense, 494.7 TF32 dense, 67 FP32, 80GB HBM3 3.35TB/s, 132 SMs) with NVLink cut to 400GB/s "
+             "bidirectional; DeepSeek-V3 technical report (arXiv 2412.19437) sections 3.1-3.2: 8 H800 per "
+             "node over NVLink/NVSwitch, InfiniBand between nodes, 50GB/s IB and 160GB/s NVLink achieved per "
+             "GPU", sms=132, gemm=HOPPER_OTHER_GEMM, clock=HOPPER_CLOCK, fp8=1979),
         _gpu("H20", 148, 148, 74, 44, 96 * GB, 4.0e12, 450 * GB, "NVLink 4", 64 * GB, 50 * GB,
-             "NVIDIA H20 product brief: 148 TFLOPS BF16 dense, 74 TF32 dense, 44 FP32, 96GB HBM3 4.0TB/s, "
-             "NVLink 900GB/s bidirectional; 78 SMs", frac=0.7, sms=78, gemm=HOPPER_OTHER_GEMM, clock=HOPPER_CLOCK),
+             "NVIDIA H20 product brief: 148 TFLOPS BF16 dense, 296 FP8 dense, 74 TF32 dense, 44 FP32, 96GB HBM3 "
+             "4.0TB/s, NVLink 900GB/s bidirectional; 78 SMs", frac=0.7, sms=78, gemm=HOPPER_OTHER_GEMM,
+             clock=HOPPER_CLOCK, fp8=296),
+        _gpu("B200", 2250, 2250, 1100, 75, 180 * GB, 7.7e12, 900 * GB, "NVLink 5", 64 * GB, 50 * GB,
+             f"{_BLACKWELL}: HGX B200 column, per GPU 4.5 PFLOPS FP16/BF16 and 9 PFLOPS FP8 (MXFP8) with "
+             "sparsity (2250 and 4500 TFLOPS dense), 2.2 PFLOPS TF32 sparse (1100 dense), 75 TFLOPS FP32, "
+             "180GB HBM3E 7.7TB/s, fifth-generation NVLink 1.8TB/s bidirectional; 8x ConnectX-7 400Gb/s in DGX "
+             "B200 (50GB/s per GPU); 148 SMs (NVIDIA Blackwell architecture technical brief)", sms=148,
+             fp8=4500, mx=True),
+        _gpu("GB200", 2500, 2500, 1250, 80, 186 * GB, 8.0e12, 900 * GB, "NVLink 5 (NVL72)", 450 * GB, 50 * GB,
+             f"{_BLACKWELL}: GB200 NVL72 column, per Blackwell GPU 5 PFLOPS FP16/BF16 and 10 PFLOPS FP8 "
+             "(MXFP8) with sparsity (2500 and 5000 TFLOPS dense), 2.5 PFLOPS TF32 sparse (1250 dense), 80 TFLOPS "
+             "FP32, 186GB HBM3E 8TB/s, fifth-generation NVLink 1.8TB/s bidirectional to all 72 GPUs of the rack "
+             "(a cluster file writes the rack, or the NVLink segment a job is given, as one node: "
+             "devices_per_node up to 72); NVLink-C2C 900GB/s bidirectional to its Grace CPU (the host link); "
+             "ConnectX-7 400Gb/s per GPU between racks; 148 SMs as B200", sms=148, fp8=5000, mx=True),
         _gpu("A100-40GB", 312, 312, 156, 19.5, 40 * GB, 1.555e12, 300 * GB, "NVLink 3", 32 * GB, 25 * GB,
              "NVIDIA A100 datasheet (SXM4 40GB): 312 TFLOPS BF16 dense, 156 TF32 dense, 19.5 FP32, 40GB HBM2 "
              "1.555TB/s, NVLink 600GB/s bidirectional, PCIe Gen4; HDR 200Gb/s per GPU in DGX A100; 108 SMs "
@@ -244,8 +278,9 @@ CATALOGUE: dict[str, DeviceSpec] = {
              "HBM2e 1.935TB/s, NVLink bridge 600GB/s bidirectional for 2 GPUs; 108 SMs", frac=0.55, sms=108,
              gemm=A100_PCIE_GEMM, clock=A100_CLOCK),
         _gpu("L40S", 362, 362, 183, 91.6, 48 * GB, 864 * GB, 32 * GB, "PCIe Gen4", 32 * GB, 12.5 * GB,
-             "NVIDIA L40S datasheet: 362 TFLOPS BF16 dense (733 sparse), 183 TF32 dense, 91.6 FP32, 48GB GDDR6 "
-             "864GB/s, PCIe Gen4 x16, no NVLink; 142 SMs", frac=0.5, sms=142),
+             "NVIDIA L40S datasheet: 362 TFLOPS BF16 dense (733 sparse), 733 FP8 dense (1466 sparse), 183 TF32 "
+             "dense, 91.6 FP32, 48GB GDDR6 864GB/s, PCIe Gen4 x16, no NVLink; 142 SMs", frac=0.5, sms=142,
+             fp8=733),
         _gpu("L4", 121, 121, 60, 30.3, 24 * GB, 300 * GB, 32 * GB, "PCIe Gen4", 32 * GB, 6.25 * GB,
              "NVIDIA L4 datasheet: 121 TFLOPS BF16 dense (242 sparse), 60 TF32 dense, 30.3 FP32, 24GB GDDR6 "
              "300GB/s, PCIe Gen4 x16; 58 SMs", frac=0.5, sms=58),
@@ -266,9 +301,9 @@ CATALOGUE: dict[str, DeviceSpec] = {
              "NVIDIA V100 datasheet (PCIe 16GB): 112 TFLOPS FP16 tensor, no BF16, no TF32, 14 FP32, 16GB HBM2 "
              "900GB/s, PCIe Gen3 32GB/s bidirectional; 80 SMs", frac=0.45, sms=80),
         _gpu("MI300X", 1307, 1307, 653.7, 163.4, 192 * GB, 5.3e12, 448 * GB, "Infinity Fabric", 64 * GB, 50 * GB,
-             "AMD Instinct MI300X datasheet: 1307.4 TFLOPS BF16 dense, 653.7 TF32 dense, 163.4 FP32 matrix, "
-             "192GB HBM3 5.3TB/s, 7 Infinity Fabric links 896GB/s aggregate bidirectional; 304 CUs",
-             frac=0.45, kind="rocm", sms=304, gemm=MI300X_GEMM),
+             "AMD Instinct MI300X datasheet: 1307.4 TFLOPS BF16 dense, 2614.9 FP8 dense, 653.7 TF32 dense, "
+             "163.4 FP32 matrix, 192GB HBM3 5.3TB/s, 7 Infinity Fabric links 896GB/s aggregate bidirectional; "
+             "304 CUs", frac=0.45, kind="rocm", sms=304, gemm=MI300X_GEMM, fp8=2614.9),
     )
 }
 
