@@ -52,6 +52,7 @@ from autotune.plan_parts import (  # noqa: F401  (every part is importable from 
     DTYPE_CHOICES,
     DTYPES,
     EXPERT_DIMS,
+    FP8_RECIPES,
     GRAD_REDUCE_DTYPE,
     HELIX_FOLDS,
     MESH_ORDER,
@@ -70,6 +71,7 @@ from autotune.plan_parts import (  # noqa: F401  (every part is importable from 
     _workload_from,
     even_split,
     expert_groups,
+    lacks_dtype,
     mesh_groups,
     shares_are_even,
 )
@@ -362,21 +364,22 @@ def _check_choice(value: Any, choices: tuple[str, ...], field: str) -> None:
 
 
 def choose_dtype(option: str, cluster: Any, plan_dtype: str | None = None) -> str:
-    """The precision a command runs in: ``option`` from ``--dtype`` (auto|bf16|fp16|fp32), checked
+    """The precision a command runs in: ``option`` from ``--dtype`` (auto or one of ``DTYPES``), checked
     against every device of ``cluster`` (a device without it refuses the whole cluster up front).
     ``auto`` keeps ``plan_dtype`` when a plan states one, else takes bf16 where every device has
     it, else fp16 (V100, T4: the fp16 tensor cores with loss scaling)."""
     _check_choice(option, DTYPE_CHOICES, "--dtype")
     types = list(cluster.device_types())
-    lacking = lambda dt: sorted({t.name for t in types if dt not in t.peak_flops})  # noqa: E731
+    lacking = lambda dt: sorted({t.name for t in types if lacks_dtype(t.peak_flops, dt)})  # noqa: E731
     if option == "auto":
         if plan_dtype is not None:
             option = plan_dtype
         else:  # bf16, else fp16, else (a device with neither) fp32
             option = next((dt for dt in ("bf16", "fp16") if not lacking(dt)), "fp32")
     missing = lacking(option)
-    if missing:
-        fallback = next((dt for dt in ("fp16", "fp32") if not lacking(dt)), None)
+    if missing:  # an FP8 recipe falls back to another the devices run (MXFP8 -> blockwise on Hopper), then 16-bit
+        others = (*(dt for dt in FP8_RECIPES if dt != option), "bf16") if option in FP8_RECIPES else ()
+        fallback = next((dt for dt in (*others, "fp16", "fp32") if dt != option and not lacking(dt)), None)
         raise PlanError(f"{option} is not supported by {', '.join(missing)} in cluster "
                         f"{getattr(cluster, 'name', '')!r}" + (f"; use --dtype {fallback}" if fallback else ""),
                         field="--dtype" if plan_dtype is None or option != plan_dtype else "dtype")
@@ -552,11 +555,13 @@ def read_plan(path_or_inline: str | Path) -> tuple[Plan, dict[str, Any], bool]:
 
 def plan_schema() -> dict[str, Any]:
     """The shipped JSON Schema (autotune/schema/plan.schema.json) with the schedule names of the
-    registry (``autotune.schedules``) as the ``schedule`` enum and the declared dimensions
-    (``autotune/dims.py``) as the ``degrees`` properties: the file lists neither, so that a new
-    schedule is one module and a new dimension one declaration."""
+    registry (``autotune.schedules``) as the ``schedule`` enum, ``plan_parts.DTYPES`` as the ``dtype``
+    enum and the declared dimensions (``autotune/dims.py``) as the ``degrees`` properties: the file
+    lists none of them, so that a new schedule is one module, a new dtype one entry and a new
+    dimension one declaration."""
     schema = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
     schema["properties"]["schedule"]["enum"] = list(SCHEDULES)
+    schema["properties"]["dtype"]["enum"] = list(DTYPES)  # one list of dtypes (plan_parts.DTYPES)
     schema["properties"]["degrees"]["properties"] = {  # the declared dimensions (autotune/dims.py)
         n: {"type": "integer", "minimum": 1, "description": dims.dimension(n).doc} for n in dims.WRITTEN}
     return schema

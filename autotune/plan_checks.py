@@ -11,7 +11,7 @@ from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
 from autotune import dims
-from autotune.plan_parts import HELIX_FOLDS, Degrees, Placement, Shares, mesh_groups
+from autotune.plan_parts import HELIX_FOLDS, Degrees, Placement, Shares, lacks_dtype, mesh_groups
 from autotune.schedules import schedule_of
 
 if TYPE_CHECKING:  # annotations only: the Plan builds on these checks
@@ -38,7 +38,7 @@ def _check_basic(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batc
     if plan.helix_attention is not None and not schedule_of(plan).places_attention:
         p.append(f"helix_attention: only helixpipe places attention apart from its layer, {plan.schedule} "
                  "needs helix_attention null")
-    if plan.dtype not in {k for dev in cluster.device_types() for k in dev.peak_flops}:
+    if all(lacks_dtype(dev.peak_flops, plan.dtype) for dev in cluster.device_types()):
         p.append(f"dtype: no device in the cluster supports {plan.dtype}")
     return p
 

@@ -33,10 +33,42 @@ CP_LAYOUTS = ("zigzag", "contiguous")
 BALANCES = ("count", "cost")
 """How packed windows go to DP replicas: ``count`` (rows in order, ``shares.samples`` each) or
 ``cost`` (the same counts, heavy windows spread by attention cost: autotune/documents.py)."""
-DTYPES = ("bf16", "fp16", "fp32", "fp32-strict")  # fp32: TF32 GEMMs where the device has them
+FP8_RECIPES = {"fp8": "delayed", "fp8-current": "current", "fp8-blockwise": "blockwise", "fp8-mx": "mxfp8"}
+"""The FP8 training dtypes and the scaling recipe each names (Transformer Engine's recipes, which
+Megatron's ``--fp8-recipe`` selects): the linear layers' GEMMs take FP8 inputs, everything else
+(attention, norms, router, embedding, LM head, loss, optimizer) stays in bf16 with fp32 master
+weights. ``fp8``: delayed scaling (per-tensor scale from the amax history of earlier steps, TE's and
+Megatron's default); ``fp8-current``: per-tensor scale from this step's amax (NeMo's FP8-CS,
+Megatron's ``tensorwise``); ``fp8-blockwise``: DeepSeek-V3's 1x128 activation / 128x128 weight tiles;
+``fp8-mx``: MXFP8, 1x32 blocks with E8M0 scales applied inside the tensor core (Blackwell only)."""
+DTYPES = ("bf16", "fp16", "fp32", "fp32-strict", *FP8_RECIPES)  # fp32: TF32 GEMMs where the device has them
 DTYPE_CHOICES = ("auto", *DTYPES)
 """What ``--dtype`` takes: ``auto`` is bf16 where every device of the cluster has it, else fp16
-(``choose_dtype``)."""
+(``choose_dtype``); it never picks an FP8 dtype (a numerical choice the user makes)."""
+
+
+def gemm_peak(dtype: str) -> str:
+    """The ``DeviceSpec.peak_flops`` key a plan of ``dtype`` runs its linear layers' GEMMs at: ``fp8``
+    for the per-tensor and blockwise recipes, ``mxfp8`` for MXFP8, else the dtype itself."""
+    if dtype in FP8_RECIPES:
+        return "mxfp8" if FP8_RECIPES[dtype] == "mxfp8" else "fp8"
+    return dtype
+
+
+def compute_dtype(dtype: str) -> str:
+    """The precision of everything but the FP8 GEMMs (bf16 under an FP8 recipe, else ``dtype``)."""
+    return "bf16" if dtype in FP8_RECIPES else dtype
+
+
+def dtype_peaks(dtype: str) -> tuple[str, ...]:
+    """The ``peak_flops`` keys a device must have to train in ``dtype`` (one source for the plan's,
+    the per-stage and the ``--dtype`` checks)."""
+    return tuple(dict.fromkeys((gemm_peak(dtype), compute_dtype(dtype))))
+
+
+def lacks_dtype(peak_flops: Any, dtype: str) -> bool:
+    """Whether a device with ``peak_flops`` cannot train in ``dtype``."""
+    return any(k not in peak_flops for k in dtype_peaks(dtype))
 ZERO_STAGES = (0, 1, 2, 3)
 GRAD_REDUCE_DTYPE = "fp32"
 """Mixed precision: the precision gradients are accumulated and reduced in over the data-parallel

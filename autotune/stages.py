@@ -250,7 +250,7 @@ def chunk_layers(stages: tuple[Stage, ...], v: int) -> tuple[int, ...]:
 def resolve(plan: Any, model: Any, cluster: Any, seq_len: int, global_batch: int) -> Any:
     """``Plan.resolve`` of a per-stage plan: degrees (the ``envelope``), layers per chunk, even
     samples by default, the placement the stages name; raises PlanError naming every problem."""
-    from autotune.plan_parts import Placement, PlanError, Shares, Workload, even_split
+    from autotune.plan_parts import Placement, PlanError, Shares, Workload, even_split, lacks_dtype
     from autotune.schedules import schedule_of
 
     p = problems(plan, model, cluster)
@@ -275,7 +275,7 @@ def resolve(plan: Any, model: Any, cluster: Any, seq_len: int, global_batch: int
     if len(samples) != env.dp or sum(samples) != global_batch or any(s < mbs or s % mbs for s in samples):
         probs.append(f"shares.samples: {list(samples)} must be {env.dp} multiples of micro_batch_size({mbs}) "
                      f"adding up to {global_batch}")
-    if plan.dtype not in {k for dev in cluster.device_types() for k in dev.peak_flops}:
+    if all(lacks_dtype(dev.peak_flops, plan.dtype) for dev in cluster.device_types()):
         probs.append(f"dtype: no device in the cluster supports {plan.dtype}")
     if probs:
         raise PlanError("; ".join(probs), field="plan")

@@ -36,7 +36,9 @@ DtypeOpt = Annotated[str, typer.Option(
                     "a plan that states its precision keeps it), bf16, fp16, fp32 (TF32 where there is) or "
                     "fp32-strict. bf16/fp16 are mixed "
                     "precision: fp32 master weights and AdamW states, gradients reduced in fp32, dynamic "
-                    "loss scaling for fp16.")]
+                    "loss scaling for fp16. fp8 (delayed scaling), fp8-current, fp8-blockwise and fp8-mx (MXFP8, "
+                    "Blackwell) run the linear layers' GEMMs in FP8 and the rest in bf16: priced and exported, "
+                    "never chosen by auto, not run by autotune's own runtime.")]
 DataOpt = Annotated[str | None, typer.Option(
     "--data", help="Token file to train on: a flat uint16/uint32 array (nanoGPT's train.bin) or a Megatron "
                    "indexed dataset (PREFIX.bin + PREFIX.idx). Default: a learnable synthetic stream.")]

@@ -53,9 +53,13 @@ from autotune.cost.cpu import (  # noqa: F401  (their old home: kept importable 
 from autotune.cost.interp import loglinear
 from autotune.cost.kernels import FUSED_LOSS_BYTES, RUNTIME, eager_bytes, eager_loss_bytes
 from autotune.cost.ring import ring_blocks  # noqa: F401  (cost.compute.ring_blocks: kept importable)
+from autotune.plan_parts import FP8_RECIPES, compute_dtype, gemm_peak
 from autotune.specs.model import ATTENTION_BWD_FLOPS  # noqa: F401  (cost.compute.ATTENTION_BWD_FLOPS: its old home)
 
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp32-strict": 4}
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp32-strict": 4, **{d: 2 for d in FP8_RECIPES}}
+"""Bytes per element of what a rank stores and moves: activations, gathered weights, tp and cp
+traffic. An FP8 dtype keeps and communicates them in bf16 (Transformer Engine's FP8 copies live only
+inside a linear layer; priced there: ``datasheet.Fp8Linear``)."""
 
 
 
@@ -67,6 +71,9 @@ class Rates:
     flat: float
     """FLOP/s without a profile: peak * achievable_fraction."""
     memory_bandwidth: float
+    gemm_flat: float | None = None
+    """Under an FP8 dtype, the flat rate of the linear layers' GEMMs (the FP8 peak * achievable_fraction);
+    None: ``flat``."""
     gemm_fit: tuple[float, float] | None = None
     """(overhead_s, peak_flops_per_s) from the profile's affine fit."""
     gemm_points: tuple[list[float], list[float]] | None = None
@@ -103,7 +110,11 @@ class Rates:
             return self.gemm_fit[0] + flops / self.gemm_fit[1]
         if self.gemm_points is not None:
             return flops / loglinear(*self.gemm_points, flops)
-        return flops / self.flat
+        return flops / (self.gemm_flat or self.flat)
+
+    def hp_gemm_time(self, flops: float) -> float:
+        """``gemm_time`` of a GEMM that stays in 16 bits under an FP8 dtype (the LM head)."""
+        return self.gemm_time(flops) if self.gemm_flat is None else (flops / self.flat if flops > 0 else 0.0)
 
     def attention_time(self, flops_fwd: float, block_seq: float) -> tuple[float, float]:
         """(forward, backward) seconds of causal attention with ``flops_fwd`` forward FLOPs whose
@@ -168,9 +179,10 @@ def rates_for(spec: Any, dtype: str, head_dim: int, kernels: Any = None) -> Rate
     """Build the throughput model of a DeviceSpec (profile fits where present, else the datasheet;
     a CPU's trial terms from ``cpu.py``). ``kernels``: the runtime's per-kernel costs
     (``kernels.KernelCosts``; None: autotune's own runtime), read by the size-aware GPU model."""
-    flat = spec.flops(dtype) * spec.achievable_fraction
+    flat = spec.flops(compute_dtype(dtype)) * spec.achievable_fraction
     r = Rates(name=spec.name, flat=flat, memory_bandwidth=spec.memory_bandwidth,
-              source=spec.provenance if spec.provenance != "measured" else "measured (no fits)")
+              source=spec.provenance if spec.provenance != "measured" else "measured (no fits)",
+              gemm_flat=spec.flops(gemm_peak(dtype)) * spec.achievable_fraction if dtype in FP8_RECIPES else None)
     prof = spec.profile or {}
     if spec.kind == "cpu":
         r.cpu = _cpu.cpu_rates(spec, dtype)
@@ -389,14 +401,14 @@ def head_compute(model: Any, rates: Rates, *, tokens: float, tp: int) -> tuple[f
     the runtime runs the loss eager (``kernels.eager_loss_bytes``), else a fused loss's
     (``kernels.FUSED_LOSS_BYTES``; the flat rate's default)."""
     if rates.size is not None:
-        sm = rates.size
+        sm = rates.size.hp  # the LM head stays in 16 bits under an FP8 dtype
         logits = tokens * model.vocab / tp
         bf, bb = eager_loss_bytes(tp) if sm.kernels.eager_elementwise else FUSED_LOSS_BYTES
         g = sm.gemm_time(tokens, model.vocab / tp, model.hidden)
         e_f = sm.block(g + sm.stream_time(bf * logits), sm.kernels.head_fwd) - g
         e_b = sm.block(g + sm.stream_time(bb * logits), sm.kernels.head_fwd) - g
         return g + e_f, 2.0 * g + e_b + _head_bwd_extra(sm.kernels)
-    g = rates.gemm_time(2.0 * tokens * model.hidden * model.vocab / tp)
+    g = rates.hp_gemm_time(2.0 * tokens * model.hidden * model.vocab / tp)
     e = rates.memory_time(3.0 * 4.0 * tokens * model.vocab / tp)
     if rates.cpu is not None:
         e = e + _cpu.head_ops(rates)

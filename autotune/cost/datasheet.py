@@ -23,6 +23,11 @@ This model prices each kernel from its shape and the device's datasheet figures:
   (``SCORE_PASSES`` passes each way); under context parallelism one such square per block of the
   rank's ring (``ring.ring_blocks``: its queries against every key block they see), not one square
   of its own shard.
+* **FP8** (``autotune.plan_parts.FP8_RECIPES``): the linear layers' GEMMs (``gemm_time``) run at the
+  device's FP8 peak (``Fp8Linear``: MXFP8's own key on Blackwell) with their inputs read at 1 byte and
+  their output written in bf16, plus the recipe's quantisation passes over each GEMM's activation
+  input (``QUANT_BYTES``); attention and the LM head stay in bf16 (``hp``), as Transformer Engine and
+  torchao keep them.
 * **Elementwise** (norms, activations, residuals, dropout): bytes / (HBM bandwidth x ``MEM_EFF``);
   the bytes and the kernels a block issues are the runtime's (``kernels.py``: fused, or each eager
   op on its own), and so is the host time per kernel.
@@ -47,11 +52,13 @@ Constants and where they come from:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from functools import lru_cache
 
 from autotune.cost.kernels import MEGATRON_DEEPSPEED_EAGER, RUNTIME, KernelCosts
+from autotune.plan_parts import FP8_RECIPES, compute_dtype, gemm_peak
 from autotune.specs.catalogue import SGEMM_CEILING_DEFAULT
 from autotune.specs.model import ATTENTION_BWD_FLOPS  # noqa: E402  (a fused backward's FLOPs per forward FLOP)
 
@@ -85,6 +92,28 @@ KERNELS_BLOCK_FWD = MEGATRON_DEEPSPEED_EAGER.block_fwd
 KERNELS_HEAD_FWD = MEGATRON_DEEPSPEED_EAGER.head_fwd
 
 
+QUANT_BYTES = {"delayed": 4.0, "current": 6.0, "blockwise": 4.0, "mxfp8": 4.0}
+"""HBM bytes per element of an FP8 GEMM's activation input that its recipe's quantisation moves:
+reading the bf16 input (2) and writing the FP8 copy and its transpose for the weight gradient (1 + 1,
+Transformer Engine's fused cast-transpose); ``current`` scaling first reads the input once more for
+this step's amax (+2); ``delayed`` takes its scale from the amax history (fused into the cast);
+blockwise and MXFP8 compute each block's scale inside the cast kernel (their scales, 1 byte per 128
+or 32 elements, are left out). Priced once per GEMM call and twice in the backward with the rest of
+the GEMM (the gradient's cast is the same size for the square-ish shapes of a block)."""
+
+
+@dataclass(frozen=True)
+class Fp8Linear:
+    """How a SizeModel's linear GEMMs run under an FP8 recipe."""
+
+    peak: float
+    """FP8 dense FLOP/s at the sustained clock (``fp8``, or ``mxfp8`` for MXFP8)."""
+    ceiling: float
+    """Fraction of that peak a large FP8 GEMM reaches (the catalogue's ``gemm_fraction``)."""
+    quant_bytes: float
+    """``QUANT_BYTES`` of the recipe."""
+
+
 @dataclass(frozen=True)
 class SizeModel:
     """One GPU at one dtype, run by one runtime, as the shape-aware datasheet model sees it."""
@@ -102,15 +131,32 @@ class SizeModel:
     """The runtime's host time per kernel and kernels per block (``kernels.py``)."""
     tensor_cores: bool = True
     """Tensor-core GEMMs (the depth efficiency of ``K_FILL`` applies); False: IEEE fp32 on CUDA cores."""
+    fp8: Fp8Linear | None = None
+    """Under an FP8 dtype, how ``gemm_time`` (the linear layers) runs; None: at ``peak`` in ``bpe``."""
+
+    @property
+    def hp(self) -> SizeModel:
+        """This model without FP8: what attention's and the LM head's GEMMs run at."""
+        return self if self.fp8 is None else _high_precision(self)
 
     def gemm_time(self, m: float, n: float, k: float, batch: float = 1.0) -> float:
-        """GPU seconds of ``batch`` independent (m x k) @ (k x n) products (the launch is the
-        runtime's: ``block``)."""
+        """GPU seconds of ``batch`` independent (m x k) @ (k x n) products of a linear layer (the
+        launch is the runtime's: ``block``); FP8 under an FP8 dtype."""
         return _gemm_time(self, m, n, k, batch)
 
     def _gemm_time(self, m: float, n: float, k: float, batch: float) -> float:
         if m <= 0 or n <= 0 or k <= 0 or batch <= 0:
             return 0.0
+        if self.fp8 is not None:  # 1-byte inputs, a 16-bit output, then the recipe's quantisation passes
+            f8 = self.fp8
+            memory = ((m * k + k * n) + self.bpe * m * n) * batch / self.mem_bw
+            return (max(self._compute_time(m, n, k, batch, f8.peak * f8.ceiling), memory)
+                    + self.stream_time(f8.quant_bytes * m * k * batch))
+        memory = self.bpe * (m * k + k * n + m * n) * batch / self.mem_bw
+        return max(self._compute_time(m, n, k, batch, self.peak * self.ceiling), memory)
+
+    def _compute_time(self, m: float, n: float, k: float, batch: float, rate: float) -> float:
+        """Tensor-core seconds of the product at ``rate`` (peak x ceiling) with its tile, wave and depth losses."""
         # a thin operand gets a thin tile (the libraries carry 16..128-wide kernels), else TILE
         sm_, sn = _tile(m), _tile(n)
         tm, tn = math.ceil(m / sm_), math.ceil(n / sn)
@@ -120,9 +166,7 @@ class SizeModel:
         wave_eff = tiles / (waves * self.sms)
         kd = max(k, K_MIN)  # the sweep's shallowest GEMM: no figure below it (attention's k = head_dim)
         depth_eff = (kd / (kd + K_FILL)) * (1.0 + K_FILL / K_REF) if self.tensor_cores else 1.0
-        compute = 2.0 * m * n * k * batch / (self.peak * self.ceiling * tile_eff * wave_eff * depth_eff)
-        memory = self.bpe * (m * k + k * n + m * n) * batch / self.mem_bw
-        return max(compute, memory)
+        return 2.0 * m * n * k * batch / (rate * tile_eff * wave_eff * depth_eff)
 
     def stream_time(self, nbytes: float) -> float:
         """GPU seconds of memory-bound kernels moving ``nbytes``."""
@@ -151,7 +195,8 @@ class SizeModel:
         # materialised: two batched GEMMs over the full square, the scores streamed through HBM; under
         # cp one square per ring block, the rank's queries against every key block they see
         squares = blocks or ((seq, seq, True),)
-        bmm = sum(self.gemm_time(q, k, head_dim, batch_heads) + self.gemm_time(q, head_dim, k, batch_heads)
+        hp = self.hp  # attention's batched GEMMs stay in 16 bits under an FP8 dtype
+        bmm = sum(hp.gemm_time(q, k, head_dim, batch_heads) + hp.gemm_time(q, head_dim, k, batch_heads)
                   for q, k, _ in squares)
         scores = batch_heads * sum(q * k for q, k, _ in squares) * self.bpe
         fwd = bmm + self.stream_time(2.0 * SCORE_PASSES * scores)
@@ -165,6 +210,11 @@ def _gemm_time(sm: SizeModel, m: float, n: float, k: float, batch: float) -> flo
     return sm._gemm_time(m, n, k, batch)
 
 
+@lru_cache(maxsize=256)
+def _high_precision(sm: SizeModel) -> SizeModel:
+    return dataclasses.replace(sm, fp8=None)
+
+
 def _tile(dim: float) -> int:
     """The tile edge for a dimension: TILE, or the power of two >= it down to MIN_TILE."""
     return int(min(TILE, max(MIN_TILE, 2 ** math.ceil(math.log2(max(dim, 1.0))))))
@@ -172,9 +222,16 @@ def _tile(dim: float) -> int:
 
 def size_model(spec, dtype: str, bpe: int, kernels: KernelCosts | None = None) -> SizeModel | None:
     """The shape-aware model of a datasheet GPU run by ``kernels``' runtime (None: autotune's own;
-    None back for CPUs, profiled devices and entries without an SM count, which keep the flat rate)."""
+    None back for CPUs, profiled devices and entries without an SM count, which keep the flat rate).
+    An FP8 ``dtype`` gives the bf16 model with its linear GEMMs at the FP8 peak (``Fp8Linear``)."""
     if spec.kind not in ("cuda", "rocm") or not spec.sm_count or spec.provenance == "measured" or spec.profile:
         return None
+    if dtype in FP8_RECIPES:
+        base = size_model(spec, compute_dtype(dtype), bpe, kernels)
+        key = gemm_peak(dtype)
+        peak = spec.flops(key) * spec.sustained()[0] * (kernels.compute_eff if kernels is not None else 1.0)
+        return base and dataclasses.replace(base, fp8=Fp8Linear(
+            peak=peak, ceiling=spec.gemm_fraction(key)[0], quant_bytes=QUANT_BYTES[FP8_RECIPES[dtype]]))
     datasheet_peak = spec.flops(dtype)
     strict = dtype == "fp32-strict" or (dtype == "fp32" and spec.peak_flops.get("fp32-strict") == datasheet_peak)
     if strict:  # IEEE fp32 on CUDA cores: cuBLAS SGEMM's sustained figure, the device's own where measured

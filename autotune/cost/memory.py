@@ -67,6 +67,7 @@ from autotune.cost.activations import layer_activation_bytes
 from autotune.cost.compute import DTYPE_BYTES
 from autotune.cost.data_parallel import grad_reduce_dtype, grads_accumulate_unsharded, zero3_weights_gathered
 from autotune.cost.pipeline import peak_in_flight
+from autotune.plan_parts import FP8_RECIPES
 
 if TYPE_CHECKING:  # typing only: context.py builds on the dimension modules
     from autotune.cost.context import RankContext
@@ -78,10 +79,14 @@ RESERVE_FRACTION = 0.05
 
 
 def state_bytes_per_param(dtype: str) -> tuple[float, float, float]:
-    """(weights, gradients, optimizer states) bytes per parameter."""
+    """(weights, gradients, optimizer states) bytes per parameter. Under an FP8 dtype the weights
+    are kept twice (Transformer Engine's default "dual precision" weights: the bf16 weight plus its
+    FP8 copy and that copy's transpose for the backward, cached over a step's micro-batches, as
+    Megatron runs TE with ``is_first_microbatch``): 2 + 1 + 1 bytes."""
     if dtype.startswith("fp32"):
         return 4.0, 4.0, 8.0
-    return 2.0, float(DTYPE_BYTES[grad_reduce_dtype(dtype)]), 12.0
+    weights = 4.0 if dtype in FP8_RECIPES else 2.0
+    return weights, float(DTYPE_BYTES[grad_reduce_dtype(dtype)]), 12.0
 
 
 def model_states(params: float, dtype: str, zero_stage: int, shard: int, layer_params: float,

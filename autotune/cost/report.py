@@ -11,6 +11,7 @@ from autotune.cost.compute import cached_rates
 from autotune.cost.context import StepContext
 from autotune.cost.memory import TERM_NAMES
 from autotune.cost.pipeline_parallel import bubble_fraction
+from autotune.plan_parts import compute_dtype
 from autotune.units import fmt_bytes
 
 ROW_KEYS = ("compute_s", "tp_comm_s", "cp_comm_s", "hp_comm_s", "pp_comm_s", "dp_comm_s", "exposed_comm_s",
@@ -60,7 +61,7 @@ def predicted_figures(s: StepContext, groups: list, sims: list, step: float, mem
     flops: dict[int, float] = {}  # one catalogue lookup per spec object; the sum keeps group order
     for *_, c in groups:
         if id(c.spec) not in flops:
-            flops[id(c.spec)] = c.spec.flops(s.dtype)
+            flops[id(c.spec)] = c.spec.flops(compute_dtype(s.dtype))  # MFU under FP8: of the bf16 peak
     if s.plan.stages is None:
         peak = s.tp * sum(flops[id(c.spec)] for *_, c in groups)
     else:  # each cell its own tp

@@ -5,11 +5,13 @@
   DeepSpeed engine instead (Accelerate 1.16 runs sp only there), ZeRO from ``DeepSpeedPlugin``;
 * ``tp_size``; ``cp_size`` (torch ring CP); ``sp_size`` with ``sp_backend "deepspeed"`` (Ulysses/ALST);
 * ``total_size`` = dp_replicate x dp_shard x tp x cp x sp must equal the number of processes;
-* ``Accelerator(gradient_accumulation_steps=..., mixed_precision=...)`` and the per-device batch.
+* ``Accelerator(gradient_accumulation_steps=..., mixed_precision=...)`` and the per-device batch; an FP8
+  dtype is ``mixed_precision="fp8"`` with its recipe's kwargs handler (``FP8``).
 
 Accelerate cannot express: pipeline parallelism, cp and sp together (its ParallelismConfig rejects
 it), tp or cp with pure replication (rejected too), ZeRO-1 alone, uneven shares, selective
-recomputation (FSDP's activation_checkpointing is whole blocks), Megatron sequence parallelism.
+recomputation (FSDP's activation_checkpointing is whole blocks), Megatron sequence parallelism, FP8
+with blockwise scaling.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from autotune.export.common import (
     unexpressed,
 )
 from autotune.export.stages import staged_candidates, staged_reasons
-from autotune.plan import Plan
+from autotune.plan import FP8_RECIPES, Plan
 from autotune.plan_record import PlanRecord
 
 NAME = "accelerate"
@@ -43,6 +45,15 @@ SUFFIX = ".json"
 EXPRESSES = ("dp", "cp", "hp", "tp")
 """The dimensions Accelerate's ParallelismConfig runs (``export.common.unexpressed`` refuses the rest)."""
 WHY_NOT = {"pp": "Accelerate's ParallelismConfig has no pipeline parallelism"}
+MIXED_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no", "fp32-strict": "no"}
+"""``Accelerator(mixed_precision=...)`` of each 16/32-bit dtype; an FP8 dtype is ``"fp8"`` with ``FP8``'s recipe."""
+FP8 = {"delayed": {"handler": "TERecipeKwargs", "kwargs": {"fp8_format": "HYBRID"}},
+       "mxfp8": {"handler": "TERecipeKwargs", "kwargs": {"fp8_format": "E4M3", "use_mxfp8_block_scaling": True}},
+       "current": {"handler": "AORecipeKwargs", "kwargs": {}}}
+"""The FP8 recipes Accelerate runs, as the kwargs handler passed to ``Accelerator(mixed_precision="fp8",
+kwargs_handlers=[...])`` (accelerate/utils/dataclasses.py): Transformer Engine's delayed scaling
+(``TERecipeKwargs``, HYBRID format) and its MXFP8 block scaling, torchao's dynamic (current)
+tensorwise scaling (``AORecipeKwargs``). No blockwise (1x128 / 128x128) recipe: refused."""
 WHY = {
     "layers": "Accelerate has no pipeline stages",
     "tokens": "Accelerate shards the sequence evenly (cp or sp)",
@@ -70,6 +81,9 @@ def reasons(plan: Plan, ctx: ExportContext) -> list[str]:
           "whole blocks")
     r.add(plan.sequence_parallel and d.tp > 1, "sequence_parallel: Accelerate's tensor parallelism has no "
           "Megatron sequence parallelism")
+    r.add(plan.dtype in FP8_RECIPES and FP8_RECIPES[plan.dtype] not in FP8,
+          f"dtype {plan.dtype}: Accelerate's FP8 backends (Transformer Engine, torchao) have no "
+          f"{FP8_RECIPES.get(plan.dtype)} scaling recipe")
     r.items += placement_reasons(plan)
     return r.items
 
@@ -95,6 +109,8 @@ def candidates(plan: Plan, ctx: ExportContext) -> list[Plan]:
         out.append(p.replace(zero_stage=z))
     if plan.recompute == "selective":
         out += [p.replace(recompute="none") for p in out]
+    if plan.dtype in FP8_RECIPES and FP8_RECIPES[plan.dtype] not in FP8:  # another recipe it runs
+        out = [p.replace(dtype=dt) for p in out for dt in FP8_RECIPES if FP8_RECIPES[dt] in FP8]
     return out
 
 
@@ -124,8 +140,9 @@ def config(plan: Plan, ctx: ExportContext) -> dict[str, Any]:
                 "activation_checkpointing": plan.recompute == "full"}
     return {
         "parallelism_config": pc,
-        "accelerator": {"mixed_precision": {"bf16": "bf16", "fp16": "fp16", "fp32": "no", "fp32-strict": "no"}[plan.dtype],
+        "accelerator": {"mixed_precision": MIXED_PRECISION.get(plan.dtype, "fp8"),
                         "gradient_accumulation_steps": plan.num_microbatches},
+        **({"fp8_recipe": FP8[FP8_RECIPES[plan.dtype]]} if plan.dtype in FP8_RECIPES else {}),
         "fsdp_plugin": fsdp,
         "deepspeed_plugin": ds,
         "per_device_train_batch_size": plan.micro_batch_size,
@@ -152,10 +169,15 @@ def snippet(cfg: dict[str, Any]) -> str:
         lines.append(f"ds = DeepSpeedPlugin(zero_stage={z}, gradient_accumulation_steps="
                      f"{cfg['deepspeed_plugin']['gradient_accumulation_steps']})")
     lines.append(f"pc = ParallelismConfig({pc})")
+    if cfg.get("fp8_recipe"):
+        h = cfg["fp8_recipe"]
+        lines.append(f"from accelerate.utils import {h['handler']}")
+        lines.append(f"fp8 = {h['handler']}(" + ", ".join(f"{k}={v!r}" for k, v in h["kwargs"].items()) + ")")
     lines.append(f"accelerator = Accelerator(parallelism_config=pc, mixed_precision={acc['mixed_precision']!r}, "
                  f"gradient_accumulation_steps={acc['gradient_accumulation_steps']}"
                  + (", fsdp_plugin=fsdp" if cfg["fsdp_plugin"] else "")
-                 + (", deepspeed_plugin=ds" if cfg["deepspeed_plugin"] else "") + ")")
+                 + (", deepspeed_plugin=ds" if cfg["deepspeed_plugin"] else "")
+                 + (", kwargs_handlers=[fp8]" if cfg.get("fp8_recipe") else "") + ")")
     lines.append(f"# per-device batch: {cfg['per_device_train_batch_size']}")
     return "\n".join(lines)
 

@@ -13,7 +13,7 @@
 DeepSpeed cannot express: ring context parallelism (cp), uneven token/head/sample shares, layer
 splits other than uniform, schedules other than its 1F1B pipeline schedule, ZeRO-2/3 with pipeline
 parallelism (its pipeline engine asserts stage <= 1), selective recomputation, Megatron sequence
-parallelism.
+parallelism, FP8 (nearest: bf16).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from autotune.export.common import (
     with_even,
 )
 from autotune.export.stages import staged_candidates, staged_reasons
-from autotune.plan import Plan, even_split
+from autotune.plan import FP8_RECIPES, Plan, even_split
 from autotune.plan_record import PlanRecord
 from autotune.schedules import schedule_of
 
@@ -83,6 +83,8 @@ def reasons(plan: Plan, ctx: ExportContext) -> list[str]:
           "sequence parallelism for norms and dropout")
     heads = even_heads_problem(ctx.model, d.tp, d.hp, "sequence_parallel_size")  # autotune/divisibility.py
     r.add(heads is not None, heads or "")
+    r.add(plan.dtype in FP8_RECIPES, f"dtype {plan.dtype}: a DeepSpeed config trains in bf16 or fp16 (its FP8 comes "
+          "from Transformer Engine layers in the model code, which a config cannot turn on)")
     r.items += placement_reasons(plan)
     return r.items
 
@@ -95,7 +97,7 @@ def candidates(plan: Plan, ctx: ExportContext) -> list[Plan]:
         schedule="1f1b", virtual_stages=1, helix_folds=1,
         zero_stage=min(plan.zero_stage, 1) if d.pp > 1 else plan.zero_stage,
         recompute="full" if plan.recompute == "selective" else plan.recompute,
-        sequence_parallel=False)
+        sequence_parallel=False, dtype="bf16" if plan.dtype in FP8_RECIPES else plan.dtype)
     out = [base]
     if d.cp > 1:
         out = [fold(base, "cp", "hp"), fold(base, "cp", "dp")]

@@ -15,6 +15,7 @@ Mapping (argument names from megatron/training/arguments.py):
 * virtual stages: ``--num-layers-per-virtual-pipeline-stage`` when every virtual stage is equal;
 * batch: ``--micro-batch-size``, ``--global-batch-size`` (Megatron derives micro-batches per
   replica as global / (micro * dp));
+* ``dtype``: ``--bf16`` / ``--fp16``; an FP8 dtype adds ``--fp8-format`` and ``--fp8-recipe`` (``FP8_ARGS``);
 * ``recompute`` -> ``--recompute-granularity selective|full`` (full with ``--recompute-method
   uniform --recompute-num-layers 1``); ``zero_stage`` 1 -> ``--use-distributed-optimizer``;
   ``sequence_parallel`` -> ``--sequence-parallel``.
@@ -53,7 +54,7 @@ from autotune.export.common import (
     with_even,
 )
 from autotune.export.stages import staged_candidates, staged_reasons
-from autotune.plan import Plan
+from autotune.plan import FP8_RECIPES, Plan
 from autotune.plan_record import PlanRecord
 from autotune.schedules import schedule_of
 
@@ -68,6 +69,12 @@ KERNELS = KernelCosts(
     moe_overlap="shared_experts")
 """How Megatron runs a plan: the cost model's kernel costs for ``estimate --target megatron`` (a MoE
 layer's shared experts overlap its all-to-all: ``--moe-shared-expert-overlap``)."""
+FP8_ARGS = {"delayed": ("hybrid", "delayed"), "current": ("hybrid", "tensorwise"), "blockwise": ("e4m3", "blockwise"),
+            "mxfp8": ("e4m3", "mxfp8")}
+"""Each FP8 recipe (``plan_parts.FP8_RECIPES``) as Megatron's ``--fp8-format`` / ``--fp8-recipe``
+(megatron/training/arguments.py; the recipe is megatron.core.enums.Fp8Recipe): the per-tensor recipes
+in ``hybrid`` (E4M3 forward, E5M2 gradients, NeMo's FP8-CS), the block recipes in E4M3 throughout as
+DeepSeek-V3 and Megatron's MXFP8 guide run them; ``--bf16`` for the rest of the model."""
 HELIX_FORK = ("HelixPipe's Megatron-LM fork (the code of arXiv 2507.00394, branch dev): upstream Megatron-LM "
               "has no --attention-pipeline")
 SUFFIX = ".sh"
@@ -225,10 +232,13 @@ def arguments(plan: Plan, ctx: ExportContext) -> list[str]:
         a.append("--use-distributed-optimizer")
     if plan.sequence_parallel and d.tp > 1:
         a.append("--sequence-parallel")
-    if plan.dtype == "bf16":
+    if plan.dtype == "bf16" or plan.dtype in FP8_RECIPES:
         a.append("--bf16")
     elif plan.dtype == "fp16":
         a.append("--fp16")
+    if plan.dtype in FP8_RECIPES:
+        fmt, recipe = FP8_ARGS[FP8_RECIPES[plan.dtype]]
+        a += ["--fp8-format", fmt, "--fp8-recipe", recipe]
     # model shape
     a += ["--num-layers", str(m.layers), "--hidden-size", str(m.hidden), "--ffn-hidden-size", str(m.ffn_hidden),
           "--num-attention-heads", str(m.heads), "--seq-length", str(ctx.seq_len),

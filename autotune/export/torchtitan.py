@@ -11,11 +11,14 @@
   DualPipeV, as the schedule modules do);
 * ``[training]``: ``local_batch_size`` (per DP rank), ``global_batch_size`` (accumulation when it
   exceeds local x dp), ``seq_len``, ``mixed_precision_param``;
-* ``[activation_checkpoint]``: ``mode`` none|selective|full (selective per op).
+* ``[activation_checkpoint]``: ``mode`` none|selective|full (selective per op);
+* FP8: ``[model] converters`` and ``[quantize.linear.float8]`` (``fp8-current``: dynamic tensorwise
+  scaling) or ``[quantize.linear.mx]`` (``fp8-mx``), the LM head left in bf16 (``FLOAT8``).
 
 torchtitan cannot express: Ulysses (hp), uneven token/head/sample shares, a contiguous CP layout
 (its causal CP load-balances), ZeRO-1 alone, DDP together with another parallelism, tensor
-parallelism without sequence parallelism (its TP plan always shards norms along the sequence), fp16.
+parallelism without sequence parallelism (its TP plan always shards norms along the sequence), fp16,
+FP8 with delayed or blockwise scaling.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from autotune.export.common import (
     with_even,
 )
 from autotune.export.stages import staged_candidates, staged_reasons
-from autotune.plan import Plan
+from autotune.plan import FP8_RECIPES, Plan
 from autotune.plan_record import PlanRecord
 from autotune.schedules import schedule_of
 
@@ -53,7 +56,14 @@ KERNELS = KernelCosts(
 """How torchtitan runs an exported plan (compiled): the cost model's kernel costs for ``--target torchtitan``."""
 SUFFIX = ".toml"
 
-PRECISION = {"bf16": "bfloat16", "fp32": "float32", "fp32-strict": "float32"}  # Training.mixed_precision_param
+PRECISION = {"bf16": "bfloat16", "fp32": "float32", "fp32-strict": "float32",
+             **{dt: "bfloat16" for dt in FP8_RECIPES}}  # Training.mixed_precision_param
+FLOAT8 = {"current": ("quantize.linear.float8", {"recipe_name": "tensorwise"}),
+          "mxfp8": ("quantize.linear.mx", {"recipe_name": "mxfp8_cublas"})}
+"""The FP8 recipes torchtitan runs (``[quantize.linear.float8]`` / ``[quantize.linear.mx]`` of its job
+config, torchao underneath), as (model converter, section keys): dynamic tensorwise scaling is
+``current`` scaling; MXFP8 on Blackwell. torchao dropped delayed scaling and has no DeepSeek-style
+blockwise recipe for training, so those are refused with ``fp8-current`` as the nearest."""
 EXPRESSES = ("dp", "pp", "cp", "tp", "ep", "etp")
 """The dimensions torchtitan's ParallelDims runs (``export.common.unexpressed`` refuses the rest)."""
 WHY_NOT = {"hp": "torchtitan has no Ulysses (all-to-all head) parallelism; its context parallelism is ring attention"}
@@ -81,6 +91,9 @@ def reasons(plan: Plan, ctx: ExportContext) -> list[str]:
     r.add(d.tp > 1 and not plan.sequence_parallel,
           "sequence_parallel false with tp: torchtitan's tensor-parallel plan always shards norms along the sequence")
     r.add(plan.dtype == "fp16", "dtype fp16: torchtitan's training.mixed_precision_param is bfloat16 or float32")
+    r.add(plan.dtype in FP8_RECIPES and FP8_RECIPES[plan.dtype] not in FLOAT8,
+          f"dtype {plan.dtype}: torchtitan's float8 (torchao) has dynamic tensorwise/rowwise scaling and MXFP8, "
+          f"no {FP8_RECIPES.get(plan.dtype)} scaling")
     why = schedule_of(plan).refusal(NAME)
     r.add(d.pp > 1 and why is not None, why or "")
     r.items += placement_reasons(plan)
@@ -102,7 +115,8 @@ def candidates(plan: Plan, ctx: ExportContext) -> list[Plan]:
     base = base.replace(
         cp_layout="zigzag", zero_stage=zero, sequence_parallel=plan.sequence_parallel or d.tp > 1,
         helix_folds=1,
-        dtype="bf16" if plan.dtype == "fp16" else plan.dtype)
+        dtype={"fp16": "bf16", **{dt: "fp8-current" for dt, r in FP8_RECIPES.items() if r not in FLOAT8}}.get(
+            plan.dtype, plan.dtype))
     out = [base, even_everything(base)]
     if d.hp > 1:
         out = [fold(base, "hp", "cp"), fold(base, "hp", "dp"), fold(base, "hp", "tp")]
@@ -151,13 +165,29 @@ def config(plan: Plan, ctx: ExportContext) -> dict[str, dict[str, Any]]:
         local_batch = plan.micro_batch_size  # micro-batches become gradient accumulation steps
     ac = {"none": {"mode": "none"}, "selective": {"mode": "selective", "selective_ac_option": "op"},
           "full": {"mode": "full"}}[plan.recompute]
-    return {
+    cfg = {
         "parallelism": par,
         "training": {"local_batch_size": local_batch, "global_batch_size": ctx.global_batch,
                      "seq_len": ctx.seq_len, "mixed_precision_param": PRECISION[plan.dtype]},
         "activation_checkpoint": ac,
         "compile": {"enable": True, "components": ["model", "loss"]},
     }
+    cfg.update(float8_sections(plan))
+    return cfg
+
+
+def float8_sections(plan: Plan) -> dict[str, dict[str, Any]]:
+    """An FP8 plan's model converter and its ``[quantize.linear.*]`` section (``FLOAT8``); the LM head
+    (``output``) stays in bf16, as the cost model prices it; under FSDP tensorwise scaling gathers the
+    weights in float8 (torchtitan's recommendation for it)."""
+    if plan.dtype not in FP8_RECIPES:
+        return {}
+    converter, keys = FLOAT8[FP8_RECIPES[plan.dtype]]
+    section = {**keys, "filter_fqns": ["output"]}
+    if FP8_RECIPES[plan.dtype] == "current" and plan.zero_stage >= 2:
+        section.update(enable_fsdp_float8_all_gather=True, precompute_float8_dynamic_scale_for_fsdp=True)
+    _, linear, kind = converter.split(".")
+    return {"model": {"converters": [converter]}, "quantize": {linear: {kind: section}}}
 
 
 def _toml_value(v: Any) -> str:
@@ -175,9 +205,18 @@ def _toml_value(v: Any) -> str:
 def to_toml(cfg: dict[str, dict[str, Any]], header: list[str]) -> str:
     lines = list(header)
     for section, keys in cfg.items():
-        lines += ["", f"[{section}]"]
-        lines += [f"{k} = {_toml_value(v)}" for k, v in keys.items()]
+        lines += _table(section, keys)
     return "\n".join(lines) + "\n"
+
+
+def _table(name: str, keys: dict[str, Any]) -> list[str]:
+    """``[name]`` with its values, then each nested mapping as ``[name.key]`` (``[quantize.linear.float8]``)."""
+    values = {k: v for k, v in keys.items() if not isinstance(v, dict)}
+    lines = ["", f"[{name}]", *(f"{k} = {_toml_value(v)}" for k, v in values.items())] if values else []
+    for k, v in keys.items():
+        if isinstance(v, dict):
+            lines += _table(f"{name}.{k}", v)
+    return lines
 
 
 def render(record: PlanRecord, ctx: ExportContext) -> Export:

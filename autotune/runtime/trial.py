@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.errors import InputError
-from autotune.plan import Plan, PlanError
+from autotune.plan import FP8_RECIPES, Plan, PlanError
 from autotune.plan_record import PlanRecord
 from autotune.specs.model import ModelSpec, load_model
 
@@ -76,6 +76,9 @@ def check_runtime_support(plan: Plan, spec: ModelSpec) -> None:
             p.append(f"degrees.tp: ffn_hidden({spec.ffn_hidden}) not divisible by tp({tp})")
     if plan.micro_batch_size < 1:
         p.append("micro_batch_size: must be >= 1")
+    if plan.dtype in FP8_RECIPES:
+        p.append(f"dtype {plan.dtype}: autotune's runtime trains in bf16, fp16 or fp32; FP8 GEMMs need Transformer "
+                 "Engine or torchao on a GPU with FP8 tensor cores (price it, or export it to Megatron or torchtitan)")
     if p:
         raise PlanError("; ".join(p), field="plan")
 

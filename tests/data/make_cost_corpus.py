@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from autotune.cost import estimate
-from autotune.plan import Plan, PlanError
+from autotune.plan import FP8_RECIPES, Plan, PlanError
+from autotune.plan_parts import lacks_dtype
 from autotune.specs.catalogue import GB, DeviceSpec
 from autotune.specs.cluster import ClusterSpec, cluster_from_dict
 from autotune.specs.model import load_model
@@ -35,6 +36,7 @@ from autotune.specs.model import load_model
 CORPUS = Path(__file__).with_name("cost_corpus.json")
 SEED = 17
 PER_CLUSTER = 50
+FP8_PER_CLUSTER = 8
 
 
 def _cpu_profile() -> dict[str, Any]:
@@ -134,6 +136,8 @@ CLUSTERS: dict[str, dict[str, Any]] = {
         {"count": 1, "devices_per_node": 2, "device": "profile:corpus-cpu"}]},
     "cpu-derived-4": {"name": "cpu-derived-4", "nodes": [
         {"count": 1, "devices_per_node": 4, "device": "profile:corpus-cpu-derived"}]},
+    "b200-2x4": {"name": "b200-2x4", "nodes": [{"count": 2, "devices_per_node": 4, "device": "B200"}],
+                 "inter_node": {"bandwidth": "50GB/s", "latency": "8us"}},
 }
 
 WORKLOADS: dict[str, list[tuple[str, int]]] = {
@@ -146,6 +150,7 @@ WORKLOADS: dict[str, list[tuple[str, int]]] = {
     "cpu-measured-4": [("tiny", 128), ("small", 256), ("tiny", 512)],
     "cpu-measured-2": [("tiny", 256), ("small", 128)],
     "cpu-derived-4": [("tiny", 256), ("small", 512)],
+    "b200-2x4": [("llama3-8b", 8192), ("llama2-13b", 4096)],
 }
 
 CALIBRATION = {"profile:corpus-cpu": {"compute": 1.25, "comm": 1.6}, "H100-SXM": {"compute": 1.1, "comm": 0.9},
@@ -214,32 +219,47 @@ def _unevened(rng: random.Random, resolved: Plan) -> dict[str, Any]:
 
 
 def draw_entries() -> list[dict[str, Any]]:
-    """The corpus inputs: per cluster ``PER_CLUSTER`` plans that resolve."""
+    """The corpus inputs: per cluster ``PER_CLUSTER`` plans that resolve in a 16/32-bit dtype (the
+    draws the corpus had before FP8), then ``FP8_PER_CLUSTER`` FP8 plans on the clusters that run FP8
+    (their own random stream, so the earlier entries are drawn as before)."""
     rng = random.Random(SEED)
     entries = []
     for key in CLUSTERS:
         cluster = build_cluster(key)
         dtypes = sorted({dt for dev in cluster.device_types() for dt in dev.peak_flops
-                         if all(dt in o.peak_flops for o in cluster.device_types())})
-        got = tries = 0
-        while got < PER_CLUSTER and tries < 5000:
-            tries += 1
-            model_name, seq = rng.choice(WORKLOADS[key])
-            model = load_model(model_name)
-            plan_d, batch = _draw_plan(rng, cluster.num_devices, dtypes)
-            try:
-                resolved = Plan.from_dict(plan_d).resolve(model, cluster, seq, batch)
-                uneven = _unevened(rng, resolved)
-                if uneven:
-                    plan_d = {**plan_d, "shares": uneven}
-                    Plan.from_dict(plan_d).resolve(model, cluster, seq, batch)
-            except PlanError:
-                continue
-            calibrated = rng.random() < 0.15
-            entries.append({"cluster": key, "model": model_name, "seq_len": seq, "global_batch": batch,
-                            "plan": plan_d, "calibration": CALIBRATION if calibrated else None,
-                            "timeline": got % 10 == 0})
-            got += 1
+                         if all(dt in o.peak_flops for o in cluster.device_types())} - set(FP8_RECIPES))
+        entries += _draw(rng, key, cluster, dtypes, PER_CLUSTER)
+    rng8 = random.Random(SEED + 8)
+    for key in CLUSTERS:
+        cluster = build_cluster(key)
+        fp8 = [dt for dt in FP8_RECIPES if not any(lacks_dtype(d.peak_flops, dt) for d in cluster.device_types())]
+        if fp8:
+            entries += _draw(rng8, key, cluster, fp8, FP8_PER_CLUSTER)
+    return entries
+
+
+def _draw(rng: random.Random, key: str, cluster: ClusterSpec, dtypes: list[str], count: int) -> list[dict[str, Any]]:
+    """``count`` plans over ``cluster`` in ``dtypes`` that resolve (uneven shares on some)."""
+    entries: list[dict[str, Any]] = []
+    got = tries = 0
+    while got < count and tries < 5000:
+        tries += 1
+        model_name, seq = rng.choice(WORKLOADS[key])
+        model = load_model(model_name)
+        plan_d, batch = _draw_plan(rng, cluster.num_devices, dtypes)
+        try:
+            resolved = Plan.from_dict(plan_d).resolve(model, cluster, seq, batch)
+            uneven = _unevened(rng, resolved)
+            if uneven:
+                plan_d = {**plan_d, "shares": uneven}
+                Plan.from_dict(plan_d).resolve(model, cluster, seq, batch)
+        except PlanError:
+            continue
+        calibrated = rng.random() < 0.15
+        entries.append({"cluster": key, "model": model_name, "seq_len": seq, "global_batch": batch,
+                        "plan": plan_d, "calibration": CALIBRATION if calibrated else None,
+                        "timeline": got % 10 == 0})
+        got += 1
     return entries
 
 
