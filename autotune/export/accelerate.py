@@ -11,11 +11,12 @@
 Accelerate cannot express: pipeline parallelism, cp and sp together (its ParallelismConfig rejects
 it), tp or cp with pure replication (rejected too), ZeRO-1 alone, uneven shares, selective
 recomputation (FSDP's activation_checkpointing is whole blocks), Megatron sequence parallelism, FP8
-with blockwise scaling.
+with blockwise scaling, expert parallelism (ep, etp: the experts are FSDP-sharded weights).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -31,6 +32,7 @@ from autotune.export.common import (
     placement_reasons,
     provenance,
     unexpressed,
+    with_even,
 )
 from autotune.export.stages import staged_candidates, staged_reasons
 from autotune.plan import FP8_RECIPES, Plan
@@ -44,7 +46,9 @@ SUFFIX = ".json"
 
 EXPRESSES = ("dp", "cp", "hp", "tp")
 """The dimensions Accelerate's ParallelismConfig runs (``export.common.unexpressed`` refuses the rest)."""
-WHY_NOT = {"pp": "Accelerate's ParallelismConfig has no pipeline parallelism"}
+WHY_NOT = {"pp": "Accelerate's ParallelismConfig has no pipeline parallelism",
+           **{n: "Accelerate's ParallelismConfig has no expert parallelism (FSDP shards the experts like any other "
+                 "weight)" for n in ("ep", "etp")}}
 MIXED_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no", "fp32-strict": "no"}
 """``Accelerator(mixed_precision=...)`` of each 16/32-bit dtype; an FP8 dtype is ``"fp8"`` with ``FP8``'s recipe."""
 FP8 = {"delayed": {"handler": "TERecipeKwargs", "kwargs": {"fp8_format": "HYBRID"}},
@@ -111,6 +115,8 @@ def candidates(plan: Plan, ctx: ExportContext) -> list[Plan]:
         out += [p.replace(recompute="none") for p in out]
     if plan.dtype in FP8_RECIPES and FP8_RECIPES[plan.dtype] not in FP8:  # another recipe it runs
         out = [p.replace(dtype=dt) for p in out for dt in FP8_RECIPES if FP8_RECIPES[dt] in FP8]
+    if d.ep > 1 or d.etp > 1:  # experts replicated, sharded by FSDP
+        out = [with_even(p, "experts").replace(degrees=dataclasses.replace(p.degrees, ep=1, etp=1)) for p in out]
     return out
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import math
 import os
 import tempfile
 from collections.abc import Callable, Iterable
@@ -153,7 +154,7 @@ def uneven(values: tuple[int, ...] | None) -> bool:
 
 
 def even_share_reasons(plan: Plan, target: str, dims: Iterable[str], why: dict[str, str]) -> list[str]:
-    """One reason per uneven share in ``dims`` (layers, tokens, heads, samples)."""
+    """One reason per uneven share in ``dims`` (layers, tokens, heads, samples, experts)."""
     out = []
     for name in dims:
         v = getattr(plan.shares, name)
@@ -188,7 +189,27 @@ def fold(plan: Plan, src: str, dst: str) -> Plan:
 
 
 def even_everything(plan: Plan) -> Plan:
-    return with_even(plan, "layers", "tokens", "heads", "samples")
+    return with_even(plan, "layers", "tokens", "heads", "samples", "experts")
+
+
+def even_experts(plan: Plan, ctx: ExportContext, etps: Iterable[int] | None = None) -> list[Plan]:
+    """The plans nearest ``plan`` whose experts split evenly over the EP ranks, as every framework
+    splits them: its own ep with even shares where ep divides the experts, then the other ep
+    (and, for a target that allows only some, the ``etps`` it allows) that divide both the experts
+    and a stage's ranks, the closest degrees first. A dense model's plan comes back as it is."""
+    moe = ctx.model.moe
+    if moe is None:
+        return [plan]
+    d = plan.degrees
+    options = []
+    for etp in (d.etp, *(etps or ())):
+        for ep in range(1, d.stage_ranks + 1):
+            if moe.experts % ep == 0 and d.stage_ranks % (ep * etp) == 0 and moe.expert_ffn_hidden % etp == 0:
+                options.append((abs(math.log(ep * etp / (d.ep * d.etp))), etp != d.etp, ep, etp))
+    out = []
+    for *_, ep, etp in sorted(set(options)):
+        out.append(with_even(plan, "experts").replace(degrees=dataclasses.replace(d, ep=ep, etp=etp)))
+    return out[:4]
 
 
 # ---- nearest expressible plan -------------------------------------------------------------------

@@ -16,6 +16,11 @@ Mapping (argument names from megatron/training/arguments.py):
 * batch: ``--micro-batch-size``, ``--global-batch-size`` (Megatron derives micro-batches per
   replica as global / (micro * dp));
 * ``dtype``: ``--bf16`` / ``--fp16``; an FP8 dtype adds ``--fp8-format`` and ``--fp8-recipe`` (``FP8_ARGS``);
+* experts (``moe_arguments``): ``--num-experts``, ``--moe-router-topk``, ``--moe-ffn-hidden-size``,
+  ``--expert-model-parallel-size ep``, ``--expert-tensor-parallel-size etp`` (Megatron-Core's parallel
+  folding: the expert mesh tp-ep-dp-pp over the same ranks, as ``plan_parts.expert_groups`` orders it),
+  ``--moe-grouped-gemm``, ``--moe-token-dispatcher-type alltoall``, shared experts, the dense layers as
+  a ``--moe-layer-freq`` pattern, the router, capacity and token dropping; MLA (``mla_arguments``);
 * ``recompute`` -> ``--recompute-granularity selective|full`` (full with ``--recompute-method
   uniform --recompute-num-layers 1``); ``zero_stage`` 1 -> ``--use-distributed-optimizer``;
   ``sequence_parallel`` -> ``--sequence-parallel``.
@@ -28,7 +33,7 @@ HelixPipe (``schedule helixpipe``) is the variant of Megatron-LM that names the 
 Megatron cannot express: uneven token, head or sample shares (CP cuts the sequence into 2*cp equal
 chunks, heads split evenly over tp and the a2a group, every DP rank takes global/dp samples), a
 contiguous CP layout (its causal CP always load-balances), GPipe (1F1B only), ZeRO-2/3 through
-these flags.
+these flags, uneven expert shares, experts beside tensor parallelism without sequence parallelism.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from autotune.export.common import (
     ExportContext,
     comment_lines,
     even_everything,
+    even_experts,
     even_share_reasons,
     fold,
     placement_comment,
@@ -82,6 +88,7 @@ SUFFIX = ".sh"
 EXPRESSES = ("dp", "pp", "cp", "hp", "tp", "ep", "etp")
 """The dimensions it runs (``export.common.unexpressed`` refuses the rest)."""
 WHY = {
+    "experts": "Megatron-Core gives every expert-parallel rank num_experts/ep experts",
     "tokens": "Megatron context parallelism cuts the sequence into 2*cp equal chunks",
     "heads": "Megatron splits attention heads evenly over tp and the a2a (Ulysses) group",
     "samples": "Megatron gives every data-parallel rank global_batch/dp samples",
@@ -119,7 +126,22 @@ def reasons(plan: Plan, ctx: ExportContext) -> list[str]:
           f"seq_len {ctx.seq_len} not divisible by 2*context-parallel-size({d.cp * d.hp})"
           + ("*tp" if plan.sequence_parallel and d.tp > 1 else "") + f" = {chunks}: Megatron cuts every "
           "sequence into 2*cp load-balanced chunks, whatever --cp-comm-type")
+    r.items += expert_reasons(plan, ctx)
     r.items += placement_reasons(plan)
+    return r.items
+
+
+def expert_reasons(plan: Plan, ctx: ExportContext) -> list[str]:
+    """What Megatron-Core's MoE layers cannot take: uneven expert shares (every EP rank builds
+    num_experts / ep local experts), and tensor parallelism without sequence parallelism next to
+    expert parallelism (Megatron-LM's argument checks refuse it)."""
+    if ctx.model.moe is None:
+        return []
+    d = plan.degrees
+    r = Collected(even_share_reasons(plan, NAME, ("experts",), WHY))
+    r.add(d.tp > 1 and d.ep > 1 and not plan.sequence_parallel,
+          f"sequence_parallel false with tp({d.tp}) and ep({d.ep}): Megatron-LM requires --sequence-parallel with "
+          "expert and tensor parallelism together (megatron/training/arguments.py; its MoE README says the same)")
     return r.items
 
 
@@ -132,7 +154,9 @@ def candidates(plan: Plan, ctx: ExportContext) -> list[Plan]:
         if plan.virtual_stages != 1:
             base = with_even(base, "layers").replace(virtual_stages=1)
     base = base.replace(cp_layout="zigzag", zero_stage=min(plan.zero_stage, 1))
-    out = [base, even_everything(base)]
+    if ctx.model.moe is not None and plan.degrees.tp > 1 and plan.degrees.ep > 1:
+        base = base.replace(sequence_parallel=True)
+    out = [*even_experts(base, ctx), even_everything(base)]
     if plan.degrees.hp > 1:
         out += [fold(base, "hp", "cp"), fold(base, "hp", "dp")]
     return out
@@ -239,11 +263,12 @@ def arguments(plan: Plan, ctx: ExportContext) -> list[str]:
     if plan.dtype in FP8_RECIPES:
         fmt, recipe = FP8_ARGS[FP8_RECIPES[plan.dtype]]
         a += ["--fp8-format", fmt, "--fp8-recipe", recipe]
-    # model shape
-    a += ["--num-layers", str(m.layers), "--hidden-size", str(m.hidden), "--ffn-hidden-size", str(m.ffn_hidden),
+    # model shape (the dense layers' FFN width: Megatron's --ffn-hidden-size is theirs under MoE)
+    a += ["--num-layers", str(m.layers), "--hidden-size", str(m.hidden), "--ffn-hidden-size", str(m.dense_ffn_width),
           "--num-attention-heads", str(m.heads), "--seq-length", str(ctx.seq_len),
           "--max-position-embeddings", str(max(ctx.seq_len, m.max_positions or 0)),
           "--vocab-size", str(m.vocab)]
+    a += moe_arguments(plan, m) + mla_arguments(m)
     if m.kv_heads < m.heads:
         a += ["--group-query-attention", "--num-query-groups", str(m.kv_heads)]
     if m.activation == "swiglu":
@@ -255,6 +280,59 @@ def arguments(plan: Plan, ctx: ExportContext) -> list[str]:
     if not m.bias:
         a.append("--disable-bias-linear")
     return a
+
+
+def moe_arguments(plan: Plan, m: Any) -> list[str]:
+    """Megatron-Core's MoE arguments (megatron/training/arguments.py, _add_moe_args): experts, top-k,
+    the experts' and shared experts' widths, the dense-layer pattern, the router, token dropping and
+    the expert-parallel degrees; grouped GEMM and the all-to-all dispatcher, as the cost model prices
+    the experts (one grouped GEMM per local expert set, tokens sent by all-to-all)."""
+    moe = m.moe
+    if moe is None:
+        return []
+    d, router = plan.degrees, moe.router
+    a = ["--num-experts", str(moe.experts), "--moe-router-topk", str(moe.top_k),
+         "--moe-ffn-hidden-size", str(moe.expert_ffn_hidden),
+         "--expert-model-parallel-size", str(d.ep), "--expert-tensor-parallel-size", str(d.etp),
+         "--moe-grouped-gemm", "--moe-token-dispatcher-type", "alltoall",
+         "--moe-router-score-function", router.score,
+         "--moe-router-load-balancing-type", "aux_loss" if router.aux_loss_coeff > 0 else "none",
+         "--moe-aux-loss-coeff", repr(router.aux_loss_coeff)]
+    if moe.shared_experts:
+        a += ["--moe-shared-expert-intermediate-size", str(moe.shared_width)]
+    if moe.dense_layers:
+        a += ["--moe-layer-freq", layer_pattern([int(m.is_moe_layer(i)) for i in range(m.layers)])]
+    if not router.dropless:
+        a += ["--moe-expert-capacity-factor", repr(router.capacity_factor), "--moe-pad-expert-input-to-capacity",
+              "--moe-token-drop-policy", "probs"]
+    if router.force_balance:
+        a.append("--moe-router-force-load-balancing")
+    return a
+
+
+def layer_pattern(flags: list[int]) -> str:
+    """A per-layer 0/1 list in the run-length form Megatron's --moe-layer-freq evaluates:
+    ``([0]*3+[1]*58)`` for DeepSeek-V3's three dense layers, then 58 MoE layers."""
+    runs: list[list[int]] = []
+    for f in flags:
+        if runs and runs[-1][0] == f:
+            runs[-1][1] += 1
+        else:
+            runs.append([f, 1])
+    return "(" + "+".join(f"[{f}]*{n}" for f, n in runs) + ")"
+
+
+def mla_arguments(m: Any) -> list[str]:
+    """Multi-head Latent Attention (Megatron-Core's MLATransformerConfig): the compression ranks and
+    the head widths (--qk-head-dim is the non-rope part, --qk-pos-emb-head-dim the rope part)."""
+    mla = m.mla
+    if mla is None:
+        return []
+    a = ["--multi-latent-attention", "--qk-layernorm"]  # the RMSNorms on the q and kv latents (DeepSeek-V2/V3)
+    if mla.q_lora_rank:
+        a += ["--q-lora-rank", str(mla.q_lora_rank)]
+    return a + ["--kv-lora-rank", str(mla.kv_lora_rank), "--qk-head-dim", str(mla.qk_nope_head_dim),
+                "--qk-pos-emb-head-dim", str(mla.qk_rope_head_dim), "--v-head-dim", str(mla.v_head_dim)]
 
 
 def world_of(args: list[str], world: int) -> dict[str, int]:

@@ -13,12 +13,17 @@
   exceeds local x dp), ``seq_len``, ``mixed_precision_param``;
 * ``[activation_checkpoint]``: ``mode`` none|selective|full (selective per op);
 * FP8: ``[model] converters`` and ``[quantize.linear.float8]`` (``fp8-current``: dynamic tensorwise
-  scaling) or ``[quantize.linear.mx]`` (``fp8-mx``), the LM head left in bf16 (``FLOAT8``).
+  scaling) or ``[quantize.linear.mx]`` (``fp8-mx``), the LM head left in bf16 (``FLOAT8``), and the
+  experts' grouped GEMMs (``[quantize.grouped_mm.*]``) for an MoE model;
+* experts: ``expert_parallel_degree`` and ``expert_tensor_parallel_degree`` (``expert_reasons`` holds
+  what torchtitan accepts); ``[debug] moe_force_load_balance`` for a force-balanced router. The MoE
+  architecture itself (experts, top-k, shared experts, MLA) is torchtitan's model flavor, not a job key.
 
 torchtitan cannot express: Ulysses (hp), uneven token/head/sample shares, a contiguous CP layout
 (its causal CP load-balances), ZeRO-1 alone, DDP together with another parallelism, tensor
 parallelism without sequence parallelism (its TP plan always shards norms along the sequence), fp16,
-FP8 with delayed or blockwise scaling.
+FP8 with delayed or blockwise scaling, uneven expert shares, an etp other than 1 or tp, an ep outside the
+FSDP-shard x cp (x tp) ranks, token dropping.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from autotune.export.common import (
     ExportContext,
     comment_lines,
     even_everything,
+    even_experts,
     even_share_reasons,
     fold,
     placement_comment,
@@ -68,6 +74,7 @@ EXPRESSES = ("dp", "pp", "cp", "tp", "ep", "etp")
 """The dimensions torchtitan's ParallelDims runs (``export.common.unexpressed`` refuses the rest)."""
 WHY_NOT = {"hp": "torchtitan has no Ulysses (all-to-all head) parallelism; its context parallelism is ring attention"}
 WHY = {
+    "experts": "torchtitan gives every expert-parallel rank num_experts/ep experts",
     "tokens": "torchtitan context parallelism shards the sequence evenly",
     "heads": "torchtitan splits heads evenly over tensor-parallel ranks",
     "samples": "torchtitan gives every data-parallel rank local_batch_size samples",
@@ -96,7 +103,31 @@ def reasons(plan: Plan, ctx: ExportContext) -> list[str]:
           f"no {FP8_RECIPES.get(plan.dtype)} scaling")
     why = schedule_of(plan).refusal(NAME)
     r.add(d.pp > 1 and why is not None, why or "")
+    r.items += expert_reasons(plan, ctx)
     r.items += placement_reasons(plan)
+    return r.items
+
+
+def expert_reasons(plan: Plan, ctx: ExportContext) -> list[str]:
+    """torchtitan's expert parallelism (job_config.py, Parallelism.expert_parallel_degree and
+    expert_tensor_parallel_degree): experts split evenly; etp is 1 or the dense tp; EP borrows the
+    FSDP shard ranks and cp (and, at etp 1, tp), so ep is a multiple of cp (cp*tp) and divides
+    dp_shard*cp (dp_shard*cp*tp); its MoE is dropless."""
+    moe = ctx.model.moe
+    if moe is None:
+        return []
+    d = plan.degrees
+    r = Collected(even_share_reasons(plan, NAME, ("experts",), WHY))
+    r.add(d.etp not in (1, d.tp), f"etp({d.etp}): torchtitan's expert tensor parallelism is 1 or the dense "
+          f"tp({d.tp})")
+    if d.ep > 1 and d.etp in (1, d.tp):
+        shard = d.dp if plan.zero_stage >= 2 else 1
+        inner = d.cp * (d.tp if d.etp == 1 and d.tp > 1 else 1)
+        r.add(d.ep % inner != 0 or (shard * inner) % d.ep != 0,
+              f"ep({d.ep}): torchtitan builds expert parallelism from the FSDP shard ranks ({shard}) times "
+              f"{'cp*tp' if inner != d.cp else 'cp'} ({inner}): ep must be a multiple of {inner} dividing {shard * inner}")
+    r.add(not moe.router.dropless, f"moe.router.capacity_factor {moe.router.capacity_factor}: torchtitan's "
+          "MoE routes dropless (no capacity, no token dropping)")
     return r.items
 
 
@@ -107,8 +138,8 @@ def candidates(plan: Plan, ctx: ExportContext) -> list[Plan]:
     zero = plan.zero_stage
     if zero == 1:
         zero = 2
-    if zero == 0 and d.dp > 1 and (d.pp > 1 or d.cp > 1 or d.tp > 1 or d.hp > 1):
-        zero = 3
+    if zero == 0 and d.dp > 1 and (d.pp > 1 or d.cp > 1 or d.tp > 1 or d.hp > 1 or d.ep > 1):
+        zero = 3  # FSDP: torchtitan's DDP composes with nothing, and its EP borrows the shard ranks
     base = with_even(plan, "tokens", "heads", "samples")
     if d.pp > 1 and schedule_of(plan).refusal(NAME):
         base = with_even(base, "layers").replace(schedule="1f1b", virtual_stages=1)
@@ -121,7 +152,7 @@ def candidates(plan: Plan, ctx: ExportContext) -> list[Plan]:
     if d.hp > 1:
         out = [fold(base, "hp", "cp"), fold(base, "hp", "dp"), fold(base, "hp", "tp")]
         out = [p.replace(sequence_parallel=p.degrees.tp > 1 or p.sequence_parallel) for p in out]
-    return out
+    return [q for p in out for q in even_experts(p, ctx, etps=(1, p.degrees.tp))]
 
 
 def module_parts(plan: Plan, ctx: ExportContext) -> list[list[str]]:
@@ -151,6 +182,9 @@ def config(plan: Plan, ctx: ExportContext) -> dict[str, dict[str, Any]]:
         "pipeline_parallel_degree": d.pp,
         "context_parallel_degree": d.cp,
     }
+    if ctx.model.moe is not None:
+        par["expert_parallel_degree"] = d.ep
+        par["expert_tensor_parallel_degree"] = d.etp
     if plan.zero_stage == 2:
         par["fsdp_reshard_after_forward"] = "never"
     elif plan.zero_stage == 3:
@@ -172,22 +206,31 @@ def config(plan: Plan, ctx: ExportContext) -> dict[str, dict[str, Any]]:
         "activation_checkpoint": ac,
         "compile": {"enable": True, "components": ["model", "loss"]},
     }
-    cfg.update(float8_sections(plan))
+    cfg.update(float8_sections(plan, ctx))
+    if ctx.model.moe is not None and ctx.model.moe.router.force_balance:
+        cfg["debug"] = {"moe_force_load_balance": True}
     return cfg
 
 
-def float8_sections(plan: Plan) -> dict[str, dict[str, Any]]:
-    """An FP8 plan's model converter and its ``[quantize.linear.*]`` section (``FLOAT8``); the LM head
-    (``output``) stays in bf16, as the cost model prices it; under FSDP tensorwise scaling gathers the
-    weights in float8 (torchtitan's recommendation for it)."""
+def float8_sections(plan: Plan, ctx: ExportContext) -> dict[str, dict[str, Any]]:
+    """An FP8 plan's model converters and ``[quantize.*]`` sections (``FLOAT8``): the linear layers,
+    and for an MoE model the experts' grouped GEMMs (``[quantize.grouped_mm.*]``, fqns ``experts``);
+    the LM head (``output``) stays in bf16, as the cost model prices it; under FSDP tensorwise scaling
+    gathers the weights in float8 (torchtitan's recommendation for it)."""
     if plan.dtype not in FP8_RECIPES:
         return {}
-    converter, keys = FLOAT8[FP8_RECIPES[plan.dtype]]
+    recipe = FP8_RECIPES[plan.dtype]
+    converter, keys = FLOAT8[recipe]
     section = {**keys, "filter_fqns": ["output"]}
-    if FP8_RECIPES[plan.dtype] == "current" and plan.zero_stage >= 2:
+    if recipe == "current" and plan.zero_stage >= 2:
         section.update(enable_fsdp_float8_all_gather=True, precompute_float8_dynamic_scale_for_fsdp=True)
-    _, linear, kind = converter.split(".")
-    return {"model": {"converters": [converter]}, "quantize": {linear: {kind: section}}}
+    _, _, kind = converter.split(".")
+    quantize: dict[str, Any] = {"linear": {kind: section}}
+    converters = [converter]
+    if ctx.model.moe is not None:
+        quantize["grouped_mm"] = {kind: {"fqns": ["experts"], **({"recipe_name": "mxfp8"} if kind == "mx" else {})}}
+        converters.append(f"quantize.grouped_mm.{kind}")
+    return {"model": {"converters": converters}, "quantize": quantize}
 
 
 def _toml_value(v: Any) -> str:
