@@ -307,6 +307,8 @@ def moe_arguments(plan: Plan, m: Any) -> list[str]:
               "--moe-token-drop-policy", "probs"]
     if router.force_balance:
         a.append("--moe-router-force-load-balancing")
+    if plan.dtype in FP8_RECIPES:  # each expert's token count padded to the FP8 GEMM's alignment (16 or 32 rows)
+        a.append("--moe-router-padding-for-quantization")
     return a
 
 

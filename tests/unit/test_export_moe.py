@@ -297,3 +297,14 @@ def test_the_search_target_rules_are_the_exporters():
                     sequence_parallel=True)
     assert refusals("torchtitan", plan, ctx) == exporter("torchtitan").reasons(plan, ctx) != []
     assert refusals("megatron", plan.replace(zero_stage=1), ctx) == []
+
+
+def test_megatron_fp8_moe_flags_name_megatron_core_fields():
+    """FP8 with experts adds the router's padding to the FP8 GEMM alignment; every flag names a Megatron
+    Core config field (building the config needs Transformer Engine's version under FP8, absent on CPU)."""
+    ctx = ctx_for("deepseek-v3", nodes=4)
+    plan = resolved(ctx, degrees=Degrees(dp=16, pp=2, ep=8), micro_batch_size=1, zero_stage=1, dtype="fp8-blockwise")
+    args = M.parse_script(export(plan, ctx, "megatron").text)
+    fields = {f.name for f in dataclasses.fields(MLATransformerConfig)}
+    names = {RENAMES.get(a[2:].replace("-", "_"), a[2:].replace("-", "_")) for a in args if a.startswith(MOE_PREFIXES)}
+    assert "moe_router_padding_for_quantization" in names and names <= fields
