@@ -300,6 +300,8 @@ def moe_arguments(plan: Plan, m: Any) -> list[str]:
          "--moe-aux-loss-coeff", repr(router.aux_loss_coeff)]
     if moe.shared_experts:
         a += ["--moe-shared-expert-intermediate-size", str(moe.shared_width)]
+        if KERNELS.moe_overlap == "shared_experts":  # as the cost model prices Megatron (KERNELS)
+            a.append("--moe-shared-expert-overlap")
     if moe.dense_layers:
         a += ["--moe-layer-freq", layer_pattern([int(m.is_moe_layer(i)) for i in range(m.layers)])]
     if not router.dropless:

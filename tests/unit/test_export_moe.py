@@ -181,11 +181,15 @@ def test_megatron_refuses_uneven_experts_and_tp_without_sp_with_the_nearest_plan
     with pytest.raises(ExportRefused) as e:
         export(uneven, ctx, "megatron")
     assert any("shares.experts" in r for r in e.value.reasons)
-    assert e.value.nearest.plan.shares.experts == (4, 4)
+    near = e.value.nearest.plan  # the fastest candidate the cost model finds: even shares, any ep
+    assert len(set(near.shares.experts)) == 1
+    export(near, ctx, "megatron")
     no_sp = resolved(ctx, degrees=Degrees(dp=4, tp=2, ep=4), micro_batch_size=1, zero_stage=1, sequence_parallel=False)
     with pytest.raises(ExportRefused) as e:
         export(no_sp, ctx, "megatron")
-    assert e.value.nearest.plan.sequence_parallel and e.value.nearest.plan.degrees.ep == 4
+    near = e.value.nearest.plan
+    assert near.sequence_parallel or near.degrees.tp == 1 or near.degrees.ep == 1
+    export(near, ctx, "megatron")
 
 
 # ---- DeepSpeed ---------------------------------------------------------------------------------------
@@ -226,7 +230,8 @@ def test_deepspeed_refuses_zero3_with_experts():
     plan = resolved(ctx, degrees=Degrees(dp=8, ep=2), micro_batch_size=1, zero_stage=3)
     with pytest.raises(ExportRefused) as e:
         export(plan, ctx, "deepspeed")
-    assert e.value.nearest.plan.zero_stage == 2 and e.value.nearest.plan.degrees.ep == 2
+    assert e.value.nearest.plan.zero_stage <= 2
+    export(e.value.nearest.plan, ctx, "deepspeed")
 
 
 # ---- torchtitan and Accelerate ------------------------------------------------------------------------
