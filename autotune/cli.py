@@ -9,27 +9,16 @@ from __future__ import annotations
 
 import atexit
 import gc
+import importlib
 import os
 import sys
 import traceback
+from typing import Any
 
 import typer
 from rich.markup import escape
 
 from autotune import __version__
-from autotune.commands import (
-    apply,
-    dashboard,
-    devices,
-    estimate,
-    models,
-    profile,
-    search,
-    studies,
-    trial,
-    tune,
-    validate,
-)
 from autotune.commands.common import emit_json, err_console
 from autotune.errors import AutotuneError, InputError
 
@@ -56,26 +45,10 @@ except ImportError:
     pass
 
 
-app = typer.Typer(
-    name="autotune",
-    help="Find the fastest way to train a large language model on your cluster: profile the devices and "
-         "links, search TP/PP/DP/CP/HP plans with uneven splits, prove the best with real runs, export them.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
-
 _EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True}
-
-for _mod in (profile, search, estimate, trial, validate, apply, dashboard, tune, devices, studies):
-    _name = _mod.__name__.rsplit(".", 1)[1]
-    if hasattr(_mod, "app"):  # a command group (e.g. `profile list`)
-        app.add_typer(_mod.app, name=_name, help=_mod.HELP)
-    else:
-        app.command(_name, help=_mod.HELP,
-                    context_settings=_EXTRA if getattr(_mod, "PLACEHOLDER", False) else None)(_mod.command)
-app.add_typer(models.app, name="models")
+# the commands, in the order the help lists them: each is ``autotune/commands/<name>.py``
+COMMANDS = ("profile", "search", "estimate", "trial", "validate", "apply", "dashboard", "tune", "devices", "studies",
+            "models")
 
 
 def _version(value: bool) -> None:
@@ -84,10 +57,51 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
 def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                        help="Print the version and exit.")) -> None:
     pass
+
+
+def build_app(names: tuple[str, ...] = COMMANDS) -> typer.Typer:
+    """The typer app with these commands, each module imported here: ``main`` builds it with the one
+    command a process runs (``autotune search`` then never imports the exporters, the dashboard or
+    the profilers' command modules: a tenth of its start-up), ``app`` with all of them."""
+    out = typer.Typer(
+        name="autotune",
+        help="Find the fastest way to train a large language model on your cluster: profile the devices and "
+             "links, search TP/PP/DP/CP/HP plans with uneven splits, prove the best with real runs, export them.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        context_settings={"help_option_names": ["-h", "--help"]},
+    )
+    for name in names:
+        mod = importlib.import_module(f"autotune.commands.{name}")
+        if hasattr(mod, "app"):  # a command group (e.g. `profile list`)
+            out.add_typer(mod.app, name=name, **({"help": mod.HELP} if hasattr(mod, "HELP") else {}))
+        else:
+            out.command(name, help=mod.HELP,
+                        context_settings=_EXTRA if getattr(mod, "PLACEHOLDER", False) else None)(mod.command)
+    out.callback()(_root)
+    return out
+
+
+_APP: list[typer.Typer] = []
+
+
+def __getattr__(name: str) -> Any:
+    """``autotune.cli.app``: every command (built on first use: typer's CliRunner, the docs' tools)."""
+    if name == "app":
+        if not _APP:
+            _APP.append(build_app())
+        return _APP[0]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _app_for(argv: list[str]) -> typer.Typer:
+    """The app a command line needs: the named command alone, else (help, a typo, options first) all."""
+    first = argv[0] if argv else ""
+    return build_app((first,)) if first in COMMANDS else __getattr__("app")
 
 
 def _fail(exc: AutotuneError | None, message: str, code: int, kind: str) -> None:
@@ -119,7 +133,7 @@ def main() -> None:
     _collector_for_a_short_process()
     try:
         # Outside standalone mode click returns a command's `typer.Exit(n)` code instead of exiting.
-        rv = app(standalone_mode=False)
+        rv = _app_for(sys.argv[1:])(standalone_mode=False)
         if rv == 130:  # typer turns Ctrl-C into a silent return code 130 outside standalone mode
             _fail(None, "interrupted", 130, "interrupted")
         if isinstance(rv, int) and rv:

@@ -22,6 +22,13 @@
 5. The CLI (``--only cli``): ``autotune search`` as a user runs it at 128 devices (llama3-70b, 128k,
    b=16) with the default storage, process start-up and table included (asked: <= 10 s quiet); each
    run beside a fixed pure-Python loop timed just before it, which says how quiet the machine was.
+7. Plain searches (``--only plain [--runs 3] [--setups NAME,...]``): ``autotune search`` through the
+   CLI with the default storage (a fresh ``results/autotune.db`` each run), the median of ``--runs``
+   runs of wall and of the process's CPU seconds side by side (on a shared machine the CPU seconds
+   hold where wall does not), on the setups of benchmarks/data/bench/ (README.md there): the four
+   mixed A100-40GB + V100-16GB setups of the peer planners' comparisons (OPT-350M and GPT-Neo-2.7B
+   as they define them, 8+8 and 16+16, fp16; asked: <= 1 s each), 128 devices of four types
+   (llama3-70b, 128k, b=16; asked: <= 5 s) and 1024 devices (b=128; asked: <= 20 s).
 
 Sections 1-3 run on in-memory studies (``:memory:``): those figures are the search itself.
 """
@@ -31,6 +38,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import time
+from pathlib import Path
 
 import optuna
 
@@ -283,11 +291,54 @@ def pool_search_cli(runs: int = 2) -> None:
           + " | ".join(out["left_out"] or ["nothing left out"]))
 
 
+BENCH = Path(__file__).parent / "data" / "bench"
+MIXED_16 = "sailor-a100-40x16-v100-16x16.yaml"
+# (name, model, cluster file under BENCH, seq, global batch, dtype or None, asked seconds); the 16+16
+# cluster is the 8+8 file with 8 devices per node (its README's rule), written beside it
+PLAIN_SETUPS = (
+    ("opt-350m 8+8", "opt-350m.yaml", "sailor-a100-40x8-v100-16x8.yaml", 2048, 1024, "fp16", 1.0),
+    ("opt-350m 16+16", "opt-350m.yaml", MIXED_16, 2048, 1024, "fp16", 1.0),
+    ("gpt-neo-2.7b 8+8", "gpt-neo-2.7b.yaml", "sailor-a100-40x8-v100-16x8.yaml", 2048, 2048, "fp16", 1.0),
+    ("gpt-neo-2.7b 16+16", "gpt-neo-2.7b.yaml", MIXED_16, 2048, 2048, "fp16", 1.0),
+    ("llama3-70b 128 devices", "llama3-70b", "four-types-128.yaml", 131072, 16, None, 5.0),
+    ("llama3-70b 1024 devices", "llama3-70b", "four-types-1024.yaml", 131072, 128, None, 20.0),
+)
+
+
+def plain_args(model: str, cluster: str, seq: int, batch: int, dtype: str | None) -> list[str]:
+    """``autotune search`` arguments of one setup (a model file of BENCH, or a catalogue name)."""
+    m = str(BENCH / model) if model.endswith(".yaml") else model
+    return ["-m", m, "-c", str(BENCH / cluster), "-s", str(seq), "-b", str(batch)] + (["--dtype", dtype] if dtype else [])
+
+
+def plain_cli(runs: int, only: str | None) -> None:
+    """Each setup's ``autotune search`` ``runs`` times in a fresh directory (the default storage):
+    median wall and CPU seconds, each run's, trials and the best plan's step time."""
+    import statistics
+    import tempfile
+
+    print(f"== 7. plain searches through the CLI, default storage (SQLite), median of {runs} ==")
+    for name, model, cl, seq, batch, dtype, asked in PLAIN_SETUPS:
+        if only and not any(k.strip() in name for k in only.split(",")):
+            continue
+        walls, cpus, out = [], [], {}
+        for _ in range(runs):
+            with tempfile.TemporaryDirectory() as tmp:
+                w, out = _cli(plain_args(model, cl, seq, batch, dtype), tmp)
+            walls.append(w)
+            cpus.append(out["_cpu_s"])
+        print(f"{name:24s} wall {statistics.median(walls):5.2f} s  CPU {statistics.median(cpus):5.2f} s  "
+              f"(asked <= {asked:g} s)  runs {' '.join(f'{w:.2f}/{c:.2f}' for w, c in zip(walls, cpus, strict=True))} (wall/CPU)  "
+              f"{out['trials']} trials, best {out['best']['predicted']['step_time_s']:.4g} s  [{load()}]", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--only", choices=("quality", "speed", "uneven", "storage", "cli", "pool"))
+    ap.add_argument("--only", choices=("quality", "speed", "uneven", "storage", "cli", "pool", "plain"))
     ap.add_argument("--pairs", type=int, default=2, help="storage: in-memory/default runs per case")
+    ap.add_argument("--runs", type=int, default=3, help="plain: runs per setup (the median is printed)")
+    ap.add_argument("--setups", default=None, help="plain: only the setups whose name holds one of these (a,b)")
     a = ap.parse_args()
     if a.only in (None, "quality"):
         quality(a.quick)
@@ -301,6 +352,8 @@ def main() -> None:
         storage(a.quick, a.pairs)
     if a.only in (None, "pool"):
         pool_search_cli()
+    if a.only in (None, "plain"):
+        plain_cli(a.runs, a.setups)
 
 
 if __name__ == "__main__":

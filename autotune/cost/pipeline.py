@@ -170,51 +170,60 @@ def _program(sched: Schedule, p: int, v: int, m: int) -> _Program:
     """Order the operations once per (schedule, p, v, m): sweep the ranks, each running its
     operations in the schedule's order until one waits for an operation not yet placed (the same
     sweep as timing them, with nothing timed). What runs when depends on the times, but which
-    operation waits for which does not, so every simulation of this shape reuses the order."""
+    operation waits for which does not, so every simulation of this shape reuses the order.
+
+    A search builds one per pipeline shape it prices (tens, at up to a thousand micro-batches and
+    eight chunks each): the placed operations are kept in flat lists indexed ``chunk * m +
+    micro-batch``, and each rank's order is walked as three columns (kind, chunk, micro-batch)."""
     n = p * v
     last = n - 1
-    orders = [sched.op_order(p, v, m, s) for s in range(p)]
-    f_at = [[-1] * m for _ in range(n)]
-    b_at = [[-1] * m for _ in range(n)]
-    w_at = [[-1] * m for _ in range(n)] if sched.splits_backward else None
+    f_at = [-1] * (n * m)
+    b_at = [-1] * (n * m)
+    w_at = [-1] * (n * m) if sched.splits_backward else None
+    cols = []
+    for s in range(p):
+        order = sched.op_order(p, v, m, s)
+        cols.append((s, [o[0] for o in order], [o[1] for o in order], [o[2] for o in order]))
     ops: list[tuple[int, int, int, int, int]] = []
+    add = ops.append
     ptr = [0] * p
-    remaining = sum(len(o) for o in orders)
+    remaining = sum(len(c[1]) for c in cols)
     while remaining:
         advanced = 0
-        for s in range(p):
-            order, k = orders[s], ptr[s]
-            while k < len(order):
-                kind, j, i = order[k]
+        for s, kinds, chunks, mbs in cols:
+            k = k0 = ptr[s]
+            size = len(kinds)
+            while k < size:
+                kind, j = kinds[k], chunks[k]
+                at = j * m + mbs[k]
                 if kind == F:
-                    dep, hop = (f_at[j - 1][i], j - 1) if j else (-2, last)
+                    dep, hop = (f_at[at - m], j - 1) if j else (-2, last)
                 elif kind != W:  # B or I: the input gradient of the next chunk (the last: its own F)
-                    dep, hop = (b_at[j + 1][i], j) if j < last else (f_at[j][i], last)
+                    dep, hop = (b_at[at + m], j) if j < last else (f_at[at], last)
                 else:
-                    assert w_at is not None
-                    dep, hop = b_at[j][i], last
+                    dep, hop = b_at[at], last  # type: ignore[index]
                 if dep == -1:
                     break
                 if kind == F:
-                    f_at[j][i] = len(ops)
+                    f_at[at] = len(ops)
                 elif kind != W:
-                    b_at[j][i] = len(ops)
+                    b_at[at] = len(ops)
                 else:
-                    assert w_at is not None
-                    w_at[j][i] = len(ops)
-                ops.append((s, kind, j, max(dep, -1), hop))
+                    w_at[at] = len(ops)  # type: ignore[index]
+                add((s, kind, j, dep if dep >= 0 else -1, hop))
                 k += 1
-            advanced += k - ptr[s]
+            advanced += k - k0
             ptr[s] = k
         if not advanced:  # pragma: no cover - a schedule whose order deadlocks is a bug here
             raise RuntimeError(f"pipeline schedule {sched.name} deadlocked (p={p}, v={v}, m={m})")
         remaining -= advanced
-    return _Program(tuple(ops), _frozen(f_at), _frozen(b_at), _frozen(w_at) if w_at is not None else None,
+    return _Program(tuple(ops), _rows(f_at, m), _rows(b_at, m), _rows(w_at, m) if w_at is not None else None,
                     tuple(sched.stage_rank(j, p, v) for j in range(n)))
 
 
-def _frozen(rows: list[list[int]]) -> tuple[tuple[int, ...], ...]:
-    return tuple(tuple(r) for r in rows)
+def _rows(flat: list[int], m: int) -> tuple[tuple[int, ...], ...]:
+    """``flat`` (indexed ``chunk * m + micro-batch``) as one tuple per chunk."""
+    return tuple(tuple(flat[c:c + m]) for c in range(0, len(flat), m))
 
 
 def simulate_chain(sched: Schedule, p: int, v: int, m: int, fwd: tuple[float, ...], bwd: tuple[float, ...],

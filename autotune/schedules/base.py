@@ -32,7 +32,8 @@ module in it, and ``__init_subclass__`` registers each class by its ``name``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from itertools import repeat
 from typing import Any, ClassVar, NamedTuple
 
 F, B, I, W = 0, 1, 2, 3  # noqa: E741 - torch.distributed.pipelining's letters
@@ -49,6 +50,12 @@ class Op(NamedTuple):
     kind: int
     stage: int
     microbatch: int
+
+
+def ops_of(kinds: Iterable[int], stages: Iterable[int], microbatches: Iterable[int]) -> list[Op]:
+    """``[Op(k, s, i) for k, s, i in zip(...)]`` built without a Python call per operation (what
+    ``Op(...)`` costs: a search builds orders of up to a thousand micro-batches per pipeline shape)."""
+    return list(map(tuple.__new__, repeat(Op), zip(kinds, stages, microbatches, strict=True)))
 
 
 class Schedule:

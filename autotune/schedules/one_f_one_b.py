@@ -9,8 +9,9 @@ Holds ``min(p - s, m)`` micro-batches on rank s; bubble ``(p-1)/(m+p-1)``. torch
 from __future__ import annotations
 
 from functools import lru_cache
+from itertools import repeat
 
-from autotune.schedules.base import B, F, Op, Schedule
+from autotune.schedules.base import B, F, Op, Schedule, ops_of
 
 
 class OneFOneB(Schedule):
@@ -38,9 +39,8 @@ class OneFOneB(Schedule):
 @lru_cache(maxsize=1024)
 def _order(p: int, m: int, s: int) -> tuple[Op, ...]:
     warm = min(p - s - 1, m)
-    order = [Op(F, s, i) for i in range(warm)]
-    for k in range(m - warm):
-        order.append(Op(F, s, warm + k))
-        order.append(Op(B, s, k))
-    order += [Op(B, s, i) for i in range(m - warm, m)]
-    return tuple(order)
+    fwd = ops_of(repeat(F, m), repeat(s, m), range(m))
+    bwd = ops_of(repeat(B, m), repeat(s, m), range(m))
+    steady = [None] * (2 * (m - warm))
+    steady[0::2], steady[1::2] = fwd[warm:], bwd[:m - warm]  # one forward, one backward
+    return tuple(fwd[:warm] + steady + bwd[m - warm:])

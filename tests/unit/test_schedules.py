@@ -155,3 +155,20 @@ def test_closed_form_in_flight_matches_the_walk_of_the_order(name):
         for m in (1, 2, 4, 7, 16):
             for s in range(p):
                 assert sched.in_flight(p, 1, m, s, (3,)) == Schedule.in_flight(sched, p, 1, m, s, (3,)), (p, m, s)
+
+
+def test_interleaved_in_flight_matches_the_walk_of_the_order():
+    """Interleaved 1F1B's in_flight (prefix sums) against Schedule.in_flight's walk of op_order, with
+    chunks of different layer counts (what the cost model's memory asks) and the stage program's ones."""
+    from autotune.schedules import get_schedule
+    from autotune.schedules.base import Schedule
+
+    sched = get_schedule("interleaved_1f1b")
+    for p in (2, 3, 4, 5, 8):
+        for v in (2, 3, 4):
+            for m in (p, 2 * p, 3 * p, 8 * p):
+                for layers in ((1,) * v, tuple(range(1, v + 1)), tuple(range(2 * v, v, -1))):
+                    for s in range(p):
+                        got = sched.in_flight(p, v, m, s, layers)
+                        assert got == Schedule.in_flight(sched, p, v, m, s, layers), (p, v, m, s, layers)
+                        assert all(type(x) is int for x in got)
