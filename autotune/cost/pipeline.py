@@ -20,7 +20,8 @@ out as ``(p-1)/(m+p-1)`` (tests/unit/test_cost_pipeline.py), and a slow stage se
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property, lru_cache
+from functools import cached_property, lru_cache, reduce
+from operator import add
 from typing import Any
 
 from autotune.schedules import B, F, I, Op, Schedule, W, as_schedule
@@ -164,6 +165,25 @@ class _Program:
     w_at: tuple[tuple[int, ...], ...] | None
     rank_of: tuple[int, ...]
 
+    @cached_property
+    def steps(self) -> tuple[tuple[tuple[int, int, int, int], ...], tuple[int, ...], tuple[tuple[int, ...], ...]]:
+        """What ``simulate_chain`` walks, derived once per shape: per operation (1 + the index of the
+        rank's previous operation or 0, 1 + the index of the operation it waits for or 0, the hop
+        index, ``kind * p * v + chunk``: its seconds' index in the concatenated per-kind times); per
+        rank 1 + the index of its last operation (0: none); per rank the seconds' indices of its
+        operations in order."""
+        n = len(self.rank_of)
+        prev: dict[int, int] = {}
+        walk = []
+        durs: dict[int, list[int]] = {}
+        for k, (s, kind, j, dep, h) in enumerate(self.ops):
+            walk.append((prev.get(s, 0), dep + 1, h, kind * n + j))
+            prev[s] = k + 1
+            durs.setdefault(s, []).append(kind * n + j)
+        ranks = max(self.rank_of) + 1
+        return (tuple(walk), tuple(prev.get(s, 0) for s in range(ranks)),
+                tuple(tuple(durs.get(s, ())) for s in range(ranks)))
+
 
 @lru_cache(maxsize=256)
 def _program(sched: Schedule, p: int, v: int, m: int) -> _Program:
@@ -238,27 +258,27 @@ def simulate_chain(sched: Schedule, p: int, v: int, m: int, fwd: tuple[float, ..
     if sched.splits_backward and wgt is None:
         raise ValueError(f"schedule {sched.name} splits the backward: give wgt, the weight-gradient seconds")
     prog = _program(sched, p, v, m)
+    walk, last_of, rank_durs = prog.steps
     rank_of = prog.rank_of
     hop = tuple(0.0 if rank_of[j] == rank_of[j + 1] else p2p[j] for j in range(n - 1))
     hops = hop + (0.0,)  # index n - 1: no hop (adding 0.0 leaves a time as it is)
-    igr = tuple(bwd[j] - wgt[j] for j in range(n)) if wgt is not None else bwd
-    seconds = (fwd, bwd, igr, wgt)  # by operation kind: F, B, I, W
-    ends = [0.0] * len(prog.ops)
-    free = [0.0] * p
-    busy = [0.0] * p
-    for k, (s, kind, j, dep, h) in enumerate(prog.ops):
-        t = free[s]
-        if dep >= 0:
-            arrive = ends[dep] + hops[h]
-            if arrive > t:
-                t = arrive
-        d = seconds[kind][j]
-        t += d
-        busy[s] += d
-        free[s] = t
-        ends[k] = t
-    return Simulation(schedule=sched, p=p, v=v, m=m, program=prog, ends=ends, fwd=fwd, bwd=bwd, p2p=hop, wgt=wgt,
-                      rank_finish=free, rank_busy=busy, makespan=max(free))
+    igr = [bwd[j] - wgt[j] for j in range(n)] if wgt is not None else bwd
+    seconds = [*fwd, *bwd, *igr, *(wgt or ())]  # by kind * n + chunk: F, B, I, W
+    # ends[0] = 0.0 stands for "no operation": a rank's first operation starts at 0, one with no
+    # dependency waits for 0.0 + hops[n - 1] = 0.0 (every time is >= 0, so it never moves one)
+    ends = [0.0]
+    end = ends.append
+    for before, dep, h, d in walk:
+        t = ends[before]
+        arrive = ends[dep] + hops[h]
+        if arrive > t:
+            t = arrive
+        end(t + seconds[d])
+    free = [ends[k] for k in last_of]
+    # each rank's busy seconds summed in the order it runs its operations (as a running total would)
+    busy = [reduce(add, map(seconds.__getitem__, idx), 0.0) for idx in rank_durs]
+    return Simulation(schedule=sched, p=p, v=v, m=m, program=prog, ends=ends[1:], fwd=fwd, bwd=bwd, p2p=hop,
+                      wgt=wgt, rank_finish=free, rank_busy=busy, makespan=max(free))
 
 
 @lru_cache(maxsize=2048)
