@@ -29,12 +29,21 @@ def ring_blocks(tokens: tuple[int, ...], index: int, zigzag: bool, seq_len: int)
     the rule of ``autotune/runtime/ring_attention.py:_pairs`` over the segments of
     ``autotune/runtime/attention.py:shard_segments`` (zigzag: a front and a mirrored back segment).
     Memoised (an immutable answer of hashable arguments): every estimate of a CP layout asks it
-    for each shard, O(cp^2) pairs each (measured: 6% of a 128-device search, where cp reaches 32)."""
-    segs = segments(tokens, zigzag, seq_len)
-    out = []
-    for qs, ql in segs[index]:
-        for ksegs in segs:
-            for ks, kl in ksegs:
-                if ql and kl and ks < qs + ql:
-                    out.append((ql, kl, not (ks + kl <= qs + 1)))
+    for each shard, O(cp) key segments each, and the segments once per layout (``_layout``):
+    measured 6% of a 128-device search and a third of a 1,024-device one's estimates, where cp
+    reaches 1,024."""
+    own, keys = _layout(tokens, zigzag, seq_len)
+    out: list[tuple[int, int, bool]] = []
+    for qs, ql in own[index]:
+        if ql:  # a key is visible when it starts before the query segment ends; causal unless all before it
+            end, first = qs + ql, qs + 1
+            out += [(ql, kl, ks + kl > first) for ks, kl in keys if ks < end]
     return tuple(out)
+
+
+@lru_cache(maxsize=256)
+def _layout(tokens: tuple[int, ...], zigzag: bool, seq_len: int
+            ) -> tuple[tuple[tuple[tuple[int, int], ...], ...], tuple[tuple[int, int], ...]]:
+    """(each CP rank's segments, every non-empty key segment in rank order): ``segments`` once per layout."""
+    segs = segments(tokens, zigzag, seq_len)
+    return tuple(tuple(x) for x in segs), tuple((ks, kl) for ksegs in segs for ks, kl in ksegs if kl)
