@@ -132,13 +132,33 @@ def admissible(obj: Objective, attrs: dict[str, Any]) -> bool:
     return True
 
 
-def sort_key(obj: Objective, value: float | None, attrs: dict[str, Any]) -> tuple[float, float]:
-    """Smaller first: the objective's figure, then the other one."""
-    tok = -(value or 0.0)
+def figure_key(obj: Objective, slowness: float, cost: float | None) -> tuple[float, float]:
+    """The objective's one ordering, smaller first: its figure, then the other one. ``slowness`` is
+    anything that grows as the step slows (the step time, minus the tokens/s); ``cost`` as
+    ``cost_of`` reads it (None: unknown, last under the cost objective)."""
     if obj.kind == "cost":
-        c = cost_of(attrs)
-        return (c if c is not None else float("inf"), tok)
-    return (tok, cost_of(attrs) or 0.0)
+        return (cost if cost is not None else float("inf"), slowness)
+    return (slowness, cost or 0.0)
+
+
+def sort_key(obj: Objective, value: float | None, attrs: dict[str, Any]) -> tuple[float, float]:
+    """Smaller first: the objective's figure, then the other one (``value``: tokens/s)."""
+    return figure_key(obj, -(value or 0.0), cost_of(attrs))
+
+
+def cost_at(attrs: dict[str, Any], step_s: float) -> dict[str, Any]:
+    """``attrs`` with its cost figures (``figures``) at another step time of the same plan (measured
+    or calibrated): those per step and per token scale with the step, the hourly price and the
+    devices do not. Unchanged without a predicted step or cost figures."""
+    pred, c = step_of(attrs), attrs.get("cost")
+    if not pred or not isinstance(c, dict):
+        return attrs
+    r = step_s / pred
+    return {**attrs, "cost": {k: (v * r if k in _PER_STEP and isinstance(v, (int, float)) else v) for k, v in c.items()}}
+
+
+_PER_STEP = ("per_step", "per_mtok", "device_hours_per_mtok")
+"""The cost figures that scale with the step time (``figures``)."""
 
 
 def of_study(study: Any) -> Objective:

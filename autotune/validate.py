@@ -39,6 +39,7 @@ from typing import Any
 
 from autotune.errors import InputError, WorkError
 from autotune.machines import Machine, check_machines, runtime_version, this_machine
+from autotune.objective import cost_at, of_study, sort_key
 from autotune.plan import Plan
 from autotune.plan_record import PlanRecord
 from autotune.study import (
@@ -213,20 +214,29 @@ def calibrate_runs(runs: list[dict[str, Any]], cluster: Any,
 def leave_one_out(runs: list[dict[str, Any]], cluster: Any,
                   step_of: Callable[[dict[str, Any], dict], float | None]) -> list[float | None]:
     """Held-out error of each run: (calibrated - measured) / measured with the calibration fitted on
-    the *other* runs only, i.e. the error a plan that took no part in the fit sees. None where the
-    calibrated model cannot price the run; all None with fewer than 2 runs."""
-    if len(runs) < 2:
-        return [None] * len(runs)
+    the runs of *other* plans only, i.e. the error a plan that took no part in the fit sees: its
+    twins (``_twin``: the same layout at the same price, e.g. the same plan measured twice) are held
+    out with it. None where the calibrated model cannot price the run or every run is its twin."""
     out: list[float | None] = []
-    for i, r in enumerate(runs):
-        cal = calibrate_runs(runs[:i] + runs[i + 1:], cluster, step_of)
+    for r in runs:
+        others = [q for q in runs if _twin(q) != _twin(r)]
+        if not others:
+            out.append(None)
+            continue
+        cal = calibrate_runs(others, cluster, step_of)
         out.append(_rel_error(step_of(r, cal), r["measured"]["step_time_s"]))
     return out
 
 
+def _twin(run: dict[str, Any]) -> tuple[Any, Any]:
+    """What makes two runs one plan to the fit: the same layout (``Plan.layout``) priced the same."""
+    return run["plan"].layout(), (run.get("predicted") or {}).get("step_time_s")
+
+
 def held_out_errors(runs: list[dict[str, Any]], cluster: Any,
                     step_of: Callable[[dict[str, Any], dict], float | None]) -> list[float]:
-    """|leave-one-out error| of every run that has one (empty with fewer than 2 runs)."""
+    """|leave-one-out error| (``leave_one_out``: by plan) of every run that has one (empty with fewer
+    than 2 plans)."""
     return [abs(e) for e in leave_one_out(runs, cluster, step_of) if e is not None]
 
 
@@ -326,7 +336,7 @@ def validate(study_name: str, storage: str, *, options: ValidateOptions | None =
     study.set_user_attr("calibration", cal)
     study.set_user_attr("calibration_measured", key)
     study.set_user_attr("calibration_errors", out["calibration_errors"])
-    out["reranked"] = _rerank(ranked, precision, cal, calibrated_step, seq_len, global_batch)
+    out["reranked"] = _rerank(study, ranked, precision, cal, calibrated_step, seq_len, global_batch)
     study.set_user_attr("calibrated_ranking", [x["trial"] for x in out["reranked"]])
     _store_best(study, out, measured_here, rows)
     return out
@@ -347,8 +357,11 @@ def _report(study_name: str, measured_on: dict[str, Any], rows: list[dict[str, A
 def _store_best(study: Any, out: dict[str, Any], measured_here: list[dict[str, Any]],
                 rows: list[dict[str, Any]]) -> None:
     """The best measured plan into the report and the study, with the trials validated."""
-    # every run here was measured on the study's own cluster (checked above), whatever its precision
-    best = max(measured_here, key=lambda r: r["measured"]["tokens_per_s"])
+    # every run here was measured on the study's own cluster (checked above), whatever its precision;
+    # ranked by the study's objective (autotune/objective.py), its cost figures at the measured step
+    obj, trials = of_study(study), {t.number: t for t in study.get_trials(deepcopy=False)}
+    best = min(measured_here, key=lambda r: sort_key(obj, r["measured"]["tokens_per_s"], cost_at(
+        trials[r["row"]["trial"]].user_attrs, r["measured"]["step_time_s"])))
     out["best_measured"] = {**best["row"]["plan"], "predicted": best["predicted"]}
     out["best_measured_trial"] = best["row"]["trial"]
     study.set_user_attr("best_measured_trial", best["row"]["trial"])
@@ -490,10 +503,11 @@ def _calibrate(out: dict[str, Any], runs: list[dict[str, Any]], cluster: Any,
     return cal
 
 
-def _rerank(ranked: list[tuple[Any, Plan]], precision: str, cal: dict[str, dict[str, float]],
+def _rerank(study: Any, ranked: list[tuple[Any, Plan]], precision: str, cal: dict[str, dict[str, float]],
             calibrated_step: Callable[[Plan, dict | None], float], seq_len: int, global_batch: int
             ) -> list[dict[str, Any]]:
-    """The best predicted plans re-ranked under the calibration (plans of another precision uncalibrated)."""
+    """The best predicted plans re-ranked under the calibration (plans of another precision
+    uncalibrated), by the study's objective (``objective.sort_key``) at the calibrated step."""
     reranked = []
     for t, plan in ranked[:RERANK]:
         applies = plan.dtype == precision
@@ -502,5 +516,7 @@ def _rerank(ranked: list[tuple[Any, Plan]], precision: str, cal: dict[str, dict[
             reranked.append({"trial": t.number, "degrees": plan.degrees.inline(), "calibrated_step_time_s": s,
                              "calibrated_tokens_per_s": global_batch * seq_len / s, "calibrated": applies,
                              "predicted_tokens_per_s": trial_record(t).tokens_per_s()})
-    reranked.sort(key=lambda x: -x["calibrated_tokens_per_s"])
+    obj, attrs = of_study(study), {t.number: t.user_attrs for t, _ in ranked[:RERANK]}
+    reranked.sort(key=lambda x: sort_key(obj, x["calibrated_tokens_per_s"],
+                                         cost_at(attrs[x["trial"]], x["calibrated_step_time_s"])))
     return reranked

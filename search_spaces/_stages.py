@@ -56,6 +56,8 @@ class Option:
     """What the embedding and the LM head add to the stages that hold them, per micro-batch."""
     layer_states: float
     """Bytes of one layer's weights, gradients and optimizer states on one rank (ZeRO-1 over dp: /dp)."""
+    layer_optimizer: float
+    """The optimizer states' part of ``layer_states`` (what ZeRO-1 shards)."""
     layer_act: float
     """Bytes of one layer's activations for one micro-batch in flight."""
     ends_states: float
@@ -112,7 +114,8 @@ def option_costs(ctx: Any, knobs: tuple, cache: dict) -> list[Option]:
         states = lambda m: m["weights"] + m["gradients"] + m["optimizer"]  # noqa: E731
         layer_states = states(m2) - states(m1)
         out.append(Option(group=gi, tp=t, name=name, slots=slots, layer_s=t2 - t1, head_s=max(0.0, 2 * t1 - t2),
-                          layer_states=layer_states, layer_act=m2["activations"] - m1["activations"],
+                          layer_states=layer_states, layer_optimizer=m2["optimizer"] - m1["optimizer"],
+                          layer_act=m2["activations"] - m1["activations"],
                           ends_states=max(0.0, states(m1) - layer_states), logits=m1["logits"],
                           fixed=m1["reserve"], capacity=ctx.cluster.groups[gi].device.memory_bytes))
     cache[knobs] = out
@@ -349,9 +352,10 @@ def _samples(gbs: int, mbs: int, dp: int) -> Any:
 
 
 def _opt_share(o: Option) -> float:
-    """The optimizer states' part of a layer's states (12 of the 18 bytes a parameter of Adam with
-    fp32 masters and gradients; ZeRO-1 shards it over the replicas)."""
-    return o.layer_states * 12 / 18
+    """The optimizer states' part of a layer's states (ZeRO-1 shards it over the replicas): the cost
+    model's own optimizer term of the layer (``memory.state_bytes_per_param``: 12 of 18 bytes a
+    parameter under 16-bit compute, 8 of 16 in fp32)."""
+    return o.layer_optimizer
 
 
 def _sync_s(ctx: Any, c: Composition, n: list[int], zero: int) -> float:
@@ -366,15 +370,11 @@ def _sync_s(ctx: Any, c: Composition, n: list[int], zero: int) -> float:
     for s, o in enumerate(c.stages):
         devs = [o.slots[i][0] for i in range(min(len(o.slots), c.dp))]
         link = topo.ring_link(devs)  # the cost model's link for a ring over replicas (multi-rail across nodes)
-        nbytes = 4 * n[s] * _layer_params(ctx.model) / o.tp
+        nbytes = 4 * n[s] * ctx.model.layer_params() / o.tp
         coll = collectives_for(ctx.cluster.groups[o.group].device)
         t = coll.all_reduce(link, c.dp, nbytes)
         worst = max(worst, t)
     return worst
 
 
-def _layer_params(model: Any) -> float:
-    h, f = model.hidden, model.ffn_hidden
-    kv = model.kv_heads * model.head_dim
-    return 2 * h * h + 2 * h * kv + model.mlp_matrices * h * f
 

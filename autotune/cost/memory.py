@@ -79,14 +79,39 @@ RESERVE_FRACTION = 0.05
 
 
 def state_bytes_per_param(dtype: str) -> tuple[float, float, float]:
-    """(weights, gradients, optimizer states) bytes per parameter. Under an FP8 dtype the weights
-    are kept twice (Transformer Engine's default "dual precision" weights: the bf16 weight plus its
-    FP8 copy and that copy's transpose for the backward, cached over a step's micro-batches, as
-    Megatron runs TE with ``is_first_microbatch``): 2 + 1 + 1 bytes."""
-    if dtype.startswith("fp32"):
+    """(weights, gradients, optimizer states) bytes per parameter with Adam: the one rule every
+    figure of model states asks (``model_states``; the stage program's ZeRO-1 share, ``optimizer_share``;
+    the pool's smallest subset, ``sharded_bytes_per_param``). Under 16-bit compute: weights in the
+    compute dtype, gradients in ``grad_reduce_dtype`` (fp32), optimizer states the fp32 master and
+    Adam's two moments (12); in fp32 the weights are the master (optimizer: the two moments, 8).
+    Under an FP8 dtype the weights are kept twice (Transformer Engine's default "dual precision"
+    weights: the bf16 weight plus its FP8 copy and that copy's transpose for the backward, cached
+    over a step's micro-batches, as Megatron runs TE with ``is_first_microbatch``): 2 + 1 + 1 bytes."""
+    if master_is_weight(dtype):
         return 4.0, 4.0, 8.0
     weights = 4.0 if dtype in FP8_RECIPES else 2.0
     return weights, float(DTYPE_BYTES[grad_reduce_dtype(dtype)]), 12.0
+
+
+def master_is_weight(dtype: str) -> bool:
+    """In fp32 the weights are the fp32 master copy the optimizer updates (no separate master)."""
+    return dtype.startswith("fp32")
+
+
+def optimizer_share(dtype: str) -> float:
+    """The optimizer states' part of a parameter's model states (what ZeRO-1 shards): 12/18 under
+    16-bit compute, 8/16 in fp32, 12/20 under FP8."""
+    w, g, o = state_bytes_per_param(dtype)
+    return o / (w + g + o)
+
+
+def sharded_bytes_per_param(dtype: str) -> float:
+    """Model-state bytes a parameter when ZeRO-3 shards every state (``model_states`` with sharded
+    weights, less the gathered working set): gradients and optimizer states, plus the weights where
+    they are the master (under 16-bit compute FSDP2's one sharded copy is the master the optimizer
+    states count). 16 bytes in every dtype."""
+    w, g, o = state_bytes_per_param(dtype)
+    return (w if master_is_weight(dtype) else 0.0) + g + o
 
 
 def model_states(params: float, dtype: str, zero_stage: int, shard: int, layer_params: float,
@@ -103,7 +128,7 @@ def model_states(params: float, dtype: str, zero_stage: int, shard: int, layer_p
         # FSDP2 keeps one sharded copy of each weight, the fp32 parameter: under 16-bit compute that
         # is the master the optimizer term counts, and only the gathered working set (current and
         # prefetched block) is held in the compute dtype
-        weights = 2 * layer_params * w + (params * w / n if o == 8.0 else 0.0)
+        weights = 2 * layer_params * w + (params * w / n if master_is_weight(dtype) else 0.0)
     else:
         weights = params * w
     grads = params * g / (n if zero_stage >= 2 and not grads_unsharded else 1)

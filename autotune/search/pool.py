@@ -38,7 +38,7 @@ from collections.abc import Callable
 from typing import Any
 
 from autotune.errors import InputError, WorkError
-from autotune.objective import STUDY_KEY, Objective, admissible, cost_of, figures, step_of
+from autotune.objective import STUDY_KEY, Objective, admissible, cost_of, figure_key, figures, step_of
 from autotune.search.options import DEFAULT_TRIALS, POLISH_FACTOR, SearchOptions, SearchResult, check_options
 from autotune.search.phases import run_baselines, run_polish, run_sampler, run_starts
 from autotune.search.pricing import Evaluator, Outcome, plan_dict
@@ -49,15 +49,17 @@ SMALL_POOL = 16  # devices: every candidate subset gets the whole search
 REFINE = 3  # subsets refined on a larger pool
 MIN_SCREEN = 24  # cost-model calls a subset's screening may spend at least
 MIN_POLISH = 100  # a refined subset's balanced starts and polish calls at least
-ADAM_STATE_BYTES = 16  # per parameter, fully sharded: bf16/fp16 weights and gradients, fp32 master + Adam
 
 
 def uses_key(uses: tuple[int, ...]) -> str:
     return P.uses_text(uses)
 
 
-def candidates(pool: Any, model: Any, obj: Objective) -> tuple[list[tuple[int, ...]], list[str]]:
-    """The subsets to search, most devices first, and notes on what was left unsearched and why."""
+def candidates(pool: Any, model: Any, obj: Objective, dtype: str = "bf16") -> tuple[list[tuple[int, ...]], list[str]]:
+    """The subsets to search, most devices first, and notes on what was left unsearched and why (a
+    subset whose memory cannot hold the model states fully sharded in ``dtype``: ``memory.sharded_bytes_per_param``)."""
+    from autotune.cost.memory import sharded_bytes_per_param
+
     ranges = P.choices(pool)
     notes = []
     size = math.prod(len(r) for r in ranges)
@@ -73,7 +75,8 @@ def candidates(pool: Any, model: Any, obj: Objective) -> tuple[list[tuple[int, .
                      + "; ".join(f"{g.device.name} {'/'.join(map(str, r))}" for g, r in zip(pool.groups, ranges,
                                                                                           strict=True)))
     out, over, small = [], 0, 0
-    need = ADAM_STATE_BYTES * model.param_count()
+    state_bytes = sharded_bytes_per_param(dtype)
+    need = state_bytes * model.param_count()
     for uses in itertools.product(*ranges):
         if not any(uses):
             continue
@@ -89,7 +92,7 @@ def candidates(pool: Any, model: Any, obj: Objective) -> tuple[list[tuple[int, .
         notes.append(f"{over} subsets cost more than the budget ({obj.budget:g}{obj.currency}/h): not searched")
     if small:
         notes.append(f"{small} subsets hold less memory than the model's weights, gradients and Adam states "
-                     f"({ADAM_STATE_BYTES} bytes a parameter) fully sharded: not searched")
+                     f"({state_bytes:g} bytes a parameter) fully sharded: not searched")
     out.sort(key=lambda u: (-P.devices_of(pool, u), u))
     return out, notes
 
@@ -185,7 +188,7 @@ class _PoolRun:
 
         t0 = time.monotonic()
         deadline = t0 + self.opts.timeout_s if self.opts.timeout_s else None
-        subsets, notes = candidates(self.pool, self.model, self.obj)
+        subsets, notes = candidates(self.pool, self.model, self.obj, self.opts.dtype)
         self.notes += notes
         if not subsets:
             raise WorkError("no subset of the pool can be searched: " + "; ".join(notes))
@@ -288,7 +291,7 @@ class _PoolRun:
 
 
 def _objective_key(obj: Objective, step: float, cost: float | None) -> tuple[float, float]:
-    return (cost if cost is not None else math.inf, step) if obj.kind == "cost" else (step, cost or 0.0)
+    return figure_key(obj, step, cost)  # the objective's one ordering (autotune/objective.py)
 
 
 def _best_of(rows: list[Any], obj: Objective) -> tuple[float, float | None] | None:

@@ -85,7 +85,7 @@ def test_program_reaches_99_percent_of_every_per_stage_plan(mbs, recompute, zero
 def test_split_layers_is_the_min_max_partition():
     """The bisection's split against every split of the layers (same composition, memory unbounded)."""
     opt = lambda s, h: P.Option(group=0, tp=1, name="x", slots=((0,),) * 4, layer_s=s, head_s=h,  # noqa: E731
-                                layer_states=0.0, layer_act=0.0, ends_states=0.0, logits=0.0, fixed=0.0,
+                                layer_states=0.0, layer_optimizer=0.0, layer_act=0.0, ends_states=0.0, logits=0.0, fixed=0.0,
                                 capacity=1.0)
     c = P.Composition(dp=1, stages=(opt(3.0, 0.0), opt(1.0, 0.0), opt(2.0, 5.0)))
     n, _ = P.split_layers(c, 12, 1, 8, [1.0, 1.0, 1.0])
@@ -102,7 +102,8 @@ def test_split_layers_binary_search_matches_every_split_under_memory_caps():
     for _ in range(200):
         p, layers, v = rng.randint(1, 4), rng.randint(4, 14), rng.choice((1, 1, 2))
         stages = tuple(P.Option(group=0, tp=1, name="x", slots=((0,),) * 4, layer_s=rng.choice((0.5, 1.0, 1.5, 3.0)),
-                                head_s=rng.choice((0.0, 2.0)), layer_states=1.0, layer_act=0.0, ends_states=0.0,
+                                head_s=rng.choice((0.0, 2.0)), layer_states=1.0, layer_optimizer=0.0, layer_act=0.0,
+                                ends_states=0.0,
                                 logits=0.0, fixed=0.0, capacity=float(rng.randint(2, 12)))
                        for _ in range(p))
         c = P.Composition(dp=1, stages=stages)
