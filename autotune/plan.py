@@ -463,6 +463,11 @@ _INLINE_ALIASES = {"mbs": "micro_batch_size", "nmb": "num_microbatches", "vpp": 
                    "zero": "zero_stage", "sp": "sequence_parallel"}
 
 
+_INLINE_KEYS = (*_INLINE_DIMS, *_INLINE_ALIASES, "schedule", "recompute", "cp_layout", "dtype", "layers", "tokens",
+                "heads", "samples", "experts", "doc_mask", "balance", "uses")
+"""Every key an inline plan takes (the nearest is suggested for one it does not)."""
+
+
 def parse_inline(text: str) -> Plan:
     """``dp=32,pp=2,tp=8`` (plus optional ``mbs=2,schedule=gpipe,recompute=full,zero=1,sp=1``, and the
     expert degrees ``ep=8,etp=1``), and uneven shares as ``/``-separated lists: ``pp=2,layers=13/19``
@@ -505,12 +510,7 @@ def parse_inline(text: str) -> Plan:
         elif key in ("schedule", "recompute", "cp_layout", "dtype", "balance"):
             rest[key] = value
         else:
-            raise PlanError(f"unknown inline plan key {key!r}" + suggest(key, [*_INLINE_DIMS, *_INLINE_ALIASES,
-                                                                               "schedule", "recompute",
-                                                                               "cp_layout", "dtype", "layers",
-                                                                               "tokens", "heads", "samples",
-                                                                               "experts", "doc_mask", "balance", "uses"]),
-                            field="plan")
+            raise PlanError(f"unknown inline plan key {key!r}" + suggest(key, _INLINE_KEYS), field="plan")
     if shares:
         rest["shares"] = shares
     return Plan.from_dict({"degrees": degrees, **rest}, source="--plan")
