@@ -124,7 +124,7 @@ def resolve(o: ApplyOptions) -> Resolved:
     return Resolved(record, plan, ctx)
 
 
-def price(plan: Plan, ctx: ExportContext, force: bool) -> PlanRecord:
+def price(plan: Plan, ctx: ExportContext, force: bool, kernels: Any = None) -> PlanRecord:
     """The plan priced on the cluster it is exported for, never with the prediction it carried in (a
     file can hold a stale or hand-edited ``predicted``). No cluster given: no prediction at all,
     rather than figures for a cluster nobody has. What the cluster cannot run (a device it lacks, a
@@ -132,7 +132,7 @@ def price(plan: Plan, ctx: ExportContext, force: bool) -> PlanRecord:
     that does not fit in memory is refused too unless ``--force``."""
     if ctx.cluster_assumed:
         return PlanRecord(plan)
-    priced, _ = predict(plan, ctx)
+    priced, _ = predict(plan, ctx, kernels=kernels)  # as the target runs it (its exporter's KERNELS)
     p = priced.predicted or {}
     if p.get("feasible") is False and not force:
         raise InputError(f"the plan does not fit {ctx.cluster.name}: {p.get('infeasible_reason')}; pass --force "
@@ -146,7 +146,8 @@ def export_plan(o: ApplyOptions, r: Resolved) -> Exported:
     # priced afresh on the cluster it is exported for (the file's or trial's prediction is not carried);
     # where the plan came from is, and what was measured unless it ran in another precision
     measured = r.record.measured if r.plan.dtype == r.record.plan.dtype else None
-    priced = price(r.plan, r.ctx, o.force).replace(measured=measured, provenance=r.record.provenance)
+    kernels = getattr(exporter(o.fmt), "KERNELS", None)
+    priced = price(r.plan, r.ctx, o.force, kernels).replace(measured=measured, provenance=r.record.provenance)
     result = export(priced, r.ctx, o.fmt)
     written = None
     if o.output:

@@ -213,8 +213,10 @@ def even_experts(plan: Plan, ctx: ExportContext, etps: Iterable[int] | None = No
 
 
 # ---- nearest expressible plan -------------------------------------------------------------------
-def predict(plan: Plan, ctx: ExportContext) -> tuple[PlanRecord, str]:
-    """``plan`` resolved, with ``predicted`` from the cost model, and a note on what it was priced on."""
+def predict(plan: Plan, ctx: ExportContext, kernels: Any = None) -> tuple[PlanRecord, str]:
+    """``plan`` resolved, with ``predicted`` from the cost model as ``kernels``' runtime runs it (an
+    exporter's ``KERNELS``: the figures ``estimate --target`` and ``search --target`` give; None:
+    autotune's own runtime), and a note on what it was priced on."""
     from autotune.cost import estimate  # imported lazily (the CLI starts faster)
 
     if ctx.cluster_assumed:
@@ -222,15 +224,19 @@ def predict(plan: Plan, ctx: ExportContext) -> tuple[PlanRecord, str]:
     else:
         note = ""
     # no catch-all: a cost model that fails is an error with its message, not an export without figures
-    est = estimate(plan, ctx.model, ctx.cluster, ctx.seq_len, ctx.global_batch, calibration=ctx.calibration)
+    est = estimate(plan, ctx.model, ctx.cluster, ctx.seq_len, ctx.global_batch, calibration=ctx.calibration,
+                   kernels=kernels)
     return PlanRecord(est.plan, predicted=est.predicted), note
 
 
 def nearest_expressible(exporter: Exporter, plan: Plan, ctx: ExportContext,
-                        price: Callable[[Plan, ExportContext], tuple[PlanRecord, str]] = predict
+                        price: Callable[[Plan, ExportContext], tuple[PlanRecord, str]] | None = None
                         ) -> tuple[PlanRecord | None, str]:
     """The fastest (by predicted tokens/s, else the first) candidate that resolves and that the
-    target accepts; ``None`` when no candidate does."""
+    target accepts, priced as the target runs it (its ``KERNELS``); ``None`` when no candidate does."""
+    if price is None:
+        def price(p: Plan, c: ExportContext) -> tuple[PlanRecord, str]:
+            return predict(p, c, kernels=getattr(exporter, "KERNELS", None))
     seen: set[str] = set()
     accepted: list[Plan] = []
     for cand in exporter.candidates(plan, ctx):

@@ -57,7 +57,8 @@ def test_refusal_prices_the_nearest_plan_with_the_cost_model():
 
 def test_predict_calls_the_cost_model_contract(monkeypatch):
     """Plumbing only (the figures are the stub's): estimate(plan, model, cluster, seq, batch,
-    calibration=) is called with the study's calibration and its Estimate.plan/.predicted come back."""
+    calibration=, kernels=) is called with the study's calibration and, for a target's nearest plan,
+    the target's kernel costs; its Estimate.plan/.predicted come back."""
     import sys
     import types
 
@@ -70,8 +71,8 @@ def test_predict_calls_the_cost_model_contract(monkeypatch):
             self.plan = plan
             self.predicted = {"step_time_s": 2.0, "tokens_per_s": 2048.0, "feasible": True}
 
-    def estimate(plan, model, cluster, seq_len, global_batch, *, calibration=None):
-        calls.append((model.name, cluster.num_devices, seq_len, global_batch, calibration))
+    def estimate(plan, model, cluster, seq_len, global_batch, *, calibration=None, kernels=None):
+        calls.append((model.name, cluster.num_devices, seq_len, global_batch, calibration, kernels))
         return Est(plan)
 
     if "autotune.cost" not in sys.modules:
@@ -85,7 +86,10 @@ def test_predict_calls_the_cost_model_contract(monkeypatch):
                         calibration=cal)
     plan = Plan(degrees=Degrees(cp=2, dp=4), shares=Shares(tokens=(160, 96))).resolve(ctx.model, ctx.cluster, 256, 16)
     priced, _ = predict(plan, ctx)
-    assert priced.predicted["tokens_per_s"] == 2048.0 and calls[0] == ("small", 8, 256, 16, cal)
+    assert priced.predicted["tokens_per_s"] == 2048.0 and calls[0] == ("small", 8, 256, 16, cal, None)
     with pytest.raises(ExportRefused) as e:
         export(plan, ctx, "megatron")
     assert "predicted 2 s/step, 2048 tokens/s" in str(e.value)
+    from autotune.export import megatron
+
+    assert calls[-1][-1] is megatron.KERNELS  # the nearest plan priced as Megatron runs it

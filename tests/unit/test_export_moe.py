@@ -313,3 +313,24 @@ def test_megatron_fp8_moe_flags_name_megatron_core_fields():
     fields = {f.name for f in dataclasses.fields(MLATransformerConfig)}
     names = {RENAMES.get(a[2:].replace("-", "_"), a[2:].replace("-", "_")) for a in args if a.startswith(MOE_PREFIXES)}
     assert "moe_router_padding_for_quantization" in names and names <= fields
+
+
+def test_apply_and_the_nearest_plan_are_priced_as_the_target_runs():
+    """``apply --format megatron`` prices the plan with Megatron's kernel costs, the figure
+    ``estimate --target megatron`` (and ``search --target megatron``) gives, not autotune's runtime's."""
+    from autotune.cost.estimate import estimate
+    from autotune.cost.kernels import RUNTIME
+    from autotune.export.apply import price
+
+    ctx = ctx_for("qwen3-30b-a3b", nodes=2)
+    plan = resolved(ctx, degrees=Degrees(dp=8, pp=2, ep=8), micro_batch_size=1, zero_stage=1)
+    got = price(plan, ctx, True, M.KERNELS).predicted["tokens_per_s"]
+    want = estimate(plan, ctx.model, ctx.cluster, ctx.seq_len, ctx.global_batch, kernels=M.KERNELS)
+    runtime = estimate(plan, ctx.model, ctx.cluster, ctx.seq_len, ctx.global_batch, kernels=RUNTIME)
+    assert got == want.predicted["tokens_per_s"] != runtime.predicted["tokens_per_s"]
+    uneven = resolved(ctx, degrees=Degrees(dp=8, pp=2, ep=8), micro_batch_size=1, zero_stage=3)
+    with pytest.raises(ExportRefused) as e:  # the nearest plan's figure: Megatron's too
+        export(uneven, ctx, "megatron")
+    near = e.value.nearest
+    again = estimate(near.plan, ctx.model, ctx.cluster, ctx.seq_len, ctx.global_batch, kernels=M.KERNELS)
+    assert near.predicted["tokens_per_s"] == again.predicted["tokens_per_s"]
