@@ -1,0 +1,211 @@
+"""Expert parallelism: routed tokens travel to the ranks holding their experts and back.
+
+The groups (``ExpertGroups``) fold onto the attention's ranks of one pipeline stage as Megatron-Core's
+"parallel folding" does: the stage's ranks, numbered in the attention mesh's order (dp, cp, hp, tp;
+tp innermost), are renumbered as (edp, ep, etp; etp innermost). EP rank ``i`` holds
+``shares[i]`` consecutive experts (uneven shares: a faster device holds more); the etp ranks of an
+EP rank each hold a slice of every one of its experts; the edp ranks hold the same experts and sum
+their gradients (``TrainOptimizer`` over ``edp``), as the dense weights sum theirs over dp.
+
+One MoE layer's forward on a rank (Megatron's all-to-all token dispatcher, in this order):
+
+1. the token's ``k`` choices are sorted by expert, so the rows bound for EP rank ``j`` are contiguous;
+   every EP rank learns every other's per-expert counts (an all-gather of ``E`` integers);
+2. ``all_to_all_single`` with those split sizes over ``ep`` (the autograd form of
+   ``torch.distributed.nn.functional``: its backward is the reverse all-to-all);
+3. under etp, the rows are gathered over ``etp`` (an all-gather of unequal sizes, written as an
+   all-to-all with split sizes because gloo's all-gather needs equal ones), each etp rank computes
+   its slice of every expert, and the partial sums go back to the rank that sent the row (the
+   reverse all-to-all, summed over the etp slices: a reduce-scatter of unequal sizes);
+4. each local expert runs on its rows (one GEMM set per expert: torch's grouped GEMM wants strides
+   aligned to 16 bytes on CPU, which small widths are not);
+5. the reverse all-to-all over ``ep``, then each row is weighted by its routing weight and added to
+   its token (``index_add``): the combine.
+
+When the tp ranks hold the same tokens (tp without sequence parallelism), each first keeps its
+``1/tp`` part of them (``split_tokens``: backward all-gathers the gradient) and the layer's output is
+all-gathered over tp after the combine (``gather_tokens``: backward keeps the rank's part), so every
+token is sent once, as Megatron splits them over tp before its dispatcher.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.distributed.nn.functional as dist_fn
+from torch import nn
+
+from autotune.runtime.mesh import Axis
+
+
+def _solo() -> Axis:
+    return Axis(size=1, index=0, ranks=[0], group=None)
+
+
+@dataclass
+class ExpertGroups:
+    """This rank's view of the expert mesh of its pipeline stage."""
+
+    shares: tuple[int, ...]
+    """Experts held by each EP rank (sum: the model's routed experts)."""
+    ep: Axis
+    etp: Axis
+    edp: Axis
+    """Ranks holding the same expert slices: expert gradients are summed over it."""
+    route: Axis
+    """Ranks holding parts of the same sequences at the router (cp x hp, and tp under sequence
+    parallelism): the per-sequence counts are summed over it."""
+    token_split: Axis
+    """tp when its ranks hold the same tokens (no sequence parallelism): each routes its 1/tp part."""
+
+
+def single_groups(experts: int) -> ExpertGroups:
+    """Every expert on this rank, nothing split (the one-process reference)."""
+    return ExpertGroups(shares=(experts,), ep=_solo(), etp=_solo(), edp=_solo(), route=_solo(), token_split=_solo())
+
+
+def expert_range(shares: tuple[int, ...], ep_index: int) -> tuple[int, int]:
+    """(first global expert, count) held by EP rank ``ep_index``."""
+    return sum(shares[:ep_index]), shares[ep_index]
+
+
+# ---- tokens split over tp when its ranks hold the same ones -----------------------------------------
+def _part(x: torch.Tensor, axis: Axis) -> torch.Tensor:
+    if x.shape[0] % axis.size:
+        raise ValueError(f"{x.shape[0]} tokens do not split over tp({axis.size})")
+    n = x.shape[0] // axis.size
+    return x[axis.index * n:(axis.index + 1) * n]
+
+
+def _gather(x: torch.Tensor, axis: Axis) -> torch.Tensor:
+    out = x.new_empty((x.shape[0] * axis.size, *x.shape[1:]))
+    (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(out, x.contiguous(), group=axis.group)
+    return out
+
+
+class _Split(torch.autograd.Function):
+    """Keep this rank's part of tokens every rank of ``axis`` holds; backward all-gathers."""
+
+    @staticmethod
+    def forward(ctx, x, axis):
+        ctx.axis = axis
+        return _part(x, axis).clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _gather(grad, ctx.axis), None
+
+
+class _Gather(torch.autograd.Function):
+    """All-gather the ranks' parts; backward keeps this rank's part of the (identical) gradient."""
+
+    @staticmethod
+    def forward(ctx, x, axis):
+        ctx.axis = axis
+        return _gather(x, axis)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _part(grad, ctx.axis).clone(), None
+
+
+def split_tokens(x: torch.Tensor, axis: Axis) -> torch.Tensor:
+    """This rank's ``1/size`` of the rows of ``x`` (which every rank of ``axis`` holds whole)."""
+    if not x.is_floating_point():
+        return _part(x, axis)
+    return _Split.apply(x, axis)
+
+
+def gather_tokens(x: torch.Tensor, axis: Axis) -> torch.Tensor:
+    return _Gather.apply(x, axis)
+
+
+# ---- the exchange ---------------------------------------------------------------------------------
+def _all_to_all(x: torch.Tensor, send: list[int], recv: list[int], axis: Axis) -> torch.Tensor:
+    """Rows ``send[j]`` of ``x`` to rank ``j`` of ``axis``, ``recv[j]`` rows from it (differentiable)."""
+    out = x.new_empty((sum(recv), *x.shape[1:]))
+    return dist_fn.all_to_all_single(out, x.contiguous(), recv, send, group=axis.group)
+
+
+def _gather_counts(counts: torch.Tensor, axis: Axis) -> torch.Tensor:
+    """``[axis.size, *counts.shape]``: every rank's ``counts`` (equal sizes)."""
+    if axis.group is None:
+        return counts.unsqueeze(0)
+    return _gather(counts.unsqueeze(0), axis)
+
+
+@dataclass(frozen=True)
+class _Exchange:
+    """The row counts of one dispatch seen from this rank."""
+
+    send: list[int]  # rows to each EP rank
+    recv: list[int]  # rows from each EP rank
+    per_expert: torch.Tensor  # [sources, local experts]: rows received for each local expert, by source
+
+
+def _plan_exchange(counts: torch.Tensor, groups: ExpertGroups) -> _Exchange:
+    """``counts`` ``[E]``: this rank's rows per global expert."""
+    every = _gather_counts(counts, groups.ep)  # [ep, E]
+    first, n = expert_range(groups.shares, groups.ep.index)
+    bounds = [expert_range(groups.shares, j) for j in range(len(groups.shares))]
+    send = [int(counts[a:a + c].sum()) for a, c in bounds]
+    per_expert = every[:, first:first + n]
+    return _Exchange(send=send, recv=[int(v) for v in per_expert.sum(dim=1)], per_expert=per_expert)
+
+
+def _run_experts(rows: torch.Tensor, per_expert: torch.Tensor, experts: nn.ModuleDict, first: int) -> torch.Tensor:
+    """Rows arriving as blocks (source, then local expert, counts ``per_expert``) through their
+    experts; the outputs in the same order."""
+    n_local = per_expert.shape[1]
+    expert_of_row = torch.arange(n_local, device=rows.device).repeat(per_expert.shape[0])
+    expert_of_row = expert_of_row.repeat_interleave(per_expert.reshape(-1).to(rows.device))
+    order = torch.argsort(expert_of_row, stable=True)
+    sizes = per_expert.sum(dim=0).tolist()
+    grouped = rows[order].split(sizes)
+    outs = [experts[str(first + e)](grouped[e]) for e in range(n_local)]
+    out = torch.cat(outs) if outs else rows[:0]
+    return out[torch.argsort(order)]
+
+
+def _through_experts(rows: torch.Tensor, ex: _Exchange, experts: nn.ModuleDict, first: int,
+                     etp: Axis) -> torch.Tensor:
+    """The experts' outputs of the rows this rank received, with their etp slices summed."""
+    if etp.group is None:
+        return _run_experts(rows, ex.per_expert, experts, first)
+    mine = rows.shape[0]
+    sizes = [int(v) for v in _gather_counts(torch.tensor([mine], device=rows.device), etp).reshape(-1)]
+    per_expert = _gather_counts(ex.per_expert, etp).reshape(-1, ex.per_expert.shape[1])
+    # all-gather of unequal sizes as an all-to-all: send my rows to every etp rank
+    together = _all_to_all(rows.repeat(etp.size, 1), [mine] * etp.size, sizes, etp)
+    partial = _run_experts(together, per_expert, experts, first)
+    # each slice's partial sums back to the rows' owner, then summed over the slices
+    back = _all_to_all(partial, sizes, [mine] * etp.size, etp)
+    return back.view(etp.size, mine, -1).sum(dim=0)
+
+
+def dispatch_and_combine(tokens: torch.Tensor, experts_idx: torch.Tensor, weights: torch.Tensor,
+                         keep: torch.Tensor | None, experts: nn.ModuleDict, first: int,
+                         groups: ExpertGroups) -> torch.Tensor:
+    """``sum_j weights[t, j] * expert_{idx[t, j]}(tokens[t])`` for every token ``t`` ``[N, H]``, the
+    choices ``keep`` drops left out."""
+    n, k = experts_idx.shape
+    flat_e = experts_idx.reshape(-1)
+    token_of = torch.arange(n, device=tokens.device).repeat_interleave(k)
+    flat_w = weights.reshape(-1)
+    if keep is not None:
+        kept = keep.reshape(-1)
+        flat_e, token_of, flat_w = flat_e[kept], token_of[kept], flat_w[kept]
+    order = torch.argsort(flat_e, stable=True)  # rows bound for each expert, hence each EP rank, contiguous
+    token_of, flat_w = token_of[order], flat_w[order]
+    counts = torch.bincount(flat_e, minlength=sum(groups.shares))
+    rows = tokens[token_of]
+    ex = _plan_exchange(counts, groups)
+    if groups.ep.group is not None:
+        rows = _all_to_all(rows, ex.send, ex.recv, groups.ep)
+    out = _through_experts(rows, ex, experts, first, groups.etp)
+    if groups.ep.group is not None:
+        out = _all_to_all(out, ex.recv, ex.send, groups.ep)
+    y = tokens.new_zeros(tokens.shape)
+    return y.index_add(0, token_of, out * flat_w.unsqueeze(-1))
