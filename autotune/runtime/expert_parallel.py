@@ -11,8 +11,7 @@ One MoE layer's forward on a rank (Megatron's all-to-all token dispatcher, in th
 
 1. the token's ``k`` choices are sorted by expert, so the rows bound for EP rank ``j`` are contiguous;
    every EP rank learns every other's per-expert counts (an all-gather of ``E`` integers);
-2. ``all_to_all_single`` with those split sizes over ``ep`` (the autograd form of
-   ``torch.distributed.nn.functional``: its backward is the reverse all-to-all);
+2. ``all_to_all_single`` with those split sizes over ``ep`` (its backward is the reverse all-to-all);
 3. under etp, the rows are gathered over ``etp`` (an all-gather of unequal sizes, written as an
    all-to-all with split sizes because gloo's all-gather needs equal ones), each etp rank computes
    its slice of every expert, and the partial sums go back to the rank that sent the row (the
@@ -34,10 +33,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-import torch.distributed.nn.functional as dist_fn
 from torch import nn
 
-from autotune.runtime.mesh import Axis
+from autotune.runtime.mesh import Axis, _new_group
 
 
 def _solo() -> Axis:
@@ -64,6 +62,52 @@ class ExpertGroups:
 def single_groups(experts: int) -> ExpertGroups:
     """Every expert on this rank, nothing split (the one-process reference)."""
     return ExpertGroups(shares=(experts,), ep=_solo(), etp=_solo(), edp=_solo(), route=_solo(), token_split=_solo())
+
+
+def expert_coords(plan, rank: int) -> dict[str, int]:
+    """``rank``'s place in the expert mesh of its pipeline stage: pp, edp, ep, etp (etp innermost),
+    numbering the stage's ranks in the attention mesh's order (dp, cp, hp, tp), Megatron-Core's
+    folding."""
+    d, c = plan.degrees, plan.coords(rank)
+    local = ((c["dp"] * d.cp + c["cp"]) * d.hp + c["hp"]) * d.tp + c["tp"]
+    return {"pp": c["pp"], "edp": local // (d.etp * d.ep), "ep": (local // d.etp) % d.ep, "etp": local % d.etp}
+
+
+def _axis_of(plan, rank: int, key, timeout_s: float | None) -> Axis:
+    """This rank's group of the ranks sharing ``key(rank)``; every group is created on every rank,
+    in the same order (``new_group`` is collective)."""
+    groups: dict = {}
+    for r in range(plan.world):
+        groups.setdefault(key(r), []).append(r)
+    mine = groups[key(rank)]
+    axis = Axis(size=len(mine), index=mine.index(rank), ranks=mine, group=None)
+    if len(mine) > 1:
+        for k in sorted(groups):
+            g = _new_group(groups[k], timeout_s)
+            if rank in groups[k]:
+                axis.group = g
+    return axis
+
+
+def build_expert_groups(plan, rank: int, experts: int, timeout_s: float | None = None) -> ExpertGroups:
+    """Every group of the plan's expert mesh (collective over the default group), seen from ``rank``."""
+    sp = plan.sequence_parallel and plan.degrees.tp > 1
+    e = {r: expert_coords(plan, r) for r in range(plan.world)}
+    c = {r: plan.coords(r) for r in range(plan.world)}
+
+    def expert_key(*names):
+        return lambda r: tuple(e[r][n] for n in names)
+
+    route = ("pp", "dp") if sp else ("pp", "dp", "tp")
+    split = ("pp", "dp", "cp", "hp") if plan.degrees.tp > 1 and not sp else ("pp", "dp", "cp", "hp", "tp")
+    shares = plan.shares.experts or (experts,)
+    return ExpertGroups(
+        shares=tuple(shares),
+        ep=_axis_of(plan, rank, expert_key("pp", "edp", "etp"), timeout_s),
+        etp=_axis_of(plan, rank, expert_key("pp", "edp", "ep"), timeout_s),
+        edp=_axis_of(plan, rank, expert_key("pp", "ep", "etp"), timeout_s),
+        route=_axis_of(plan, rank, lambda r: tuple(c[r][n] for n in route), timeout_s),
+        token_split=_axis_of(plan, rank, lambda r: tuple(c[r][n] for n in split), timeout_s))
 
 
 def expert_range(shares: tuple[int, ...], ep_index: int) -> tuple[int, int]:
@@ -123,10 +167,31 @@ def gather_tokens(x: torch.Tensor, axis: Axis) -> torch.Tensor:
 
 
 # ---- the exchange ---------------------------------------------------------------------------------
+def _exchange(x: torch.Tensor, send: list[int], recv: list[int], axis: Axis) -> torch.Tensor:
+    out = x.new_empty((sum(recv), *x.shape[1:]))
+    dist.all_to_all_single(out, x.contiguous(), recv, send, group=axis.group)
+    return out
+
+
+class _AllToAll(torch.autograd.Function):
+    """``all_to_all_single`` with split sizes; backward sends the gradients back the reverse way
+    (as ``torch.distributed.nn.functional.all_to_all_single``, deprecated in torch 2.13, whose
+    successor in ``_functional_collectives`` bypasses the ``torch.distributed`` calls the
+    worker's communication clock times)."""
+
+    @staticmethod
+    def forward(ctx, x, send, recv, axis):
+        ctx.send, ctx.recv, ctx.axis = send, recv, axis
+        return _exchange(x, send, recv, axis)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _exchange(grad, ctx.recv, ctx.send, ctx.axis), None, None, None
+
+
 def _all_to_all(x: torch.Tensor, send: list[int], recv: list[int], axis: Axis) -> torch.Tensor:
     """Rows ``send[j]`` of ``x`` to rank ``j`` of ``axis``, ``recv[j]`` rows from it (differentiable)."""
-    out = x.new_empty((sum(recv), *x.shape[1:]))
-    return dist_fn.all_to_all_single(out, x.contiguous(), recv, send, group=axis.group)
+    return _AllToAll.apply(x, send, recv, axis)
 
 
 def _gather_counts(counts: torch.Tensor, axis: Axis) -> torch.Tensor:

@@ -32,6 +32,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from autotune.runtime.mesh import Axis
+from autotune.runtime.moe import MoELayer
 from autotune.runtime.tensor import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -60,6 +61,8 @@ class Layout:
     """Global positions of this rank's tokens (LongTensor [S_local]; the CP shard, zigzag segments
     included, and the HP slice); None: 0..S-1."""
     recompute: str = "none"
+    moe: Any = None
+    """The ``moe.MoEContext`` of an MoE model (expert groups, the aux loss's gradient scale); None: dense."""
 
 
 def unsharded_layout() -> Layout:
@@ -206,7 +209,7 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, spec: ModelSpec, layout: Layout):
         super().__init__()
-        h, f = spec.hidden, spec.ffn_hidden
+        h, f = spec.hidden, spec.dense_ffn_width  # an MoE model's dense layers may have their own width
         tp, sp = layout.tp, layout.sp
         self.layout = layout
         self.swiglu = spec.activation == "swiglu"
@@ -221,14 +224,22 @@ class MLP(nn.Module):
         return self.w2(a)
 
 
+def make_ffn(spec: ModelSpec, layout: Layout, layer: int) -> nn.Module:
+    """Layer ``layer``'s FFN: the dense MLP, or where the spec puts experts the MoE layer
+    (``runtime/moe.py``: router, this rank's routed experts, the shared experts)."""
+    if not spec.is_moe_layer(layer):
+        return MLP(spec, layout)
+    return MoELayer(spec.moe, spec.hidden, spec.activation == "swiglu", layout.moe, layout.tp, layout.sp)
+
+
 class Block(nn.Module):
-    def __init__(self, spec: ModelSpec, layout: Layout):
+    def __init__(self, spec: ModelSpec, layout: Layout, layer: int = 0):
         super().__init__()
         self.layout = layout
         self.attn_norm = make_norm(spec)
         self.attn = Attention(spec, layout)
         self.mlp_norm = make_norm(spec)
-        self.mlp = MLP(spec, layout)
+        self.mlp = make_ffn(spec, layout, layer)
 
     def _forward(self, x, cos, sin, docs=None):
         x = x + self.attn(self.attn_norm(x), cos, sin, docs)
@@ -261,7 +272,7 @@ class StageModel(nn.Module):
             self.embed = VocabParallelEmbedding(spec.vocab, spec.hidden, tp, sp)
         if first and not self.rope:
             self.pos_embed = PositionEmbedding(spec.max_positions, spec.hidden)
-        self.layers = nn.ModuleDict({str(i): Block(spec, layout) for i in layer_ids})
+        self.layers = nn.ModuleDict({str(i): Block(spec, layout, i) for i in layer_ids})
         if last:
             self.norm = make_norm(spec)
             if not spec.tied_embeddings:

@@ -246,3 +246,9 @@ class MoELayer(nn.Module):
             y = y + self.shared(x)
         scale = self.moe.router.aux_loss_coeff * self.ctx.aux_grad_scale
         return AuxLossToGrad.apply(y, routing.aux, scale) if scale else y
+
+
+def expert_params(modules: list[nn.Module]) -> set[int]:
+    """``id``s of the routed experts' parameters among ``modules`` (their gradients are reduced over
+    expert-DP, the rest over the dense gradient group)."""
+    return {id(p) for m in modules for e in m.modules() if isinstance(e, Expert) for p in e.parameters()}

@@ -365,6 +365,46 @@ class TrainOptimizer:
                    if torch.is_tensor(t))
 
 
+class ExpertSplitOptimizer:
+    """An MoE model's two gradient groups (Megatron-Core's expert data parallelism): the dense
+    parameters in one ``TrainOptimizer`` over the gradient group (dp x cp x hp), the routed experts'
+    in another over expert-DP (the ranks holding the same expert slices); ``is_expert[i]`` says which
+    holds parameter ``i`` of the rank's parameter order. Both step on every call; a dynamic loss
+    scale (fp16) would decide its skips per group, so fp16 MoE plans are refused before launch
+    (``trial.check_runtime_support``) and the dense optimizer's constant scale is the one read."""
+
+    def __init__(self, dense: TrainOptimizer, expert: TrainOptimizer, is_expert: list[bool]):
+        self.dense, self.expert, self.is_expert = dense, expert, is_expert
+        self.loss_scale = dense.loss_scale
+
+    def begin_step(self) -> None:
+        self.dense.begin_step()
+        self.expert.begin_step()
+
+    def before_last_backward(self) -> None:
+        self.dense.before_last_backward()
+        self.expert.before_last_backward()
+
+    def after_last_forward(self) -> None:
+        return None
+
+    def finish_overlap(self) -> None:
+        self.dense.finish_overlap()
+        self.expert.finish_overlap()
+
+    def reduce_and_step(self, step_region) -> None:
+        self.dense.reduce_and_step(step_region)
+        self.expert.reduce_and_step(step_region)
+
+    def master_weights(self) -> list[torch.Tensor]:
+        """fp32 master weights in the rank's parameter order (collective under ZeRO-1, as each part's)."""
+        parts = {False: iter(self.dense.master_weights()), True: iter(self.expert.master_weights())}
+        return [next(parts[e]) for e in self.is_expert]
+
+    def state_bytes(self) -> int:
+        return self.dense.state_bytes() + self.expert.state_bytes()
+
+
 class ShardedOptimizer:
     """AdamW over FSDP2-sharded parameters (zero_stage 2 and 3; autotune/runtime/sharding.py).
 

@@ -24,6 +24,7 @@ from typing import Any
 from autotune.errors import InputError
 from autotune.plan import FP8_RECIPES, Plan, PlanError
 from autotune.plan_record import PlanRecord
+from autotune.schedules import schedule_of
 from autotune.specs.model import ModelSpec, load_model
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -79,8 +80,40 @@ def check_runtime_support(plan: Plan, spec: ModelSpec) -> None:
     if plan.dtype in FP8_RECIPES:
         p.append(f"dtype {plan.dtype}: autotune's runtime trains in bf16, fp16 or fp32; FP8 GEMMs need Transformer "
                  "Engine or torchao on a GPU with FP8 tensor cores (price it, or export it to Megatron or torchtitan)")
+    p += _moe_problems(plan, spec)
     if p:
         raise PlanError("; ".join(p), field="plan")
+
+
+def _moe_problems(plan: Plan, spec: ModelSpec) -> list[str]:
+    """What the runtime's MoE layers (runtime/moe.py, runtime/expert_parallel.py) do not run, each
+    with its reason."""
+    if getattr(spec, "mla", None) is not None:
+        return [f"model {spec.name}: the runtime does not build Multi-head Latent Attention (priced and "
+                "exported only)"]
+    if spec.moe is None:
+        return []
+    p, d = [], plan.degrees
+    if plan.zero_stage >= 2:
+        p.append(f"zero_stage: {plan.zero_stage} would shard expert weights over the dense gradient group; "
+                 "the runtime's FSDP2 wrapping has no expert-DP mesh (use ZeRO-0/1 with MoE)")
+    if plan.dtype == "fp16":
+        p.append("dtype: fp16's dynamic loss scale would skip steps per gradient group (dense, expert); "
+                 "MoE trials run in bf16 or fp32")
+    if plan.stages is not None:
+        p.append("stages: per-stage degrees with experts are not built (the expert mesh folds onto one uniform stage)")
+    elif not schedule_of(plan).chain:
+        p.append(f"schedule: {plan.schedule} has its own trainer, without MoE layers")
+    samples = plan.shares.samples or ()
+    if len(set(samples)) > 1 and d.ep * d.etp > d.cp * d.hp * d.tp:
+        p.append(f"shares.samples: {'/'.join(map(str, samples))} gives the dp replicas different micro-batch "
+                 f"counts, and ep*etp({d.ep * d.etp}) spans replicas whose all-to-alls would not pair up")
+    if d.tp > 1 and not plan.sequence_parallel:
+        bad = [t for t in plan.shares.tokens or () if (t // d.hp) * plan.micro_batch_size % d.tp]
+        if bad:
+            p.append(f"shares.tokens: {bad[0]} tokens a micro-batch do not split over tp({d.tp}) for the "
+                     "experts (each tp rank dispatches its part)")
+    return p
 
 
 def _device_memory(kind: str, world: int) -> float:

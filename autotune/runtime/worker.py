@@ -54,8 +54,23 @@ from autotune.runtime.measure import (  # noqa: F401  (CommClock, the stopwatche
     reset_peak_memory,
 )
 from autotune.runtime.mesh import Mesh, build_mesh
-from autotune.runtime.model import Block, Layout, build_on_meta, materialize, shard_info, tp_replicated
-from autotune.runtime.optimizer import LR, WEIGHT_DECAY, ShardedOptimizer, TrainOptimizer  # noqa: F401
+from autotune.runtime.model import (
+    Block,
+    Layout,
+    build_on_meta,
+    hidden_positions,
+    materialize,
+    shard_info,
+    tp_replicated,
+)
+from autotune.runtime.moe import MoEContext, expert_params
+from autotune.runtime.optimizer import (  # noqa: F401  (LR, WEIGHT_DECAY: their old home)
+    LR,
+    WEIGHT_DECAY,
+    ExpertSplitOptimizer,
+    ShardedOptimizer,
+    TrainOptimizer,
+)
 from autotune.runtime.pipeline import build_schedule, build_stage_models
 from autotune.runtime.precision import TORCH_DTYPES
 from autotune.runtime.sharding import shard_stage_modules
@@ -85,6 +100,20 @@ def local_positions(ctx: Any, seq_len: int) -> torch.Tensor | None:
     from autotune.runtime.attention import local_token_positions
 
     return local_token_positions(ctx, seq_len)
+
+
+def moe_context(plan: Plan, spec: ModelSpec, mesh: Mesh, layout: Layout, seq_len: int) -> MoEContext | None:
+    """An MoE model's expert groups (``runtime/expert_parallel.py``) and the global positions of the
+    hidden states' tokens (the router's per-sequence statistics); None for a dense model."""
+    if spec.moe is None:
+        return None
+    from autotune.runtime.expert_parallel import build_expert_groups, single_groups
+
+    if plan.world == 1:
+        groups = single_groups(spec.moe.experts)
+    else:
+        groups = build_expert_groups(plan, mesh.rank, spec.moe.experts, timeout_s=mesh.timeout_s)
+    return MoEContext(groups=groups, seq_len=seq_len, positions=hidden_positions(layout, seq_len, mesh.device))
 
 
 # ---- one rank's training ------------------------------------------------------------------------
@@ -117,42 +146,15 @@ class RankTrainer:
         layout = Layout(tp=tp, sp=self.sp, attn_ctx=self.ctx,
                         positions=None if self.positions is None else self.positions.to(self.device),
                         recompute=plan.recompute)
+        # an MoE model's expert groups and the aux loss's gradient scale (runtime/moe.py)
+        self.moe = moe_context(plan, spec, mesh, layout, seq_len)
+        layout.moe = self.moe
         # shapes on the meta device, then only this rank's shards are allocated and drawn, on its device
         # (in fp32: the initial values of the fp32 master weights)
         self.stages = build_on_meta(lambda: build_stage_models(spec, plan, mesh, layout, seq_len))
         for _, m in self.stages:
             materialize(m, spec, seed, self.device, torch.float32)
-        modules = [m for _, m in self.stages]
-        # with sequence parallelism the parameters every tp rank holds whole (norms, row-parallel
-        # biases, the position table) saw different tokens on each: their gradients are summed over
-        # tp too (by the optimizer, on the fp32 gradients)
-        whole = tp_replicated(modules) if self.sp else set()
-        replicated = [i for i, p in enumerate(p for m in modules for p in m.parameters()) if id(p) in whole]
-        # a tied embedding held by the first and the last stage: one weight in two copies (runtime/tied.py)
-        tied_ax = tied_axis(plan, spec.tied_embeddings, mesh.rank, timeout_s=mesh.timeout_s)
-        tied = [i for i, (name, _) in enumerate((n, p) for m in modules for n, p in m.named_parameters())
-                if name == TIED_NAME] if tied_ax is not None else []
-        self.sharded = plan.zero_stage >= 2 and mesh.grad.group is not None
-        if self.sharded:  # ZeRO-2/3: FSDP2 keeps fp32 shards and computes in the plan's dtype
-            # replicas with different micro-batch counts gather per step (autotune/runtime/sharding.py)
-            self.gather_per_microbatch = len(set(plan.shares.samples)) == 1
-            roots = shard_stage_modules(modules, Block, mesh.grad, plan.zero_stage, self.dtype, self.device,
-                                        gather_per_microbatch=self.gather_per_microbatch)
-            self.params = [p for m in modules for p in m.parameters()]
-            self.opt = ShardedOptimizer(roots, self.params, dtype=plan.dtype, replicated=replicated,
-                                        tp_axis=tp, own_loop=plan.degrees.pp == 1, zero_stage=plan.zero_stage,
-                                        gather_per_microbatch=self.gather_per_microbatch, tied=tied,
-                                        tied_axis=tied_ax)
-        else:  # low-precision module copies; the optimizer keeps the fp32 masters
-            masters = [p.detach().clone() for m in modules for p in m.parameters()]
-            for m in modules:
-                m.to(dtype=self.dtype)
-            self.params = [p for m in modules for p in m.parameters()]
-            # DDP-style overlap of the gradient all-reduce with backward where backward is ours (pp = 1)
-            self.opt = TrainOptimizer(self.params, mesh.grad, min(plan.zero_stage, 1),
-                                      overlap=plan.degrees.pp == 1, wait_clock=clock().timed_call,
-                                      dtype=plan.dtype, replicated=replicated, tp_axis=tp, masters=masters,
-                                      tied=tied, tied_axis=tied_ax)
+        self._build_optimizer([m for _, m in self.stages])
         self.dp_index = mesh["dp"].index
         self.n_micro = plan.microbatches_of_replica(self.dp_index)
         self.total_tokens = global_batch * seq_len
@@ -179,6 +181,57 @@ class RankTrainer:
                     if hasattr(st, meth):
                         setattr(st, meth, _timed_region(clk, getattr(st, meth)))
 
+    def _build_optimizer(self, modules: list[torch.nn.Module]) -> None:
+        """AdamW over this rank's parameters: FSDP2-sharded (ZeRO-2/3) or a TrainOptimizer (ZeRO-0/1);
+        an MoE model's expert weights in a TrainOptimizer of their own over expert-DP."""
+        plan, spec, mesh, tp = self.plan, self.spec, self.mesh, self.mesh["tp"]
+        experts = expert_params(modules)
+        # with sequence parallelism the parameters every tp rank holds whole (norms, row-parallel
+        # biases, the position table) saw different tokens on each: their gradients are summed over
+        # tp too (by the optimizer, on the fp32 gradients)
+        whole = tp_replicated(modules) if self.sp else set()
+        replicated = [i for i, p in enumerate(p for m in modules for p in m.parameters()) if id(p) in whole]
+        # a tied embedding held by the first and the last stage: one weight in two copies (runtime/tied.py)
+        tied_ax = tied_axis(plan, spec.tied_embeddings, mesh.rank, timeout_s=mesh.timeout_s)
+        tied = [i for i, (name, _) in enumerate((n, p) for m in modules for n, p in m.named_parameters())
+                if name == TIED_NAME] if tied_ax is not None else []
+        self.sharded = plan.zero_stage >= 2 and mesh.grad.group is not None
+        if self.sharded and experts:  # plan checks refuse it first (trial.check_runtime_support)
+            raise RuntimeError("ZeRO-2/3 would shard expert weights over the dense gradient group")
+        if self.sharded:  # ZeRO-2/3: FSDP2 keeps fp32 shards and computes in the plan's dtype
+            # replicas with different micro-batch counts gather per step (autotune/runtime/sharding.py)
+            self.gather_per_microbatch = len(set(plan.shares.samples)) == 1
+            roots = shard_stage_modules(modules, Block, mesh.grad, plan.zero_stage, self.dtype, self.device,
+                                        gather_per_microbatch=self.gather_per_microbatch)
+            self.params = [p for m in modules for p in m.parameters()]
+            self.opt = ShardedOptimizer(roots, self.params, dtype=plan.dtype, replicated=replicated,
+                                        tp_axis=tp, own_loop=plan.degrees.pp == 1, zero_stage=plan.zero_stage,
+                                        gather_per_microbatch=self.gather_per_microbatch, tied=tied,
+                                        tied_axis=tied_ax)
+        else:  # low-precision module copies; the optimizer keeps the fp32 masters
+            masters = [p.detach().clone() for m in modules for p in m.parameters()]
+            for m in modules:
+                m.to(dtype=self.dtype)
+            self.params = [p for m in modules for p in m.parameters()]
+            # DDP-style overlap of the gradient all-reduce with backward where backward is ours (pp = 1)
+            make = functools.partial(TrainOptimizer, zero_stage=min(plan.zero_stage, 1), overlap=plan.degrees.pp == 1,
+                                     wait_clock=clock().timed_call, dtype=plan.dtype)
+            if not experts:
+                self.opt = make(self.params, mesh.grad, replicated=replicated, tp_axis=tp, masters=masters, tied=tied,
+                                tied_axis=tied_ax)
+                return
+            # expert weights sum their gradients over expert-DP, the rest over the gradient group
+            is_expert = [id(p) in experts for p in self.params]
+            dense_at = {i: j for j, i in enumerate(i for i, e in enumerate(is_expert) if not e)}
+            split = [[m for m, e in zip(masters, is_expert, strict=True) if e == want] for want in (False, True)]
+            self.opt = ExpertSplitOptimizer(
+                make([p for p, e in zip(self.params, is_expert, strict=True) if not e], mesh.grad,
+                     replicated=[dense_at[i] for i in replicated], tp_axis=tp, masters=split[0],
+                     tied=[dense_at[i] for i in tied], tied_axis=tied_ax),
+                make([p for p, e in zip(self.params, is_expert, strict=True) if e], self.moe.groups.edp,
+                     masters=split[1]),
+                is_expert)
+
     def _loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Sum of this micro-batch's token losses over the global token count (exact weighted mean),
         times the fp16 loss scale (1 otherwise)."""
@@ -192,6 +245,8 @@ class RankTrainer:
         inputs, targets = inputs.to(self.device), targets.to(self.device)
         self.opt.begin_step()
         scale = self.opt.loss_scale.scale
+        if self.moe is not None:  # the aux loss's share of the objective: the mean over the global batch
+            self.moe.aux_grad_scale = scale / self.global_batch
         contribution = 0.0
         if self.schedule is None:
             model = self.stages[0][1]
