@@ -31,8 +31,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from autotune.runtime.expert_parallel import single_groups
 from autotune.runtime.mesh import Axis
-from autotune.runtime.moe import MoELayer
+from autotune.runtime.moe import MoEContext, MoELayer
 from autotune.runtime.tensor import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -229,7 +230,8 @@ def make_ffn(spec: ModelSpec, layout: Layout, layer: int) -> nn.Module:
     (``runtime/moe.py``: router, this rank's routed experts, the shared experts)."""
     if not spec.is_moe_layer(layer):
         return MLP(spec, layout)
-    return MoELayer(spec.moe, spec.hidden, spec.activation == "swiglu", layout.moe, layout.tp, layout.sp)
+    ctx = layout.moe or MoEContext(groups=single_groups(spec.moe.experts))  # one device: every expert here
+    return MoELayer(spec.moe, spec.hidden, spec.activation == "swiglu", ctx, layout.tp, layout.sp)
 
 
 class Block(nn.Module):

@@ -60,8 +60,9 @@ class MoEContext:
     scale of the auxiliary loss's gradient (set by the trainer before each step)."""
 
     groups: ExpertGroups
-    seq_len: int
-    """Tokens of a whole sequence (the capacity and the aux loss are per sequence)."""
+    seq_len: int | None = None
+    """Tokens of a whole sequence (the capacity and the aux loss are per sequence); None: the
+    input's (a rank holding whole sequences: one process, ``profile --layers``)."""
     aux_grad_scale: float = 1.0
     """d(objective)/d(aux of one sequence) before ``aux_loss_coeff``: 1 / global batch (the mean
     over the global batch's sequences), times the fp16 loss scale."""
@@ -164,12 +165,13 @@ def route(router: Router, x: torch.Tensor, moe: Any, ctx: MoEContext) -> Routing
     scores = router(x.reshape(-1, h), r.score)  # [N, E]
     pos = ctx.positions if ctx.positions is not None else torch.arange(s, device=x.device)
     pos = pos.to(x.device)
+    seq_len = ctx.seq_len or s
     idx, weights = choose(scores, moe.top_k, pos.repeat(b), r.force_balance)
-    seq = SequenceRouting(idx, b, pos, ctx.seq_len, moe.experts, ctx.groups.route)
-    keep = None if r.dropless else seq.keep(capacity(ctx.seq_len, moe.top_k, moe.experts, r.capacity_factor))
+    seq = SequenceRouting(idx, b, pos, seq_len, moe.experts, ctx.groups.route)
+    keep = None if r.dropless else seq.keep(capacity(seq_len, moe.top_k, moe.experts, r.capacity_factor))
     # aux: sum_b sum_e f_be P_be with P's sum over this rank's tokens only (the ranks' parts add up)
-    f = seq.counts() * (moe.experts / (moe.top_k * ctx.seq_len))
-    p_local = scores.view(b, s, -1).sum(dim=1) / ctx.seq_len
+    f = seq.counts() * (moe.experts / (moe.top_k * seq_len))
+    p_local = scores.view(b, s, -1).sum(dim=1) / seq_len
     return Routing(experts=idx, weights=weights, keep=keep, aux=(f * p_local).sum())
 
 

@@ -99,3 +99,19 @@ def test_a_trial_on_cuda_reports_time_split_and_memory():
     assert m["device"] == "cuda" and m["peak_memory_bytes"][0] > 0
     split = m["time_split"][0]
     assert split["compute_s"] > 0 and 0.3 < split["coverage"] < 1.5
+
+
+def test_an_moe_trial_on_cuda_gives_the_losses_of_one_cpu_process():
+    """tiny-moe in fp32 (TF32 off: ``fp32-strict``) on the visible GPUs, with expert parallelism over two of
+    them where there are two (NCCL's all-to-all with split sizes), against the single-process CPU run."""
+    from autotune.runtime.trial import run_trial
+    from autotune.runtime.worker import reference_run
+    from autotune.specs import load_model
+
+    spec = load_model("tiny-moe")
+    degrees = {"dp": 2, "ep": 2} if torch.cuda.device_count() >= 2 else {}
+    res = run_trial({"degrees": degrees, "dtype": "fp32-strict"}, spec, 64, 4, steps=2, warmup=1, device="cuda",
+                    timeout_s=300)
+    assert res.failure is None, res.failure
+    ref = reference_run(spec, 64, 4, steps=3, seed=0, dtype="fp32-strict")
+    assert res.losses == pytest.approx(ref["losses"], rel=1e-4)
