@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from autotune.plan import expert_groups
 from autotune.runtime.mesh import Axis, _new_group
 
 
@@ -64,50 +65,43 @@ def single_groups(experts: int) -> ExpertGroups:
     return ExpertGroups(shares=(experts,), ep=_solo(), etp=_solo(), edp=_solo(), route=_solo(), token_split=_solo())
 
 
-def expert_coords(plan, rank: int) -> dict[str, int]:
-    """``rank``'s place in the expert mesh of its pipeline stage: pp, edp, ep, etp (etp innermost),
-    numbering the stage's ranks in the attention mesh's order (dp, cp, hp, tp), Megatron-Core's
-    folding."""
-    d, c = plan.degrees, plan.coords(rank)
-    local = ((c["dp"] * d.cp + c["cp"]) * d.hp + c["hp"]) * d.tp + c["tp"]
-    return {"pp": c["pp"], "edp": local // (d.etp * d.ep), "ep": (local // d.etp) % d.ep, "etp": local % d.etp}
-
-
-def _axis_of(plan, rank: int, key, timeout_s: float | None) -> Axis:
-    """This rank's group of the ranks sharing ``key(rank)``; every group is created on every rank,
-    in the same order (``new_group`` is collective)."""
-    groups: dict = {}
-    for r in range(plan.world):
-        groups.setdefault(key(r), []).append(r)
-    mine = groups[key(rank)]
+def _axis(groups: list[list[int]], rank: int, timeout_s: float | None) -> Axis:
+    """This rank's group among ``groups``; every group is created on every rank, in the same order
+    (``new_group`` is collective)."""
+    mine = next(g for g in groups if rank in g)
     axis = Axis(size=len(mine), index=mine.index(rank), ranks=mine, group=None)
     if len(mine) > 1:
-        for k in sorted(groups):
-            g = _new_group(groups[k], timeout_s)
-            if rank in groups[k]:
-                axis.group = g
+        for g in groups:
+            pg = _new_group(g, timeout_s)
+            if rank in g:
+                axis.group = pg
     return axis
 
 
+def _attention_groups(plan, fixed: tuple[str, ...]) -> list[list[int]]:
+    """The ranks that share their attention-mesh coordinates along ``fixed`` (the others vary)."""
+    out: dict[tuple[int, ...], list[int]] = {}
+    for r in range(plan.world):
+        c = plan.coords(r)
+        out.setdefault(tuple(c[n] for n in fixed), []).append(r)
+    return list(out.values())
+
+
 def build_expert_groups(plan, rank: int, experts: int, timeout_s: float | None = None) -> ExpertGroups:
-    """Every group of the plan's expert mesh (collective over the default group), seen from ``rank``."""
-    sp = plan.sequence_parallel and plan.degrees.tp > 1
-    e = {r: expert_coords(plan, r) for r in range(plan.world)}
-    c = {r: plan.coords(r) for r in range(plan.world)}
-
-    def expert_key(*names):
-        return lambda r: tuple(e[r][n] for n in names)
-
-    route = ("pp", "dp") if sp else ("pp", "dp", "tp")
-    split = ("pp", "dp", "cp", "hp") if plan.degrees.tp > 1 and not sp else ("pp", "dp", "cp", "hp", "tp")
-    shares = plan.shares.experts or (experts,)
+    """Every group of the plan's expert mesh (``autotune.plan.expert_groups``: edp, ep, etp within
+    each stage) and the two token groups, created collectively over the default group, seen from
+    ``rank``."""
+    d = plan.degrees
+    sp = plan.sequence_parallel and d.tp > 1
+    route = ("pp", "dp") if sp else ("pp", "dp", "tp")  # cp x hp (x tp under sp) split a sequence
+    split = ("pp", "dp", "cp", "hp") if d.tp > 1 and not sp else ("pp", "dp", "cp", "hp", "tp")
     return ExpertGroups(
-        shares=tuple(shares),
-        ep=_axis_of(plan, rank, expert_key("pp", "edp", "etp"), timeout_s),
-        etp=_axis_of(plan, rank, expert_key("pp", "edp", "ep"), timeout_s),
-        edp=_axis_of(plan, rank, expert_key("pp", "ep", "etp"), timeout_s),
-        route=_axis_of(plan, rank, lambda r: tuple(c[r][n] for n in route), timeout_s),
-        token_split=_axis_of(plan, rank, lambda r: tuple(c[r][n] for n in split), timeout_s))
+        shares=tuple(plan.shares.experts or (experts,)),
+        ep=_axis(expert_groups(d, "ep"), rank, timeout_s),
+        etp=_axis(expert_groups(d, "etp"), rank, timeout_s),
+        edp=_axis(expert_groups(d, "edp"), rank, timeout_s),
+        route=_axis(_attention_groups(plan, route), rank, timeout_s),
+        token_split=_axis(_attention_groups(plan, split), rank, timeout_s))
 
 
 def expert_range(shares: tuple[int, ...], ep_index: int) -> tuple[int, int]:

@@ -24,7 +24,6 @@ from typing import Any
 from autotune.errors import InputError
 from autotune.plan import FP8_RECIPES, Plan, PlanError
 from autotune.plan_record import PlanRecord
-from autotune.schedules import schedule_of
 from autotune.specs.model import ModelSpec, load_model
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -88,7 +87,7 @@ def check_runtime_support(plan: Plan, spec: ModelSpec) -> None:
 def _moe_problems(plan: Plan, spec: ModelSpec) -> list[str]:
     """What the runtime's MoE layers (runtime/moe.py, runtime/expert_parallel.py) do not run, each
     with its reason."""
-    if getattr(spec, "mla", None) is not None:
+    if spec.mla is not None:
         return [f"model {spec.name}: the runtime does not build Multi-head Latent Attention (priced and "
                 "exported only)"]
     if spec.moe is None:
@@ -100,10 +99,8 @@ def _moe_problems(plan: Plan, spec: ModelSpec) -> list[str]:
     if plan.dtype == "fp16":
         p.append("dtype: fp16's dynamic loss scale would skip steps per gradient group (dense, expert); "
                  "MoE trials run in bf16 or fp32")
-    if plan.stages is not None:
+    if plan.stages is not None:  # (a schedule that is no chain, HelixPipe, the plan checks refuse)
         p.append("stages: per-stage degrees with experts are not built (the expert mesh folds onto one uniform stage)")
-    elif not schedule_of(plan).chain:
-        p.append(f"schedule: {plan.schedule} has its own trainer, without MoE layers")
     samples = plan.shares.samples or ()
     if len(set(samples)) > 1 and d.ep * d.etp > d.cp * d.hp * d.tp:
         p.append(f"shares.samples: {'/'.join(map(str, samples))} gives the dp replicas different micro-batch "

@@ -85,7 +85,6 @@ def test_moe_plan_matches_one_process(spec_name, world, name):
 @pytest.mark.parametrize(("item", "field"), [
     (_plan({"dp": 2, "ep": 2}, zero_stage=2), "zero_stage"),
     (_plan({"dp": 2, "ep": 2}, dtype="fp16"), "dtype"),
-    (_plan({"pp": 2}, schedule="helixpipe", helix_folds=2), "schedule"),
     (_plan({"dp": 2, "ep": 2}, shares={"samples": [1, 3]}), "shares.samples"),
 ])
 def test_what_the_runtime_does_not_run_is_refused_with_its_reason(item, field):
