@@ -72,8 +72,8 @@ def check_runtime_support(plan: Plan, spec: ModelSpec) -> None:
     for tp in tps:  # a per-stage plan: every replica's tp
         if spec.vocab % tp:
             p.append(f"degrees.tp: vocab({spec.vocab}) not divisible by tp({tp})")
-        if spec.ffn_hidden % tp:
-            p.append(f"degrees.tp: ffn_hidden({spec.ffn_hidden}) not divisible by tp({tp})")
+        if spec.dense_ffn_width % tp:  # ffn_hidden, or an MoE model's dense layers' width
+            p.append(f"degrees.tp: ffn_hidden({spec.dense_ffn_width}) not divisible by tp({tp})")
     if plan.micro_batch_size < 1:
         p.append("micro_batch_size: must be >= 1")
     if plan.dtype in FP8_RECIPES:
@@ -93,6 +93,8 @@ def _moe_problems(plan: Plan, spec: ModelSpec) -> list[str]:
     if spec.moe is None:
         return []
     p, d = [], plan.degrees
+    if spec.moe.shared_width % d.tp:
+        p.append(f"degrees.tp: the shared experts' width({spec.moe.shared_width}) is not divisible by tp({d.tp})")
     if plan.zero_stage >= 2:
         p.append(f"zero_stage: {plan.zero_stage} would shard expert weights over the dense gradient group; "
                  "the runtime's FSDP2 wrapping has no expert-DP mesh (use ZeRO-0/1 with MoE)")
