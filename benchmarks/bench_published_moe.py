@@ -113,9 +113,22 @@ def price_rows(rows: list[Row]) -> list[dict[str, Any]]:
             continue
         rec.update(predicted=p["tokens_per_s_per_gpu"], mfu=p["mfu"], feasible=p["feasible"],
                    infeasible_reason=p["infeasible_reason"],
-                   error=(p["tokens_per_s_per_gpu"] - row.tokens_per_s_per_gpu) / row.tokens_per_s_per_gpu)
+                   error=(p["tokens_per_s_per_gpu"] - row.tokens_per_s_per_gpu) / row.tokens_per_s_per_gpu,
+                   gap_per_moe_pass_s=gap_per_moe_pass(row, p["step_time_s"]))
         out.append(rec)
     return out
+
+
+def gap_per_moe_pass(row: Row, predicted_step_s: float) -> float:
+    """(published - predicted) step seconds per micro-batch per MoE layer of a pipeline stage: what a
+    missing fixed cost of each MoE layer's forward and backward would have to be to close the gap
+    (a diagnostic, not a fit)."""
+    plan, model = parse_inline(row.plan), load_model(row.model)
+    d = plan.degrees
+    dp = gpus(row) // (d.tp * d.pp * d.cp * d.hp)
+    passes = row.global_batch / (dp * plan.micro_batch_size) * model.moe_layer_count / d.pp
+    published_step = row.global_batch * row.seq_len / (row.tokens_per_s_per_gpu * gpus(row))
+    return (published_step - predicted_step_s) / passes
 
 
 def summary(priced: list[dict[str, Any]], held_out: bool) -> dict[str, Any] | None:
@@ -154,6 +167,10 @@ def _print(priced: list[dict[str, Any]]) -> None:
         print(f"{label}: {s['rows']} rows from {s['sources']} sources, median |error| {100 * s['median_abs']:.1f}%, "
               f"worst {100 * s['worst_abs']:.1f}% ({s['worst_row']}), {s['positive']} over / {s['negative']} under"
               + (f", {s['refused']} refused by the cost model" if s["refused"] else ""))
+    gaps = sorted(o["gap_per_moe_pass_s"] for o in priced if "gap_per_moe_pass_s" in o)
+    if gaps:
+        print(f"gap per micro-batch per MoE layer of a stage (published - predicted step): median "
+              f"{1e3 * statistics.median(gaps):.1f} ms, range {1e3 * gaps[0]:.1f} to {1e3 * gaps[-1]:.1f} ms")
     print("fitted constants: " + ("; ".join(f"{k}: {', '.join(v)}" for k, v in FITTED.items()) or "none"))
     print(f"issue 37 bar (held out: median <= {DONE['median']:.0%}, every row <= {DONE['worst']:.0%}, both signs): "
           + ("met" if done(summary(priced, True)) else "NOT met"))
