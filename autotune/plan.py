@@ -494,17 +494,10 @@ def parse_inline(text: str) -> Plan:
             if not value.isdigit():
                 raise PlanError(f"expected an integer, got {value!r}", field=key)
             rest[key] = int(value)
-        elif key in ("layers", "tokens", "heads", "samples", "experts"):
-            parts = value.split("/")
-            if not all(x.strip().isdigit() for x in parts):
-                raise PlanError(f"expected counts separated by '/', e.g. {key}=13/19, got {value!r}",
-                                field=f"shares.{key}")
-            shares[key] = [int(x) for x in parts]
+        elif key in _SHARE_KEYS:
+            shares[key] = _counts(value, f"shares.{key}", f"{key}=13/19")
         elif key == "uses":  # node counts per node group of a pool, e.g. uses=1/0
-            parts = value.split("/")
-            if not all(x.strip().isdigit() for x in parts):
-                raise PlanError(f"expected node counts separated by '/', e.g. uses=2/0, got {value!r}", field="uses")
-            rest["uses"] = [int(x) for x in parts]
+            rest["uses"] = _counts(value, "uses", "uses=2/0", what="node counts")
         elif key in ("sequence_parallel", "doc_mask"):
             rest[key] = value.lower() in ("1", "true", "yes", "on")
         elif key in ("schedule", "recompute", "cp_layout", "dtype", "balance"):
@@ -514,6 +507,18 @@ def parse_inline(text: str) -> Plan:
     if shares:
         rest["shares"] = shares
     return Plan.from_dict({"degrees": degrees, **rest}, source="--plan")
+
+
+_SHARE_KEYS = tuple(f.name for f in dataclasses.fields(Shares))
+"""The inline keys of uneven shares (``layers=13/19``): the Shares fields, one per dimension that may carry one."""
+
+
+def _counts(value: str, field: str, example: str, what: str = "counts") -> list[int]:
+    """An inline ``a/b/c`` list of counts, or a one-line error naming ``field``."""
+    parts = value.split("/")
+    if not all(x.strip().isdigit() for x in parts):
+        raise PlanError(f"expected {what} separated by '/', e.g. {example}, got {value!r}", field=field)
+    return [int(x) for x in parts]
 
 
 def load_plan(path_or_inline: str | Path) -> Plan:

@@ -200,10 +200,7 @@ def _program(sched: Schedule, p: int, v: int, m: int) -> _Program:
     f_at = [-1] * (n * m)
     b_at = [-1] * (n * m)
     w_at = [-1] * (n * m) if sched.splits_backward else None
-    cols = []
-    for s in range(p):
-        order = sched.op_order(p, v, m, s)
-        cols.append((s, [o[0] for o in order], [o[1] for o in order], [o[2] for o in order]))
+    cols = _columns(sched, p, v, m)
     ops: list[tuple[int, int, int, int, int]] = []
     add = ops.append
     ptr = [0] * p
@@ -239,6 +236,15 @@ def _program(sched: Schedule, p: int, v: int, m: int) -> _Program:
         remaining -= advanced
     return _Program(tuple(ops), _rows(f_at, m), _rows(b_at, m), _rows(w_at, m) if w_at is not None else None,
                     tuple(sched.stage_rank(j, p, v) for j in range(n)))
+
+
+def _columns(sched: Schedule, p: int, v: int, m: int) -> list[tuple[int, list, list, list]]:
+    """Each rank's operations in the schedule's order as (rank, kinds, chunks, micro-batches) columns."""
+    cols = []
+    for s in range(p):
+        order = sched.op_order(p, v, m, s)
+        cols.append((s, [o[0] for o in order], [o[1] for o in order], [o[2] for o in order]))
+    return cols
 
 
 def _rows(flat: list[int], m: int) -> tuple[tuple[int, ...], ...]:
