@@ -27,6 +27,7 @@ import json
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -62,11 +63,13 @@ class LengthDistribution:
         u, c = np.unique(arr, return_counts=True)
         return cls(tuple(int(x) for x in u), tuple(int(x) for x in c), source)
 
-    @property
+    # The figures below are computed once per distribution (``cached_property`` writes the instance's
+    # ``__dict__``, which a frozen dataclass allows): the cost model asks for them on every drawn window.
+    @cached_property
     def documents(self) -> int:
         return sum(self.counts)
 
-    @property
+    @cached_property
     def tokens(self) -> int:
         return int(np.dot(self.lengths, self.counts))
 
@@ -79,8 +82,17 @@ class LengthDistribution:
 
     def digest(self) -> str:
         """A short hash of the histogram: two studies price the same workload when digests match."""
+        return self._digest
+
+    @cached_property
+    def _digest(self) -> str:
         text = json.dumps([self.lengths, self.counts]).encode()
         return hashlib.sha256(text).hexdigest()[:16]
+
+    @cached_property
+    def sampler(self) -> _Sampler:
+        """The arrays ``sample_window`` draws from (built once, not per window)."""
+        return _Sampler.of(self)
 
     def summary(self) -> dict[str, Any]:
         """What a study records (with the histogram itself, so a resume prices it without the file)."""
@@ -89,12 +101,25 @@ class LengthDistribution:
                 "p99": self.quantile(0.99), "max": self.lengths[-1], "digest": self.digest(),
                 "lengths": list(self.lengths), "counts": list(self.counts)}
 
+    def brief(self) -> dict[str, Any]:
+        """``summary`` without the histogram: what a search's JSON and a trial's result show."""
+        return {k: v for k, v in self.summary().items() if k not in ("lengths", "counts")}
+
     @classmethod
     def from_summary(cls, d: dict[str, Any]) -> LengthDistribution:
         return cls(tuple(int(x) for x in d["lengths"]), tuple(int(x) for x in d["counts"]), str(d.get("source", "")))
 
     def to_payload(self) -> dict[str, Any]:
         return {"lengths": list(self.lengths), "counts": list(self.counts), "source": self.source}
+
+
+def describe(brief: dict[str, Any]) -> str:
+    """One line for the terminal on the documents a plan was priced or run with (``brief`` or a
+    breakdown's ``documents`` entry: count, median, p90, source, digest)."""
+    n, p50, p90 = brief.get("documents"), brief.get("p50"), brief.get("p90")
+    shape = f"{n:,} documents, median {p50:,} tokens, p90 {p90:,}" if n and p50 and p90 else "documents"
+    digest = f", digest {brief['digest'][:8]}" if brief.get("digest") else ""
+    return f"{shape} ({brief.get('source') or 'given windows'}{digest})"
 
 
 # ---- reading distributions ----------------------------------------------------------------------
@@ -174,23 +199,48 @@ def lognormal(mu: float, sigma: float, *, n: int = 20000, seed: int = 0, max_len
 
 
 # ---- packing ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Sampler:
+    """A distribution's lengths and the CDFs of its plain and length-biased draws, as numpy's
+    ``Generator.choice(a, p=p)`` builds them (``cdf = p.cumsum(); cdf /= cdf[-1]``, then one uniform per
+    draw located with ``searchsorted(side="right")``): drawing with them consumes the generator as
+    ``choice`` does, so the windows are the ones ``choice`` drew, bit for bit."""
+
+    lengths: np.ndarray
+    cdf: np.ndarray
+    cdf_biased: np.ndarray
+    mean: int
+    """``int(mean length)``, at least 1: how many draws a window's remainder asks for at once."""
+
+    @classmethod
+    def of(cls, dist: LengthDistribution) -> _Sampler:
+        lengths = np.asarray(dist.lengths, dtype=np.int64)
+        counts = np.asarray(dist.counts, dtype=np.float64)
+        biased = lengths * counts
+
+        def cdf(p: np.ndarray) -> np.ndarray:
+            c = p.cumsum()
+            c /= c[-1]
+            return c
+
+        return cls(lengths, cdf(counts / counts.sum()), cdf(biased / biased.sum()), max(1, int(dist.mean())))
+
+
 def sample_window(dist: LengthDistribution, seq_len: int, rng: np.random.Generator) -> tuple[int, ...]:
     """Document pieces of one window of a data-order stream (module docstring), summing to ``seq_len``."""
-    lengths = np.asarray(dist.lengths, dtype=np.int64)
-    counts = np.asarray(dist.counts, dtype=np.float64)
-    biased = lengths * counts
-    first = int(rng.choice(lengths, p=biased / biased.sum()))
+    sm = dist.sampler
+    first = int(sm.lengths[sm.cdf_biased.searchsorted(rng.random(), side="right")])
     residual = int(first - rng.integers(0, first))  # the straddling document's part in this window: 1..first
     if residual >= seq_len:
         return (seq_len,)
     out, total = [residual], residual
-    p = counts / counts.sum()
-    while total < seq_len:
-        for d in rng.choice(lengths, size=2 * (seq_len - total) // max(1, int(dist.mean())) + 4, p=p):
-            out.append(int(d))
-            total += int(d)
-            if total >= seq_len:
-                break
+    while total < seq_len:  # draws in batches; the window takes them up to the first that fills it
+        drawn = sm.lengths[sm.cdf.searchsorted(rng.random(2 * (seq_len - total) // sm.mean + 4), side="right")]
+        ends = total + np.cumsum(drawn)
+        k = int(ends.searchsorted(seq_len, side="left"))  # the first draw whose end reaches the window's
+        take = drawn[:k + 1]
+        out.extend(take.tolist())
+        total = int(ends[min(k, len(ends) - 1)])
     out[-1] -= total - seq_len  # the last document continues in the next window
     return tuple(out)
 

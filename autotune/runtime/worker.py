@@ -352,16 +352,9 @@ def train(plan: Plan, spec: ModelSpec, seq_len: int, global_batch: int, *, steps
     # the peak is measured over this baseline (imports, process groups): what the plan itself needs
     # (weights, gradients, optimizer states, activations, communication buffers)
     baseline = reset_peak_memory(device)
-    sched = schedule_of(plan)
-    if plan.stages is not None:
-        from autotune.runtime.stages import StagedTrainer
-
-        trainer: Any = StagedTrainer(plan, spec, mesh, seq_len, global_batch, seed, data=data, clock=clk,
-                                     documents=documents)
-    elif not sched.chain:  # a data flow that is no chain of stages (helixpipe): its hand-written runtime
-        trainer = HelixTrainer(plan, spec, mesh, seq_len, global_batch, seed, data=data, documents=documents)
-    else:
-        trainer = RankTrainer(plan, spec, mesh, seq_len, global_batch, seed, data=data, documents=documents)
+    trainer = _trainer(plan, spec, mesh, seq_len, global_batch, seed, data, clk, documents)
+    if (feed := getattr(trainer, "feed", None)) is not None:  # every step's documents, before any clock starts
+        feed.prepare(range(warmup + steps), global_batch, seq_len)
     losses, times, splits = [], [], []
     for i in range(warmup + steps):
         dist.barrier()
@@ -395,6 +388,19 @@ def train(plan: Plan, spec: ModelSpec, seq_len: int, global_batch: int, *, steps
     if export_state:
         report["state"] = trainer.export_state()
     return report
+
+
+def _trainer(plan: Plan, spec: Any, mesh: Any, seq_len: int, global_batch: int, seed: int, data: Any, clk: Any,
+             documents: Any) -> Any:
+    """The trainer that runs ``plan``: per-stage degrees, a data flow that is no chain of stages
+    (helixpipe: its hand-written runtime), or the chain of stages."""
+    if plan.stages is not None:
+        from autotune.runtime.stages import StagedTrainer
+
+        return StagedTrainer(plan, spec, mesh, seq_len, global_batch, seed, data=data, clock=clk, documents=documents)
+    if not schedule_of(plan).chain:
+        return HelixTrainer(plan, spec, mesh, seq_len, global_batch, seed, data=data, documents=documents)
+    return RankTrainer(plan, spec, mesh, seq_len, global_batch, seed, data=data, documents=documents)
 
 
 def _split(clk: CommClock, idle: float, cpu_s: float) -> dict[str, float]:
