@@ -83,3 +83,21 @@ def _clean(obj: Any) -> Any:
 def emit_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(_clean(obj), indent=2, default=str) + "\n")
     sys.stdout.flush()
+
+
+def documents_line(entry: dict[str, Any], flops: dict[str, Any] | None = None) -> str:
+    """The terminal's line on a plan priced over documents (a breakdown's ``documents`` entry, or a
+    search's): the distribution, that attention stops at their boundaries, and what MFU counts."""
+    from autotune.documents import describe
+
+    line = f"documents: {describe(entry)}; attention masked at their boundaries"
+    if entry.get("balance"):
+        line += f", windows dealt to replicas by {entry['balance']}"
+    keys = entry.get("masked_keys_per_query")
+    if flops and keys and flops.get("unmasked_model_per_step"):
+        line += (f"; a query attends {keys:,.0f} keys on average ({entry['unmasked_keys_per_query']:,.0f} in whole "
+                 f"causal windows), so MFU counts "
+                 f"{flops['model_per_step']:.3g} model FLOPs per step, not {flops['unmasked_model_per_step']:.3g}")
+    if entry.get("how"):
+        line += f"; step: {entry['how']}"
+    return line

@@ -67,6 +67,11 @@ def command(model: ModelOpt, cluster: ClusterOpt, plan: PlanOpt, seq_len: SeqLen
                    **({"target": {"name": target, "cannot_run": refused}} if target != "runtime" else {})})
         return
     _print(est, m, c, wide)
+    if "documents" in est.breakdown:
+        from autotune.commands.common import documents_line
+
+        console.print(documents_line(est.breakdown["documents"], est.breakdown.get("flops")), highlight=False,
+                      soft_wrap=True)
     for line in [subset["text"], *subset["why"]] if subset else []:
         console.print(line, highlight=False, soft_wrap=True)
     if refused:

@@ -124,10 +124,19 @@ def command(
     with Progress(err_console, enabled=not json_) as live:  # a terminal only; nothing under --json or a pipe
         res = pool_search(m, c, seq_len, global_batch, study_name=name, storage=storage, options=opts, objective=obj,
                           display=live)
+    out = res.to_dict()
+    if docs is not None:  # which documents priced the plans: the distribution, not its histogram
+        out["documents"] = {**docs.dist.brief(), "doc_mask": opts.doc_mask}
     if json_:
-        emit_json(res.to_dict())
+        emit_json(out)
         return
-    show(res.to_dict(), storage, wide, top=res.layouts)
+    show(out, storage, wide, top=res.layouts)
+
+
+def _describe(d: dict[str, Any]) -> str:
+    from autotune.documents import describe
+
+    return describe(d)
 
 
 def _shares(p: dict[str, Any]) -> str:
@@ -285,6 +294,13 @@ def show(res: dict[str, Any], storage: str | None = None, wide: bool = False,
     b = res.get("baseline_best")
     if b:
         console.print(plan_table([b], "best even-split plan", wide=wide))
+    if res.get("documents"):
+        from autotune.commands.common import documents_line
+
+        d = res["documents"]
+        console.print(documents_line(d) if d.get("doc_mask", True) else
+                      f"documents: {_describe(d)}; priced as whole causal windows (--no-doc-mask)", highlight=False,
+                      soft_wrap=True)
     if res.get("why"):
         console.print(f"why the best wins: {res['why']}", highlight=False)
     if res.get("targets"):

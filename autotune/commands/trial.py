@@ -165,6 +165,10 @@ def _show(out: dict) -> None:
         t.add_row(str(s["rank"]), fmt_bytes(mem), fmt_time(s["compute_s"]), fmt_time(s["comm_s"]),
                   fmt_time(s["idle_s"]), f"{100 * s['coverage']:.0f}%")
     console.print(t)
+    if m.get("documents"):
+        from autotune.commands.common import documents_line
+
+        console.print(documents_line(m["documents"]), highlight=False, soft_wrap=True)
     show_losses(out["losses"], m.get("warmup", 0), m.get("data"))
 
 

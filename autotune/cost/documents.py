@@ -136,22 +136,31 @@ class DocWork:
 
 def step_work(step: tuple[tuple[int, ...], ...], plan: Any, seq_len: int, on_cpu: bool) -> DocWork:
     """The attention work of one drawn step under ``plan`` (resolved: shares filled in)."""
-    d = plan.degrees
-    zig = plan.cp_layout == "zigzag" and d.cp > 1
-    segs = segments(plan.shares.tokens, zig, seq_len)
+    zig = plan.cp_layout == "zigzag" and plan.degrees.cp > 1
+    return _step_work(step, plan.shares.samples, plan.balance, plan.shares.tokens, zig, seq_len, on_cpu)
+
+
+def _step_work(step: tuple[tuple[int, ...], ...], samples: tuple[int, ...], balance: str, tokens: tuple[int, ...],
+               zig: bool, seq_len: int, on_cpu: bool) -> DocWork:
+    """``step_work`` on what it reads of a plan: the replicas' sample counts and balance, the CP
+    ranks' token shares and layout (so plans that differ elsewhere share one ``DocWork``)."""
+    cp = len(tokens)
+    segs = segments(tokens, zig, seq_len)
+    pieces = _Pieces.of(step)
+    per_rank = [pieces.of_ranks(sg) for sg in segs]  # per CP rank: (pairs, num, den) per row
+    whole = _Pieces.of(((seq_len,),))
     keysums, rings, seqs = [], [], []
-    for rows in W.replica_rows(step, plan.shares.samples, plan.balance):
-        seqs.append(tuple(_attn_seq([step[r] for r in rows], segs[c], plan.shares.tokens[c], seq_len)
-                          for c in range(d.cp)))
-        pairs = np.array([[masked_pairs(step[r], segs[c]) for c in range(d.cp)] for r in rows])
+    for rows in W.replica_rows(step, samples, balance):
+        seqs.append(tuple(_attn_seq(per_rank[c], rows, whole.of_ranks(segs[c]), tokens[c]) for c in range(cp)))
+        pairs = np.array([[float(per_rank[c][0][r]) for c in range(cp)] for r in rows])
         mean = pairs.mean(axis=0)  # per window (the cost model multiplies by the micro-batch size)
-        sync = float(pairs.max(axis=1).mean() / pairs.mean(axis=0).max()) if d.cp > 1 else 1.0
+        sync = float(pairs.max(axis=1).mean() / pairs.mean(axis=0).max()) if cp > 1 else 1.0
         keysums.append(tuple(float(x) * sync for x in mean))
         if not on_cpu:
-            rings.append((None,) * d.cp)
+            rings.append((None,) * cp)
             continue
         ring = []
-        for c in range(d.cp):
+        for c in range(cp):
             calls: dict[tuple[int, int, bool], float] = {}
             for r in rows:
                 for blk in masked_blocks(step[r], segs, c):
@@ -162,38 +171,125 @@ def step_work(step: tuple[tuple[int, ...], ...], plan: Any, seq_len: int, on_cpu
     return DocWork(tuple(keysums), tuple(rings), tuple(seqs))
 
 
-def _attn_seq(windows: list[tuple[int, ...]], segs: list[tuple[int, int]], shard: int, seq_len: int) -> float:
+@dataclasses.dataclass(frozen=True)
+class _Pieces:
+    """Every document piece of a step's windows as arrays (start, end, row), so a CP rank's masked
+    pairs and pair-weighted piece lengths are a few numpy operations per segment, not a loop over
+    documents. Integer arithmetic throughout (int64): a window's pairs and their sums stay exact,
+    as the float loops they replace were wherever their partial sums stayed below 2**53."""
+
+    start: np.ndarray
+    end: np.ndarray
+    row: np.ndarray
+    rows: int
+
+    @classmethod
+    def of(cls, step: tuple[tuple[int, ...], ...]) -> _Pieces:
+        lens = [np.asarray(w, dtype=np.int64) for w in step]
+        end = np.concatenate([np.cumsum(x) for x in lens])
+        size = np.concatenate(lens)
+        row = np.repeat(np.arange(len(step)), [len(x) for x in lens])
+        return cls(end - size, end, row, len(step))
+
+    def of_ranks(self, segs: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per row, for the queries in ``segs``: the causal same-document pairs (``masked_pairs``), and
+        over each document's piece inside each segment, the sums of pairs * piece and of pairs
+        (``_attn_seq``'s weights)."""
+        pairs = np.zeros(self.rows, dtype=np.int64)
+        num = np.zeros(self.rows, dtype=np.int64)
+        den = np.zeros(self.rows, dtype=np.int64)
+        for a, n in segs:
+            lo, hi = np.maximum(a, self.start), np.minimum(a + n, self.end)
+            m = lo < hi
+            s, lo, hi, row = self.start[m], lo[m], hi[m], self.row[m]
+            # sum over p in [lo, hi) of (p - s + 1): (hi - lo) terms from lo - s + 1 to hi - s
+            pairs += _isum(row, (hi - lo) * (lo + hi - 2 * s + 1) // 2, self.rows)
+            piece = hi - lo
+            pp = piece * (piece + 1) // 2
+            num += _isum(row, pp * piece, self.rows)
+            den += _isum(row, pp, self.rows)
+        return pairs, num, den
+
+
+def _isum(row: np.ndarray, values: np.ndarray, rows: int) -> np.ndarray:
+    """Integer sums of ``values`` per ``row`` (``np.bincount`` sums in float64, which rounds past 2**53)."""
+    out = np.zeros(rows, dtype=np.int64)
+    np.add.at(out, row, values)
+    return out
+
+
+def _attn_seq(work: tuple[np.ndarray, np.ndarray, np.ndarray], rows: list[int],
+              whole: tuple[np.ndarray, np.ndarray, np.ndarray], shard: int) -> float:
     """The shard's attention length with documents: the shard (the cost model's length for a whole
     window) times the pair-weighted mean piece length over that of one window-long document (so a
-    single document prices exactly as no documents)."""
-    def weighted(ws: list[tuple[int, ...]]) -> float:
-        num = den = 0.0
-        for docs in ws:
-            for s, e in W_starts(docs):
-                for a, n in segs:
-                    piece = min(e, a + n) - max(s, a)
-                    if piece > 0:
-                        pairs = piece * (piece + 1) / 2.0
-                        num += pairs * piece
-                        den += pairs
-        return num / den if den else 0.0
+    single document prices exactly as no documents). ``work``: ``_Pieces.of_ranks`` of the step,
+    ``whole``: of one window-long document, both for this shard's segments."""
+    def weighted(num: int, den: int) -> float:
+        return float(num) / float(den) if den else 0.0
 
-    whole = weighted([(seq_len,)])
-    return min(float(shard), shard * weighted(windows) / whole) if whole else float(shard)
+    one = weighted(int(whole[1][0]), int(whole[2][0]))
+    mine = weighted(int(work[1][rows].sum()), int(work[2][rows].sum()))
+    return min(float(shard), shard * mine / one) if one else float(shard)
 
 
 def drawn_work(plan: Any, dist: Any, seq_len: int, global_batch: int, on_cpu: bool,
                steps: int = STEPS, seed: int = SEED) -> list[DocWork]:
-    """The work of the steps to price: the first ``steps`` draws, or every step of ``GivenWindows``."""
-    chosen = dist.steps if isinstance(dist, GivenWindows) else drawn_steps(dist, seq_len, global_batch, DRAWS, seed)[:steps]
-    return [step_work(st, plan, seq_len, on_cpu) for st in chosen]
+    """The work of the steps to price: the first ``steps`` draws, or every step of ``GivenWindows``.
+    Drawn steps' work is kept per (distribution, window, batch, seed, step) and what ``_step_work``
+    reads of the plan, so a search prices each replica and CP layout's masked windows once."""
+    if isinstance(dist, GivenWindows):
+        return [step_work(st, plan, seq_len, on_cpu) for st in dist.steps]
+    zig = plan.cp_layout == "zigzag" and plan.degrees.cp > 1
+    shape = (plan.shares.samples, plan.balance, plan.shares.tokens, zig, on_cpu)
+    drawn = drawn_steps(dist, seq_len, global_batch, DRAWS, seed)
+    out = []
+    for i in range(min(steps, len(drawn))):
+        key = (dist.digest(), seq_len, global_batch, seed, i, shape)
+        work = _WORK.get(key)
+        if work is None:
+            if len(_WORK) >= _WORK_LIMIT:  # a long-lived process pricing many workloads: start again
+                _WORK.clear()
+            work = _WORK[key] = _step_work(drawn[i], plan.shares.samples, plan.balance, plan.shares.tokens, zig,
+                                           seq_len, on_cpu)
+        out.append(work)
+    return out
+
+
+_WORK: dict[tuple[Any, ...], DocWork] = {}
+_WORK_LIMIT = 8192
 
 
 def bottleneck(step: tuple[tuple[int, ...], ...], plan: Any) -> float:
     """The control variate of one step: the largest attention pairs per window over its replicas (as
     ``documents.assign_windows`` weighs a replica: its load over its sample count)."""
-    rows = W.replica_rows(step, plan.shares.samples, plan.balance)
-    return max(sum(_pairs(step[r]) for r in rs) / len(rs) for rs in rows if rs)
+    return _bottleneck([_pairs(w) for w in step], plan.shares.samples, plan.balance)
+
+
+def _bottleneck(costs: list[int], samples: tuple[int, ...], balance: str) -> float:
+    if balance == "cost":
+        rows = W.assign_windows(costs, samples)
+    else:
+        rows, start = [], 0
+        for n in samples:
+            rows.append(range(start, start + n))
+            start += n
+    return max(sum(costs[r] for r in rs) / len(rs) for rs in rows if rs)
+
+
+@lru_cache(maxsize=1024)
+def bottlenecks(dist: W.LengthDistribution, seq_len: int, global_batch: int, samples: tuple[int, ...], balance: str,
+                seed: int = SEED) -> tuple[tuple[float, ...], float]:
+    """``bottleneck`` of each of the ``DRAWS`` dealt steps and their mean, once per distribution,
+    window, batch, replicas' sample counts and balance (the control variate's points)."""
+    costs = _draw_pairs(dist, seq_len, global_batch, seed)
+    xs = tuple(_bottleneck(c, samples, balance) for c in costs)
+    return xs, statistics.fmean(xs)
+
+
+@lru_cache(maxsize=64)
+def _draw_pairs(dist: W.LengthDistribution, seq_len: int, global_batch: int, seed: int) -> list[list[int]]:
+    """The causal pairs of every window of the ``DRAWS`` drawn steps (what both balances weigh)."""
+    return [[_pairs(w) for w in st] for st in drawn_steps(dist, seq_len, global_batch, DRAWS, seed)]
 
 
 @lru_cache(maxsize=65536)
@@ -211,31 +307,78 @@ def expected(times: list[float], xs: list[float], mean_x: float) -> float:
     return max(mt + max(b, 0.0) * (mean_x - mx), min(times))
 
 
-def combine(priced: list[tuple[dict[str, Any], dict[str, Any]]], dist: Any, plan: Any,
+def combine(priced: list[tuple[dict[str, Any], dict[str, Any]]], dist: Any, plan: Any, model: Any,
             seq_len: int, global_batch: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """(predicted, breakdown) of the priced steps: the step time is their control-variate mean
-    (``expected``; given windows: their plain mean, and ``step_times_s`` each); the breakdown and
-    memory are the priced step nearest that mean's, with a ``documents`` entry saying how it was priced."""
+    (``expected``; given windows: their plain mean, and ``step_times_s`` each). One figure per plan:
+    the breakdown is the priced step nearest that mean, its seconds scaled to the mean (``_scaled``),
+    so its terms add up to the headline as they add up to a drawn step; memory is that step's. The
+    model FLOPs are the masked workload's (``masked_keys``): MFU counts the attention the mask keeps,
+    not the whole causal window's. A ``documents`` entry says how it was priced."""
     times = [float(p["step_time_s"]) for p, _ in priced]
     if isinstance(dist, GivenWindows):
         mean = statistics.fmean(times)
         how = f"mean over {len(times)} given steps ({dist.source})"
     else:
-        draws = drawn_steps(dist, seq_len, global_batch, DRAWS, SEED)
-        xs = [bottleneck(st, plan) for st in draws]
-        mean = expected(times, xs[:len(times)], statistics.fmean(xs))
+        xs, mean_x = bottlenecks(dist, seq_len, global_batch, plan.shares.samples, plan.balance)
+        mean = expected(times, list(xs[:len(times)]), mean_x)
         how = (f"{len(times)} drawn steps (seed {SEED}) priced, their mean moved by a control variate (the slowest "
                f"replica's pairs per window, mean over {DRAWS} dealt steps)")
     pred, bd = min(priced, key=lambda pb: abs(pb[0]["step_time_s"] - mean))
+    drawn = float(pred["step_time_s"])
+    scale = mean / drawn if drawn > 0 else 1.0
     pred = dict(pred)
-    ratio = pred["step_time_s"] / mean if mean > 0 else 1.0
     pred["step_time_s"] = mean
     pred["tokens_per_s"] = global_batch * seq_len / mean if mean > 0 else 0.0
+    bd = _scaled(bd, scale)
+    keys = masked_keys(dist, seq_len, global_batch)
+    flops = dict(bd["flops"])
+    tokens = float(global_batch) * seq_len
+    flops["unmasked_model_per_step"] = flops["model_per_step"]
+    flops["model_per_step"] = model.model_flops_per_token(seq_len, keys) * tokens
+    flops["hardware_per_step"] = model.hardware_flops_per_token(seq_len, plan.recompute, keys) * tokens
+    bd["flops"] = flops
     if isinstance(pred.get("mfu"), (int, float)):
-        pred["mfu"] = pred["mfu"] * ratio
-    bd = dict(bd)
+        peak = flops["cluster_peak_per_s"]
+        pred["mfu"] = flops["model_per_step"] / (mean * peak) if mean > 0 and peak > 0 else 0.0
     info = ({"source": dist.source} if isinstance(dist, GivenWindows) else
-            {"source": dist.source, "digest": dist.digest(), "mean_length": round(dist.mean(), 2)})
+            {"source": dist.source, "digest": dist.digest(), "mean_length": round(dist.mean(), 2),
+             "documents": dist.documents, "p50": dist.quantile(0.5), "p90": dist.quantile(0.9)})
     bd["documents"] = {**info, "packing": "order", "balance": plan.balance, "drawn_steps_s": times,
-                       "step_time_s": mean, "how": how}
+                       "step_time_s": mean, "breakdown_scaled_from_s": drawn, "masked_keys_per_query": keys,
+                       "unmasked_keys_per_query": (seq_len + 1) / 2,
+                       "how": how + f"; the breakdown is the drawn step of {drawn:.4g} s scaled to it"}
     return pred, bd
+
+
+_SCALED = ("stages", "ranks")
+
+
+def _scaled(bd: dict[str, Any], k: float) -> dict[str, Any]:
+    """``bd`` with every time figure (keys ending ``_s``, the timeline's ``start`` and ``end``) times ``k``:
+    the drawn step's breakdown as the expected step's, so its parts add up to the headline."""
+    def times(d: dict[str, Any], keys: tuple[str, ...] = ()) -> dict[str, Any]:
+        out = dict(d)
+        for key, v in d.items():
+            if key.endswith("_s") or key in keys:
+                out[key] = [x * k for x in v] if isinstance(v, list) else v * k if isinstance(v, (int, float)) else v
+        return out
+
+    out = times(bd)
+    for key in _SCALED:
+        if isinstance(bd.get(key), list):
+            out[key] = [times(x) for x in bd[key]]
+    if isinstance(bd.get("timeline"), list):
+        out["timeline"] = [times(e, ("start", "end")) for e in bd["timeline"]]
+    return out
+
+
+def masked_keys(dist: Any, seq_len: int, global_batch: int) -> float:
+    """The mean keys a query attends under the document mask: the windows' causal same-document
+    pairs over their tokens (a whole causal window: (S + 1) / 2), over the ``DRAWS`` drawn steps
+    or every given window."""
+    if isinstance(dist, GivenWindows):
+        windows = [w for st in dist.steps for w in st]
+        return sum(_pairs(w) for w in windows) / (len(windows) * seq_len)
+    pairs = _draw_pairs(dist, seq_len, global_batch, SEED)
+    return sum(sum(st) for st in pairs) / (sum(len(st) for st in pairs) * seq_len)

@@ -65,7 +65,10 @@ class DocumentsEstimator:
     def __init__(self, dist: W.LengthDistribution, balance: str = "auto", cp_balance: bool = True):
         self.dist, self.balance, self.cp_balance = dist, balance, cp_balance
 
-    def __call__(self, plan, model, cluster, seq_len, global_batch, *, calibration=None, timeline=False):
+    def __call__(self, plan, model, cluster, seq_len, global_batch, *, calibration=None, timeline=False,
+                 kernels=None):
+        """``estimate``'s signature: ``kernels`` (the target runtime's kernel costs, ``--target``) reach
+        every drawn step's price, as they reach a plain estimate's."""
         choices = ("count", "cost") if self.balance == "auto" else (self.balance,)
         if plan.degrees.dp == 1:
             choices = choices[:1]
@@ -73,7 +76,7 @@ class DocumentsEstimator:
         best = None
         for b in choices:
             est = price(plan.replace(doc_mask=True, balance=b), model, cluster, seq_len, global_batch, self.dist,
-                        calibration=calibration, timeline=timeline)
+                        calibration=calibration, timeline=timeline, kernels=kernels)
             if best is None or est.predicted.get("tokens_per_s", 0) > best.predicted.get("tokens_per_s", 0):
                 best = est
         return best

@@ -83,7 +83,7 @@ def estimate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: i
         on_cpu = any(g.device.kind == "cpu" for g in cluster.groups)
         priced = [_price(replace(s, doc_work=w), timeline)
                   for w in DOC.drawn_work(s.plan, documents, seq_len, global_batch, on_cpu)]
-        predicted, breakdown = DOC.combine(priced, documents, s.plan, seq_len, global_batch)
+        predicted, breakdown = DOC.combine(priced, documents, s.plan, s.model, seq_len, global_batch)
         return Estimate(plan=s.plan, predicted=predicted, breakdown=breakdown)
     predicted, breakdown = _price(s, timeline)
     return Estimate(plan=s.plan, predicted=predicted, breakdown=breakdown)

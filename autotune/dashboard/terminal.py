@@ -118,6 +118,7 @@ def summary(view: StudyView) -> Text:
     txt.append("best ", style="bold")
     txt.append(f"#{b.number} {b.degrees_text()}: {_tps(b.measured_tps or b.predicted_tps)} tok/s ({which})",
                style="green")
+    txt.append(_best_why(view))
     sp = speedup(b, e)
     if e is not None and e is not b and sp is not None:
         txt.append(f"; {sp:.2f}x the best even split #{e.number} {e.degrees_text()} "
@@ -129,6 +130,23 @@ def summary(view: StudyView) -> Text:
         parts = [f"{t} {v['ratio']:.2f}x (#{v['trial']})" if v else f"{t} none of the best" for t, v in targets.items()]
         txt.append("\nbest plan each target can run, against the best: " + ", ".join(parts))
     return txt
+
+
+def _best_why(view: StudyView) -> str:
+    """Why the best is not the fastest prediction in the table, when it is not: validate measured it,
+    or it ties with a faster plan (within ``TIE_TOLERANCE``) and is the simpler one, as the search and
+    ``apply`` choose (cost/tiebreak.py)."""
+    from autotune.cost.tiebreak import TIE_TOLERANCE
+
+    b = view.best
+    ok = [r for r in view.rows if r.feasible and r.predicted_tps]
+    fastest = max(ok, key=lambda r: r.predicted_tps, default=None)
+    if b is None or fastest is None or fastest.predicted_tps <= (b.predicted_tps or 0.0):
+        return ""
+    if b.measured_tps:
+        return " (the fastest measured by validate)"
+    return (f" ({b.predicted_tps / fastest.predicted_tps - 1:+.1%} against #{fastest.number}'s prediction: "
+            f"within {TIE_TOLERANCE:.0%} plans tie and the simpler one is chosen, as search and apply choose)")
 
 
 def render(view: StudyView, limit: int | None = None, console: Console | None = None, wide: bool = False) -> Group:

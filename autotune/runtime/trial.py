@@ -224,8 +224,7 @@ def run_trial(plan: Plan | dict[str, Any], model: ModelSpec | str, seq_len: int,
                               warmup=warmup, seed=seed, device=kind, emulate=emulate, data=data_desc,
                               wall_s=res.wall_s)
     if payload["documents"] is not None and out.measured is not None:  # which windows were measured
-        out.measured["documents"] = {"source": documents.dist.source, "digest": documents.dist.digest(),
-                                     "balance": resolved.balance}
+        out.measured["documents"] = {**documents.dist.brief(), "balance": resolved.balance}
     return out
 
 

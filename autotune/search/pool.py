@@ -144,6 +144,9 @@ def pool_search(model: Any, pool: Any, seq_len: int, global_batch: int, *, study
     opts = dataclasses.replace(opts, dtype=choose_dtype(opts.dtype, pool))  # ``auto`` as --dtype means it
     if opts.workers > 1 or opts.sampler == "grid":
         raise InputError("a pool search runs one process with the tpe or random sampler", field="--workers/--sampler")
+    from autotune.search.run import documents_estimator
+
+    estimator = documents_estimator(opts, estimator)  # --data/--lengths price every subset's plans masked
     return _PoolRun(model, pool, seq_len, global_batch, study_name, storage, opts, obj, estimator,
                     progress or (display.say if display is not None else (lambda _m: None)), display).run()
 
@@ -193,7 +196,8 @@ class _PoolRun:
         if not subsets:
             raise WorkError("no subset of the pool can be searched: " + "; ".join(notes))
         record = StudyRecord(model=self.model, cluster=self.pool, seq_len=self.seq_len,
-                             global_batch=self.global_batch, space=self.opts.space, target=self.opts.target)
+                             global_batch=self.global_batch, space=self.opts.space, target=self.opts.target,
+                             documents=self.opts.documents)
         study = create_or_open(self.name, self.storage, record)
         study.set_user_attr(STUDY_KEY, self.obj.attrs())
         self.stored = study.get_trials(deepcopy=False)

@@ -160,7 +160,7 @@ def search(model: Any, cluster: Any, seq_len: int, global_batch: int, *, study_n
     # CLI does: an API caller's default ``auto`` means the same as ``--dtype``'s
     opts = dataclasses.replace(opts, dtype=choose_dtype(opts.dtype, cluster))
     t0 = time.monotonic()
-    estimator = _documents_estimator(opts, estimator)
+    estimator = documents_estimator(opts, estimator)
     _ctx, space, ev = setup(model, cluster, seq_len, global_batch, opts, estimator)
     record = StudyRecord(model=model, cluster=cluster, seq_len=seq_len, global_batch=global_batch, space=opts.space,
                          target=opts.target, documents=opts.documents)
@@ -188,8 +188,9 @@ def search(model: Any, cluster: Any, seq_len: int, global_batch: int, *, study_n
     return res
 
 
-def _documents_estimator(opts: SearchOptions, estimator: Callable[..., Any] | None) -> Callable[..., Any] | None:
-    """The estimator given, or a document-masked one when the options name documents with doc_mask."""
+def documents_estimator(opts: SearchOptions, estimator: Callable[..., Any] | None) -> Callable[..., Any] | None:
+    """The estimator given, or a document-masked one when the options name documents with doc_mask
+    (every search path asks this: the plain one here, a pool's or an objective's ``search/pool.py``)."""
     if estimator is None and opts.documents is not None and opts.doc_mask:
         from autotune.cost.documents_estimator import DocumentsEstimator
         from autotune.documents import DocumentSource

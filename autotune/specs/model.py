@@ -272,10 +272,13 @@ class ModelSpec:
         return n_moe * self.layer_matmul_flops_fwd() + (self.layers - n_moe) * self.layer_matmul_flops_fwd(
             self.moe.dense_layers[0] if self.moe.dense_layers else None)
 
-    def layer_attention_flops_fwd(self, seq_len: int, causal: bool = True) -> float:
+    def layer_attention_flops_fwd(self, seq_len: int, causal: bool = True, keys: float | None = None) -> float:
         """Forward FLOPs per token of QK^T and AV: 2 * heads * (qk width + v width) * keys attended
-        (standard attention: 2 matmuls * 2 * heads * head_dim)."""
-        keys = (seq_len + 1) / 2 if causal else seq_len
+        (standard attention: 2 matmuls * 2 * heads * head_dim). ``keys``: the mean keys a query
+        attends when a mask keeps fewer than the causal window's (documents: a window's
+        same-document causal pairs over its tokens, ``cost/documents.py``)."""
+        if keys is None:
+            keys = (seq_len + 1) / 2 if causal else seq_len
         if self.mla is None:
             return 2.0 * 2.0 * self.q_dim * keys
         return 2.0 * self.heads * (self.qk_head_dim + self.v_head_dim) * keys
@@ -284,18 +287,19 @@ class ModelSpec:
         """LM head per token (the embedding lookup is free)."""
         return 2.0 * self.hidden * self.vocab
 
-    def forward_flops_per_token(self, seq_len: int) -> float:
+    def forward_flops_per_token(self, seq_len: int, keys: float | None = None) -> float:
+        attention = self.layer_attention_flops_fwd(seq_len, keys=keys)
         if self.moe is None:
-            layer = self.layer_matmul_flops_fwd() + self.layer_attention_flops_fwd(seq_len)
-            return self.layers * layer + self.head_flops_fwd()
-        return self.matmul_flops_fwd() + self.layers * self.layer_attention_flops_fwd(seq_len) + self.head_flops_fwd()
+            return self.layers * (self.layer_matmul_flops_fwd() + attention) + self.head_flops_fwd()
+        return self.matmul_flops_fwd() + self.layers * attention + self.head_flops_fwd()
 
-    def model_flops_per_token(self, seq_len: int) -> float:
+    def model_flops_per_token(self, seq_len: int, keys: float | None = None) -> float:
         """Training FLOPs per token without recomputation (forward + 2x backward): what MFU counts
-        (a MoE model: the active parameters' matmuls, docs/moe.md)."""
-        return 3.0 * self.forward_flops_per_token(seq_len)
+        (a MoE model: the active parameters' matmuls, docs/moe.md). ``keys``: the mean keys a query
+        attends under a document mask (``layer_attention_flops_fwd``)."""
+        return 3.0 * self.forward_flops_per_token(seq_len, keys)
 
-    def hardware_flops_per_token(self, seq_len: int, recompute: str = "none") -> float:
+    def hardware_flops_per_token(self, seq_len: int, recompute: str = "none", keys: float | None = None) -> float:
         """Training FLOPs per token the devices really execute, recomputation included.
 
         full: every block's forward again (Megatron ``--recompute-granularity full``);
@@ -303,13 +307,14 @@ class ModelSpec:
         """
         if recompute not in RECOMPUTE:
             raise InputError(f"must be one of {', '.join(RECOMPUTE)}, got {recompute!r}", field="recompute")
-        base = self.model_flops_per_token(seq_len)
+        base = self.model_flops_per_token(seq_len, keys)
         if recompute == "full":
+            attention = self.layer_attention_flops_fwd(seq_len, keys=keys)
             if self.moe is None:
-                return base + self.layers * (self.layer_matmul_flops_fwd() + self.layer_attention_flops_fwd(seq_len))
-            return base + self.matmul_flops_fwd() + self.layers * self.layer_attention_flops_fwd(seq_len)
+                return base + self.layers * (self.layer_matmul_flops_fwd() + attention)
+            return base + self.matmul_flops_fwd() + self.layers * attention
         if recompute == "selective":
-            return base + self.layers * self.layer_attention_flops_fwd(seq_len)
+            return base + self.layers * self.layer_attention_flops_fwd(seq_len, keys=keys)
         return base
 
     def to_dict(self) -> dict[str, Any]:
