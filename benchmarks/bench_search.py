@@ -30,6 +30,10 @@
    as they define them, 8+8 and 16+16, fp16; asked: <= 1 s each), 128 devices of four types
    (llama3-70b, 128k, b=16; asked: <= 5 s) and 1024 devices (b=128; asked: <= 20 s).
 
+8. Documents (``--only documents``): a search over documents against the plain search of the same
+   setup through the CLI, three setups (log-normal lengths at 32k on 8 H100 + 8 A100, a token file
+   with EODs at 128k on 64 H20, the two-mode file at 8k; benchmarks/data/), median of ``--runs``
+   runs each, wall and CPU (asked: <= 1.5x).
 Sections 1-3 run on in-memory studies (``:memory:``): those figures are the search itself.
 """
 
@@ -332,12 +336,68 @@ def plain_cli(runs: int, only: str | None) -> None:
               f"{out['trials']} trials, best {out['best']['predicted']['step_time_s']:.4g} s  [{load()}]", flush=True)
 
 
+DATA = Path(__file__).resolve().parent / "data"
+
+
+def _token_file(path: str, vocab: int = 32000, eod: int = 2, docs: int = 3000, seed: int = 0) -> None:
+    """A flat uint16 token file of ``docs`` documents of log-normal lengths (median ~2k tokens, ln
+    length ~ N(ln 2000, 1)), each ending with ``eod``: issue 40's ``--data train.bin --eod 2``."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    lens = np.clip(np.rint(rng.lognormal(np.log(2000), 1.0, docs)), 2, None).astype(np.int64)
+    tokens = rng.integers(eod + 1, vocab, size=int(lens.sum()), dtype=np.int64)
+    tokens[np.cumsum(lens) - 1] = eod
+    tokens.astype(np.uint16).tofile(path)
+
+
+DOC_SETUPS = (
+    ("llama3-8b, 8 H100 + 8 A100, 32k, b=16, log-normal lengths (median ~245)",
+     ["-m", "llama3-8b", "-c", str(DATA / "mixed-h100-a100-16.yaml"), "-s", "32768", "-b", "16"],
+     ["--lengths", str(DATA / "lognormal_lengths.csv")]),
+    ("llama2-7b, 64 H20, 128k, b=16, --data train.bin --eod 2 (median ~2k)",
+     ["-m", "llama2-7b", "-c", str(BENCH / "h20x64.yaml"), "-s", "131072", "-b", "16"],
+     ["--data", "{tmp}/train.bin", "--eod", "2"]),
+    ("llama3-8b, 8 H100 + 8 A100, 8k, b=16, two-mode lengths (32-token snippets, 4096-token files)",
+     ["-m", "llama3-8b", "-c", str(DATA / "mixed-h100-a100-16.yaml"), "-s", "8192", "-b", "16"],
+     ["--lengths", str(DATA / "two_mode_lengths.csv")]),
+)
+
+
+def documents_cli(runs: int = 3) -> None:
+    """A search over documents against the plain search of the same setup, through the CLI with the
+    default storage (a fresh directory per run), run alternately so the machine's load moves both
+    alike: median wall and CPU seconds of ``runs`` runs each and their ratios (asked: <= 1.5x)."""
+    import os
+    import statistics
+    import tempfile
+
+    print("== 8. documents through the CLI (asked: a documents search <= 1.5x the plain search of its setup) ==")
+    with tempfile.TemporaryDirectory() as data_dir:
+        _token_file(os.path.join(data_dir, "train.bin"))
+        for title, args, docs in DOC_SETUPS:
+            docs = [a.replace("{tmp}", data_dir) for a in docs]
+            wall: dict[str, list[float]] = {"plain": [], "documents": []}
+            cpu: dict[str, list[float]] = {"plain": [], "documents": []}
+            for _ in range(runs):
+                for name, extra in (("plain", []), ("documents", docs)):
+                    with tempfile.TemporaryDirectory() as tmp:
+                        w, out = _cli([*args, *extra], tmp)
+                    wall[name].append(w)
+                    cpu[name].append(out["_cpu_s"])
+            med = {k: (statistics.median(wall[k]), statistics.median(cpu[k])) for k in wall}
+            print(f"{title}: documents {med['documents'][0]:.1f} s wall / {med['documents'][1]:.1f} s CPU, plain "
+                  f"{med['plain'][0]:.1f} / {med['plain'][1]:.1f} s; documents/plain {med['documents'][0] / med['plain'][0]:.2f}x "
+                  f"wall, {med['documents'][1] / med['plain'][1]:.2f}x CPU (medians of {runs})  [{load()}]")
+            print("  " + " ".join(args + docs).replace(str(BENCH) + "/", "benchmarks/data/bench/").replace(str(DATA) + "/", "benchmarks/data/").replace(data_dir + "/", ""))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--only", choices=("quality", "speed", "uneven", "storage", "cli", "pool", "plain"))
+    ap.add_argument("--only", choices=("quality", "speed", "uneven", "storage", "cli", "pool", "plain", "documents"))
     ap.add_argument("--pairs", type=int, default=2, help="storage: in-memory/default runs per case")
-    ap.add_argument("--runs", type=int, default=3, help="plain: runs per setup (the median is printed)")
+    ap.add_argument("--runs", type=int, default=3, help="plain, documents: runs per setup (the median is printed)")
     ap.add_argument("--setups", default=None, help="plain: only the setups whose name holds one of these (a,b)")
     a = ap.parse_args()
     if a.only in (None, "quality"):
@@ -354,6 +414,8 @@ def main() -> None:
         pool_search_cli()
     if a.only in (None, "plain"):
         plain_cli(a.runs, a.setups)
+    if a.only in (None, "documents"):
+        documents_cli(a.runs)
 
 
 if __name__ == "__main__":

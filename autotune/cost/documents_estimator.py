@@ -19,13 +19,26 @@ CP_STEPS = (1 / 3, 2 / 3, 1.0)
 the attention is not all of a rank's time, so the best split lies between them."""
 
 
+SCREEN = 1.10
+"""A plan whose first price (windows dealt in order, its own CP shares) is slower than the best plan
+this estimator has priced by more than this factor, or does not fit, is not priced again with the
+other balance and CP shares: they move attention work between ranks and gained at most 1.1% on 126
+plans of the benchmark setups (llama3-8b on 8 H100 + 8 A100, log-normal documents at 32k and the
+two-mode file at 8k; the largest gain measured in trials is 5%, README: whole-window files among
+snippets), and neither frees memory (every window is S tokens; CP shares by cost are uneven, so
+some rank holds more). The plan keeps the price it was given (a true price of the plan it
+records). A search prices 14.6 steps per plan without this (measured: 9,368 for 638 plans)."""
+
+
 def cp_balanced(plan: Any, model: Any, cluster: Any, seq_len: int, global_batch: int, dist: W.LengthDistribution,
-                **kw: Any) -> Any:
+                base: Any = None, **kw: Any) -> Any:
     """The ``Estimate`` of ``plan`` (doc_mask on) with its CP token shares by cost: the fastest of its
     own shares and ``CP_STEPS`` of the way to the shares whose expected masked attention stands in
     their ratio (``cp_shares.cost_tokens``), each priced by the cost model with the distribution.
-    A plan without CP, or whose shares cannot move by a granule, prices as it is."""
-    base = estimate(plan, model, cluster, seq_len, global_batch, documents=dist, **kw)
+    A plan without CP, or whose shares cannot move by a granule, prices as it is. ``base``: the
+    ``Estimate`` of ``plan`` as it is, when already priced."""
+    if base is None:
+        base = estimate(plan, model, cluster, seq_len, global_batch, documents=dist, **kw)
     rp = base.plan
     if rp.degrees.cp == 1:
         return base
@@ -51,9 +64,9 @@ def cp_balanced(plan: Any, model: Any, cluster: Any, seq_len: int, global_batch:
 
 
 def _count_shares(plan: Any, model: Any, cluster: Any, seq_len: int, global_batch: int, dist: W.LengthDistribution,
-                  **kw: Any) -> Any:
+                  base: Any = None, **kw: Any) -> Any:
     """The ``Estimate`` of ``plan`` with its own CP token shares (``cp_balanced``'s signature)."""
-    return estimate(plan, model, cluster, seq_len, global_batch, documents=dist, **kw)
+    return base if base is not None else estimate(plan, model, cluster, seq_len, global_batch, documents=dist, **kw)
 
 
 class DocumentsEstimator:
@@ -64,6 +77,7 @@ class DocumentsEstimator:
 
     def __init__(self, dist: W.LengthDistribution, balance: str = "auto", cp_balance: bool = True):
         self.dist, self.balance, self.cp_balance = dist, balance, cp_balance
+        self.best = 0.0  # the best feasible tokens/s this estimator has returned (``SCREEN``)
 
     def __call__(self, plan, model, cluster, seq_len, global_batch, *, calibration=None, timeline=False,
                  kernels=None):
@@ -72,11 +86,22 @@ class DocumentsEstimator:
         choices = ("count", "cost") if self.balance == "auto" else (self.balance,)
         if plan.degrees.dp == 1:
             choices = choices[:1]
-        price = cp_balanced if self.cp_balance else _count_shares
-        best = None
-        for b in choices:
-            est = price(plan.replace(doc_mask=True, balance=b), model, cluster, seq_len, global_batch, self.dist,
-                        calibration=calibration, timeline=timeline, kernels=kernels)
-            if best is None or est.predicted.get("tokens_per_s", 0) > best.predicted.get("tokens_per_s", 0):
-                best = est
+        kw = {"calibration": calibration, "timeline": timeline, "kernels": kernels}
+        first = estimate(plan.replace(doc_mask=True, balance=choices[0]), model, cluster, seq_len, global_batch,
+                         documents=self.dist, **kw)
+        best = first
+        feasible = first.predicted.get("feasible", True)
+        if feasible and self._tps(first) * SCREEN >= self.best:
+            price = cp_balanced if self.cp_balance else _count_shares
+            for i, b in enumerate(choices):
+                est = price(plan.replace(doc_mask=True, balance=b), model, cluster, seq_len, global_batch, self.dist,
+                            base=first if i == 0 else None, **kw)
+                if self._tps(est) > self._tps(best):
+                    best = est
+        if best.predicted.get("feasible", True):
+            self.best = max(self.best, self._tps(best))
         return best
+
+    @staticmethod
+    def _tps(est: Any) -> float:
+        return float(est.predicted.get("tokens_per_s", 0) or 0)
