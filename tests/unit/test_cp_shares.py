@@ -76,6 +76,11 @@ def test_cp_balanced_keeps_the_fastest_priced_candidate():
     assert got.predicted["step_time_s"] < count.predicted["step_time_s"]
     assert got.plan.shares.tokens != rp.shares.tokens and sum(got.plan.shares.tokens) == seq
     assert got.breakdown["documents"]["cp_tokens"]["by"] == "cost"
-    # the search's estimator takes it (and can be told not to)
-    assert DocumentsEstimator(dist)(plan, model, cl, seq, gb).plan.shares.tokens == got.plan.shares.tokens
-    assert DocumentsEstimator(dist, cp_balance=False)(plan, model, cl, seq, gb).plan.shares.tokens == rp.shares.tokens
+    # the search's estimator takes it where the plan fits (and can be told not to); this plan does not
+    # fit (no ZeRO, no recomputation), and uneven shares free no memory, so it keeps its count shares (documents_estimator.SCREEN)
+    fits = plan.replace(zero_stage=3, recompute="full")
+    chosen = DocumentsEstimator(dist)(fits, model, cl, seq, gb)
+    assert chosen.predicted["feasible"]
+    assert chosen.plan.shares.tokens == cp_balanced(fits, model, cl, seq, gb, dist).plan.shares.tokens != rp.shares.tokens
+    assert DocumentsEstimator(dist, cp_balance=False)(fits, model, cl, seq, gb).plan.shares.tokens == rp.shares.tokens
+    assert DocumentsEstimator(dist)(plan, model, cl, seq, gb).plan.shares.tokens == rp.shares.tokens
