@@ -34,6 +34,7 @@
    setup through the CLI, three setups (log-normal lengths at 32k on 8 H100 + 8 A100, a token file
    with EODs at 128k on 64 H20, the two-mode file at 8k; benchmarks/data/), median of ``--runs``
    runs each, wall and CPU (asked: <= 1.5x).
+
 Sections 1-3 run on in-memory studies (``:memory:``): those figures are the search itself.
 """
 
