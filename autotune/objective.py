@@ -104,6 +104,18 @@ def figures(cluster: Any, uses: tuple[int, ...] | None, predicted: dict[str, Any
     return out
 
 
+def cost_text(c: dict[str, Any] | None) -> str | None:
+    """``20USD/h: 0.1556USD/Mtok, 0.0815USD a step`` (a plan's ``cost`` attrs for people; with
+    prices only, else None)."""
+    if not c or c.get("per_hour") is None:
+        return None
+    cur = c.get("currency") or ""
+    out = f"{c['per_hour']:.4g}{cur}/h"
+    if c.get("per_mtok") is not None:
+        out += f": {c['per_mtok']:.4g}{cur}/Mtok, {c['per_step']:.4g}{cur} a step"
+    return out
+
+
 def step_of(attrs: dict[str, Any]) -> float | None:
     v = ((attrs.get("plan") or {}).get("predicted") or {}).get("step_time_s")
     return float(v) if isinstance(v, (int, float)) and v > 0 else None

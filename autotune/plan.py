@@ -530,8 +530,10 @@ def load_plan_for(path_or_inline: str | Path, cluster: Any, dtype: str = "auto")
     """``load_plan`` with the precision ``--dtype`` chooses for ``cluster`` (``choose_dtype``): an
     explicit bf16/fp16/fp32 wins, ``auto`` keeps the precision the plan states and fills the
     cluster's default where it states none (an inline ``dp=2`` or a file without ``dtype``)."""
+    from autotune.specs.pool import plan_cluster  # the devices the plan uses (a pool's subset)
+
     plan, _, stated = read_plan(path_or_inline)
-    chosen = choose_dtype(dtype, cluster, plan.dtype if stated else None)
+    chosen = choose_dtype(dtype, plan_cluster(plan, cluster), plan.dtype if stated else None)
     if chosen == plan.dtype:
         return plan
     return plan.replace(dtype=chosen)

@@ -95,6 +95,18 @@ def command(
         _export(opts, resolved, json_)
 
 
+def _cost(priced: object, ctx: ExportContext) -> dict | None:
+    """What the exported plan costs on the devices it uses (``objective.figures``, as the search
+    recorded it) where the cluster has prices or the plan names ``uses``; else None."""
+    from autotune.objective import figures
+    from autotune.specs.pool import priced as has_prices
+
+    plan = getattr(priced, "plan", None)
+    if ctx.cluster_assumed or plan is None or not (has_prices(ctx.cluster) or plan.uses is not None):
+        return None
+    return figures(ctx.cluster, plan.uses, getattr(priced, "predicted", None) or {}, ctx.seq_len, ctx.global_batch)
+
+
 def _launch(opts: ApplyOptions, r: A.Resolved, json_: bool) -> None:
     """Print each node's torchrun line; without --dry-run run one of them here (A.launch_lines says
     which) and print what the ranks measured."""
@@ -133,13 +145,18 @@ def _export(opts: ApplyOptions, r: A.Resolved, json_: bool) -> None:
                        "refused": e.to_dict()})
             sys.exit(2)  # not typer.Exit: click returns its code in non-standalone mode and cli.main drops it
         raise
+    cost = _cost(done.priced, r.ctx)
     if json_:
         emit_json({"format": opts.fmt, "output": done.written, "content": done.result.data,
-                   "plan": done.priced.to_dict(), "text": None if done.written else done.result.text})
+                   "plan": done.priced.to_dict(), "text": None if done.written else done.result.text,
+                   **({"cost": cost} if cost else {})})
         return
     if done.written:
+        from autotune.objective import cost_text
+
         priced = ("not priced: no cluster given (pass --cluster for a prediction)" if r.ctx.cluster_assumed
-                  else f"{predicted_text(done.priced.predicted)} on {r.ctx.cluster.name}")
+                  else f"{predicted_text(done.priced.predicted)} on {r.ctx.cluster.name}"
+                  + (f", costs {cost_text(cost)}" if cost_text(cost) else ""))
         err_console.print(f"wrote {done.written} ({opts.fmt}) for {describe(r.plan)}; {priced}", highlight=False,
                           soft_wrap=True)
     else:

@@ -60,7 +60,7 @@ def command(model: ModelOpt, cluster: ClusterOpt, plan: PlanOpt, seq_len: SeqLen
     p = plan_masks(p, docs, doc_mask)
     est = estimate(p, m, c, seq_len, global_batch, timeline=timeline, documents=docs.dist if docs else None,
                    kernels=kernels)
-    subset = _subset(p, c, plan)
+    subset = _subset(p, c, plan, est.predicted, seq_len, global_batch)
     refused = _refusals(target, est.plan, m, c, seq_len, global_batch)
     if json_:
         emit_json({**est.to_dict(), **({"subset": subset} if subset else {}),
@@ -88,21 +88,27 @@ def _refusals(target: str, plan: Any, model: Any, cluster: Any, seq_len: int, gl
     return refusals(target, plan, context(model, cluster, seq_len, global_batch))
 
 
-def _subset(p: Any, cluster: Any, source: str) -> dict[str, Any] | None:
-    """A plan on a subset of a pool: what it uses and leaves out, and why that pays when the plan
-    file carries the search's reasons (an export of the search's chosen plan: provenance.left_out)."""
+def _subset(p: Any, cluster: Any, source: str, predicted: dict[str, Any], seq_len: int,
+            global_batch: int) -> dict[str, Any] | None:
+    """A plan on a subset of a pool: what it uses and leaves out, what it costs (with prices: the
+    search's ``objective.figures``), and why that pays when the plan file carries the search's
+    reasons (an export of the search's chosen plan: provenance.left_out)."""
+    from autotune.objective import cost_text, figures
     from autotune.specs.pool import left_out, subset_text
 
     text = subset_text(cluster, p.uses)
     if text is None:
         return None
+    cost = figures(cluster, p.uses, predicted, seq_len, global_batch)
+    if cost_text(cost):
+        text += f"; costs {cost_text(cost)}"
     why: list[str] = []
     if "=" not in source:
         from autotune.plan_record import load_record
 
         prov = load_record(source).provenance or {}
         why = [str(x) for x in prov.get("left_out") or []]
-    return {"uses": list(p.uses), "text": text, "why": why,
+    return {"uses": list(p.uses), "text": text, "why": why, "cost": cost,
             "left_out": [{"group": g, "devices": n, "device": name} for g, n, name in left_out(cluster, p.uses)]}
 
 

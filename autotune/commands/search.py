@@ -30,6 +30,7 @@ from autotune.commands.common import (
     err_console,
 )
 from autotune.dashboard.tables import Col, fit
+from autotune.objective import cost_text
 from autotune.stages import degrees_text
 from autotune.units import fmt_bytes, fmt_time
 
@@ -112,10 +113,12 @@ def command(
         from autotune.errors import InputError
 
         raise InputError("needs documents: --data FILE --eod ID or --lengths FILE", field="--doc-mask")
-    # the precision is chosen (and a device that lacks it refused) before any point is priced
-    opts = dataclasses.replace(opts, dtype=choose_dtype(dtype, c))
+    # the precision is chosen (and a device that lacks it refused) before any point is priced; on a
+    # pool ``auto`` is chosen per subset (a subset without the pool's V100s trains in bf16)
+    chosen = _pool_dtype(dtype, c)
+    opts = dataclasses.replace(opts, dtype="auto" if chosen == "auto" else choose_dtype(dtype, c))
     # a study holds one precision and one target: another one is another default study
-    name = study or (default_study_name(m, c, seq_len, global_batch) + ("" if opts.dtype == "bf16" else f"-{opts.dtype}")
+    name = study or (default_study_name(m, c, seq_len, global_batch) + ("" if chosen == "bf16" else f"-{chosen}")
                      + ("" if target == "runtime" else f"-{target}")
                      + ("" if docs is None else f"-docs{docs.dist.digest()[:8]}" + ("" if opts.doc_mask else "-nomask")))
     if not json_:
@@ -137,6 +140,22 @@ def _describe(d: dict[str, Any]) -> str:
     from autotune.documents import describe
 
     return describe(d)
+
+
+def _pool_dtype(option: str, cluster: Any) -> str:
+    """``auto`` on a pool whose device types choose different precisions (each subset then searches
+    in its own: search/pool.subset_dtype); else the one precision ``choose_dtype`` gives."""
+    from autotune.plan import choose_dtype
+    from autotune.specs.pool import is_pool
+
+    whole = choose_dtype(option, cluster)
+    if option != "auto" or not is_pool(cluster):
+        return whole
+    from types import SimpleNamespace
+
+    each = {choose_dtype("auto", SimpleNamespace(name=cluster.name, device_types=lambda g=g: [g.device]))
+            for g in cluster.groups}
+    return "auto" if len(each) > 1 else whole
 
 
 def _shares(p: dict[str, Any]) -> str:
@@ -239,6 +258,9 @@ def plan_table(plans: list[dict[str, Any]], title: str, measured: bool = False, 
             Col("pred tok/s", priority=0), Col("MFU", priority=3), Col("peak memory", priority=2)]
     if measured:
         cols += [Col("meas tok/s", priority=0), Col("error", priority=0)]
+    priced = any(cost_text(p.get("cost")) for p in plans)  # a priced search: what each plan costs
+    if priced:
+        cols.append(Col("cost", priority=0))
     rows = []
     for i, p in enumerate(plans):
         pr = p.get("predicted") or {}
@@ -248,6 +270,9 @@ def plan_table(plans: list[dict[str, Any]], title: str, measured: bool = False, 
         memtxt = f"{fmt_bytes(mem[j])} ({mem[j] / cap[j]:.0%})" if j is not None and cap else "-"
         row = [str(i + 1), deg, _shares(p), _options(p), f"{pr.get('tokens_per_s', 0):,.0f}",
                f"{pr.get('mfu', 0):.1%}" if isinstance(pr.get("mfu"), (int, float)) else "-", memtxt]
+        if priced:
+            c = p.get("cost") or {}
+            row.append(f"{c['per_mtok']:.4g}{c.get('currency') or ''}/Mtok" if c.get("per_mtok") is not None else "-")
         if measured:
             m = p.get("measured") or {}
             row += [f"{m['tokens_per_s']:,.0f}" if m.get("tokens_per_s") else "failed" if p.get("failure") else "-",

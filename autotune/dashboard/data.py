@@ -101,6 +101,9 @@ class TrialRow:
     """The short real run (validate) of this plan failed; ``reason`` says how."""
     plan: dict[str, Any] | None = None
     breakdown: dict[str, Any] | None = None
+    cost: dict[str, Any] | None = None
+    """What the plan costs (``objective.figures``: per hour, per step, per million tokens) where the
+    search priced it (a pool search)."""
 
     @property
     def memory_fraction(self) -> float | None:
@@ -150,7 +153,7 @@ class TrialRow:
                 "memory_bytes": self.memory_bytes, "measured_memory_bytes": self.measured_memory_bytes,
                 "capacity_bytes": self.capacity_bytes, "memory_fraction": self.memory_fraction,
                 "reason": self.reason, "baseline": self.baseline, "even": self.even,
-                "step_time_s": self.step_time_s, "run_failed": self.run_failed}
+                "step_time_s": self.step_time_s, "run_failed": self.run_failed, "cost": self.cost}
 
 
 @dataclass
@@ -286,21 +289,26 @@ def trial_row(t: Any, capacity_of: Any = None) -> TrialRow:
         measured_memory_bytes=_nums((meas or {}).get("peak_memory_bytes")), capacity_bytes=capacity,
         reason=_failure_text(t, ua), baseline=ua.get("baseline"), even=_is_even(shares),
         step_time_s=_num(pred.get("step_time_s")), run_failed=failed_run and state == "COMPLETE", plan=plan,
-        breakdown=ua.get("breakdown") if isinstance(ua.get("breakdown"), dict) else None)
+        breakdown=ua.get("breakdown") if isinstance(ua.get("breakdown"), dict) else None,
+        cost=ua.get("cost") if isinstance(ua.get("cost"), dict) else None)
 
 
 _STATE_ORDER = {"COMPLETE": 0, "RUNNING": 2, "WAITING": 3, "PRUNED": 4, "FAIL": 5}
 
 
-def order(rows: list[TrialRow], best: TrialRow | None) -> list[TrialRow]:
-    """Best first: the chosen best, then feasible trials by measured (else predicted) tokens/s, then
-    infeasible ones (nearest to fitting in memory first), then running, waiting, pruned and failed
-    trials by number."""
+def order(rows: list[TrialRow], best: TrialRow | None, by_cost: bool = False) -> list[TrialRow]:
+    """Best first: the chosen best, then feasible trials by measured (else predicted) tokens/s (by
+    cost per token first in a study searched for cost), then infeasible ones (nearest to fitting in
+    memory first), then running, waiting, pruned and failed trials by number."""
+    from autotune.objective import cost_of
+
     def key(r: TrialRow) -> tuple:
         group = 0 if r is best else (1 if r.feasible else 2 + _STATE_ORDER.get(r.state, 6))
         tps = r.measured_tps if r.measured_tps is not None else (r.predicted_tps or 0.0)
         # infeasible plans: the nearest to fitting in memory first, then the fastest
         near = (r.memory_fraction if r.memory_fraction is not None else math.inf) if group == 2 else 0.0
+        if by_cost and group == 1:
+            near = cost_of({"cost": r.cost}) if r.cost else math.inf
         return (group, near, -tps if group <= 2 else 0.0, r.number)
 
     return sorted(rows, key=key)
@@ -333,6 +341,7 @@ def load_view(name: str, storage_url: str, *, allow_empty: bool = False) -> Stud
     for a search that has just created its study). The study's context (model, cluster) supplies
     device capacities for rows whose prediction lacks them."""
     from autotune.dashboard.context import StudyContext
+    from autotune.objective import of_study
 
     study = open_study(name, storage_url)
     trials = study.get_trials(deepcopy=False)
@@ -352,5 +361,5 @@ def load_view(name: str, storage_url: str, *, allow_empty: bool = False) -> Stud
         states[r.state] = states.get(r.state, 0) + 1
     # a multi-objective study has no single direction (Optuna raises on ``study.direction``): said so
     direction = study.direction.name.lower() if len(study.directions) == 1 else "multi-objective"
-    return StudyView(name=name, storage=storage_url, user_attrs=dict(study.user_attrs), rows=order(rows, best),
+    return StudyView(name=name, storage=storage_url, user_attrs=dict(study.user_attrs), rows=order(rows, best, by_cost=of_study(study).kind == "cost"),
                      best=best, even_best=even, states=states, direction=direction, context=context)

@@ -25,7 +25,7 @@ def front_table(front: list[dict[str, Any]], wide: bool = False, currency: str =
     currency = currency or _currency(front)
     cols = [Col("", priority=0), Col("trial", priority=0), Col("devices used", "left", 0), Col("step", priority=0),
             Col("per hour", priority=1), Col("cost per Mtok", priority=0), Col("device-h/Mtok", priority=2),
-            Col("degrees", "left", 1)]
+            Col("precision", "left", 1), Col("degrees", "left", 1)]
     rows = []
     for p in front:
         c = p.get("cost") or {}
@@ -34,7 +34,8 @@ def front_table(front: list[dict[str, Any]], wide: bool = False, currency: str =
                      fmt_time(p["step_time_s"]) if p.get("step_time_s") else "-",
                      f"{c['per_hour']:.4g}{currency}/h" if c.get("per_hour") is not None else "-",
                      _cost_text(c, currency),
-                     f"{c['device_hours_per_mtok']:.4g}" if c.get("device_hours_per_mtok") is not None else "-", deg])
+                     f"{c['device_hours_per_mtok']:.4g}" if c.get("device_hours_per_mtok") is not None else "-",
+                     str((p.get("plan") or {}).get("dtype") or "-"), deg])
     against = "cost per million tokens" if any((p.get("cost") or {}).get("per_mtok") is not None for p in front) \
         else "devices used"
     return fit(console, cols, rows, wide=wide, title=f"Pareto front: step time against {against} ({len(front)} "

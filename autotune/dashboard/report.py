@@ -19,10 +19,11 @@ from plotly.offline import get_plotlyjs
 from autotune import __version__
 from autotune.dashboard import charts
 from autotune.dashboard.data import StudyView, distinct, speedup
-from autotune.dashboard.terminal import shares_text
+from autotune.dashboard.terminal import per_mtok_text, shares_text
 from autotune.dashboard.terms import stage_times
 from autotune.dashboard.timeline import timeline_of
 from autotune.errors import InputError
+from autotune.objective import cost_of, cost_text
 from autotune.units import fmt_bytes, fmt_count
 
 SECTIONS = (
@@ -110,12 +111,17 @@ def _header(view: StudyView) -> str:
         out.append("<p class='best'>No feasible plan in this study yet.</p>")
     else:
         which = "measured" if b.measured_tps else "predicted"
+        by_cost = (ua.get("objective") or {}).get("kind") == "cost"  # a pool study searched for cost
         line = (f"<b>Best: trial #{b.number}</b> {_esc(b.degrees_text())} — "
-                f"{_tps(b.measured_tps or b.predicted_tps)} tokens/s ({which})")
+                f"{_tps(b.measured_tps or b.predicted_tps)} tokens/s ({which})"
+                + (f", {_esc(per_mtok_text(b.cost))} (cheapest per token)" if by_cost else ""))
         sp = speedup(b, e)
         if e is not None and e is not b and sp is not None:
-            line += (f", <b>{sp:.2f}×</b> the best even-split plan #{e.number} {_esc(e.degrees_text())} "
-                     f"({_tps(e.measured_tps or e.predicted_tps)} tokens/s)")
+            costs = (cost_of({"cost": b.cost}), cost_of({"cost": e.cost})) if by_cost else (None, None)
+            line += (f", <b>{sp:.2f}×</b> the {'speed of the ' if by_cost else ''}best even-split plan #{e.number} "
+                     f"{_esc(e.degrees_text())} ({_tps(e.measured_tps or e.predicted_tps)} tokens/s"
+                     + (f", {_esc(per_mtok_text(e.cost))}: {costs[0] / costs[1]:.2f}× its cost per token)"
+                        if all(costs) else ")"))
         elif e is b:
             line += ", itself an even split"
         else:
@@ -131,6 +137,9 @@ def _trials_table(view: StudyView, limit: int = 25) -> str:
             "<th class='l'>reason</th></tr>")
     body = []
     groups = distinct(view.rows)
+    priced = any(cost_text(r.cost) for r, _ in groups[:limit])  # a priced pool search: what each plan costs
+    if priced:
+        head = head.replace("<th>measured tok/s</th>", "<th>cost per Mtok</th><th>measured tok/s</th>")
     for r, members in groups[:limit]:
         sh = shares_text(r.shares, "; ")
         mem = r.measured_memory_bytes or r.memory_bytes
@@ -145,7 +154,8 @@ def _trials_table(view: StudyView, limit: int = 25) -> str:
         deg = r.degrees_text() + (" (even best)" if any(x is view.even_best for x in members) else "")
         body.append(f"<tr{cls}><td>{num}</td><td class='l'>{_esc(deg)}</td>"
                     f"<td class='l'>{_esc(sh)}</td><td class='l'>{_esc(r.settings_text())}</td>"
-                    f"<td>{_tps(r.predicted_tps)}</td><td>{_tps(r.measured_tps)}</td><td>{err}</td><td>{_esc(m)}</td>"
+                    f"<td>{_tps(r.predicted_tps)}</td>" + (f"<td>{_esc(per_mtok_text(r.cost))}</td>" if priced else "")
+                    + f"<td>{_tps(r.measured_tps)}</td><td>{err}</td><td>{_esc(m)}</td>"
                     f"<td class='l'>{r.state_text()}</td><td class='l'>{_esc(r.reason)}</td></tr>")
     notes = []
     if len(groups) > limit:

@@ -12,7 +12,14 @@ from rich.text import Text
 
 from autotune.dashboard.data import StudyView, TrialRow, distinct, load_view, speedup
 from autotune.dashboard.tables import Col, fit
+from autotune.objective import cost_of, cost_text
 from autotune.units import fmt_bytes, fmt_count
+
+
+def per_mtok_text(c: dict[str, Any] | None) -> str:
+    """A plan's cost per million tokens (``objective.figures``), ``-`` without prices."""
+    c = c or {}
+    return f"{c['per_mtok']:.4g}{c.get('currency') or ''}/Mtok" if c.get("per_mtok") is not None else "-"
 
 
 def _tps(x: float | None) -> str:
@@ -75,14 +82,20 @@ def table(view: StudyView, limit: int | None = None, console: Console | None = N
             Col("error", priority=1), Col("peak memory / capacity", priority=2), Col("state", "left", 0)]
     groups = distinct(view.rows)
     shown = groups if limit is None else groups[:limit]
+    priced = any(cost_text(r.cost) for r, _ in shown)  # a priced pool search: what each plan costs
+    if priced:
+        cols.insert(5, Col("cost per Mtok", priority=0))
     rows, reasons = [], []
     for r, members in shown:
         mark = "*" if any(m is view.best for m in members) else ""
         tag = " (even best)" if any(m is view.even_best for m in members) else ""
         same = f" +{len(members) - 1}" if len(members) > 1 else ""
         err = Text(f"{r.error:+.1%}", style="yellow" if abs(r.error) > 0.2 else "") if r.error is not None else "-"
-        rows.append([f"{r.number}{mark}{same}", r.degrees_text() + tag, shares_text(r.shares, sep=" "),
-                     r.settings_text(), _tps(r.predicted_tps), _tps(r.measured_tps), err, _memory(r), _state(r)])
+        row = [f"{r.number}{mark}{same}", r.degrees_text() + tag, shares_text(r.shares, sep=" "),
+               r.settings_text(), _tps(r.predicted_tps), _tps(r.measured_tps), err, _memory(r), _state(r)]
+        if priced:
+            row.insert(5, per_mtok_text(r.cost))
+        rows.append(row)
         if r.reason:
             reasons.append(Text(f"#{r.number} {r.state_text()}: {r.reason}", style="dim"))
     notes = []
@@ -115,14 +128,19 @@ def summary(view: StudyView) -> Text:
                        "of device memory")
         return txt
     which = "measured" if b.measured_tps else "predicted"
+    by_cost = (ua.get("objective") or {}).get("kind") == "cost"
     txt.append("best ", style="bold")
-    txt.append(f"#{b.number} {b.degrees_text()}: {_tps(b.measured_tps or b.predicted_tps)} tok/s ({which})",
-               style="green")
-    txt.append(_best_why(view))
+    txt.append(f"#{b.number} {b.degrees_text()}: {_tps(b.measured_tps or b.predicted_tps)} tok/s ({which})"
+               + (f", {per_mtok_text(b.cost)} (cheapest per token)" if by_cost else ""), style="green")
+    if not by_cost:  # a cost study's best is the cheapest, not the fastest: nothing to explain by speed
+        txt.append(_best_why(view))
     sp = speedup(b, e)
     if e is not None and e is not b and sp is not None:
-        txt.append(f"; {sp:.2f}x the best even split #{e.number} {e.degrees_text()} "
-                   f"({_tps(e.measured_tps or e.predicted_tps)} tok/s)")
+        # in a study searched for cost the best may be slower than the even split: the cost says why
+        costs = (cost_of({"cost": b.cost}), cost_of({"cost": e.cost})) if by_cost else (None, None)
+        txt.append(f"; {sp:.2f}x the {'speed of the ' if by_cost else ''}best even split #{e.number} "
+                   f"{e.degrees_text()} ({_tps(e.measured_tps or e.predicted_tps)} tok/s"
+                   + (f", {per_mtok_text(e.cost)}: {costs[0] / costs[1]:.2f}x its cost per token)" if all(costs) else ")"))
     elif e is b:
         txt.append("; it is an even split")
     targets = ua.get("best_per_target")

@@ -117,9 +117,12 @@ def resolve(o: ApplyOptions) -> Resolved:
         assert o.plan_file is not None
         record, ctx = from_plan_file(o.plan_file, o.model, o.seq_len, o.global_batch, o.cluster, o.storage)
     plan = record.plan
-    # auto: the plan's own precision; checked against the cluster's devices when one is known
+    # auto: the plan's own precision; checked against the devices it uses when a cluster is known (a
+    # pool's subset without its V100s was searched in bf16)
+    from autotune.specs.pool import plan_cluster
+
     precision = (plan.dtype if o.dtype == "auto" else o.dtype) if getattr(ctx, "cluster_assumed", False) else (
-        choose_dtype(o.dtype, ctx.cluster, plan.dtype))
+        choose_dtype(o.dtype, plan_cluster(plan, ctx.cluster), plan.dtype))
     plan = plan.replace(dtype=precision).resolve(ctx.model, ctx.cluster, ctx.seq_len, ctx.global_batch)
     return Resolved(record, plan, ctx)
 

@@ -76,9 +76,15 @@ class SearchResult:
     """One line per node group the best plan leaves nodes of out, saying why that pays."""
     objective: dict[str, Any] | None = None
     """What a pool search optimised (autotune/objective.py); None: tokens/s."""
+    costs: list[dict[str, Any] | None] = field(default_factory=list)
+    """A priced search's ``cost`` (``objective.figures``) of ``best``, then of each plan of ``top``."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"best": self.best.to_dict(), "top": [p.to_dict() for p in self.top],
+        def with_cost(rec: PlanRecord, i: int) -> dict[str, Any]:
+            c = self.costs[i] if i < len(self.costs) else None
+            return {**rec.to_dict(), **({"cost": c} if c is not None else {})}
+
+        return {"best": with_cost(self.best, 0), "top": [with_cost(p, i + 1) for i, p in enumerate(self.top)],
                 "baseline_best": self.baseline_best.to_dict() if self.baseline_best else None,
                 "trials": self.trials, "new_trials": self.new_trials, "elapsed_s": self.elapsed_s,
                 "study": self.study_name, "storage": self.storage, "best_trial": self.best_trial,

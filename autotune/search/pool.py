@@ -10,16 +10,18 @@ How subsets enter the search (and how the work is divided):
 2. **Screening**: each candidate subset gets its balanced starts (one speed-balanced plan per
    degree layout, autotune/search/phases.py), at most ``screen_calls`` cost-model calls each
    (a seeded sample of its layouts where it has more).
-3. **Refinement**: the subsets that matter (on a larger pool ``REFINE`` of them: the best by the
-   objective after screening, then the other points of the screening front of step time against
-   cost, or devices without prices, then the next best; every candidate on a pool of at most
-   ``SMALL_POOL`` devices) get the phases of a plain search
-   (autotune/search/run.py): baselines, balanced starts, the sampler and the polish. The first
-   (the screening's best by the objective) gets a plain search's budget, and so does every subset
-   of a small pool; on a larger pool the others share a quarter of one (at least ``MIN_POLISH``
-   starts and polish calls each) and skip the baselines (their balanced starts already price every
-   degree layout once) and the sampler. At 128 devices of four types that is 15 subsets
-   screened and 3 refined (docs/pools.md has the measured cost against a plain search).
+3. **Refinement**: the subsets that matter (every candidate on a pool of at most ``SMALL_POOL``
+   devices, each with a plain search's budget; on a larger pool ``REFINE`` of them: the screening's
+   fastest, its cheapest, then the other points of its front of step time against cost, then the
+   next fastest) get the phases of a plain search (autotune/search/run.py). On a larger pool they
+   share one plain search's budget of balanced starts and polish calls (at least ``MIN_POLISH``
+   each, the screening's calls counted in); the fastest also gets the baselines and the sampler
+   (with the plain search's patience), the others skip both (their balanced starts price every
+   degree layout once; a sampler trial costs several polish calls' CPU). Nothing here reads the
+   objective, only its limits: ``--objective time`` and ``cost`` do the same work, store the same
+   trials and so the same front, and the objective picks its point on it (issue 39). At 32 devices
+   (16 H100 + 16 A100, llama2-7b 64k) that is 1,079 trials against the plain search's 689 of all
+   32 devices (docs/pools.md has the measured times).
 
 Each subset is a search of its own on ``subset(pool, uses)`` (the same space, evaluator and
 phases as a plain search), recorded in the one study with its plans' ``uses`` and ``cost``; its
@@ -30,7 +32,6 @@ a constant, so the front's points are the best plan of each subset that no other
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 import time
@@ -39,7 +40,14 @@ from typing import Any
 
 from autotune.errors import InputError, WorkError
 from autotune.objective import STUDY_KEY, Objective, admissible, cost_of, figure_key, figures, step_of
-from autotune.search.options import DEFAULT_TRIALS, POLISH_FACTOR, SearchOptions, SearchResult, check_options
+from autotune.search.options import (
+    DEFAULT_TRIALS,
+    POLISH_FACTOR,
+    SAMPLER_PATIENCE,
+    SearchOptions,
+    SearchResult,
+    check_options,
+)
 from autotune.search.phases import run_baselines, run_polish, run_sampler, run_starts
 from autotune.search.pricing import Evaluator, Outcome, plan_dict
 from autotune.specs import pool as P
@@ -49,15 +57,53 @@ SMALL_POOL = 16  # devices: every candidate subset gets the whole search
 REFINE = 3  # subsets refined on a larger pool
 MIN_SCREEN = 24  # cost-model calls a subset's screening may spend at least
 MIN_POLISH = 100  # a refined subset's balanced starts and polish calls at least
+MAX_EXACT = 100_000  # subsets enumerated to find the cheapest (else the searched node counts)
 
 
 def uses_key(uses: tuple[int, ...]) -> str:
     return P.uses_text(uses)
 
 
+def not_searched(pool: Any, model: Any, obj: Objective, uses: tuple[int, ...],
+                 dtype: str = "bf16") -> tuple[str, str] | None:
+    """Why a subset is never searched, as (kind, text): ``budget`` (its devices cost more per hour
+    than ``--budget``) or ``memory`` (they cannot hold the model states fully sharded in ``dtype``:
+    ``memory.sharded_bytes_per_param``); None: it is searched. The one rule ``candidates`` filters
+    by and the left-out lines name."""
+    from autotune.cost.memory import sharded_bytes_per_param
+
+    per_h = P.hourly(pool, uses)
+    if obj.budget is not None and (per_h or 0.0) > obj.budget * (1 + 1e-12):
+        return "budget", (f"{P.describe_uses(pool, uses)} cost {per_h:.4g}{obj.currency}/h, over the budget "
+                          f"({obj.budget:g}{obj.currency}/h)")
+    mem = sum(n * g.devices_per_node * g.device.memory_bytes for g, n in zip(pool.groups, uses, strict=True))
+    state_bytes = sharded_bytes_per_param(dtype)
+    if mem < state_bytes * model.param_count():
+        return "memory", (f"{P.describe_uses(pool, uses)} hold less memory than the model's weights, gradients "
+                          f"and Adam states ({state_bytes:g} bytes a parameter) fully sharded")
+    return None
+
+
+def cheapest_within_memory(pool: Any, model: Any, dtype: str = "bf16") -> tuple[tuple[int, ...], float] | None:
+    """The cheapest subset per hour whose devices can hold the model (``not_searched``'s memory
+    rule), over every subset (the searched node counts on a pool of more than ``MAX_EXACT``)."""
+    ranges = [list(r) for r in P.choices(pool)]
+    if math.prod(len(r) for r in ranges) > MAX_EXACT:
+        ranges = [sorted({r.start, r.stop - 1, *(x for x in r if x & (x - 1) == 0)}) for r in P.choices(pool)]
+    best = None
+    for uses in itertools.product(*ranges):
+        per_h = P.hourly(pool, uses)
+        if not any(uses) or per_h is None or not_searched(pool, model, Objective(), uses, dtype) is not None:
+            continue
+        if best is None or per_h < best[1]:
+            best = (tuple(uses), per_h)
+    return best
+
+
 def candidates(pool: Any, model: Any, obj: Objective, dtype: str = "bf16") -> tuple[list[tuple[int, ...]], list[str]]:
-    """The subsets to search, most devices first, and notes on what was left unsearched and why (a
-    subset whose memory cannot hold the model states fully sharded in ``dtype``: ``memory.sharded_bytes_per_param``)."""
+    """The subsets to search, most devices first, and notes on what was left unsearched and why
+    (``not_searched``, memory counted in ``dtype``). A budget below every subset that can hold the
+    model is refused (InputError naming the cheapest)."""
     from autotune.cost.memory import sharded_bytes_per_param
 
     ranges = P.choices(pool)
@@ -74,25 +120,27 @@ def candidates(pool: Any, model: Any, obj: Objective, dtype: str = "bf16") -> tu
         notes.append(f"{size:,} subsets of the pool; searched node counts per group: "
                      + "; ".join(f"{g.device.name} {'/'.join(map(str, r))}" for g, r in zip(pool.groups, ranges,
                                                                                           strict=True)))
-    out, over, small = [], 0, 0
-    state_bytes = sharded_bytes_per_param(dtype)
-    need = state_bytes * model.param_count()
+    out = []
+    why = {"budget": 0, "memory": 0}
     for uses in itertools.product(*ranges):
         if not any(uses):
             continue
-        if obj.budget is not None and (P.hourly(pool, uses) or 0.0) > obj.budget * (1 + 1e-12):
-            over += 1
-            continue
-        mem = sum(n * g.devices_per_node * g.device.memory_bytes for g, n in zip(pool.groups, uses, strict=True))
-        if mem < need:
-            small += 1
+        skip = not_searched(pool, model, obj, tuple(uses), dtype)
+        if skip is not None:
+            why[skip[0]] += 1
             continue
         out.append(tuple(uses))
-    if over:
-        notes.append(f"{over} subsets cost more than the budget ({obj.budget:g}{obj.currency}/h): not searched")
-    if small:
-        notes.append(f"{small} subsets hold less memory than the model's weights, gradients and Adam states "
-                     f"({state_bytes:g} bytes a parameter) fully sharded: not searched")
+    if why["budget"]:
+        notes.append(f"{why['budget']} subsets cost more than the budget ({obj.budget:g}{obj.currency}/h): "
+                     "not searched")
+    if why["memory"]:
+        notes.append(f"{why['memory']} subsets hold less memory than the model's weights, gradients and Adam "
+                     f"states ({sharded_bytes_per_param(dtype):g} bytes a parameter) fully sharded: not searched")
+    if not out and why["budget"]:
+        cheap = cheapest_within_memory(pool, model, dtype)
+        where = (f"the cheapest subset of {pool.name} that can hold {model.name} is {P.describe_uses(pool, cheap[0])} "
+                 f"at {cheap[1]:.4g}{obj.currency}/h" if cheap else f"no subset of {pool.name} can hold {model.name}")
+        raise InputError(f"{obj.budget:g}{obj.currency}/h is below every subset: {where}", field="--budget")
     out.sort(key=lambda u: (-P.devices_of(pool, u), u))
     return out, notes
 
@@ -137,11 +185,13 @@ def pool_search(model: Any, pool: Any, seq_len: int, global_batch: int, *, study
         res = search(model, pool, seq_len, global_batch, study_name=study_name, storage=storage, options=opts,
                      estimator=estimator, progress=progress, display=display)
         res.front = front_of(res, pool, seq_len, global_batch)
+        res.costs = costs_of(res, pool, seq_len, global_batch)
         return res
     check_options(opts, storage)
     from autotune.plan import choose_dtype
 
-    opts = dataclasses.replace(opts, dtype=choose_dtype(opts.dtype, pool))  # ``auto`` as --dtype means it
+    if opts.dtype != "auto":  # an explicit precision is refused up front where a device lacks it; ``auto``
+        choose_dtype(opts.dtype, pool)  # is chosen per subset (subset_dtype), as --dtype's auto means
     if opts.workers > 1 or opts.sampler == "grid":
         raise InputError("a pool search runs one process with the tpe or random sampler", field="--workers/--sampler")
     from autotune.search.run import documents_estimator
@@ -169,7 +219,7 @@ class _PoolRun:
 
         sub = P.subset(self.pool, uses)
         ctx = SearchContext(model=self.model, cluster=sub, seq_len=self.seq_len, global_batch=self.global_batch,
-                            dtype=self.opts.dtype)
+                            dtype=subset_dtype(self.opts.dtype, sub))
         space = load_space(self.opts.space).space(ctx)
         ev = SubsetEvaluator(space, self.estimator or default_estimator(), self.pool, uses, target=self.opts.target)
         key = uses_key(uses)
@@ -191,8 +241,10 @@ class _PoolRun:
 
         t0 = time.monotonic()
         deadline = t0 + self.opts.timeout_s if self.opts.timeout_s else None
-        subsets, notes = candidates(self.pool, self.model, self.obj, self.opts.dtype)
+        # the memory rule in the pool's precision (the states' bytes are the same in bf16 and fp16)
+        subsets, notes = candidates(self.pool, self.model, self.obj, subset_dtype(self.opts.dtype, self.pool))
         self.notes += notes
+        self._reachable(subsets)
         if not subsets:
             raise WorkError("no subset of the pool can be searched: " + "; ".join(notes))
         record = StudyRecord(model=self.model, cluster=self.pool, seq_len=self.seq_len,
@@ -222,13 +274,14 @@ class _PoolRun:
         self.notes.append(f"searched {len(subsets)} subsets of {self.pool.name} ({self.obj.text()}); screening "
                           f"<= {screen} cost-model calls each, then the whole search on {len(chosen)}")
         trials = _union(self.workspaces, study, self.storage)
-        self._within_limits(trials)
+        self._within_limits(trials, study, before)
         known = StudyView(study, trials)
         res = collect(known, self.storage, self.opts.top, time.monotonic() - t0, before, self.notes,
                       (self.model, self.pool, self.seq_len, self.global_batch))
         res.objective = self.obj.attrs()
         res.front = front_of(res, self.pool, self.seq_len, self.global_batch, trials)
-        res.left_out = why_left_out(res, self.pool, trials, self.obj)
+        res.costs = costs_of(res, self.pool, self.seq_len, self.global_batch)
+        res.left_out = why_left_out(res, self.pool, trials, self.obj, self.model)
         study.set_user_attr("front", res.front)
         study.set_user_attr("left_out", res.left_out)
         study.set_user_attr("left_out_trial", res.best_trial)
@@ -237,60 +290,90 @@ class _PoolRun:
     def _screen_and_refine(self, subsets: list[tuple[int, ...]], state: dict, best: dict, deadline: float | None,
                            screen: int, n_main: int, n_polish: int) -> list[tuple[int, ...]]:
         """Screen every subset with its balanced starts, then run a plain search's phases on the ones
-        worth refining (module docstring); returns those."""
+        worth refining (module docstring); returns those. Nothing here reads the objective (only its
+        limits): the front is the same whichever plan the objective then chooses on it."""
         if self.display is not None:
             self.display.phase(f"screening {len(subsets)} subsets")
         for uses in subsets:
             ev, ws = state[uses] = self._setup(uses)
             run_starts(ws, ev, deadline, screen, self.opts.seed)
             best[uses] = _best_of(ws.rows, self.obj)
-            ws.flush()
+            ws.flush()  # each subset's trials stored as one run: the same numbers whatever the timing
         chosen = self._to_refine(subsets, best)
         self.say(f"screened {len(subsets)} subsets; refining {len(chosen)}: "
                  + ", ".join(P.describe_uses(self.pool, u) for u in chosen))
         if self.display is not None:
             self.display.phase(f"refining {len(chosen)} subsets")
-        # a small pool: each subset gets a plain search's budget; else the refined share it
-        k = 1 if P.devices_of(self.pool, None) <= SMALL_POOL else len(chosen)
+        k = 1 if P.devices_of(self.pool, None) <= SMALL_POOL else len(chosen)  # small: a plain budget each
+        patience = SAMPLER_PATIENCE if self.opts.trials is None else None
         for i, uses in enumerate(chosen):  # the phases of a plain search (autotune/search/run.py)
             ev, ws = state[uses]
-            if i == 0 or k == 1:  # the screening's best by the objective (or a small pool): a plain budget
-                n_k, polish_k = n_main, n_polish
+            # the fastest after screening (and every subset of a small pool): a plain search's
+            # baselines, starts and sampler; the refined share a plain search's polish (at least
+            # MIN_POLISH calls each); the others get as many starts (the screening's counted), no
+            # baselines (their balanced starts price each layout) and no sampler (its trials each
+            # cost several polish calls' CPU, for what the polish finds anyway)
+            whole = i == 0 or k == 1
+            polish = n_polish if k == 1 else max(MIN_POLISH, n_polish // k)
+            starts = n_polish if whole else polish - screen
+            if whole:
                 run_baselines(ws, ev, deadline)
-            else:  # a quarter of a plain budget shared, no baselines (the starts price each layout)
-                # and no sampler (its ~25 trials each cost 5x a polish call's CPU): at 128 devices
-                # (llama3-70b 128k b=16) 13.0 -> 10.0 s CPU in process against half a budget shared
-                # with the sampler, the same best plan and front there and at 32k b=256
-                share = 4 * (k - 1)
-                n_k = 0
-                polish_k = max(MIN_POLISH, n_polish // share) if n_polish else 0
-            if polish_k:
-                run_starts(ws, ev, deadline, polish_k, self.opts.seed)
-            run_sampler(ws, ev, n_k, deadline)
-            if polish_k:
+            if n_polish:
+                run_starts(ws, ev, deadline, starts, self.opts.seed)
+            if whole:
+                run_sampler(ws, ev, n_main, deadline, patience)
+            if n_polish:
                 ev.prime(ws.rows)
-                run_polish(ws, ev, polish_k, deadline)
+                run_polish(ws, ev, polish, deadline)
             ws.flush()
         return chosen
 
-    def _within_limits(self, trials: list[Any]) -> None:
-        """Feasible plans exist but none within ``--max-step-time``: say so, with the fastest found."""
-        from autotune.study import is_feasible
+    def _reachable(self, subsets: list[tuple[int, ...]]) -> None:
+        """A ``--max-step-time`` below what any candidate subset could step in at its devices' peak
+        throughput (``step_floor``) is refused before anything is searched or stored."""
+        lim = self.obj.max_step_time
+        if lim is None:
+            return
+        floors = {u: step_floor(self.model, self.pool, u, self.seq_len, self.global_batch,
+                                subset_dtype(self.opts.dtype, P.subset(self.pool, u))) for u in subsets}
+        u = min(floors, key=lambda k: floors[k])
+        if floors[u] > lim:
+            raise InputError(f"{lim:g} s is unreachable: even at its devices' peak throughput the fastest subset "
+                             f"({P.describe_uses(self.pool, u)}) needs at least {floors[u]:.4g} s for the weights' "
+                             f"FLOPs of one step ({self.global_batch} x {self.seq_len} tokens); nothing was searched",
+                             field="--max-step-time")
+
+    def _within_limits(self, trials: list[Any], study: Any, before: int) -> None:
+        """Feasible plans exist but none within ``--max-step-time``: say so, with the fastest found,
+        and keep no study of plans none of which was asked for (a study that held trials before
+        this run keeps them, and this run's, and the line says so)."""
+        from autotune.study import is_feasible, storage_for
 
         ok = [t for t in trials if is_feasible(t) and "cost" in t.user_attrs]
         if ok and self.obj.max_step_time is not None and not any(admissible(self.obj, t.user_attrs) for t in ok):
+            import optuna
+
             fastest = min(step_of(t.user_attrs) or math.inf for t in ok)
+            if before == 0:
+                optuna.delete_study(study_name=self.name, storage=storage_for(self.storage))
+                kept = f"study {self.name!r} was not kept"
+            else:
+                kept = (f"study {self.name!r} keeps its {before} earlier trials and this run's "
+                        f"{len(trials) - before}")
             raise WorkError(f"no plan steps within --max-step-time {self.obj.max_step_time:g} s; the fastest found "
-                            f"takes {fastest:.4g} s")
+                            f"takes {fastest:.4g} s ({kept})")
 
     def _to_refine(self, subsets: list[tuple[int, ...]], best: dict[tuple[int, ...], Any]) -> list[tuple[int, ...]]:
+        """Every subset of a small pool; else the screening's fastest and cheapest, then the other
+        points of its front (fastest first), then the next fastest: ``REFINE`` of them."""
         if P.devices_of(self.pool, None) <= SMALL_POOL:
             return list(subsets)
         ok = {u: v for u, v in best.items() if v is not None}
-        ranked = sorted(ok, key=lambda u: _objective_key(self.obj, *ok[u]))
+        by_step = sorted(ok, key=lambda u: (ok[u][0], u))
+        by_cost = sorted(ok, key=lambda u: (math.inf if ok[u][1] is None else ok[u][1], ok[u][0], u))
         front = pareto({u: ok[u] for u in ok})
-        # the objective's best, then the other front points (the front's other ends), then the next best
-        chosen = list(dict.fromkeys([*ranked[:1], *[u for u in ranked if u in front], *ranked[1:]]))[:REFINE]
+        chosen = list(dict.fromkeys([*by_step[:1], *by_cost[:1], *[u for u in by_step if u in front],
+                                     *by_step]))[:REFINE]
         return chosen or subsets[:1]
 
 
@@ -303,6 +386,28 @@ def _best_of(rows: list[Any], obj: Objective) -> tuple[float, float | None] | No
     pts = [(step_of(r.attrs), cost_of(r.attrs)) for r in rows if r.feasible and admissible(obj, r.attrs)]
     pts = [p for p in pts if p[0] is not None]
     return min(pts, key=lambda p: _objective_key(obj, *p)) if pts else None
+
+
+def subset_dtype(option: str, sub: Any) -> str:
+    """The precision a subset searches in: ``--dtype auto`` chooses per subset (bf16 where every
+    device of the subset has it: a subset without the pool's V100s trains in bf16), any other
+    option is the whole pool's, as given (``search`` checked it against every device)."""
+    from autotune.plan import choose_dtype
+
+    return choose_dtype(option, sub) if option == "auto" else option
+
+
+def step_floor(model: Any, pool: Any, uses: tuple[int, ...], seq_len: int, global_batch: int, dtype: str) -> float:
+    """No plan on ``uses`` steps faster than this: the FLOPs of the weights' matrix products of one
+    training step (forward and backward, attention left out, so document masks cannot lower it)
+    at the sum of the devices' peak throughput in ``dtype``. 0 (no floor) where a device is priced
+    from a measured profile, whose fitted rate is not bounded by the datasheet's peak."""
+    if any(n and (getattr(g.device, "profile", None) is not None or g.device.kind == "cpu")
+           for g, n in zip(pool.groups, uses, strict=True)):
+        return 0.0
+    flops = 3.0 * (model.layers * model.layer_matmul_flops_fwd() + model.head_flops_fwd()) * seq_len * global_batch
+    peak = sum(n * g.devices_per_node * g.device.flops(dtype) for g, n in zip(pool.groups, uses, strict=True) if n)
+    return flops / peak
 
 
 def pareto(points: dict[Any, tuple[float, float | None]]) -> set[Any]:
@@ -335,6 +440,14 @@ def _union(workspaces: list[Any], study: Any, storage: str) -> list[Any]:
                 seen.add(t._trial_id)
                 out.append(t)
     return sorted(out, key=lambda t: t.number)
+
+
+def costs_of(res: SearchResult, pool: Any, seq_len: int, global_batch: int) -> list[dict[str, Any] | None]:
+    """The ``cost`` of the best plan and of each of the top (``SearchResult.costs``) where the
+    cluster has prices or the search chose devices (a pool); else nothing."""
+    if not (P.priced(pool) or P.is_pool(pool)):
+        return []
+    return [figures(pool, rec.plan.uses, rec.predicted or {}, seq_len, global_batch) for rec in [res.best, *res.top]]
 
 
 def front_of(res: SearchResult, pool: Any, seq_len: int, global_batch: int,
@@ -374,13 +487,15 @@ def front_of(res: SearchResult, pool: Any, seq_len: int, global_batch: int,
         out.append({"trial": t.number, "uses": list(uses) if uses else None, "devices": t.user_attrs["cost"]["devices"],
                     "step_time_s": pts[k][0], "cost": dict(t.user_attrs["cost"]),
                     "chosen": t.number == res.best_trial, "using": P.describe_uses(pool, uses),
+                    "dtype": pd.get("dtype"),
                     "plan": dict(pd)})
     return out
 
 
-def why_left_out(res: SearchResult, pool: Any, trials: list[Any], obj: Objective) -> list[str]:
+def why_left_out(res: SearchResult, pool: Any, trials: list[Any], obj: Objective, model: Any = None) -> list[str]:
     """For the chosen plan, one line per node group it leaves nodes of out: what the best plan with
-    them back costs in step time (and per token, with prices), and what paces that plan."""
+    them back costs in step time (and per token, with prices), and what paces that plan; or, when
+    the subset with them back was never searched, why (``not_searched``: the budget, memory)."""
     from autotune.study import is_feasible
 
     uses = res.best.plan.uses
@@ -402,11 +517,15 @@ def why_left_out(res: SearchResult, pool: Any, trials: list[Any], obj: Objective
     lines = []
     for g, n_out, name in P.left_out(pool, uses):
         back = tuple(full[i] if i == g else uses[i] for i in range(len(uses)))
+        head = f"{n_out} {name} left out"
+        skipped = not_searched(pool, model, obj, back, res.best.plan.dtype) if model is not None else None
+        if skipped is not None:  # never searched: the budget (or memory) is the reason
+            lines.append(f"{head}: with them {skipped[1]}: not searched")
+            continue
         # the subset with the group back; else the searched subset with the group whole closest to it
         alts = [u for u in by_uses if u[g] == full[g]]
         alt = back if back in by_uses else min(alts, key=lambda u: sum(abs(a - b) for a, b in zip(u, back, strict=True)),
                                                default=None)
-        head = f"{n_out} {name} left out"
         if alt is None or not chosen_step:
             lines.append(f"{head}: no plan with them was found feasible (memory or divisibility)")
             continue
@@ -422,28 +541,42 @@ def why_left_out(res: SearchResult, pool: Any, trials: list[Any], obj: Objective
             per_h = (t.user_attrs.get("cost") or {}).get("per_hour")
             if per_h is not None and per_h > obj.budget:
                 parts.append(f"they would cost {per_h:.4g}{obj.currency}/h, over the budget")
-        pace = _pace(t.user_attrs.get("breakdown"), name, t.user_attrs["plan"])
+        pace = _pace(t.user_attrs.get("breakdown"), name, t.user_attrs["plan"], pool)
         if pace:
             parts.append(pace)
         lines.append(f"{head}: " + "; ".join(parts))
     return lines
 
 
-def _pace(bd: Any, name: str, plan: dict[str, Any]) -> str:
+def _slowest(names: set[str], pool: Any, dtype: str) -> str:
+    """The device type among ``names`` with the least peak throughput in ``dtype`` (the one the
+    others wait for where they work side by side)."""
+    speed = {g.device.name: g.device.peak_flops.get(dtype, min(g.device.peak_flops.values())) for g in pool.groups}
+    return min(sorted(names), key=lambda n: speed.get(n, math.inf))
+
+
+def _pace(bd: Any, name: str, plan: dict[str, Any], pool: Any) -> str:
     """What the left-out devices do in the best plan with them: the slowest stage when theirs is,
-    else their stage's layers and compute against the others', or that they pace a mixed stage."""
+    else their stage's layers and compute against the others', or which devices pace a mixed stage."""
+    from autotune.stages import degrees_text
+
     if not isinstance(bd, dict) or not bd.get("stages"):
         return ""
     stages = bd["stages"]
-    deg = ",".join(f"{k}={v}" for k, v in (plan.get("degrees") or {}).items() if v > 1) or "dp=1"
+    deg = degrees_text(plan)  # a per-stage plan by its stages' own degrees, not its outer shape
     theirs = [s for s in stages if set(s.get("devices") or []) == {name}]
     others = [s for s in stages if name not in (s.get("devices") or [])]
     slow = max(stages, key=lambda s: float(s.get("compute_s") or 0.0))
     if all(set(s.get("devices") or []) <= {name} for s in stages):
         return ""  # one device type: nothing paces it but its own count
     if not theirs:
-        return (f"in that plan ({deg}) the faster ranks wait for the {name} ranks they work beside"
-                if any(name in (s.get("devices") or []) for s in stages) else "")
+        mixed = [set(s.get("devices") or []) for s in stages if name in (s.get("devices") or [])]
+        if not mixed:
+            return ""
+        slowest = _slowest(set().union(*mixed), pool, str(plan.get("dtype") or "bf16"))
+        if slowest == name:
+            return f"in that plan ({deg}) the faster ranks wait for the {name} ranks they work beside"
+        return f"in that plan ({deg}) the {name} ranks wait for the slower {slowest} ranks they work beside"
     if slow in theirs:
         return f"their share of layers would make the {name} stage the slowest ({deg})"
     mine = sum(sum(s.get("layers") or []) for s in theirs)

@@ -72,7 +72,8 @@ def best_layouts(ranked: Any, n: int) -> list[tuple[dict[str, Any], Any]]:
         if plan.layout() in seen:
             continue
         seen.add(plan.layout())
-        out.append((t.user_attrs["plan"], t.user_attrs.get("breakdown")))
+        pd = t.user_attrs["plan"]  # with its cost where the search priced one (a pool search)
+        out.append(({**pd, "cost": t.user_attrs["cost"]} if "cost" in t.user_attrs else pd, t.user_attrs.get("breakdown")))
         if len(out) >= n:
             break
     return out

@@ -78,9 +78,11 @@ def test_dashboard_and_report_draw_the_front(tmp_path):
 
 
 def test_a_step_time_no_plan_meets_is_said():
-    from autotune.errors import WorkError
+    from autotune.errors import InputError
 
-    with pytest.raises(WorkError, match="no plan steps within --max-step-time 1e-09 s; the fastest found takes"):
+    # below what the devices could do at their peak: refused before anything is searched (the limits
+    # between that floor and the fastest plan: tests/unit/test_pool_truth.py)
+    with pytest.raises(InputError, match="1e-09 s is unreachable: even at its devices' peak throughput"):
         _search("unmet", "time", None, "1ns")
 
 
