@@ -70,3 +70,29 @@ def test_ties_go_to_the_lower_zero_stage(tmp_path):
                                               user_attrs={"plan": plan.to_dict()}))
     best = best_feasible(s)
     assert Plan.from_dict(best.user_attrs["plan"]).zero_stage == 1  # 100.0 ties 100.4 (1%), 98 does not
+
+
+def test_apply_prices_as_the_format_it_writes(tmp_path, capsys):
+    """`search --target megatron` then `apply --format megatron` prints the price `estimate --target
+    megatron` gives the same plan (the search's), not autotune's own runtime's (issue 39 item 4)."""
+    from helpers.cli import cli
+
+    (tmp_path / "h100.yaml").write_text("name: h100x8\nnodes:\n  - {count: 1, devices_per_node: 8, device: H100-SXM}\n")
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    cl = str(tmp_path / "h100.yaml")
+    res = search(MODEL, load_cluster(cl), 1024, 32, study_name="k", storage=url,
+                 options=SearchOptions(trials=15, target="megatron", polish=False))
+    code, out, err = cli(capsys, "apply", "--study", "k", "--storage", url, "-f", "megatron", "--json")
+    assert code == 0, err
+    applied = json.loads(out)["plan"]
+    (tmp_path / "p.json").write_text(json.dumps(applied))
+    by_target = {}
+    for target in ("megatron", "runtime"):
+        code, out, err = cli(capsys, "estimate", "-m", "tiny", "-c", cl, "-s", "1024", "-b", "32", "-p",
+                             str(tmp_path / "p.json"), "--target", target, "--json")
+        assert code == 0, err
+        by_target[target] = json.loads(out)["predicted"]["step_time_s"]
+    # the two runtimes price this plan apart, so agreeing with one of them is a real check
+    assert abs(by_target["runtime"] / by_target["megatron"] - 1) > 0.02
+    assert applied["predicted"]["step_time_s"] == pytest.approx(by_target["megatron"], rel=0.01)
+    assert applied["predicted"]["step_time_s"] == pytest.approx(res.best.predicted["step_time_s"], rel=0.01)
