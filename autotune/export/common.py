@@ -50,6 +50,9 @@ class ExportContext:
     """True when no cluster was given and ``local:WORLD`` stands in (provenance says so)."""
     left_out: tuple[str, ...] = ()
     """For a pool search's chosen plan: why each left-out node group pays (autotune/search/pool.py)."""
+    study_plans: tuple[Plan, ...] = ()
+    """The plans the study found best for each target (its ``best_per_target``): a refused per-stage
+    plan's nearest uniform plan is among them when the target runs one (autotune/export/stages.py)."""
 
 
 @dataclass(frozen=True)

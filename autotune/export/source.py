@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import InputError
+from autotune.plan import Plan
 from autotune.export.common import ExportContext
 from autotune.plan_record import PlanRecord, load_record
 from autotune.specs.cluster import cluster_from_record, load_cluster
@@ -99,8 +100,22 @@ def from_study(name: str, storage: str, cluster_opt: str | None,
     ctx = ExportContext(model=model, cluster=cluster, seq_len=ua["seq_len"], global_batch=ua["global_batch"],
                         study=name, trial=t.number, storage=storage, source=f"study {name}",
                         calibration=calibration_for(ua, plan), cluster_digest=digest or cluster.digest,
-                        left_out=tuple(ua.get("left_out") or ()) if ua.get("left_out_trial") == t.number else ())
+                        left_out=tuple(ua.get("left_out") or ()) if ua.get("left_out_trial") == t.number else (),
+                        study_plans=_target_plans(study))
     return record, ctx
+
+
+def _target_plans(study: Any) -> tuple[Plan, ...]:
+    """The plan of each trial the study names as a target's best (``best_per_target``, set by the
+    search), best first, each once."""
+    found = study.user_attrs.get("best_per_target") or {}
+    picks = sorted((v for v in found.values() if v), key=lambda v: -(v.get("tokens_per_s") or 0.0))
+    numbers = list(dict.fromkeys(int(v["trial"]) for v in picks))
+    if not numbers:
+        return ()
+    by_number = {t.number: t for t in study.get_trials(deepcopy=False) if t.number in numbers}
+    return tuple(Plan.from_dict(by_number[k].user_attrs["plan"]) for k in numbers
+                 if "plan" in getattr(by_number.get(k), "user_attrs", {}))
 
 
 def from_plan_file(path: str, model_opt: str | None, seq_len: int | None, global_batch: int | None,

@@ -3,9 +3,11 @@
 autotune's runtime runs every per-stage plan (``--target runtime``; the JSON export carries its
 stages). Megatron-LM, torchtitan, DeepSpeed and Accelerate build one device mesh with one tp and one
 dp for the whole model, so a plan whose stages or replicas differ in tp, or that leaves devices out,
-is refused with that reason, and the nearest plan they can express is the uniform one: each tp the
-plan uses over the whole cluster, with the plan's layers per stage and with even layers (priced,
-the fastest kept: ``export.common.nearest_expressible``). A per-stage plan that is a uniform mesh in
+is refused with that reason, and the nearest plan they can express is a uniform one: the study's own
+best plan for each target (when the plan came from a study), and each tp the plan uses over the
+whole cluster at the nearest pipeline depth the cluster divides into, with the plan's layers per
+stage and with even layers (priced as the target runs them, the fastest kept:
+``export.common.nearest_expressible``). A per-stage plan that is a uniform mesh in
 disguise (one tp, every device, ranks in mesh order) is that uniform plan (``as_uniform``): the
 framework runs it exactly, so it is exported, not refused.
 """
@@ -57,16 +59,32 @@ def staged_reasons(plan: Plan, ctx: Any, target: str, reasons: Callable[[Plan, A
 
 
 def staged_candidates(plan: Plan, ctx: Any) -> list[Plan]:
-    """Uniform plans near a per-stage one: each tp it uses (and 1) over the whole cluster, pp its
-    stage count, with its layers per stage and with even layers."""
+    """Uniform plans near a per-stage one: first the plans its study found best for each target
+    (``ctx.study_plans``: the search's own best plan a framework runs, priced beside the others), then
+    each tp it uses (and 1) over the whole cluster at the pipeline depth nearest its stage count that
+    divides the cluster (its own when it does, with its layers per stage too), with even layers."""
     n, p = ctx.cluster.num_devices, len(plan.stages)
-    out = []
-    for tp in sorted({r.tp for st in plan.stages for r in st.replicas} | {1}, reverse=True):
-        if n % (p * tp):
-            continue
-        deg = Degrees(pp=p, dp=n // (p * tp), tp=tp)
-        base = Plan(degrees=deg, micro_batch_size=plan.micro_batch_size, schedule=plan.schedule,
-                    virtual_stages=plan.virtual_stages, recompute=plan.recompute,
-                    zero_stage=plan.zero_stage if deg.dp > 1 else 0, dtype=plan.dtype)
-        out += [base.replace(shares=Shares(layers=plan.shares.layers)), base]
+    out = [q for q in getattr(ctx, "study_plans", ()) if q.stages is None]
+    for pp in nearest_depths(n, p, ctx.model.layers):
+        for tp in sorted({r.tp for st in plan.stages for r in st.replicas} | {1}, reverse=True):
+            if n % (pp * tp):
+                continue
+            deg = Degrees(pp=pp, dp=n // (pp * tp), tp=tp)
+            base = Plan(degrees=deg, micro_batch_size=plan.micro_batch_size,
+                        schedule=plan.schedule if pp > 1 else "1f1b",
+                        virtual_stages=plan.virtual_stages if pp == p else 1, recompute=plan.recompute,
+                        zero_stage=plan.zero_stage if deg.dp > 1 else 0, dtype=plan.dtype)
+            out += [base.replace(shares=Shares(layers=plan.shares.layers)), base] if pp == p else [base]
     return out
+
+
+def nearest_depths(devices: int, stages: int, layers: int) -> list[int]:
+    """Pipeline depths a uniform mesh of ``devices`` can take (divisors, at most ``layers``) nearest
+    ``stages``: the stage count itself when it divides, else the nearest one on each side (3 stages
+    on 16 devices: 2 and 4)."""
+    ok = [d for d in range(1, min(devices, layers) + 1) if devices % d == 0]
+    if stages in ok:
+        return [stages]
+    below = [d for d in ok if d < stages]
+    above = [d for d in ok if d > stages]
+    return above[:1] + below[-1:]

@@ -63,3 +63,48 @@ def test_a_uniform_mesh_written_as_stages_exports_as_itself(fmt):
             return e.reasons, e.nearest.plan if e.nearest else None
 
     assert outcome(s) == outcome(u)
+
+
+# a per-stage plan whose 3 stages no uniform mesh of 8 devices has (8 % 3): 2 A100s | 2 A100s | 4 V100s
+THREE_STAGES = staged((1, [[0, 1]]), (1, [[2, 3]]), (2, [[4, 5, 6, 7]]))
+
+
+@pytest.mark.parametrize("fmt", ["megatron", "torchtitan", "deepspeed"])
+def test_stages_no_mesh_has_still_get_the_nearest_uniform_plan(fmt):
+    """3 stages on 8 devices: the nearest uniform depths are 2 and 4 (issue 39 item 5: the refusal
+    said "(no candidate resolved)")."""
+    with pytest.raises(ExportRefused) as e:
+        export(THREE_STAGES, CTX, fmt)
+    near = e.value.nearest
+    assert near is not None and near.plan.stages is None and near.plan.degrees.pp in (2, 4)
+    assert near.plan.world == C.num_devices
+
+
+def test_a_studys_per_stage_plan_is_refused_with_the_studys_best_plan_the_target_runs(tmp_path):
+    """apply --study S --trial N of a per-stage plan names, as the nearest plan Megatron runs, one at
+    least as fast as the best Megatron plan the search found (the study's best_per_target)."""
+    import optuna
+
+    from autotune.export.source import from_study
+    from autotune.search import SearchOptions, search
+    from autotune.study import trial_record
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    search(M, C, 128, 16, study_name="s", storage=url,
+           options=SearchOptions(trials=20, polish=False, dtype="fp16"))
+    study = optuna.load_study(study_name="s", storage=url)
+    best = study.user_attrs["best_per_target"]["megatron"]
+    assert best is not None
+    study.add_trial(optuna.trial.create_trial(value=1.0, params={}, distributions={},
+                                              user_attrs={"plan": THREE_STAGES.to_dict()}))
+    record, ctx = from_study("s", url, None, trial=len(study.trials) - 1)
+    with pytest.raises(ExportRefused) as e:
+        export(record, ctx, "megatron")
+    near = e.value.nearest
+    # the study's plan, priced as Megatron runs it (apply's price), against what the refusal names
+    found = trial_record(next(t for t in study.trials if t.number == best["trial"]))
+    from autotune.export import megatron
+    from autotune.export.common import predict
+
+    theirs, _ = predict(found.plan, ctx, megatron.KERNELS)
+    assert near is not None and near.tokens_per_s() >= theirs.tokens_per_s() / 1.01
