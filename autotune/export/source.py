@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import InputError
-from autotune.plan import Plan
 from autotune.export.common import ExportContext
+from autotune.plan import Plan
 from autotune.plan_record import PlanRecord, load_record
 from autotune.specs.cluster import cluster_from_record, load_cluster
 from autotune.specs.model import load_model, model_from_dict
