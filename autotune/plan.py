@@ -74,6 +74,7 @@ from autotune.plan_parts import (  # noqa: F401  (every part is importable from 
     lacks_dtype,
     mesh_groups,
     shares_are_even,
+    stored_plan_is_even,
 )
 from autotune.schedules import names, schedule_of
 from autotune.specs import fields as F
@@ -221,11 +222,21 @@ class Plan:
     def layout(self) -> tuple[Any, ...]:
         """What tells two layouts apart, as opposed to share variations of one layout: degrees,
         schedule, virtual stages and micro-batch size. ``validate`` measures the best plan of each
-        layout first and ``search`` shows one plan per layout, by this one rule."""
-        return (self.degrees, self.schedule, self.virtual_stages, self.micro_batch_size, self.stages)
+        layout first and ``search`` shows one plan per layout, by this one rule. A per-stage plan whose
+        stages share one tp is the mesh of its degrees (``stages 4L(tp1x4)`` is ``dp=4``), so its
+        stages (layers and devices: shares and placement) do not tell it apart."""
+        from autotune.stages import is_uniform
+
+        stages = None if self.stages is None or is_uniform(self.stages) else self.stages
+        return (self.degrees, self.schedule, self.virtual_stages, self.micro_batch_size, stages)
 
     def is_even(self) -> bool:
-        """True when every resolved share is an even split (the Megatron/torchtitan baseline shape)."""
+        """True when every resolved share is an even split (the Megatron/torchtitan baseline shape):
+        a per-stage plan is one only when its stages share one tp (the mesh it then is)."""
+        from autotune.stages import is_uniform
+
+        if self.stages is not None and not is_uniform(self.stages):
+            return False
         return shares_are_even(self.shares.layers, self.shares.tokens, self.shares.heads, self.shares.samples)
 
     def replace(self, **kw: Any) -> Plan:

@@ -173,11 +173,21 @@ class Workload:
 
 def shares_are_even(layers: Any, tokens: Any, heads: Any, samples: Any) -> bool:
     """The even-split rule of ``Plan.is_even`` on bare share sequences (None: not set): layers,
-    heads and samples may differ by one (a remainder), tokens not at all (CP chunks are equal)."""
+    heads and samples may differ by one (a remainder, on the first parts as ``even_split`` puts it:
+    4/5/5/5/5 layers is a choice, 5/5/5/5/4 the split), tokens not at all (CP chunks are equal)."""
     for v in (layers, heads, samples):
-        if v and max(v) - min(v) > 1:
+        if v and (max(v) - min(v) > 1 or any(a < b for a, b in zip(v, v[1:], strict=False))):
             return False
     return not tokens or max(tokens) == min(tokens)
+
+
+def stored_plan_is_even(plan: dict[str, Any]) -> bool:
+    """``Plan.is_even`` on a stored plan dict (its shares resolved), without parsing the plan (the
+    search's baseline scan and the dashboard's rows, whose old plans may no longer validate)."""
+    if plan.get("stages") and len({r.get("tp") for st in plan["stages"] for r in st.get("replicas") or ()}) > 1:
+        return False  # per-stage degrees: no even split of one mesh (stages.is_uniform's rule)
+    sh = plan.get("shares") or {}
+    return shares_are_even(sh.get("layers"), sh.get("tokens"), sh.get("heads"), sh.get("samples"))
 
 
 def even_split(total: int, parts: int) -> list[int]:

@@ -16,6 +16,7 @@ from typing import Any
 
 from autotune import dims
 from autotune.errors import InputError
+from autotune.plan_parts import stored_plan_is_even
 
 DIMS = tuple(n for n in dims.WRITTEN if not dims.dimension(n).folds)  # as plans write them (autotune/dims.py)
 
@@ -235,16 +236,13 @@ def _constraints_ok(t: Any) -> bool:
     return not any(c > 0 for c in values)
 
 
-def _is_even(shares: dict[str, Any]) -> bool | None:
-    """Plan.is_even on the stored shares (without rebuilding the plan: old rows may not validate)."""
-    if not shares or all(v is None for v in shares.values()):
+def _is_even(plan: dict[str, Any]) -> bool | None:
+    """Plan.is_even on the stored plan (without rebuilding it: old rows may not validate); None when
+    it records no shares."""
+    shares = plan.get("shares") or {}
+    if all(v is None for v in shares.values()):
         return None
-    for k in ("layers", "heads", "samples"):
-        v = shares.get(k)
-        if v and max(v) - min(v) > 1:
-            return False
-    t = shares.get("tokens")
-    return not (t and max(t) != min(t))
+    return stored_plan_is_even(plan)
 
 
 def _failure_text(t: Any, ua: dict[str, Any]) -> str | None:
@@ -287,7 +285,7 @@ def trial_row(t: Any, capacity_of: Any = None) -> TrialRow:
         error=error, degrees={k: int((plan or {}).get("degrees", {}).get(k, 1)) for k in DIMS} if plan else {},
         shares=shares, memory_bytes=_nums(pred.get("memory_bytes")),
         measured_memory_bytes=_nums((meas or {}).get("peak_memory_bytes")), capacity_bytes=capacity,
-        reason=_failure_text(t, ua), baseline=ua.get("baseline"), even=_is_even(shares),
+        reason=_failure_text(t, ua), baseline=ua.get("baseline"), even=_is_even(plan or {}),
         step_time_s=_num(pred.get("step_time_s")), run_failed=failed_run and state == "COMPLETE", plan=plan,
         breakdown=ua.get("breakdown") if isinstance(ua.get("breakdown"), dict) else None,
         cost=ua.get("cost") if isinstance(ua.get("cost"), dict) else None)

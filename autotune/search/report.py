@@ -10,7 +10,8 @@ from typing import Any
 from autotune.advice import nothing_fits
 from autotune.cost.tiebreak import rank
 from autotune.errors import WorkError
-from autotune.plan import Plan, shares_are_even
+from autotune.plan import Plan
+from autotune.plan import stored_plan_is_even as looks_even
 from autotune.plan_record import PlanRecord
 from autotune.search.options import SearchResult
 from autotune.study import iter_trial_plans, trial_record
@@ -77,12 +78,6 @@ def best_layouts(ranked: Any, n: int) -> list[tuple[dict[str, Any], Any]]:
         if len(out) >= n:
             break
     return out
-
-
-def looks_even(plan: dict[str, Any]) -> bool:
-    """Plan.is_even on a stored plan dict (its shares are resolved), without parsing the plan."""
-    sh = plan.get("shares") or {}
-    return shares_are_even(sh.get("layers"), sh.get("tokens"), sh.get("heads"), sh.get("samples"))
 
 
 def failure_summary(trials: list[Any]) -> str | None:
