@@ -213,6 +213,7 @@ class _PoolRun:
     def _setup(self, uses: tuple[int, ...]) -> tuple[Any, Any]:
         """The space, evaluator and workspace of one subset."""
         from autotune.search.options import load_space
+        from autotune.search.spaces import build_space
         from autotune.search.pricing import default_estimator
         from autotune.search.workspace import Workspace, make_sampler
         from search_spaces.base import SearchContext
@@ -220,7 +221,7 @@ class _PoolRun:
         sub = P.subset(self.pool, uses)
         ctx = SearchContext(model=self.model, cluster=sub, seq_len=self.seq_len, global_batch=self.global_batch,
                             dtype=subset_dtype(self.opts.dtype, sub))
-        space = load_space(self.opts.space).space(ctx)
+        space = build_space(load_space(self.opts.space), ctx, self.opts.space)
         ev = SubsetEvaluator(space, self.estimator or default_estimator(), self.pool, uses, target=self.opts.target)
         key = uses_key(uses)
         ws = Workspace(self.name, self.storage, space.distributions(), make_sampler(self.opts.sampler, self.opts.seed),

@@ -102,6 +102,26 @@ def _load_file(path: Path) -> Any:
     return module
 
 
+SPACE_METHODS = ("distributions", "build", "baselines")
+"""What the search calls on every space (``search_spaces/base.Space``); checked before a study is written."""
+
+
+def build_space(module: Any, ctx: Any, name: str) -> Any:
+    """``module.space(ctx)``, checked: a space() that raises, or returns something without the
+    methods the search calls, is one InputError naming ``--space`` (exit 2) before anything is stored."""
+    try:
+        sp = module.space(ctx)
+    except InputError:
+        raise  # a space that refuses the workload names the field it refuses
+    except Exception as e:  # the space's own bug, in one line
+        raise InputError(f"{name}: space(ctx) raised {type(e).__name__}: {e}", field=FIELD) from None
+    missing = [m for m in SPACE_METHODS if not callable(getattr(sp, m, None))]
+    if missing:
+        raise InputError(f"{name}: space(ctx) returned {type(sp).__name__} {sp!r:.60}, not a search space (it has no "
+                         f"{', '.join(missing)}; see docs/spaces.md)", field=FIELD)
+    return sp
+
+
 def _checked(obj: Any, what: str) -> Any:
     if not callable(getattr(obj, "space", None)):
         raise InputError(f"{what} defines no space(ctx) function (see docs/spaces.md)", field=FIELD)

@@ -19,6 +19,7 @@ from typing import Any
 from autotune.errors import WorkError
 from autotune.search.grid import run_grid
 from autotune.search.options import SearchOptions, load_space
+from autotune.search.spaces import build_space
 from autotune.search.phases import run_sampler
 from autotune.search.pricing import Evaluator, default_estimator
 from autotune.search.signals import sigterm_to_interrupt
@@ -31,7 +32,7 @@ def setup(model: Any, cluster: Any, seq_len: int, global_batch: int, opts: Searc
     from search_spaces.base import SearchContext
 
     ctx = SearchContext(model=model, cluster=cluster, seq_len=seq_len, global_batch=global_batch, dtype=opts.dtype)
-    space = load_space(opts.space).space(ctx)
+    space = build_space(load_space(opts.space), ctx, opts.space)
     return ctx, space, Evaluator(space, estimator or default_estimator(), target=opts.target)
 
 

@@ -97,6 +97,25 @@ def test_a_bad_space_file_is_one_line_exit_2_and_nothing_written(capsys, tmp_pat
     assert not db.exists()
 
 
+@pytest.mark.parametrize("content, message", [
+    ("def space(ctx):\n    return 42\n", "space\\(ctx\\) returned int 42, not a search space"),
+    ("def space(ctx):\n    raise ValueError('boom')\n", "space\\(ctx\\) raised ValueError: boom"),
+])
+def test_a_space_function_that_fails_is_one_line_exit_2_and_nothing_written(capsys, tmp_path, content, message):
+    """space(ctx) runs once the workload is known (after the banner naming the study): what it returns
+    or raises is checked before the study is written (issue 39 item 8: exit 1 and a stored study)."""
+    path = tmp_path / "space.py"
+    path.write_text(content)
+    db = tmp_path / "s.db"
+    code, out, err = cli(capsys, "search", "-m", "tiny", "-c", "local:4", "-s", "256", "-b", "8", "--trials", "5",
+                         "--space", str(path), "--storage", f"sqlite:///{db}")
+    assert code == 2 and out == ""
+    errors = [ln for ln in err.strip().splitlines() if "error" in ln]
+    assert len(errors) == 1 and "--space" in errors[0] and str(path) in errors[0], err
+    assert re.search(message, errors[0]), errors[0]
+    assert not db.exists()
+
+
 def test_an_unknown_name_says_the_known_ones_and_the_file_form():
     with pytest.raises(InputError, match="unknown search space 'defualt'.*default.*space.py"):
         load_space("defualt")
