@@ -213,8 +213,8 @@ class _PoolRun:
     def _setup(self, uses: tuple[int, ...]) -> tuple[Any, Any]:
         """The space, evaluator and workspace of one subset."""
         from autotune.search.options import load_space
-        from autotune.search.spaces import build_space
         from autotune.search.pricing import default_estimator
+        from autotune.search.spaces import build_space
         from autotune.search.workspace import Workspace, make_sampler
         from search_spaces.base import SearchContext
 

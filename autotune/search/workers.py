@@ -19,10 +19,10 @@ from typing import Any
 from autotune.errors import WorkError
 from autotune.search.grid import run_grid
 from autotune.search.options import SearchOptions, load_space
-from autotune.search.spaces import build_space
 from autotune.search.phases import run_sampler
 from autotune.search.pricing import Evaluator, default_estimator
 from autotune.search.signals import sigterm_to_interrupt
+from autotune.search.spaces import build_space
 from autotune.search.workspace import Workspace, make_sampler
 
 
