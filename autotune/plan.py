@@ -31,8 +31,10 @@ two is importable from here.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -530,6 +532,19 @@ def _counts(value: str, field: str, example: str, what: str = "counts") -> list[
     if not all(x.strip().isdigit() for x in parts):
         raise PlanError(f"expected {what} separated by '/', e.g. {example}, got {value!r}", field=field)
     return [int(x) for x in parts]
+
+
+@contextlib.contextmanager
+def located(path_or_inline: str | Path) -> Iterator[None]:
+    """A PlanError without a source, raised while a plan read from a file is resolved or priced,
+    names that file (as an error reading it does): ``plan.json: stages[1].layers: ...``."""
+    try:
+        yield
+    except PlanError as e:
+        s = str(path_or_inline)
+        if e.source is not None or ("=" in s and not Path(s).exists()):  # located already, or inline
+            raise
+        raise PlanError(e.message, source=s, field=e.field) from None
 
 
 def load_plan(path_or_inline: str | Path) -> Plan:

@@ -210,18 +210,27 @@ def problems(plan: Any, model: Any, cluster: Any) -> list[str]:
                 tps_seen.add(rep.tp)
                 p += [f"{w}.tp: {t}" for t in tp_problems(rep.tp, model)]
             nodes = set()
+            twice: dict[str, list[int]] = {}  # the replica each device was already given to: one line each
             for dev in rep.devices:
                 if not 0 <= dev < n:
                     p.append(f"{w}.devices: device {dev} is not in the cluster (0..{n - 1})")
                     continue
                 if dev in seen:
-                    p.append(f"{w}.devices: device {dev} is used twice (also by {seen[dev]})")
+                    twice.setdefault(seen[dev], []).append(dev)
                 seen[dev] = w
                 nodes.add(cluster.devices[dev].node)
+            p += [_used_twice(w, other, devs) for other, devs in twice.items()]
             if len(nodes) > 1:
                 p.append(f"{w}: tp group on devices {list(rep.devices)} crosses nodes {sorted(nodes)}; "
                          "tp must stay inside a node")
     return p
+
+
+def _used_twice(where: str, other: str, devices: list[int]) -> str:
+    """One line for the devices a replica shares with an earlier one (or lists twice itself)."""
+    named = f"device {devices[0]} is" if len(devices) == 1 else f"devices {', '.join(map(str, devices))} are"
+    also = "listed twice in it" if other == where else f"also in {other}"
+    return f"{where}.devices: {named} used twice ({also})"
 
 
 def envelope(stages: tuple[Stage, ...], cp: int = 1, hp: int = 1) -> Any:
@@ -254,8 +263,8 @@ def resolve(plan: Any, model: Any, cluster: Any, seq_len: int, global_batch: int
     from autotune.schedules import schedule_of
 
     p = problems(plan, model, cluster)
-    if p:
-        raise PlanError("; ".join(p), field="stages")
+    if p:  # each line names its own field (stages[1].layers, degrees, ...)
+        raise PlanError("; ".join(p))
     stages = plan.stages
     env = envelope(stages, plan.degrees.cp, plan.degrees.hp)
     if plan.degrees != env and plan.degrees.world != 1:

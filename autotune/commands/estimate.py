@@ -46,7 +46,7 @@ def command(model: ModelOpt, cluster: ClusterOpt, plan: PlanOpt, seq_len: SeqLen
             json_: JsonOpt = False) -> None:
     """Predict step time, tokens/s, MFU and per-device memory of one plan on a cluster."""
     from autotune.cost import estimate
-    from autotune.plan import load_plan_for
+    from autotune.plan import load_plan_for, located
     from autotune.specs import load_cluster, load_model
     from autotune.targets import check_target, kernel_costs
 
@@ -58,8 +58,9 @@ def command(model: ModelOpt, cluster: ClusterOpt, plan: PlanOpt, seq_len: SeqLen
 
     docs = documents_from_options(data=data, eod=eod, lengths=lengths, vocab=m.vocab, data_dtype=data_dtype)
     p = plan_masks(p, docs, doc_mask)
-    est = estimate(p, m, c, seq_len, global_batch, timeline=timeline, documents=docs.dist if docs else None,
-                   kernels=kernels)
+    with located(plan):
+        est = estimate(p, m, c, seq_len, global_batch, timeline=timeline, documents=docs.dist if docs else None,
+                       kernels=kernels)
     subset = _subset(p, c, plan, est.predicted, seq_len, global_batch)
     refused = _refusals(target, est.plan, m, c, seq_len, global_batch)
     if json_:

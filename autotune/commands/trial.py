@@ -65,7 +65,7 @@ def command(
 
     Longer than a screen: its options are declared in the signature (typer, 28 lines); the body
     checks them, hands the run to ``autotune.runtime.trial`` and prints."""
-    from autotune.plan import load_plan, load_plan_for
+    from autotune.plan import load_plan, load_plan_for, located
     from autotune.runtime.trial import run_trial
     from autotune.specs import load_cluster
 
@@ -92,10 +92,11 @@ def command(
             err_console.print(f"running {degrees_text(resolved.to_dict())} on {resolved.world} local processes ...",
                               highlight=False)
 
-    result = run_trial(p, model, seq_len, global_batch, steps=steps, warmup=warmup, seed=seed,
-                       emulate_slowdown=emulate, timeout_s=timeout, device=device, nproc=nproc,
-                       data=data, data_dtype=data_dtype, on_launch=announce,
-                       documents=docs if p.doc_mask else None)
+    with located(plan):
+        result = run_trial(p, model, seq_len, global_batch, steps=steps, warmup=warmup, seed=seed,
+                           emulate_slowdown=emulate, timeout_s=timeout, device=device, nproc=nproc,
+                           data=data, data_dtype=data_dtype, on_launch=announce,
+                           documents=docs if p.doc_mask else None)
     out = result.to_dict()
     if json_:
         emit_json(out)

@@ -18,7 +18,7 @@ from autotune.export import launch as L
 from autotune.export.common import Export, ExportContext, predict
 from autotune.export.options import ApplyOptions
 from autotune.export.source import from_plan_file, from_study
-from autotune.plan import Plan, choose_dtype
+from autotune.plan import Plan, choose_dtype, located
 from autotune.plan_record import PlanRecord
 
 
@@ -123,7 +123,8 @@ def resolve(o: ApplyOptions) -> Resolved:
 
     precision = (plan.dtype if o.dtype == "auto" else o.dtype) if getattr(ctx, "cluster_assumed", False) else (
         choose_dtype(o.dtype, plan_cluster(plan, ctx.cluster), plan.dtype))
-    plan = plan.replace(dtype=precision).resolve(ctx.model, ctx.cluster, ctx.seq_len, ctx.global_batch)
+    with located(o.plan_file or f"study {o.study}"):
+        plan = plan.replace(dtype=precision).resolve(ctx.model, ctx.cluster, ctx.seq_len, ctx.global_batch)
     return Resolved(record, plan, ctx)
 
 

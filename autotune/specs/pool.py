@@ -154,10 +154,12 @@ def pool_nodes(cluster: Any, uses: tuple[int, ...] | None) -> list[int]:
 # ---- prices ------------------------------------------------------------------------------------
 def currency(cluster: Any) -> str:
     """The one currency of the pool's prices ('' when no group has a price); mixed currencies refused."""
-    cur = {g.currency for g in cluster.groups if getattr(g, "price", None) is not None}
-    if len(cur) > 1:
-        raise InputError(f"prices in several currencies ({', '.join(sorted(cur))}); write every price in one",
-                         field="nodes[].price")
+    groups = [(i, g) for i, g in enumerate(cluster.groups) if getattr(g, "price", None) is not None]
+    cur = {g.currency for _, g in groups}
+    if len(cur) > 1:  # every group's currency, so the user sees which to rewrite
+        each = ", ".join(f"nodes[{i}] ({g.device.name}) {g.currency}" for i, g in groups)
+        raise InputError(f"prices in several currencies: {each}; write every price in one currency",
+                         source=getattr(cluster, "source", None) or None, field="nodes[].price")
     return cur.pop() if cur else ""
 
 

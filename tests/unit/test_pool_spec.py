@@ -14,7 +14,7 @@ from autotune.errors import InputError
 from autotune.objective import make_objective
 from autotune.plan import Plan, check_schema, parse_inline
 from autotune.specs import load_model
-from autotune.specs.cluster import cluster_from_dict
+from autotune.specs.cluster import cluster_from_dict, load_cluster
 from autotune.specs.pool import choices, hourly, is_pool, pool_nodes, subset
 
 GROUPS = [("H100-SXM", 2, "2.10USD/h"), ("A100-80GB", 2, "1.30USD/h"), ("V100-16GB", 1, "0.40USD/h")]
@@ -111,6 +111,19 @@ def test_cost_objective_needs_prices_and_one_currency():
     assert make_objective("time", "40USD/h", None, priced).budget == 40.0
     with pytest.raises(InputError, match="EUR"):
         make_objective("time", "40EUR/h", None, priced)
+
+
+def test_mixed_currencies_name_every_group_and_the_file(tmp_path):
+    """The refusal says which group is in which currency and where (issue 39 item 8)."""
+    d = _pool()
+    d["nodes"][1]["price"] = "1.20EUR/h"
+    f = tmp_path / "pool.json"
+    f.write_text(json.dumps(d))
+    with pytest.raises(InputError) as e:
+        make_objective("cost", None, None, load_cluster(str(f)))
+    text = str(e.value)
+    assert text.startswith(f"{f}: nodes[].price: ") and "nodes[1] " in text and "EUR" in text and "USD" in text
+    assert text.endswith("write every price in one currency")
 
 
 def test_cli_refuses_cost_without_prices_in_one_line(tmp_path):

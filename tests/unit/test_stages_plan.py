@@ -113,3 +113,24 @@ def test_scaled_keeps_the_shape_on_fewer_devices():
         assert kept(small) and sum(st.layers for st in small) == TINY.layers
         p = Plan(stages=small, dtype="fp32", schedule="gpipe").resolve(TINY, local_cluster(4), 64, 8)
         assert p.world == 4
+
+
+@pytest.mark.parametrize("stages, once", [
+    ([{"layers": 2, "replicas": [{"tp": 2, "devices": [0, 1]}]},
+      {"layers": 2, "replicas": [{"tp": 2, "devices": [1, 0]}]}], "devices 1, 0 are used twice (also in stages[0]"),
+    ([{"layers": 2, "replicas": [{"tp": 2, "devices": [0, 0]}]},
+      {"layers": 3, "replicas": [{"tp": 2, "devices": [1, 2]}]}], "device 0 is used twice (listed twice in it)"),
+])
+def test_stage_errors_name_the_file_once_each(capsys, tmp_path, stages, once):
+    """estimate and apply of a plan file: one line starting with the file's name, each field named
+    once (no "stages: stages:"), a device two replicas share reported once (issue 39 item 8)."""
+    from helpers.cli import cli
+
+    f = tmp_path / "staged.json"
+    f.write_text(json.dumps({"stages": stages}))
+    for cmd in ("estimate", "apply"):
+        code, out, err = cli(capsys, cmd, "-m", "tiny", "-c", "local:4", "-s", "128", "-b", "4", "-p", str(f))
+        line = err.strip()
+        assert code == 2 and "\n" not in line, err
+        assert line.startswith(f"error: {f}: stages"), line
+        assert "stages: stages" not in line and line.count("used twice") == 1 and once in line, line
