@@ -7,7 +7,8 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from autotune.commands.common import JsonOpt, console, emit_json
+from autotune.commands.common import JsonOpt, WideOpt, console, emit_json
+from autotune.dashboard.tables import Col, fit
 from autotune.specs.model import PRESETS, load_model
 from autotune.units import fmt_count
 
@@ -16,7 +17,7 @@ app = typer.Typer(help="List the built-in model presets, or show one (or a model
 
 
 @app.callback()
-def list_models(ctx: typer.Context, json_: JsonOpt = False) -> None:
+def list_models(ctx: typer.Context, wide: WideOpt = False, json_: JsonOpt = False) -> None:
     """List presets with their parameter counts."""
     if ctx.invoked_subcommand is not None:
         return
@@ -27,11 +28,13 @@ def list_models(ctx: typer.Context, json_: JsonOpt = False) -> None:
     if json_:
         emit_json({"models": rows})
         return
-    t = Table(title="Model presets (params: total; active: per token)")
-    for col in _COLUMNS:
-        t.add_column(col, justify="left" if col in ("name", "activation", "experts") else "right")
-    for r in rows:
-        t.add_row(*[fmt_count(r[c]) if c in ("params", "active_params") else str(r[c]) for c in _COLUMNS])
+    # a narrow terminal or a pipe (80 columns) drops the least needed columns whole rather than
+    # folding every cell: names are never cut (`autotune models | cat` once read "llama...")
+    priority = {"name": 0, "params": 0, "active_params": 0, "layers": 0, "experts": 1, "hidden": 2, "heads": 2,
+                "kv_heads": 3, "ffn_hidden": 3, "vocab": 3, "activation": 4}
+    cols = [Col(c, "left" if c in ("name", "activation", "experts") else "right", priority[c]) for c in _COLUMNS]
+    t = fit(console, cols, [[fmt_count(r[c]) if c in ("params", "active_params") else str(r[c]) for c in _COLUMNS]
+                            for r in rows], title="Model presets (params: total; active: per token)", wide=wide)
     console.print(t)
 
 
