@@ -97,7 +97,7 @@ class StepContext:
     """(DeviceSpec, placement key, links) of every tp group in rank order (``_mesh_links``)."""
     kernels: Any = None
     """The runtime's per-kernel costs (``kernels.KernelCosts``; None: autotune's own runtime),
-    read through each rank's ``rates`` (which the rank-cost memo compares by identity)."""
+    read through each rank's ``rates`` and, for whose model states they are, by ``memory``."""
     doc_work: Any = None
     """With document masks: one drawn step's attention work per DP replica and CP shard
     (``cost/documents.DocWork``), replacing ``keysums`` and ``ring``; None: whole causal windows."""
@@ -288,8 +288,8 @@ class RankContext:
                 (s.cost_token, *(getattr(self, f) for f in RANK_INPUTS)))
 
 
-STEP_INPUTS = ("a2a_heads", "bpe", "chunks", "cp", "cp_max_tokens", "dtype", "experts", "hp", "kv_ratio", "mbs", "microbatches",
-               "n_chunks", "pp", "recompute", "seq_len", "shard_n", "sp", "tp", "v", "zero")
+STEP_INPUTS = ("a2a_heads", "bpe", "chunks", "cp", "cp_max_tokens", "dtype", "experts", "hp", "kernels", "kv_ratio",
+               "mbs", "microbatches", "n_chunks", "pp", "recompute", "seq_len", "shard_n", "sp", "tp", "v", "zero")
 """The StepContext fields ``rank_cost`` reads by value (``RankContext.cost_key``)."""
 STEP_OBJECTS = ("model", "schedule")
 """The StepContext fields ``rank_cost`` reads, compared by identity."""

@@ -59,6 +59,9 @@ class KernelCosts:
     its kernels are not the ones ``datasheet.ATTN_EFF_MAX`` describes (FlashAttention-2 on Ampere,
     FlashAttention-3 / cuDNN on Hopper); 0: ``ATTN_EFF_MAX``. Length and backward scale it as they
     scale ``ATTN_EFF_MAX``."""
+    framework: str = "runtime"
+    """Who allocates the model states of a plan run this way (``memory.state_bytes``: each framework's
+    own copies); the kernels alone do not say it (DeepSpeed and Accelerate both run eager PyTorch)."""
     compute_eff: float = 1.0
     """Fraction of the device's tensor-core rate (peak x sustained clock) this runtime's GEMMs and
     attention keep over a whole training step, beyond the shape losses ``datasheet.py`` prices: 1

@@ -114,21 +114,70 @@ def sharded_bytes_per_param(dtype: str) -> float:
     return (w if master_is_weight(dtype) else 0.0) + g + o
 
 
+FRAMEWORKS = ("runtime", "megatron", "torchtitan", "deepspeed", "accelerate")
+"""Who allocates a plan's model states (``cost/kernels.KernelCosts.framework``): autotune's runtime or
+an export target; each keeps its own copies (``state_bytes``)."""
+
+
+def state_bytes(dtype: str, framework: str = "runtime", zero_stage: int = 0) -> tuple[float, float, float, float]:
+    """(weights, gradients, optimizer states, the sharded weight copy ZeRO-3 keeps beyond them) bytes
+    per parameter with Adam, as ``framework`` allocates them: the one table of model-state bytes.
+
+    - runtime, torchtitan (FSDP2 with fp32 reduction, autotune/runtime/sharding.py): the runtime's
+      rule, ``state_bytes_per_param`` (2 + 4 + 12 under 16-bit compute, 4 + 4 + 8 in fp32); ZeRO-3's
+      sharded copy is the fp32 master (counted in the optimizer states) or, in fp32, the weights.
+    - megatron: Megatron-Core's distributed-optimizer table (docs/source/api-guide/dist_optimizer.md):
+      bf16 parameters with fp32 gradients 18 (= 6 + 12/d under the distributed optimizer: the
+      runtime's figures); fp16 parameters with fp16 gradients 20 (4 + 16/d: the optimizer keeps fp32
+      main parameters and main gradients, Float16OptimizerWithFloat16Params), since Megatron
+      accumulates in fp32 only under --bf16 (arguments.py).
+    - deepspeed: its ZeRO optimizer (runtime/zero/stage_1_and_2.py ``single_partition_of_fp32_groups``
+      and their ``.grad``; stage3.py ``fp32_partitioned_groups_flat``) and, at ZeRO-0, FP16_Optimizer
+      / BF16_Optimizer keep an fp32 copy of the parameters AND an fp32 copy of the gradients beside
+      Adam's moments (16), with the 16-bit parameters and gradients (2 + 2): 20 bytes, where the ZeRO
+      paper's count (2 + 2 + 12) leaves the fp32 gradients out; ZeRO-3 keeps a 16-bit shard of the
+      weights (2). fp32: 4 + 4 + 8, and 16 for the optimizer under ZeRO >= 1 (the ZeRO optimizer
+      clones the fp32 partition too). Not modelled: bf16 at ZeRO-0 without a pipeline, where the
+      exported config (no ``grad_accum_dtype``) makes DeepSpeed step Adam on the bf16 weights
+      themselves (engine.py ``DDP_BFLOAT16``: 2 + 2 + 4); priced as BF16_Optimizer's 20.
+    - accelerate: ``mixed_precision`` is torch autocast: the weights, gradients and Adam stay fp32
+      (4 + 4 + 8) whatever the compute dtype; FSDP2's shard is the fp32 weights themselves."""
+    if framework not in FRAMEWORKS:
+        raise ValueError(f"unknown framework {framework!r}")
+    fp32 = master_is_weight(dtype)
+    if framework == "accelerate":
+        return 4.0, 4.0, 8.0, 4.0
+    if framework == "deepspeed":
+        w = 4.0 if fp32 else 2.0
+        return w, w, 8.0 if fp32 and zero_stage == 0 else 16.0, w
+    if framework == "megatron" and dtype == "fp16":
+        return 2.0, 2.0, 16.0, 0.0
+    w, g, o = state_bytes_per_param(dtype)
+    return w, g, o, (w if fp32 else 0.0)
+
+
+def framework_of(step: Any) -> str:
+    """Who allocates the step's model states: its runtime's ``framework`` (autotune's when None)."""
+    return getattr(step.kernels, "framework", None) or "runtime"
+
+
 def model_states(params: float, dtype: str, zero_stage: int, shard: int, layer_params: float,
-                 grads_unsharded: bool = False, weights_gathered: bool = False) -> dict[str, float]:
-    """Weights, gradients and optimizer states of ``params`` parameters on one rank.
+                 grads_unsharded: bool = False, weights_gathered: bool = False,
+                 framework: str = "runtime") -> dict[str, float]:
+    """Weights, gradients and optimizer states of ``params`` parameters on one rank, as ``framework``
+    allocates them (``state_bytes``).
     ``grads_unsharded``: under ZeRO-2/3 the rank accumulates whole gradients over its micro-batches
     (``data_parallel.grads_accumulate_unsharded``), so they are not divided by the shard count;
     ``weights_gathered``: under ZeRO-3 the rank holds all its weights gathered at some point of the
     step (``data_parallel.zero3_weights_gathered``), as ZeRO-2 does."""
-    w, g, o = state_bytes_per_param(dtype)
+    w, g, o, kept = state_bytes(dtype, framework, zero_stage)
     n = max(shard, 1)
     sharded_weights = zero_stage >= 3 and not weights_gathered and n > 1
     if sharded_weights:
-        # FSDP2 keeps one sharded copy of each weight, the fp32 parameter: under 16-bit compute that
-        # is the master the optimizer term counts, and only the gathered working set (current and
-        # prefetched block) is held in the compute dtype
-        weights = 2 * layer_params * w + (params * w / n if master_is_weight(dtype) else 0.0)
+        # ZeRO-3 keeps one sharded copy of each weight (``kept`` bytes: FSDP2's is the fp32 parameter,
+        # under 16-bit compute the master the optimizer term counts) and only the gathered working
+        # set (current and prefetched block) in the compute dtype
+        weights = 2 * layer_params * w + params * kept / n
     else:
         weights = params * w
     grads = params * g / (n if zero_stage >= 2 and not grads_unsharded else 1)
@@ -176,7 +225,7 @@ def rank_memory(ctx: RankContext, kept: float, full: float) -> tuple[float, dict
     s = ctx.step
     states = model_states(ctx.params / s.tp, s.dtype, s.zero, s.shard_n, ctx.layer_params / s.tp,
                           grads_unsharded=grads_accumulate_unsharded(s.zero, s.pp, ctx.microbatches),
-                          weights_gathered=zero3_weights_gathered(s))
+                          weights_gathered=zero3_weights_gathered(s), framework=framework_of(s))
     inflight, last_inflight = peak_in_flight(s.schedule, s.pp, s.v, ctx.microbatches, ctx.pp_index, ctx.layers)
     acts = kept * inflight + (full - kept if s.recompute != "none" else 0.0)
     logits = 0.0

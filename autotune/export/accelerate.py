@@ -40,7 +40,7 @@ from autotune.plan_record import PlanRecord
 
 NAME = "accelerate"
 
-KERNELS = EAGER
+KERNELS = dataclasses.replace(EAGER, name="accelerate (eager PyTorch)", framework="accelerate")
 """Accelerate runs a Hugging Face-style model eagerly: the cost model\'s kernel costs for ``--target accelerate``."""
 SUFFIX = ".json"
 

@@ -49,7 +49,7 @@ from autotune.schedules import schedule_of
 
 NAME = "deepspeed"
 
-KERNELS = EAGER
+KERNELS = dataclasses.replace(EAGER, name="deepspeed (eager PyTorch)", framework="deepspeed")
 """DeepSpeed runs a Hugging Face-style model eagerly: the cost model\'s kernel costs for ``--target deepspeed``."""
 SUFFIX = ".json"
 

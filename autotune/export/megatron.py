@@ -67,7 +67,7 @@ from autotune.schedules import schedule_of
 NAME = "megatron"
 
 KERNELS = KernelCosts(
-    name="megatron", host_s=EAGER_HOST_S, block_fwd=11, head_fwd=3,
+    name="megatron", framework="megatron", host_s=EAGER_HOST_S, block_fwd=11, head_fwd=3,
     source="Megatron-Core with Transformer Engine issues per block forward: layer norm + QKV GEMM and layer norm "
            "+ FC1 GEMM (TE LayerNormLinear, 2 kernels each), fused RoPE, one flash-attention kernel, the output "
            "and FC2 GEMMs, fused bias-GeLU / SwiGLU, 2 fused bias-dropout-adds: 11 kernels; each dispatched "

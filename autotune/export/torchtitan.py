@@ -55,7 +55,7 @@ from autotune.schedules import schedule_of
 NAME = "torchtitan"
 
 KERNELS = KernelCosts(
-    name="torchtitan", host_s=COMPILED_HOST_S, block_fwd=12, head_fwd=3,
+    name="torchtitan", framework="torchtitan", host_s=COMPILED_HOST_S, block_fwd=12, head_fwd=3,
     source="torchtitan with torch.compile per block ([compile] enable, which this exporter writes): the 7 GEMMs "
            "and SDPA stay library kernels, Inductor fuses the norms, rotary, SiLU-gate and residuals into about 4 "
            "Triton kernels; host time per kernel COMPILED_HOST_S")

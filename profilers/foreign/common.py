@@ -56,6 +56,20 @@ def document(fmt: str, ctx: ImportContext, device: str, dtype: str, points: list
             "points": sorted(points, key=lambda p: (p["piece"], p["tp"], p["micro_batch"], p["seq"]))}
 
 
+ELEMENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+
+
+def activation_precision(points: list[dict], dtype: str, measured: str | None, why: str) -> list[str]:
+    """The ``assumed`` line for activation bytes measured in another precision than the profile is
+    labelled with (an fp32 run imported as ``--dtype fp16``): stored as measured, so the cost model
+    scales to them as they are; the line says so and by how much a ``dtype`` run would differ."""
+    if measured is None or measured == dtype or not any("activation_bytes" in p for p in points):
+        return []
+    ratio = ELEMENT_BYTES[measured] / ELEMENT_BYTES[dtype]
+    return [f"activation bytes measured in {measured} ({why}), not in the {dtype} this profile is labelled: "
+            f"stored as measured, about {ratio:g}x what a {dtype} run holds"]
+
+
 def need(value: Any, option: str, fmt: str, what: str) -> Any:
     if value is None:
         raise InputError(f"{fmt} files do not record {what}; give it with {option}", field=option)

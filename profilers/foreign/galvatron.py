@@ -41,7 +41,17 @@ import re
 from pathlib import Path
 from typing import Any
 
-from profilers.foreign.common import ImportContext, MiB, as_mapping, document, fail, load_json, need, number
+from profilers.foreign.common import (
+    ImportContext,
+    MiB,
+    activation_precision,
+    as_mapping,
+    document,
+    fail,
+    load_json,
+    need,
+    number,
+)
 
 TIME_KEY = re.compile(r"^layertype_(?P<type>\d+|other)_bsz(?P<bsz>\d+)_seq(?P<seq>\d+)$")
 RAW_KEY = re.compile(r"^layernum\[[\d,]+\]_bsz\d+_seq[\d,]+$")
@@ -111,7 +121,7 @@ def read(paths: list[Path], ctx: ImportContext) -> dict[str, Any]:
     device = need(ctx.device, "--device", "Galvatron", "the GPU they were measured on")
     points: list[dict] = []
     memory: dict[str, Any] = {}
-    dtypes = set()
+    dtypes, mem_dtypes = set(), set()
     for path in paths:
         doc = as_mapping(load_json(path), path, None, "a JSON object")
         m = FILE_DTYPE.match(path.name)
@@ -121,6 +131,8 @@ def read(paths: list[Path], ctx: ImportContext) -> dict[str, Any]:
             points += _computation(doc, path)
         elif any(k.startswith("layertype_0") or k.startswith("other_memory") for k in doc):
             memory.update(_memory(doc, path))
+            if m:
+                mem_dtypes.add(m["dtype"])
         else:
             raise fail(path, "neither a Galvatron computation profile (layertype_0_bsz<B>_seq<S> keys) nor a "
                              "memory profile (layertype_0 key)")
@@ -134,8 +146,10 @@ def read(paths: list[Path], ctx: ImportContext) -> dict[str, Any]:
         acts = (memory.get(str(p["seq"])) or {}).get("block_activation_bytes_per_sample") or {}
         if p["piece"] == "block" and 1 in acts:
             p["activation_bytes"] = acts[1] * p["micro_batch"]
+    measured = mem_dtypes.pop() if len(mem_dtypes) == 1 else None
     assumed = [f"backward = {BWD_PER_FWD:g} x forward (Galvatron's bct_fct_coe)",
-               "embedding timed inside layertype_other (head piece)"]
+               "embedding timed inside layertype_other (head piece)",
+               *activation_precision(points, dtype, measured, "the memory file's name")]
     return document("galvatron", ctx, device, dtype, points, [str(p) for p in paths], assumed,
                     {"memory": {s: {**v, "block_activation_bytes_per_sample":
                                     {str(k): x for k, x in v["block_activation_bytes_per_sample"].items()}}

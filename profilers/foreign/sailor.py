@@ -47,12 +47,25 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from profilers.foreign.common import ImportContext, as_mapping, document, fail, load_json, need, number
+from profilers.foreign.common import (
+    ImportContext,
+    activation_precision,
+    as_mapping,
+    document,
+    fail,
+    load_json,
+    need,
+    number,
+)
 
 GPU_NAMES = {"A100-40": "A100-40GB", "A100-80": "A100-80GB", "V100-16": "V100-16GB", "V100-32": "V100",
              "H100-80": "H100-SXM", "GH-96": "GH200-96GB"}
 """Sailor's GPU directory names -> autotune catalogue names (GH200 has no catalogue entry: the
 profile is stored under that name and a cluster file names the device itself)."""
+
+MEASURED_DTYPE = "fp32"
+"""The precision Sailor's profiling runs measure ``act_mem_bytes`` in (module docstring), whatever
+``--dtype`` labels the imported profile with."""
 
 RUN_FILE = re.compile(r"^profile_(?P<model>.+)_(?P<gpu>[^_]+)_(?P<tp>\d+)_(?P<mbs>\d+)\.json$")
 
@@ -209,5 +222,7 @@ def read(paths: list[Path], ctx: ImportContext) -> dict[str, Any]:
                                  f"{', '.join(GPU_NAMES)}); give it with --device", "--device")
         device = names.pop()
     assumed = [f"sequence length {seq} (--seq)", f"precision {dtype} (--dtype)",
-               "block = median over the transformer layers' entries", *assumed_mem]
-    return document("sailor", ctx, device, dtype, points, [str(p) for p in paths], assumed)
+               "block = median over the transformer layers' entries", *assumed_mem,
+               *activation_precision(points, dtype, MEASURED_DTYPE, "Sailor's runs: act_mem_floats = bytes // 4")]
+    return document("sailor", ctx, device, dtype, points, [str(p) for p in paths], assumed,
+                    {"activation_dtype": MEASURED_DTYPE})

@@ -12,8 +12,10 @@ GELU = ModelSpec(name="gelu-test", layers=4, hidden=256, heads=8, kv_heads=8, ff
                  activation="gelu")
 
 
-def device(name="X", peak=1e12, frac=0.5, memory=1e15, mem_bw=HUGE, kind="cuda", profile=None, **kw) -> DeviceSpec:
-    return DeviceSpec(name=name, kind=kind, peak_flops={"bf16": peak, "fp32": peak / 2}, memory_bytes=memory,
+def device(name="X", peak=1e12, frac=0.5, memory=1e15, mem_bw=HUGE, kind="cuda", profile=None, peak_flops=None,
+           **kw) -> DeviceSpec:
+    return DeviceSpec(name=name, kind=kind, peak_flops=peak_flops or {"bf16": peak, "fp32": peak / 2},
+                      memory_bytes=memory,
                       memory_bandwidth=mem_bw, intra_node_bandwidth=HUGE, achievable_fraction=frac,
                       profile=profile, **kw)
 

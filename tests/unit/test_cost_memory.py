@@ -160,3 +160,31 @@ def test_micro_batches_that_fit_reads_rank_memory_backwards(recompute):
     assert n == 6  # 1 + 5.5 more, whole
     for mbs in (1, 2, 4, 8):
         assert (row(mbs)["memory_bytes"] <= cap) == (mbs <= n)
+
+
+# Each framework's model states as it allocates them (memory.state_bytes, issue 39 item 10): DeepSpeed's
+# ZeRO optimizer keeps an fp32 copy of the parameters AND of the gradients beside Adam (16) with 16-bit
+# weights and gradients; Accelerate's autocast keeps fp32 weights and gradients; Megatron under fp16 keeps
+# fp16 gradients and fp32 main gradients; under bf16 Megatron and torchtitan allocate as the runtime does.
+@pytest.mark.parametrize("target,dtype,zero,expected", [
+    ("runtime", "bf16", 1, 2 + 4 + 12 / 4),
+    ("deepspeed", "bf16", 0, 2 + 2 + 16),
+    ("deepspeed", "bf16", 1, 2 + 2 + 16 / 4),
+    ("deepspeed", "fp16", 3, (2 + 2 + 16) / 4),  # its 16-bit shard, 16-bit gradient shards, fp32 copies + Adam
+    ("accelerate", "bf16", 0, 4 + 4 + 8),
+    ("megatron", "bf16", 1, 2 + 4 + 12 / 4),
+    ("megatron", "fp16", 1, 2 + 2 + 16 / 4),
+    ("torchtitan", "bf16", 3, 16 / 4),
+])
+def test_each_target_prices_its_own_model_states(target, dtype, zero, expected):
+    from _cost_helpers import device
+
+    from autotune.targets import kernel_costs
+
+    node = one_node(4, device(peak_flops={"bf16": 1e12, "fp16": 1e12, "fp32": 5e11}))
+    est = estimate(parse_inline(f"dp=4,zero={zero},dtype={dtype}"), GELU, node, S, 4, kernels=kernel_costs(target))
+    t = est.breakdown["ranks"][0]["memory"]
+    gathered = 2 * 2 * GELU.layer_params() if zero == 3 else 0.0  # the gathered block and the prefetched one
+    assert t["weights"] + t["gradients"] + t["optimizer"] == pytest.approx(expected * PHI + gathered)
+    runtime = estimate(parse_inline(f"dp=4,zero={zero},dtype={dtype}"), GELU, node, S, 4)
+    assert t["activations"] == runtime.breakdown["ranks"][0]["memory"]["activations"]  # states alone differ

@@ -80,6 +80,11 @@ def test_sailor_per_run_file_with_memory(tmp_path):
     doc = read_foreign("sailor", [p], ImportContext(model=model, seq=2048, dtype="fp16"))
     block = next(x for x in doc["points"] if x["piece"] == "block")
     assert doc["device_name"] == "A100-40GB" and block["activation_bytes"] == 360726528
+    # Sailor's runs are fp32: the profile labelled fp16 says its activation bytes are fp32's (issue 39 item 10)
+    said = [a for a in doc["meta"]["assumed"] if a.startswith("activation bytes measured in fp32")]
+    assert len(said) == 1 and "labelled" in said[0] and "fp16" in said[0], doc["meta"]["assumed"]
+    fp32 = read_foreign("sailor", [p], ImportContext(model=model, seq=2048, dtype="fp32"))
+    assert not any("measured in" in a for a in fp32["meta"]["assumed"])  # labelled as measured: nothing to say
 
 
 def test_sailor_llama_final_norm_joins_the_head(tmp_path):
@@ -176,6 +181,10 @@ def test_galvatron_profiles_against_the_raw_runs(tmp_path):
         assert head["fwd_s"] + 2 * blk["fwd_s"] == pytest.approx(GALV_RAW[2][b] / 1e3)
     assert not any(p["piece"] == "embed" for p in doc["points"])
     assert doc["meta"]["memory"]["2048"]["block_activation_bytes_per_sample"]["8"] == pytest.approx(68.3204345703125 * 2**20)
+    assert not any("measured in" in a for a in doc["meta"]["assumed"])
+    relabelled = read_foreign("galvatron", [c, m], ImportContext(model=LLAMA2, device="A100-80GB", dtype="fp32"))
+    assert any(a.startswith("activation bytes measured in bf16") and "labelled" in a
+               for a in relabelled["meta"]["assumed"]), relabelled["meta"]["assumed"]
 
 
 # ---- broken files and the CLI ------------------------------------------------------------------
