@@ -315,6 +315,7 @@ def validate(study_name: str, storage: str, *, options: ValidateOptions | None =
     chosen, skipped = _choose_plans(ranked, opts, measured_on, prepare, model, seq_len, global_batch)
     runs, rows = _run_plans(chosen, study, opts, run_trial, say, model, seq_len, global_batch, data_kw, measured_on)
     out = _report(study_name, measured_on, rows, skipped)
+    out["load_note"] = load_note(cluster, rows)
     if not runs:
         say("every validated plan failed; no calibration")
         return out
@@ -340,6 +341,16 @@ def validate(study_name: str, storage: str, *, options: ValidateOptions | None =
     study.set_user_attr("calibrated_ranking", [x["trial"] for x in out["reranked"]])
     _store_best(study, out, measured_here, rows)
     return out
+
+
+def load_note(cluster: Any, rows: list[dict[str, Any]]) -> str | None:
+    """One line when the machine's load while its profile was measured and while the trials ran
+    differ enough to make predicted against measured unreliable (autotune/machine_load.py)."""
+    from autotune import machine_load
+
+    profiled = next((g.device.profile["load"] for g in cluster.groups
+                     if isinstance(g.device.profile, dict) and g.device.profile.get("load")), None)
+    return machine_load.note(profiled, [(r["measured"] or {}).get("load") for r in rows if r["measured"]])
 
 
 def _report(study_name: str, measured_on: dict[str, Any], rows: list[dict[str, Any]],

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from autotune import machine_load
 from autotune.errors import InputError
 from profilers.options import LayerProfileOptions, ProfileOptions
 
@@ -109,15 +110,17 @@ def run_profile(o: ProfileOptions, req: ProfileRequest, progress: Progress) -> S
     from profilers.summary import summarize_profile
 
     t0 = time.perf_counter()
-    if req.nnodes > 1:
-        progress(0, None, f"{req.nproc} ranks here, waiting for {req.nnodes} nodes")
-        result = launch_node(req.nnodes, req.kind, req.nproc, quick=o.quick, timeout_s=o.timeout_s,
-                             node_rank=req.node_rank, remote=req.remote, prefix=req.prefix)
-        if result is None:
-            return None
-    else:
-        result = launch_local(req.kind, req.nproc, quick=o.quick, emulate=o.emulate, timeout_s=o.timeout_s,
-                              progress=progress)
+    with machine_load.watch() as load:  # stored with the profile: validate compares the trials' with it
+        if req.nnodes > 1:
+            progress(0, None, f"{req.nproc} ranks here, waiting for {req.nnodes} nodes")
+            result = launch_node(req.nnodes, req.kind, req.nproc, quick=o.quick, timeout_s=o.timeout_s,
+                                 node_rank=req.node_rank, remote=req.remote, prefix=req.prefix)
+        else:
+            result = launch_local(req.kind, req.nproc, quick=o.quick, emulate=o.emulate, timeout_s=o.timeout_s,
+                                  progress=progress)
+    if result is None:
+        return None
+    result["fingerprint"] = {**(result.get("fingerprint") or {}), "load": load}
     wall = time.perf_counter() - t0
     pid = save_profile(result, o.storage, label=o.label, nproc=result.get("world", req.nproc), wall_s=wall)
     return Stored(pid, summarize_profile(load_profile(pid, o.storage)), wall)

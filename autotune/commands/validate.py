@@ -139,6 +139,8 @@ def show(out: dict[str, Any]) -> None:
                           highlight=False)
     for s in out.get("skipped") or []:
         console.print(f"[dim]skipped trial {s['trial']} ({s['degrees']}): {s['reason']}[/]", highlight=False)
+    if out.get("load_note"):
+        console.print(out["load_note"], highlight=False)
     if out.get("median_error_before") is not None:
         after, held = out.get("median_error_after"), out.get("median_error_held_out")
         n = len([r for r in out["validated"] if r.get("measured") and not r.get("failure")])

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from autotune import machine_load
 from autotune.errors import InputError
 from autotune.plan import FP8_RECIPES, Plan, PlanError
 from autotune.plan_record import PlanRecord
@@ -217,7 +218,8 @@ def run_trial(plan: Plan | dict[str, Any], model: ModelSpec | str, seq_len: int,
                "documents": _documents_entry(resolved, documents, data_desc)}
     if on_launch is not None:
         on_launch(resolved)
-    res = launch("autotune.runtime.worker:trial_job", payload, resolved.world, timeout_s=timeout_s, device=kind)
+    with machine_load.watch() as load:  # what else ran meanwhile (validate compares it with the profile's)
+        res = launch("autotune.runtime.worker:trial_job", payload, resolved.world, timeout_s=timeout_s, device=kind)
     if res.failure is not None:
         return TrialResult(plan=PlanRecord(resolved).to_dict(), measured=None, losses=[], failure=res.failure)
     out = result_from_reports(resolved, res.results, global_batch=global_batch, seq_len=seq_len, steps=steps,
@@ -225,6 +227,8 @@ def run_trial(plan: Plan | dict[str, Any], model: ModelSpec | str, seq_len: int,
                               wall_s=res.wall_s)
     if payload["documents"] is not None and out.measured is not None:  # which windows were measured
         out.measured["documents"] = {**documents.dist.brief(), "balance": resolved.balance}
+    if out.measured is not None:
+        out.measured["load"] = load
     return out
 
 

@@ -19,7 +19,7 @@ PACKAGES = ("autotune", "profilers", "search_spaces")
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # bottom first
     ("base", ("autotune", "autotune.errors", "autotune.units", "autotune.defaults", "autotune.consoles", "autotune.hostfile",
-              "autotune.progress", "autotune.specs.fields")),
+              "autotune.progress", "autotune.machine_load", "autotune.specs.fields")),
     ("specs", ("autotune.specs", "autotune.divisibility", "autotune.documents", "autotune.token_files")),
     ("schedules", ("autotune.schedules",)),
     ("plan", ("autotune.dims", "autotune.plan_parts", "autotune.plan_checks", "autotune.plan", "autotune.stages",

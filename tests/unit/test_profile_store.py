@@ -278,3 +278,19 @@ def test_processes_opening_one_fresh_storage_together_all_get_it(tmp_path, monke
         OperationalError("CREATE TABLE x", {}, Exception("disk I/O error"))))
     with pytest.raises(InputError, match="disk I/O error"):
         store.engine_for(f"sqlite:///{tmp_path / 'other.db'}")
+
+
+def test_a_profile_stores_the_load_it_was_measured_under(monkeypatch, url, compute_samples):
+    """run_profile watches the machine's load while the ranks measure and stores it with the profile;
+    a device read from the profile carries it (issue 39 item 9; the reading injected)."""
+    from autotune import machine_load as L
+    from autotune.specs.profiles import device_spec_from_profile
+    from profilers import launch, run
+    from profilers.options import ProfileOptions
+
+    monkeypatch.setattr(launch, "launch_local", lambda *a, **kw: make_result(compute_samples))
+    readings = iter([L.Counters(0.0, 0.0, 0.0, 0.0, 0.5, 2), L.Counters(8.0, 0.0, 10.0, 1.0, 0.5, 2)])
+    monkeypatch.setattr(L, "SAMPLER", lambda: next(readings))
+    stored = run.run_profile(ProfileOptions(storage=url), run.ProfileRequest(kind="cpu", nproc=2, nnodes=1,
+                                                                              node_rank=None), lambda *a: None)
+    assert device_spec_from_profile(stored.pid, url).profile["load"]["others_share"] == pytest.approx(0.7)
