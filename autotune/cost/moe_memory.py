@@ -51,7 +51,8 @@ def add_expert_memory(ctx: RankContext, total: float, terms: dict[str, float], b
     p = EDP.expert_params_on_rank(ctx)
     n_moe = max(1, sum(x.chunk_moe_layers[ctx.pp_index]))
     st = M.model_states(p, s.dtype, min(s.zero, 2), x.edp, p / n_moe,
-                        grads_unsharded=grads_accumulate_unsharded(s.zero, s.pp, ctx.microbatches))
+                        grads_unsharded=grads_accumulate_unsharded(s.zero, s.pp, ctx.microbatches),
+                        framework=M.framework_of(s))
     out = dict(terms)
     for k in ("weights", "gradients", "optimizer"):
         out[k] = terms[k] + st[k]

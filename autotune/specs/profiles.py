@@ -324,10 +324,9 @@ def device_spec_from_profile(ref: str | int, storage: str | None = None):
                # the rank's measured per-call costs (profilers.overheads); the cost model falls back
                # to its defaults for any key absent here
                "overheads": fit.get("overheads") or {},
-               # the runtime's block and head at a reference shape (profilers/block_ref.py)
-               "block_ref": fit.get("block_ref") or {},
-               # what else the machine ran while it was measured (autotune/machine_load.py)
-               "load": (info["fingerprint"] or {}).get("load")}
+               # the runtime's block and head at a reference shape (profilers/block_ref.py); the load
+               # the machine was under while it was measured (autotune/machine_load.py)
+               "block_ref": fit.get("block_ref") or {}, "load": (info["fingerprint"] or {}).get("load")}
     return DeviceSpec(name=f"profile:{pid}" + (f":{rank}" if rank is not None else ""), kind=info["device_kind"],
                       peak_flops=peak, memory_bytes=capacity or (fallback.memory_bytes if fallback else 0.0),
                       memory_bandwidth=float(mem.get("bandwidth_bytes_per_s") or 0.0) or 1.0 * GB,
