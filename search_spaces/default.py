@@ -64,7 +64,11 @@ MAX_MBS = 16
 SHARE_FLOATS = {"layers_speed": (0.0, 1.5), "tokens_speed": (0.0, 1.5), "heads_speed": (0.0, 1.5),
                 "samples_speed": (0.0, 1.5), "layers_mem": (0.0, 1.0), "samples_mem": (0.0, 1.0),
                 "attention_speed": (0.0, 1.5)}
-SHARE_KNOBS = (*SHARE_FLOATS, "layers_tilt")
+EXPERT_FLOATS = {"experts_speed": (0.0, 1.5)}
+"""A MoE model's expert shares per EP rank ~ (slowest device holding that EP index)**experts_speed:
+0 even, 1 proportional to each EP rank's expert throughput (a knob of MoE studies only, as ep_exp, so
+a dense model's study is as before)."""
+SHARE_KNOBS = (*SHARE_FLOATS, *EXPERT_FLOATS, "layers_tilt")
 """The knobs that shape uneven shares: each starts with its share's name (``_idle_knobs``)."""
 STAGE_MODES = ("uniform", "program")
 """``stages``: one mesh for the whole model, or per-stage device groups and degrees chosen by the stage
@@ -136,6 +140,8 @@ class DefaultSpace:
         self.moe = getattr(m, "moe", None)
         self.ep_divs = [d for d in self.divs if self.moe is not None and self.moe.experts % d == 0] or [1]
         self.etp_divs = [d for d in self.tp_divs if self.moe is not None and self.moe.expert_ffn_hidden % d == 0] or [1]
+        self.share_floats = {**SHARE_FLOATS, **(EXPERT_FLOATS if self.moe is not None else {})}
+        """Every float share knob of this study (the expert shares' on a MoE model)."""
 
     # ---- the distributions ------------------------------------------------------------------
     def distributions(self) -> dict[str, Any]:
@@ -151,7 +157,7 @@ class DefaultSpace:
             "placement": Cat(PLACEMENTS), "layers_tilt": Int(-2, 2), "helix_folds": Cat(HELIX_FOLDS),
             "stages": Cat(STAGE_MODES),
         }
-        for name, (lo, hi) in SHARE_FLOATS.items():
+        for name, (lo, hi) in self.share_floats.items():
             d[name] = Flt(lo, hi)
         if self.moe is not None:
             d["ep_exp"], d["etp_exp"] = Int(0, len(self.ep_divs) - 1), Int(0, len(self.etp_divs) - 1)
@@ -169,7 +175,7 @@ class DefaultSpace:
              "mbs_exp": int(math.log2(mbs)), "schedule": schedule,
              "vpp_exp": int(math.log2(vpp)), "recompute": recompute, "zero_stage": zero, "sp": sp,
              "placement": placement, "layers_tilt": tilt, "helix_folds": folds, "stages": stages}
-        for name in SHARE_FLOATS:
+        for name in self.share_floats:
             p[name] = balance if name.endswith("_speed") else 0.0
         if self.moe is not None:
             p["ep_exp"], p["etp_exp"] = self.ep_divs.index(ep), self.etp_divs.index(etp)
@@ -285,14 +291,15 @@ class DefaultSpace:
         tokens = B.proportional_split(ctx.seq_len // u.granule, along("cp", "tokens_speed"), 1)
         heads = B.proportional_split(model.heads // deg.tp, along("hp", "heads_speed"), 1)
         layers, attention = self._layers(p, sh, along)
-        if tokens is None or heads is None or layers is None:
+        experts = self._experts(p, sh, dev_of_rank)
+        if tokens is None or heads is None or layers is None or experts is False:
             return Infeasible("divisibility", "a share cannot give every index at least one unit", sh.fam)
         plan = Plan(
             degrees=deg, micro_batch_size=sh.mbs, schedule=sh.schedule, virtual_stages=vs, recompute=p["recompute"],
             helix_folds=sh.folds, helix_attention=attention,
             zero_stage=sh.zero, sequence_parallel=sh.sp, cp_layout="zigzag", dtype=ctx.dtype,
             shares=Shares(layers=tuple(layers), tokens=tuple(t * u.granule for t in tokens), heads=tuple(heads),
-                          samples=tuple(s * u.unit for s in samples)),
+                          samples=tuple(s * u.unit for s in samples), experts=experts),
             placement=placement)
         try:
             return plan.resolve(model, ctx.cluster, ctx.seq_len, ctx.global_batch)
@@ -316,6 +323,25 @@ class DefaultSpace:
             offset[-1] = self._head_layers * min(1.0, float(p["layers_speed"]))
         layers = B.proportional_split(n_layers, chunk_w, 1, offset)
         return (None if layers is None else B.tilt(layers, int(p["layers_tilt"]))), None
+
+    def _experts(self, p: dict[str, Any], sh: _Shape, dev_of_rank: np.ndarray) -> tuple[int, ...] | None | bool:
+        """The routed experts of each EP rank: ~ (slowest speed holding that EP index)**experts_speed
+        (every rank of a stage's expert mesh at EP index q holds the same experts, so q runs at the pace
+        of its slowest device); None (the plan's even default) where that is even; False where some
+        rank would get none."""
+        deg = sh.deg
+        if self.moe is None or deg.ep == 1 or float(p.get("experts_speed", 0.0)) == 0.0:
+            return None
+        key = (deg, p["placement"], "experts")
+        w = self._minima_cache.get(key)
+        if w is None:
+            ep_index = (np.arange(deg.world) % deg.stage_ranks) % (deg.ep * deg.etp) // deg.etp
+            w = self._minima_cache[key] = (B.index_minimum(self._speeds[dev_of_rank], ep_index[:, None], 0, deg.ep),
+                                           np.ones(deg.ep))
+        got = B.proportional_split(self.moe.experts, B.weights(w[0], w[1], float(p["experts_speed"]), 0.0), 1)
+        if got is None:
+            return False
+        return None if len(set(got)) == 1 and self.moe.experts % deg.ep == 0 else tuple(got)
 
     def _minima(self, deg: Degrees, how: str, dim: str) -> tuple[np.ndarray, np.ndarray]:
         """(slowest speed, least memory) per index of mesh dimension ``dim`` under the layout and
@@ -410,7 +436,7 @@ class DefaultSpace:
             for rc in ("selective", "full"):
                 out.append((name, self.params(cp=cp, hp=hp, recompute=rc, zero=3)))
         if self.ctx.heterogeneous:  # the same layouts with speed-balanced shares: starts for the search
-            out += [(f"{name}/balanced", {**p, **{k: 1.0 for k in SHARE_FLOATS if k.endswith("_speed")}})
+            out += [(f"{name}/balanced", {**p, **{k: 1.0 for k in self.share_floats if k.endswith("_speed")}})
                     for name, p in out]
         return out
 
@@ -567,7 +593,7 @@ class DefaultSpace:
         if program:
             return out
         for anchor in (0.0, 1.0):
-            q = {**p, **{k: anchor for k in SHARE_FLOATS if k.endswith("_speed")}}
+            q = {**p, **{k: anchor for k in self.share_floats if k.endswith("_speed")}}
             if q != p:
                 out.append(q)
         out += self._trades(p)

@@ -256,6 +256,9 @@ class RankContext:
     """Tokens it holds outside attention, over its micro-batch: mbs * tokens / hp."""
     hidden_bytes: float
     """One block's input activation on this rank: bytes per element * tokens_local * hidden."""
+    expert_peers: Any = None
+    """A MoE rank's EP group: (rates, compute calibration factor) of each EP rank's device
+    (``_expert_peers``; one object per distinct group, compared by identity); None for a dense model."""
     attn_seq: float | None = None
     """With documents: the length the attention kernels run at (the pair-weighted mean document
     piece, ``cost/documents.py``); None: the CP shard (``tokens``)."""
@@ -284,7 +287,7 @@ class RankContext:
         proxies that record every attribute read, over plans of every schedule, CPU and GPU
         clusters, measured layers and calibration, and fails when it reads anything not named here."""
         s = self.step
-        return ((s.model, s.schedule, self.spec, self.rates, self.collectives),
+        return ((s.model, s.schedule, self.spec, self.rates, self.collectives, self.expert_peers),
                 (s.cost_token, *(getattr(self, f) for f in RANK_INPUTS)))
 
 
@@ -297,7 +300,7 @@ RANK_INPUTS = ("attn_seq", "block_seq", "cf", "mf", "heads", "hidden_bytes", "ke
                "params", "pp_index", "rest_params", "ring", "tokens", "tokens_local")
 """The RankContext fields ``rank_cost`` reads by value; ``step`` it reads through STEP_INPUTS and
 STEP_OBJECTS."""
-RANK_OBJECTS = ("spec", "rates", "collectives")
+RANK_OBJECTS = ("spec", "rates", "collectives", "expert_peers")
 """The RankContext fields ``rank_cost`` reads, compared by identity. (Links are compared by value:
 equal links of other layouts and placements are where most repeats come from.)"""
 
@@ -435,4 +438,23 @@ def _rank_context(s: StepContext, c: Mapping[str, int], spec: Any, links: Links,
         keysum=s.keysums[c["cp"]] if s.doc_work is None else s.doc_work.keysums[c["dp"]][c["cp"]],
         ring=s.ring[c["cp"]] if s.doc_work is None else s.doc_work.ring[c["dp"]][c["cp"]],
         attn_seq=None if s.doc_work is None else s.doc_work.attn_seq[c["dp"]][c["cp"]],
-        tokens_local=tok, hidden_bytes=s.bpe * tok * s.model.hidden)
+        tokens_local=tok, hidden_bytes=s.bpe * tok * s.model.hidden,
+        expert_peers=None if links.experts is None else _expert_peers(s, links.experts.ep_devices))
+
+
+_PEERS: dict[tuple, tuple] = {}
+
+
+def _expert_peers(s: StepContext, names: tuple[str, ...]) -> tuple:
+    """(rates, compute calibration) of each EP rank's device type ``names``, one tuple object per
+    distinct content (the rank-cost memo compares it by identity, as it does ``rates``)."""
+    specs = {d.spec.name: d.spec for d in s.cluster.devices}
+    peers = tuple((cached_rates(specs[n], s.dtype, s.model.head_dim, s.kernels),
+                   float((s.calibration.get(n) or {}).get("compute", 1.0))) for n in names)
+    key = tuple((id(r), cf) for r, cf in peers)
+    hit = _PEERS.get(key)
+    if hit is None or any(a is not b[0] for a, b in zip((r for r, _ in hit), peers, strict=True)):
+        if len(_PEERS) > 1024:
+            _PEERS.clear()
+        hit = _PEERS[key] = peers
+    return hit

@@ -27,7 +27,7 @@ def expert_params_on_rank(ctx: RankContext) -> float:
     experts, its etp slice)."""
     x = ctx.step.experts
     n_moe = sum(x.chunk_moe_layers[ctx.pp_index])
-    return n_moe * x.busiest_share * ctx.step.model.expert_params() / x.etp
+    return n_moe * x.shares[ctx.expert_links.ep_index] * ctx.step.model.expert_params() / x.etp
 
 
 def grad_sync(ctx: RankContext) -> tuple[float, float]:

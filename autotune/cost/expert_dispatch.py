@@ -34,13 +34,13 @@ def all_to_all_time(coll: Any, links: Any, ep: int, send_bytes: float) -> float:
     return max(intra, inter)
 
 
-def exchange_times(coll: Any, links: Any, *, ep: int, etp: int, tokens: float, top_k: int, hidden: int,
-                   bpe: int, imbalance: float, received: float) -> tuple[float, float]:
+def exchange_times(coll: Any, links: Any, *, ep: int, etp: int, copies: float, hidden: int, bpe: int,
+                   received: float) -> tuple[float, float]:
     """(all-to-all seconds, expert-TP seconds) of one direction of one MoE layer (the dispatch; the
-    combine is the same): ``tokens`` the rank's tokens, ``received`` the token copies its experts
-    process (after the etp gather, busiest rank)."""
-    send = tokens * top_k * hidden * bpe * (ep - 1) / ep if ep > 1 else 0.0
-    a2a = all_to_all_time(coll, links, ep, send * imbalance)
+    combine is the same): ``copies`` the token copies the rank moving the most sends or receives
+    (``expert_ranks.exchange_copies``), ``received`` the token copies the busiest EP rank's experts
+    process (after the etp gather)."""
+    a2a = all_to_all_time(coll, links, ep, copies * hidden * bpe)
     etp_t = coll.all_gather(links.etp, etp, received * hidden * bpe) if etp > 1 else 0.0
     return a2a, etp_t
 

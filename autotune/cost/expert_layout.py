@@ -38,8 +38,8 @@ class ExpertStep:
 
     @property
     def busiest_share(self) -> int:
-        """Experts of the EP rank holding the most: every MoE layer waits for it (the all-to-all
-        and the combine synchronise the EP group)."""
+        """Experts of the EP rank holding the most (on one device type, the one every MoE layer waits
+        for: the all-to-all and the combine synchronise the EP group; ``expert_ranks.py``)."""
         return max(self.shares)
 
 
@@ -74,6 +74,11 @@ class ExpertLinks:
     etp: Link
     edp: Link
     """The ring the expert gradients are reduced over (``Topology.ring_link``)."""
+    ep_index: int = 0
+    """Its EP rank (which entry of ``Shares.experts`` it holds)."""
+    ep_devices: tuple[str, ...] = ()
+    """The device type of each EP rank of its group (at its etp index): each prices its own experts
+    (``expert_ranks.py``)."""
 
 
 _SELF_LINKS = ExpertLinks(ep_intra=C._SELF, ep_intra_n=0, ep_inter=C._SELF, ep_inter_n=0, etp=C._SELF, edp=C._SELF)
@@ -99,5 +104,7 @@ def expert_links(topo: C.Topology, devs: tuple[int, ...], d: Any, r0: int) -> Ex
                     key=lambda lk: (lk.bandwidth, -lk.latency))
     etp_link = topo.group_link([devs[base + edp_i * n + ep_i * d.etp + k] for k in range(d.etp)])
     edp_link = topo.ring_link([devs[base + k * n + rest] for k in range(d.edp)]) if d.edp > 1 else C._SELF
+    specs = topo.cluster.devices
     return ExpertLinks(ep_intra=topo.node_link(node, node) if inside else C._SELF, ep_intra_n=len(inside),
-                       ep_inter=inter, ep_inter_n=len(outside), etp=etp_link, edp=edp_link)
+                       ep_inter=inter, ep_inter_n=len(outside), etp=etp_link, edp=edp_link, ep_index=ep_i,
+                       ep_devices=tuple(specs[devs[r]].spec.name for r in ep_ranks))

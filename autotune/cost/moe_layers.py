@@ -18,8 +18,8 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from autotune.cost import expert_dispatch as XD
+from autotune.cost import expert_ranks as ER
 from autotune.cost import grouped_gemm as GG
-from autotune.cost import moe_imbalance as MI
 from autotune.cost import moe_memory as MM
 from autotune.cost import moe_router as MR
 from autotune.cost.activations import layer_activation_bytes
@@ -80,33 +80,37 @@ def base_block(ctx: RankContext, width: int) -> tuple[LayerCompute, float, float
 
 def moe_terms(ctx: RankContext, shared_fwd: float) -> MoETerms:
     """The router, routed experts and exchange of one MoE layer on this rank (``shared_fwd``: the
-    shared experts' forward GEMM seconds, what Megatron-Core overlaps the exchange with)."""
+    shared experts' forward GEMM seconds, what Megatron-Core overlaps the exchange with). Every EP
+    rank of its group is priced on its own device at its own share, and the layer waits for the
+    slowest (``expert_ranks.py``)."""
     s, x, m = ctx.step, ctx.step.experts, ctx.step.model
     e = m.moe
     n = tokens_in(ctx)
-    share = x.busiest_share
-    imb = MI.imbalance(e, x.ep, x.ep * x.etp * n, share)
-    received = x.ep * x.etp * n * e.top_k * share / e.experts * imb  # token copies, after the etp gather
     width = e.expert_ffn_hidden / x.etp
-    g = GG.mlp_gemm_time(ctx.rates, m, received, width, share) + GG.activation_time(ctx.rates, m, received, width,
-                                                                                    s.bpe)
+    loads = ER.loads(e, x.ep, x.etp, n, x.shares)
+    peers = ctx.expert_peers or ((ctx.rates, ctx.cf),) * x.ep
+    secs = [cf * ER.expert_seconds(r, m, ld, width, s.bpe) for (r, cf), ld in zip(peers, loads, strict=True)]
+    slow = loads[ER.pace(secs)]
+    own = loads[ctx.expert_links.ep_index]
     r_gemm, r_mem = MR.router_time(ctx.rates, m, n, s.bpe)
-    a2a, etp_t = XD.exchange_times(ctx.collectives, ctx.expert_links, ep=x.ep, etp=x.etp, tokens=n,
-                                   top_k=e.top_k, hidden=m.hidden, bpe=s.bpe, imbalance=imb, received=received)
+    a2a, etp_t = XD.exchange_times(ctx.collectives, ctx.expert_links, ep=x.ep, etp=x.etp,
+                                   copies=ER.exchange_copies(e, x.ep, n, loads), hidden=m.hidden, bpe=s.bpe,
+                                   received=max(ld.received for ld in loads))
     one_way = ctx.mf * (a2a + etp_t)  # dispatch; the combine moves as much back
     # the shared experts' forward runs beside the forward's dispatch and combine, their backward (twice
     # the GEMM work) beside the backward's
     exp_f = XD.exposed(2.0 * one_way, x.overlap, ctx.cf * shared_fwd)
     exp_b = XD.exposed(2.0 * one_way, x.overlap, 2.0 * ctx.cf * shared_fwd)
-    cf = ctx.cf
-    comp_f = cf * (g + r_gemm + r_mem)
-    comp_b = cf * (2.0 * g + 2.0 * r_gemm + r_mem)
-    kept = MM.routed_activation_bytes(m, received=received, tokens=n, etp=x.etp, bpe=s.bpe, recompute=s.recompute)
-    full = MM.routed_activation_bytes(m, received=received, tokens=n, etp=x.etp, bpe=s.bpe, recompute="none")
+    g, cf = secs[ER.pace(secs)], ctx.cf
+    comp_f = g + cf * (r_gemm + r_mem)
+    comp_b = 2.0 * g + cf * (2.0 * r_gemm + r_mem)
+    kept = MM.routed_activation_bytes(m, received=own.received, tokens=n, etp=x.etp, bpe=s.bpe,
+                                      recompute=s.recompute)
+    full = MM.routed_activation_bytes(m, received=own.received, tokens=n, etp=x.etp, bpe=s.bpe, recompute="none")
     return MoETerms(comp_f=comp_f, comp_b=comp_b, ep_f=exp_f, ep_b=exp_b, exchange_raw=4.0 * one_way,
-                    router_s=cf * (3.0 * r_gemm + 2.0 * r_mem), experts_s=3.0 * cf * g, imbalance=imb,
-                    tokens_per_expert=received / share, routed_kept=kept, routed_full=full,
-                    buffers=MM.dispatch_buffer_bytes(m, received, s.bpe))
+                    router_s=cf * (3.0 * r_gemm + 2.0 * r_mem), experts_s=3.0 * g, imbalance=slow.imbalance,
+                    tokens_per_expert=slow.received / slow.share, routed_kept=kept, routed_full=full,
+                    buffers=MM.dispatch_buffer_bytes(m, own.received, s.bpe))
 
 
 def shared_gemm_fwd(ctx: RankContext) -> float:

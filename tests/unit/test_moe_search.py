@@ -33,10 +33,10 @@ def _space(model: str, nodes: int = 1, seq: int = 512, batch: int = 64) -> Defau
 
 def test_expert_knobs_only_for_moe_models():
     dense, moe = _space("tiny"), _space("tiny-moe")
-    assert not {"ep_exp", "etp_exp"} & set(dense.distributions())
-    assert {"ep_exp", "etp_exp"} <= set(moe.distributions())
+    assert not {"ep_exp", "etp_exp", "experts_speed"} & set(dense.distributions())
+    assert {"ep_exp", "etp_exp", "experts_speed"} <= set(moe.distributions())
     assert moe.ep_divs == [1, 2, 4, 8] and moe.etp_divs == [1, 2, 4, 8]  # 8 experts of width 64 on 8-GPU nodes
-    assert set(moe.params()) - set(dense.params()) == {"ep_exp", "etp_exp"}
+    assert set(moe.params()) - set(dense.params()) == {"ep_exp", "etp_exp", "experts_speed"}
 
 
 def test_grid_reaches_expert_parallel_plans_that_resolve():
