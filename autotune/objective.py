@@ -33,11 +33,14 @@ class Objective:
     max_step_time: float | None = None
     """At most this step time in seconds (``--max-step-time 2s``)."""
     currency: str = ""
+    pool: bool = False
+    """Read back from a pool search's study (``of_study``): its plans differ in the devices they use,
+    so even the time objective ranks equal speeds by cost (``sort_key``), never by tokens/s alone."""
 
     @property
     def plain(self) -> bool:
-        """Ranks by tokens/s with no limit: today's search."""
-        return self.kind == "time" and self.budget is None and self.max_step_time is None
+        """Ranks by tokens/s with no limit: today's search (not a pool search's study)."""
+        return self.kind == "time" and self.budget is None and self.max_step_time is None and not self.pool
 
     def attrs(self) -> dict[str, Any]:
         return {"kind": self.kind, "budget": self.budget, "max_step_time": self.max_step_time,
@@ -48,7 +51,7 @@ class Objective:
         if not isinstance(d, dict):
             return cls()
         return cls(kind=str(d.get("kind") or "time"), budget=d.get("budget"), max_step_time=d.get("max_step_time"),
-                   currency=str(d.get("currency") or ""))
+                   currency=str(d.get("currency") or ""), pool=True)
 
     def text(self) -> str:
         what = "fastest" if self.kind == "time" else "cheapest per token"

@@ -143,6 +143,14 @@ def pieces(tp: int, finest: int, tp_index: int) -> range:
     return range(tp_index * k, (tp_index + 1) * k)
 
 
+def zero_problem(zero_stage: int) -> str | None:
+    """The ZeRO stages a per-stage plan runs (0 and 1): FSDP2 over replicas whose shards differ is not built."""
+    if zero_stage <= 1:
+        return None
+    return (f"zero_stage: {zero_stage} is not run with per-stage degrees (FSDP2 over replicas whose shards "
+            "differ is not built); use 0 or 1")
+
+
 def schedule_problem(schedule: str) -> str | None:
     if schedule in STAGED_SCHEDULES:
         return None
@@ -170,9 +178,9 @@ def problems(plan: Any, model: Any, cluster: Any) -> list[str]:
     if plan.sequence_parallel:
         p.append("sequence_parallel: not run with per-stage degrees (the hop between stages of different tp "
                  "would re-split the sequence)")
-    if plan.zero_stage > 1:
-        p.append(f"zero_stage: {plan.zero_stage} is not run with per-stage degrees (FSDP2 over replicas whose "
-                 "shards differ is not built); use 0 or 1")
+    zp = zero_problem(plan.zero_stage)
+    if zp:
+        p.append(zp)
     if getattr(plan, "doc_mask", False):
         p.append("doc_mask: document masks are not priced or run with per-stage degrees yet")
     if getattr(model, "moe", None) is not None:

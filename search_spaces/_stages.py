@@ -244,11 +244,11 @@ def assign(c: Composition, layers: list[int], replica_major: bool) -> tuple[ST.S
 def best_plan(ctx: Any, *, mbs: int, schedule: str, vs: int, recompute: str, zero: int, cache: dict,
               estimator: Any = None) -> Plan | str:
     """The fastest per-stage plan the program finds for these knobs (priced exactly), or why there is
-    none as ``kind: reason`` (kind: schedule, batch, memory, divisibility)."""
+    none as ``kind: reason`` (kind: schedule, zero_stage, batch, memory, divisibility)."""
     if (why := ST.schedule_problem(schedule)) is not None:
         return "schedule: " + why
-    if zero > 1:
-        return f"schedule: zero_stage {zero} is not run with per-stage degrees; use 0 or 1"
+    if (why := ST.zero_problem(zero)) is not None:
+        return why
     from autotune.cost.estimate import estimate
 
     est = estimator or estimate

@@ -44,6 +44,7 @@ from autotune.cost import comm as C
 from autotune.cost.cpu_attention import CpuAttention, read_curves
 from autotune.cost.interp import loglinear, loglog
 from autotune.cost.ring import ring_blocks  # noqa: F401  (its old home: kept importable from here)
+from autotune.errors import InputError
 
 if TYPE_CHECKING:  # typing only: context.py builds on the dimension modules
     from autotune.cost.context import RankContext
@@ -199,14 +200,15 @@ def context_of(prof: dict[str, Any], dtype: str,
     the reference shapes priced by ``price(model, seq, micro_batch)`` (the kernel model's block fwd,
     bwd and head fwd, bwd: ``compute.reference_price``), against what the profile measured for them."""
     ref = (prof.get("block_ref") or {}).get(dtype)
-    if not isinstance(ref, dict):
+    if ref is None:
         return None
-    try:
+    try:  # a measurement that cannot be read is refused, not priced as if it were absent
         pts = {(str(p[0]), int(p[1])): (float(p[2]), float(p[3])) for p in ref["points"]}
         model, seq = _ref_model(ref["shape"], "cpu-ref")
         fixed_model, fixed_seq = _ref_model(ref["shape"]["fixed"], "cpu-fixed")
-    except (KeyError, TypeError, ValueError, IndexError):
-        return None
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+        raise InputError(f"malformed measurement ({type(exc).__name__}: {exc}); profile the device again",
+                         source=f"profile {prof.get('id', '?')}", field=f"block_ref.{dtype}") from None
     mbs = sorted({b for piece, b in pts if piece == "block" and b > 0 and ("head", b) in pts})
     if len(mbs) < 2:
         return None
@@ -225,14 +227,19 @@ def context_of(prof: dict[str, Any], dtype: str,
     return Context(*lines, source=src)
 
 
-def _overhead(over: dict[str, Any], key: str, dtype: str, default: float) -> float:
+def _overhead(over: dict[str, Any], key: str, dtype: str, default: float, source: str) -> float:
     """A measured per-call constant: a number, or {dtype: number} (the profiler measures GEMM calls
-    per dtype); ``default`` where absent or not a finite non-negative number."""
+    per dtype); ``default`` where absent; a one-line InputError where it is not a finite
+    non-negative number (as ``cost/layers.py`` refuses its measurements)."""
     v = over.get(key)
+    field = f"overheads.{key}"
     if isinstance(v, dict):
-        v = v.get(dtype)
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
-    return float(v) if ok else default
+        v, field = v.get(dtype), f"{field}.{dtype}"
+    if v is None:
+        return default
+    if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0):
+        raise InputError(f"must be a non-negative number of seconds, got {v!r}", source=source, field=field)
+    return float(v)
 
 
 def _gemm_points(prof: dict[str, Any], dtype: str) -> tuple[list[float], list[float]] | None:
@@ -274,12 +281,15 @@ def _attention_head_times(prof: dict[str, Any], dtype: str = "fp32"
 def cpu_rates(spec: Any, dtype: str) -> CpuRates:
     """The CPU terms of a ``kind == "cpu"`` DeviceSpec: measured where its profile has them."""
     prof = spec.profile or {}
-    over = prof.get("overheads") if isinstance(prof.get("overheads"), dict) else {}
+    src = f"profile {prof.get('id', '?')}"
+    over = prof.get("overheads") or {}
+    if not isinstance(over, dict):
+        raise InputError(f"must be an object of per-call seconds, got {over!r}", source=src, field="overheads")
     return CpuRates(
-        gemm_call_s=_overhead(over, "gemm_call_s", dtype, CPU_GEMM_CALL_S.get(dtype, CPU_GEMM_CALL_S["fp32"])),
-        op_s=_overhead(over, "op_s", dtype, CPU_OP_S),
-        sync_call_s=_overhead(over, "sync_call_s", dtype, CPU_SYNC_CALL_S),
-        sync_skew=_overhead(over, "sync_skew", dtype, CPU_SYNC_SKEW),
+        gemm_call_s=_overhead(over, "gemm_call_s", dtype, CPU_GEMM_CALL_S.get(dtype, CPU_GEMM_CALL_S["fp32"]), src),
+        op_s=_overhead(over, "op_s", dtype, CPU_OP_S, src),
+        sync_call_s=_overhead(over, "sync_call_s", dtype, CPU_SYNC_CALL_S, src),
+        sync_skew=_overhead(over, "sync_skew", dtype, CPU_SYNC_SKEW, src),
         gemm_points=_gemm_points(prof, dtype),
         attn_head_times=_attention_head_times(prof, dtype),
         attention=read_curves(prof.get("attention_cpu"), dtype, f"profile {prof.get('id', '?')}"))
@@ -350,14 +360,15 @@ class GlooTable:
     ring pass, a pipeline send and its matching receive) is the two-rank all-to-all that moves the
     same bytes each way. Same methods as ``comm.FORMULAS``."""
 
-    def __init__(self, table: list[dict[str, Any]] | None = None):
+    def __init__(self, table: list[dict[str, Any]] | None = None, source: str = "collective_table"):
         self.curves: dict[tuple[str, int], tuple[list[float], list[float]]] = {}
         acc: dict[tuple[str, int], dict[float, list[float]]] = {}
-        for row in table or []:
+        for i, row in enumerate(table or []):
             try:
                 op, n, b, t = row["op"], int(row["group_size"]), float(row["bytes"]), float(row["time_s"])
-            except (KeyError, TypeError, ValueError):
-                continue
+            except (KeyError, TypeError, ValueError) as exc:  # refused, not skipped (cost/layers.py does the same)
+                raise InputError(f"malformed row {row!r} ({type(exc).__name__}: {exc}); expected op, group_size, "
+                                 "bytes, time_s", source=source, field=f"links.collective_table[{i}]") from None
             if op in _TABLE_OPS and n >= 2 and b > 0 and t > 0 and math.isfinite(t):
                 acc.setdefault((op, n), {}).setdefault(b, []).append(t)
         for key, by_bytes in acc.items():
@@ -418,7 +429,8 @@ def measured_collectives(spec: Any) -> Any:
         table = ((spec.profile or {}).get("links") or {}).get("collective_table")
         if len(_TABLES) > 64:
             _TABLES.clear()
-        hit = _TABLES[id(spec)] = (spec, GlooTable(table) if table else C.FORMULAS)
+        src = f"profile {(spec.profile or {}).get('id', '?')}"
+        hit = _TABLES[id(spec)] = (spec, GlooTable(table, src) if table else C.FORMULAS)
     return hit[1]
 
 

@@ -14,6 +14,7 @@ from autotune.cost import estimate
 from autotune.cost.collectives import collectives_for
 from autotune.cost.compute import CPU_GEMM_CALL_S, SHORT_CALL_EXPONENT, rates_for, ring_blocks
 from autotune.cost.cpu import GlooTable
+from autotune.errors import InputError
 from autotune.plan import parse_inline
 from autotune.specs import Link, ModelSpec
 
@@ -95,9 +96,11 @@ def test_cpu_gemm_pays_a_call_cost_and_gpu_does_not():
     assert rates_for(device(kind="cpu", profile=per), "bf16", 8).gemm_time(1e6) == pytest.approx(2e-3 + 1e6 / peak)
     assert rates_for(device(kind="cpu", profile={**prof, "overheads": {"gemm_call_s": {"fp32": 5e-4}}}), "bf16",
                      8).gemm_call_s == CPU_GEMM_CALL_S["bf16"]
-    for bad in (-1.0, float("nan"), True, "1e-3", None):
-        assert rates_for(device(kind="cpu", profile={**prof, "overheads": {"gemm_call_s": {"bf16": bad}}}), "bf16",
-                         8).gemm_call_s == CPU_GEMM_CALL_S["bf16"]
+    assert rates_for(device(kind="cpu", profile={**prof, "overheads": {"gemm_call_s": {"bf16": None}}}), "bf16",
+                     8).gemm_call_s == CPU_GEMM_CALL_S["bf16"]  # absent: the default
+    for bad in (-1.0, float("nan"), True, "1e-3"):  # malformed: refused, not replaced by the default
+        with pytest.raises(InputError):
+            rates_for(device(kind="cpu", profile={**prof, "overheads": {"gemm_call_s": {"bf16": bad}}}), "bf16", 8)
 
 
 def test_cpu_attention_comes_from_measured_call_times():
@@ -248,3 +251,26 @@ def test_gpu_predictions_do_not_depend_on_cpu_constants_or_code(monkeypatch):
     finally:
         monkeypatch.undo()
         _reprice(gen, [])
+
+
+# ---- a malformed measurement is refused in one line, not priced as if it were absent --------------
+def test_malformed_cpu_measurements_are_refused_naming_the_field():
+    """The context fit, the per-call constants and the gloo table each refuse what they cannot read
+    (as cost/layers.py does), and read an absent one as absent."""
+    from autotune.cost import cpu
+
+    price = lambda m, s, b: (1.0, 2.0, 0.1, 0.2)  # noqa: E731
+    assert cpu.context_of({"id": "p"}, "fp32", price) is None  # absent: no context factor
+    bad_ref = {"id": "p", "block_ref": {"fp32": {"points": [["block", "one", 1.0, 2.0]], "shape": {}}}}
+    with pytest.raises(InputError) as e:
+        cpu.context_of(bad_ref, "fp32", price)
+    assert e.value.field == "block_ref.fp32" and "\n" not in str(e.value)
+    spec = lambda prof: type("S", (), {"profile": prof})()  # noqa: E731
+    assert cpu.cpu_rates(spec({"id": "p"}), "fp32").op_s == cpu.CPU_OP_S  # absent: the default
+    for over, field in (({"op_s": "fast"}, "overheads.op_s"), ({"gemm_call_s": {"fp32": -1.0}}, "overheads.gemm_call_s.fp32")):
+        with pytest.raises(InputError) as e:
+            cpu.cpu_rates(spec({"id": "p", "overheads": over}), "fp32")
+        assert e.value.field == field
+    with pytest.raises(InputError) as e:
+        GlooTable([*TABLE, {"op": "all_reduce", "group_size": 2, "bytes": "big", "time_s": 1e-3}])
+    assert e.value.field == f"links.collective_table[{len(TABLE)}]"

@@ -128,6 +128,23 @@ def test_held_out_error_sees_what_in_sample_hides():
     assert max(abs(e) for e in loo[:3]) < 0.03
 
 
+def test_held_out_error_holds_out_a_plans_twin():
+    """The comm-heavy plan above measured twice (the same layout at the same price): held out by run,
+    each copy would be priced by a calibration fitted on the other (error ~0); held out by plan, both
+    are priced by the fit on the other plans alone, as a plan that took no part in it."""
+    from autotune.validate import _rel_error, calibrate_runs, leave_one_out
+
+    mixes = [(1.0, 0.0), (2.0, 0.0), (0.5, 0.0), (0.1, 1.0), (0.1, 1.0)]
+    runs, cluster = _synthetic_runs(1.5, 4.0, mixes)
+    loo = leave_one_out(runs, cluster, _step_of)
+    without_twins = calibrate_runs(runs[:3], cluster, _step_of)
+    for i in (3, 4):
+        assert loo[i] == pytest.approx(_rel_error(_step_of(runs[i], without_twins), runs[i]["measured"]["step_time_s"]))
+        assert abs(loo[i]) > 0.5
+    by_run = calibrate_runs(runs[:3] + runs[4:], cluster, _step_of)  # what leaving one run out fitted on
+    assert abs(_rel_error(_step_of(runs[3], by_run), runs[3]["measured"]["step_time_s"])) < 0.05
+
+
 def test_one_bad_plan_does_not_drag_the_calibration():
     from autotune.validate import calibrate_runs
 
