@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from autotune.stages import degrees_text
 from autotune.units import fmt_bytes
 
 
@@ -68,7 +69,7 @@ def nothing_fits(trials: list[Any], workload: tuple[Any, Any, int, int] | None =
         parts, row = _terms_again(plan, rank, workload)
     states = sum(float(parts.get(k, 0.0)) for k in ("weights", "gradients", "optimizer"))
     activations = float(parts.get("activations", 0.0)) + float(parts.get("logits", 0.0))
-    deg = ",".join(f"{k}={v}" for k, v in (plan.get("degrees") or {}).items() if v > 1) or "dp=1"
+    deg = degrees_text(plan)  # the one description of a plan (autotune/stages.py)
     device = f" on {row['device']}" if row.get("device") else ""
     what = ""
     if states + activations > 0:

@@ -306,7 +306,9 @@ def resolve(plan: Any, model: Any, cluster: Any, seq_len: int, global_batch: int
                       for x in layout_of(stages).slots)
     out = plan.replace(
         degrees=env, num_microbatches=nmb, placement=placement,
-        shares=Shares(layers=layers, tokens=(seq_len,), heads=(model.heads // env.tp,), samples=tuple(samples)),
+        # no heads share: each cell's tp ranks attend heads / its own tp (cost/stages.py, runtime/stages.py),
+        # so the largest tp's figure would be wrong for every other cell
+        shares=Shares(layers=layers, tokens=(seq_len,), heads=None, samples=tuple(samples)),
         workload=Workload(model=model.name, seq_len=seq_len, global_batch=global_batch,
                           cluster=getattr(cluster, "name", "")))
     sched = schedule_of(out)

@@ -10,10 +10,9 @@ HELP = "List the studies of a storage: model, cluster, sequence, batch, trials a
 
 
 def _degrees(plan: dict | None) -> str:
-    if not plan:
-        return "-"
-    d = {k: v for k, v in (plan.get("degrees") or {}).items() if v != 1}
-    return ",".join(f"{k}={v}" for k, v in d.items()) or "dp=1"
+    from autotune.stages import degrees_text
+
+    return degrees_text(plan) if plan else "-"  # the one description of a plan (autotune/stages.py)
 
 
 def command(storage: StorageOpt = DEFAULT_STORAGE, wide: WideOpt = False, json_: JsonOpt = False) -> None:

@@ -128,6 +128,7 @@ def _reporter(live: Progress, top: int) -> Callable[[str], None]:
 
 def show(out: dict[str, Any]) -> None:
     from autotune.commands.search import plan_table
+    from autotune.stages import degrees_text
 
     plans = [{**r["plan"], "predicted": r["predicted"], "measured": r["measured"], "failure": r["failure"],
               "error": r["error"]} for r in out["validated"]]
@@ -156,7 +157,7 @@ def show(out: dict[str, Any]) -> None:
     if out.get("best_measured"):
         m = out["best_measured"]["measured"]
         console.print(f"best measured: trial {out['best_measured_trial']} "
-                      f"({','.join(f'{k}={v}' for k, v in out['best_measured']['degrees'].items() if v > 1)}) "
+                      f"({degrees_text(out['best_measured'])}) "
                       f"{m['tokens_per_s']:,.0f} tokens/s", highlight=False)
 
 
@@ -164,6 +165,7 @@ def memory_table(out: dict[str, Any]) -> None:
     """Predicted vs measured peak memory per rank of every validated plan, and the median error."""
     from rich.table import Table
 
+    from autotune.stages import degrees_text
     from autotune.units import fmt_bytes
 
     rows = [r for r in out["validated"] if r.get("memory")]
@@ -178,7 +180,7 @@ def memory_table(out: dict[str, Any]) -> None:
         m = r["memory"]
         cells = [f"{fmt_bytes(p)} / {fmt_bytes(q)} ({e:+.0%})" if e is not None else f"{fmt_bytes(p)} / -"
                  for p, q, e in zip(m["predicted_bytes"], m["measured_bytes"], m["error"], strict=True)]
-        degrees = ",".join(f"{k}={v}" for k, v in r["plan"]["degrees"].items() if v > 1) or "1"
+        degrees = degrees_text(r["plan"])
         med = m["median_error"]
         t.add_row(str(r["trial"]), degrees, "; ".join(cells), f"{med:.1%}" if med is not None else "n/a")
     console.print(t)

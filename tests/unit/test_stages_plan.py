@@ -10,7 +10,7 @@ import pytest
 from autotune import stages as ST
 from autotune.errors import InputError
 from autotune.plan import Plan, PlanError, check_schema, parse_inline
-from autotune.specs.cluster import cluster_from_dict
+from autotune.specs.cluster import cluster_from_dict, local_cluster
 from autotune.specs.model import load_model
 
 TINY = load_model("tiny")  # 4 layers, 4 heads
@@ -134,3 +134,18 @@ def test_stage_errors_name_the_file_once_each(capsys, tmp_path, stages, once):
         assert code == 2 and "\n" not in line, err
         assert line.startswith(f"error: {f}: stages"), line
         assert "stages: stages" not in line and line.count("used twice") == 1 and once in line, line
+
+
+def test_a_per_stage_plan_writes_no_heads_share_for_its_cells():
+    """Cells of different tp attend different heads per tp rank (heads / own tp): the resolved plan
+    holds no one heads share (before: heads / the largest tp, wrong for every other cell), and each
+    cell's priced heads are its own tp's."""
+    from autotune.cost.stages import staged_step_context, staged_tp_groups
+
+    plan = Plan(stages=(ST.Stage(layers=2, replicas=(ST.Replica(tp=2, devices=(0, 1)),)),
+                        ST.Stage(layers=2, replicas=(ST.Replica(tp=1, devices=(2,)),))))
+    cluster = local_cluster(3)
+    rp = plan.resolve(TINY, cluster, 32, 2)
+    assert rp.shares.heads is None and Plan.from_dict(rp.to_dict()).resolve(TINY, cluster, 32, 2) == rp
+    s = staged_step_context(rp, TINY, cluster, 32, 2, None)
+    assert sorted({(ctx.step.tp, ctx.heads) for _, _, ctx in staged_tp_groups(s)}) == [(1, TINY.heads), (2, TINY.heads // 2)]
