@@ -19,7 +19,7 @@ def peak_rank_memory(plan: Any, model: Any, cluster: Any, seq_len: int, global_b
     """(bytes, rank, terms) of the rank that needs the most memory under ``plan`` (resolved here):
     the cost model's memory, for checks that need no timing (the runtime's pre-launch check)."""
     best: tuple[float, int, dict[str, float]] | None = None
-    for r0, total, terms in _group_memory(plan, model, cluster, seq_len, global_batch):
+    for r0, _, total, terms in _group_memory(plan, model, cluster, seq_len, global_batch):
         if best is None or total > best[0]:
             best = (total, r0, terms)
     assert best is not None
@@ -30,21 +30,15 @@ def rank_memory_terms(plan: Any, model: Any, cluster: Any, seq_len: int, global_
                       ) -> tuple[float, dict[str, float]]:
     """(bytes, terms) of rank ``rank`` under ``plan``: what a search's stored trial no longer holds
     when it dropped its per-rank rows (more than 64 ranks), for the advice when nothing fits."""
-    for r0, total, terms in _group_memory(plan, model, cluster, seq_len, global_batch):
-        tp = plan.degrees.tp if plan.stages is None else _cell_tp(plan, r0)
+    for r0, tp, total, terms in _group_memory(plan, model, cluster, seq_len, global_batch):
         if r0 <= rank < r0 + tp:
             return total, terms
-    raise ValueError(f"rank {rank} is not in the plan's {plan.degrees.world} ranks")
-
-
-def _cell_tp(plan: Any, r0: int) -> int:
-    from autotune.stages import layout_of
-
-    return layout_of(plan.stages).slots[r0].tp
+    raise ValueError(f"rank {rank} is not in the plan's {plan.world} ranks")
 
 
 def _group_memory(plan: Any, model: Any, cluster: Any, seq_len: int, global_batch: int) -> Any:
-    """(first rank, bytes, terms) of every tp group, each distinct context priced once."""
+    """(first rank, tp, bytes, terms) of every tp group (a per-stage plan's cell at its own tp), each
+    distinct context priced once."""
     step = step_context(plan, model, cluster, seq_len, global_batch, None)
     seen: dict[int, tuple[float, dict[str, float]]] = {}
     for r0, _, ctx in tp_groups(step):
@@ -58,4 +52,4 @@ def _group_memory(plan: Any, model: Any, cluster: Any, seq_len: int, global_batc
             kept, full, scores = block_activations(ctx)
             kept, full = measured_activations(ctx, kept, full, scores)
             hit = seen[id(ctx)] = rank_memory(ctx, kept, full)
-        yield r0, hit[0], hit[1]
+        yield r0, ctx.step.tp, hit[0], hit[1]

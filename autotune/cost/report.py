@@ -62,10 +62,7 @@ def predicted_figures(s: StepContext, groups: list, sims: list, step: float, mem
     for *_, c in groups:
         if id(c.spec) not in flops:
             flops[id(c.spec)] = c.spec.flops(compute_dtype(s.dtype))  # MFU under FP8: of the bf16 peak
-    if s.plan.stages is None:
-        peak = s.tp * sum(flops[id(c.spec)] for *_, c in groups)
-    else:  # each cell its own tp
-        peak = sum(ctx.step.tp * flops[id(c.spec)] for _, _, ctx, c in groups)
+    peak = sum(ctx.step.tp * flops[id(c.spec)] for _, _, ctx, c in groups)  # each group (or cell) its own tp
     model_flops = s.model.model_flops_per_token(s.seq_len) * tokens_step
     return {
         "step_time_s": step,
