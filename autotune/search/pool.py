@@ -238,7 +238,6 @@ class _PoolRun:
     def run(self) -> SearchResult:
         from autotune.search.report import collect
         from autotune.search.workspace import StudyView
-        from autotune.study import StudyRecord, create_or_open
 
         t0 = time.monotonic()
         deadline = t0 + self.opts.timeout_s if self.opts.timeout_s else None
@@ -248,12 +247,7 @@ class _PoolRun:
         self._reachable(subsets)
         if not subsets:
             raise WorkError("no subset of the pool can be searched: " + "; ".join(notes))
-        record = StudyRecord(model=self.model, cluster=self.pool, seq_len=self.seq_len,
-                             global_batch=self.global_batch, space=self.opts.space, target=self.opts.target,
-                             documents=self.opts.documents)
-        study = create_or_open(self.name, self.storage, record)
-        study.set_user_attr(STUDY_KEY, self.obj.attrs())
-        self.stored = study.get_trials(deepcopy=False)
+        study = self._open_study()
         before = len(self.stored)
         n_main = self.opts.trials or DEFAULT_TRIALS
         n_polish = POLISH_FACTOR * n_main if self.opts.polish else 0
@@ -287,6 +281,19 @@ class _PoolRun:
         study.set_user_attr("left_out", res.left_out)
         study.set_user_attr("left_out_trial", res.best_trial)
         return res
+
+    def _open_study(self) -> Any:
+        """The study (created once, before any subset is searched) with the objective recorded; the
+        trials it held before this run are kept in ``self.stored`` (each subset takes its own)."""
+        from autotune.study import StudyRecord, create_or_open
+
+        record = StudyRecord(model=self.model, cluster=self.pool, seq_len=self.seq_len,
+                             global_batch=self.global_batch, space=self.opts.space, target=self.opts.target,
+                             documents=self.opts.documents)
+        study = create_or_open(self.name, self.storage, record)
+        study.set_user_attr(STUDY_KEY, self.obj.attrs())
+        self.stored = study.get_trials(deepcopy=False)
+        return study
 
     def _screen_and_refine(self, subsets: list[tuple[int, ...]], state: dict, best: dict, deadline: float | None,
                            screen: int, n_main: int, n_polish: int) -> list[tuple[int, ...]]:
@@ -497,8 +504,6 @@ def why_left_out(res: SearchResult, pool: Any, trials: list[Any], obj: Objective
     """For the chosen plan, one line per node group it leaves nodes of out: what the best plan with
     them back costs in step time (and per token, with prices), and what paces that plan; or, when
     the subset with them back was never searched, why (``not_searched``: the budget, memory)."""
-    from autotune.study import is_feasible
-
     uses = res.best.plan.uses
     if uses is None:
         return []
@@ -506,15 +511,7 @@ def why_left_out(res: SearchResult, pool: Any, trials: list[Any], obj: Objective
     chosen_step = (res.best.predicted or {}).get("step_time_s")
     chosen_cost = cost_of({"cost": figures(pool, uses, res.best.predicted or {}, res.best.plan.workload.seq_len,
                                            res.best.plan.workload.global_batch)}) if res.best.plan.workload else None
-    by_uses: dict[tuple[int, ...], Any] = {}
-    for t in trials:
-        if not is_feasible(t) or "cost" not in t.user_attrs:
-            continue
-        u = t.user_attrs["plan"].get("uses")
-        u = tuple(u) if u is not None else full
-        s = step_of(t.user_attrs)
-        if s is not None and (u not in by_uses or s < step_of(by_uses[u].user_attrs)):
-            by_uses[u] = t
+    by_uses = _fastest_by_uses(trials, full)
     lines = []
     for g, n_out, name in P.left_out(pool, uses):
         back = tuple(full[i] if i == g else uses[i] for i in range(len(uses)))
@@ -547,6 +544,22 @@ def why_left_out(res: SearchResult, pool: Any, trials: list[Any], obj: Objective
             parts.append(pace)
         lines.append(f"{head}: " + "; ".join(parts))
     return lines
+
+
+def _fastest_by_uses(trials: list[Any], full: tuple[int, ...]) -> dict[tuple[int, ...], Any]:
+    """The fastest feasible priced trial of each subset (``uses``; a plan without uses is the whole pool)."""
+    from autotune.study import is_feasible
+
+    by_uses: dict[tuple[int, ...], Any] = {}
+    for t in trials:
+        if not is_feasible(t) or "cost" not in t.user_attrs:
+            continue
+        u = t.user_attrs["plan"].get("uses")
+        u = tuple(u) if u is not None else full
+        s = step_of(t.user_attrs)
+        if s is not None and (u not in by_uses or s < step_of(by_uses[u].user_attrs)):
+            by_uses[u] = t
+    return by_uses
 
 
 def _slowest(names: set[str], pool: Any, dtype: str) -> str:
