@@ -73,10 +73,47 @@ class KernelCosts:
     ``none`` (torchtitan, DeepSpeed, autotune's runtime wait for each exchange) or ``shared_experts``
     (Megatron-Core ``--moe-shared-expert-overlap``: the shared experts' MLP runs during it)."""
 
+    moe_fwd: int = 0
+    """Kernels one MoE layer's forward issues beyond its dense block and its experts' GEMMs: the router
+    and its auxiliary loss, the permutation, the dispatcher's split bookkeeping and device-to-host
+    copies, the all-to-alls, the experts' activation, the unpermutation (``moe_layer_host``); 0: not
+    counted for this runtime."""
+    moe_bwd: int = 0
+    """The same, backward."""
+    expert_fwd: int = 0
+    """Kernels per local expert, forward, where the grouped GEMM is issued as one GEMM per expert
+    (Transformer Engine's ``GroupedLinear``): the up and down projections; 0 where one grouped kernel
+    runs every expert."""
+    expert_bwd: int = 0
+    """The same, backward (dgrad and wgrad of each projection)."""
+    expert_fp8: int = 0
+    """Quantisation kernels per local expert, forward (and as many backward), under an FP8 dtype: each
+    expert's GEMM inputs cast on their own."""
+    moe_syncs: int = 0
+    """Device-to-host synchronisations per MoE layer forward (the dropless dispatcher waits for the
+    token counts before it can size the all-to-all), each priced ``MOE_SYNC_S``."""
+
     def block_time(self, gpu_s: float, kernels: float) -> float:
         """Seconds of ``kernels`` kernels whose GPU work takes ``gpu_s``: the work plus each kernel's
         host time (module docstring)."""
         return gpu_s + kernels * self.host_s
+
+
+MOE_SYNC_S = 1.4e-3
+"""Exposed seconds of one device-to-host synchronisation inside a MoE layer (the host blocks until the
+GPU has drained its queue, then the GPU idles while the host issues again): FITTED by
+``benchmarks/bench_published_moe.py --fit`` on the rows its ``FITTED`` names, every other row held out."""
+
+
+def moe_layer_host(k: KernelCosts, local_experts: int, fp8: bool) -> tuple[float, float]:
+    """(forward, backward) host seconds one MoE layer adds on the busiest rank: its kernels beyond the
+    dense block at the runtime's ``host_s`` each (counted in full, as ``block_time`` counts a block's)
+    and its synchronisations at ``MOE_SYNC_S``."""
+    per_expert_f = k.expert_fwd + (k.expert_fp8 if fp8 else 0)
+    per_expert_b = k.expert_bwd + (k.expert_fp8 if fp8 else 0)
+    fwd = (k.moe_fwd + local_experts * per_expert_f) * k.host_s + k.moe_syncs * MOE_SYNC_S
+    bwd = (k.moe_bwd + local_experts * per_expert_b) * k.host_s
+    return fwd, bwd
 
 
 def eager_bytes(model: Any, tp: int) -> float:

@@ -20,10 +20,12 @@ from typing import TYPE_CHECKING, Any
 from autotune.cost import expert_dispatch as XD
 from autotune.cost import expert_ranks as ER
 from autotune.cost import grouped_gemm as GG
+from autotune.cost import kernels as K
 from autotune.cost import moe_memory as MM
 from autotune.cost import moe_router as MR
 from autotune.cost.activations import layer_activation_bytes
 from autotune.cost.compute import LayerCompute, layer_compute
+from autotune.plan_parts import FP8_RECIPES
 
 if TYPE_CHECKING:
     from autotune.cost.context import RankContext
@@ -50,6 +52,8 @@ class MoETerms:
     exchange_raw: float
     """All of the exchange, forward and backward."""
     router_s: float
+    host_s: float
+    """Host time of the layer's own kernels and synchronisations, forward and backward (``kernels.moe_layer_host``)."""
     experts_s: float
     """Routed experts' compute, forward and backward."""
     imbalance: float
@@ -102,15 +106,28 @@ def moe_terms(ctx: RankContext, shared_fwd: float) -> MoETerms:
     exp_f = XD.exposed(2.0 * one_way, x.overlap, ctx.cf * shared_fwd)
     exp_b = XD.exposed(2.0 * one_way, x.overlap, 2.0 * ctx.cf * shared_fwd)
     g, cf = secs[ER.pace(secs)], ctx.cf
-    comp_f = g + cf * (r_gemm + r_mem)
-    comp_b = 2.0 * g + cf * (2.0 * r_gemm + r_mem)
+    # the layer's own kernels: the EP rank holding the most experts issues the most (one GEMM launch each)
+    host_f, host_b = layer_host(ctx, max(ld.share for ld in loads))
+    comp_f = g + cf * (r_gemm + r_mem) + host_f
+    comp_b = 2.0 * g + cf * (2.0 * r_gemm + r_mem) + host_b
     kept = MM.routed_activation_bytes(m, received=own.received, tokens=n, etp=x.etp, bpe=s.bpe,
                                       recompute=s.recompute)
     full = MM.routed_activation_bytes(m, received=own.received, tokens=n, etp=x.etp, bpe=s.bpe, recompute="none")
     return MoETerms(comp_f=comp_f, comp_b=comp_b, ep_f=exp_f, ep_b=exp_b, exchange_raw=4.0 * one_way,
-                    router_s=cf * (3.0 * r_gemm + 2.0 * r_mem), experts_s=3.0 * g, imbalance=slow.imbalance,
-                    tokens_per_expert=slow.received / slow.share, routed_kept=kept, routed_full=full,
-                    buffers=MM.dispatch_buffer_bytes(m, own.received, s.bpe))
+                    router_s=cf * (3.0 * r_gemm + 2.0 * r_mem), host_s=host_f + host_b, experts_s=3.0 * g,
+                    imbalance=slow.imbalance, tokens_per_expert=slow.received / slow.share, routed_kept=kept,
+                    routed_full=full, buffers=MM.dispatch_buffer_bytes(m, own.received, s.bpe))
+
+
+def layer_host(ctx: RankContext, local_experts: int) -> tuple[float, float]:
+    """(forward, backward) host seconds of a MoE layer's own kernels on this rank, as the runtime that
+    prices the dense blocks issues them (``rates.host`` on a profiled GPU, the datasheet's kernels
+    otherwise); none where no runtime's kernels are priced (a CPU)."""
+    r = ctx.rates
+    k = r.host if r.host is not None else (r.size.kernels if r.size is not None else None)
+    if k is None:
+        return 0.0, 0.0
+    return K.moe_layer_host(k, local_experts, ctx.step.dtype in FP8_RECIPES)
 
 
 def shared_gemm_fwd(ctx: RankContext) -> float:

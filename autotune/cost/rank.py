@@ -187,7 +187,7 @@ def rank_cost(ctx: RankContext) -> RankCost:
                                       "ep_comm_s": ep})
 
 
-_PER_MICROBATCH = ("router_s", "experts_s", "ep_exposed_s")
+_PER_MICROBATCH = ("router_s", "moe_host_s", "experts_s", "ep_exposed_s")
 """The MoE terms ``_moe_blocks`` gives per micro-batch (``rank_cost`` reports them per step)."""
 
 
@@ -236,7 +236,8 @@ def _moe_blocks(ctx: RankContext) -> tuple[tuple[BlockTimes, ...], tuple[float, 
     nl, nm = sum(ctx.layers), sum(n_moe)
     mean = lambda a, b: ((nl - nm) * a + nm * b) / nl  # noqa: E731
     acts = (mean(kd, km + t.routed_kept), mean(fd, fm + t.routed_full), mean(sd, sm))
-    terms = {"router_s": nm * t.router_s, "experts_s": nm * t.experts_s, "ep_exposed_s": nm * (bm.ep_f + bm.ep_b), "imbalance": t.imbalance,
+    terms = {"router_s": nm * t.router_s, "moe_host_s": nm * t.host_s, "experts_s": nm * t.experts_s,
+             "ep_exposed_s": nm * (bm.ep_f + bm.ep_b), "imbalance": t.imbalance,
              "tokens_per_expert": t.tokens_per_expert, "moe_layers": float(nm), "buffers": t.buffers,
              "ep_inter_peers": float(ctx.expert_links.ep_inter_n)}
     return tuple(blocks), tuple(w), acts, terms

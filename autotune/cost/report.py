@@ -144,14 +144,14 @@ def breakdown(s: StepContext, groups: list, sims: list, stages: list, rows: list
 
 def _moe(s: StepContext, row: dict[str, Any]) -> dict[str, Any]:
     """The MoE terms of the rank that ends the step (per step, seconds; bytes per rank): its router,
-    routed experts (busiest EP rank, ``imbalance`` its load over the even share), the token
+    the host time of the MoE layers' own kernels and synchronisations (``moe_host_s``), routed experts (busiest EP rank, ``imbalance`` its load over the even share), the token
     exchange (all of it, and what compute does not hide), the expert gradients' reduction over edp,
     the expert states and dispatch buffers in its memory."""
     x, m = s.experts, s.model
     t, mem = row["moe"], row["memory"]
     return {"experts": m.moe.experts, "top_k": m.moe.top_k, "ep": x.ep, "etp": x.etp, "edp": x.edp,
             "experts_per_rank": list(x.shares), "moe_layers_on_rank": int(t["moe_layers"]),
-            "router_s": t["router_s"], "experts_s": t["experts_s"], "ep_comm_s": t["ep_comm_s"],
+            "router_s": t["router_s"], "moe_host_s": t["moe_host_s"], "experts_s": t["experts_s"], "ep_comm_s": t["ep_comm_s"],
             "ep_exposed_s": t["ep_exposed_s"], "expert_grad_sync_s": t["expert_grad_sync_s"],
             "imbalance": t["imbalance"], "tokens_per_expert": t["tokens_per_expert"], "overlap": x.overlap,
             "ep_crosses_nodes": t["ep_inter_peers"] > 0,

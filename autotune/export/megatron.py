@@ -66,15 +66,39 @@ from autotune.schedules import schedule_of
 
 NAME = "megatron"
 
+MOE_ROUTING = (20, 13)
+"""(forward, backward) kernels of a MoE layer's gating GEMM, softmax top-k routing and auxiliary loss,
+as megatron-core's ``moe_utils`` runs them unfused (counted by benchmarks/count_moe_kernels.py)."""
+MOE_PERMUTATION = (11, 13)
+"""(forward, backward) kernels of ``permute``, the two ``sort_chunks_by_idxs`` and ``unpermute`` with
+the routing probabilities applied (counted by benchmarks/count_moe_kernels.py)."""
+MOE_DISPATCHER = (16, 4)
+"""(forward, backward) kernels of the alltoall dispatcher's own work, counted from its code
+(``MoEAlltoAllTokenDispatcher.preprocess`` and ``_maybe_dtoh_and_synchronize``): forward the token
+counts, splits and the all-gather of the counts (7), the device-to-host copies of the splits (5), the
+all-to-alls of tokens and probabilities out and tokens back (3), the experts' fused activation (1);
+backward the three all-to-alls and the activation's gradient."""
+
 KERNELS = KernelCosts(
     name="megatron", framework="megatron", host_s=EAGER_HOST_S, block_fwd=11, head_fwd=3,
     source="Megatron-Core with Transformer Engine issues per block forward: layer norm + QKV GEMM and layer norm "
            "+ FC1 GEMM (TE LayerNormLinear, 2 kernels each), fused RoPE, one flash-attention kernel, the output "
            "and FC2 GEMMs, fused bias-GeLU / SwiGLU, 2 fused bias-dropout-adds: 11 kernels; each dispatched "
-           "eagerly from Python (EAGER_HOST_S)",
-    moe_overlap="shared_experts")
+           "eagerly from Python (EAGER_HOST_S). A MoE layer adds (megatron.core.transformer.moe, alltoall dispatcher, "
+           "grouped GEMM, unfused router and permutation as Megatron defaults them): MOE_KERNELS",
+    moe_overlap="shared_experts", moe_fwd=MOE_ROUTING[0] + MOE_PERMUTATION[0] + MOE_DISPATCHER[0],
+    moe_bwd=MOE_ROUTING[1] + MOE_PERMUTATION[1] + MOE_DISPATCHER[1], expert_fwd=2, expert_bwd=4, expert_fp8=2,
+    moe_syncs=1)
 """How Megatron runs a plan: the cost model's kernel costs for ``estimate --target megatron`` (a MoE
-layer's shared experts overlap its all-to-all: ``--moe-shared-expert-overlap``)."""
+layer's shared experts overlap its all-to-all: ``--moe-shared-expert-overlap``).
+
+MOE_KERNELS: a MoE layer's kernels beyond its dense block (megatron-core, alltoall dispatcher,
+``--moe-grouped-gemm``, router and permutation unfused as Megatron defaults them): MOE_ROUTING +
+MOE_PERMUTATION + MOE_DISPATCHER (47 forward, 30 backward). The grouped GEMM is Transformer Engine's ``GroupedLinear``, one cuBLAS GEMM per local expert: 2 forward
+(fc1, fc2), 4 backward (dgrad and wgrad of each), plus under FP8 each expert's GEMM input quantised on
+its own (2 forward, 2 backward). One device-to-host synchronisation per layer forward
+(``MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize``: the all-to-all needs the split sizes
+on the host)."""
 FP8_ARGS = {"delayed": ("hybrid", "delayed"), "current": ("hybrid", "tensorwise"), "blockwise": ("e4m3", "blockwise"),
             "mxfp8": ("e4m3", "mxfp8")}
 """Each FP8 recipe (``plan_parts.FP8_RECIPES``) as Megatron's ``--fp8-format`` / ``--fp8-recipe``

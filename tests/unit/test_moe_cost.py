@@ -214,3 +214,46 @@ def test_pre_launch_memory_check_prices_moe_memory():
     total, _, terms = peak_rank_memory(plan, m, c, 4096, 16)
     e = estimate(plan, m, c, 4096, 16)
     assert total == pytest.approx(max(e.predicted["memory_bytes"])) and terms["expert_weights"] > 0
+
+
+def test_megatron_moe_layer_kernels_match_megatron_cores_code():
+    """The routing and permutation kernels Megatron's KERNELS prices per MoE layer are what
+    megatron-core's own functions issue (counted under a TorchDispatchMode on CPU)."""
+    import sys
+    from pathlib import Path
+
+    from autotune.export import megatron as MG
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import count_moe_kernels as C
+
+    assert C.router_counts() == MG.MOE_ROUTING
+    assert C.permutation_counts() == MG.MOE_PERMUTATION
+    k = MG.KERNELS
+    assert (k.moe_fwd, k.moe_bwd) == tuple(a + b + c for a, b, c in zip(MG.MOE_ROUTING, MG.MOE_PERMUTATION,
+                                                                         MG.MOE_DISPATCHER, strict=True))
+
+
+def test_moe_layer_host_time_against_hand_count():
+    """On one node with no pipeline the step grows, over the same runtime without MoE-layer kernels,
+    by micro-batches x MoE layers x (the layer's kernels at host_s + one synchronisation): the fixed
+    kernels, then per local expert its GEMMs (and quantisations under FP8), forward and backward."""
+    import dataclasses
+
+    from autotune.cost import kernels as K
+
+    meg = kernel_costs("megatron")
+    bare = dataclasses.replace(meg, moe_fwd=0, moe_bwd=0, expert_fwd=0, expert_bwd=0, expert_fp8=0, moe_syncs=0)
+    m = load_model("qwen3-30b-a3b")
+    for dtype, quant in (("bf16", 0), ("fp8-current", 2)):
+        plan = parse_inline(f"dp=8,ep=8,mbs=1,dtype={dtype}")
+        with_k = estimate(plan, m, h100(8), 4096, 64, kernels=meg)
+        without = estimate(plan, m, h100(8), 4096, 64, kernels=bare)
+        local = m.moe.experts // 8
+        per_layer = ((meg.moe_fwd + meg.moe_bwd + local * (meg.expert_fwd + meg.expert_bwd + 2 * quant)) * meg.host_s
+                     + K.MOE_SYNC_S)
+        want = 64 / 8 * m.moe_layer_count * per_layer
+        got = with_k.predicted["step_time_s"] - without.predicted["step_time_s"]
+        assert got == pytest.approx(want, rel=0.02), (dtype, got, want)
+        assert with_k.breakdown["moe"]["moe_host_s"] == pytest.approx(want, rel=1e-9)
+        assert without.breakdown["moe"]["moe_host_s"] == 0.0
