@@ -7,7 +7,12 @@ over micro-batch sizes, sequence lengths and tensor-parallel shards:
 - ``embed``: the (vocabulary-parallel) embedding lookup of ``[b, s]`` token ids;
 - ``block``: one decoder block (norms, q/k/v/o projections, rotary, causal SDPA, SwiGLU or GeLU MLP,
   residuals) on ``[b, s, hidden]``;
-- ``head``: the final norm, the LM head and the cross-entropy, averaged to one loss.
+- ``head``: the final norm, the LM head and the cross-entropy, averaged to one loss;
+- ``moe`` (an MoE model only; its ``block`` is then its first dense layer): its first MoE block
+  (attention, router, the dispatch's permutation, the routed experts, the combine, the shared
+  experts) as one EP rank of each ``ep`` degree runs it: ``moe.experts / ep`` experts taking the rows
+  every EP rank would send them when all route as this one does (``shard_groups``), its ``1/tp`` of
+  the tokens under tp. The all-to-alls are not timed (the link model prices them).
 
 A tp shard is timed as *the shard's weights on one device*: the layers are built with a tp axis of
 size ``t`` and no process group, so every weight has its shard's shape (heads / t, ffn / t, vocab / t)
@@ -84,6 +89,29 @@ class LayerSweep:
     attention: str = "runtime"
     """Which SDPA kernels may run (``ATTENTION_MODES``)."""
     notes: list[str] = field(default_factory=list)
+    ep: tuple[int, ...] = (1,)
+    """EP degrees the ``moe`` piece is timed at (one shard of each)."""
+
+    def keys(self) -> list[tuple[str, int, int, int, int]]:
+        """Every (piece, tp, micro_batch, seq, ep) point, in the order they are timed (ep 1 but for ``moe``)."""
+        return [(piece, t, b, s, e) for piece in self.pieces for t in self.tp for b in self.micro_batches
+                for s in self.seq_lens for e in (self.ep if piece == "moe" else (1,))]
+
+
+def model_pieces(model: Any) -> tuple[str, ...]:
+    """The pieces ``profile --layers`` times of ``model``: ``PIECES``, and ``moe`` for an MoE model
+    (whose ``block`` is its first dense layer: none, none timed)."""
+    if getattr(model, "moe", None) is None:
+        return PIECES
+    dense = model.layers > model.moe_layer_count
+    return tuple(p for p in PIECES if p != "block" or dense) + ("moe",)
+
+
+def ep_sizes(model: Any, wanted: tuple[int, ...]) -> tuple[int, ...]:
+    """The EP degrees of ``wanted`` that split an MoE model's experts evenly ((1,) for a dense model)."""
+    if getattr(model, "moe", None) is None:
+        return (1,)
+    return tuple(e for e in wanted if e >= 1 and model.moe.experts % e == 0) or (1,)
 
 
 def shard_sizes(model: Any, wanted: tuple[int, ...]) -> tuple[tuple[int, ...], list[str]]:
@@ -121,7 +149,7 @@ def default_sweep(model: Any, device: str, dtype: str = "fp32", threads: int | N
     seqs, too_long = seq_lens_within(model, seqs)
     notes += [f"seq {s} skipped: > max_positions({model.max_positions})" for s in too_long]
     return LayerSweep(micro_batches=mbs, seq_lens=seqs, tp=tps, dtype=dtype, notes=notes,
-                      threads=threads or (1 if cpu else 1))
+                      threads=threads or (1 if cpu else 1), pieces=model_pieces(model), ep=ep_sizes(model, tps))
 
 
 def parse_grid(text: str | None, name: str) -> tuple[int, ...] | None:
@@ -179,19 +207,18 @@ def run_layers(model: Any, device: str, sweep: LayerSweep, progress: Progress | 
 
 
 def _measure(model, device, sweep, dtype, clock, progress) -> list[dict[str, Any]]:
-    keys = [(piece, t, b, s) for piece in sweep.pieces for t in sweep.tp for b in sweep.micro_batches
-            for s in sweep.seq_lens]
+    keys = sweep.keys()
     total = len(keys) * (1 + sweep.rounds)
     done = 0
     pieces, meters, reps = {}, {}, {}
     for key in keys:  # build and warm every point once, and size its rounds
-        p = pieces[key] = _Piece(key[0], model, key[1], key[2], key[3], device, dtype)
+        p = pieces[key] = _Piece(key[0], model, key[1], key[2], key[3], device, dtype, ep=key[4])
         for kind, fn in (("fwd", p.fwd), ("fwd_bwd", p.fwd_bwd)):
             m = meters[key, kind] = Meter(fn, device=device, clock=clock)
             reps[key, kind] = repeats_for(m.warm(1), sweep.round_s, sweep.min_repeats, sweep.max_repeats)
         done += 1
         if progress:
-            progress(done, total, f"warm {key[0]} tp{key[1]} b{key[2]} s{key[3]}")
+            progress(done, total, f"warm {key[0]} tp{key[1]} b{key[2]} s{key[3]}" + (f" ep{key[4]}" if key[4] > 1 else ""))
     for r in range(sweep.rounds):  # interleaved rounds: a burst of load spoils one round, not a point
         for key in keys:
             for kind in ("fwd", "fwd_bwd"):
@@ -201,7 +228,7 @@ def _measure(model, device, sweep, dtype, clock, progress) -> list[dict[str, Any
                 progress(done, total, f"round {r + 1}/{sweep.rounds}")
     out = []
     for key in keys:
-        piece, t, b, s = key
+        piece, t, b, s, e = key
         tf, tfb = meters[key, "fwd"].timing(), meters[key, "fwd_bwd"].timing()
         saved = pieces[key].saved()
         pt = {"piece": piece, "tp": t, "micro_batch": b, "seq": s,
@@ -209,16 +236,21 @@ def _measure(model, device, sweep, dtype, clock, progress) -> list[dict[str, Any
               "spread": max(tf.spread, tfb.spread), "unstable": bool(tf.unstable or tfb.unstable),
               "clock": tf.clock, "wall_fwd_bwd_s": tfb.wall_median_s,
               "activation_bytes": saved.total, "param_bytes": pieces[key].param_bytes}
-        if piece == "block":
+        if piece in ("block", "moe"):
             pt["attention"] = "materialized" if saved.scores else "fused"
+        if piece == "moe":
+            pt["ep"] = e
         out.append(pt)
     return out
 
 
 def model_dict(model: Any) -> dict[str, Any]:
-    """The shape fields of a ModelSpec (what a layer profile is valid for)."""
-    return {k: getattr(model, k) for k in ("name", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab",
-                                           "activation", "tied_embeddings", "norm", "bias", "position")}
+    """The shape fields of a ModelSpec (what a layer profile is valid for); an MoE model's experts too."""
+    out = {k: getattr(model, k) for k in ("name", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab",
+                                          "activation", "tied_embeddings", "norm", "bias", "position")}
+    if getattr(model, "moe", None) is not None:
+        out["moe"] = model.moe.to_dict()
+    return out
 
 
 def layer_profile_doc(model: Any, device: str, sweep: LayerSweep, points: list[dict[str, Any]],
@@ -236,7 +268,7 @@ def layer_profile_doc(model: Any, device: str, sweep: LayerSweep, points: list[d
                      "attention": _attention_ran(points, sweep.attention), "attention_asked": sweep.attention,
                      "cores": os.cpu_count(), "measure_s": measure_s, "notes": sweep.notes,
                      "grid": {"micro_batch": list(sweep.micro_batches), "seq": list(sweep.seq_lens),
-                              "tp": list(sweep.tp)}},
+                              "tp": list(sweep.tp), **({"ep": list(sweep.ep)} if "moe" in sweep.pieces else {})}},
             "points": points}
 
 

@@ -1,4 +1,9 @@
-"""One piece of the runtime's model (``embed``, ``block``, ``head``) built at a shape, with its timed calls.
+"""One piece of the runtime's model (``embed``, ``block``, ``head``, and an MoE model's ``moe``) built at a
+shape, with its timed calls.
+
+An MoE model's ``block`` is its first dense layer and ``moe`` its first MoE layer (attention, router,
+the dispatch's permutation, the routed experts of EP rank 0 of ``ep`` and the combine, the shared
+experts), timed as one process stands for its ep shard (``runtime.expert_parallel.shard_groups``).
 
 Shared by the per-layer profiles (``profilers/layers.py``) and the kernel profile's reference block
 (``profilers/block_ref.py``); its own module so that neither imports the other.
@@ -46,16 +51,31 @@ def _tp_axis(t: int):
     return Axis(size=t, index=0, ranks=list(range(t)), group=None)
 
 
-class Piece:
-    """One piece at one (tp, micro_batch, seq): its module, inputs and the two timed calls."""
+def piece_layers(piece: str, model: Any) -> list[int]:
+    """The layer a ``block`` or ``moe`` piece builds (none for ``embed`` and ``head``): a dense
+    model's layer 0; an MoE model's first dense layer, or its first MoE layer."""
+    if piece not in ("block", "moe"):
+        return []
+    found = [i for i in range(model.layers) if model.is_moe_layer(i) == (piece == "moe")]
+    if not found:
+        raise ValueError(f"model {model.name} has no {'MoE' if piece == 'moe' else 'dense'} layer")
+    return found[:1]
 
-    def __init__(self, piece: str, model: Any, t: int, b: int, s: int, device: str, dtype: Any, seed: int = 0):
+
+class Piece:
+    """One piece at one (tp, micro_batch, seq[, ep]): its module, inputs and the two timed calls."""
+
+    def __init__(self, piece: str, model: Any, t: int, b: int, s: int, device: str, dtype: Any, seed: int = 0,
+                 ep: int = 1):
         import torch
 
+        from autotune.runtime.expert_parallel import shard_groups
         from autotune.runtime.model import Layout, StageModel, build_on_meta, materialize
+        from autotune.runtime.moe import MoEContext
 
-        layout = Layout(tp=_tp_axis(t))
-        first, last, layers = piece == "embed", piece == "head", [0] if piece == "block" else []
+        moe = MoEContext(groups=shard_groups(model.moe.experts, ep, t)) if piece == "moe" else None
+        layout = Layout(tp=_tp_axis(t), moe=moe)
+        first, last, layers = piece == "embed", piece == "head", piece_layers(piece, model)
         dev = torch.device(device)
         self.module = materialize(build_on_meta(lambda: StageModel(model, layout, layers, first, last, s)),
                                   model, seed, dev, dtype)

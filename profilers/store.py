@@ -24,6 +24,7 @@ from autotune.specs.profiles import (  # noqa: F401  (the readers' old home: ``f
     LAYER_SCHEMA_VERSION,
     PIECES,
     SCHEMA_VERSION,
+    STORED_PIECES,
     UNITS,
     LayerProfileRow,
     ProfileFit,
@@ -213,11 +214,11 @@ def check_layer_doc(doc: Any, source: str | None = None) -> dict[str, Any]:
         where = f"points[{i}]"
         if not isinstance(pt, dict):
             raise _doc_error("expected an object", source, where)
-        if pt.get("piece") not in PIECES:
-            raise _doc_error(f"piece must be one of {', '.join(PIECES)}, got {pt.get('piece')!r}", source,
+        if pt.get("piece") not in STORED_PIECES:
+            raise _doc_error(f"piece must be one of {', '.join(STORED_PIECES)}, got {pt.get('piece')!r}", source,
                              f"{where}.piece")
-        for k in ("tp", "micro_batch", "seq"):
-            v = pt.get(k)
+        for k in ("tp", "micro_batch", "seq", "ep"):
+            v = pt.get(k, 1)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise _doc_error(f"expected a positive integer, got {v!r}", source, f"{where}.{k}")
         q = dict(pt)

@@ -31,8 +31,7 @@ def _twin(model: Any, sweep: Any, ready: Any, stop: Any) -> None:
     from profilers.layers import DTYPES
 
     dtype = getattr(torch, DTYPES[sweep.dtype])
-    pieces = [Piece(pc, model, t, b, s, "cpu", dtype) for pc in sweep.pieces for t in sweep.tp
-              for b in sweep.micro_batches for s in sweep.seq_lens]
+    pieces = [Piece(pc, model, t, b, s, "cpu", dtype, ep=e) for pc, t, b, s, e in sweep.keys()]
     ready.release()
     while not stop.is_set():
         for p in pieces:

@@ -149,7 +149,7 @@ def _print_layers(doc: dict[str, Any], lid: int | str) -> None:
         t.add_column(c, justify="left" if c in ("piece", "") else "right")
     for p in doc["points"]:
         act = p.get("activation_bytes")
-        t.add_row(p["piece"], str(p["tp"]), str(p["micro_batch"]), str(p["seq"]), fmt_time(p["fwd_s"]),
+        t.add_row(p["piece"] + (f" ep{p['ep']}" if "ep" in p else ""), str(p["tp"]), str(p["micro_batch"]), str(p["seq"]), fmt_time(p["fwd_s"]),
                   fmt_time(p["bwd_s"]), fmt_bytes(act) if act is not None else "-",
                   "unstable" if p.get("unstable") else "")
     console.print(t)

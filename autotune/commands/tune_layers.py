@@ -54,32 +54,37 @@ def candidate_dtypes(cluster: Any) -> list[str]:
     return [dt for dt in ("bf16", "fp16", "fp32") if all(dt in t.peak_flops for t in types)]
 
 
-def layer_grid(model: Any, global_batch: int, world: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(micro-batch sizes, tp shards) the search on ``world`` local ranks can price: every divisor of
-    the global batch, and every tp dividing the world that splits the model evenly."""
-    from profilers.layers import shard_sizes
+def layer_grid(model: Any, global_batch: int, world: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """(micro-batch sizes, tp shards, ep degrees) the search on ``world`` local ranks can price: every
+    divisor of the global batch, every tp dividing the world that splits the model evenly, and for an
+    MoE model every ep dividing the world and its experts ((1,) for a dense model)."""
+    from profilers.layers import ep_sizes, shard_sizes
 
     mbs = tuple(b for b in range(1, global_batch + 1) if global_batch % b == 0)
-    tps, _ = shard_sizes(model, tuple(t for t in range(1, world + 1) if world % t == 0))
-    return mbs, tps
+    divisors = tuple(t for t in range(1, world + 1) if world % t == 0)
+    tps, _ = shard_sizes(model, divisors)
+    return mbs, tps, ep_sizes(model, divisors)
 
 
-def _sweep(mbs: tuple[int, ...], seq: int, tps: tuple[int, ...], dtype: str, pieces: tuple[str, ...]) -> Any:
+def _sweep(mbs: tuple[int, ...], seq: int, tps: tuple[int, ...], dtype: str, pieces: tuple[str, ...],
+           eps: tuple[int, ...] = (1,)) -> Any:
     from profilers.layers import LayerSweep
 
-    return LayerSweep(micro_batches=mbs, seq_lens=(seq,), tp=tps, dtype=dtype, pieces=pieces, threads=1)
+    return LayerSweep(micro_batches=mbs, seq_lens=(seq,), tp=tps, dtype=dtype, pieces=pieces, threads=1, ep=eps)
 
 
 def per_token_s(doc: dict[str, Any], layers: int, update: dict[str, Any] | None = None,
                 global_batch: int | None = None) -> float:
-    """Seconds per token of ``layers`` blocks and the head, fwd + bwd, at the doc's largest tp-1
-    micro-batch; with ``update`` (``profilers/update_costs.measure_update``) also one micro-batch's
+    """Seconds per token of ``layers`` blocks (an MoE model's dense and MoE blocks) and the head, fwd +
+    bwd, at the doc's largest tp-1 (ep-1) micro-batch; with ``update`` (``profilers/update_costs.measure_update``) also one micro-batch's
     gradient accumulation and the step's update shared over ``global_batch`` sequences."""
-    pts = [p for p in doc["points"] if p["tp"] == 1]
+    pts = [p for p in doc["points"] if p["tp"] == 1 and p.get("ep", 1) == 1]
     b = max(p["micro_batch"] for p in pts)
     t = {p["piece"]: p["fwd_s"] + p["bwd_s"] for p in pts if p["micro_batch"] == b}
     seq = next(p["seq"] for p in pts)
-    per = (layers * t["block"] + t.get("head", 0.0)) / (b * seq)
+    moe = (doc.get("model") or {}).get("moe")  # an MoE model: its dense layers time as ``block``, the rest ``moe``
+    n_moe = layers - len(moe["dense_layers"]) if moe else 0
+    per = ((layers - n_moe) * t.get("block", 0.0) + n_moe * t.get("moe", 0.0) + t.get("head", 0.0)) / (b * seq)
     if update:
         n = update["params"]
         per += update["accumulate_s_per_param"] * n / (b * seq)
@@ -97,6 +102,13 @@ def _timed(model: Any, sweep: Any, world: int) -> tuple[dict[str, Any], dict[str
         return profile_layers(model, "cpu", sweep), measure_update(model, sweep.dtype)
 
 
+def _probe_pieces(model: Any) -> tuple[str, ...]:
+    """The pieces the precision probe times: every block kind the model has, and the head."""
+    from profilers.layers import model_pieces
+
+    return tuple(p for p in model_pieces(model) if p != "embed")
+
+
 def choose_precision(model: Any, seq: int, global_batch: int, dtypes: list[str], say: Any,
                      world: int = 1) -> Precision:
     """Time one block and the head at ``PROBE_MBS`` in each of ``dtypes`` (beside ``world - 1``
@@ -107,7 +119,7 @@ def choose_precision(model: Any, seq: int, global_batch: int, dtypes: list[str],
     b = min(PROBE_MBS, global_batch)
     per = {}
     for dt in dtypes:
-        doc, update = _timed(model, _sweep((b,), seq, (1,), dt, ("block", "head")), world)
+        doc, update = _timed(model, _sweep((b,), seq, (1,), dt, _probe_pieces(model)), world)
         per[dt] = per_token_s(doc, model.layers, update, global_batch)
     best = min(per, key=per.get)
     others = ", ".join(f"{dt} {per[dt] * 1e6:,.0f}" for dt in dtypes if dt != best)
@@ -120,13 +132,15 @@ def measure_layers(model: Any, seq: int, global_batch: int, world: int, dtype: s
     """Time the model's pieces on the grid the search prices, store them; the ``layers:ID``."""
     import time
 
+    from profilers.layers import model_pieces
     from profilers.store import save_layer_profile
 
-    mbs, tps = layer_grid(model, global_batch, world)
+    mbs, tps, eps = layer_grid(model, global_batch, world)
     say(f"timing {model.name}'s layers in {dtype} (micro-batches {', '.join(map(str, mbs))}; "
-        f"tp {', '.join(map(str, tps))}) ...")
+        f"tp {', '.join(map(str, tps))}" + (f"; MoE block at ep {', '.join(map(str, eps))}" if model.moe else "")
+        + ") ...")
     t0 = time.perf_counter()
-    doc, update = _timed(model, _sweep(mbs, seq, tps, dtype, ("embed", "block", "head")), world)
+    doc, update = _timed(model, _sweep(mbs, seq, tps, dtype, model_pieces(model), eps), world)
     meta = {**(doc.get("meta") or {}), "update": update}
     if world >= 2:  # ZeRO-2/3 shard over at least two ranks: what FSDP2 adds to their step
         from profilers.fsdp_costs import measure_fsdp

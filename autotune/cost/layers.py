@@ -53,6 +53,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.errors import InputError
+from autotune.specs.profiles import MOE_PIECE
 
 SHAPE_KEYS = ("hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "activation")
 ARCH_KEYS = ("norm", "bias", "position")
@@ -135,8 +136,9 @@ class LayerTable:
     def __init__(self, doc: dict[str, Any]):
         self.ref = f"layers:{doc.get('id')}"
         self.origin = str(doc.get("origin") or "measured")
-        self.rows: dict[str, dict[int, list[tuple[int, int, float, float]]]] = {}
-        self.act: dict[str, dict[int, list[tuple[int, int, float, float]]]] = {}
+        self.rows: dict[tuple[str, int], dict[int, list[tuple[int, int, float, float]]]] = {}
+        """By (piece, ep: 1 but for an MoE model's ``moe`` piece), then tp shard."""
+        self.act: dict[tuple[str, int], dict[int, list[tuple[int, int, float, float]]]] = {}
         """Points with measured activation bytes (as (mbs, seq, bytes, bytes): the time rows' shape)."""
         meta = doc.get("meta") or {}
         self.update: tuple[float, float] | None = None
@@ -157,18 +159,18 @@ class LayerTable:
                 if meta["fsdp"].get(z) is not None:
                     self.fsdp[int(z)] = _rates(meta["fsdp"][z], f"meta.fsdp.{z}", FSDP_KEYS, self.ref)
         for p in doc.get("points") or []:
-            key = (int(p["micro_batch"]), int(p["seq"]))
-            self.rows.setdefault(p["piece"], {}).setdefault(int(p["tp"]), []).append(
+            key, piece_ep = (int(p["micro_batch"]), int(p["seq"])), (p["piece"], int(p.get("ep", 1)))
+            self.rows.setdefault(piece_ep, {}).setdefault(int(p["tp"]), []).append(
                 (*key, float(p["fwd_s"]), float(p["bwd_s"])))
             if p.get("activation_bytes"):
                 a = float(p["activation_bytes"])
-                self.act.setdefault(p["piece"], {}).setdefault(int(p["tp"]), []).append((*key, a, a))
+                self.act.setdefault(piece_ep, {}).setdefault(int(p["tp"]), []).append((*key, a, a))
 
     def lookup_bytes(self, piece: str, mbs: int, seq: int, tp: int) -> tuple[float, str] | None:
         """(activation bytes one call of ``piece`` keeps for backward, how) at (mbs, seq, tp), or None
         when the profile measured none. Interpolated as the times are; beyond the measured shards the
         nearest one scaled by t0 / tp (the split tensors dominate)."""
-        shards = self.act.get(piece)
+        shards = self.act.get((piece, 1))
         if not shards:
             return None
         tps = sorted(shards)
@@ -178,8 +180,10 @@ class LayerTable:
             a, exact = a * t0 / tp, False
         return a, f"{self.ref} ({self.origin}), {'measured' if exact else 'interpolated'}"
 
-    def lookup(self, piece: str, mbs: int, seq: int, tp: int) -> Lookup | None:
-        shards = self.rows.get(piece)
+    def lookup(self, piece: str, mbs: int, seq: int, tp: int, ep: int = 1) -> Lookup | None:
+        """Seconds of ``piece`` at (mbs, seq, tp), and for ``moe`` at the EP degree ``ep`` (only one
+        measured: an EP shard holds other experts and takes other rows, not interpolated)."""
+        shards = self.rows.get((piece, ep))
         if not shards:
             return None
         tps = sorted(shards)
@@ -206,9 +210,13 @@ class LayerTable:
 
 
 def matches(doc: dict[str, Any], model: Any, dtype: str) -> bool:
+    """Same precision, shape and build; for an MoE model the same experts where the document records
+    them (its ``moe`` points were timed with those)."""
     m = doc.get("model") or {}
+    moe = getattr(model, "moe", None)
     return (doc.get("dtype") == dtype and all(m.get(k) == getattr(model, k) for k in SHAPE_KEYS)
-            and all(m[k] == getattr(model, k) for k in ARCH_KEYS if k in m))
+            and all(m[k] == getattr(model, k) for k in ARCH_KEYS if k in m)
+            and ("moe" not in m or (moe is not None and m["moe"] == moe.to_dict())))
 
 
 _TABLES: dict[int, LayerTable] = {}
@@ -277,6 +285,18 @@ def piece(ctx: Any, name: str) -> Lookup | None:
     if table is None:
         return None
     return table.lookup(name, ctx.step.mbs, ctx.tokens, ctx.step.tp)
+
+
+def moe_piece(ctx: Any) -> Lookup | None:
+    """Seconds (fwd, bwd) of one MoE block's compute on this rank for its micro-batch, measured at
+    its EP degree under even shares (``profile --layers``' ``moe`` piece: attention, router,
+    permutation, this EP rank's experts on their mean load, combine, shared experts; no exchange),
+    or None: no such point, a rank the profile cannot price (``applies``), or expert-TP (not timed)."""
+    table = applies(ctx)
+    x = ctx.step.experts
+    if table is None or x is None or x.etp > 1:
+        return None
+    return table.lookup(MOE_PIECE, ctx.step.mbs, ctx.tokens, ctx.step.tp, x.ep)
 
 
 def shard_piece(ctx: Any, name: str) -> Lookup | None:
@@ -350,7 +370,7 @@ def activation_scale(ctx: Any) -> tuple[float, str] | None:
 
     s = ctx.step
     table = table_for(ctx.spec, s.model, s.dtype)
-    if table is None or not table.act.get("block"):
+    if table is None or not table.act.get(("block", 1)):
         return None
     seq = ctx.tokens if applies(ctx) is not None else s.seq_len
     got = table.lookup_bytes("block", s.mbs, seq, s.tp)

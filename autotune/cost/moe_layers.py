@@ -24,7 +24,7 @@ from autotune.cost import kernels as K
 from autotune.cost import moe_memory as MM
 from autotune.cost import moe_router as MR
 from autotune.cost.activations import layer_activation_bytes
-from autotune.cost.compute import LayerCompute, layer_compute
+from autotune.cost.compute import LayerCompute, layer_compute, rescaled_block
 from autotune.plan_parts import FP8_RECIPES
 
 if TYPE_CHECKING:
@@ -82,17 +82,18 @@ def base_block(ctx: RankContext, width: int) -> tuple[LayerCompute, float, float
     return lc, kept, full, scores
 
 
-def moe_terms(ctx: RankContext, shared_fwd: float) -> MoETerms:
+def moe_terms(ctx: RankContext, shared_fwd: float, shape: tuple[ER.RankLoad, ...] | None = None) -> MoETerms:
     """The router, routed experts and exchange of one MoE layer on this rank (``shared_fwd``: the
     shared experts' forward GEMM seconds, what Megatron-Core overlaps the exchange with). Every EP
     rank of its group is priced on its own device at its own share, and the layer waits for the
-    slowest (``expert_ranks.py``)."""
+    slowest (``expert_ranks.py``); ``shape``: every EP rank on this rank's device at these loads
+    instead (``measured_moe``: the shape a layer profile timed)."""
     s, x, m = ctx.step, ctx.step.experts, ctx.step.model
     e = m.moe
     n = tokens_in(ctx)
     width = e.expert_ffn_hidden / x.etp
-    loads = ER.loads(e, x.ep, x.etp, n, x.shares)
-    peers = ctx.expert_peers or ((ctx.rates, ctx.cf),) * x.ep
+    loads = shape or ER.loads(e, x.ep, x.etp, n, x.shares)
+    peers = (None if shape else ctx.expert_peers) or ((ctx.rates, ctx.cf),) * x.ep
     secs = [cf * ER.expert_seconds(r, m, ld, width, s.bpe) for (r, cf), ld in zip(peers, loads, strict=True)]
     slow = loads[ER.pace(secs)]
     own = loads[ctx.expert_links.ep_index]
@@ -134,3 +135,26 @@ def shared_gemm_fwd(ctx: RankContext) -> float:
     """Forward GEMM seconds of the shared experts on this rank (tp-split, as the dense FFN)."""
     s, m = ctx.step, ctx.step.model
     return GG.mlp_gemm_time(ctx.rates, m, ctx.tokens_local, m.moe.shared_width / s.tp)
+
+
+def measured_moe(ctx: RankContext, lc: LayerCompute, t: MoETerms, fwd: float, bwd: float,
+                 shared_fwd: float) -> tuple[LayerCompute, MoETerms]:
+    """The MoE block (``lc``: attention and shared experts; ``t``: router and routed experts) on the
+    scale of a layer profile's ``moe`` piece (``fwd``/``bwd`` seconds, ``layers.moe_piece``), as
+    ``layers.reconciled_block`` puts a block on a profile's scale: the piece timed one EP rank of
+    even shares on its mean load, so both are multiplied by measured / this model's price of that
+    shape (``share = experts / ep``, imbalance 1). On that shape the price is the measurement; the
+    busiest rank's extra experts or load (uneven shares, the dropless spread, capacity padding) keep
+    their modelled share on the measured scale. Exchange terms are left as they are (not timed)."""
+    x, e = ctx.step.experts, ctx.step.model.moe
+    share = e.experts // x.ep
+    routed = x.ep * x.etp * tokens_in(ctx)
+    mean = ER.RankLoad(share=share, imbalance=1.0, received=routed * e.top_k * share / e.experts)
+    even = moe_terms(ctx, shared_fwd, shape=(mean,) * x.ep)
+    cf = ctx.cf
+    rf = fwd / max(lc.fwd + even.comp_f / cf, 1e-30)
+    rb = bwd / max(lc.bwd + even.comp_b / cf, 1e-30)
+    both = (rf * t.comp_f + rb * t.comp_b) / max(t.comp_f + t.comp_b, 1e-30)
+    scaled = dataclasses.replace(t, comp_f=rf * t.comp_f, comp_b=rb * t.comp_b, router_s=both * t.router_s,
+                                 host_s=both * t.host_s, experts_s=both * t.experts_s)
+    return rescaled_block(lc, rf * lc.fwd, rb * lc.bwd), scaled

@@ -218,7 +218,15 @@ def _moe_blocks(ctx: RankContext) -> tuple[tuple[BlockTimes, ...], tuple[float, 
     s, x, m = ctx.step, ctx.step.experts, ctx.step.model
     lc_d, kd, fd, sd = ML.base_block(ctx, m.dense_ffn_width)
     lc_m, km, fm, sm = ML.base_block(ctx, m.moe.shared_width)
-    t = ML.moe_terms(ctx, ML.shared_gemm_fwd(ctx))
+    shared_fwd = ML.shared_gemm_fwd(ctx)
+    t = ML.moe_terms(ctx, shared_fwd)
+    # measured layers first (cost/layers.py): the dense layers from the profile's ``block`` (an MoE
+    # model's first dense layer), the MoE layers on the scale of its ``moe`` piece at this EP degree
+    blk, moe_hit = LY.piece(ctx, "block"), LY.moe_piece(ctx)
+    if blk is not None:
+        lc_d = LY.measured_block(lc_d, blk)
+    if moe_hit is not None:
+        lc_m, t = ML.measured_moe(ctx, lc_m, t, moe_hit.fwd, moe_hit.bwd, shared_fwd)
     bd, bm = block_times(ctx, lc_d), block_times(ctx, lc_m)
     if not m.moe.shared_width:  # tp's second gather/scatter pair is the FFN's: routed tokens leave in their
         bm.tp_f, bm.tp_b = 0.5 * bm.tp_f, 0.5 * bm.tp_b  # sequence-parallel slices (expert_dispatch.py)

@@ -65,6 +65,24 @@ def single_groups(experts: int) -> ExpertGroups:
     return ExpertGroups(shares=(experts,), ep=_solo(), etp=_solo(), edp=_solo(), route=_solo(), token_split=_solo())
 
 
+def shard_groups(experts: int, ep: int, tp: int) -> ExpertGroups:
+    """One process timing the work of EP rank 0 of ``ep`` under even shares, with ``tp`` ranks that
+    hold the same tokens (``profile --layers``): axes of their sizes and no process group. The
+    exchanges loop back (``_loopback``): the rank routes its ``1/tp`` of the tokens, and the rows it
+    sends to EP rank ``j`` stand for the rows it receives from ``j``, as when every EP rank routes as
+    this one does; what would travel is priced by the link model, not timed here."""
+    if ep < 1 or experts % ep:
+        raise ValueError(f"ep({ep}) does not divide the {experts} experts evenly")
+    return ExpertGroups(shares=(experts // ep,) * ep, ep=Axis(size=ep, index=0, ranks=list(range(ep)), group=None),
+                        etp=_solo(), edp=_solo(), route=_solo(),
+                        token_split=Axis(size=tp, index=0, ranks=list(range(tp)), group=None))
+
+
+def _loopback(axis: Axis) -> bool:
+    """An axis of several ranks without a group: one process standing for them (``shard_groups``)."""
+    return axis.size > 1 and axis.group is None
+
+
 def _axis(groups: list[list[int]], rank: int, timeout_s: float | None) -> Axis:
     """This rank's group among ``groups``; every group is created on every rank, in the same order
     (``new_group`` is collective)."""
@@ -118,6 +136,8 @@ def _part(x: torch.Tensor, axis: Axis) -> torch.Tensor:
 
 
 def _gather(x: torch.Tensor, axis: Axis) -> torch.Tensor:
+    if _loopback(axis):  # every rank's part taken to be this one's: the same bytes copied
+        return x.repeat(axis.size, *([1] * (x.dim() - 1)))
     out = x.new_empty((x.shape[0] * axis.size, *x.shape[1:]))
     (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(out, x.contiguous(), group=axis.group)
     return out
@@ -206,10 +226,12 @@ class _Exchange:
 
 def _plan_exchange(counts: torch.Tensor, groups: ExpertGroups) -> _Exchange:
     """``counts`` ``[E]``: this rank's rows per global expert."""
-    every = _gather_counts(counts, groups.ep)  # [ep, E]
     first, n = expert_range(groups.shares, groups.ep.index)
     bounds = [expert_range(groups.shares, j) for j in range(len(groups.shares))]
     send = [int(counts[a:a + c].sum()) for a, c in bounds]
+    if _loopback(groups.ep):  # the rows sent to EP rank j (sorted by expert) come back as j's rows
+        return _Exchange(send=send, recv=send, per_expert=counts.view(groups.ep.size, n))
+    every = _gather_counts(counts, groups.ep)  # [ep, E]
     per_expert = every[:, first:first + n]
     return _Exchange(send=send, recv=[int(v) for v in per_expert.sum(dim=1)], per_expert=per_expert)
 

@@ -236,12 +236,12 @@ class MoELayer(nn.Module):
         routing = route(self.router, x, self.moe, self.ctx)
         g = self.ctx.groups
         tokens, idx, weights, keep = x.reshape(-1, h), routing.experts, routing.weights, routing.keep
-        if g.token_split.group is not None:  # tp ranks hold the same tokens: each sends its own part
+        if g.token_split.size > 1:  # tp ranks hold the same tokens: each sends its own part
             tokens, weights = split_tokens(tokens, g.token_split), split_tokens(weights, g.token_split)
             idx = split_tokens(idx, g.token_split)
             keep = None if keep is None else split_tokens(keep, g.token_split)
         y = dispatch_and_combine(tokens, idx, weights.to(x.dtype), keep, self.experts, self.first_expert, g)
-        if g.token_split.group is not None:
+        if g.token_split.size > 1:
             y = gather_tokens(y, g.token_split)
         y = y.view(b, s, h)
         if self.moe.shared_experts:

@@ -57,6 +57,14 @@ UNITS = {
 
 
 PIECES = ("embed", "block", "head")
+"""The pieces of every model's layer profile (an MoE model's ``block`` is its first dense layer)."""
+
+
+MOE_PIECE = "moe"
+"""An MoE model's MoE block, one point per EP degree it was timed at (``ep``)."""
+
+
+STORED_PIECES = (*PIECES, MOE_PIECE)
 
 
 LAYER_DOC_KIND = "autotune-layer-profile"
@@ -67,7 +75,8 @@ LAYER_SCHEMA_VERSION = 1
 
 LAYER_UNITS = {"time": "s per call of the piece (fwd_s, bwd_s, fwd_bwd_s)",
                "memory": "bytes (activation_bytes: saved for backward per call; param_bytes: the shard's)",
-               "micro_batch": "samples", "seq": "tokens", "tp": "shards the piece's weights are split into"}
+               "micro_batch": "samples", "seq": "tokens", "tp": "shards the piece's weights are split into",
+               "ep": "expert-parallel ranks the moe piece's experts are split over (it times one)"}
 
 
 class Base(DeclarativeBase):
