@@ -429,7 +429,8 @@ def precision_notes(cluster: Any, model: Any, dtype: str) -> list[str]:
 
 
 def rank_sources(ctx: Any) -> dict[str, str]:
-    """What priced each compute term of the rank of ``ctx``, as ``rank.rank_cost`` does: the layer
+    """What priced each compute term of the rank of ``ctx`` (and an MoE model's ``moe`` layers), as
+    ``rank.rank_cost`` does: the layer
     profile where it prices the piece, the fallback on the profile's scale (``block_scale``) or the
     profile at the shard's length (``shard_piece``) where a split keeps it from the block, else
     the fallback (the kernel profile or the datasheet, as ``Rates.source`` says)."""
@@ -444,6 +445,9 @@ def rank_sources(ctx: Any) -> dict[str, str]:
         if hit is None:
             hit = shard_piece(ctx, name)
         out[name] = hit.source if hit is not None else fallback
+    if ctx.step.experts is not None:  # an MoE model's MoE layers (``rank._moe_blocks``)
+        hit = moe_piece(ctx)
+        out[MOE_PIECE] = f"{hit.source} (ep {ctx.step.experts.ep})" if hit is not None else fallback
     return out
 
 

@@ -9,12 +9,36 @@ from autotune.specs import load_model
 
 def test_grid_is_every_micro_batch_the_batch_allows_and_every_tp_the_model_splits_into():
     small = load_model("small")
-    mbs, tps = TL.layer_grid(small, 8, 2)
-    assert mbs == (1, 2, 4, 8) and tps == (1, 2)
-    mbs, tps = TL.layer_grid(small, 6, 4)
+    mbs, tps, eps = TL.layer_grid(small, 8, 2)
+    assert mbs == (1, 2, 4, 8) and tps == (1, 2) and eps == (1,)
+    mbs, tps, _ = TL.layer_grid(small, 6, 4)
     assert mbs == (1, 2, 3, 6)
     assert tps == tuple(t for t in (1, 2, 4) if all(v % t == 0 for v in (small.heads, small.kv_heads,
                                                                           small.ffn_hidden, small.vocab)))
+
+
+@pytest.mark.parametrize("world", [1, 2, 4, 8])
+def test_an_moe_models_grid_times_every_ep_the_search_can_choose(world):
+    """The moe piece is timed at every EP degree the default space offers on ``world`` local ranks
+    (its own list, ``ep_divs``), so no searched MoE plan falls back for want of its ep."""
+    from autotune.specs import load_cluster
+    from search_spaces.base import SearchContext
+    from search_spaces.default import DefaultSpace
+
+    moe = load_model("tiny-moe")
+    space = DefaultSpace(SearchContext(model=moe, cluster=load_cluster(f"local:{world}"), seq_len=64,
+                                       global_batch=8))
+    assert TL.layer_grid(moe, 8, world)[2] == tuple(space.ep_divs)
+
+
+def test_per_token_cost_of_an_moe_model_counts_its_dense_and_moe_blocks():
+    moe = load_model("tiny-moe")
+    doc = _doc(3e-3, 1e-3)
+    doc["points"].append({"piece": "moe", "tp": 1, "ep": 1, "micro_batch": 2, "seq": 16, "fwd_s": 2e-3, "bwd_s": 3e-3})
+    doc["points"].append({"piece": "moe", "tp": 1, "ep": 2, "micro_batch": 2, "seq": 16, "fwd_s": 9.0, "bwd_s": 9.0})
+    doc["model"] = {"moe": moe.moe.to_dict()}
+    dense, n_moe = len(moe.moe.dense_layers), moe.moe_layer_count
+    assert TL.per_token_s(doc, moe.layers) == pytest.approx((dense * 3e-3 + n_moe * 5e-3 + 1e-3) / 32)
 
 
 def _doc(block_s, head_s, mbs=2, seq=16):
