@@ -141,13 +141,16 @@ def test_on_the_shape_it_timed_a_layer_is_priced_at_its_measurement(inline, moe)
 def test_uneven_shares_keep_their_modelled_extra_on_the_measured_scale():
     """The busiest EP rank holding 5 of 8 experts computes more than the even shard that was timed;
     by the model's ratio of the two shapes."""
+    from autotune.cost import expert_ranks as ER
     from autotune.cost import moe_layers as ML
 
     m = _balanced()
     ctx = _ctx(m, "dp=2,ep=2,experts=5/3")
     lc, _, _, _ = ML.base_block(ctx, m.moe.shared_width)
     shared = ML.shared_gemm_fwd(ctx)
-    plan_t, even_t = ML.moe_terms(ctx, shared), ML.moe_terms(ctx, shared, share=4, imbalance=1.0)
+    routed = 2 * ML.tokens_in(ctx)  # two EP ranks route their tokens; four experts each, top-2 of 8
+    even = ER.RankLoad(share=4, imbalance=1.0, received=routed * 2 * 4 / 8)
+    plan_t, even_t = ML.moe_terms(ctx, shared), ML.moe_terms(ctx, shared, shape=(even, even))
     ratio = (lc.fwd + plan_t.comp_f) / (lc.fwd + even_t.comp_f)  # cf = 1
     n_moe, n = m.moe_layer_count, m.layers
     assert ratio > 1.0
