@@ -241,6 +241,7 @@ class Leader:
                   seed: int, timeout_s: float, device: str = "auto", data: str | None = None,
                   data_dtype: str = "auto") -> Any:
         """validate's runner: the trial on every node, one TrialResult from all ranks."""
+        from autotune import machine_load
         from autotune.export import launch as L
         from autotune.plan_record import PlanRecord
         from autotune.runtime.data import prepare_data
@@ -255,38 +256,43 @@ class Leader:
         self.check_alive(force=True)
         self.store.set(f"trial/{i}", json.dumps({"lines": [c.shell() for c in cmds], "nodes": [c.node for c in cmds],
                                                  "world": resolved.world, "out": str(out), "timeout_s": timeout_s}))
-        t0 = time.perf_counter()
-        try:
-            res, proc = L.run_node(cmds[0], out, world=resolved.world, nodes=len(cmds), timeout_s=timeout_s,
-                                   poll=self.check_alive)
-            wall = time.perf_counter() - t0
-            failures: list[tuple[float, dict[str, Any]]] = []
-            reports = list(res.results or [])
-            if res.failure is not None:
-                failures.append((res.extra.get("time", time.time()), res.failure))
-            end = time.monotonic() + timeout_s + RESULT_GRACE_S
-            for k in range(1, len(cmds)):
-                while not self.store.check([f"result/{i}/{k}"]):
-                    self.check_alive()
-                    if time.monotonic() > end:
-                        raise WorkError(f"{self.name(k)} sent no result of trial {i} within "
-                                        f"{timeout_s + RESULT_GRACE_S:g} s")
-                    time.sleep(0.1)
-                msg = json.loads(self.store.get(f"result/{i}/{k}"))
-                if "error" in msg:  # its torchrun could not be run or watched: the node, not the plan
-                    raise WorkError(f"{self.name(k)}: {msg['error']}")
-                if "failure" in msg:
-                    failures.append((msg["time"], {x: msg["failure"][x] for x in ("kind", "rank", "message")}))
-                else:
-                    reports += msg["reports"]
-        finally:
-            shutil.rmtree(out, ignore_errors=True)
+        # this host's load while the trial ran, as a one-host trial records it (validate compares it with the profile's)
+        with machine_load.watch() as load:
+            t0 = time.perf_counter()
+            try:
+                res, proc = L.run_node(cmds[0], out, world=resolved.world, nodes=len(cmds), timeout_s=timeout_s,
+                                       poll=self.check_alive)
+                wall = time.perf_counter() - t0
+                failures: list[tuple[float, dict[str, Any]]] = []
+                reports = list(res.results or [])
+                if res.failure is not None:
+                    failures.append((res.extra.get("time", time.time()), res.failure))
+                end = time.monotonic() + timeout_s + RESULT_GRACE_S
+                for k in range(1, len(cmds)):
+                    while not self.store.check([f"result/{i}/{k}"]):
+                        self.check_alive()
+                        if time.monotonic() > end:
+                            raise WorkError(f"{self.name(k)} sent no result of trial {i} within "
+                                            f"{timeout_s + RESULT_GRACE_S:g} s")
+                        time.sleep(0.1)
+                    msg = json.loads(self.store.get(f"result/{i}/{k}"))
+                    if "error" in msg:  # its torchrun could not be run or watched: the node, not the plan
+                        raise WorkError(f"{self.name(k)}: {msg['error']}")
+                    if "failure" in msg:
+                        failures.append((msg["time"], {x: msg["failure"][x] for x in ("kind", "rank", "message")}))
+                    else:
+                        reports += msg["reports"]
+            finally:
+                shutil.rmtree(out, ignore_errors=True)
         if failures:
             return TrialResult(plan=PlanRecord(resolved).to_dict(), measured=None, losses=[], failure=min(failures,
                                key=lambda f: f[0])[1])
-        return result_from_reports(resolved, reports, global_batch=global_batch, seq_len=seq_len, steps=steps,
-                                   warmup=warmup, seed=seed, device=_device_kind(device), emulate=None,
-                                   data=desc, wall_s=wall)
+        result = result_from_reports(resolved, reports, global_batch=global_batch, seq_len=seq_len, steps=steps,
+                                     warmup=warmup, seed=seed, device=_device_kind(device), emulate=None,
+                                     data=desc, wall_s=wall)
+        if result.measured is not None:
+            result.measured["load"] = load
+        return result
 
     # -- the end ------------------------------------------------------------------------------------
     def close(self, error: str | None, code: int) -> None:
