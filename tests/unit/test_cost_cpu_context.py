@@ -10,6 +10,7 @@ from _cost_helpers import HUGE, device
 from autotune.cost import memory as M
 from autotune.cost.compute import head_compute, layer_compute, rates_for
 from autotune.cost.cpu import Context, _line
+from autotune.errors import InputError
 from profilers.block_ref import (
     FIXED_MODEL,
     FIXED_SEQ,
@@ -76,8 +77,9 @@ def test_context_is_cpu_only_and_needs_its_points():
     assert rates_for(device(kind="cpu", profile=prof), "fp32", 32).cpu.context is None  # not measured in fp32
     one = {**prof, "block_ref": {"bf16": {"shape": ref_shape(), "points": prof["block_ref"]["bf16"]["points"][:2]}}}
     assert rates_for(device(kind="cpu", profile=one), "bf16", 32).cpu.context is None
-    assert rates_for(device(kind="cpu", profile={**BASE, "block_ref": {"bf16": {"points": "junk"}}}), "bf16",
-                     32).cpu.context is None
+    # too few points leave the context out; a malformed measurement is refused in one line naming it
+    with pytest.raises(InputError, match=r"block_ref\.bf16: malformed measurement"):
+        rates_for(device(kind="cpu", profile={**BASE, "block_ref": {"bf16": {"points": "junk"}}}), "bf16", 32)
 
 
 def test_without_the_fixed_shape_the_line_runs_through_two_micro_batches_and_sets_no_floor():
@@ -106,16 +108,19 @@ def test_profile_measures_the_reference_on_cpu_only_and_fits_its_rows():
     assert sorted(fit["bf16"]["points"]) == sorted([p, b, 1e-3 * (b + 1), 2e-3 * (b + 1)] for p, b in ref_points("cpu"))
 
 
+def _best_of(fn, n=3):
+    """The least of ``n`` calls of ``fn`` on the thread's clock."""
+    ts = []
+    for _ in range(n):
+        t0 = time.thread_time()
+        fn()
+        ts.append(time.thread_time() - t0)
+    return min(ts)
+
+
 def _thread_time(fn, rounds=5, n=3):
     fn()
-    best = []
-    for _ in range(rounds):
-        ts = []
-        for _ in range(n):
-            t0 = time.thread_time()
-            fn()
-            ts.append(time.thread_time() - t0)
-        best.append(min(ts))
+    best = [_best_of(fn, n) for _ in range(rounds)]
     return sorted(best)[len(best) // 2]
 
 
@@ -125,14 +130,7 @@ def _side_by_side_saving(one, four, per, rounds=7, n=3):
     one(), four()
     ratios = []
     for _ in range(rounds):
-        best = []
-        for fn in (one, four):
-            ts = []
-            for _ in range(n):
-                t0 = time.thread_time()
-                fn()
-                ts.append(time.thread_time() - t0)
-            best.append(min(ts))
+        best = [_best_of(fn, n) for fn in (one, four)]
         ratios.append((best[0] / per[0]) / (best[1] / per[1]))
     return sorted(ratios)[len(ratios) // 2]
 
