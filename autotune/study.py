@@ -41,6 +41,19 @@ _MEMORY_STORAGES: dict[str, Any] = {}
 _RDB_STORAGES: dict[tuple[str, int], Any] = {}
 
 
+def _absolute_sqlite(url: str) -> str:
+    """``url`` with a relative SQLite file made absolute against today's working directory (other
+    URLs unchanged): SQLAlchemy opens a relative file against whatever directory is current when a
+    connection is made, which is not always the one the user named it in."""
+    prefix = "sqlite:///"
+    if not url.startswith(prefix):
+        return url
+    path, sep, query = url[len(prefix):].partition("?")
+    if not path or path == ":memory:" or os.path.isabs(path):
+        return url
+    return prefix + os.path.abspath(path) + sep + query
+
+
 def storage_for(url: str, *, create: bool = True) -> Any:
     """An Optuna storage object for ``url`` (RDB URL, ``*.log`` journal file or ``:memory:``)."""
     import optuna
@@ -60,8 +73,11 @@ def storage_for(url: str, *, create: bool = True) -> Any:
     if "://" not in url:
         raise InputError(f"bad storage {url!r}; write a SQLAlchemy URL such as sqlite:///results/autotune.db, "
                          "a journal file path ending in .log, or :memory:", field="--storage")
-    cached = _RDB_STORAGES.get((url, os.getpid()))
-    if cached is not None and (not url.startswith("sqlite:///") or Path(url[len("sqlite:///"):]).exists()):
+    engine_url = _absolute_sqlite(url)
+    # keyed by the absolute file: a relative URL names another file once the working directory
+    # changes (a cached engine kept answering from the first directory's database)
+    cached = _RDB_STORAGES.get((engine_url, os.getpid()))
+    if cached is not None and (not url.startswith("sqlite:///") or Path(engine_url[len("sqlite:///"):]).exists()):
         return cached
     engine_kwargs: dict[str, Any] = {}
     if url.startswith("sqlite:///"):
@@ -73,10 +89,10 @@ def storage_for(url: str, *, create: bool = True) -> Any:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         engine_kwargs = {"connect_args": {"timeout": SQLITE_TIMEOUT_S}}
     try:
-        st = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+        st = optuna.storages.RDBStorage(engine_url, engine_kwargs=engine_kwargs)
         if url.startswith("sqlite:///"):
             _sqlite_wal(st)
-        _RDB_STORAGES[(url, os.getpid())] = st
+        _RDB_STORAGES[(engine_url, os.getpid())] = st
         return st
     except (ImportError, ModuleNotFoundError) as exc:
         raise InputError(f"storage {url!r} needs a database driver that is not installed: {exc}",

@@ -22,15 +22,17 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from autotune.search.pricing import Evaluator
+from autotune.search.signals import stop_requested
 from autotune.search.workspace import Row, Workspace
 
 Moves = Callable[[dict[str, Any]], Iterable[dict[str, Any]]]  # a point -> the points one move away
 
 
 def deadline_passed(deadline: float | None) -> bool:
+    """The time is up, or this process was asked to stop (a search worker's Ctrl-C or SIGTERM)."""
     import time
 
-    return deadline is not None and time.monotonic() >= deadline
+    return stop_requested() or (deadline is not None and time.monotonic() >= deadline)
 
 
 def pkey(params: dict[str, Any]) -> tuple:

@@ -13,12 +13,22 @@ def ignore(*_: Any) -> None:
     would then raise OSError ("ignored due to race condition") in whatever code runs next."""
 
 
-def sigterm_to_interrupt(*_: Any) -> None:
-    """The first of Ctrl-C (to the whole process group) and the parent's SIGTERM stops a worker;
-    the other must not interrupt the final flush that follows."""
+_STOP_REQUESTED: list[int] = []  # the signal that asked this process to stop, once one has
+
+
+def request_stop(sig: int, _frame: Any = None) -> None:
+    """A search worker's handler for the first of Ctrl-C (to the whole process group) and the
+    parent's SIGTERM: note the request; the search loops read it where they read their deadline
+    (``stop_requested``) and end between two trials, and the flush that follows runs whole.
+    Raising KeyboardInterrupt from here once stopped a worker inside a SQLAlchemy fetch, whose
+    cursor clean-up then printed a traceback on the user's terminal."""
+    _STOP_REQUESTED.append(sig)
     signal.signal(signal.SIGINT, ignore)
     signal.signal(signal.SIGTERM, ignore)
-    raise KeyboardInterrupt
+
+
+def stop_requested() -> bool:
+    return bool(_STOP_REQUESTED)
 
 
 @contextlib.contextmanager

@@ -21,7 +21,7 @@ from autotune.search.grid import run_grid
 from autotune.search.options import SearchOptions, load_space
 from autotune.search.phases import run_sampler
 from autotune.search.pricing import Evaluator, default_estimator
-from autotune.search.signals import sigterm_to_interrupt
+from autotune.search.signals import request_stop
 from autotune.search.spaces import build_space
 from autotune.search.workspace import Workspace, make_sampler
 
@@ -42,8 +42,8 @@ def _to_monotonic(wall: float) -> float:
 
 def _worker(args: dict[str, Any]) -> None:
     """One of --workers K processes: the sampler (or a slice of the grid) on the shared study."""
-    signal.signal(signal.SIGTERM, sigterm_to_interrupt)
-    signal.signal(signal.SIGINT, sigterm_to_interrupt)
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by the parent around start()
     _ctx, space, ev = setup(args["model"], args["cluster"], args["seq_len"], args["global_batch"], args["opts"],
                             args["estimator"])
@@ -62,10 +62,8 @@ def _worker(args: dict[str, Any]) -> None:
             run_grid(ws, ev, points, deadline)
         else:
             run_sampler(ws, ev, args["n"], deadline)
-    except KeyboardInterrupt:
-        pass  # asked to stop: the flush below keeps every finished trial
     finally:
-        ws.close()
+        ws.close()  # asked to stop or done: every finished trial is flushed
 
 
 def _start(ctxm: Any, args: dict[str, Any]) -> Any:

@@ -168,3 +168,21 @@ def test_two_workers_share_one_sqlite_study(tmp_path):
     assert len(origins) >= 3  # the parent (baselines, polish) and two workers
     assert res.trials == len(study.get_trials())
     assert len(study.get_trials()) >= 80
+
+
+def test_a_relative_sqlite_url_names_the_file_in_todays_working_directory(tmp_path, monkeypatch):
+    """The same relative URL in two directories is two databases: a storage cached from the first
+    directory once answered for the second (the `tune` integration test failed on it in CI)."""
+    import optuna
+
+    from autotune.study import storage_for
+
+    url = "sqlite:///results/autotune.db"
+    for name in ("first", "second"):
+        (tmp_path / name).mkdir()
+        monkeypatch.chdir(tmp_path / name)
+        optuna.create_study(study_name=name, storage=storage_for(url))
+    for name in ("first", "second"):
+        monkeypatch.chdir(tmp_path / name)
+        assert optuna.get_all_study_names(storage=storage_for(url, create=False)) == [name]
+        assert (tmp_path / name / "results" / "autotune.db").exists()
