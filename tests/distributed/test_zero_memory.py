@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow
 
 SPEC = ModelSpec(name="params-heavy", layers=16, hidden=384, heads=6, kv_heads=6, ffn_hidden=1152, vocab=512,
                  source="tests/distributed/test_zero_memory.py")
-SEQ, BATCH = 16, 8
+SEQ, BATCH = 4, 8  # few tokens: the figures compared are gradient and weight buffers, not activations
 TOLERANCE = 0.25
 """Relative gap allowed between the measured and the predicted difference (unpriced transients)."""
 
