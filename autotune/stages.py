@@ -143,6 +143,29 @@ def pieces(tp: int, finest: int, tp_index: int) -> range:
     return range(tp_index * k, (tp_index + 1) * k)
 
 
+def hop_source(senders: int, receiver: int) -> int:
+    """The tp index of the sending stage (tp ``senders``) whose copy of a hop's tensor tp rank
+    ``receiver`` of the next stage takes. Without sequence parallelism every tp rank of a stage holds
+    the whole hidden state (the row-parallel output is all-reduced) and the whole gradient of its
+    input (the column-parallel input's backward is all-reduced), so each receiver takes the whole
+    tensor from one sender, spread round-robin over the senders."""
+    return receiver % senders
+
+
+def hop_targets(senders: int, receivers: int, sender: int) -> list[int]:
+    """The tp indices of the receiving stage that tp rank ``sender`` of the sending stage sends the
+    whole tensor to (``hop_source`` the other way round)."""
+    return [k for k in range(receivers) if hop_source(senders, k) == sender]
+
+
+def hop_copies(senders: int, receivers: int) -> int:
+    """Whole tensors the busiest sending tp rank sends in one hop: ceil(receivers / senders). Why
+    whole tensors and not 1/tp slices gathered by the receivers (Megatron's old scatter/gather): on
+    gloo the receivers' all-gather costs more than the bytes it saves (docs/architecture.md,
+    "Per-stage degrees"); megatron-core also sends the whole tensor without sequence parallelism."""
+    return max(len(hop_targets(senders, receivers, j)) for j in range(senders))
+
+
 def zero_problem(zero_stage: int) -> str | None:
     """The ZeRO stages a per-stage plan runs (0 and 1): FSDP2 over replicas whose shards differ is not built."""
     if zero_stage <= 1:

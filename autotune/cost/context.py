@@ -201,8 +201,9 @@ class _LinksDoc:
 
     ``pp_hops``: per chunk of the rank, (link its sends are priced on, sends forward, sends
     backward), from the schedule's placement (``StepContext.hop_peers``).
-    ``hop_tps``: per-stage plans whose hops change tp: per chunk, (tp of the peer its sends are
-    priced with, the peer's tp link) (``cost/stages.py``); empty where every hop keeps the tp.
+    ``hop_tps``: per-stage plans whose hops change tp: per chunk, (tp of the next chunk's stage, tp of
+    the previous chunk's stage), the rank's own tp past either end (``cost/stages.py``; what
+    ``pipeline_parallel.hop_bytes`` counts copies with); empty where every hop keeps the tp.
     ``dp_tp``: per-stage plans whose stage's replicas differ in tp: the smallest tp of the rank's
     stage (the gradient reduction moves parameters / dp_tp, ``data_parallel.step_transfers``); 0 otherwise.
     ``experts``: a MoE plan's expert groups' links (``expert_layout.ExpertLinks``; the expert mesh's

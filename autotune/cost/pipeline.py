@@ -4,13 +4,16 @@ Model chunks ``j = 0 .. p*v-1`` (in model order; which pipeline rank holds each 
 ``stage_rank``: ``j % p`` for the looped schedules, a V for ZB-V) each take ``fwd[j]`` / ``bwd[j]``
 seconds per micro-batch; ``wgt[j]`` of ``bwd[j]`` is the weight-gradient part (W), the rest the
 input-gradient part (I), for schedules that split the backward. Moving a micro-batch's activation
-(or its gradient) between chunk j and j+1 takes ``p2p[j]`` (0 where both sit on one rank). Each
+between chunk j and j+1 takes ``p2p[j]`` forward and ``p2p_back[j]`` for its gradient back (the
+same as ``p2p`` unless given: they differ where the two chunks' stages differ in tp, since a sender
+then sends one whole tensor to each receiver it serves, ``stages.hop_copies``; 0 where both sit on one
+rank). Each
 rank runs its operations in the schedule's order (``autotune/schedules``, the same order the
 runtime runs and the Gantt chart draws); an operation starts when the rank is free and its input
 has arrived:
 
     F(j, i) waits for F(j-1, i) + p2p[j-1];
-    B(j, i) and I(j, i) wait for the input gradient of j+1, B(j+1, i) or I(j+1, i), + p2p[j]
+    B(j, i) and I(j, i) wait for the input gradient of j+1, B(j+1, i) or I(j+1, i), + p2p_back[j]
     (the last chunk: for F(j, i));     W(j, i) waits for I(j, i).
 
 Nothing is assumed about the bubble: with equal stages and no p2p time 1F1B's idle fraction comes
@@ -62,6 +65,8 @@ class Simulation:
     bwd: tuple[float, ...]
     p2p: tuple[float, ...]
     """Hop times as simulated (0 where both chunks sit on one rank)."""
+    p2p_back: tuple[float, ...]
+    """Hop times of the gradients back, ``p2p_back[j]`` from chunk j+1 to j."""
     wgt: tuple[float, ...] | None
     rank_finish: list[float]
     """When each pipeline rank finishes its last operation."""
@@ -123,7 +128,7 @@ class Simulation:
                     end, send = self.w_end[j][i], 0.0
                 else:
                     end = self.b_end[j][i]
-                    send = self.p2p[j - 1] if j > 0 else 0.0
+                    send = self.p2p_back[j - 1] if j > 0 else 0.0
                 start = end - self.duration(kind, j)
                 if start > t + 1e-15:
                     out.append({"stage": s, "rank": rank, "kind": "bubble", "microbatch": None, "start": t,
@@ -141,21 +146,24 @@ class Simulation:
 
 
 def simulate(schedule: Schedule | str, p: int, v: int, m: int, fwd: tuple[float, ...], bwd: tuple[float, ...],
-             p2p: tuple[float, ...], wgt: tuple[float, ...] | None = None) -> Any:
+             p2p: tuple[float, ...], wgt: tuple[float, ...] | None = None,
+             p2p_back: tuple[float, ...] | None = None) -> Any:
     """Run the schedule; ``fwd``/``bwd`` (and ``wgt``, the weight-gradient part of ``bwd``, needed by
-    schedules that split the backward) have p*v entries, ``p2p`` p*v - 1 (seconds)."""
+    schedules that split the backward) have p*v entries, ``p2p`` (and ``p2p_back``, the gradients'
+    hops where they differ) p*v - 1 (seconds)."""
     sched = as_schedule(schedule)
     if not sched.chain:
         raise NotImplementedError(f"{sched.name} prices itself from each rank's operation times and the link "
                                   "matrix (autotune/cost/helixpipe.py): its data flow is no chain of stages")
-    return simulate_chain(sched, p, v, m, fwd, bwd, p2p, wgt)
+    return simulate_chain(sched, p, v, m, fwd, bwd, p2p, wgt, p2p_back)
 
 
 @dataclass(frozen=True)
 class _Program:
     """A chain schedule's operations for one (p, v, m), in one order that respects every
     dependency, each with what it needs: ``ops[k]`` = (pipeline rank, kind, model chunk, index of
-    the operation whose end it waits for or -1, index into the hop times: ``n - 1`` = none).
+    the operation whose end it waits for or -1, index into the hop times: ``j`` forward out of chunk
+    j, ``n - 1`` none, ``n + j`` the gradient back from chunk j + 1).
     ``f_at`` / ``b_at`` / ``w_at``: the index in ``ops`` of each chunk's and micro-batch's F, B-or-I
     and W."""
 
@@ -216,7 +224,7 @@ def _program(sched: Schedule, p: int, v: int, m: int) -> _Program:
                 if kind == F:
                     dep, hop = (f_at[at - m], j - 1) if j else (-2, last)
                 elif kind != W:  # B or I: the input gradient of the next chunk (the last: its own F)
-                    dep, hop = (b_at[at + m], j) if j < last else (f_at[at], last)
+                    dep, hop = (b_at[at + m], n + j) if j < last else (f_at[at], last)
                 else:
                     dep, hop = b_at[at], last  # type: ignore[index]
                 if dep == -1:
@@ -253,7 +261,8 @@ def _rows(flat: list[int], m: int) -> tuple[tuple[int, ...], ...]:
 
 
 def simulate_chain(sched: Schedule, p: int, v: int, m: int, fwd: tuple[float, ...], bwd: tuple[float, ...],
-                   p2p: tuple[float, ...], wgt: tuple[float, ...] | None = None) -> Simulation:
+                   p2p: tuple[float, ...], wgt: tuple[float, ...] | None = None,
+                   p2p_back: tuple[float, ...] | None = None) -> Simulation:
     """The chain of model chunks run in ``sched.op_order`` (every schedule whose ``chain`` is True):
     each operation starts when its rank is free and its input has arrived (its dependency's end plus
     the hop), in the dependency order ``_program`` fixed for this shape.
@@ -267,7 +276,9 @@ def simulate_chain(sched: Schedule, p: int, v: int, m: int, fwd: tuple[float, ..
     walk, last_of, rank_durs = prog.steps
     rank_of = prog.rank_of
     hop = tuple(0.0 if rank_of[j] == rank_of[j + 1] else p2p[j] for j in range(n - 1))
-    hops = hop + (0.0,)  # index n - 1: no hop (adding 0.0 leaves a time as it is)
+    back = hop if p2p_back is None else tuple(0.0 if rank_of[j] == rank_of[j + 1] else p2p_back[j]
+                                              for j in range(n - 1))
+    hops = hop + (0.0,) + back  # index n - 1: no hop (adding 0.0 leaves a time as it is); n + j: back
     igr = [bwd[j] - wgt[j] for j in range(n)] if wgt is not None else bwd
     seconds = [*fwd, *bwd, *igr, *(wgt or ())]  # by kind * n + chunk: F, B, I, W
     # ends[0] = 0.0 stands for "no operation": a rank's first operation starts at 0, one with no
@@ -284,11 +295,12 @@ def simulate_chain(sched: Schedule, p: int, v: int, m: int, fwd: tuple[float, ..
     # each rank's busy seconds summed in the order it runs its operations (as a running total would)
     busy = [reduce(add, map(seconds.__getitem__, idx), 0.0) for idx in rank_durs]
     return Simulation(schedule=sched, p=p, v=v, m=m, program=prog, ends=ends[1:], fwd=fwd, bwd=bwd, p2p=hop,
-                      wgt=wgt, rank_finish=free, rank_busy=busy, makespan=max(free))
+                      p2p_back=back, wgt=wgt, rank_finish=free, rank_busy=busy, makespan=max(free))
 
 
 @lru_cache(maxsize=2048)
 def simulate_cached(schedule: Schedule | str, p: int, v: int, m: int, fwd: tuple[float, ...], bwd: tuple[float, ...],
-                    p2p: tuple[float, ...], wgt: tuple[float, ...] | None = None) -> Any:
+                    p2p: tuple[float, ...], wgt: tuple[float, ...] | None = None,
+                    p2p_back: tuple[float, ...] | None = None) -> Any:
     """``simulate`` memoised: DP replicas with equal shares and devices share one simulation."""
-    return simulate(schedule, p, v, m, fwd, bwd, p2p, wgt)
+    return simulate(schedule, p, v, m, fwd, bwd, p2p, wgt, p2p_back)

@@ -10,7 +10,8 @@ the forward's GEMM FLOPs); the input-gradient part (I) keeps the other GEMM, att
 the elementwise work, recomputation and every collective. A stage of one DP
 replica runs at the pace of its slowest rank (its TP/CP/HP ranks synchronise every block), so the
 replica's schedule is simulated over the slowest rank's chunk times and the slowest sends. Sends
-follow Megatron's scatter/gather optimisation: each tp rank sends 1/tp of the activation.
+are priced as the runtime sends them (``hop_bytes``): each tp rank its whole copy of the activation
+(its sequence slice with sequence parallelism), as megatron-core's p2p communication does too.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from autotune import stages as ST
 from autotune.cost.pipeline import simulate_cached
 
 if TYPE_CHECKING:
@@ -91,42 +93,40 @@ def chunk_times(ctx: RankContext, b: Any, embedding_tp: float, head: tuple[float
                       cp_raw=cp_raw_total, exposed=exposed, wgt=tuple(wgt), ep=ep_total)
 
 
-def chunk_send_times(ctx: RankContext) -> tuple[float, ...]:
-    """Seconds of one send of each chunk of this rank, on the link its sends take
-    (``Links.pp_hops``): 1/tp of the activation per rank."""
+def hop_bytes(ctx: RankContext) -> tuple[tuple[float, float, float], ...]:
+    """Per chunk of this rank, bytes one hop moves per micro-batch as ``runtime/stages.py`` sends it:
+    (its output forward, sent by this stage's busiest tp rank; the gradient of that output coming
+    back, sent by the next stage's busiest tp rank; its input gradient, sent back by this stage's
+    busiest tp rank). A tp rank holds the whole hidden state of its tokens (1/tp of it with sequence
+    parallelism, which keeps it split along the sequence: ``PipelineStage`` then sends that slice)
+    and sends it whole to each rank of the peer stage it serves (``stages.hop_copies``: one between
+    stages of equal tp, ceil(b / a) from a stage at tp a to one at tp b; ``Links.hop_tps``)."""
+    s = ctx.step
+    held = ctx.hidden_bytes / s.tp if s.sp else ctx.hidden_bytes
+    a, tps = s.tp, ctx.links.hop_tps or ((s.tp, s.tp),) * len(ctx.links.pp_hops)
+    return tuple((held * ST.hop_copies(a, nxt), held * ST.hop_copies(nxt, a), held * ST.hop_copies(a, prv))
+                 for nxt, prv in tps)
+
+
+def chunk_send_times(ctx: RankContext) -> tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]]:
+    """Seconds of one send of each chunk of this rank (``hop_bytes``' three, each a tuple over the
+    chunks), all on the link its sends take (``Links.pp_hops``)."""
     s = ctx.step
     if s.pp == 1:
-        return (0.0,) * s.v
-    if ctx.links.hop_tps:  # per-stage plans: a hop to a stage of another tp
-        return tuple(ctx.mf * hop_time(ctx, link, peer) for (link, _, _), peer in zip(ctx.links.pp_hops,
-                                                                                      ctx.links.hop_tps, strict=True))
-    return tuple(ctx.mf * ctx.collectives.p2p(link, ctx.hidden_bytes / s.tp) for link, _, _ in ctx.links.pp_hops)
+        return ((0.0,) * s.v,) * 3
+    p2p, mf = ctx.collectives.p2p, ctx.mf
+    times = [tuple(mf * p2p(link, n) for n in sizes) for (link, _, _), sizes in zip(ctx.links.pp_hops, hop_bytes(ctx),
+                                                                                    strict=True)]
+    return tuple(tuple(t[k] for t in times) for k in range(3))
 
 
-def hop_time(ctx: RankContext, link: Any, peer: tuple[int, Any]) -> float:
-    """Seconds of one hop of the activation (or, backward, its gradient) between this rank's stage at
-    tp a and a peer stage at tp b (``peer``: (b, the peer's tp link)): k = min(a, b) rank pairs carry
-    1/k of it each (Megatron's scatter/gather, generalised); where a != b the side with more ranks
-    then gathers the pieces inside its node (forward) and the gradient is gathered likewise on the
-    way back, priced as the larger side's all-gather of the whole activation. (Between stages of
-    equal tp the uniform price stands: Megatron's receiving all-gather is not priced there.)"""
-    a = ctx.step.tp
-    b, peer_link = peer
-    k = min(a, b)
-    t = ctx.collectives.p2p(link, ctx.hidden_bytes / k)
-    if a != b:
-        big, big_link = (a, ctx.links.tp) if a > b else (b, peer_link)
-        t += ctx.collectives.all_gather(big_link, big, ctx.hidden_bytes)
-    return t
-
-
-def sends_per_microbatch(ctx: RankContext, p2p: tuple[float, ...]) -> float:
-    """Seconds of the sends of one micro-batch on this rank (``p2p``: per chunk): out of every chunk
-    whose successor sits on another rank (forward), out of every chunk whose predecessor does (its
-    input gradient, backward)."""
+def sends_per_microbatch(ctx: RankContext, fwd: tuple[float, ...], grad: tuple[float, ...]) -> float:
+    """Seconds of the sends of one micro-batch on this rank (per chunk, ``fwd`` its output's send,
+    ``grad`` its input gradient's): out of every chunk whose successor sits on another rank (forward),
+    out of every chunk whose predecessor does (its input gradient, backward)."""
     total = 0.0
-    for t, (_, fwd_out, bwd_out) in zip(p2p, ctx.links.pp_hops, strict=True):
-        total += (t if fwd_out else 0.0) + (t if bwd_out else 0.0)
+    for t, g, (_, fwd_out, bwd_out) in zip(fwd, grad, ctx.links.pp_hops, strict=True):
+        total += (t if fwd_out else 0.0) + (g if bwd_out else 0.0)
     return total
 
 
@@ -148,20 +148,20 @@ def simulate_replicas(s: StepContext, per_rep_stage: dict[tuple[int, int], dict[
     sims = []
     for d in range(s.dp):
         fwd, bwd, p2p = [0.0] * n_chunks, [0.0] * n_chunks, [0.0] * max(n_chunks - 1, 0)
-        wgt = [0.0] * n_chunks
+        wgt, back = [0.0] * n_chunks, [0.0] * max(n_chunks - 1, 0)
         for st in range(p):
             for c in per_rep_stage[(d, st)].values():
-                cf_, cb_, cw_, cp_ = c.fwd, c.bwd, c.wgt, c.p2p_chunks
+                cf_, cb_, cw_, cp_, ck_ = c.fwd, c.bwd, c.wgt, c.p2p_chunks, c.p2p_back_chunks
                 for ci, j in enumerate(s.chunks[st]):
                     if cf_[ci] > fwd[j]:
                         fwd[j] = cf_[ci]
                     if cb_[ci] > bwd[j]:
                         bwd[j] = cb_[ci]
                         wgt[j] = cw_[ci]  # of the slowest backward, so I = bwd - wgt >= 0
-                    if j < n_chunks - 1 and cp_[ci] > p2p[j]:
-                        p2p[j] = cp_[ci]
+                    if j < n_chunks - 1:
+                        p2p[j], back[j] = max(p2p[j], cp_[ci]), max(back[j], ck_[ci])
         sims.append(simulate_cached(s.schedule, p, v, s.microbatches[d], tuple(fwd), tuple(bwd), tuple(p2p),
-                                    tuple(wgt) if split else None))
+                                    tuple(wgt) if split else None, None if back == p2p else tuple(back)))
     return sims
 
 

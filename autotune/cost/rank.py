@@ -94,6 +94,8 @@ class RankCost:
     """Weight-gradient part of each chunk's backward (``pipeline_parallel.chunk_times``)."""
     p2p_chunks: tuple[float, ...] = ()
     """Seconds of one send of each chunk, on the link it takes (``pipeline_parallel.chunk_send_times``)."""
+    p2p_back_chunks: tuple[float, ...] = ()
+    """Seconds of the gradient's hop back over each chunk's forward hop (sent by the next stage)."""
     moe: dict[str, float] | None = None
     """A MoE model's terms over the step (``_moe_summary``); None for a dense model."""
 
@@ -156,8 +158,8 @@ def rank_cost(ctx: RankContext) -> RankCost:
     head_tp = _cpu.head_tp_comm(ctx) if s.tp > 1 and ctx.rates.cpu is not None else (0.0, 0.0)
     ch = PP.chunk_times(ctx, blocks, TP.embedding_comm(ctx), head, head_tp,
                         embed=(emb.fwd, emb.bwd) if emb is not None else None, layer_w=layer_w)
-    p2ps = PP.chunk_send_times(ctx)
-    pp_sends = PP.sends_per_microbatch(ctx, p2ps)
+    p2ps, p2p_back, grad_sends = PP.chunk_send_times(ctx)
+    pp_sends = PP.sends_per_microbatch(ctx, p2ps, grad_sends)
     overl, fixed = DP.grad_sync(ctx, b.comp_f, b.comp_b)
     if ctx.rates.cpu is not None:
         overl, fixed = _cpu.exposed_grad_sync(overl, fixed)
@@ -176,7 +178,7 @@ def rank_cost(ctx: RankContext) -> RankCost:
     m_d = ctx.microbatches
     ep = m_d * ch.ep
     return RankCost(
-        spec=ctx.spec, fwd=ch.fwd, bwd=ch.bwd, p2p=p2ps[0], wgt=ch.wgt, p2p_chunks=p2ps,
+        spec=ctx.spec, fwd=ch.fwd, bwd=ch.bwd, p2p=p2ps[0], wgt=ch.wgt, p2p_chunks=p2ps, p2p_back_chunks=p2p_back,
         compute_s=m_d * ch.compute, tp_comm_s=m_d * ch.tp, hp_comm_s=m_d * ch.hp, cp_comm_s=m_d * ch.cp_raw,
         pp_comm_s=m_d * pp_sends, dp_comm_s=dp_raw,
         comm_s=m_d * (ch.tp + ch.hp + ch.cp_raw + pp_sends) + dp_raw + ep,

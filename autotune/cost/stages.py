@@ -7,9 +7,10 @@ A per-stage plan is priced by the same dimension modules as a uniform one; only 
   plan's ``StepContext`` with the cell's own ``tp`` (so compute, TP collectives, memory and the
   optimizer step are priced at that tp, on that cell's device and links); cells of one tp and device
   that see the same links share one context, hence one rank cost;
-- the hop between stages of different tp (``pipeline_parallel.hop_time``): the k = min(a, b) rank
-  pairs each carry 1/k of the activation (Megatron's scatter/gather, generalised), and the side with
-  more ranks gathers (forward) or the side with more ranks scatters back (backward) inside its node;
+- the hop between stages (``pipeline_parallel.hop_bytes``) as ``runtime/stages.py`` sends it: each
+  receiving tp rank takes the whole activation (backward: its gradient) from one sending tp rank, so
+  the busiest sender of a stage at tp a sends it ceil(b / a) times to a stage at tp b
+  (``stages.hop_copies``; ``Links.hop_tps`` gives each chunk's next and previous stage's tp);
 - the gradient reduction over replicas whose shards differ (``data_parallel.step_transfers``): the
   reduction goes piece by piece (``stages.pieces``), so every rank waits for the rank holding the most
   pieces, the replica of the smallest tp: it moves parameters / tp_min;
@@ -98,17 +99,23 @@ def _cell_links(s: Any, lay: Any, st: int, r: int, r0: int, t: int) -> Any:
     if s.pp > 1:
         nxt = lay.first_rank[((st + 1) % s.pp, r)]
         pp_link = topo.node_link(node_of[d0], node_of[s.devs[nxt]])
-        for q, f, b in s.hop_peers[st]:
+        for j, (q, f, b) in zip(s.chunks[st], s.hop_peers[st], strict=True):
             q0 = s.devs[lay.first_rank[(q, r)]]
             hops.append((topo.node_link(node_of[d0], node_of[q0]), f, b))
-            qt = rp.stages[q].replicas[r].tp
-            hop_tps.append((qt, topo.node_link(node_of[q0], node_of[q0]) if qt > 1 else C._SELF))
+            hop_tps.append((_chunk_tp(s, j + 1, r, t), _chunk_tp(s, j - 1, r, t)))
     else:
         hops = [(C._SELF, False, False)] * s.v
     tps = rp.stages[st].tps
     return Links(tp=tp_link, pp=pp_link, dp=s.dp_links[st], pp_hops=tuple(hops),
-                 hop_tps=tuple(hop_tps) if any(q != t for q, _ in hop_tps) else (),
+                 hop_tps=tuple(hop_tps) if any(q != (t, t) for q in hop_tps) else (),
                  dp_tp=min(tps) if len(set(tps)) > 1 else 0)
+
+
+def _chunk_tp(s: Any, j: int, r: int, own: int) -> int:
+    """The tp of replica ``r`` in the stage holding model chunk ``j`` (``own`` past either end)."""
+    if not 0 <= j < s.n_chunks:
+        return own
+    return s.plan.stages[s.schedule.stage_rank(j, s.pp, s.v)].replicas[r].tp
 
 
 def _cell_context(s: Any, step: Any, st: int, r: int, spec: Any, links: Any) -> Any:

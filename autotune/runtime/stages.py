@@ -12,6 +12,9 @@ a stage holds the whole hidden state (Megatron's row-parallel output is all-redu
 gradient of a stage's input is whole on every tp rank too (the column-parallel input's backward is
 all-reduced), so receiver rank k of the next stage takes the activation from sender rank k % a, and
 sender rank j takes the gradient back from rank j % b. Uniform stages (a = b) pair rank k with k.
+The tensor goes whole (``stages.hop_source``/``hop_targets``, the rule the cost model prices with):
+1/tp slices gathered by the receivers, Megatron's old scatter/gather, measured slower on gloo
+(docs/architecture.md, "Per-stage degrees": the all-gather costs more than the bytes it saves).
 
 Data parallelism over replicas of different tp (``PieceOptimizer``): every tp-split parameter is cut
 into T equal pieces along its split dim (T the stage's largest tp; ``stages.pieces``), and piece g of
@@ -264,16 +267,15 @@ class StagedTrainer:
 
     def _source(self, chunk: int) -> int:
         """The rank this rank receives the input (forward) or output gradient (backward) of a hop from:
-        tp rank (own index % the peer stage's tp) of the stage holding ``chunk``."""
+        ``stages.hop_source`` in the stage holding ``chunk``."""
         r0, t = self._cell(self.sched.stage_rank(chunk, self.p, self.v))
-        return r0 + self.mesh.slot.tp_index % t
+        return r0 + ST.hop_source(t, self.mesh.slot.tp_index)
 
     def _targets(self, chunk: int) -> list[int]:
-        """Ranks of the stage holding ``chunk`` that take what this rank sends them (index k with
-        k % own tp == own index)."""
+        """Ranks of the stage holding ``chunk`` that take what this rank sends them whole
+        (``stages.hop_targets``: what the cost model counts, ``pipeline_parallel.hop_bytes``)."""
         r0, t = self._cell(self.sched.stage_rank(chunk, self.p, self.v))
-        mine, me = self.mesh.slot.tp, self.mesh.slot.tp_index
-        return [r0 + k for k in range(t) if k % mine == me]
+        return [r0 + k for k in ST.hop_targets(self.mesh.slot.tp, t, self.mesh.slot.tp_index)]
 
     def _tag(self, chunk: int, mb: int, backward: bool) -> int:
         return (chunk * 2 + int(backward)) * _TAG_STRIDE + mb

@@ -114,7 +114,7 @@ def test_interleaved_first_stage_holds_p_plus_p_minus_1_over_v_micro_batches(p, 
     assert peak == p * v + p - 1
 
 
-def _reference_ends(schedule, p, v, m, fwd, bwd, p2p, wgt):
+def _reference_ends(schedule, p, v, m, fwd, bwd, p2p, wgt, p2p_back=None):
     """Each operation's end from its definition (the module docstring), by recursion: it starts when
     the operation before it on its rank has ended and its input has arrived."""
     import functools
@@ -125,6 +125,7 @@ def _reference_ends(schedule, p, v, m, fwd, bwd, p2p, wgt):
     n, last = p * v, p * v - 1
     rank = [sched.stage_rank(j, p, v) for j in range(n)]
     hop = [0.0 if rank[j] == rank[j + 1] else p2p[j] for j in range(n - 1)]
+    back = hop if p2p_back is None else [0.0 if rank[j] == rank[j + 1] else p2p_back[j] for j in range(n - 1)]
     before, where = {}, {}
     for s in range(p):
         prev = None
@@ -142,7 +143,7 @@ def _reference_ends(schedule, p, v, m, fwd, bwd, p2p, wgt):
         elif kind == W:
             dep, d = end(where[(B, j, i)]), wgt[j]
         else:
-            dep = end(where[(B, j + 1, i)]) + hop[j] if j < last else end(where[(F, j, i)])
+            dep = end(where[(B, j + 1, i)]) + back[j] if j < last else end(where[(F, j, i)])
             d = bwd[j] if kind == B else bwd[j] - wgt[j]
         return max(start, dep) + d
 
@@ -168,8 +169,10 @@ def test_every_operation_ends_where_its_definition_puts_it(schedule, p, m, rng):
     bwd = tuple(f * rng.uniform(1.5, 2.5) for f in fwd)
     wgt = tuple(b * rng.uniform(0.2, 0.6) for b in bwd) if sched.splits_backward else None
     p2p = tuple(rng.choice([0.0, rng.uniform(0.0, 0.3)]) for _ in range(n - 1))
-    sim = simulate(schedule, p, v, m, fwd, bwd, p2p, wgt)
-    ref = _reference_ends(schedule, p, v, m, fwd, bwd, p2p, wgt)
+    # the gradients' hops back: the same as forward, or their own (stages of different tp)
+    back = rng.choice([None, tuple(rng.choice([0.0, rng.uniform(0.0, 0.3)]) for _ in range(n - 1))])
+    sim = simulate(schedule, p, v, m, fwd, bwd, p2p, wgt, back)
+    ref = _reference_ends(schedule, p, v, m, fwd, bwd, p2p, wgt, back)
     for (kind, j, i), t in ref.items():
         got = sim.f_end[j][i] if kind == F else (sim.w_end[j][i] if kind == W else sim.b_end[j][i])
         assert got == pytest.approx(t, rel=1e-12, abs=1e-12), (kind, j, i)

@@ -5,8 +5,8 @@
   (compute, memory), on the same devices;
 - the gradient reduction of a stage whose replicas differ in tp moves what the uniform plan at the
   stage's smallest tp moves;
-- a hop between stages of different tp costs at least the hop of the uniform plan at the smaller tp
-  and at most its p2p plus a whole-activation gather;
+- a hop between stages of different tp costs what the runtime sends: one whole copy per receiver a
+  sending tp rank serves (tests/distributed/test_stages_hop.py counts them);
 - stages of different speed: moving layers from the slow stage to the fast one shortens the step.
 """
 
@@ -79,15 +79,18 @@ def test_mixed_replicas_reduce_what_the_smallest_tp_moves():
 
 
 def test_hop_between_different_tp():
-    from autotune.cost import comm as Cm
-
+    # stage 0 at tp=2 (V100s 4, 5), stage 1 at tp=1 (A100 0): the runtime sends the activation whole
+    # from tp rank 0 to the one receiver, and the gradient whole from the receiver to both tp ranks
     a = Plan(stages=cells((2, [(2, [4, 5])]), (2, [(1, [0])])), dtype="fp16")
     e = estimate(a, M, C, SEQ, GB)
-    ref = estimate(Plan(stages=cells((2, [(1, [4])]), (2, [(1, [0])])), dtype="fp16"), M, C, SEQ, GB)
-    act = 2 * SEQ * M.hidden  # fp16, micro-batch 1
-    gather = Cm.all_gather(C.link(4, 5), 2, act)
-    assert _row(e, 2)["pp_comm_s"] > _row(ref, 1)["pp_comm_s"]
-    assert _row(e, 2)["pp_comm_s"] == pytest.approx(_row(ref, 1)["pp_comm_s"] + gather * GB, rel=1e-9)  # its one send a micro-batch (the gradient back)
+    one = estimate(Plan(stages=cells((2, [(1, [4])]), (2, [(1, [0])])), dtype="fp16"), M, C, SEQ, GB)
+    # references: the tp=1 -> tp=1 plan (one copy per send), and at micro-batch 2 (each send the
+    # bytes of two micro-batch-1 copies, half as many sends)
+    two = estimate(Plan(stages=cells((2, [(1, [4])]), (2, [(1, [0])])), dtype="fp16", micro_batch_size=2),
+                   M, C, SEQ, GB)
+    assert _row(e, 0)["pp_comm_s"] == _row(one, 0)["pp_comm_s"]        # forward: one whole copy
+    assert _row(e, 2)["pp_comm_s"] == pytest.approx(2 * _row(two, 1)["pp_comm_s"], rel=1e-12)  # back: two
+    assert _row(e, 2)["pp_comm_s"] > _row(one, 1)["pp_comm_s"]
 
 
 def test_stages_of_different_speed():
