@@ -80,6 +80,7 @@ from autotune.plan_parts import (  # noqa: F401  (every part is importable from 
 )
 from autotune.schedules import names, schedule_of
 from autotune.specs import fields as F
+from autotune.stages import envelope, is_uniform, layout_of, stages_from, tp_degrees
 
 SCHEMA_VERSION = 3
 """3: optional fields of this round: per-stage degrees (``stages``, autotune/stages.py), the subset
@@ -161,6 +162,26 @@ class Plan:
         if isinstance(z, bool) or z not in ZERO_STAGES:
             raise PlanError(f"must be 0, 1, 2 or 3, got {z!r}", field="zero_stage")
 
+    # ---- its form: one mesh, or stage by stage -------------------------------------------------
+    @property
+    def per_stage(self) -> bool:
+        """Written stage by stage (``stages``: each stage its own devices, replicas and tp) rather than
+        as the mesh of ``degrees``. Only the dispatch points ask (``cost/steps.py``, the runtime's
+        ``worker._runtime``, ``export/stages.Routed``; tests/unit/test_one_plan_form.py keeps it so);
+        everyone else asks the accessors that answer for both forms (``world``, ``coords``,
+        ``tp_degrees``, ``is_uniform``)."""
+        return self.stages is not None
+
+    def tp_degrees(self) -> tuple[int, ...]:
+        """Every tp the plan's tensor-parallel groups use, smallest first (one mesh: its tp)."""
+        return tp_degrees(self.stages) if self.stages is not None else (self.degrees.tp,)
+
+    @property
+    def is_uniform(self) -> bool:
+        """Every tp group at one tp: the mesh of its degrees, placement aside (``stages 4L(tp1x4)`` is
+        ``dp=4``; what Megatron and torchtitan express). Always true of a plan of one mesh."""
+        return self.stages is None or is_uniform(self.stages)
+
     # ---- mesh arithmetic ----------------------------------------------------------------------
     @property
     def world(self) -> int:
@@ -175,8 +196,6 @@ class Plan:
         """Mesh coordinate of ``rank`` as {dim: index} (of a per-stage plan: its stage, replica and
         index in its replica's tp group)."""
         if self.stages is not None:
-            from autotune.stages import layout_of
-
             x = layout_of(self.stages).slots[rank]
             return dims.origin(pp=x.stage, dp=x.replica, tp=x.tp_index)
         return dims.coords(self.degrees, rank)
@@ -227,17 +246,13 @@ class Plan:
         layout first and ``search`` shows one plan per layout, by this one rule. A per-stage plan whose
         stages share one tp is the mesh of its degrees (``stages 4L(tp1x4)`` is ``dp=4``), so its
         stages (layers and devices: shares and placement) do not tell it apart."""
-        from autotune.stages import is_uniform
-
-        stages = None if self.stages is None or is_uniform(self.stages) else self.stages
+        stages = None if self.is_uniform else self.stages
         return (self.degrees, self.schedule, self.virtual_stages, self.micro_batch_size, stages)
 
     def is_even(self) -> bool:
         """True when every resolved share is an even split (the Megatron/torchtitan baseline shape):
         a per-stage plan is one only when its stages share one tp (the mesh it then is)."""
-        from autotune.stages import is_uniform
-
-        if self.stages is not None and not is_uniform(self.stages):
+        if not self.is_uniform:
             return False
         return shares_are_even(self.shares.layers, self.shares.tokens, self.shares.heads, self.shares.samples)
 
@@ -421,8 +436,6 @@ def _plan_from_dict(d: Any) -> Plan:
     degrees = _degrees_from(d)
     shares = _shares_from(d)
     placement = None if d.get("placement") is None else _placement_from(d["placement"])
-    from autotune.stages import envelope, stages_from
-
     stages = stages_from(d.get("stages"))
     if stages is not None and sv < 3:
         raise InputError(f"stages need schema_version 3, the file says {sv}", field="stages")

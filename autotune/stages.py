@@ -270,7 +270,7 @@ def envelope(stages: tuple[Stage, ...], cp: int = 1, hp: int = 1) -> Any:
     from autotune.plan_parts import Degrees
 
     return Degrees(pp=len(stages), dp=stages[0].dp if stages else 1, cp=cp, hp=hp,
-                   tp=max((r.tp for st in stages for r in st.replicas), default=1))
+                   tp=max(tp_degrees(stages), default=1))
 
 
 def chunk_layers(stages: tuple[Stage, ...], v: int) -> tuple[int, ...]:
@@ -357,6 +357,22 @@ def as_stages(plan: Any, cluster: Any) -> tuple[Stage, ...]:
     return tuple(out)
 
 
+def on_local_devices(plan: Any, nproc: int | None, model: Any) -> Any:
+    """``plan`` as a local trial runs it, rank r as process r on ``local:N``: its placement (devices
+    of the cluster it was made for) dropped; a per-stage plan's stages renumbered onto devices 0..n-1,
+    and, when ``nproc`` differs from its device count, its shape scaled to ``nproc`` (``scaled``;
+    shares, micro-batch count and degrees found again by ``resolve``)."""
+    from autotune.plan_parts import Shares
+
+    local = plan.replace(placement=None)
+    if plan.stages is None:
+        return local
+    if nproc is not None and nproc != plan.world:
+        return local.replace(stages=scaled(plan.stages, nproc, model), shares=Shares(), num_microbatches=None,
+                             degrees=type(plan.degrees)())
+    return local.replace(stages=renumbered(plan.stages))
+
+
 def renumbered(stages: tuple[Stage, ...]) -> tuple[Stage, ...]:
     """The same stages on devices 0..n-1 in rank order: a local trial runs rank r as process r
     (``local:N`` is one node, so every tp group stays inside it)."""
@@ -376,7 +392,7 @@ def scaled(stages: tuple[Stage, ...], n: int, model: Any) -> tuple[Stage, ...]:
     to a power of two the model allows; of the ways to do so, the one that keeps what distinguishes
     the plan (a stage wider in tp than another, replicas of different tp in one stage), then the
     most stages, then every device used."""
-    wide = len({r.tp for st in stages for r in st.replicas}) > 1
+    wide = not is_uniform(stages)
     mixed = any(len(set(st.tps)) > 1 for st in stages)
     best: tuple[tuple, tuple[Stage, ...]] | None = None
     for p in range(1, min(len(stages), n) + 1):
@@ -385,7 +401,7 @@ def scaled(stages: tuple[Stage, ...], n: int, model: Any) -> tuple[Stage, ...]:
             out = _shrink(stages, groups, dp, n, model)
             if out is None:
                 continue
-            score = (len({r.tp for st in out for r in st.replicas}) > 1 or not wide,
+            score = (not is_uniform(out) or not wide,
                      any(len(set(st.tps)) > 1 for st in out) or not mixed, p,
                      sum(len(st.devices) for st in out))
             if best is None or score > best[0]:
@@ -421,9 +437,15 @@ def _shrink(stages: tuple[Stage, ...], groups: list[list[int]], dp: int, n: int,
     return tuple(out)
 
 
+def tp_degrees(stages: tuple[Stage, ...]) -> tuple[int, ...]:
+    """Every tp the stages' replicas use, smallest first (``Plan.tp_degrees`` asks it)."""
+    return tuple(sorted({r.tp for st in stages for r in st.replicas}))
+
+
 def is_uniform(stages: tuple[Stage, ...]) -> bool:
-    """Every replica of every stage at one tp (what Megatron and torchtitan express, placement aside)."""
-    return len({r.tp for st in stages for r in st.replicas}) <= 1
+    """Every replica of every stage at one tp (what Megatron and torchtitan express, placement aside;
+    ``Plan.is_uniform`` asks it)."""
+    return len(tp_degrees(stages)) <= 1
 
 
 def inline(stages: tuple[Stage, ...]) -> str:

@@ -125,11 +125,11 @@ _dimension_properties(StepContext)
 
 def step_context(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: int,
                  calibration: Mapping[str, Mapping[str, float]] | None, kernels: Any = None) -> StepContext:
-    """Resolve ``plan`` (PlanError when it does not fit) and gather what every rank shares.
-    ``kernels``: the runtime's per-kernel costs (``kernels.KernelCosts``; None: autotune's own)."""
+    """Resolve ``plan``, a mesh of its degrees (PlanError when it does not fit), and gather what every
+    rank shares; a per-stage plan is ``cost/stages.py``'s, and ``cost/steps.py`` is the one place that
+    tells the two apart. ``kernels``: the runtime's per-kernel costs (``kernels.KernelCosts``; None:
+    autotune's own)."""
     rp = plan.resolve(model, cluster, seq_len, global_batch)
-    if rp.stages is not None:  # each stage its own degrees: cost/steps.py sends it to cost/stages.py
-        raise ValueError("a per-stage plan's step context is cost.stages.staged_step_context (cost.steps asks it)")
     d = rp.degrees
     topo = C.topology(cluster)
     devs = _devices(topo, rp.placement)
@@ -411,8 +411,6 @@ def tp_groups(s: StepContext) -> list[tuple[int, int, RankContext]]:
     of equal shares on equal devices) share one context object, so the cost of each is computed once (identity names them: links come from the
     topology's caches)."""
     plan, cal = s.plan, s.calibration
-    if plan.stages is not None:  # each stage its own degrees: cost/steps.py sends it to cost/stages.py
-        raise ValueError("a per-stage plan's tp groups are cost.stages.staged_tp_groups (cost.steps asks it)")
     contexts: dict[tuple, RankContext] = {}
     out = []
     for (r0, c), (spec, place, links) in zip(_tp_group_coords(plan.degrees), s.group_links, strict=True):

@@ -139,12 +139,11 @@ class TrialRow:
         return " ".join(parts)
 
     def degrees_text(self) -> str:
-        if self.plan and self.plan.get("stages"):  # each stage its own degrees
-            from autotune.stages import degrees_text
+        """The one plan description (``stages.degrees_text``: a mesh's degrees or each stage's own);
+        "-" for a trial without a plan."""
+        from autotune.stages import degrees_text
 
-            return degrees_text(self.plan)
-        d = {k: v for k, v in self.degrees.items() if v != 1}
-        return ",".join(f"{k}={v}" for k, v in d.items()) or ("dp=1" if self.degrees else "-")
+        return degrees_text(self.plan) if self.plan else "-"
 
     def to_dict(self) -> dict[str, Any]:
         return {"number": self.number, "state": self.state, "feasible": self.feasible,

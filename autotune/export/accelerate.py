@@ -34,7 +34,6 @@ from autotune.export.common import (
     unexpressed,
     with_even,
 )
-from autotune.export.stages import staged_candidates, staged_reasons
 from autotune.plan import FP8_RECIPES, Plan
 from autotune.plan_record import PlanRecord
 
@@ -67,8 +66,6 @@ WHY = {
 
 
 def reasons(plan: Plan, ctx: ExportContext) -> list[str]:
-    if plan.stages is not None:  # per-stage degrees: autotune/export/stages.py
-        return staged_reasons(plan, ctx, NAME, reasons)
     d = plan.degrees
     r = Collected(even_share_reasons(plan, NAME, ("tokens", "heads", "samples"), WHY))
     r.items += unexpressed(plan, NAME, EXPRESSES, WHY_NOT)
@@ -93,8 +90,6 @@ def reasons(plan: Plan, ctx: ExportContext) -> list[str]:
 
 
 def candidates(plan: Plan, ctx: ExportContext) -> list[Plan]:
-    if plan.stages is not None:
-        return [q for c in staged_candidates(plan, ctx) for q in (c, *candidates(c, ctx))]
     d = plan.degrees
     zero = plan.zero_stage if d.hp > 1 else {1: 2}.get(plan.zero_stage, plan.zero_stage)
     base = even_everything(plan).replace(

@@ -42,7 +42,6 @@ from autotune.export.common import (
     unexpressed,
     with_even,
 )
-from autotune.export.stages import staged_candidates, staged_reasons
 from autotune.plan import FP8_RECIPES, Plan, even_split
 from autotune.plan_record import PlanRecord
 from autotune.schedules import schedule_of
@@ -71,8 +70,6 @@ def uniform_parts(layers: int, pp: int) -> list[int]:
 
 
 def reasons(plan: Plan, ctx: ExportContext) -> list[str]:
-    if plan.stages is not None:  # per-stage degrees: autotune/export/stages.py
-        return staged_reasons(plan, ctx, NAME, reasons)
     d = plan.degrees
     r = Collected(even_share_reasons(plan, NAME, ("tokens", "heads", "samples"), WHY))
     r.items += unexpressed(plan, NAME, EXPRESSES, WHY_NOT)
@@ -118,8 +115,6 @@ def expert_reasons(plan: Plan, ctx: ExportContext) -> list[str]:
 
 
 def candidates(plan: Plan, ctx: ExportContext) -> list[Plan]:
-    if plan.stages is not None:
-        return [q for c in staged_candidates(plan, ctx) for q in (c, *candidates(c, ctx))]
     d = plan.degrees
     base = even_everything(plan).replace(
         schedule="1f1b", virtual_stages=1, helix_folds=1,

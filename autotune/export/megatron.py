@@ -59,7 +59,6 @@ from autotune.export.common import (
     unexpressed,
     with_even,
 )
-from autotune.export.stages import staged_candidates, staged_reasons
 from autotune.plan import FP8_RECIPES, Plan
 from autotune.plan_record import PlanRecord
 from autotune.schedules import schedule_of
@@ -127,8 +126,6 @@ def _helix_fork(plan: Plan) -> bool:
 
 
 def reasons(plan: Plan, ctx: ExportContext) -> list[str]:
-    if plan.stages is not None:  # per-stage degrees: autotune/export/stages.py
-        return staged_reasons(plan, ctx, NAME, reasons)
     r = Collected(even_share_reasons(plan, NAME, ("tokens", "heads", "samples"), WHY))
     r.items += unexpressed(plan, NAME, EXPRESSES)
     d = plan.degrees
@@ -170,8 +167,6 @@ def expert_reasons(plan: Plan, ctx: ExportContext) -> list[str]:
 
 
 def candidates(plan: Plan, ctx: ExportContext) -> list[Plan]:
-    if plan.stages is not None:
-        return [q for c in staged_candidates(plan, ctx) for q in (c, *candidates(c, ctx))]
     base = with_even(plan, "tokens", "heads", "samples")
     if plan.degrees.pp > 1 and schedule_of(plan).refusal(NAME):  # the nearest schedule Megatron runs: 1F1B
         base = base.replace(schedule="1f1b")

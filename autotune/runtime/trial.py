@@ -26,6 +26,7 @@ from autotune.errors import InputError
 from autotune.plan import FP8_RECIPES, Plan, PlanError
 from autotune.plan_record import PlanRecord
 from autotune.specs.model import ModelSpec, load_model
+from autotune.stages import on_local_devices
 
 DEFAULT_TIMEOUT_S = 600.0
 
@@ -61,7 +62,7 @@ def _device_kind(device: str) -> str:
 
 def check_runtime_support(plan: Plan, spec: ModelSpec) -> None:
     """What this runtime builds (beyond what Plan.resolve already checks); raises PlanError."""
-    p, d = [], plan.degrees
+    p: list[str] = []
     # every norm, position kind, activation and bias the spec accepts is built (runtime/model.py)
     if spec.position == "rope" and spec.head_dim % 2:
         p.append(f"model {spec.name}: rotary embeddings need an even head_dim, got {spec.head_dim}")
@@ -69,8 +70,7 @@ def check_runtime_support(plan: Plan, spec: ModelSpec) -> None:
     if spec.position == "learned" and seq > spec.max_positions:
         p.append(f"seq_len: {seq} tokens > the learned position table of model {spec.name} "
                  f"(max_positions: {spec.max_positions})")
-    tps = sorted({r.tp for st in plan.stages for r in st.replicas}) if plan.stages is not None else [d.tp]
-    for tp in tps:  # a per-stage plan: every replica's tp
+    for tp in plan.tp_degrees():  # a per-stage plan: every replica's tp
         if spec.vocab % tp:
             p.append(f"degrees.tp: vocab({spec.vocab}) not divisible by tp({tp})")
         if spec.dense_ffn_width % tp:  # ffn_hidden, or an MoE model's dense layers' width
@@ -102,8 +102,6 @@ def _moe_problems(plan: Plan, spec: ModelSpec) -> list[str]:
     if plan.dtype == "fp16":
         p.append("dtype: fp16's dynamic loss scale would skip steps per gradient group (dense, expert); "
                  "MoE trials run in bf16 or fp32")
-    if plan.stages is not None:  # (a schedule that is no chain, HelixPipe, the plan checks refuse)
-        p.append("stages: per-stage degrees with experts are not built (the expert mesh folds onto one uniform stage)")
     samples = plan.shares.samples or ()
     if len(set(samples)) > 1 and d.ep * d.etp > d.cp * d.hp * d.tp:
         p.append(f"shares.samples: {'/'.join(map(str, samples))} gives the dp replicas different micro-batch "
@@ -135,13 +133,9 @@ def prepare(plan: Plan | dict[str, Any], model: ModelSpec | str, seq_len: int, g
     if isinstance(plan, dict):
         plan = Plan.from_dict(plan)
     kind = _device_kind(device)
-    if plan.stages is not None and nproc is not None and nproc != plan.world:
-        # a per-stage plan made for a larger cluster runs its shape on nproc local processes
-        from autotune.plan import Shares
-        from autotune.stages import scaled
-
-        plan = plan.replace(stages=scaled(plan.stages, nproc, spec), shares=Shares(), num_microbatches=None,
-                            placement=None, degrees=type(plan.degrees)())
+    # placement names physical devices of the cluster the plan was made for; locally rank r is process r
+    # (a per-stage plan made for a larger cluster runs its shape on nproc local processes)
+    plan = on_local_devices(plan, nproc, spec)
     world = plan.world
     if nproc is not None and nproc != world:
         raise PlanError(f"degrees: {plan.degrees.product_text()} = {world} != --nproc({nproc})", field="plan")
@@ -159,14 +153,8 @@ def prepare(plan: Plan | dict[str, Any], model: ModelSpec | str, seq_len: int, g
         if world > limit:
             raise PlanError(f"degrees: world {world} > {limit} local processes this machine can host",
                             field="plan")
-    # placement names physical devices of the cluster the plan was made for; locally rank r is process r
-    local = plan.replace(placement=None)
-    if plan.stages is not None:  # per-stage plans name their devices: rank r on local device r
-        from autotune.stages import renumbered
-
-        local = local.replace(stages=renumbered(plan.stages))
     cluster = load_cluster(f"local:{world}")
-    resolved = local.resolve(spec, cluster, seq_len, global_batch)
+    resolved = plan.resolve(spec, cluster, seq_len, global_batch)
     check_runtime_support(resolved, spec)
     _check_memory(resolved, spec, cluster, seq_len, global_batch, kind)
     return resolved, spec, kind

@@ -33,6 +33,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -343,16 +344,12 @@ def train(plan: Plan, spec: ModelSpec, seq_len: int, global_batch: int, *, steps
     clk.stopwatch = CudaStopwatch() if cuda_events else WallStopwatch()
     clk.sync = functools.partial(torch.cuda.synchronize, device) if (
         device.type == "cuda" and not cuda_events) else _no_sync
-    if plan.stages is not None:  # each stage its own degrees: autotune/runtime/stages.py
-        from autotune.runtime.stages import build_staged_mesh
-
-        mesh: Any = build_staged_mesh(plan, rank, device, timeout_s=timeout_s)
-    else:
-        mesh = build_mesh(plan, rank, device, timeout_s=timeout_s)
+    build, trainer_of = _runtime(plan, clk)
+    mesh = build(plan, rank, device, timeout_s=timeout_s)
     # the peak is measured over this baseline (imports, process groups): what the plan itself needs
     # (weights, gradients, optimizer states, activations, communication buffers)
     baseline = reset_peak_memory(device)
-    trainer = _trainer(plan, spec, mesh, seq_len, global_batch, seed, data, clk, documents)
+    trainer = trainer_of(plan, spec, mesh, seq_len, global_batch, seed, data=data, documents=documents)
     if (feed := getattr(trainer, "feed", None)) is not None:  # every step's documents, before any clock starts
         feed.prepare(range(warmup + steps), global_batch, seq_len)
     losses, times, splits = [], [], []
@@ -390,17 +387,15 @@ def train(plan: Plan, spec: ModelSpec, seq_len: int, global_batch: int, *, steps
     return report
 
 
-def _trainer(plan: Plan, spec: Any, mesh: Any, seq_len: int, global_batch: int, seed: int, data: Any, clk: Any,
-             documents: Any) -> Any:
-    """The trainer that runs ``plan``: per-stage degrees, a data flow that is no chain of stages
-    (helixpipe: its hand-written runtime), or the chain of stages."""
-    if plan.stages is not None:
-        from autotune.runtime.stages import StagedTrainer
+def _runtime(plan: Plan, clk: CommClock) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """The mesh builder and the trainer that run ``plan``: the runtime's one dispatch on the plan's
+    form (a per-stage plan: autotune/runtime/stages.py, each stage its own degrees), then on its
+    schedule (a data flow that is no chain of stages, HelixPipe: its hand-written runtime)."""
+    if plan.per_stage:
+        from autotune.runtime.stages import StagedTrainer, build_staged_mesh
 
-        return StagedTrainer(plan, spec, mesh, seq_len, global_batch, seed, data=data, clock=clk, documents=documents)
-    if not schedule_of(plan).chain:
-        return HelixTrainer(plan, spec, mesh, seq_len, global_batch, seed, data=data, documents=documents)
-    return RankTrainer(plan, spec, mesh, seq_len, global_batch, seed, data=data, documents=documents)
+        return build_staged_mesh, functools.partial(StagedTrainer, clock=clk)
+    return build_mesh, RankTrainer if schedule_of(plan).chain else HelixTrainer
 
 
 def _split(clk: CommClock, idle: float, cpu_s: float) -> dict[str, float]:

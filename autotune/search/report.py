@@ -116,20 +116,17 @@ def _num(d: Any, key: str) -> float | None:
 
 
 def _layout_text(plan: Plan) -> str:
-    """``dp=2,pp=2``, or a per-stage plan's stages with their own degrees (its ``degrees`` are only
-    the envelope: the largest tp of any replica)."""
-    from autotune.stages import inline
+    """``dp=2,pp=2``, or a per-stage plan's stages with their own degrees: the one plan description
+    (``stages.degrees_text``)."""
+    from autotune.stages import degrees_text
 
-    return f"stages {inline(plan.stages)}" if plan.stages else plan.degrees.inline()
+    return degrees_text(plan.to_dict())
 
 
 def _differences(best: Plan, base: Plan) -> list[str]:
     diffs = []
-    if best.stages or base.stages:
-        if best.stages != base.stages:
-            diffs.append(f"{_layout_text(best)} instead of {_layout_text(base)}")
-    elif best.degrees != base.degrees:
-        diffs.append(f"degrees {best.degrees.inline()} instead of {base.degrees.inline()}")
+    if _layout_text(best) != _layout_text(base):
+        diffs.append(f"{_layout_text(best)} instead of {_layout_text(base)}")
     for k in ("layers", "tokens", "heads", "samples"):
         v = getattr(best.shares, k)
         if v is not None and len(set(v)) > 1:
