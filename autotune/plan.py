@@ -59,6 +59,7 @@ from autotune.plan_parts import (  # noqa: F401  (every part is importable from 
     HELIX_FOLDS,
     MESH_ORDER,
     RECOMPUTE,
+    RECOMPUTE_MODULES,
     ZERO_STAGES,
     Degrees,
     Placement,
@@ -124,7 +125,10 @@ class Plan:
     the layers; None: L/p each, the published rotation). On a mixed cluster faster ranks can take
     more of the rotating attention (``helixpipe.attention_slots`` interleaves them)."""
     recompute: str = "none"
-    """Activation recomputation: none, selective (attention core), full (whole blocks)."""
+    """Activation recomputation: none, selective (attention core, or ``recompute_modules``), full (whole blocks)."""
+    recompute_modules: tuple[str, ...] = ()
+    """Under ``recompute=selective``: the parts of each layer rebuilt in the backward, Megatron-Core's
+    ``--recompute-modules`` (``RECOMPUTE_MODULES``); empty: the attention core alone (Megatron's default)."""
     zero_stage: int = 0
     """Optimizer-state sharding over DP: 0 none, 1 optimizer states (Megatron distributed optimizer),
     2 + gradients, 3 + parameters (FSDP)."""
@@ -158,6 +162,10 @@ class Plan:
         for name, choices in (("schedule", SCHEDULES), ("recompute", RECOMPUTE), ("cp_layout", CP_LAYOUTS),
                               ("dtype", DTYPES), ("balance", BALANCES)):
             _check_choice(getattr(self, name), choices, name)
+        for m in self.recompute_modules:
+            _check_choice(m, RECOMPUTE_MODULES, "recompute_modules")
+        if self.recompute_modules and self.recompute != "selective":
+            raise PlanError(f"needs recompute=selective, got recompute={self.recompute}", field="recompute_modules")
         z = self.zero_stage
         if isinstance(z, bool) or z not in ZERO_STAGES:
             raise PlanError(f"must be 0, 1, 2 or 3, got {z!r}", field="zero_stage")
@@ -343,6 +351,8 @@ class Plan:
             d["doc_mask"] = True
         if self.balance != "count":
             d["balance"] = self.balance
+        if self.recompute_modules:  # absent by default: plans without it read as before
+            d["recompute_modules"] = list(self.recompute_modules)
         return d
 
     def _base_dict(self) -> dict[str, Any]:
@@ -456,6 +466,7 @@ def _plan_from_dict(d: Any) -> Plan:
         helix_folds=F.get_int(d, "helix_folds", "helix_folds", default=1),
         helix_attention=_int_list(d.get("helix_attention"), "helix_attention"),
         recompute=F.get_str(d, "recompute", "recompute", default="none", choices=RECOMPUTE),
+        recompute_modules=_modules_from(d.get("recompute_modules")),
         zero_stage=zero,
         sequence_parallel=F.get_bool(d, "sequence_parallel", "sequence_parallel", default=False),
         cp_layout=F.get_str(d, "cp_layout", "cp_layout", default="zigzag", choices=CP_LAYOUTS),
@@ -465,6 +476,21 @@ def _plan_from_dict(d: Any) -> Plan:
         shares=shares, placement=placement, workload=workload, stages=stages,
         uses=_uses_from(d.get("uses")),
     )
+
+
+def _modules_from(v: Any) -> tuple[str, ...]:
+    """``recompute_modules``: a list of ``RECOMPUTE_MODULES`` names (inline: ``moe_act/layernorm``)."""
+    if v is None:
+        return ()
+    if isinstance(v, str):
+        v = [x.strip() for x in v.split("/") if x.strip()]
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        raise InputError(f"expected a list of module names, got {v!r}", field="recompute_modules")
+    for x in v:
+        if x not in RECOMPUTE_MODULES:
+            raise InputError(f"unknown module {x!r}; one of {', '.join(RECOMPUTE_MODULES)}" + suggest(x, RECOMPUTE_MODULES),
+                             field="recompute_modules")
+    return tuple(dict.fromkeys(v))
 
 
 def _schema_version_from(d: dict) -> int:
@@ -489,7 +515,7 @@ _INLINE_ALIASES = {"mbs": "micro_batch_size", "nmb": "num_microbatches", "vpp": 
                    "zero": "zero_stage", "sp": "sequence_parallel"}
 
 
-_INLINE_KEYS = (*_INLINE_DIMS, *_INLINE_ALIASES, "schedule", "recompute", "cp_layout", "dtype", "layers", "tokens",
+_INLINE_KEYS = (*_INLINE_DIMS, *_INLINE_ALIASES, "schedule", "recompute", "recompute_modules", "cp_layout", "dtype", "layers", "tokens",
                 "heads", "samples", "experts", "doc_mask", "balance", "uses")
 """Every key an inline plan takes (the nearest is suggested for one it does not)."""
 
@@ -526,7 +552,7 @@ def parse_inline(text: str) -> Plan:
             rest["uses"] = _counts(value, "uses", "uses=2/0", what="node counts")
         elif key in ("sequence_parallel", "doc_mask"):
             rest[key] = value.lower() in ("1", "true", "yes", "on")
-        elif key in ("schedule", "recompute", "cp_layout", "dtype", "balance"):
+        elif key in ("schedule", "recompute", "cp_layout", "dtype", "balance", "recompute_modules"):
             rest[key] = value
         else:
             raise PlanError(f"unknown inline plan key {key!r}" + suggest(key, _INLINE_KEYS), field="plan")

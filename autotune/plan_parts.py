@@ -28,6 +28,12 @@ MESH_ORDER = dims.MESH_ORDER
 
 
 RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "moe_act", "mlp", "shared_experts", "moe")
+"""The parts of a layer ``recompute=selective`` may rebuild in the backward, Megatron-Core's
+``--recompute-modules`` names (megatron/core/transformer/transformer_config.py ``recompute_modules``):
+the attention core (its scores; the default), the two norms' outputs, MLA's up-projections (q, k, v),
+the routed experts' activation function, a dense layer's MLP, the shared experts, the whole MoE layer.
+What each keeps and costs: ``autotune/cost/recompute_modules.py``."""
 HELIX_FOLDS = FOLDS  # HelixPipe's fold counts (autotune/schedules/helixpipe.py)
 CP_LAYOUTS = ("zigzag", "contiguous")
 BALANCES = ("count", "cost")

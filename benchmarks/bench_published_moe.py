@@ -69,6 +69,8 @@ class Row:
     model_tflops_per_gpu: float | None = None
     published_as: str = ""
     assumed: str = ""
+    recipe: str = ""
+    """The configuration that states what the row ran beyond its table (its per-module recomputation)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
 

@@ -28,6 +28,7 @@ from typing import Any
 from autotune import dims
 from autotune.cost import comm as C
 from autotune.cost import data_parallel as DP
+from autotune.cost import recompute_modules as RMOD
 from autotune.cost import ulysses as U
 from autotune.cost.collectives import collectives_for
 from autotune.cost.compute import DTYPE_BYTES, Rates, cached_rates, causal_keys
@@ -64,6 +65,10 @@ class StepContext:
     sp: bool
     """Sequence parallelism in effect (tp > 1)."""
     recompute: str
+    """What the block count and the block's backward take (``recompute_modules.block_recompute``: named
+    modules without ``core_attn`` keep the scores, as ``none``)."""
+    recompute_modules: tuple[str, ...]
+    """``Plan.recompute_modules`` (``cost/recompute_modules.py`` prices them)."""
     zero: int
     shard_n: int
     """Ranks holding the same parameters (``dims.shard_size``: dp * cp * hp), the ZeRO and
@@ -145,8 +150,8 @@ def step_context(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batc
         plan=rp, model=model, cluster=cluster, topo=topo, seq_len=seq_len, global_batch=global_batch,
         calibration=calibration or {}, dtype=rp.dtype, bpe=DTYPE_BYTES[rp.dtype],
         degrees=d, v=rp.virtual_stages, n_chunks=d.pp * rp.virtual_stages,
-        mbs=rp.micro_batch_size, zigzag=zig, sp=rp.sequence_parallel and d.tp > 1, recompute=rp.recompute,
-        zero=rp.zero_stage, shard_n=shard_n, devs=devs,
+        mbs=rp.micro_batch_size, zigzag=zig, sp=rp.sequence_parallel and d.tp > 1, recompute=RMOD.block_recompute(rp.recompute, rp.recompute_modules),
+        recompute_modules=rp.recompute_modules, zero=rp.zero_stage, shard_n=shard_n, devs=devs,
         microbatches=tuple(s // rp.micro_batch_size for s in rp.shares.samples),
         kv_ratio=model.kv_heads / model.heads,
         a2a_heads=U.busiest_heads(d.hp, rp.shares.heads, model.heads // d.tp),
@@ -293,7 +298,8 @@ class RankContext:
 
 
 STEP_INPUTS = ("a2a_heads", "bpe", "chunks", "cp", "cp_max_tokens", "dtype", "experts", "hp", "kernels", "kv_ratio",
-               "mbs", "microbatches", "n_chunks", "pp", "recompute", "seq_len", "shard_n", "sp", "tp", "v", "zero")
+               "mbs", "microbatches", "n_chunks", "pp", "recompute",
+               "recompute_modules", "seq_len", "shard_n", "sp", "tp", "v", "zero")
 """The StepContext fields ``rank_cost`` reads by value (``RankContext.cost_key``)."""
 STEP_OBJECTS = ("model", "schedule")
 """The StepContext fields ``rank_cost`` reads, compared by identity."""

@@ -23,6 +23,7 @@ from autotune.cost import grouped_gemm as GG
 from autotune.cost import kernels as K
 from autotune.cost import moe_memory as MM
 from autotune.cost import moe_router as MR
+from autotune.cost import recompute_modules as RMOD
 from autotune.cost.activations import layer_activation_bytes
 from autotune.cost.compute import LayerCompute, layer_compute, rescaled_block
 from autotune.plan_parts import FP8_RECIPES
@@ -112,8 +113,12 @@ def moe_terms(ctx: RankContext, shared_fwd: float, shape: tuple[ER.RankLoad, ...
     comp_f = g + cf * (r_gemm + r_mem) + host_f
     comp_b = 2.0 * g + cf * (2.0 * r_gemm + r_mem) + host_b
     kept = MM.routed_activation_bytes(m, received=own.received, tokens=n, etp=x.etp, bpe=s.bpe,
-                                      recompute=s.recompute)
-    full = MM.routed_activation_bytes(m, received=own.received, tokens=n, etp=x.etp, bpe=s.bpe, recompute="none")
+                                      recompute=s.recompute, dtype=s.dtype, modules=s.recompute_modules)
+    full = MM.routed_activation_bytes(m, received=own.received, tokens=n, etp=x.etp, bpe=s.bpe, recompute="none",
+                                      dtype=s.dtype)
+    # the named modules' forward work again in the backward (the whole layer under ``moe``: the caller)
+    comp_b += cf * RMOD.routed_seconds(m, ctx.rates, s.recompute_modules, received=slow.received, etp=x.etp,
+                                       bpe=s.bpe)
     return MoETerms(comp_f=comp_f, comp_b=comp_b, ep_f=exp_f, ep_b=exp_b, exchange_raw=4.0 * one_way,
                     router_s=cf * (3.0 * r_gemm + 2.0 * r_mem), host_s=host_f + host_b, experts_s=3.0 * g,
                     imbalance=slow.imbalance, tokens_per_expert=slow.received / slow.share, routed_kept=kept,

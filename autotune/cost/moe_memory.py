@@ -8,8 +8,9 @@ states, the activations the experts keep for backward, and the dispatch buffers.
 * Routed activations, per MoE layer and micro-batch, kept for backward: the permuted input of every
   token copy the busiest rank's experts process (hidden), their up/gate projection and activation
   outputs (as the dense MLP's ``matrices * width`` count, at the expert width over etp), and the
-  router's fp32 probabilities over the rank's tokens. Full recomputation keeps none of them (the
-  block input is all it keeps); selective keeps them.
+  router's fp32 probabilities over the rank's tokens; under FP8 the GEMM inputs in FP8. Full
+  recomputation keeps none of them (the block input is all it keeps); selective keeps them, less
+  what its named modules drop (``moe_act``, ``moe``: ``recompute_modules.py``).
 * Dispatch buffers: one send and one receive buffer of the busiest rank's token copies, alive while
   a layer runs (once per rank, not per layer).
 """
@@ -20,20 +21,32 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.cost import expert_data_parallel as EDP
 from autotune.cost import memory as M
+from autotune.cost import recompute_modules as RMOD
 from autotune.cost.data_parallel import grads_accumulate_unsharded
+from autotune.plan_parts import FP8_RECIPES
 
 if TYPE_CHECKING:
     from autotune.cost.context import RankContext
 
 
 def routed_activation_bytes(model: Any, *, received: float, tokens: float, etp: int, bpe: int,
-                            recompute: str) -> float:
+                            recompute: str, dtype: str = "bf16", modules: tuple[str, ...] = ()) -> float:
     """Bytes one MoE layer keeps for backward per micro-batch beyond its attention and shared
-    experts: ``received`` token copies on the busiest rank, ``tokens`` the rank's tokens."""
-    if recompute == "full":
+    experts: ``received`` token copies on the busiest rank, ``tokens`` the rank's tokens.
+
+    Per copy: the first grouped GEMM's input (hidden), its output ((matrices - 1) x width / etp, the
+    activation's input) and the activation's output (width / etp, the second GEMM's input). Under an
+    FP8 dtype the two GEMM inputs are kept as the FP8 tensors the GEMMs read (Transformer Engine's
+    GroupedLinear saves its quantised input for the weight gradient: one byte an element, the MXFP8
+    and blockwise scales' 1/32 and 1/128 left out); the activation's input stays in ``bpe``.
+    ``modules`` (``recompute_modules.routed_saving``): ``moe_act`` drops the activation's output,
+    ``moe`` keeps nothing of the layer (its input is the block's)."""
+    if recompute == "full" or "moe" in modules:
         return 0.0
-    e = model.moe
-    copies = received * (model.hidden + model.mlp_matrices * e.expert_ffn_hidden / etp) * bpe
+    e, w = model.moe, model.moe.expert_ffn_hidden / etp
+    gemm_in = 1.0 if dtype in FP8_RECIPES else float(bpe)
+    copies = received * (model.hidden * gemm_in + (model.mlp_matrices - 1) * w * bpe + w * gemm_in)
+    copies -= RMOD.routed_saving(model, modules, received=received, etp=etp, act_bytes=gemm_in)
     return copies + tokens * e.experts * 4.0
 
 

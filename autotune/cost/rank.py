@@ -24,6 +24,7 @@ from autotune.cost import memory as M
 from autotune.cost import moe_layers as ML
 from autotune.cost import moe_memory as MM
 from autotune.cost import pipeline_parallel as PP
+from autotune.cost import recompute_modules as RMOD
 from autotune.cost import tensor_parallel as TP
 from autotune.cost import ulysses as U
 from autotune.cost.compute import LayerCompute, head_compute, layer_compute
@@ -198,6 +199,7 @@ def _dense_block(ctx: RankContext) -> tuple[BlockTimes, float, tuple[float, floa
     micro-batch, full, of which the scores)."""
     s = ctx.step
     kept, full, scores = M.block_activations(ctx)
+    kept -= module_saving(ctx, s.model.ffn_hidden, moe_layer=False)
     # elementwise traffic over the sbh tensors; the softmax over the scores is part of the attention
     # kernel's throughput (fused attention never writes the s^2 scores to memory)
     lc = layer_compute(s.model, ctx.rates, tokens=ctx.tokens_local, tp=s.tp, heads_local=ctx.heads,
@@ -208,7 +210,24 @@ def _dense_block(ctx: RankContext) -> tuple[BlockTimes, float, tuple[float, floa
     blk = LY.piece(ctx, "block") or LY.reconciled_block(ctx, lc)
     if blk is not None:
         lc = LY.measured_block(lc, blk)
-    return block_times(ctx, lc), ctx.cf * lc.gemm_fwd, (kept, full, scores)
+    b = block_times(ctx, lc)
+    b.comp_b += module_seconds(ctx, s.model.ffn_hidden, moe_layer=False)
+    return b, ctx.cf * lc.gemm_fwd, (kept, full, scores)
+
+
+def module_saving(ctx: RankContext, ffn_width: float, moe_layer: bool) -> float:
+    """Bytes a layer's attention side no longer keeps per micro-batch under ``recompute_modules``."""
+    s = ctx.step
+    return RMOD.block_saving(s.model, s.recompute_modules, tokens=s.mbs * ctx.tokens / s.hp,
+                             cp_tokens=s.mbs * ctx.tokens, tp=s.tp, sequence_parallel=s.sp, heads_local=ctx.heads,
+                             ffn_width=ffn_width, moe_layer=moe_layer, act_bytes=s.bpe)
+
+
+def module_seconds(ctx: RankContext, ffn_width: float, moe_layer: bool) -> float:
+    """Backward seconds a layer's attention side spends rebuilding its ``recompute_modules``."""
+    s = ctx.step
+    return ctx.cf * RMOD.block_seconds(s.model, ctx.rates, s.recompute_modules, tokens=ctx.tokens_local, tp=s.tp,
+                                       sequence_parallel=s.sp, ffn_width=ffn_width, moe_layer=moe_layer, bpe=s.bpe)
 
 
 def _moe_blocks(ctx: RankContext) -> tuple[tuple[BlockTimes, ...], tuple[float, ...], tuple[float, float, float],
@@ -232,10 +251,15 @@ def _moe_blocks(ctx: RankContext) -> tuple[tuple[BlockTimes, ...], tuple[float, 
     bd, bm = block_times(ctx, lc_d), block_times(ctx, lc_m)
     if not m.moe.shared_width:  # tp's second gather/scatter pair is the FFN's: routed tokens leave in their
         bm.tp_f, bm.tp_b = 0.5 * bm.tp_f, 0.5 * bm.tp_b  # sequence-parallel slices (expert_dispatch.py)
-    full_rc = s.recompute == "full"
+    # full recomputation (and the ``moe`` module) runs the layer's forward again in the backward,
+    # its dispatch and combine included
+    full_rc = s.recompute == "full" or "moe" in s.recompute_modules
+    kd -= module_saving(ctx, m.dense_ffn_width, moe_layer=False)
+    km -= module_saving(ctx, m.moe.shared_width, moe_layer=True)
+    bd.comp_b += module_seconds(ctx, m.dense_ffn_width, moe_layer=False)
+    bm.comp_b += module_seconds(ctx, m.moe.shared_width, moe_layer=True)
     bm.comp_f += t.comp_f
     bm.comp_b += t.comp_b + (t.comp_f if full_rc else 0.0)
-    # full recomputation runs the forward's dispatch and combine again in the backward
     bm.ep_f, bm.ep_b = t.ep_f, t.ep_b + (t.ep_f if full_rc else 0.0)
     bm.ep_raw = t.exchange_raw * (1.5 if full_rc else 1.0)
     n_moe = x.chunk_moe_layers[ctx.pp_index]

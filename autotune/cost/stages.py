@@ -31,6 +31,7 @@ from autotune import dims
 from autotune import stages as ST
 from autotune.cost import comm as C
 from autotune.cost import data_parallel as DP
+from autotune.cost import recompute_modules as RMOD
 from autotune.cost import ulysses as U
 from autotune.cost.collectives import collectives_for
 from autotune.cost.compute import DTYPE_BYTES, causal_keys
@@ -54,7 +55,9 @@ def staged_step_context(rp: Any, model: Any, cluster: Any, seq_len: int, global_
         plan=rp, model=model, cluster=cluster, topo=topo, seq_len=seq_len, global_batch=global_batch,
         calibration=calibration or {}, dtype=rp.dtype, bpe=DTYPE_BYTES[rp.dtype],
         degrees=d, v=rp.virtual_stages, n_chunks=d.pp * rp.virtual_stages,
-        mbs=rp.micro_batch_size, zigzag=False, sp=False, recompute=rp.recompute, zero=rp.zero_stage,
+        mbs=rp.micro_batch_size, zigzag=False, sp=False,
+        recompute=RMOD.block_recompute(rp.recompute, rp.recompute_modules), recompute_modules=rp.recompute_modules,
+        zero=rp.zero_stage,
         shard_n=dims.shard_size(d),
         devs=devs, microbatches=tuple(x // rp.micro_batch_size for x in rp.shares.samples),
         kv_ratio=model.kv_heads / model.heads, a2a_heads=U.busiest_heads(1, (model.heads,), model.heads),

@@ -114,6 +114,8 @@ def describe(plan: Plan) -> str:
         parts.append(f"vpp={plan.virtual_stages}")
     if plan.recompute != "none":
         parts.append(f"recompute={plan.recompute}")
+    if plan.recompute_modules:
+        parts.append("recompute_modules=" + "/".join(plan.recompute_modules))
     if plan.zero_stage:
         parts.append(f"zero={plan.zero_stage}")
     if plan.sequence_parallel:

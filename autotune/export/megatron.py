@@ -21,7 +21,8 @@ Mapping (argument names from megatron/training/arguments.py):
   folding: the expert mesh tp-ep-dp-pp over the same ranks, as ``plan_parts.expert_groups`` orders it),
   ``--moe-grouped-gemm``, ``--moe-token-dispatcher-type alltoall``, shared experts, the dense layers as
   a ``--moe-layer-freq`` pattern, the router, capacity and token dropping; MLA (``mla_arguments``);
-* ``recompute`` -> ``--recompute-granularity selective|full`` (full with ``--recompute-method
+* ``recompute`` -> ``--recompute-granularity selective|full`` (selective with ``--recompute-modules`` from
+  ``recompute_modules``) (full with ``--recompute-method
   uniform --recompute-num-layers 1``); ``zero_stage`` 1 -> ``--use-distributed-optimizer``;
   ``sequence_parallel`` -> ``--sequence-parallel``.
 
@@ -269,6 +270,8 @@ def arguments(plan: Plan, ctx: ExportContext) -> list[str]:
         a.append("--checkpoint-without-attn")
     elif plan.recompute == "selective":
         a += ["--recompute-granularity", "selective"]
+        if plan.recompute_modules:
+            a += ["--recompute-modules", *plan.recompute_modules]
     elif plan.recompute == "full":
         a += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
     if plan.zero_stage == 1:

@@ -95,6 +95,8 @@ def reasons(plan: Plan, ctx: ExportContext) -> list[str]:
     r.add(d.tp > 1 and not plan.sequence_parallel,
           "sequence_parallel false with tp: torchtitan's tensor-parallel plan always shards norms along the sequence")
     r.add(plan.dtype == "fp16", "dtype fp16: torchtitan's training.mixed_precision_param is bfloat16 or float32")
+    r.add(bool(plan.recompute_modules), "recompute_modules: torchtitan's selective activation checkpointing "
+          "saves per op or per layer, not per named module")
     r.add(plan.dtype in FP8_RECIPES and FP8_RECIPES[plan.dtype] not in FLOAT8,
           f"dtype {plan.dtype}: torchtitan's float8 (torchao) has dynamic tensorwise/rowwise scaling and MXFP8, "
           f"no {FP8_RECIPES.get(plan.dtype)} scaling")

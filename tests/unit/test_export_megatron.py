@@ -20,7 +20,7 @@ KNOWN = {
     "--cp-comm-type", "--hierarchical-context-parallel-sizes", "--num-layers-per-virtual-pipeline-stage",
     "--pipeline-model-parallel-layout", "--decoder-first-pipeline-num-layers",
     "--decoder-last-pipeline-num-layers", "--micro-batch-size", "--global-batch-size",
-    "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--use-distributed-optimizer",
+    "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--recompute-modules", "--use-distributed-optimizer",
     "--sequence-parallel", "--bf16", "--fp16", "--num-layers", "--hidden-size", "--ffn-hidden-size",
     "--num-attention-heads", "--seq-length", "--max-position-embeddings", "--vocab-size",
     "--group-query-attention", "--num-query-groups", "--swiglu", "--normalization",

@@ -72,6 +72,8 @@ def config_from_args(args: list[str]) -> TransformerConfig:
         if "--recompute-method" in one:
             kw["recompute_method"] = one["--recompute-method"]
             kw["recompute_num_layers"] = int(one["--recompute-num-layers"])
+        if "--recompute-modules" in f:
+            kw["recompute_modules"] = f["--recompute-modules"]
     return TransformerConfig(**kw)  # __post_init__: Megatron's own checks
 
 
@@ -117,3 +119,12 @@ def test_megatron_accepts_every_degree_mix(deg, recompute):
     if d.cp > 1 and d.hp > 1:  # Megatron's hierarchical CP: sizes multiply to the CP size, a2a inside
         assert cfg.cp_comm_type == "a2a+p2p" and cfg.hierarchical_context_parallel_sizes == [d.hp, d.cp]
     assert cfg.recompute_granularity == (None if recompute == "none" else recompute)
+
+
+def test_megatron_reads_the_plans_recompute_modules():
+    """A plan's per-module recomputation reaches Megatron-Core's TransformerConfig as it names it
+    (its own __post_init__ checks the names)."""
+    ctx = ctx_for()
+    plan = resolved(ctx, degrees=Degrees(dp=8), recompute="selective", recompute_modules=("layernorm", "mlp"))
+    cfg = config_from_args(M.parse_script(export(plan, ctx, "megatron").text))
+    assert cfg.recompute_granularity == "selective" and cfg.recompute_modules == ["layernorm", "mlp"]
