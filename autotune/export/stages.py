@@ -112,7 +112,7 @@ def staged_reasons(plan: Plan, ctx: Any, target: str, reasons: Callable[[Plan, A
     if u is not None:
         return reasons(u, ctx)
     used = f"{plan.world} of {ctx.cluster.num_devices} devices"
-    return [f"stages ({ST.inline(plan.stages)}, {used}): {FRAMEWORK_MESH.get(target, target + ' runs one mesh')}; "
+    return [f"{ST.degrees_text(plan.to_dict())} ({used}): {FRAMEWORK_MESH.get(target, target + ' runs one mesh')}; "
             "per-stage device groups and degrees run on autotune's runtime (--target runtime)"]
 
 
