@@ -20,6 +20,7 @@ from rich.markup import escape
 
 from autotune import __version__
 from autotune.commands.common import emit_json, err_console
+from autotune.commands.help_layout import PLAIN_HELP, Command
 from autotune.errors import AutotuneError, InputError
 
 # typer >= 0.2x vendors its own click (typer._click, no click dependency) with its own Exit/Abort;
@@ -74,13 +75,14 @@ def build_app(names: tuple[str, ...] = COMMANDS) -> typer.Typer:
         add_completion=False,
         pretty_exceptions_enable=False,
         context_settings={"help_option_names": ["-h", "--help"]},
+        **PLAIN_HELP,
     )
     for name in names:
         mod = importlib.import_module(f"autotune.commands.{name}")
         if hasattr(mod, "app"):  # a command group (e.g. `profile list`)
             out.add_typer(mod.app, name=name, **({"help": mod.HELP} if hasattr(mod, "HELP") else {}))
         else:
-            out.command(name, help=mod.HELP,
+            out.command(name, help=mod.HELP, cls=Command,
                         context_settings=_EXTRA if getattr(mod, "PLACEHOLDER", False) else None)(mod.command)
     out.callback()(_root)
     return out

@@ -8,12 +8,13 @@ import typer
 from rich.table import Table
 
 from autotune.commands.common import JsonOpt, WideOpt, console, emit_json
+from autotune.commands.help_layout import PLAIN_HELP, Command
 from autotune.dashboard.tables import Col, fit
 from autotune.specs.model import PRESETS, load_model
 from autotune.units import fmt_count
 
 app = typer.Typer(help="List the built-in model presets, or show one (or a model file).",
-                  invoke_without_command=True, no_args_is_help=False)
+                  invoke_without_command=True, no_args_is_help=False, **PLAIN_HELP)
 
 
 @app.callback()
@@ -51,7 +52,7 @@ def _experts(m) -> str:
     return text + (" MLA" if m.mla is not None else "")
 
 
-@app.command("show")
+@app.command("show", cls=Command)
 def show(name: Annotated[str, typer.Argument(help="Preset name or model file.")], json_: JsonOpt = False) -> None:
     """Show one model: its fields, parameter count and training FLOPs per token."""
     m = load_model(name)

@@ -32,6 +32,7 @@ from autotune.commands.common import (
     err_console,
     parse_emulation,
 )
+from autotune.commands.help_layout import PLAIN_HELP, Command
 from autotune.dashboard.tables import Col, fit
 from autotune.errors import InputError
 from autotune.units import fmt_bandwidth, fmt_bytes, fmt_time
@@ -40,7 +41,7 @@ from profilers.options import LayerProfileOptions, ProfileOptions
 
 HELP = "Measure this machine's devices and links (GEMM, attention, p2p matrix, collectives) and store a profile."
 
-app = typer.Typer(help=HELP, invoke_without_command=True, no_args_is_help=False)
+app = typer.Typer(help=HELP, invoke_without_command=True, no_args_is_help=False, **PLAIN_HELP)
 
 IdArg = Annotated[str, typer.Argument(help="Profile id (see `autotune profile list`).")]
 
@@ -208,7 +209,7 @@ def _print_summary(s: dict[str, Any]) -> None:
                       "(flagged unstable in the store)[/]")
 
 
-@app.command("list")
+@app.command("list", cls=Command)
 def list_cmd(storage: StorageOpt = DEFAULT_STORAGE, json_: JsonOpt = False) -> None:
     """List stored profiles."""
     from profilers.store import list_layer_profiles, list_profiles
@@ -236,7 +237,7 @@ def list_cmd(storage: StorageOpt = DEFAULT_STORAGE, json_: JsonOpt = False) -> N
         console.print(lt)
 
 
-@app.command("show")
+@app.command("show", cls=Command)
 def show_cmd(profile_id: IdArg, storage: StorageOpt = DEFAULT_STORAGE, json_: JsonOpt = False) -> None:
     """Show one profile: fits per rank, p2p matrix, collectives (or a layer profile, layers:ID)."""
     from profilers.store import LAYER_REF_PREFIX, load_layer_profile, load_profile
@@ -257,7 +258,7 @@ def show_cmd(profile_id: IdArg, storage: StorageOpt = DEFAULT_STORAGE, json_: Js
         _print_summary(s)
 
 
-@app.command("export")
+@app.command("export", cls=Command)
 def export_cmd(profile_id: IdArg,
                out: Annotated[Path, typer.Option("--output", "-o", help="JSON file to write.")],
                storage: StorageOpt = DEFAULT_STORAGE, json_: JsonOpt = False) -> None:
@@ -295,7 +296,7 @@ def _write_json(doc: dict[str, Any], out: Path) -> None:
 FORMATS = ("autotune", "sailor", "metis", "galvatron")
 
 
-@app.command("import")
+@app.command("import", cls=Command)
 def import_cmd(paths: Annotated[list[Path], typer.Argument(help="JSON file(s) written by `autotune profile export`, "
                                                                 "or another planner's profile files (--format).")],
                fmt: Annotated[str, typer.Option("--format", help="autotune (an export), or the per-layer profiles of "
