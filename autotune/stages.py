@@ -462,13 +462,18 @@ def inline(stages: tuple[Stage, ...]) -> str:
 
 def degrees_text(plan: dict[str, Any] | None) -> str:
     """How tables show a plan dict's layout: ``dp=2,pp=2,tp=4``, or a per-stage plan's stages with
-    their own degrees (``stages 6L(tp4x2) | 7L(tp1x2)``; one place for the CLI and the dashboard)."""
+    their own degrees (``stages 6L(tp4x2) | 7L(tp1x2)``; one place for the CLI and the dashboard).
+    A per-stage plan whose stages share one tp is the mesh of its degrees (``Plan.layout``'s rule):
+    ``stages 4L(tp1x2)`` is shown as the ``dp=2`` it is, so a table never lists one layout twice
+    under two names."""
     plan = plan or {}
     if plan.get("stages"):
         try:
-            return "stages " + inline(stages_from(plan["stages"]) or ())
+            stages = stages_from(plan["stages"]) or ()
         except InputError:
             return "stages ?"
+        if not is_uniform(stages) or not plan.get("degrees"):
+            return "stages " + inline(stages)
     return ",".join(f"{k}={v}" for k, v in (plan.get("degrees") or {}).items() if v > 1) or "dp=1"
 
 

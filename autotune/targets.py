@@ -92,3 +92,12 @@ def best_per_target(ranked: Iterable[tuple[Any, Plan]], ctx: ExportContext,
         if all(v is not None for v in out.values()):
             break
     return out
+
+
+def per_target_text(found: dict[str, dict[str, Any] | None]) -> str:
+    """``best_per_target`` in one line, as search and the dashboard print it. The ratio is of
+    tokens/s whatever ranked the plans: in a study searched for cost a target's best is its cheapest
+    plan per token, which may run on fewer devices at a fraction of the best's tokens/s."""
+    parts = [f"{t} {v['ratio']:.2f}x (#{v['trial']})" if v else f"{t} none among the best plans"
+             for t, v in found.items()]
+    return "best plan each target can run, its tokens/s against the best's: " + ", ".join(parts)

@@ -30,7 +30,7 @@ from autotune.commands.common import (
     err_console,
 )
 from autotune.dashboard.tables import Col, fit
-from autotune.objective import cost_text
+from autotune.objective import Objective, cost_text
 from autotune.stages import degrees_text
 from autotune.units import fmt_bytes, fmt_time
 
@@ -214,10 +214,11 @@ def _label(key: str, label: str, bd: dict[str, Any] | None) -> str:
     return label
 
 
-def why(p: dict[str, Any], bd: dict[str, Any] | None, best: dict[str, Any], best_bd: dict[str, Any] | None) -> str:
-    """One line on why a plan sits where it does: the best names where its step goes; every other
-    plan the term that costs it most against the best (a MoE plan's routed experts and all-to-all
-    among them, e.g. ``all-to-all across nodes 0.8 s against 0.1 s``)."""
+def why(p: dict[str, Any], bd: dict[str, Any] | None, best: dict[str, Any], best_bd: dict[str, Any] | None,
+        first: str = "fastest") -> str:
+    """One line on why a plan sits where it does: the best (``first``: what put it first) names where
+    its step goes; every other plan the term that costs it most against the best (a MoE plan's routed
+    experts and all-to-all among them, e.g. ``all-to-all across nodes 0.8 s against 0.1 s``)."""
     step = (p.get("predicted") or {}).get("step_time_s")
     best_step = (best.get("predicted") or {}).get("step_time_s")
     if not step or not best_step:
@@ -226,13 +227,28 @@ def why(p: dict[str, Any], bd: dict[str, Any] | None, best: dict[str, Any], best
     if p is best:
         parts = ", ".join(f"{_label(k, label, bd)} {fmt_time(mine[k])}" for k, label in _TERMS
                           if mine[k] > 0.005 * step)
-        return f"fastest: {fmt_time(step)}/step = {parts}"
+        return f"{first}: {fmt_time(step)}/step = {parts}"
     theirs = _terms(best_bd)
     key, label = max(_TERMS, key=lambda kl: mine[kl[0]] - theirs[kl[0]])
     extra = mine[key] - theirs[key]
     return (f"{step / best_step:.2f}x the best's step time; {_label(key, label, bd)} {fmt_time(mine[key])} against "
             f"{fmt_time(theirs[key])} (+{fmt_time(extra)})" if extra > 0 else
             f"{step / best_step:.2f}x the best's step time")
+
+
+def first_place(best: dict[str, Any], others: list[dict[str, Any]], objective: str) -> str:
+    """What put the best plan first: the objective (``fastest``, ``cheapest per token``, ``fastest
+    within 15USD/h``), or, where another plan of the search is faster, the tie-break (cost/tiebreak.py)."""
+    from autotune.cost.tiebreak import TIE_TOLERANCE
+
+    def step(p: dict[str, Any]) -> float:
+        return float((p.get("predicted") or {}).get("step_time_s") or 0.0)
+
+    faster = min((p for p in others if 0 < step(p) < step(best)), key=step, default=None)
+    if not objective.startswith("fastest") or faster is None:
+        return objective
+    return (f"chosen ({step(best) / step(faster) - 1:.1%} slower than {degrees_text(faster)} "
+            f"{_options(faster)}: within {TIE_TOLERANCE:.0%} plans tie and the simpler one is chosen)")
 
 
 def priced_from(bd: dict[str, Any] | None) -> str:
@@ -251,9 +267,9 @@ def priced_from(bd: dict[str, Any] | None) -> str:
 
 
 def plan_table(plans: list[dict[str, Any]], title: str, measured: bool = False, wide: bool = False,
-               breakdowns: list[dict[str, Any] | None] | None = None) -> Group:
+               breakdowns: list[dict[str, Any] | None] | None = None, first: str = "fastest") -> Group:
     """The plans, fitted to the terminal, with one line per plan under the table on why it is where
-    it is (when ``breakdowns`` are given)."""
+    it is (when ``breakdowns`` are given; ``first``: what put the first plan first, ``first_place``)."""
     cols = [Col("#", priority=0), Col("degrees", "left", 0), Col("shares", "left", 1), Col("options", "left", 1),
             Col("pred tok/s", priority=0), Col("MFU", priority=3), Col("peak memory", priority=2)]
     if measured:
@@ -280,7 +296,7 @@ def plan_table(plans: list[dict[str, Any]], title: str, measured: bool = False, 
         rows.append(row)
     lines = []
     if breakdowns is not None and plans:
-        lines = [Text(f"#{i + 1} {why(p, bd, plans[0], breakdowns[0])}{priced_from(bd)}", style="dim")
+        lines = [Text(f"#{i + 1} {why(p, bd, plans[0], breakdowns[0], first)}{priced_from(bd)}", style="dim")
                  for i, (p, bd) in enumerate(zip(plans, breakdowns, strict=True))]
     caption = "options: micro-batch size x micro-batches, schedule when not 1f1b, recompute, ZeRO stage"
     return Group(fit(console, cols, rows, wide=wide, title=title, caption=caption), *lines)
@@ -295,10 +311,10 @@ def distinct_layouts(study_name: str, storage: str, n: int) -> list[tuple[dict[s
 
 
 def targets_line(targets: dict[str, Any]) -> str:
-    """``best per target: runtime 1.00x (#12), megatron 0.87x (#40), ...`` (None: none of the best)."""
-    parts = [f"{t} {v['ratio']:.2f}x (#{v['trial']})" if v else f"{t} none among the best plans"
-             for t, v in targets.items()]
-    return "best plan each target can run, against the best: " + ", ".join(parts)
+    """``best plan each target can run, ...: runtime 1.00x (#12), megatron 0.87x (#40), ...``."""
+    from autotune.targets import per_target_text
+
+    return per_target_text(targets)
 
 
 def show(res: dict[str, Any], storage: str | None = None, wide: bool = False,
@@ -312,7 +328,9 @@ def show(res: dict[str, Any], storage: str | None = None, wide: bool = False,
     if top:
         console.print(plan_table([p for p, _ in top], f"best plan of each of the {len(top)} best layouts, of "
                                  f"{res['trials']} trials (study {res['study']})", wide=wide,
-                                 breakdowns=[bd for _, bd in top]))
+                                 breakdowns=[bd for _, bd in top],
+                                 first=first_place(top[0][0], [p for p, _ in top] + res.get("top", []),
+                                                   Objective.from_attrs(res.get("objective")).text())))
     else:
         console.print(plan_table(res["top"], f"top {len(res['top'])} of {res['trials']} trials (study "
                                  f"{res['study']})", wide=wide))

@@ -145,8 +145,9 @@ def summary(view: StudyView) -> Text:
         txt.append("; it is an even split")
     targets = ua.get("best_per_target")
     if targets:  # written by the search (autotune/search/report.py, per_target)
-        parts = [f"{t} {v['ratio']:.2f}x (#{v['trial']})" if v else f"{t} none of the best" for t, v in targets.items()]
-        txt.append("\nbest plan each target can run, against the best: " + ", ".join(parts))
+        from autotune.targets import per_target_text
+
+        txt.append("\n" + per_target_text(targets))
     return txt
 
 

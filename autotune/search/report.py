@@ -32,17 +32,21 @@ def collect(study: Any, storage: str, top: int, elapsed: float, before: int, not
         memory_bound = [t for t in trials if t.user_attrs.get("infeasible_kind") == "memory"]
         raise WorkError(nothing_fits(memory_bound, workload) or "no feasible plan: " + infeasibility_report(trials))
     best_t = ranked[0][0]
-    # the best even plan: parse only the stored plans whose shares are even (Plan.is_even's rule)
-    base_t, base = next(iter_trial_plans(study, where=looks_even), (None, None))
+    # one order for all the result shows: the ranked plans (the tie-break's) first, then the study's.
+    # The best is #1 of the layouts, the best even split is the best itself when it is one, and the
+    # targets are measured against it (not against a plan 0.1% faster the tie-break passed over).
+    # The even plans after the ranked ones: parse only those whose shares are even (Plan.is_even's rule)
+    base_t, base = next(itertools.chain(((t, p) for t, p in ranked if looks_even(t.user_attrs["plan"])),
+                                        iter_trial_plans(study, where=looks_even)), (None, None))
     if base_t is not None:
         study.set_user_attr("baseline_best_trial", base_t.number)
     res = SearchResult(study_name=study.study_name, storage=storage, best=trial_record(best_t),
                        top=[trial_record(t) for t, _ in ranked],
                        baseline_best=trial_record(base_t) if base_t is not None else None, trials=len(trials), new_trials=len(trials) - before, elapsed_s=elapsed,
                        notes=notes, best_trial=best_t.number, baseline_trial=base_t.number if base_t else None)
-    res.layouts = best_layouts(iter_trial_plans(study), top)
+    res.layouts = best_layouts(itertools.chain(ranked, iter_trial_plans(study)), top)
     if workload is not None:
-        res.targets = per_target(study, workload)
+        res.targets = per_target(study, workload, first=ranked)
     res.why = why_best(res.best, res.baseline_best, best_t.user_attrs.get("breakdown"),
                        base_t.user_attrs.get("breakdown") if base_t else None)
     return res
@@ -53,12 +57,14 @@ TARGET_SCAN = 300
 parsing and every exporter's rules: ~1 s for 300 on 2 cores); a target with none among them is None."""
 
 
-def per_target(study: Any, workload: tuple[Any, Any, int, int]) -> dict[str, Any]:
+def per_target(study: Any, workload: tuple[Any, Any, int, int], first: Any = ()) -> dict[str, Any]:
     """Per target, the best plan among the study's best TARGET_SCAN it can run (autotune/targets.py),
-    stored on the study (``best_per_target``: trial, tokens/s, ratio) for the dashboard too."""
+    ``first`` (the search's ranked plans, the best first) before the others, stored on the study
+    (``best_per_target``: trial, tokens/s, ratio to the first plan) for the dashboard too."""
     from autotune.targets import best_per_target, context
 
-    found = best_per_target(itertools.islice(iter_trial_plans(study), TARGET_SCAN), context(*workload))
+    ranked = itertools.chain(first, iter_trial_plans(study))
+    found = best_per_target(itertools.islice(ranked, TARGET_SCAN), context(*workload))
     study.set_user_attr("best_per_target", {t: ({k: v[k] for k in ("trial", "tokens_per_s", "ratio")} if v else None)
                                             for t, v in found.items()})
     return found
