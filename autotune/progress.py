@@ -48,8 +48,10 @@ class _Times(ProgressColumn):
 class Progress:
     """The display (see the module docstring). ``enabled=None``: on when ``console`` is a terminal."""
 
-    def __init__(self, console: Console, *, enabled: bool | None = None, unit: str = "trials"):
+    def __init__(self, console: Console, *, enabled: bool | None = None, unit: str = "trials",
+                 opening: str | None = None):
         self.console = console
+        self._opening = opening
         self.on = bool(console.is_terminal) if enabled is None else bool(enabled and console.is_terminal)
         self.unit, self.t0, self._deadline = unit, time.monotonic(), None
         self._rich: RichProgress | None = None
@@ -80,6 +82,14 @@ class Progress:
             self._task = None
 
     # ---- what the command reports ---------------------------------------------------------
+    def opened(self) -> None:
+        """The work has begun (a search: its study is open): ``opening`` is printed, once, on a
+        terminal or not. What is refused before (a bad --space, a budget below every subset) then
+        prints its one error line and no line announcing a study it never wrote."""
+        if self._opening is not None:
+            text, self._opening = self._opening, None
+            self.console.print(text, highlight=False)
+
     def phase(self, name: str, total: int | None = None) -> None:
         """Start phase ``name`` (the previous one ends); ``total``: its steps, when known."""
         if self._rich is None:

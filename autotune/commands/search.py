@@ -121,10 +121,9 @@ def command(
     name = study or (default_study_name(m, c, seq_len, global_batch) + ("" if chosen == "bf16" else f"-{chosen}")
                      + ("" if target == "runtime" else f"-{target}")
                      + ("" if docs is None else f"-docs{docs.dist.digest()[:8]}" + ("" if opts.doc_mask else "-nomask")))
-    if not json_:
-        err_console.print(f"searching {m.name} on {c.name} ({c.num_devices} devices), seq {seq_len}, batch "
-                          f"{global_batch}: study {name!r} in {storage}", highlight=False)
-    with Progress(err_console, enabled=not json_) as live:  # a terminal only; nothing under --json or a pipe
+    opening = (f"searching {m.name} on {c.name} ({c.num_devices} devices), seq {seq_len}, batch {global_batch}: "
+               f"study {name!r} in {storage}")  # printed once the study is open (Progress.opened)
+    with Progress(err_console, enabled=not json_, opening=None if json_ else opening) as live:  # the bar: a terminal
         res = pool_search(m, c, seq_len, global_batch, study_name=name, storage=storage, options=opts, objective=obj,
                           display=live)
     out = res.to_dict()

@@ -208,20 +208,26 @@ class _PoolRun:
         self.estimator, self.say, self.display = estimator, say, display
         self.notes: list[str] = []
         self.workspaces: list[Any] = []
+        self.spaces: dict[tuple[int, ...], Any] = {}  # each subset's space (built by _open_study)
         self.stored: list[Any] = []  # the study's trials before this run (each subset takes its own)
 
-    def _setup(self, uses: tuple[int, ...]) -> tuple[Any, Any]:
-        """The space, evaluator and workspace of one subset."""
+    def _space(self, uses: tuple[int, ...]) -> Any:
+        """One subset's search space: ``space(ctx)`` checked (``build_space``: an InputError naming --space)."""
         from autotune.search.options import load_space
-        from autotune.search.pricing import default_estimator
         from autotune.search.spaces import build_space
-        from autotune.search.workspace import Workspace, make_sampler
         from search_spaces.base import SearchContext
 
         sub = P.subset(self.pool, uses)
         ctx = SearchContext(model=self.model, cluster=sub, seq_len=self.seq_len, global_batch=self.global_batch,
                             dtype=subset_dtype(self.opts.dtype, sub))
-        space = build_space(load_space(self.opts.space), ctx, self.opts.space)
+        return build_space(load_space(self.opts.space), ctx, self.opts.space)
+
+    def _setup(self, uses: tuple[int, ...]) -> tuple[Any, Any]:
+        """The space (built by ``_open_study``), evaluator and workspace of one subset."""
+        from autotune.search.pricing import default_estimator
+        from autotune.search.workspace import Workspace, make_sampler
+
+        space = self.spaces[uses]
         ev = SubsetEvaluator(space, self.estimator or default_estimator(), self.pool, uses, target=self.opts.target)
         key = uses_key(uses)
         ws = Workspace(self.name, self.storage, space.distributions(), make_sampler(self.opts.sampler, self.opts.seed),
@@ -247,7 +253,7 @@ class _PoolRun:
         self._reachable(subsets)
         if not subsets:
             raise WorkError("no subset of the pool can be searched: " + "; ".join(notes))
-        study = self._open_study()
+        study = self._open_study(subsets)
         before = len(self.stored)
         n_main = self.opts.trials or DEFAULT_TRIALS
         n_polish = POLISH_FACTOR * n_main if self.opts.polish else 0
@@ -282,10 +288,14 @@ class _PoolRun:
         study.set_user_attr("left_out_trial", res.best_trial)
         return res
 
-    def _open_study(self) -> Any:
+    def _open_study(self, subsets: list[tuple[int, ...]]) -> Any:
         """The study (created once, before any subset is searched) with the objective recorded; the
-        trials it held before this run are kept in ``self.stored`` (each subset takes its own)."""
+        trials it held before this run are kept in ``self.stored`` (each subset takes its own). Every
+        subset's space is built first: a ``--space`` that raises or returns no space is refused
+        before anything is stored, as the plain search refuses it."""
         from autotune.study import StudyRecord, create_or_open
+
+        self.spaces = {uses: self._space(uses) for uses in subsets}
 
         record = StudyRecord(model=self.model, cluster=self.pool, seq_len=self.seq_len,
                              global_batch=self.global_batch, space=self.opts.space, target=self.opts.target,
@@ -293,6 +303,8 @@ class _PoolRun:
         study = create_or_open(self.name, self.storage, record)
         study.set_user_attr(STUDY_KEY, self.obj.attrs())
         self.stored = study.get_trials(deepcopy=False)
+        if self.display is not None:
+            self.display.opened()
         return study
 
     def _screen_and_refine(self, subsets: list[tuple[int, ...]], state: dict, best: dict, deadline: float | None,

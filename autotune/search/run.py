@@ -170,6 +170,7 @@ def search(model: Any, cluster: Any, seq_len: int, global_batch: int, *, study_n
     run = _Run(study_name, storage, (model, cluster, seq_len, global_batch), opts, estimator, space, ev, ws,
                t0 + opts.timeout_s if opts.timeout_s else None, say, display)
     if display is not None:
+        display.opened()
         display.deadline(run.deadline)
     _workload_notes(run, model, cluster, opts)
     ws.on_record = run.recorded

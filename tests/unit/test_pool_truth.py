@@ -196,6 +196,9 @@ def test_a_budget_below_every_subset_exits_2_naming_the_cheapest_and_stores_noth
     assert code == 2, text
     assert "--budget" in text and f"at {_hourly(cheapest):.4g}USD/h" in text, text
     assert optuna.get_all_study_names(storage_for(db)) == []
+    code, text = _main(["search", "-m", "small", "-c", str(tmp_path / "pool.json"), "-s", "2048", "-b", "8",
+                        "--budget", "1USD/h", "--storage", db], capsys)  # for people: the error line alone
+    assert code == 2 and text.startswith("error: --budget") and "searching" not in text, text
 
 
 def test_an_unreachable_step_time_stops_before_anything_is_stored(tmp_path, capsys):

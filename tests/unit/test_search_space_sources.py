@@ -97,22 +97,26 @@ def test_a_bad_space_file_is_one_line_exit_2_and_nothing_written(capsys, tmp_pat
     assert not db.exists()
 
 
+@pytest.mark.parametrize("limit", [(), ("--max-step-time", "1000s")], ids=["plain", "with-a-limit"])
 @pytest.mark.parametrize("content, message", [
     ("def space(ctx):\n    return 42\n", "space\\(ctx\\) returned int 42, not a search space"),
     ("def space(ctx):\n    raise ValueError('boom')\n", "space\\(ctx\\) raised ValueError: boom"),
 ])
-def test_a_space_function_that_fails_is_one_line_exit_2_and_nothing_written(capsys, tmp_path, content, message):
-    """space(ctx) runs once the workload is known (after the banner naming the study): what it returns
-    or raises is checked before the study is written (issue 39 item 8: exit 1 and a stored study)."""
+def test_a_space_function_that_fails_is_one_line_exit_2_and_nothing_written(capsys, tmp_path, content, message,
+                                                                             limit):
+    """space(ctx) runs once the workload is known: what it returns or raises is checked before the
+    study is written (issue 39 item 8: exit 1 and a stored study), by the plain search and by the
+    search an objective's limit takes (search/pool.py; it stored a study 'none feasible'), and the
+    error is the only line (no banner naming a study that is never written)."""
     path = tmp_path / "space.py"
     path.write_text(content)
     db = tmp_path / "s.db"
     code, out, err = cli(capsys, "search", "-m", "tiny", "-c", "local:4", "-s", "256", "-b", "8", "--trials", "5",
-                         "--space", str(path), "--storage", f"sqlite:///{db}")
+                         "--space", str(path), "--storage", f"sqlite:///{db}", *limit)
     assert code == 2 and out == ""
-    errors = [ln for ln in err.strip().splitlines() if "error" in ln]
-    assert len(errors) == 1 and "--space" in errors[0] and str(path) in errors[0], err
-    assert re.search(message, errors[0]), errors[0]
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "--space" in lines[0] and str(path) in lines[0], err
+    assert re.search(message, lines[0]), lines[0]
     assert not db.exists()
 
 
