@@ -241,20 +241,36 @@ def problems(plan: Any, model: Any, cluster: Any) -> list[str]:
                 tps_seen.add(rep.tp)
                 p += [f"{w}.tp: {t}" for t in tp_problems(rep.tp, model)]
             nodes = set()
-            twice: dict[str, list[int]] = {}  # the replica each device was already given to: one line each
             for dev in rep.devices:
                 if not 0 <= dev < n:
                     p.append(f"{w}.devices: device {dev} is not in the cluster (0..{n - 1})")
                     continue
-                if dev in seen:
-                    twice.setdefault(seen[dev], []).append(dev)
-                seen[dev] = w
                 nodes.add(cluster.devices[dev].node)
-            p += [_used_twice(w, other, devs) for other, devs in twice.items()]
+            p += _shared(w, [d for d in rep.devices if 0 <= d < n], seen)
             if len(nodes) > 1:
                 p.append(f"{w}: tp group on devices {list(rep.devices)} crosses nodes {sorted(nodes)}; "
                          "tp must stay inside a node")
     return p
+
+
+def _shared(where: str, devices: list[int], seen: dict[int, str]) -> list[str]:
+    """The devices of replica ``where`` already given to another replica (or listed twice in it), one
+    line per replica they are shared with; ``seen`` records the replica each device was given to."""
+    twice: dict[str, list[int]] = {}
+    for dev in devices:
+        if dev in seen:
+            twice.setdefault(seen[dev], []).append(dev)
+        seen[dev] = where
+    return [_used_twice(where, other, devs) for other, devs in twice.items()]
+
+
+def devices_used_twice(stages: tuple[Stage, ...]) -> list[str]:
+    """The devices two replicas of a per-stage plan share (or one lists twice): a plan no cluster
+    runs, refused by the plan checks and by a local trial before it numbers the devices anew
+    (``on_local_devices``, which would otherwise run it as if they were distinct)."""
+    seen: dict[int, str] = {}
+    return [line for s, st in enumerate(stages) for r, rep in enumerate(st.replicas)
+            for line in _shared(f"stages[{s}].replicas[{r}]", list(rep.devices), seen)]
 
 
 def _used_twice(where: str, other: str, devices: list[int]) -> str:
@@ -362,11 +378,13 @@ def on_local_devices(plan: Any, nproc: int | None, model: Any) -> Any:
     of the cluster it was made for) dropped; a per-stage plan's stages renumbered onto devices 0..n-1,
     and, when ``nproc`` differs from its device count, its shape scaled to ``nproc`` (``scaled``;
     shares, micro-batch count and degrees found again by ``resolve``)."""
-    from autotune.plan_parts import Shares
+    from autotune.plan_parts import PlanError, Shares
 
     local = plan.replace(placement=None)
     if plan.stages is None:
         return local
+    if twice := devices_used_twice(plan.stages):  # renumbered would run them as distinct devices
+        raise PlanError("; ".join(twice))  # each line names its field, as the plan checks say it
     if nproc is not None and nproc != plan.world:
         return local.replace(stages=scaled(plan.stages, nproc, model), shares=Shares(), num_microbatches=None,
                              degrees=type(plan.degrees)())

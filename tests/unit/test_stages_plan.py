@@ -149,3 +149,24 @@ def test_a_per_stage_plan_writes_no_heads_share_for_its_cells():
     assert rp.shares.heads is None and Plan.from_dict(rp.to_dict()).resolve(TINY, cluster, 32, 2) == rp
     s = staged_step_context(rp, TINY, cluster, 32, 2, None)
     assert sorted({(ctx.step.tp, ctx.heads) for _, _, ctx in staged_tp_groups(s)}) == [(1, TINY.heads), (2, TINY.heads // 2)]
+
+
+@pytest.mark.parametrize("stages, once", [
+    ([{"layers": 2, "replicas": [{"tp": 2, "devices": [0, 1]}]},
+      {"layers": 2, "replicas": [{"tp": 2, "devices": [1, 0]}]}], "devices 1, 0 are used twice (also in stages[0]"),
+    ([{"layers": 2, "replicas": [{"tp": 2, "devices": [0, 0]}]},
+      {"layers": 2, "replicas": [{"tp": 2, "devices": [1, 2]}]}], "device 0 is used twice (listed twice in it)"),
+])
+def test_a_local_trial_refuses_devices_used_twice_as_estimate_does(stages, once):
+    """A local trial numbers a per-stage plan's devices anew (rank r on process r): it ran a plan whose
+    replicas share devices as if they were distinct, where estimate and apply refuse it. It is
+    refused in estimate's words, before any process starts (prepare)."""
+    from autotune.runtime.trial import prepare
+
+    plan = Plan.from_dict({"stages": stages})
+    with pytest.raises(PlanError) as e:
+        prepare(plan, "tiny", 128, 4, device="cpu")
+    with pytest.raises(PlanError) as ref:
+        plan.resolve(load_model("tiny"), local_cluster(4), 128, 4)
+    assert once in e.value.message and e.value.message.count("used twice") == 1, e.value.message
+    assert e.value.message in ref.value.message
