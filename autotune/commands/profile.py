@@ -27,6 +27,7 @@ from autotune.commands.common import (
     JsonOpt,
     RemoteShellOpt,
     StorageOpt,
+    WideOpt,
     console,
     emit_json,
     err_console,
@@ -210,7 +211,7 @@ def _print_summary(s: dict[str, Any]) -> None:
 
 
 @app.command("list", cls=Command)
-def list_cmd(storage: StorageOpt = DEFAULT_STORAGE, json_: JsonOpt = False) -> None:
+def list_cmd(storage: StorageOpt = DEFAULT_STORAGE, wide: WideOpt = False, json_: JsonOpt = False) -> None:
     """List stored profiles."""
     from profilers.store import list_layer_profiles, list_profiles
 
@@ -219,22 +220,22 @@ def list_cmd(storage: StorageOpt = DEFAULT_STORAGE, json_: JsonOpt = False) -> N
     if json_:
         emit_json({"profiles": rows, "layer_profiles": layer_rows})
         return
-    t = Table(title=f"profiles in {storage}")
-    for c in ("id", "label", "created", "device", "ranks", "hosts", "quick", "emulated", "origin", "unstable"):
-        t.add_column(c)
-    for r in rows:
-        t.add_row(str(r["id"]), r["label"] or "", r["created_at"], f"{r['device_kind']}: {r['device_name']}",
-                  str(r["nproc"]), ",".join(sorted(set(r["hosts"]))), "yes" if r["quick"] else "",
-                  ", ".join(f"{k}={v:g}x" for k, v in (r["emulated"] or {}).items()), r["origin"], str(r["unstable"]))
-    console.print(t)
+    # fitted to the terminal by leaving whole columns out (--wide shows them), never by cutting cells
+    cols = [Col("id", priority=0), Col("label", "left", 1), Col("created", "left", 3), Col("device", "left", 0),
+            Col("ranks", priority=1), Col("hosts", "left", 2), Col("quick", "left", 3), Col("emulated", "left", 2),
+            Col("origin", "left", 2), Col("unstable", priority=1)]
+    console.print(fit(console, cols, [
+        [str(r["id"]), r["label"] or "", r["created_at"], f"{r['device_kind']}: {r['device_name']}", str(r["nproc"]),
+         ",".join(sorted(set(r["hosts"]))), "yes" if r["quick"] else "",
+         ", ".join(f"{k}={v:g}x" for k, v in (r["emulated"] or {}).items()), r["origin"], str(r["unstable"])]
+        for r in rows], title=f"profiles in {storage}", wide=wide))
     if layer_rows:
-        lt = Table(title=f"layer profiles in {storage}")
-        for c in ("id", "label", "created", "device", "model", "dtype", "origin", "points"):
-            lt.add_column(c)
-        for r in layer_rows:
-            lt.add_row(f"layers:{r['id']}", r["label"] or "", r["created_at"], f"{r['device_kind']}: {r['device_name']}",
-                       r["model"]["name"], r["dtype"], r["origin"], str(r["points"]))
-        console.print(lt)
+        cols = [Col("id", "left", 0), Col("label", "left", 1), Col("created", "left", 3), Col("device", "left", 0),
+                Col("model", "left", 0), Col("dtype", "left", 1), Col("origin", "left", 2), Col("points", priority=1)]
+        console.print(fit(console, cols, [
+            [f"layers:{r['id']}", r["label"] or "", r["created_at"], f"{r['device_kind']}: {r['device_name']}",
+             r["model"]["name"], r["dtype"], r["origin"], str(r["points"])] for r in layer_rows],
+            title=f"layer profiles in {storage}", wide=wide))
 
 
 @app.command("show", cls=Command)
