@@ -175,7 +175,8 @@ def line(label: str, plan: Plan | None, model, cluster, batch: int) -> str:
         return f"  {label:13s} refused: {exc}"
     pr, bd = e.predicted, e.breakdown
     layers = e.plan.shares.layers  # a per-stage plan's text names its stages' layers itself
-    shape = ST.degrees_text(plan.to_dict()) + (f" layers {list(layers)}" if layers and not plan.per_stage else "")
+    text = ST.degrees_text(plan.to_dict())  # (one whose stages share one tp is written as its mesh)
+    shape = text + (f" layers {list(layers)}" if layers and not text.startswith("stages ") else "")
     opts = f"mbs {plan.micro_batch_size} {plan.schedule} rc {plan.recompute} zero {plan.zero_stage}"
     return (f"  {label:13s} {pr['step_time_s']:8.2f} s {pr['tokens_per_s'] / 1e3:7.1f}k tok/s  "
             f"{'' if pr['feasible'] else 'INFEASIBLE '}mem GB {memory_text(bd)}  | {shape} | {opts}")
