@@ -143,6 +143,12 @@ class Plan:
     a token file with its document ends; False: every window is one causal sequence)."""
     balance: str = "count"
     """With documents: how windows are dealt to DP replicas (``BALANCES``)."""
+    disaggregate: bool = False
+    """HeterMoE's disaggregation (arXiv 2504.03871) of a MoE model: the DP replicas whose
+    ``shares.samples`` entry is 0 hold routed experts only (no attention, dense FFN, router, embedding
+    or head work), the others take every sample; the EP group spans all of them, and the expert-only
+    ranks compute micro-batch i's experts while the attention ranks run micro-batch i+1's attention
+    (``cost/disaggregation.py``). Priced and searched; no runtime or exporter runs it yet."""
     shares: Shares = field(default_factory=Shares)
     placement: tuple[Placement, ...] | None = None
     workload: Workload | None = None
@@ -353,6 +359,8 @@ class Plan:
             d["balance"] = self.balance
         if self.recompute_modules:  # absent by default: plans without it read as before
             d["recompute_modules"] = list(self.recompute_modules)
+        if self.disaggregate:
+            d["disaggregate"] = True
         return d
 
     def _base_dict(self) -> dict[str, Any]:
@@ -473,6 +481,7 @@ def _plan_from_dict(d: Any) -> Plan:
         dtype=F.get_str(d, "dtype", "dtype", default="bf16", choices=DTYPES),
         doc_mask=F.get_bool(d, "doc_mask", "doc_mask", default=False),
         balance=F.get_str(d, "balance", "balance", default="count", choices=BALANCES),
+        disaggregate=F.get_bool(d, "disaggregate", "disaggregate", default=False),
         shares=shares, placement=placement, workload=workload, stages=stages,
         uses=_uses_from(d.get("uses")),
     )
@@ -516,7 +525,7 @@ _INLINE_ALIASES = {"mbs": "micro_batch_size", "nmb": "num_microbatches", "vpp": 
 
 
 _INLINE_KEYS = (*_INLINE_DIMS, *_INLINE_ALIASES, "schedule", "recompute", "recompute_modules", "cp_layout", "dtype", "layers", "tokens",
-                "heads", "samples", "experts", "doc_mask", "balance", "uses")
+                "heads", "samples", "experts", "doc_mask", "balance", "uses", "disaggregate")
 """Every key an inline plan takes (the nearest is suggested for one it does not)."""
 
 
@@ -550,7 +559,7 @@ def parse_inline(text: str) -> Plan:
             shares[key] = _counts(value, f"shares.{key}", f"{key}=13/19")
         elif key == "uses":  # node counts per node group of a pool, e.g. uses=1/0
             rest["uses"] = _counts(value, "uses", "uses=2/0", what="node counts")
-        elif key in ("sequence_parallel", "doc_mask"):
+        elif key in ("sequence_parallel", "doc_mask", "disaggregate"):
             rest[key] = value.lower() in ("1", "true", "yes", "on")
         elif key in ("schedule", "recompute", "cp_layout", "dtype", "balance", "recompute_modules"):
             rest[key] = value

@@ -85,7 +85,8 @@ def _share_rules(plan: Plan, model: Any, seq_len: int, global_batch: int) -> dic
                    "pp*virtual_stages stages; a stage with no layers is not allowed", 1, 1),
         "tokens": (d.cp, seq_len, "cp shards", plan.token_granule(), 1),
         "heads": (d.hp, model.heads // d.tp, "hp ranks, of the heads of one tp rank", 1, 1),
-        "samples": (d.dp, global_batch, "dp replicas", mbs, mbs),
+        # a disaggregated plan's expert-only replicas take no samples (``_disaggregation_problems``)
+        "samples": (d.dp, global_batch, "dp replicas", mbs, 0 if plan.disaggregate else mbs),
     }
 
 
@@ -111,6 +112,7 @@ def _check_resolved(plan: Plan, model: Any, cluster: Any, seq_len: int, global_b
         p += schedule_of(plan).check_microbatches(d.pp, plan.virtual_stages, counts)
         p += _sharding_problems(plan, counts)
     p += _expert_problems(plan, model)
+    p += _disaggregation_problems(plan, model)
     p += schedule_of(plan).check_plan(plan, model)  # rules of its own (helixpipe: L % p, even layers, ...)
     p += _placement_problems(plan.placement or (), d, cluster)
     return p
@@ -142,6 +144,27 @@ def _expert_problems(plan: Plan, model: Any) -> list[str]:
     else:
         p += _check_shares("experts", plan.shares.experts, d.ep, moe.experts,
                            "ep ranks; an EP rank with no expert is not allowed")
+    return p
+
+
+def _disaggregation_problems(plan: Plan, model: Any) -> list[str]:
+    """HeterMoE's disaggregation (``Plan.disaggregate``) as ``cost/disaggregation.py`` prices it: a MoE
+    model over data and expert parallelism alone (no pp, cp, hp, tp or etp), one EP group spanning
+    every replica (ep == dp), at least one replica with samples (attention) and one without (experts
+    only)."""
+    if not plan.disaggregate:
+        return []
+    d = plan.degrees
+    if getattr(model, "moe", None) is None:
+        return [f"disaggregate: model {model.name!r} has no experts to give the expert-only ranks"]
+    p = [f"degrees.{k}: disaggregate is priced over dp and ep alone, got {k}({getattr(d, k)})"
+         for k in ("pp", "cp", "hp", "tp", "etp") if getattr(d, k) > 1]
+    if d.ep != d.dp:
+        p.append(f"degrees.ep: disaggregate spreads the experts over every replica (ep == dp({d.dp})), got ep({d.ep})")
+    samples = plan.shares.samples or ()
+    if samples and (0 not in samples or not any(samples)):
+        p.append(f"shares.samples: disaggregate needs replicas with samples (attention) and replicas with 0 "
+                 f"(experts only), got {'/'.join(map(str, samples))}")
     return p
 
 

@@ -479,8 +479,9 @@ def inline(stages: tuple[Stage, ...]) -> str:
 
 
 def degrees_text(plan: dict[str, Any] | None) -> str:
-    """How tables show a plan dict's layout: ``dp=2,pp=2,tp=4``, or a per-stage plan's stages with
-    their own degrees (``stages 6L(tp4x2) | 7L(tp1x2)``; one place for the CLI and the dashboard).
+    """How tables show a plan dict's layout: ``dp=2,pp=2,tp=4`` (``,disaggregate`` with expert-only
+    ranks, docs/moe.md), or a per-stage plan's stages with their own degrees (``stages 6L(tp4x2) |
+    7L(tp1x2)``; one place for the CLI and the dashboard).
     A per-stage plan whose stages share one tp is the mesh of its degrees (``Plan.layout``'s rule):
     ``stages 4L(tp1x2)`` is shown as the ``dp=2`` it is, so a table never lists one layout twice
     under two names."""
@@ -492,7 +493,8 @@ def degrees_text(plan: dict[str, Any] | None) -> str:
             return "stages ?"
         if not is_uniform(stages) or not plan.get("degrees"):
             return "stages " + inline(stages)
-    return ",".join(f"{k}={v}" for k, v in (plan.get("degrees") or {}).items() if v > 1) or "dp=1"
+    text = ",".join(f"{k}={v}" for k, v in (plan.get("degrees") or {}).items() if v > 1) or "dp=1"
+    return text + (",disaggregate" if plan.get("disaggregate") else "")  # expert-only ranks (docs/moe.md)
 
 
 # ---- JSON ---------------------------------------------------------------------------------------

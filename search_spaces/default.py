@@ -47,6 +47,7 @@ from autotune.plan import (
 from autotune.schedules import get_schedule
 from autotune.stages import STAGED_SCHEDULES
 from search_spaces import _balance as B
+from search_spaces import _disaggregated as _DG
 from search_spaces import _fill, _stages
 from search_spaces.base import Infeasible, SearchContext, family_of
 
@@ -142,6 +143,8 @@ class DefaultSpace:
         self.etp_divs = [d for d in self.tp_divs if self.moe is not None and self.moe.expert_ffn_hidden % d == 0] or [1]
         self.share_floats = {**SHARE_FLOATS, **(EXPERT_FLOATS if self.moe is not None else {})}
         """Every float share knob of this study (the expert shares' on a MoE model)."""
+        self.disaggregates = _DG.applies(self.moe, ctx.heterogeneous)
+        """Whether the study has HeterMoE's ``disaggregate`` knob (``_disaggregated.py``)."""
 
     # ---- the distributions ------------------------------------------------------------------
     def distributions(self) -> dict[str, Any]:
@@ -161,6 +164,8 @@ class DefaultSpace:
             d[name] = Flt(lo, hi)
         if self.moe is not None:
             d["ep_exp"], d["etp_exp"] = Int(0, len(self.ep_divs) - 1), Int(0, len(self.etp_divs) - 1)
+        if self.disaggregates:
+            d[_DG.KNOB] = Cat((False, True))
         return d
 
     def params(self, *, mbs: int = 1, schedule: str = "1f1b", vpp: int = 2, recompute: str = "none", zero: int = 0,
@@ -179,6 +184,8 @@ class DefaultSpace:
             p[name] = balance if name.endswith("_speed") else 0.0
         if self.moe is not None:
             p["ep_exp"], p["etp_exp"] = self.ep_divs.index(ep), self.etp_divs.index(etp)
+        if self.disaggregates:
+            p[_DG.KNOB] = False
         return p
 
     # ---- params -> plan ---------------------------------------------------------------------
@@ -187,6 +194,8 @@ class DefaultSpace:
         limits come first (the degrees and schedule, then the batch and sequence units): most points
         of a grid or a hill climb that are no plan fail there, before the placement and the shares
         are computed."""
+        if p.get(_DG.KNOB):  # HeterMoE's expert-only ranks: one plan shape of its own
+            return _DG.build(self.ctx, self.moe, self._speeds, p)
         if p.get("stages", "uniform") == "program":
             if self.moe is not None:  # the stage program prices dense blocks only
                 return Infeasible("divisibility", "per-stage plans of a MoE model are not priced", "per-stage")
@@ -465,6 +474,8 @@ class DefaultSpace:
                 yield from self._grid_layout(tp, pp, cp, hp, ep, etp)
         if self.moe is None:  # the stage program prices dense blocks only
             yield from self._staged_grid()
+        if self.disaggregates:
+            yield from _DG.grid(self.params, self.mbs_max_exp)
 
     def _grid_layout(self, tp: int, pp: int, cp: int, hp: int, ep: int, etp: int):
         """Every point of one layout of degrees."""
@@ -532,6 +543,8 @@ class DefaultSpace:
                                        ep=ep, etp=etp))
         if self.moe is None:  # the stage program's plan for the same knobs, with and without recomputation
             out += [self.params(recompute=rc, zero=1, stages="program") for rc in ("none", "selective")]
+        if self.disaggregates:
+            out.append({**self.params(recompute="selective", zero=1, balance=1.0), _DG.KNOB: True})
         return out
 
     def _start_experts(self, stage_ranks: int) -> list[tuple[int, int]]:
@@ -605,6 +618,8 @@ class DefaultSpace:
         without tp, ZeRO with nothing to shard over. A move of one only builds ``p``'s own plan
         again: it costs no price, but a quarter of the points a 32-device search built were such
         repeats (1,628 -> 1,240 on OPT-350M 16+16 without them, the same trials)."""
+        if p.get(_DG.KNOB):
+            return _DG.idle(self.distributions())
         sh = self._shape(p)
         if isinstance(sh, Infeasible):
             return set()

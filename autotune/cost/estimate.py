@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.cost import helixpipe, report
+from autotune.cost import disaggregation, helixpipe, report
 from autotune.cost.data_parallel import ADAM_BYTES_PER_PARAM, exposure  # noqa: F401  (ADAM_*: its old home)
 from autotune.cost.memory import TERM_NAMES  # noqa: F401  (its old home)
 from autotune.cost.pipeline_parallel import replica_stages, simulate_replicas
@@ -99,6 +99,9 @@ def _price(s: Any, timeline: bool) -> tuple[dict[str, Any], dict[str, Any]]:
         if c is None:
             c = costs[id(ctx)] = own.rank_cost(ctx, rank_cost_memo(ctx)) if own else rank_cost_memo(ctx)
         groups.append((r0, dp_i, ctx, c))
+    disagg = None
+    if s.plan.disaggregate:  # HeterMoE's expert-only ranks, overlapped: its own cost module
+        s, groups, disagg = disaggregation.overlapped(s, groups)
     per_rep_stage = replica_stages(groups)
     sims = own.simulate_replicas(s, per_rep_stage) if own else simulate_replicas(s, per_rep_stage)
     step, stage_end, exposed_of = exposure(s.pp, s.dp, sims, per_rep_stage)
@@ -106,6 +109,8 @@ def _price(s: Any, timeline: bool) -> tuple[dict[str, Any], dict[str, Any]]:
     predicted, model_flops, peak = report.predicted_figures(s, groups, sims, step, memory, capacity, infeasible)
     stages = report.stage_rows(s, groups, sims, per_rep_stage, rows, stage_end, stage_mem)
     breakdown = report.breakdown(s, groups, sims, stages, rows, stage_end, step, model_flops, peak)
+    if disagg is not None:
+        breakdown["disaggregation"] = disagg
     if timeline:
         breakdown["timeline"] = report.timeline(s, groups, sims, per_rep_stage, exposed_of)
     return predicted, breakdown

@@ -147,10 +147,14 @@ def predicted_text(p: dict[str, Any] | None) -> str:
 def unexpressed(plan: Plan, target: str, expresses: Iterable[str], why: dict[str, str] | None = None) -> list[str]:
     """One reason per declared dimension (``autotune/dims.py``) of degree > 1 that the target does
     not list in ``expresses`` (``why[name]``: the target's own words; else the declaration's), so a
-    new dimension is refused by every target that has not said it runs it."""
+    new dimension is refused by every target that has not said it runs it; and HeterMoE's
+    disaggregation (``Plan.disaggregate``), which no exporter writes."""
     d, known, why = plan.degrees, set(expresses), why or {}
-    return [f"{n}({getattr(d, n)}): " + why.get(n, f"{target} has no {dims.dimension(n).doc}")
-            for n in dims.WRITTEN if getattr(d, n) > 1 and n not in known]
+    out = [f"{n}({getattr(d, n)}): " + why.get(n, f"{target} has no {dims.dimension(n).doc}")
+           for n in dims.WRITTEN if getattr(d, n) > 1 and n not in known]
+    if plan.disaggregate:
+        out.append(f"disaggregate: {target} runs attention and routed experts on every rank (no expert-only ranks)")
+    return out
 
 
 # ---- share rules every exporter uses ------------------------------------------------------------

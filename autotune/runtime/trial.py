@@ -94,6 +94,9 @@ def _moe_problems(plan: Plan, spec: ModelSpec) -> list[str]:
     if spec.moe is None:
         return []
     p, d = [], plan.degrees
+    if plan.disaggregate:
+        p.append("disaggregate: expert-only ranks (HeterMoE's disaggregation) are priced and searched, not run: "
+                 "every trial rank runs attention and its experts")
     if spec.moe.shared_width % d.tp:
         p.append(f"degrees.tp: the shared experts' width({spec.moe.shared_width}) is not divisible by tp({d.tp})")
     if plan.zero_stage >= 2:

@@ -101,3 +101,21 @@ def test_search_shares_experts_by_speed_only_where_devices_differ():
             assert got == (2, 2, 2, 2)
         even = sp.build(sp.params(ep=4))
         assert even.shares.experts == (2, 2, 2, 2)
+
+
+@pytest.mark.parametrize("shares", [(3, 3, 1, 1), (1, 1, 3, 3), (2, 2, 2, 2)])
+def test_mixed_ep_group_prices_each_rank_at_its_share_and_device(shares):
+    """One EP group over 2 A100 and 2 V100 (dp=4, ep=4): the routed experts' seconds are the slowest
+    rank's, each rank's computed from the grouped-GEMM cost at its own experts, its expected routed
+    tokens (~ its experts) and its own device's fp16 rates."""
+    m, c = load_model("tiny-moe"), _mixed()
+    plan = parse_inline(f"dp=4,ep=4,dtype=fp16,experts={'/'.join(map(str, shares))}")
+    x = estimate(plan.resolve(m, c, 128, 16), m, c, 128, 16).breakdown["moe"]
+    routed, width = 4 * 128.0, m.moe.expert_ffn_hidden  # four ranks, one 128-token sample each
+    per_rank = []
+    for share, dev in zip(shares, c.devices, strict=True):
+        received = routed * m.moe.top_k * share / m.moe.experts * MI.imbalance(m.moe, 4, routed, share)
+        r = rates_for(dev.spec, "fp16", m.head_dim)
+        per_rank.append(GG.mlp_gemm_time(r, m, received, width, share) + GG.activation_time(r, m, received, width, 2))
+    micro = 16 // 4
+    assert x["experts_s"] == pytest.approx(3.0 * max(per_rank) * micro * x["moe_layers_on_rank"], rel=1e-9)
