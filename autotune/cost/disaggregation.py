@@ -40,6 +40,7 @@ from typing import Any
 
 from autotune.cost import expert_dispatch as XD
 from autotune.cost import expert_ranks as ER
+from autotune.cost import layers as LY
 from autotune.cost import moe_layers as ML
 from autotune.cost.rank import block_times
 
@@ -143,9 +144,8 @@ def _parts(ctxs: list[Any], attention: tuple[bool, ...]) -> tuple[LayerParts, La
     one_way = a0.mf * a2a
     att_f = att_b = 0.0
     for ctx in ctxs:  # the attention ranks' blocks less their routed experts (each on its own device)
-        t = ML.moe_terms(ctx, ML.shared_gemm_fwd(ctx))
+        bt, t = _moe_block(ctx)
         g = t.experts_s / 3.0  # the uniform price's routed experts (forward), taken out again
-        bt = block_times(ctx, ML.base_block(ctx, m.moe.shared_width)[0])
         att_f = max(att_f, bt.layer_f + t.comp_f - g)
         att_b = max(att_b, bt.layer_b + t.comp_b - 2.0 * g + (t.comp_f - g if full else 0.0))
     own = max(secs[q] for q in range(x.ep) if attention[q])
@@ -170,7 +170,7 @@ def overlapped(s: Any, groups: list[tuple[int, int, Any, Any]]) -> tuple[Any, li
     n_moe = int(sum(s.experts.chunk_moe_layers[0]))
     slot_f, slot_b = slot_seconds(fwd, n_moe, m_att), slot_seconds(bwd, n_moe, m_att)
     # the attention ranks' other work per micro-batch: their uniform chunk less its MoE layers
-    other = max(sum(c.fwd) + sum(c.bwd) - n_moe * (_uniform_layer(ctx, c)) for _, d, ctx, c in groups if attention[d])
+    other = max(sum(c.fwd) + sum(c.bwd) - n_moe * _uniform_layer(ctx) for _, d, ctx, c in groups if attention[d])
     f = other * 0.5 + slot_f  # the other work split evenly over the passes (only their sum is used)
     b = other * 0.5 + slot_b
     done: dict[int, Any] = {}
@@ -203,11 +203,21 @@ def overlapped(s: Any, groups: list[tuple[int, int, Any, Any]]) -> tuple[Any, li
     return s2, out, terms
 
 
-def _uniform_layer(ctx: Any, c: Any) -> float:
+def _moe_block(ctx: Any) -> tuple[Any, Any]:
+    """(attention and shared experts' block times, MoE terms) of one MoE layer in the uniform price of
+    ``ctx``, on a layer profile's scale where the device has one (as ``rank._moe_blocks`` prices it)."""
+    lc = ML.base_block(ctx, ctx.step.model.moe.shared_width)[0]
+    shared_fwd = ML.shared_gemm_fwd(ctx)
+    t = ML.moe_terms(ctx, shared_fwd)
+    hit = LY.moe_piece(ctx)
+    if hit is not None:
+        lc, t = ML.measured_moe(ctx, lc, t, hit.fwd, hit.bwd, shared_fwd)
+    return block_times(ctx, lc), t
+
+
+def _uniform_layer(ctx: Any) -> float:
     """One MoE layer's forward plus backward seconds per micro-batch in the uniform price of ``ctx``
     (``rank._moe_blocks``'s MoE block: attention, router, routed experts and exposed exchange)."""
-    s, m = ctx.step, ctx.step.model
-    full = s.recompute == "full"
-    t = ML.moe_terms(ctx, ML.shared_gemm_fwd(ctx))
-    bt = block_times(ctx, ML.base_block(ctx, m.moe.shared_width)[0])
+    full = ctx.step.recompute == "full"
+    bt, t = _moe_block(ctx)
     return (bt.layer_f + t.comp_f + t.ep_f) + (bt.layer_b + t.comp_b + t.ep_b + ((t.comp_f + t.ep_f) if full else 0.0))
