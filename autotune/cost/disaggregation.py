@@ -40,9 +40,8 @@ from typing import Any
 
 from autotune.cost import expert_dispatch as XD
 from autotune.cost import expert_ranks as ER
-from autotune.cost import layers as LY
 from autotune.cost import moe_layers as ML
-from autotune.cost.rank import block_times
+from autotune.cost import rank as RK
 
 
 @dataclass(frozen=True)
@@ -131,7 +130,7 @@ def _parts(ctxs: list[Any], attention: tuple[bool, ...]) -> tuple[LayerParts, La
     """(forward, backward) parts of one MoE layer and the attention ranks' other work per micro-batch."""
     a0 = ctxs[0]
     s, x, m = a0.step, a0.step.experts, a0.step.model
-    e, full = m.moe, s.recompute == "full"
+    e, full = m.moe, RK.reruns_moe_forward(s)
     n = ML.tokens_in(a0)
     n_attn = sum(attention)
     loads = ER.loads(e, x.ep, 1, n * n_attn / x.ep, x.shares)
@@ -143,11 +142,11 @@ def _parts(ctxs: list[Any], attention: tuple[bool, ...]) -> tuple[LayerParts, La
                                bpe=s.bpe, received=max(ld.received for ld in loads))
     one_way = a0.mf * a2a
     att_f = att_b = 0.0
-    for ctx in ctxs:  # the attention ranks' blocks less their routed experts (each on its own device)
-        bt, t = _moe_block(ctx)
+    for ctx in ctxs:  # the attention ranks' MoE blocks less their routed experts and exchange
+        bm, t = RK.moe_block(ctx)[:2]
         g = t.experts_s / 3.0  # the uniform price's routed experts (forward), taken out again
-        att_f = max(att_f, bt.layer_f + t.comp_f - g)
-        att_b = max(att_b, bt.layer_b + t.comp_b - 2.0 * g + (t.comp_f - g if full else 0.0))
+        att_f = max(att_f, bm.layer_f - g - bm.ep_f)
+        att_b = max(att_b, bm.layer_b - (3.0 if full else 2.0) * g - bm.ep_b)
     own = max(secs[q] for q in range(x.ep) if attention[q])
     only = max((secs[q] for q in range(x.ep) if not attention[q]), default=0.0)
     rb = 3.0 if full else 2.0  # the backward's GEMMs (twice the forward's), plus the recomputed forward
@@ -203,21 +202,7 @@ def overlapped(s: Any, groups: list[tuple[int, int, Any, Any]]) -> tuple[Any, li
     return s2, out, terms
 
 
-def _moe_block(ctx: Any) -> tuple[Any, Any]:
-    """(attention and shared experts' block times, MoE terms) of one MoE layer in the uniform price of
-    ``ctx``, on a layer profile's scale where the device has one (as ``rank._moe_blocks`` prices it)."""
-    lc = ML.base_block(ctx, ctx.step.model.moe.shared_width)[0]
-    shared_fwd = ML.shared_gemm_fwd(ctx)
-    t = ML.moe_terms(ctx, shared_fwd)
-    hit = LY.moe_piece(ctx)
-    if hit is not None:
-        lc, t = ML.measured_moe(ctx, lc, t, hit.fwd, hit.bwd, shared_fwd)
-    return block_times(ctx, lc), t
-
-
 def _uniform_layer(ctx: Any) -> float:
-    """One MoE layer's forward plus backward seconds per micro-batch in the uniform price of ``ctx``
-    (``rank._moe_blocks``'s MoE block: attention, router, routed experts and exposed exchange)."""
-    full = ctx.step.recompute == "full"
-    bt, t = _moe_block(ctx)
-    return (bt.layer_f + t.comp_f + t.ep_f) + (bt.layer_b + t.comp_b + t.ep_b + ((t.comp_f + t.ep_f) if full else 0.0))
+    """One MoE layer's forward plus backward seconds per micro-batch in the uniform price of ``ctx``."""
+    bm = RK.moe_block(ctx)[0]
+    return bm.layer_f + bm.layer_b

@@ -236,32 +236,17 @@ def _moe_blocks(ctx: RankContext) -> tuple[tuple[BlockTimes, ...], tuple[float, 
     times (a chunk's layers times it is their sum); per chunk the weight-gradient GEMM seconds of one
     layer; the activations kept per layer and micro-batch (mean over the rank's layers); the MoE
     terms per micro-batch over the rank's layers (``moe_layers.py``)."""
-    s, x, m = ctx.step, ctx.step.experts, ctx.step.model
+    x, m = ctx.step.experts, ctx.step.model
     lc_d, kd, fd, sd = ML.base_block(ctx, m.dense_ffn_width)
-    lc_m, km, fm, sm = ML.base_block(ctx, m.moe.shared_width)
-    shared_fwd = ML.shared_gemm_fwd(ctx)
-    t = ML.moe_terms(ctx, shared_fwd)
     # measured layers first (cost/layers.py): the dense layers from the profile's ``block`` (an MoE
-    # model's first dense layer), the MoE layers on the scale of its ``moe`` piece at this EP degree
-    blk, moe_hit = LY.piece(ctx, "block"), LY.moe_piece(ctx)
+    # model's first dense layer), the MoE layers on the scale of its ``moe`` piece (``moe_block``)
+    blk = LY.piece(ctx, "block")
     if blk is not None:
         lc_d = LY.measured_block(lc_d, blk)
-    if moe_hit is not None:
-        lc_m, t = ML.measured_moe(ctx, lc_m, t, moe_hit.fwd, moe_hit.bwd, shared_fwd)
-    bd, bm = block_times(ctx, lc_d), block_times(ctx, lc_m)
-    if not m.moe.shared_width:  # tp's second gather/scatter pair is the FFN's: routed tokens leave in their
-        bm.tp_f, bm.tp_b = 0.5 * bm.tp_f, 0.5 * bm.tp_b  # sequence-parallel slices (expert_dispatch.py)
-    # full recomputation (and the ``moe`` module) runs the layer's forward again in the backward,
-    # its dispatch and combine included
-    full_rc = s.recompute == "full" or "moe" in s.recompute_modules
+    bd = block_times(ctx, lc_d)
     kd -= module_saving(ctx, m.dense_ffn_width, moe_layer=False)
-    km -= module_saving(ctx, m.moe.shared_width, moe_layer=True)
     bd.comp_b += module_seconds(ctx, m.dense_ffn_width, moe_layer=False)
-    bm.comp_b += module_seconds(ctx, m.moe.shared_width, moe_layer=True)
-    bm.comp_f += t.comp_f
-    bm.comp_b += t.comp_b + (t.comp_f if full_rc else 0.0)
-    bm.ep_f, bm.ep_b = t.ep_f, t.ep_b + (t.ep_f if full_rc else 0.0)
-    bm.ep_raw = t.exchange_raw * (1.5 if full_rc else 1.0)
+    bm, t, lc_m, (km, fm, sm) = moe_block(ctx)
     n_moe = x.chunk_moe_layers[ctx.pp_index]
     blocks, w = [], []
     for n, k in zip(ctx.layers, n_moe, strict=True):
@@ -275,6 +260,36 @@ def _moe_blocks(ctx: RankContext) -> tuple[tuple[BlockTimes, ...], tuple[float, 
              "tokens_per_expert": t.tokens_per_expert, "moe_layers": float(nm), "buffers": t.buffers,
              "ep_inter_peers": float(ctx.expert_links.ep_inter_n)}
     return tuple(blocks), tuple(w), acts, terms
+
+
+def reruns_moe_forward(step: Any) -> bool:
+    """Whether the backward runs a MoE layer's forward again, its dispatch and combine included: full
+    recomputation, or the ``moe`` module of per-module recomputation."""
+    return step.recompute == "full" or "moe" in step.recompute_modules
+
+
+def moe_block(ctx: RankContext) -> tuple[BlockTimes, Any, LayerCompute, tuple[float, float, float]]:
+    """One MoE layer on this rank: its block times (attention and shared experts, router, routed
+    experts, exposed exchange, recomputation), its MoE terms (``moe_layers.moe_terms``), the
+    attention's compute and its activations (kept, full, scores) before the routed ones."""
+    m = ctx.step.model
+    lc_m, km, fm, sm = ML.base_block(ctx, m.moe.shared_width)
+    shared_fwd = ML.shared_gemm_fwd(ctx)
+    t = ML.moe_terms(ctx, shared_fwd)
+    moe_hit = LY.moe_piece(ctx)  # the profile's ``moe`` piece at this EP degree: the layer on its scale
+    if moe_hit is not None:
+        lc_m, t = ML.measured_moe(ctx, lc_m, t, moe_hit.fwd, moe_hit.bwd, shared_fwd)
+    bm = block_times(ctx, lc_m)
+    if not m.moe.shared_width:  # tp's second gather/scatter pair is the FFN's: routed tokens leave in their
+        bm.tp_f, bm.tp_b = 0.5 * bm.tp_f, 0.5 * bm.tp_b  # sequence-parallel slices (expert_dispatch.py)
+    full_rc = reruns_moe_forward(ctx.step)
+    km -= module_saving(ctx, m.moe.shared_width, moe_layer=True)
+    bm.comp_b += module_seconds(ctx, m.moe.shared_width, moe_layer=True)
+    bm.comp_f += t.comp_f
+    bm.comp_b += t.comp_b + (t.comp_f if full_rc else 0.0)
+    bm.ep_f, bm.ep_b = t.ep_f, t.ep_b + (t.ep_f if full_rc else 0.0)
+    bm.ep_raw = t.exchange_raw * (1.5 if full_rc else 1.0)
+    return bm, t, lc_m, (km, fm, sm)
 
 
 def _mix(bd: BlockTimes, bm: BlockTimes, n_dense: int, n_moe: int) -> BlockTimes:
