@@ -10,7 +10,7 @@ Per MoE layer and micro-batch (forward; the backward alike with twice the GEMM w
 recomputation the forward's attention, dispatch, experts and combine again):
 
 * ``a``: an attention rank's block less its routed experts and exchange (the uniform price's MoE
-  block, ``rank._moe_blocks``, without ``moe_layers.moe_terms``'s routed-expert and exchange terms);
+  block, ``rank.moe_block``, without its routed-expert and exchange terms);
 * ``e_q``: EP rank q's routed experts at its share and its device (``expert_ranks.expert_seconds``),
   the group routing the attention ranks' tokens only: N = attention ranks x tokens each;
 * ``x``: one all-to-all (dispatch; the combine moves as much back): attention rank q sends its
@@ -27,9 +27,11 @@ odd micro-batch count runs its last one alone.
 
 The step is then the uniform model's: every replica, the expert-only ones too, runs the attention
 ranks' micro-batch count of these slots (``pipeline_parallel``'s simulation, dp gradient exposure,
-optimizer, memory rows and figures as for any plan). Not priced apart: the dense gradients' ring
-still counts the expert-only replicas, and their memory the dense weights (both overstate them
-slightly); the attention ranks keep a second micro-batch's activations (the one in flight).
+optimizer, memory rows and figures as for any plan); each rank's ``moe`` row holds its own routed
+experts' seconds, the exchange, and as exposed what of its slots it does not compute (exchange and
+waiting for the other side). Not priced apart: the dense gradients' ring still counts the
+expert-only replicas, and their memory the dense weights and one micro-batch's activations (both
+overstate them); the attention ranks keep a second micro-batch's activations (the one in flight).
 """
 
 from __future__ import annotations
@@ -184,9 +186,14 @@ def overlapped(s: Any, groups: list[tuple[int, int, Any, Any]]) -> tuple[Any, li
             # expert-only ranks' experts; the rest of each slot is exchange or waiting on the other side
             comp = m_att * (other + n_moe * (fwd.attention_load + bwd.attention_load) if attention[d]
                             else n_moe * (fwd.expert_only + bwd.expert_only))
+            own = (fwd.attention_load - fwd.attention + bwd.attention_load - bwd.attention if attention[d]
+                   else fwd.expert_only + bwd.expert_only)
+            exposed = max(0.0, m_att * (f + b) - comp)
+            moe = None if c.moe is None else {**c.moe, "experts_s": m_att * n_moe * own, "ep_exposed_s": exposed,
+                                               "ep_comm_s": m_att * n_moe * (fwd.exchange + bwd.exchange)}
             new = done[id(c)] = dataclasses.replace(
                 c, fwd=(f,), bwd=(b,), busy=m_att * (f + b), wgt=None if c.wgt is None else (0.0,),
-                compute_s=comp, exposed_in_ops=max(0.0, m_att * (f + b) - comp),
+                compute_s=comp, exposed_in_ops=exposed, moe=moe,
                 comm_s=c.dp_comm_s + m_att * n_moe * (fwd.exchange + bwd.exchange),
                 memory_terms=mem_terms, memory_total=c.memory_total + mem_terms["activations"]
                 - c.memory_terms["activations"])
