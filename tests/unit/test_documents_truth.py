@@ -227,3 +227,17 @@ def test_the_dashboard_says_why_its_best_is_not_the_fastest_row():
     view = NS(best=simple, rows=[fastest, simple])
     assert "#7" in _best_why(view) and "1%" in _best_why(view)
     assert _best_why(NS(best=fastest, rows=[fastest, simple])) == ""
+
+
+def test_a_trial_over_documents_says_so_in_the_terminal(capsys):
+    """trial --data --eod / --lengths prints the documents it ran on, as search and estimate do (issue
+    39 item 6; the JSON is checked in tests/integration/test_documents_cli.py)."""
+    from autotune.commands.trial import _show
+
+    m = {"step_time_s": 1.0, "tokens_per_s": 1024.0, "peak_memory_bytes": [1], "warmup": 0, "data": None,
+         "time_split": [{"rank": 0, "compute_s": 0.9, "comm_s": 0.0, "idle_s": 0.1, "coverage": 1.0}],
+         "documents": {**SHORT.brief(), "balance": "count"}}
+    _show({"measured": m, "losses": [5.0]})
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("documents:"))
+    assert f"{SHORT.documents:,} documents" in line and f"median {SHORT.quantile(0.5):,} tokens" in line
+    assert SHORT.digest()[:8] in line and "masked" in line
