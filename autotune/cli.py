@@ -142,7 +142,8 @@ def main() -> None:
             sys.exit(rv)
     except _EXIT as e:
         sys.exit(getattr(e, "exit_code", 0))
-    except _NO_ARGS:  # bare `autotune`: the help was shown
+    except _NO_ARGS as e:  # bare `autotune`: the help, on stdout as --help prints it
+        typer.echo(e.format_message())
         sys.exit(0)
     except _ABORT:
         _fail(None, "interrupted", 130, "interrupted")

@@ -73,3 +73,10 @@ def test_group_help_lists_each_command_with_its_whole_description(capsys, monkey
     for name, sub in cmd.commands.items():
         first_paragraph = re.sub(r"\s+", " ", (sub.help or "").split("\n\n")[0]).strip()
         assert f"{name} {first_paragraph}" in out, f"`{name}`'s description is cut or changed:\n{out}"
+
+
+def test_bare_autotune_prints_the_help_on_stdout(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, err = cli(capsys)
+    assert code == 0 and err == ""
+    assert out == _help(capsys, monkeypatch, (), 80)
