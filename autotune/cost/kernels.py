@@ -99,7 +99,7 @@ class KernelCosts:
         return gpu_s + kernels * self.host_s
 
 
-MOE_SYNC_S = 1.4e-3
+MOE_SYNC_S = 1.3e-3
 """Exposed seconds of one device-to-host synchronisation inside a MoE layer (the host blocks until the
 GPU has drained its queue, then the GPU idles while the host issues again): FITTED by
 ``benchmarks/bench_published_moe.py --fit`` on the rows its ``FITTED`` names, every other row held out."""
