@@ -234,6 +234,7 @@ class TrainOptimizer:
             for i, p in enumerate(params):
                 p.register_post_accumulate_grad_hook(lambda _p, i=i: self._on_grad(i))
         self._reduced = False
+        self._flat = self._mine = None  # ZeRO-1: the reduced buffer and its slice, from reduce() to step()
 
     # ---- gradients ----------------------------------------------------------------------------
     def _accumulate(self, i: int) -> None:
@@ -297,12 +298,17 @@ class TrainOptimizer:
 
     def reduce_and_step(self, step_region) -> None:
         """``step_region``: a context manager timing the optimizer arithmetic as compute."""
+        if self.loss_scale.unscale_and_check(self.reduce()):
+            self.step(step_region)
+
+    def reduce(self) -> list[torch.Tensor]:
+        """Sum the step's gradients over the group (reduce-scatter under ZeRO-1); returns the fp32
+        tensors the loss scale checks (this rank's slice under ZeRO-1)."""
         grads = self._full_grads()
         _reduce_replicated([grads[i] for i in self.replicated], self.tp_axis)
         reduce_tied([grads[i] for i in self.tied], self.tied_axis)
         if self.zero:
-            self._zero1_step(grads, step_region)
-            return
+            return [self._zero1_reduce(grads)]
         if self._reduced:
             self._reduced = False  # already summed during backward
         elif self.axis is not None:
@@ -310,7 +316,12 @@ class TrainOptimizer:
                 flat = _flat(bucket)
                 dist.all_reduce(flat, group=self.axis.group)
                 _unflatten_into(flat, bucket)
-        if not self.loss_scale.unscale_and_check(grads):
+        return grads
+
+    def step(self, step_region) -> None:
+        """Step on the reduced gradients (once the loss scale found them finite on every rank)."""
+        if self.zero:
+            self._zero1_step(step_region)
             return
         with step_region():
             self.opt.step()
@@ -319,9 +330,8 @@ class TrainOptimizer:
                 for p, m in zip(self.params, self.masters, strict=True):
                     p.copy_(m)
 
-    def _zero1_step(self, grads: list[torch.Tensor], step_region) -> None:
-        """Reduce-scatter the flat gradients, step this rank's slice, all-gather the slices into the
-        same buffer (in the compute dtype) and copy them into the parameters."""
+    def _zero1_reduce(self, grads: list[torch.Tensor]) -> torch.Tensor:
+        """Reduce-scatter the flat gradients; returns this rank's slice (kept for ``_zero1_step``)."""
         if self.low_precision:
             flat = self._grad_flat  # the accumulators are its views
         else:  # autograd's gradients into one buffer, each freed once copied
@@ -337,8 +347,14 @@ class TrainOptimizer:
         start = self.axis.index * self.shard_len
         mine = flat[start:start + self.shard_len]  # in place, as NCCL allows and Megatron does
         _reduce_scatter(mine, flat, self.shard_len, self.axis)
-        if not self.loss_scale.unscale_and_check([mine]):
-            return  # fp16 overflow on some rank: every rank skips this step
+        self._flat, self._mine = flat, mine
+        return mine
+
+    def _zero1_step(self, step_region) -> None:
+        """Step this rank's slice, all-gather the slices into the same buffer (in the compute dtype)
+        and copy them into the parameters."""
+        flat, mine = self._flat, self._mine
+        self._flat = self._mine = None  # an overflow skips this: the next reduce sets them again
         self.shard.grad = mine
         with step_region():
             self.opt.step()
@@ -369,13 +385,13 @@ class ExpertSplitOptimizer:
     """An MoE model's two gradient groups (Megatron-Core's expert data parallelism): the dense
     parameters in one ``TrainOptimizer`` over the gradient group (dp x cp x hp), the routed experts'
     in another over expert-DP (the ranks holding the same expert slices); ``is_expert[i]`` says which
-    holds parameter ``i`` of the rank's parameter order. Both step on every call; a dynamic loss
-    scale (fp16) would decide its skips per group, so fp16 MoE plans are refused before launch
-    (``trial.check_runtime_support``) and the dense optimizer's constant scale is the one read."""
+    holds parameter ``i`` of the rank's parameter order. Both share one loss scale and one decision:
+    under fp16 an overflow in either group skips the step of both on every rank (two dynamic scales
+    would skip per group and train the two halves of the model on different steps)."""
 
     def __init__(self, dense: TrainOptimizer, expert: TrainOptimizer, is_expert: list[bool]):
         self.dense, self.expert, self.is_expert = dense, expert, is_expert
-        self.loss_scale = dense.loss_scale
+        self.loss_scale = expert.loss_scale = dense.loss_scale
 
     def begin_step(self) -> None:
         self.dense.begin_step()
@@ -393,8 +409,10 @@ class ExpertSplitOptimizer:
         self.expert.finish_overlap()
 
     def reduce_and_step(self, step_region) -> None:
-        self.dense.reduce_and_step(step_region)
-        self.expert.reduce_and_step(step_region)
+        grads = self.dense.reduce() + self.expert.reduce()
+        if self.loss_scale.unscale_and_check(grads):  # one flag, MAX-reduced over the world, for both groups
+            self.dense.step(step_region)
+            self.expert.step(step_region)
 
     def master_weights(self) -> list[torch.Tensor]:
         """fp32 master weights in the rank's parameter order (collective under ZeRO-1, as each part's)."""

@@ -102,9 +102,6 @@ def _moe_problems(plan: Plan, spec: ModelSpec) -> list[str]:
     if plan.zero_stage >= 2:
         p.append(f"zero_stage: {plan.zero_stage} would shard expert weights over the dense gradient group; "
                  "the runtime's FSDP2 wrapping has no expert-DP mesh (use ZeRO-0/1 with MoE)")
-    if plan.dtype == "fp16":
-        p.append("dtype: fp16's dynamic loss scale would skip steps per gradient group (dense, expert); "
-                 "MoE trials run in bf16 or fp32")
     samples = plan.shares.samples or ()
     if len(set(samples)) > 1 and d.ep * d.etp > d.cp * d.hp * d.tp:
         p.append(f"shares.samples: {'/'.join(map(str, samples))} gives the dp replicas different micro-batch "

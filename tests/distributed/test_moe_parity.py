@@ -12,12 +12,14 @@ What the runtime refuses is refused with its reason before launch."""
 from __future__ import annotations
 
 import functools
+import math
 
 import pytest
 from helpers.parity import assert_matches_reference, reference, run_plans
 
 from autotune.plan import Plan, PlanError
 from autotune.runtime.trial import check_runtime_support
+from autotune.runtime.worker import reference_run
 from autotune.specs import ModelSpec, local_cluster
 from autotune.specs.moe import MoESpec, RouterSpec
 
@@ -84,7 +86,6 @@ def test_moe_plan_matches_one_process(spec_name, world, name):
 
 @pytest.mark.parametrize(("item", "field"), [
     (_plan({"dp": 2, "ep": 2}, zero_stage=2), "zero_stage"),
-    (_plan({"dp": 2, "ep": 2}, dtype="fp16"), "dtype"),
     (_plan({"dp": 2, "ep": 2}, shares={"samples": [1, 3]}), "shares.samples"),
 ])
 def test_what_the_runtime_does_not_run_is_refused_with_its_reason(item, field):
@@ -92,3 +93,38 @@ def test_what_the_runtime_does_not_run_is_refused_with_its_reason(item, field):
     plan = Plan.from_dict(item).resolve(MOE, local_cluster(world), SEQ, BATCH)
     with pytest.raises(PlanError, match=field):
         check_runtime_support(plan, MOE)
+
+
+FP16_CASES = {
+    "dp2-ep2": _plan({"dp": 2, "ep": 2}, dtype="fp16", micro_batch_size=1),
+    "ep2-experts-5/3-zero1": _plan({"dp": 2, "ep": 2}, dtype="fp16", micro_batch_size=1, shares={"experts": [5, 3]},
+                                   zero_stage=1),
+}
+FP16_LOSS_RTOL = 2.0**-11  # fp16's unit roundoff: one rounding of the loss (as test_runtime_enumeration)
+FP16_UPDATE_RTOL = 0.1  # ||w - w_ref|| / ||w_ref - w_0||: ~1 for a wrong gradient (test_runtime_enumeration)
+
+
+@functools.cache
+def fp16_runs() -> tuple[dict, dict, dict]:
+    runs = run_plans("autotune.runtime.worker:plans_job", MOE, sorted(FP16_CASES.items()), 2, SEQ, BATCH, STEPS, SEED)
+    return (runs, reference_run(MOE, SEQ, BATCH, steps=STEPS, seed=SEED, dtype="fp16"),
+            reference_run(MOE, SEQ, BATCH, steps=0, seed=SEED)["state"])
+
+
+@pytest.mark.parametrize("name", sorted(FP16_CASES))
+def test_fp16_moe_plan_trains_as_one_fp16_process(name):
+    """fp16 MoE: the dense and expert gradient groups share one dynamic loss scale and one skip
+    decision (runtime/optimizer.py ``ExpertSplitOptimizer``), and train as one fp16 process does."""
+    runs, ref, init = fp16_runs()
+    per_rank = runs[name]
+    for a, b in zip(per_rank[0]["losses"], ref["losses"], strict=True):
+        assert math.isclose(a, b, rel_tol=FP16_LOSS_RTOL), (per_rank[0]["losses"], ref["losses"])
+    diff2 = upd2 = 0.0
+    for rep in per_rank:
+        for pname, (local, shard) in rep["state"].items():
+            def cut(full, local=local, shard=shard):
+                return full if shard is None else full.narrow(shard[0], shard[1], local.shape[shard[0]])
+            want, start = cut(ref["state"][pname]), cut(init[pname])
+            diff2 += float(((local - want).double() ** 2).sum())
+            upd2 += float(((want - start).double() ** 2).sum())
+    assert upd2 > 0 and math.sqrt(diff2 / upd2) <= FP16_UPDATE_RTOL, math.sqrt(diff2 / upd2)
