@@ -39,6 +39,10 @@ from autotune.schedules import get_schedule
 
 TOP = 3
 """Compositions priced exactly per point (each in two device assignments)."""
+KEEP = 3
+"""Distinct feasible plans kept per knob set, fastest first (``best_plans``): the best and two
+runners-up, so where the best does not fit a framework's own memory the next plan is at hand. They
+come from the ``TOP`` compositions already priced: keeping them costs no estimate."""
 
 
 @dataclass(frozen=True)
@@ -245,6 +249,15 @@ def best_plan(ctx: Any, *, mbs: int, schedule: str, vs: int, recompute: str, zer
               estimator: Any = None) -> Plan | str:
     """The fastest per-stage plan the program finds for these knobs (priced exactly), or why there is
     none as ``kind: reason`` (kind: schedule, zero_stage, batch, memory, divisibility)."""
+    got = best_plans(ctx, mbs=mbs, schedule=schedule, vs=vs, recompute=recompute, zero=zero, cache=cache,
+                     estimator=estimator)
+    return got if isinstance(got, str) else got[0]
+
+
+def best_plans(ctx: Any, *, mbs: int, schedule: str, vs: int, recompute: str, zero: int, cache: dict,
+               estimator: Any = None, keep: int = KEEP) -> list[Plan] | str:
+    """Up to ``keep`` distinct feasible per-stage plans for these knobs, fastest first (each priced
+    exactly), or why there is none (``best_plan``'s reasons)."""
     if (why := ST.schedule_problem(schedule)) is not None:
         return "schedule: " + why
     if (why := ST.zero_problem(zero)) is not None:
@@ -268,7 +281,7 @@ def best_plan(ctx: Any, *, mbs: int, schedule: str, vs: int, recompute: str, zer
                     f"enough micro-batches for {schedule}")
         return "divisibility: no device group splits into stages of whole replicas"
     cands.sort(key=lambda x: x[0])
-    return _fastest(ctx, cands[:TOP], est, mbs=mbs, schedule=schedule, vs=vs, recompute=recompute, zero=zero)
+    return _fastest(ctx, cands[:TOP], est, keep, mbs=mbs, schedule=schedule, vs=vs, recompute=recompute, zero=zero)
 
 
 def _candidates(ctx: Any, opts: list[Option], sched: Any, *, mbs: int, schedule: str, vs: int,
@@ -303,11 +316,13 @@ def _candidates(ctx: Any, opts: list[Option], sched: Any, *, mbs: int, schedule:
     return cands, rejected
 
 
-def _fastest(ctx: Any, cands: list[tuple[float, Composition, list[int]]], est: Any, *, mbs: int, schedule: str,
-             vs: int, recompute: str, zero: int) -> Plan | str:
-    """The fastest of these candidates priced exactly (both replica orders each), or why none is feasible."""
+def _fastest(ctx: Any, cands: list[tuple[float, Composition, list[int]]], est: Any, keep: int, *, mbs: int,
+             schedule: str, vs: int, recompute: str, zero: int) -> list[Plan] | str:
+    """The ``keep`` fastest distinct plans of these candidates priced exactly (both replica orders
+    each; equal step times keep the pricing order, so the first is the one a single best took), or
+    why none is feasible."""
     model, gbs = ctx.model, ctx.global_batch
-    best: tuple[float, Plan] | None = None
+    priced: dict[Plan, float] = {}  # resolved plan -> step time (dp = 1 gives one plan for both orders)
     reason = "memory: no per-stage plan fits"
     for _, c, n in cands:
         for major in (False, True):
@@ -324,10 +339,10 @@ def _fastest(ctx: Any, cands: list[tuple[float, Composition, list[int]]], est: A
             if not e.predicted["feasible"]:
                 reason = "memory: " + str(e.predicted["infeasible_reason"])
                 continue
-            t = e.predicted["step_time_s"]
-            if best is None or t < best[0]:
-                best = (t, e.plan)
-    return best[1] if best is not None else reason
+            priced.setdefault(e.plan, e.predicted["step_time_s"])
+    if not priced:
+        return reason
+    return sorted(priced, key=priced.__getitem__)[:keep]  # a stable sort: ties stay in pricing order
 
 
 _IN_FLIGHT: dict[tuple, list[float]] = {}

@@ -74,8 +74,12 @@ SHARE_KNOBS = (*SHARE_FLOATS, *EXPERT_FLOATS, "layers_tilt")
 STAGE_MODES = ("uniform", "program")
 """``stages``: one mesh for the whole model, or per-stage device groups and degrees chosen by the stage
 program (search_spaces/_stages.py) for the point's micro-batch size, schedule, recomputation and ZeRO."""
-PROGRAM_KNOBS = ("mbs_exp", "schedule", "vpp_exp", "recompute", "zero_stage")
+PROGRAM_KNOBS = ("mbs_exp", "schedule", "vpp_exp", "recompute", "zero_stage", "stage_rank")
 """What a per-stage point's plan depends on (``DefaultSpace._staged``): the program chooses the rest."""
+STAGE_RANK = "stage_rank"
+"""Which of the program's plans for a per-stage point's knobs (0 the fastest, then the runners-up:
+``_stages.best_plans``); idle on a one-mesh point. A climb through a per-stage point prices its
+runners-up as moves, so they are trials of the study and its report lists them."""
 GRID_LIMIT = 1_000_000  # points; priced directly (no sampler), ~1 ms each at 32 devices
 
 
@@ -158,7 +162,7 @@ class DefaultSpace:
             "mbs_exp": Int(0, self.mbs_max_exp), "schedule": Cat(SCHEDULES), "vpp_exp": Int(1, 2),
             "recompute": Cat(RECOMPUTE), "zero_stage": Int(0, 3), "sp": Cat((False, True)),
             "placement": Cat(PLACEMENTS), "layers_tilt": Int(-2, 2), "helix_folds": Cat(HELIX_FOLDS),
-            "stages": Cat(STAGE_MODES),
+            "stages": Cat(STAGE_MODES), STAGE_RANK: Int(0, _stages.KEEP - 1),
         }
         for name, (lo, hi) in self.share_floats.items():
             d[name] = Flt(lo, hi)
@@ -170,7 +174,7 @@ class DefaultSpace:
 
     def params(self, *, mbs: int = 1, schedule: str = "1f1b", vpp: int = 2, recompute: str = "none", zero: int = 0,
                sp: bool = False, placement: str = "node", balance: float = 0.0, tilt: int = 0, folds: int = 1,
-               stages: str = "uniform", ep: int = 1, etp: int = 1, **degrees: int) -> dict[str, Any]:
+               stages: str = "uniform", ep: int = 1, etp: int = 1, rank: int = 0, **degrees: int) -> dict[str, Any]:
         """The parameter dict of a plan given by its degrees (``tp=2, pp=4``: each knob's dimension,
         1 where not given; dp is what is left) and options (for baselines and tests)."""
         unknown = set(degrees) - set(DEGREE_KNOBS)
@@ -179,7 +183,7 @@ class DefaultSpace:
         p = {**{f"{n}_exp": (self.tp_divs if n == INNER else self.divs).index(degrees.get(n, 1)) for n in DEGREE_KNOBS},
              "mbs_exp": int(math.log2(mbs)), "schedule": schedule,
              "vpp_exp": int(math.log2(vpp)), "recompute": recompute, "zero_stage": zero, "sp": sp,
-             "placement": placement, "layers_tilt": tilt, "helix_folds": folds, "stages": stages}
+             "placement": placement, "layers_tilt": tilt, "helix_folds": folds, "stages": stages, STAGE_RANK: rank}
         for name in self.share_floats:
             p[name] = balance if name.endswith("_speed") else 0.0
         if self.moe is not None:
@@ -212,21 +216,26 @@ class DefaultSpace:
         """A per-stage plan (autotune/stages.py) for the knobs of point ``p``: the stage program
         (search_spaces/_stages.py) chooses the device groups, each stage's tp, dp and the layer split;
         the degrees, placement and share parameters of ``p`` do not apply. One program run per knob
-        set (memoised: the sampler and the polish meet the same knobs again)."""
+        set (memoised: the sampler and the polish meet the same knobs again); ``stage_rank`` picks
+        the fastest plan or a runner-up."""
         schedule = p["schedule"]
         vs = 2 ** p["vpp_exp"] if schedule == "interleaved_1f1b" else 1
         key = (p["mbs_exp"], schedule, vs, p["recompute"], int(p["zero_stage"]))
         hit = self._staged_cache.get(key)
         if hit is None:
-            got = _stages.best_plan(self.ctx, mbs=2 ** p["mbs_exp"], schedule=schedule, vs=vs,
-                                    recompute=p["recompute"], zero=int(p["zero_stage"]), cache=self._option_cache)
-            if isinstance(got, Plan):
-                hit = got
-            else:
+            got = _stages.best_plans(self.ctx, mbs=2 ** p["mbs_exp"], schedule=schedule, vs=vs,
+                                     recompute=p["recompute"], zero=int(p["zero_stage"]), cache=self._option_cache)
+            if isinstance(got, str):
                 kind, _, why = got.partition(": ")
-                hit = Infeasible(kind, why, "per-stage")
-            self._staged_cache[key] = hit
-        return hit
+                got = Infeasible(kind, why, "per-stage")
+            hit = self._staged_cache[key] = got
+        if isinstance(hit, Infeasible):
+            return hit
+        rank = int(p.get(STAGE_RANK, 0))
+        if rank >= len(hit):
+            return Infeasible("divisibility", f"the stage program found {len(hit)} distinct plans for these knobs, "
+                                              f"no stage_rank({rank})", "per-stage")
+        return hit[rank]
 
     def _shape(self, p: dict[str, Any]) -> _Shape | Infeasible:
         """Degrees, schedule and the per-plan switches of point ``p``, checked by the plan's own rules."""
@@ -501,9 +510,9 @@ class DefaultSpace:
         for mbs_e in range(self.mbs_max_exp + 1):
             for sched in STAGED_SCHEDULES:
                 for vpp in ((2, 4) if sched == "interleaved_1f1b" else (2,)):
-                    for rc, z in itertools.product(RECOMPUTE, (0, 1)):
+                    for rc, z, k in itertools.product(RECOMPUTE, (0, 1), range(_stages.KEEP)):
                         yield self.params(mbs=2 ** mbs_e, schedule=sched, vpp=vpp, recompute=rc, zero=z,
-                                          stages="program")
+                                          stages="program", rank=k)
 
     def grid_size(self, limit: int = GRID_LIMIT) -> int:
         """Points of the grid, counted up to ``limit`` + 1."""
@@ -622,8 +631,8 @@ class DefaultSpace:
             return _DG.idle(self.distributions())
         sh = self._shape(p)
         if isinstance(sh, Infeasible):
-            return set()
-        d, idle = sh.deg, set()
+            return {STAGE_RANK}
+        d, idle = sh.deg, {STAGE_RANK}
         for name, share in dims.SHARES:  # one index takes the whole share: its knobs do nothing
             if getattr(d, name) == 1:
                 idle |= {k for k in SHARE_KNOBS if k.startswith(share + "_")}

@@ -153,3 +153,60 @@ def test_program_gradient_sync_matches_the_cost_model_across_nodes():
     e = estimate(plan, M, c16, SEQ, 64)
     actual = max(r["dp_comm_s"] for r in e.breakdown["ranks"])
     assert P._sync_s(ctx, comp, [M.layers], 0) == pytest.approx(actual, rel=0.25)
+
+
+def _todays_best(ctx, mbs, recompute, zero):
+    """The single plan the program kept before runners-up (issue 40): of the ``TOP`` approximate-best
+    compositions, each in both device assignments, the first with the least exact step time."""
+    opts = P.option_costs(ctx, (mbs, recompute, ctx.dtype), {})
+    cands, _ = P._candidates(ctx, opts, P.get_schedule("1f1b"), mbs=mbs, schedule="1f1b", vs=1, zero=zero)
+    best = None
+    for _, c, n in sorted(cands, key=lambda x: x[0])[:P.TOP]:
+        for major in (False, True):
+            plan = Plan(stages=P.assign(c, n, major), micro_batch_size=mbs, recompute=recompute,
+                        zero_stage=zero if c.dp > 1 else 0, dtype=ctx.dtype, schedule="1f1b",
+                        shares=Shares(samples=tuple(x * mbs for x in even_split(GB // mbs, c.dp))))
+            e = estimate(plan, M, C, SEQ, GB)
+            if e.predicted["feasible"] and (best is None or e.predicted["step_time_s"] < best[0]):
+                best = (e.predicted["step_time_s"], e.plan)
+    return best
+
+
+@pytest.mark.parametrize("mbs,recompute,zero", [(1, "none", 0), (2, "selective", 1), (1, "selective", 1)])
+def test_runners_up_are_distinct_feasible_ordered_and_keep_the_best(mbs, recompute, zero):
+    ctx = SearchContext(model=M, cluster=C, seq_len=SEQ, global_batch=GB, dtype="fp16")
+    got = P.best_plans(ctx, mbs=mbs, schedule="1f1b", vs=1, recompute=recompute, zero=zero, cache={})
+    assert isinstance(got, list) and 2 <= len(got) <= P.KEEP, got
+    assert len(set(got)) == len(got)  # distinct plans
+    preds = [estimate(q, M, C, SEQ, GB).predicted for q in got]
+    assert all(x["feasible"] for x in preds)
+    times = [x["step_time_s"] for x in preds]
+    assert times == sorted(times)
+    ref = _todays_best(ctx, mbs, recompute, zero)
+    assert got[0] == ref[1] and times[0] == ref[0]
+    assert P.best_plan(ctx, mbs=mbs, schedule="1f1b", vs=1, recompute=recompute, zero=zero, cache={}) == got[0]
+
+
+def test_the_search_keeps_the_runners_up_of_its_best_per_stage_point_as_trials(tmp_path):
+    """A search's trials hold, at the knobs of its best per-stage plan, that plan and its runners-up
+    (the program's ``best_plans`` for the same knobs), each a feasible trial of its own."""
+    import optuna
+
+    from autotune.search.options import SearchOptions
+    from autotune.search.run import search
+
+    url = f"sqlite:///{tmp_path}/s.db"
+    search(M, C, SEQ, GB, study_name="runners", storage=url, options=SearchOptions(trials=20, dtype="fp16"))
+    trials = [t for t in optuna.load_study(study_name="runners", storage=url).trials
+              if t.params.get("stages") == "program" and t.state.name == "COMPLETE"
+              and not t.user_attrs.get("infeasible_reason") and t.user_attrs.get("plan")]
+    best = max(trials, key=lambda t: t.values[0])
+    knobs = {k: best.params[k] for k in ("mbs_exp", "schedule", "recompute", "zero_stage")}
+    same = [t for t in trials if all(t.params[k] == v for k, v in knobs.items())]
+    ctx = SearchContext(model=M, cluster=C, seq_len=SEQ, global_batch=GB, dtype="fp16")
+    want = P.best_plans(ctx, mbs=2 ** knobs["mbs_exp"], schedule=knobs["schedule"], vs=1,
+                        recompute=knobs["recompute"], zero=int(knobs["zero_stage"]), cache={})
+    assert len(want) >= 2
+    assert {t.params["stage_rank"] for t in same} >= set(range(len(want)))
+    got = {t.params["stage_rank"]: Plan.from_dict(t.user_attrs["plan"]) for t in same}
+    assert all(got[k].stages == want[k].stages for k in range(len(want)))
