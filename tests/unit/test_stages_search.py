@@ -210,3 +210,33 @@ def test_the_search_keeps_the_runners_up_of_its_best_per_stage_point_as_trials(t
     assert {t.params["stage_rank"] for t in same} >= set(range(len(want)))
     got = {t.params["stage_rank"]: Plan.from_dict(t.user_attrs["plan"]) for t in same}
     assert all(got[k].stages == want[k].stages for k in range(len(want)))
+
+
+def test_the_search_on_8_a100_8_v100_offers_a_plan_whose_stages_run_different_tp(tmp_path, monkeypatch):
+    """Issue 40's setup (benchmarks/data/bench: GPT-Neo-2.7B fp16 at 2048 tokens, 8 A100-40GB + 8
+    V100-16GB): the study holds a feasible per-stage plan whose stages run different tp, priced as the
+    cost model prices that plan, within 2% of the fastest such plan over every composition the
+    program enumerates for the same knobs (each priced exactly)."""
+    import optuna
+
+    from autotune.search.options import SearchOptions
+    from autotune.search.run import search
+    from autotune.specs import load_cluster, load_model
+
+    bench = __import__("pathlib").Path(__file__).parents[2] / "benchmarks/data/bench"
+    m, c = load_model(str(bench / "gpt-neo-2.7b.yaml")), load_cluster(str(bench / "sailor-a100-40x8-v100-16x8.yaml"))
+    url = f"sqlite:///{tmp_path}/s.db"
+    search(m, c, 2048, 2048, study_name="neo", storage=url, options=SearchOptions(dtype="fp16"))
+    mixed = [t for t in optuna.load_study(study_name="neo", storage=url).trials
+             if t.state.name == "COMPLETE" and not t.user_attrs.get("infeasible_reason") and t.user_attrs.get("plan")
+             and t.params.get("stages") == "program" and len(Plan.from_dict(t.user_attrs["plan"]).tp_degrees()) > 1]
+    assert mixed
+    t = max(mixed, key=lambda t: t.values[0])
+    plan = Plan.from_dict(t.user_attrs["plan"])
+    assert t.values[0] == pytest.approx(estimate(plan, m, c, 2048, 2048).predicted["tokens_per_s"], rel=1e-9)
+    ctx = SearchContext(model=m, cluster=c, seq_len=2048, global_batch=2048, dtype="fp16")
+    monkeypatch.setattr(P, "TOP", 10 ** 6)  # every composition priced exactly: the reference
+    every = P.best_plans(ctx, mbs=plan.micro_batch_size, schedule=plan.schedule, vs=plan.virtual_stages,
+                         recompute=plan.recompute, zero=plan.zero_stage, cache={}, keep=10 ** 6)
+    ref = max(estimate(q, m, c, 2048, 2048).predicted["tokens_per_s"] for q in every if len(q.tp_degrees()) > 1)
+    assert t.values[0] >= 0.98 * ref, (t.values[0], ref)
