@@ -77,8 +77,13 @@ class LengthDistribution:
         return self.tokens / self.documents
 
     def quantile(self, q: float) -> int:
-        cum = np.cumsum(self.counts)
+        cum = self._cumulative
         return int(self.lengths[int(np.searchsorted(cum, q * cum[-1]))])
+
+    @cached_property
+    def _cumulative(self) -> np.ndarray:
+        """Documents at or below each length (``quantile``: every priced plan's breakdown names p50 and p90)."""
+        return np.cumsum(self.counts)
 
     def digest(self) -> str:
         """A short hash of the histogram: two studies price the same workload when digests match."""

@@ -283,6 +283,29 @@ class RankContext:
         """The links of its expert groups (``Links.experts``)."""
         return self.links.experts
 
+    def with_work(self, step: StepContext, coords: Mapping[str, int], keysum: float, ring: Any,
+                  attn_seq: float | None) -> RankContext:
+        """This context as another DP replica of its place sees it in a step of documents: ``step`` (a
+        drawn step of the same estimate), the replica's ``coords`` and its attention work
+        (``DOC_INPUTS``), everything else this context's. A copy of the instance's fields, not a call
+        of ``__init__`` (a search builds hundreds of thousands). It keeps a computed ``place_token``:
+        every input that names is this context's."""
+        new = object.__new__(RankContext)
+        d = new.__dict__
+        d.update(self.__dict__)
+        d.update(step=step, coords=coords, keysum=keysum, ring=ring, attn_seq=attn_seq)
+        return new
+
+    @cached_property
+    def place_token(self) -> int:
+        """``cost_key`` less the attention work (``DOC_INPUTS``) as one number: equal keys, equal
+        numbers (the objects by identity, the values by equality; a number is never reused). The
+        rank-cost memo's key is this with the work (``rank.rank_cost_memo``), so a replica copied
+        from its template (``with_work``) costs a lookup of four values, not of its whole key."""
+        s = self.step
+        objs = (s.model, s.schedule, self.spec, self.rates, self.collectives, self.expert_peers)
+        return _place_token(objs, (s.cost_token, *(getattr(self, f) for f in PLACE_INPUTS)))
+
     def cost_key(self) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
         """(objects, values): everything ``cost.rank.rank_cost`` reads from this context and its
         step. Two contexts with equal keys have equal rank costs, so a search prices each tp group
@@ -310,6 +333,27 @@ STEP_OBJECTS."""
 RANK_OBJECTS = ("spec", "rates", "collectives", "expert_peers")
 """The RankContext fields ``rank_cost`` reads, compared by identity. (Links are compared by value:
 equal links of other layouts and placements are where most repeats come from.)"""
+
+DOC_INPUTS = ("attn_seq", "block_seq", "keysum", "ring")
+"""The RANK_INPUTS a step of documents gives each DP replica its own of (``RankContext.with_work``;
+``block_seq`` follows ``attn_seq``)."""
+PLACE_INPUTS = tuple(f for f in RANK_INPUTS if f not in DOC_INPUTS)
+"""The RANK_INPUTS a replica shares with its place (``RankContext.place_token``)."""
+
+_PLACE_TOKENS: dict[tuple, tuple[tuple[Any, ...], int]] = {}
+
+
+def _place_token(objs: tuple[Any, ...], values: tuple[Any, ...]) -> int:
+    """One number per (objects by identity, values); the entry holds the objects, so their ids are not
+    reused while it is cached, and a number is never given twice (``_NEXT_TOKEN``)."""
+    key = (tuple(map(id, objs)), values)
+    hit = _PLACE_TOKENS.get(key)
+    if hit is None or any(a is not b for a, b in zip(hit[0], objs, strict=True)):
+        if len(_PLACE_TOKENS) > 100_000:
+            _PLACE_TOKENS.clear()
+        hit = _PLACE_TOKENS[key] = (objs, next(_NEXT_TOKEN))
+    return hit[1]
+
 
 _STEP_TOKENS: dict[tuple, int] = {}
 _NEXT_TOKEN = itertools.count()  # never restarts: a token is never reused for other values
@@ -411,22 +455,64 @@ def _tp_group_coords(degrees: Degrees) -> tuple[tuple[int, Mapping[str, int]], .
     return tuple((r0, MappingProxyType(plan.coords(r0))) for r0 in range(0, degrees.world, degrees.tp))
 
 
-def tp_groups(s: StepContext) -> list[tuple[int, int, RankContext]]:
+def tp_groups(s: StepContext, replicas: ReplicaTemplates | None = None) -> list[tuple[int, int, RankContext]]:
     """(first rank, DP index, context) of every tensor-parallel group in rank order. Groups that see
     the same step (same coordinates along pp/cp/hp, device type, links and micro-batches: DP replicas
     of equal shares on equal devices) share one context object, so the cost of each is computed once (identity names them: links come from the
-    topology's caches)."""
+    topology's caches). With documents (``s.doc_work``) every replica has its own attention work,
+    so its own context (``ReplicaTemplates``: pass one per estimate, its drawn steps share it)."""
     plan, cal = s.plan, s.calibration
+    if s.doc_work is not None:
+        return (replicas or ReplicaTemplates()).groups(s)
     contexts: dict[tuple, RankContext] = {}
     out = []
     for (r0, c), (spec, place, links) in zip(_tp_group_coords(plan.degrees), s.group_links, strict=True):
         m_d = s.microbatches[c["dp"]]
-        key = (place, m_d) if s.doc_work is None else (place, m_d, c["dp"])  # documents: replicas differ
+        key = (place, m_d)
         ctx = contexts.get(key)
         if ctx is None:
             ctx = contexts[key] = _rank_context(s, c, spec, links, m_d, cal.get(spec.name) or {})
         out.append((r0, c["dp"], ctx))
     return out
+
+
+class ReplicaTemplates:
+    """The tp groups of an estimate's drawn steps of documents. The steps differ only in their work
+    (``StepContext.doc_work``), so which groups share a context (same place, micro-batches and DP
+    index: with documents replicas differ) and each place's context (a template: ``_rank_context``,
+    with its ``place_token``) are found once, at the first step; every step then copies each
+    template per replica with the replica's own attention work (``RankContext.with_work``)."""
+
+    def __init__(self) -> None:
+        self.layout: list[tuple[int, int, int]] = []
+        """(first rank, DP index, index of its context in ``uniques``) per tp group, in rank order."""
+        self.uniques: list[tuple[RankContext, int, int, Mapping[str, int]]] = []
+        """(template, DP index, CP index, coordinates of its first group) per distinct context."""
+
+    def groups(self, s: StepContext) -> list[tuple[int, int, RankContext]]:
+        if not self.layout:
+            self._find(s)
+        w = s.doc_work
+        ctxs = [t.with_work(s, c, w.keysums[dp][cp], w.ring[dp][cp], w.attn_seq[dp][cp])
+                for t, dp, cp, c in self.uniques]
+        return [(r0, dp, ctxs[i]) for r0, dp, i in self.layout]
+
+    def _find(self, s: StepContext) -> None:
+        cal = s.calibration
+        templates: dict[tuple, RankContext] = {}
+        index: dict[tuple, int] = {}
+        for (r0, c), (spec, place, links) in zip(_tp_group_coords(s.plan.degrees), s.group_links, strict=True):
+            m_d = s.microbatches[c["dp"]]
+            key = (place, m_d, c["dp"])
+            i = index.get(key)
+            if i is None:
+                t = templates.get((place, m_d))
+                if t is None:
+                    t = templates[(place, m_d)] = _rank_context(s, c, spec, links, m_d, cal.get(spec.name) or {})
+                    _ = t.place_token  # computed once here, so every copy carries it
+                i = index[key] = len(self.uniques)
+                self.uniques.append((t, c["dp"], c["cp"], c))
+            self.layout.append((r0, c["dp"], i))
 
 
 def _rank_context(s: StepContext, c: Mapping[str, int], spec: Any, links: Links, m_d: int,

@@ -209,14 +209,15 @@ def _beyond(ctx: RankContext, gather: float, comp: float) -> float:
     return max(0.0, gather - comp)
 
 
-def grad_sync(ctx: RankContext, comp_f: float, comp_b: float) -> tuple[float, float]:
+def grad_sync(ctx: RankContext, comp_f: float, comp_b: float, transfers: list[Transfer] | None = None
+              ) -> tuple[float, float]:
     """(seconds that can overlap the last backward, seconds exposed) of the step's gradient
     reduction and of the weight gathers not priced inside the blocks (``comp_f``, ``comp_b`` as in
-    ``zero3_block_exposed``)."""
+    ``zero3_block_exposed``; ``transfers``: ``step_transfers`` when known)."""
     s = ctx.step
     if s.shard_n <= 1:
         return 0.0, 0.0
-    t = step_transfers(ctx)
+    t = step_transfers(ctx) if transfers is None else transfers
     overl = _seconds(ctx, t[0].op, t[0].nbytes)
     exposed_reduction = 0.0
     if s.pp > 1:  # the runtime reduces after the last backward under pipelining, not in it: torch's
@@ -239,9 +240,10 @@ def grad_sync(ctx: RankContext, comp_f: float, comp_b: float) -> tuple[float, fl
     return overl, fixed + exposed_reduction
 
 
-def step_comm(ctx: RankContext) -> float:
-    """Seconds of all DP communication in a step, hidden or not."""
-    return sum(x.calls * _seconds(ctx, x.op, x.nbytes) for x in step_transfers(ctx))
+def step_comm(ctx: RankContext, transfers: list[Transfer] | None = None) -> float:
+    """Seconds of all DP communication in a step, hidden or not (``transfers``: ``step_transfers``
+    when known)."""
+    return sum(x.calls * _seconds(ctx, x.op, x.nbytes) for x in (step_transfers(ctx) if transfers is None else transfers))
 
 
 def optimizer_time(ctx: RankContext) -> float:

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
@@ -146,12 +147,10 @@ def _step_work(step: tuple[tuple[int, ...], ...], samples: tuple[int, ...], bala
     ranks' token shares and layout (so plans that differ elsewhere share one ``DocWork``)."""
     cp = len(tokens)
     segs = segments(tokens, zig, seq_len)
-    pieces = _Pieces.of(step)
-    per_rank = [pieces.of_ranks(sg) for sg in segs]  # per CP rank: (pairs, num, den) per row
-    whole = _Pieces.of(((seq_len,),))
+    per_rank, wholes = _rank_pieces(step, tokens, zig, seq_len)
     keysums, rings, seqs = [], [], []
     for rows in W.replica_rows(step, samples, balance):
-        seqs.append(tuple(_attn_seq(per_rank[c], rows, whole.of_ranks(segs[c]), tokens[c]) for c in range(cp)))
+        seqs.append(tuple(_attn_seq(per_rank[c], rows, wholes[c], tokens[c]) for c in range(cp)))
         pairs = np.array([[float(per_rank[c][0][r]) for c in range(cp)] for r in rows])
         mean = pairs.mean(axis=0)  # per window (the cost model multiplies by the micro-batch size)
         sync = float(pairs.max(axis=1).mean() / pairs.mean(axis=0).max()) if cp > 1 else 1.0
@@ -169,6 +168,21 @@ def _step_work(step: tuple[tuple[int, ...], ...], samples: tuple[int, ...], bala
             ring.append(tuple(sorted((q, k, causal, n * w) for (q, k, causal), n in calls.items())))
         rings.append(tuple(ring))
     return DocWork(tuple(keysums), tuple(rings), tuple(seqs))
+
+
+@lru_cache(maxsize=1024)
+def _rank_pieces(step: tuple[tuple[int, ...], ...], tokens: tuple[int, ...], zig: bool, seq_len: int
+                 ) -> tuple[tuple[tuple[np.ndarray, ...], ...], tuple[tuple[np.ndarray, ...], ...]]:
+    """Per CP rank, ``_Pieces.of_ranks`` of the step's windows and of one window-long document: what
+    ``_step_work`` reads of the CP layout, once per step and layout (not per replicas' counts and
+    balance, nor per replica). Read-only arrays: the cache hands the same ones to every caller."""
+    segs = segments(tokens, zig, seq_len)
+    pieces, whole = _Pieces.of(step), _Pieces.of(((seq_len,),))
+    out = (tuple(pieces.of_ranks(sg) for sg in segs), tuple(whole.of_ranks(sg) for sg in segs))
+    for arrays in (*out[0], *out[1]):
+        for a in arrays:
+            a.flags.writeable = False
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,10 +226,13 @@ class _Pieces:
 
 
 def _isum(row: np.ndarray, values: np.ndarray, rows: int) -> np.ndarray:
-    """Integer sums of ``values`` per ``row`` (``np.bincount`` sums in float64, which rounds past 2**53)."""
-    out = np.zeros(rows, dtype=np.int64)
-    np.add.at(out, row, values)
-    return out
+    """Integer sums of ``values`` per ``row`` (ascending, as ``_Pieces`` holds them): differences of
+    the running int64 sum at the rows' bounds (``np.bincount`` sums in float64, which rounds past
+    2**53; ``np.add.at`` is exact too but slower)."""
+    cum = np.zeros(len(values) + 1, dtype=np.int64)
+    np.cumsum(values, out=cum[1:])
+    bounds = np.searchsorted(row, np.arange(rows + 1))
+    return cum[bounds[1:]] - cum[bounds[:-1]]
 
 
 def _attn_seq(work: tuple[np.ndarray, np.ndarray, np.ndarray], rows: list[int],
@@ -307,15 +324,16 @@ def expected(times: list[float], xs: list[float], mean_x: float) -> float:
     return max(mt + max(b, 0.0) * (mean_x - mx), min(times))
 
 
-def combine(priced: list[tuple[dict[str, Any], dict[str, Any]]], dist: Any, plan: Any, model: Any,
-            seq_len: int, global_batch: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(predicted, breakdown) of the priced steps: the step time is their control-variate mean
-    (``expected``; given windows: their plain mean, and ``step_times_s`` each). One figure per plan:
-    the breakdown is the priced step nearest that mean, its seconds scaled to the mean (``_scaled``),
-    so its terms add up to the headline as they add up to a drawn step; memory is that step's. The
-    model FLOPs are the masked workload's (``masked_keys``): MFU counts the attention the mask keeps,
-    not the whole causal window's. A ``documents`` entry says how it was priced."""
-    times = [float(p["step_time_s"]) for p, _ in priced]
+def combine(times: list[float], report: Callable[[int], tuple[dict[str, Any], dict[str, Any]]], dist: Any,
+            plan: Any, model: Any, seq_len: int, global_batch: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(predicted, breakdown) of the priced steps, whose step times are ``times``: the step time is
+    their control-variate mean (``expected``; given windows: their plain mean, and ``step_times_s``
+    each). One figure per plan: the breakdown is the priced step nearest that mean (``report(i)``:
+    the (predicted, breakdown) of step i, asked of that step only), its seconds scaled to the mean
+    (``_scaled``), so its terms add up to the headline as they add up to a drawn step; memory is that
+    step's. The model FLOPs are the masked workload's (``masked_keys``): MFU counts the attention the
+    mask keeps, not the whole causal window's. A ``documents`` entry says how it was priced."""
+    times = [float(t) for t in times]
     if isinstance(dist, GivenWindows):
         mean = statistics.fmean(times)
         how = f"mean over {len(times)} given steps ({dist.source})"
@@ -324,7 +342,7 @@ def combine(priced: list[tuple[dict[str, Any], dict[str, Any]]], dist: Any, plan
         mean = expected(times, list(xs[:len(times)]), mean_x)
         how = (f"{len(times)} drawn steps (seed {SEED}) priced, their mean moved by a control variate (the slowest "
                f"replica's pairs per window, mean over {DRAWS} dealt steps)")
-    pred, bd = min(priced, key=lambda pb: abs(pb[0]["step_time_s"] - mean))
+    pred, bd = report(min(range(len(times)), key=lambda i: abs(times[i] - mean)))  # the first nearest
     drawn = float(pred["step_time_s"])
     scale = mean / drawn if drawn > 0 else 1.0
     pred = dict(pred)
@@ -359,9 +377,9 @@ def _scaled(bd: dict[str, Any], k: float) -> dict[str, Any]:
     the drawn step's breakdown as the expected step's, so its parts add up to the headline."""
     def times(d: dict[str, Any], keys: tuple[str, ...] = ()) -> dict[str, Any]:
         out = dict(d)
-        for key, v in d.items():
-            if key.endswith("_s") or key in keys:
-                out[key] = [x * k for x in v] if isinstance(v, list) else v * k if isinstance(v, (int, float)) else v
+        for key in _timed(tuple(d), keys):
+            v = d[key]
+            out[key] = [x * k for x in v] if isinstance(v, list) else v * k if isinstance(v, (int, float)) else v
         return out
 
     out = times(bd)
@@ -373,6 +391,13 @@ def _scaled(bd: dict[str, Any], k: float) -> dict[str, Any]:
     return out
 
 
+@lru_cache(maxsize=256)
+def _timed(names: tuple[str, ...], keys: tuple[str, ...]) -> tuple[str, ...]:
+    """The keys of a row ``_scaled`` scales (ending ``_s``, or among ``keys``), once per key set: a
+    breakdown's rows share a few (a row per rank, per stage, per timeline event)."""
+    return tuple(n for n in names if n.endswith("_s") or n in keys)
+
+
 def masked_keys(dist: Any, seq_len: int, global_batch: int) -> float:
     """The mean keys a query attends under the document mask: the windows' causal same-document
     pairs over their tokens (a whole causal window: (S + 1) / 2), over the ``DRAWS`` drawn steps
@@ -380,5 +405,11 @@ def masked_keys(dist: Any, seq_len: int, global_batch: int) -> float:
     if isinstance(dist, GivenWindows):
         windows = [w for st in dist.steps for w in st]
         return sum(_pairs(w) for w in windows) / (len(windows) * seq_len)
+    return _drawn_keys(dist, seq_len, global_batch)
+
+
+@lru_cache(maxsize=64)
+def _drawn_keys(dist: W.LengthDistribution, seq_len: int, global_batch: int) -> float:
+    """``masked_keys`` of the ``DRAWS`` drawn steps, once per distribution, window and batch."""
     pairs = _draw_pairs(dist, seq_len, global_batch, SEED)
     return sum(sum(st) for st in pairs) / (sum(len(st) for st in pairs) * seq_len)

@@ -29,7 +29,7 @@ shared between identical replicas, and the cluster lookups are cached (comm.Topo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from autotune.cost import disaggregation, helixpipe, report
 from autotune.cost.data_parallel import ADAM_BYTES_PER_PARAM, exposure  # noqa: F401  (ADAM_*: its old home)
@@ -76,25 +76,56 @@ def estimate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: i
         cluster = subset(cluster, plan.uses)
     s = step_context(plan, model, cluster, seq_len, global_batch, calibration, kernels)
     if documents is not None and s.plan.doc_mask:
-        from dataclasses import replace
-
-        from autotune.cost import documents as DOC
-
-        on_cpu = any(g.device.kind == "cpu" for g in cluster.groups)
-        priced = [_price(replace(s, doc_work=w), timeline)
-                  for w in DOC.drawn_work(s.plan, documents, seq_len, global_batch, on_cpu)]
-        predicted, breakdown = DOC.combine(priced, documents, s.plan, s.model, seq_len, global_batch)
-        return Estimate(plan=s.plan, predicted=predicted, breakdown=breakdown)
-    predicted, breakdown = _price(s, timeline)
+        predicted, breakdown = _documents(s, cluster, documents, timeline)
+    else:
+        predicted, breakdown = _price(s, timeline)
     return Estimate(plan=s.plan, predicted=predicted, breakdown=breakdown)
 
 
 def _price(s: Any, timeline: bool) -> tuple[dict[str, Any], dict[str, Any]]:
     """(predicted, breakdown) of one step context."""
+    return _report(_step(s), timeline)
+
+
+def _documents(s: Any, cluster: Any, documents: Any, timeline: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(predicted, breakdown) of a plan with document masks: every drawn step's time (``_step``; the
+    replicas' contexts copied from one template per place, ``context.ReplicaTemplates``), then the report of
+    the one step ``documents.combine`` keeps (the nearest the expected step), not of every step."""
+    from dataclasses import replace
+
+    from autotune.cost import documents as DOC
+    from autotune.cost.context import ReplicaTemplates
+
+    on_cpu = any(g.device.kind == "cpu" for g in cluster.groups)
+    replicas = ReplicaTemplates()  # shared by the drawn steps: they differ only in their work
+    steps = [replace(s, doc_work=w) for w in DOC.drawn_work(s.plan, documents, s.seq_len, s.global_batch, on_cpu)]
+    sims = [_step(st, replicas) for st in steps]
+    return DOC.combine([sim.step for sim in sims], lambda i: _report(sims[i], timeline), documents,
+                       s.plan, s.model, s.seq_len, s.global_batch)
+
+
+class _Simulated(NamedTuple):
+    """One step context simulated: its tp groups with their costs, the replicas' pipelines, the step."""
+
+    context: Any
+    """The step context the report reads (a disaggregated plan's own, ``disaggregation.overlapped``)."""
+    groups: list
+    per_rep_stage: dict
+    sims: list
+    step: float
+    stage_end: list
+    exposed_of: dict
+    disaggregation: Any = None
+    """HeterMoE's expert-only ranks' figures (``breakdown["disaggregation"]``); None without them."""
+
+
+def _step(s: Any, replicas: Any = None) -> _Simulated:
+    """The tp groups of ``s`` priced, each replica's schedule simulated, the DP exposure: the step time
+    and what the report reads. ``replicas``: the drawn steps' ``context.ReplicaTemplates``."""
     own = None if s.schedule.chain else helixpipe  # a data flow that is no chain of stages: its own cost module
     costs: dict[int, Any] = {}
     groups = []
-    for r0, dp_i, ctx in tp_groups(s):
+    for r0, dp_i, ctx in tp_groups(s, replicas):
         c = costs.get(id(ctx))
         if c is None:
             c = costs[id(ctx)] = own.rank_cost(ctx, rank_cost_memo(ctx)) if own else rank_cost_memo(ctx)
@@ -105,12 +136,18 @@ def _price(s: Any, timeline: bool) -> tuple[dict[str, Any], dict[str, Any]]:
     per_rep_stage = replica_stages(groups)
     sims = own.simulate_replicas(s, per_rep_stage) if own else simulate_replicas(s, per_rep_stage)
     step, stage_end, exposed_of = exposure(s.pp, s.dp, sims, per_rep_stage)
-    memory, capacity, rows, stage_mem, infeasible = report.rank_rows(s, groups, exposed_of, step)
+    return _Simulated(s, groups, per_rep_stage, sims, step, stage_end, exposed_of, disagg)
+
+
+def _report(sim: _Simulated, timeline: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(predicted, breakdown) of one simulated step context."""
+    s, groups, sims, step = sim.context, sim.groups, sim.sims, sim.step
+    memory, capacity, rows, stage_mem, infeasible = report.rank_rows(s, groups, sim.exposed_of, step)
     predicted, model_flops, peak = report.predicted_figures(s, groups, sims, step, memory, capacity, infeasible)
-    stages = report.stage_rows(s, groups, sims, per_rep_stage, rows, stage_end, stage_mem)
-    breakdown = report.breakdown(s, groups, sims, stages, rows, stage_end, step, model_flops, peak)
-    if disagg is not None:
-        breakdown["disaggregation"] = disagg
+    stages = report.stage_rows(s, groups, sims, sim.per_rep_stage, rows, sim.stage_end, stage_mem)
+    breakdown = report.breakdown(s, groups, sims, stages, rows, sim.stage_end, step, model_flops, peak)
+    if sim.disaggregation is not None:
+        breakdown["disaggregation"] = sim.disaggregation
     if timeline:
-        breakdown["timeline"] = report.timeline(s, groups, sims, per_rep_stage, exposed_of)
+        breakdown["timeline"] = report.timeline(s, groups, sims, sim.per_rep_stage, sim.exposed_of)
     return predicted, breakdown

@@ -101,11 +101,11 @@ class RankCost:
     """A MoE model's terms over the step (``_moe_summary``); None for a dense model."""
 
 
-def block_times(ctx: RankContext, lc: LayerCompute) -> BlockTimes:
-    """Compose one block's per-dimension terms (recompute and the CPU sync waits applied)."""
+def block_times(ctx: RankContext, lc: LayerCompute, comm: tuple[float, float] | None = None) -> BlockTimes:
+    """Compose one block's per-dimension terms (recompute and the CPU sync waits applied). ``comm``:
+    the block's TP and Ulysses collectives (``_block_comm``) when known."""
     cf = ctx.cf
-    tp = TP.block_comm(ctx)
-    hp = U.block_comm(ctx)
+    tp, hp = comm if comm is not None else _block_comm(ctx)
     cp_raw_f, cp_raw_b, cp_f, cp_b = CP.ring_comm(ctx, lc)
     b = BlockTimes(comp_f=cf * lc.fwd, comp_b=cf * lc.bwd, tp_f=tp, tp_b=tp, hp_f=hp, hp_b=hp, cp_f=cp_f,
                    cp_b=cp_b, cp_raw_f=cp_raw_f, cp_raw_b=cp_raw_b, z3_f=0.0, z3_b=0.0)
@@ -123,6 +123,11 @@ def block_times(ctx: RankContext, lc: LayerCompute) -> BlockTimes:
     if ctx.rates.cpu is not None:
         _charge_sync(ctx, b)
     return b
+
+
+def _block_comm(ctx: RankContext) -> tuple[float, float]:
+    """Seconds of one block's TP collectives and of its Ulysses all-to-alls (no compute in them)."""
+    return TP.block_comm(ctx), U.block_comm(ctx)
 
 
 def _charge_sync(ctx: RankContext, b: BlockTimes) -> None:
@@ -143,33 +148,87 @@ def _charge_sync(ctx: RankContext, b: BlockTimes) -> None:
         b.z3_f, b.z3_b = b.z3_f + sync_f, b.z3_b + sync_b
 
 
-def rank_cost(ctx: RankContext) -> RankCost:
-    """Per-micro-batch chunk times, per-step terms and memory of one TP group's ranks."""
+@dataclass(frozen=True)
+class _Fixed:
+    """What ``rank_cost`` prices of a dense rank that its attention work (``context.DOC_INPUTS``)
+    does not move: its block's activations, the head and embedding, the sends, the step's DP
+    volume, its memory and optimizer step. Kept per place (``_fixed_memo``): the DP replicas of a
+    step with documents differ only in their attention."""
+
+    acts: tuple[float, float, float]
+    """The block's activations (kept per micro-batch, full, of which the scores)."""
+    head: tuple[float, float]
+    head_tp: tuple[float, float]
+    embedding_tp: float
+    embed: tuple[float, float] | None
+    p2ps: tuple[float, ...]
+    p2p_back: tuple[float, ...]
+    """Seconds of the gradient's hop back over each chunk's forward hop (``RankCost.p2p_back_chunks``)."""
+    pp_sends: float
+    dp_raw: float
+    memory: tuple[float, dict[str, float]]
+    optimizer: float
+    block_comm: tuple[float, float]
+    """The block's TP and Ulysses collectives (``_block_comm``)."""
+    transfers: list
+    """What the ZeRO group moves in a step (``data_parallel.step_transfers``)."""
+
+
+def _fixed(ctx: RankContext, acts: tuple[float, float, float]) -> _Fixed:
+    """``_Fixed`` of ``ctx`` whose block's activations are ``acts``."""
     s = ctx.step
-    if s.experts is not None:  # a MoE model: each chunk its mix of dense and MoE layers
-        blocks, lc, (kept, full, scores), moe = _moe_blocks(ctx)
-        b = blocks[0]
-        layer_w: Any = tuple(ctx.cf * g for g in lc)
-    else:
-        b, layer_w, (kept, full, scores) = _dense_block(ctx)
-        blocks, moe = b, None
     hd = LY.piece(ctx, "head") or LY.shard_piece(ctx, "head")
     emb = LY.piece(ctx, "embed") or LY.shard_piece(ctx, "embed")
     head = (hd.fwd, hd.bwd) if hd is not None else head_compute(s.model, ctx.rates, tokens=ctx.tokens_local, tp=s.tp)
     head_tp = _cpu.head_tp_comm(ctx) if s.tp > 1 and ctx.rates.cpu is not None else (0.0, 0.0)
-    ch = PP.chunk_times(ctx, blocks, TP.embedding_comm(ctx), head, head_tp,
-                        embed=(emb.fwd, emb.bwd) if emb is not None else None, layer_w=layer_w)
     p2ps, p2p_back, grad_sends = PP.chunk_send_times(ctx)
-    pp_sends = PP.sends_per_microbatch(ctx, p2ps, grad_sends)
-    overl, fixed = DP.grad_sync(ctx, b.comp_f, b.comp_b)
+    kept, full = LY.measured_activations(ctx, *acts)
+    transfers = DP.step_transfers(ctx)
+    return _Fixed(acts=acts, head=head, head_tp=head_tp, embedding_tp=TP.embedding_comm(ctx),
+                  embed=(emb.fwd, emb.bwd) if emb is not None else None, p2ps=p2ps, p2p_back=p2p_back,
+                  pp_sends=PP.sends_per_microbatch(ctx, p2ps, grad_sends), dp_raw=DP.step_comm(ctx, transfers),
+                  memory=M.rank_memory(ctx, kept, full), optimizer=_optimizer(ctx), block_comm=_block_comm(ctx),
+                  transfers=transfers)
+
+
+_FIXED: dict[int, _Fixed] = {}
+
+
+def _fixed_memo(ctx: RankContext) -> _Fixed | None:
+    """``_fixed`` of a dense rank, once per place (``RankContext.place_token``: every input but the
+    attention work; tests/unit/test_rank_cost_key.py checks ``_fixed`` reads none of that); None for
+    a MoE rank (its activations come with its blocks, ``_moe_blocks``)."""
+    if ctx.step.experts is not None:
+        return None
+    hit = _FIXED.get(ctx.place_token)
+    if hit is None:
+        if len(_FIXED) >= _MEMO_LIMIT:
+            _FIXED.clear()
+        hit = _FIXED[ctx.place_token] = _fixed(ctx, dense_activations(ctx))
+    return hit
+
+
+def rank_cost(ctx: RankContext, fixed: _Fixed | None = None) -> RankCost:
+    """Per-micro-batch chunk times, per-step terms and memory of one TP group's ranks. ``fixed``: the
+    dense rank's ``_fixed`` when known (``rank_cost_memo``: once per place), else computed here."""
+    if ctx.step.experts is not None:  # a MoE model: each chunk its mix of dense and MoE layers
+        blocks, lc, acts, moe = _moe_blocks(ctx)
+        return _composed(ctx, blocks, blocks[0], tuple(ctx.cf * g for g in lc), _fixed(ctx, acts), moe)
+    f = fixed if fixed is not None else _fixed(ctx, dense_activations(ctx))
+    b, layer_w = _dense_block(ctx, f.acts, f.block_comm)
+    return _composed(ctx, b, b, layer_w, f, None)
+
+
+def _composed(ctx: RankContext, blocks: Any, b: BlockTimes, layer_w: Any, f: _Fixed, moe: dict | None) -> RankCost:
+    """The rank's cost from its blocks (``b``: the first chunk's) and what its attention does not move."""
+    s = ctx.step
+    ch = PP.chunk_times(ctx, blocks, f.embedding_tp, f.head, f.head_tp, embed=f.embed, layer_w=layer_w)
+    overl, fixed = DP.grad_sync(ctx, b.comp_f, b.comp_b, f.transfers)
     if ctx.rates.cpu is not None:
         overl, fixed = _cpu.exposed_grad_sync(overl, fixed)
         if s.zero >= 2 and s.shard_n > 1 and not DP.zero3_gathers(ctx):  # ZeRO-3's meet per block: block_times
             fixed += _cpu.zero_step_sync(ctx, b.comp_f, b.comp_b, sum(ctx.layers))
-    dp_raw = DP.step_comm(ctx)
-    kept, full = LY.measured_activations(ctx, kept, full, scores)
-    total, terms = M.rank_memory(ctx, kept, full)
-    optimizer = _optimizer(ctx)
+    dp_raw, (total, terms), optimizer = f.dp_raw, f.memory, f.optimizer
     if moe is not None:
         e_overl, e_fixed = EDP.grad_sync(ctx)
         overl, fixed, dp_raw = overl + e_overl, fixed + e_fixed, dp_raw + e_overl + e_fixed
@@ -178,8 +237,9 @@ def rank_cost(ctx: RankContext) -> RankCost:
         moe["expert_grad_sync_s"] = e_overl + e_fixed
     m_d = ctx.microbatches
     ep = m_d * ch.ep
+    pp_sends = f.pp_sends
     return RankCost(
-        spec=ctx.spec, fwd=ch.fwd, bwd=ch.bwd, p2p=p2ps[0], wgt=ch.wgt, p2p_chunks=p2ps, p2p_back_chunks=p2p_back,
+        spec=ctx.spec, fwd=ch.fwd, bwd=ch.bwd, p2p=f.p2ps[0], wgt=ch.wgt, p2p_chunks=f.p2ps, p2p_back_chunks=f.p2p_back,
         compute_s=m_d * ch.compute, tp_comm_s=m_d * ch.tp, hp_comm_s=m_d * ch.hp, cp_comm_s=m_d * ch.cp_raw,
         pp_comm_s=m_d * pp_sends, dp_comm_s=dp_raw,
         comm_s=m_d * (ch.tp + ch.hp + ch.cp_raw + pp_sends) + dp_raw + ep,
@@ -194,12 +254,12 @@ _PER_MICROBATCH = ("router_s", "moe_host_s", "experts_s", "ep_exposed_s")
 """The MoE terms ``_moe_blocks`` gives per micro-batch (``rank_cost`` reports them per step)."""
 
 
-def _dense_block(ctx: RankContext) -> tuple[BlockTimes, float, tuple[float, float, float]]:
-    """A dense model's block: its times, its weight-gradient GEMM seconds, its activations (kept per
-    micro-batch, full, of which the scores)."""
+def _dense_block(ctx: RankContext, acts: tuple[float, float, float], comm: tuple[float, float]
+                 ) -> tuple[BlockTimes, float]:
+    """A dense model's block whose activations are ``acts`` (kept per micro-batch, full, of which the
+    scores) and collectives ``comm`` (``_block_comm``): its times, its weight-gradient GEMM seconds."""
     s = ctx.step
-    kept, full, scores = M.block_activations(ctx)
-    kept -= module_saving(ctx, s.model.ffn_hidden, moe_layer=False)
+    _, full, scores = acts
     # elementwise traffic over the sbh tensors; the softmax over the scores is part of the attention
     # kernel's throughput (fused attention never writes the s^2 scores to memory)
     lc = layer_compute(s.model, ctx.rates, tokens=ctx.tokens_local, tp=s.tp, heads_local=ctx.heads,
@@ -210,9 +270,16 @@ def _dense_block(ctx: RankContext) -> tuple[BlockTimes, float, tuple[float, floa
     blk = LY.piece(ctx, "block") or LY.reconciled_block(ctx, lc)
     if blk is not None:
         lc = LY.measured_block(lc, blk)
-    b = block_times(ctx, lc)
+    b = block_times(ctx, lc, comm)
     b.comp_b += module_seconds(ctx, s.model.ffn_hidden, moe_layer=False)
-    return b, ctx.cf * lc.gemm_fwd, (kept, full, scores)
+    return b, ctx.cf * lc.gemm_fwd
+
+
+def dense_activations(ctx: RankContext) -> tuple[float, float, float]:
+    """A dense block's activations (kept per micro-batch, full, of which the scores), less what its
+    ``recompute_modules`` no longer keep."""
+    kept, full, scores = M.block_activations(ctx)
+    return kept - module_saving(ctx, ctx.step.model.ffn_hidden, moe_layer=False), full, scores
 
 
 def module_saving(ctx: RankContext, ffn_width: float, moe_layer: bool) -> float:
@@ -306,25 +373,26 @@ def _optimizer(ctx: RankContext) -> float:
     return got[0] if got is not None else DP.optimizer_time(ctx)
 
 
-_MEMO: dict[tuple, tuple[tuple[Any, ...], RankCost]] = {}
+_MEMO: dict[tuple, RankCost] = {}
 _MEMO_LIMIT = 100_000
 
 
 def rank_cost_memo(ctx: RankContext) -> RankCost:
-    """``rank_cost`` memoised by ``ctx.cost_key()`` across estimates. A search prices thousands of
-    plans whose tp groups mostly repeat ones it priced before (measured at 128 devices of 4 types:
-    51,216 of 57,728 groups, a third of the search's time): a neighbour in the hill climb changes
-    one share or knob, and groups on different devices of one type with the same links and shares
-    do the same work. The entry holds the objects its key names by identity, so their ids are not
-    reused while it is cached; a RankCost is frozen, so sharing one is safe."""
-    objs, values = ctx.cost_key()
-    key = (tuple(map(id, objs)), values)
+    """``rank_cost`` memoised by ``ctx.cost_key()`` across estimates, as the context's place token
+    (``RankContext.place_token``: the key less the attention work) and its attention work
+    (``DOC_INPUTS``). A search prices thousands of plans whose tp groups mostly repeat ones it
+    priced before (measured at 128 devices of 4 types: 51,216 of 57,728 groups, a third of the
+    search's time): a neighbour in the hill climb changes one share or knob, and groups on different
+    devices of one type with the same links and shares do the same work. With documents every DP
+    replica of a drawn step is a context of its own (``context.tp_groups``): copies of one template
+    per place, which carry its token, so each costs a lookup of four values, and a replica not seen
+    before prices only what its attention moves (``_fixed_memo``: the rest once per place). A
+    RankCost is frozen, so sharing one is safe."""
+    key = (ctx.place_token, ctx.keysum, ctx.ring, ctx.attn_seq)
     hit = _MEMO.get(key)
-    if hit is not None and all(a is b for a, b in zip(hit[0], objs, strict=True)):
-        return hit[1]
+    if hit is not None:
+        return hit
     if len(_MEMO) >= _MEMO_LIMIT:
         _MEMO.clear()
-    cost = rank_cost(ctx)
-    _MEMO[key] = (objs, cost)
+    cost = _MEMO[key] = rank_cost(ctx, _fixed_memo(ctx))
     return cost
-

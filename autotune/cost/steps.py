@@ -24,6 +24,7 @@ def step_context(plan: Any, model: Any, cluster: Any, seq_len: int, global_batch
     return CX.step_context(plan, model, cluster, seq_len, global_batch, calibration, kernels)
 
 
-def tp_groups(s: Any) -> list[tuple[int, int, Any]]:
-    """(first rank, DP index, context) of every tensor-parallel group in rank order."""
-    return STG.staged_tp_groups(s) if s.plan.per_stage else CX.tp_groups(s)
+def tp_groups(s: Any, replicas: CX.ReplicaTemplates | None = None) -> list[tuple[int, int, Any]]:
+    """(first rank, DP index, context) of every tensor-parallel group in rank order; ``replicas``:
+    the DP replicas' templates of an estimate's drawn steps of documents (``context.tp_groups``)."""
+    return STG.staged_tp_groups(s) if s.plan.per_stage else CX.tp_groups(s, replicas)

@@ -94,3 +94,26 @@ def test_a_search_prices_the_same_with_and_without_the_memo(monkeypatch):
     without = _search_trials(False, monkeypatch)
     assert len(with_memo) == len(without) > 100
     assert with_memo == without
+
+
+def test_what_a_rank_keeps_per_place_reads_no_attention_work(monkeypatch):
+    """``rank._fixed`` (with the block's activations, ``dense_activations``) is kept once per place (``rank._fixed_memo``,
+    keyed by ``RankContext.place_token``, which leaves out the attention work a step of documents
+    gives each replica): priced over the corpus on a proxy, it reads none of ``DOC_INPUTS``."""
+    gen, entries = _corpus()
+    est_mod = _estimate_module()
+    reads: collections.Counter = collections.Counter()
+
+    def spied(ctx):
+        if ctx.step.experts is None:
+            proxy = _Reads(ctx, reads)
+            RK._fixed(proxy, RK.dense_activations(proxy))
+        return RK.rank_cost(ctx)
+
+    monkeypatch.setattr(est_mod, "rank_cost_memo", spied)
+    clusters = {}
+    for e in entries:
+        c = clusters.get(e["cluster"]) or clusters.setdefault(e["cluster"], gen.build_cluster(e["cluster"]))
+        gen.price(e, c)
+    assert set(reads) & set(CX.DOC_INPUTS) == set(), "what rank_cost keeps per place reads the attention work"
+    assert {"tokens", "layers", "links", "params", "microbatches"} <= set(reads)  # the proxy saw the reads
