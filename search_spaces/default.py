@@ -592,6 +592,8 @@ class DefaultSpace:
         the others do not change its plan."""
         dists = self.distributions()
         program = p.get("stages", "uniform") == "program"
+        if program and STAGE_RANK not in p:  # a trial of a study made before runners-up: the fastest
+            p = {**p, STAGE_RANK: 0}
         idle = set() if program else self._idle_knobs(p)
         out = []
         for name, dist in dists.items():

@@ -240,3 +240,13 @@ def test_the_search_on_8_a100_8_v100_offers_a_plan_whose_stages_run_different_tp
                          recompute=plan.recompute, zero=plan.zero_stage, cache={}, keep=10 ** 6)
     ref = max(estimate(q, m, c, 2048, 2048).predicted["tokens_per_s"] for q in every if len(q.tp_degrees()) > 1)
     assert t.values[0] >= 0.98 * ref, (t.values[0], ref)
+
+
+def test_a_per_stage_point_of_a_study_made_before_runners_up_moves_to_them():
+    """A resumed study's per-stage trials have no ``stage_rank``: the climb reads them as the fastest
+    plan and moves to the runners-up."""
+    sp = load_space("default").space(SearchContext(model=M, cluster=C, seq_len=SEQ, global_batch=GB, dtype="fp16"))
+    old = {k: v for k, v in sp.params(stages="program", zero=1).items() if k != "stage_rank"}
+    assert sp.build(old) == sp.build({**old, "stage_rank": 0})
+    ranks = {q["stage_rank"] for q in sp.neighbours(old) if all(q[k] == v for k, v in old.items())}
+    assert ranks == set(range(1, P.KEEP))
