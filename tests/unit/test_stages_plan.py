@@ -9,7 +9,7 @@ import pytest
 
 from autotune import stages as ST
 from autotune.errors import InputError
-from autotune.plan import Plan, PlanError, check_schema, parse_inline
+from autotune.plan import Degrees, Plan, PlanError, check_schema, parse_inline
 from autotune.specs.cluster import cluster_from_dict, local_cluster
 from autotune.specs.model import load_model
 
@@ -60,6 +60,9 @@ def test_uniform_plans_keep_their_json():
     (((2, [(1, [0])]), (2, [(1, [1])])), {"schedule": "zbv"}, "does not run per-stage plans"),
     (((2, [(1, [0])]), (2, [(1, [1])])), {"zero_stage": 2}, "zero_stage"),
     (((2, [(2, [0])]), (2, [(1, [1])])), {}, r"1 devices for tp\(2\)"),
+    # context parallelism inside a stage is not priced or run yet (issue 40 item 4): one line saying so
+    (((2, [(1, [0])]), (2, [(1, [1])])), {"degrees": Degrees(pp=2, cp=2)},
+     r"^degrees: cp\(2\) and hp\(1\) must be 1 in a per-stage plan \(per-stage context"),
 ])
 def test_rules_name_what_is_wrong(stages, kw, match):
     with pytest.raises(PlanError, match=match) as e:
