@@ -14,15 +14,15 @@ mixed-precision recipe (reference_run).
 
 What runs by default, on 2 and on 4 workers (163 and 702 combinations x precisions, about 1-3 s
 each on a loaded 2-core machine, the time going to the steps' many small collectives, whatever the
-precision): every combination of degrees, ZeRO stage, schedule and recomputation once, in a
-precision chosen so that every (degrees, ZeRO stage, precision) and every (schedule, recomputation,
-precision) appears (79 plans on 2 workers, 292 on 4). ``AUTOTUNE_ENUMERATION=full`` runs the
+precision): a cover of the combinations, chosen greedily so that every (degrees, ZeRO stage,
+precision), every (schedule, recomputation, precision) and every pair of values of the five factors
+(degrees, schedule, recomputation, ZeRO stage, precision: pairwise coverage, as combinatorial
+testing uses it) that some runnable combination has is run (77 plans on 2 workers, 159 on 4; one plan
+for every combination of the first four, 79 and 292 plans, took about twice as long). ``AUTOTUNE_ENUMERATION=full`` runs the
 complete cross product on both. A combination that one of the fp32 parity tests
 (PARITY_TESTS: test_runtime_equivalence, test_pipeline_schedules, test_helix_equivalence) already
 runs on the same number of workers against one process, at the same tolerances, is counted as run
-and not run a second time here (31 of the 2-worker and 36 of the 4-worker combinations, the others
-there in another precision where that is the only run of a (degrees, ZeRO, precision) or (schedule,
-recomputation, precision)). ``fp32-strict`` is enumerated, priced and admitted
+(with what it covers) and not run a second time here. ``fp32-strict`` is enumerated, priced and admitted
 like the others but runs as ``fp32`` (the two differ only in CUDA's TF32 switch), so it is not run
 twice on CPU.
 
@@ -148,13 +148,13 @@ def enumerate_space(world: int) -> dict:
 
 def representatives(world: int) -> list[tuple[tuple, Plan]]:
     """One plan per combination that no parity test runs already, rotating over the variants
-    (micro-batch size, sp, shares); unless FULL, one precision per combination of the other four
-    (module docstring)."""
+    (micro-batch size, sp, shares); unless FULL, only the combinations of the cover (``_cover``,
+    module docstring)."""
     elsewhere = run_elsewhere(world)
     items = sorted(((k, g) for k, g in enumerate_space(world)["plans"].items()
                     if k[-1] in RUN_DTYPES and k not in elsewhere), key=lambda kv: str(kv[0]))
-    if not FULL:
-        items = _one_precision_each(items, elsewhere)
+    if not FULL:  # what the parity tests run counts where the enumeration has it too (the test's ``ran``)
+        items = _cover(items, elsewhere & {k for k in enumerate_space(world)["plans"] if k[-1] in RUN_DTYPES})
     out = []
     for i, (key, group) in enumerate(items):
         group = sorted(group, key=lambda p: p.to_json())
@@ -162,42 +162,34 @@ def representatives(world: int) -> list[tuple[tuple, Plan]]:
     return out
 
 
-def _marks(rest: tuple, dtype: str) -> set:
-    """What one run of a combination covers: its (degrees, ZeRO, precision) and its (schedule,
-    recomputation, precision)."""
-    return {("z", rest[:5], rest[8], dtype), ("s", rest[5:8], dtype)}
+FACTORS = (slice(0, 5), slice(5, 7), slice(7, 8), slice(8, 9), slice(9, 10))
+"""A combination's five factors: degrees, schedule (with its virtual stages), recomputation, ZeRO
+stage, precision."""
 
 
-def _one_precision_each(items: list[tuple[tuple, list]], elsewhere: frozenset) -> list[tuple[tuple, list]]:
-    """Per combination without precision that no parity test runs already (``elsewhere``), the
-    precision that covers a (degrees, ZeRO, precision) or (schedule, recomputation, precision) not
-    covered yet (else rotating); then another precision of a combination wherever that alone covers
-    a pair still missing."""
-    by_rest: dict[tuple, dict[str, list]] = defaultdict(dict)
-    for key, group in items:
-        by_rest[key[:-1]][key[-1]] = group
-    done = {key[:-1] for key in elsewhere}
-    covered: set = set().union(*(_marks(key[:-1], key[-1]) for key in elsewhere))
+def marks(key: tuple) -> set:
+    """What one run of a combination covers: its (degrees, ZeRO, precision), its (schedule,
+    recomputation, precision), and every pair of its five factors' values."""
+    f = [key[s] for s in FACTORS]
+    pairs = {("p", i, f[i], j, f[j]) for i in range(5) for j in range(i + 1, 5)}
+    return {("z", key[:5], key[8], key[9]), ("s", key[5:8], key[9])} | pairs
+
+
+def _cover(items: list[tuple[tuple, list]], elsewhere: frozenset) -> list[tuple[tuple, list]]:
+    """The combinations to run: greedily, the one that covers the most marks (``marks``) not covered
+    yet by those chosen or by the parity tests (``elsewhere``), until every mark of every runnable
+    combination is covered (ties: the first in ``items``' order)."""
+    covered: set = set().union(*(marks(k) for k in elsewhere))
+    left = {key: marks(key) - covered for key, _ in items}
     out = []
-    # the combinations run elsewhere last: one of them runs here (in another precision) only where
-    # that covers a pair nothing else covers
-    for i, (rest, per_dtype) in enumerate(sorted(by_rest.items(), key=lambda kv: (kv[0] in done, str(kv[0])))):
-        dtypes = sorted(per_dtype)
-        marks = [_marks(rest, dt) for dt in dtypes]
-        best = max(range(len(dtypes)), key=lambda j: (len(marks[j] - covered), -((j - i) % len(dtypes))))
-        if rest in done and not marks[best] - covered:
-            continue
-        dt = dtypes[best]
-        covered |= marks[best]
-        out.append(((*rest, dt), per_dtype[dt]))
-    # a second precision of a combination where only it covers a pair (on 2 workers few
-    # combinations share a schedule, so one precision each leaves some (schedule, precision) out)
-    chosen = {key for key, _ in out}
-    for key, group in items:
-        if key not in chosen and key not in elsewhere and _marks(key[:-1], key[-1]) - covered:
-            covered |= _marks(key[:-1], key[-1])
-            out.append((key, group))
-    return out
+    while True:
+        key = max(left, key=lambda k: len(left[k]), default=None)
+        if key is None or not left[key]:
+            return [(k, g) for k, g in items if k in {o for o in out}]
+        out.append(key)
+        got = left.pop(key)
+        for k in left:
+            left[k] -= got
 
 
 _REFS: dict = {}
@@ -269,6 +261,7 @@ def test_every_sampled_plan_is_priced_infeasible_or_accepted_by_the_runtime(worl
     ran = {key for key, _ in representatives(world)} | (run_elsewhere(world) & runnable)
     assert {(k[:5], k[8], k[9]) for k in runnable} == {(k[:5], k[8], k[9]) for k in ran}
     assert {(k[5:8], k[9]) for k in runnable} == {(k[5:8], k[9]) for k in ran}
+    assert set().union(*map(marks, runnable)) == set().union(*map(marks, ran))  # and every pair of factors
     assert ran == runnable or not FULL
 
 
