@@ -41,19 +41,6 @@ _MEMORY_STORAGES: dict[str, Any] = {}
 _RDB_STORAGES: dict[tuple[str, int], Any] = {}
 
 
-def _absolute_sqlite(url: str) -> str:
-    """``url`` with a relative SQLite file made absolute against today's working directory (other
-    URLs unchanged): SQLAlchemy opens a relative file against whatever directory is current when a
-    connection is made, which is not always the one the user named it in."""
-    prefix = "sqlite:///"
-    if not url.startswith(prefix):
-        return url
-    path, sep, query = url[len(prefix):].partition("?")
-    if not path or path == ":memory:" or os.path.isabs(path):
-        return url
-    return prefix + os.path.abspath(path) + sep + query
-
-
 def storage_for(url: str, *, create: bool = True) -> Any:
     """An Optuna storage object for ``url`` (RDB URL, ``*.log`` journal file or ``:memory:``)."""
     import optuna
@@ -73,7 +60,9 @@ def storage_for(url: str, *, create: bool = True) -> Any:
     if "://" not in url:
         raise InputError(f"bad storage {url!r}; write a SQLAlchemy URL such as sqlite:///results/autotune.db, "
                          "a journal file path ending in .log, or :memory:", field="--storage")
-    engine_url = _absolute_sqlite(url)
+    from autotune.specs.profiles import absolute_sqlite
+
+    engine_url = absolute_sqlite(url)
     # keyed by the absolute file: a relative URL names another file once the working directory
     # changes (a cached engine kept answering from the first directory's database)
     cached = _RDB_STORAGES.get((engine_url, os.getpid()))

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -169,11 +170,25 @@ def profile_url(storage: str) -> str:
     return storage
 
 
+def absolute_sqlite(url: str) -> str:
+    """``url`` with a relative SQLite file made absolute against today's working directory (other
+    URLs unchanged): SQLAlchemy opens a relative file against whatever directory is current when a
+    connection is made, and an engine cached under the relative URL kept answering from the first
+    directory's database after a ``chdir`` (the study storages and this module's engines both)."""
+    prefix = "sqlite:///"
+    if not url.startswith(prefix):
+        return url
+    path, sep, query = url[len(prefix):].partition("?")
+    if not path or path == ":memory:" or os.path.isabs(path):
+        return url
+    return prefix + os.path.abspath(path) + sep + query
+
+
 def engine_for(storage: str):
     """An engine for ``storage`` with the tables created; bad URLs are input errors on --storage."""
-    if storage in _ENGINES:
-        return _ENGINES[storage]
-    url = profile_url(storage)
+    url = absolute_sqlite(profile_url(storage))
+    if url in _ENGINES:
+        return _ENGINES[url]
     if "://" not in url:
         raise InputError(f"profiles need an SQLAlchemy URL such as sqlite:///results/autotune.db, a journal "
                          f"file ending in .log or :memory:, got {storage!r}", field="--storage")
@@ -187,7 +202,7 @@ def engine_for(storage: str):
         _create_tables(eng)
     except (ArgumentError, SQLAlchemyError, ImportError, ValueError) as e:
         raise InputError(f"cannot open storage {storage!r}: {str(e).splitlines()[0]}", field="--storage") from None
-    _ENGINES[storage] = eng
+    _ENGINES[url] = eng  # keyed by the absolute file (absolute_sqlite)
     return eng
 
 

@@ -294,3 +294,22 @@ def test_a_profile_stores_the_load_it_was_measured_under(monkeypatch, url, compu
     stored = run.run_profile(ProfileOptions(storage=url), run.ProfileRequest(kind="cpu", nproc=2, nnodes=1,
                                                                               node_rank=None), lambda *a: None)
     assert device_spec_from_profile(stored.pid, url).profile["load"]["others_share"] == pytest.approx(0.7)
+
+
+def test_a_relative_storage_url_names_the_profiles_of_todays_working_directory(tmp_path, monkeypatch):
+    """The engine of a relative SQLite URL is the file in the directory current when it is asked
+    for: one cached under the URL string once answered a second directory's `tune` with the first
+    directory's profiles ("no profile 1 ... the store has no profiles yet")."""
+    from autotune.specs.profiles import absolute_sqlite, engine_for
+
+    url = "sqlite:///results/autotune.db"
+    engines = []
+    for name in ("first", "second"):
+        (tmp_path / name).mkdir()
+        monkeypatch.chdir(tmp_path / name)
+        engines.append(engine_for(url))
+        assert absolute_sqlite(url) == f"sqlite:///{tmp_path / name / 'results' / 'autotune.db'}"
+        assert (tmp_path / name / "results" / "autotune.db").exists()
+    assert engines[0] is not engines[1]
+    monkeypatch.chdir(tmp_path / "first")
+    assert engine_for(url) is engines[0]
