@@ -148,3 +148,10 @@ def fmt_count(n: float) -> str:
         if abs(n) >= scale:
             return f"{n / scale:.3g}{unit}"
     return f"{n:.3g}"
+
+
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """``1 plan``, ``3 plans``, ``1,024 devices``: a count with its noun in the number it takes (English:
+    singular for exactly one). ``plural`` for nouns that do not take an ``s`` (``1 batch`` / ``2 batches``)."""
+    word = noun if n == 1 else (plural or noun + "s")
+    return f"{n:,} {word}"

@@ -32,7 +32,7 @@ from autotune.commands.common import (
 from autotune.dashboard.tables import Col, fit
 from autotune.objective import Objective, cost_text
 from autotune.stages import degrees_text
-from autotune.units import fmt_bytes, fmt_time
+from autotune.units import counted, fmt_bytes, fmt_time
 
 HELP = "Search parallel plans with Optuna over degrees and uneven shares using the cost model."
 
@@ -325,13 +325,13 @@ def show(res: dict[str, Any], storage: str | None = None, wide: bool = False,
     if top is None:
         top = distinct_layouts(res["study"], storage, len(res["top"])) if storage else []
     if top:
-        console.print(plan_table([p for p, _ in top], f"best plan of each of the {len(top)} best layouts, of "
-                                 f"{res['trials']} trials (study {res['study']})", wide=wide,
+        console.print(plan_table([p for p, _ in top], f"best plan of each of the {counted(len(top), 'best layout')}, of "
+                                 f"{counted(res['trials'], 'trial')} (study {res['study']})", wide=wide,
                                  breakdowns=[bd for _, bd in top],
                                  first=first_place(top[0][0], [p for p, _ in top] + res.get("top", []),
                                                    Objective.from_attrs(res.get("objective")).text())))
     else:
-        console.print(plan_table(res["top"], f"top {len(res['top'])} of {res['trials']} trials (study "
+        console.print(plan_table(res["top"], f"top {len(res['top'])} of {counted(res['trials'], 'trial')} (study "
                                  f"{res['study']})", wide=wide))
     b = res.get("baseline_best")
     if b:

@@ -24,6 +24,7 @@ from autotune.commands.common import (
 )
 from autotune.errors import InputError
 from autotune.progress import Progress
+from autotune.units import counted
 
 HELP = "Run the study's top plans for real, store measured beside predicted, calibrate the cost model, re-rank."
 
@@ -145,7 +146,7 @@ def show(out: dict[str, Any]) -> None:
     if out.get("median_error_before") is not None:
         after, held = out.get("median_error_after"), out.get("median_error_held_out")
         n = len([r for r in out["validated"] if r.get("measured") and not r.get("failure")])
-        console.print(f"median |predicted - measured| / measured over {n} plans: {out['median_error_before']:.1%} "
+        console.print(f"median |predicted - measured| / measured over {counted(n, 'plan')}: {out['median_error_before']:.1%} "
                       f"before calibration, " + (f"{after:.1%} after (fitted on these plans), " if after is not None
                                                  else "n/a after, ")
                       + (f"{held:.1%} held out (leave-one-out)" if held is not None
@@ -185,6 +186,6 @@ def memory_table(out: dict[str, Any]) -> None:
         t.add_row(str(r["trial"]), degrees, "; ".join(cells), f"{med:.1%}" if med is not None else "n/a")
     console.print(t)
     if out.get("median_memory_error") is not None:
-        console.print(f"median memory error over {len(rows)} plans: {out['median_memory_error']:.1%} "
+        console.print(f"median memory error over {counted(len(rows), 'plan')}: {out['median_memory_error']:.1%} "
                       f"(measured on {out['measured_on']['machine']}; see docs/validation.md for what a CPU "
                       "figure says about GPU memory)", highlight=False)

@@ -13,7 +13,7 @@ from rich.text import Text
 from autotune.dashboard.data import StudyView, TrialRow, distinct, load_view, speedup
 from autotune.dashboard.tables import Col, fit
 from autotune.objective import cost_of, cost_text
-from autotune.units import fmt_bytes, fmt_count
+from autotune.units import counted, fmt_bytes, fmt_count
 
 
 def per_mtok_text(c: dict[str, Any] | None) -> str:
@@ -118,7 +118,7 @@ def summary(view: StudyView) -> Text:
         txt.append(f"  {what}")
     if ua.get("seq_len"):
         txt.append(f"  seq {ua['seq_len']}  batch {ua.get('global_batch')}")
-    txt.append(f"\n{len(view.rows)} trials: {states}\n")
+    txt.append(f"\n{counted(len(view.rows), 'trial')}: {states}\n")
     b, e = view.best, view.even_best
     if b is None:
         txt.append("no feasible plan yet", style="yellow")

@@ -15,6 +15,7 @@ from autotune.plan import stored_plan_is_even as looks_even
 from autotune.plan_record import PlanRecord
 from autotune.search.options import SearchResult
 from autotune.study import iter_trial_plans, trial_record
+from autotune.units import counted
 
 
 def collect(study: Any, storage: str, top: int, elapsed: float, before: int, notes: list[str],
@@ -112,7 +113,7 @@ def infeasibility_report(trials: list[Any]) -> str:
     for fam in sorted(fams):
         kinds = fams[fam]
         kind = max(kinds, key=lambda k: len(kinds[k]))
-        parts.append(f"{fam}: {kind} ({len(kinds[kind])} plans; e.g. {kinds[kind][0]})")
+        parts.append(f"{fam}: {kind} ({counted(len(kinds[kind]), 'plan')}; e.g. {kinds[kind][0]})")
     return "; ".join(parts)
 
 

@@ -27,6 +27,7 @@ from autotune.search.spill import recover
 from autotune.search.workers import run_workers, setup
 from autotune.search.workspace import Workspace, make_sampler
 from autotune.study import StudyRecord, create_or_open
+from autotune.units import counted
 
 if TYPE_CHECKING:
     from autotune.progress import Progress
@@ -111,7 +112,7 @@ def _open(run: _Run) -> int:
             run.notes.append(f"recovered {got} finished trials that a killed search process had not persisted")
     before = len(ws.rows)
     if before:
-        run.notes.append(f"resumed study {run.name!r} with {before} trials")
+        run.notes.append(f"resumed study {run.name!r} with {counted(before, 'trial')}")
     run.ev.prime(ws.rows)
     return before
 

@@ -59,3 +59,13 @@ def test_a_value_without_its_unit_is_refused_naming_the_field_and_its_units(pars
         parse(bare, field="nodes[0].intra_node.x")
     assert e.value.field == "nodes[0].intra_node.x"
     assert "no unit" in e.value.message and units in e.value.message
+
+
+def test_a_count_takes_its_noun_in_the_number_it_is():
+    from autotune.units import counted
+
+    assert counted(1, "plan") == "1 plan"
+    assert counted(0, "plan") == "0 plans"
+    assert counted(1024, "device") == "1,024 devices"
+    assert counted(2, "batch", "batches") == "2 batches"
+    assert counted(1, "batch", "batches") == "1 batch"
