@@ -127,6 +127,9 @@ class SizeModel:
     bpe: int
     fused: bool
     """Fused attention (flash / memory-efficient) on the target runtime."""
+    flash: bool = True
+    """The fused attention is FlashAttention-2-class (``DeviceSpec.flash_attention``); False: the
+    memory-efficient kernel of a device older than Ampere (``attention``)."""
     kernels: KernelCosts = RUNTIME
     """The runtime's host time per kernel and kernels per block (``kernels.py``)."""
     tensor_cores: bool = True
@@ -184,6 +187,8 @@ class SizeModel:
         materialised attention computes as one full (query x key) square each."""
         if batch_heads <= 0 or seq <= 0:
             return 0.0, 0.0
+        if self.fused and not self.flash:
+            return self._memory_efficient_attention(batch_heads, seq, head_dim, causal_pairs, blocks)
         if self.fused:
             hds = sorted(ATTN_EFF_MAX)
             emax = self.kernels.attention_eff_max or ATTN_EFF_MAX[min(hds, key=lambda d: abs(d - head_dim))]
@@ -201,6 +206,21 @@ class SizeModel:
         scores = batch_heads * sum(q * k for q, k, _ in squares) * self.bpe
         fwd = bmm + self.stream_time(2.0 * SCORE_PASSES * scores)
         return fwd, 2.0 * bmm + self.stream_time(2.0 * SCORE_PASSES * scores)
+
+    def _memory_efficient_attention(self, batch_heads: float, seq: float, head_dim: int, causal_pairs: float,
+                                    blocks: tuple[tuple[int, int, bool], ...] | None) -> tuple[float, float]:
+        """GPU (fwd, bwd) seconds of the memory-efficient fused kernel of a device without
+        FlashAttention-2 (Volta: PyTorch SDPA's xformers / CUTLASS kernel): the materialised
+        attention's time (xformers PR #362, V100 fp16: the CUTLASS kernel's forward 5% slower than
+        PyTorch's unfused attention at the median of its shapes, the backward 15% slower; a
+        FlashAttention-2-rate price would make a V100 2.4x slower than an A100 at attention, less
+        than at GEMMs, the reverse of HeterMoE's measurement, arXiv 2504.03871: an A40 3.7x a V100 at
+        attention, 1.25x at expert GEMMs) for the (query, key) pairs the mask keeps: the kernel skips
+        the key blocks above the diagonal (xformers PR #389), the unfused path computes the square."""
+        squares = blocks or ((seq, seq, True),)
+        kept = min(1.0, causal_pairs / max(sum(q * k for q, k, _ in squares), 1.0))
+        fwd, bwd = dataclasses.replace(self, fused=False).attention(batch_heads, seq, head_dim, causal_pairs, blocks)
+        return fwd * kept, bwd * kept
 
 
 @lru_cache(maxsize=4096)
@@ -241,4 +261,5 @@ def size_model(spec, dtype: str, bpe: int, kernels: KernelCosts | None = None) -
         if kernels is not None:  # a historical stack's fitted share of that rate (kernels.KernelCosts.compute_eff)
             peak *= kernels.compute_eff
     return SizeModel(peak=peak, ceiling=ceiling, sms=spec.sm_count, mem_bw=spec.memory_bandwidth, bpe=bpe,
-                     fused=spec.fused_attention(), kernels=kernels or RUNTIME, tensor_cores=not strict)
+                     fused=spec.fused_attention(), flash=spec.flash_attention, kernels=kernels or RUNTIME,
+                     tensor_cores=not strict)

@@ -98,6 +98,13 @@ class DeviceSpec:
     log-sum-exp per query, never the s x s scores) or ``materialized`` (the scores are stored for
     backward); empty: fused on cuda/rocm (PyTorch SDPA, Transformer Engine), materialized on CPU
     (the math kernel). A cluster file may override it per node group (``attention: materialized``)."""
+    flash_attention: bool = True
+    """Whether a fused attention runs FlashAttention-2-class kernels (FlashAttention-2, cuDNN's and
+    Transformer Engine's fused attention, PyTorch SDPA's flash backend: compute capability 8.0 and
+    later, the FlashAttention README's "Ampere, Ada, or Hopper"). False on Volta: there PyTorch SDPA's
+    fused attention is the memory-efficient (xformers / CUTLASS) kernel, which keeps the same
+    log-sum-exp memory but runs at the speed of the materialised attention
+    (``datasheet.SizeModel.attention`` says how it is priced and from what)."""
 
     layer_profiles: tuple[dict[str, Any], ...] = field(default=(), compare=False, hash=False)
     """Per-layer profiles measured on this device (``profilers/layers.py`` documents, or imported from
@@ -145,7 +152,7 @@ class DeviceSpec:
 def _gpu(name: str, bf16: float, fp16: float, tf32: float, fp32: float, mem: float, mem_bw: float, intra: float,
          interconnect: str, pcie: float, nic: float, source: str, frac: float = 0.6, kind: str = "cuda",
          sms: int = 0, gemm: tuple[dict[str, float], str] = ({}, ""),
-         clock: tuple[float, str] = (0.0, ""), fp8: float = 0.0, mx: bool = False) -> DeviceSpec:
+         clock: tuple[float, str] = (0.0, ""), fp8: float = 0.0, mx: bool = False, flash: bool = True) -> DeviceSpec:
     """A datasheet entry. ``tf32``: dense TF32 (or AMD's TF32/XF32 matrix) tensor peak, 0 when the
     device has none; ``fp32``: the non-tensor-core FP32 peak. Plan dtype ``fp32`` prices ``tf32`` where
     there is one: fp32 training on Ampere and later runs its GEMMs on tensor cores in TF32 (Megatron's
@@ -153,7 +160,8 @@ def _gpu(name: str, bf16: float, fp16: float, tf32: float, fp32: float, mem: flo
     sets for ``fp32``); issue 18 measured A100:V100 at ~3.4x in fp32, the TF32 ratio, not the 1.24x of
     the CUDA-core peaks. ``fp32-strict`` is always the non-tensor-core peak (IEEE fp32 GEMMs).
     ``fp8``: dense FP8 tensor peak (0: no FP8 tensor cores); ``mx``: the tensor cores apply MX block
-    scales themselves (Blackwell), so MXFP8 runs at the FP8 peak."""
+    scales themselves (Blackwell), so MXFP8 runs at the FP8 peak; ``flash``: FlashAttention-2-class
+    kernels exist (``DeviceSpec.flash_attention``; False before compute capability 8.0)."""
     peak = {"fp16": fp16 * T, "fp32": (tf32 or fp32) * T, "fp32-strict": fp32 * T}
     if bf16:
         peak["bf16"] = bf16 * T
@@ -165,7 +173,7 @@ def _gpu(name: str, bf16: float, fp16: float, tf32: float, fp32: float, mem: flo
                       intra_node_bandwidth=intra, interconnect=interconnect, pcie_bandwidth=pcie,
                       nic_bandwidth=nic, achievable_fraction=frac, source=source, sm_count=sms,
                       gemm_ceiling=dict(gemm[0]), gemm_source=gemm[1], sustained_clock=clock[0],
-                      sustained_source=clock[1])
+                      sustained_source=clock[1], flash_attention=flash)
 
 
 A100_CLOCK = (0.88, "fitted (grid 0.80-0.93) on three published A100 bf16 runs, MosaicML's MPT-7B on 8 and MPT-30B "
@@ -287,19 +295,25 @@ CATALOGUE: dict[str, DeviceSpec] = {
         _gpu("A10", 125, 125, 62.5, 31.2, 24 * GB, 600 * GB, 32 * GB, "PCIe Gen4", 32 * GB, 6.25 * GB,
              "NVIDIA A10 datasheet: 125 TFLOPS BF16 dense (250 sparse), 62.5 TF32 dense, 31.2 FP32, 24GB GDDR6 "
              "600GB/s, PCIe Gen4 x16; 72 SMs", frac=0.5, sms=72),
+        _gpu("A40", 149.7, 149.7, 74.8, 37.4, 48 * GB, 696 * GB, 56.25 * GB, "NVLink bridge", 32 * GB, 12.5 * GB,
+             "NVIDIA A40 datasheet: 149.7 TFLOPS FP16/BF16 tensor dense (299.4 sparse), 74.8 TF32 dense, 37.4 "
+             "FP32, 48GB GDDR6 696GB/s, NVLink bridge 112.5GB/s bidirectional for 2 GPUs, PCIe Gen4 x16; 84 SMs "
+             "(GA102); HeterMoE's (arXiv 2504.03871) newer GPU", frac=0.5, sms=84),
         _gpu("RTX-4090", 165, 165, 82.6, 82.6, 24 * GB, 1008 * GB, 32 * GB, "PCIe Gen4", 32 * GB, 3.125 * GB,
              "NVIDIA Ada Lovelace whitepaper (RTX 4090): 165.2 TFLOPS BF16 dense with FP32 accumulate, 82.6 "
              "TF32 dense, 82.6 FP32, 24GB GDDR6X 1008GB/s, PCIe Gen4, no NVLink; 128 SMs", frac=0.5, sms=128),
         _gpu("V100", 0, 125, 0, 15.7, 32 * GB, 900 * GB, 150 * GB, "NVLink 2", 16 * GB, 12.5 * GB,
              "NVIDIA V100 datasheet (SXM2 32GB): 125 TFLOPS FP16 tensor, no BF16, no TF32 (fp32 is 15.7 "
              "TFLOPS on CUDA cores), 32GB HBM2 900GB/s, NVLink 300GB/s bidirectional; 80 SMs (Volta "
-             "whitepaper)", frac=0.5, sms=80),
+             "whitepaper); compute capability 7.0, no FlashAttention-2", frac=0.5, sms=80, flash=False),
         _gpu("V100-16GB", 0, 125, 0, 15.7, 16 * GB, 900 * GB, 150 * GB, "NVLink 2", 16 * GB, 12.5 * GB,
              "NVIDIA V100 datasheet (SXM2 16GB): 125 TFLOPS FP16 tensor, no BF16, no TF32 (fp32 15.7 TFLOPS "
-             "on CUDA cores), 16GB HBM2 900GB/s, NVLink 300GB/s bidirectional; 80 SMs", frac=0.5, sms=80),
+             "on CUDA cores), 16GB HBM2 900GB/s, NVLink 300GB/s bidirectional; 80 SMs; compute capability 7.0, no "
+             "FlashAttention-2", frac=0.5, sms=80, flash=False),
         _gpu("V100-PCIe-16GB", 0, 112, 0, 14, 16 * GB, 900 * GB, 16 * GB, "PCIe Gen3", 16 * GB, 12.5 * GB,
              "NVIDIA V100 datasheet (PCIe 16GB): 112 TFLOPS FP16 tensor, no BF16, no TF32, 14 FP32, 16GB HBM2 "
-             "900GB/s, PCIe Gen3 32GB/s bidirectional; 80 SMs", frac=0.45, sms=80),
+             "900GB/s, PCIe Gen3 32GB/s bidirectional; 80 SMs; compute capability 7.0, no FlashAttention-2", frac=0.45,
+             sms=80, flash=False),
         _gpu("MI300X", 1307, 1307, 653.7, 163.4, 192 * GB, 5.3e12, 448 * GB, "Infinity Fabric", 64 * GB, 50 * GB,
              "AMD Instinct MI300X datasheet: 1307.4 TFLOPS BF16 dense, 2614.9 FP8 dense, 653.7 TF32 dense, "
              "163.4 FP32 matrix, 192GB HBM3 5.3TB/s, 7 Infinity Fabric links 896GB/s aggregate bidirectional; "
