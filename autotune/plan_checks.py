@@ -149,9 +149,9 @@ def _expert_problems(plan: Plan, model: Any) -> list[str]:
 
 def _disaggregation_problems(plan: Plan, model: Any) -> list[str]:
     """HeterMoE's disaggregation (``Plan.disaggregate``) as ``cost/disaggregation.py`` prices it: a MoE
-    model over data and expert parallelism alone (no pp, cp, hp, tp or etp), one EP group spanning
-    every replica (ep == dp), at least one replica with samples (attention) and one without (experts
-    only)."""
+    model over data and expert parallelism alone (no pp, cp, hp, tp or etp), EP groups folded onto the
+    replicas (ep divides dp; ep == dp: one group spanning every replica), each group with the same
+    replicas taking samples (attention) and the same without (experts only), at least one of each."""
     if not plan.disaggregate:
         return []
     d = plan.degrees
@@ -159,9 +159,12 @@ def _disaggregation_problems(plan: Plan, model: Any) -> list[str]:
         return [f"disaggregate: model {model.name!r} has no experts to give the expert-only ranks"]
     p = [f"degrees.{k}: disaggregate is priced over dp and ep alone, got {k}({getattr(d, k)})"
          for k in ("pp", "cp", "hp", "tp", "etp") if getattr(d, k) > 1]
-    if d.ep != d.dp:
-        p.append(f"degrees.ep: disaggregate spreads the experts over every replica (ep == dp({d.dp})), got ep({d.ep})")
     samples = plan.shares.samples or ()
+    if d.dp % d.ep:
+        p.append(f"degrees.ep: disaggregate folds its EP groups onto the replicas (ep divides dp({d.dp})), got ep({d.ep})")
+    elif samples and len({tuple(x > 0 for x in samples[g:g + d.ep]) for g in range(0, len(samples), d.ep)}) > 1:
+        p.append(f"shares.samples: every EP group of {d.ep} replicas needs the same attention and expert-only "
+                 f"replicas, got {'/'.join(map(str, samples))}")
     if samples and (0 not in samples or not any(samples)):
         p.append(f"shares.samples: disaggregate needs replicas with samples (attention) and replicas with 0 "
                  f"(experts only), got {'/'.join(map(str, samples))}")

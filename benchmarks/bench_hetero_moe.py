@@ -28,11 +28,15 @@ import itertools
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import autotune.targets as T
 from autotune.cost import estimate
+from autotune.cost import grouped_gemm as GG
+from autotune.cost.datasheet import size_model
 from autotune.errors import AutotuneError
 from autotune.plan import Plan, parse_inline
+from autotune.plan_parts import Placement
 from autotune.search.options import SearchOptions
 from autotune.search.run import search
 from autotune.specs.cluster import load_cluster
@@ -153,32 +157,85 @@ def _study_part(m, c) -> dict:
               f"expert shares uneven: {uneven}")
         print(f"   where (best even-split -> best): {_differ(even_best, best)}")
         up = next(iter_trial_plans(study, where=_experts_uneven), None)
+        out = {"best": (b, best), "even": (even_plan, even_best), "same_even": (_even(b), same_even),
+               "uneven": None, "dis": None}
         if up is not None:
             u = _price(up[1], m, c)
+            out["uneven"] = (up[1], u)
             print(f"   best with uneven expert shares: {u['step']:.3f} s/step ({best['step'] / u['step']:.3f}x the best) "
                   f"{_describe(up[1])}; where (it -> best): {_differ(u, best)}")
-        out = {"best": best, "dis": None}
         if dis is not None:
             out["dis"] = (dis[1], _price(dis[1], m, c))
         return out
 
 
-def main() -> None:
-    m, c = load_model("qwen3-30b-a3b"), load_cluster(str(CLUSTER))
-    got = _study_part(m, c)
-    best = got["best"]
-    print("3. one EP group over both device types (dp=32, ep=32, ZeRO-1, full recomputation):")
+def _device_ratios(m, c) -> None:
+    """Part 0: what the cost model prices for one A100 against one V100 on this run's kernels."""
+    a, v = (g.device for g in c.groups)  # the A100 nodes, then the V100 nodes
+    sa, sv = (size_model(d, "fp16", 2) for d in (a, v))
+    e, per = m.moe.experts // 8, 8 * SEQ * m.moe.top_k // m.moe.experts  # ep=8: 16 experts per rank, 2048 tokens each
+    experts = [GG.mlp_gemm_time(SimpleNamespace(size=x), m, e * per, m.moe.expert_ffn_hidden, e) for x in (sa, sv)]
+    pairs = SEQ * (SEQ + 1) / 2
+    attn = [sum(x.attention(m.heads, SEQ, m.head_dim, pairs)) for x in (sa, sv)]
+    q = m.heads * m.head_dim + 2 * m.kv_heads * m.head_dim
+    dense = [x.gemm_time(SEQ, q, m.hidden) + x.gemm_time(SEQ, m.hidden, m.heads * m.head_dim) for x in (sa, sv)]
+    print(f"0. priced per micro-batch of {SEQ} tokens and layer, forward (+ backward for attention), "
+          f"{a.name} vs {v.name} (ratio V100/A100):")
+    print(f"   routed experts' grouped GEMMs (16 experts x {per} tokens): {1e3 * experts[0]:.2f} vs "
+          f"{1e3 * experts[1]:.2f} ms ({experts[1] / experts[0]:.2f}x)")
+    print(f"   causal attention, {m.heads} heads x {m.head_dim} (A100 FlashAttention-2 rate, V100 the memory-efficient "
+          f"kernel): {1e3 * attn[0]:.2f} vs {1e3 * attn[1]:.2f} ms ({attn[1] / attn[0]:.2f}x)")
+    print(f"   dense projections (q, k, v, o): {1e3 * dense[0]:.2f} vs {1e3 * dense[1]:.2f} ms ({dense[1] / dense[0]:.2f}x)")
+
+
+MIXED = tuple(Placement(rank=r, node=(0, 2, 1, 3)[r // 8], device=r % 8) for r in range(32))
+"""pp=2 with each stage one A100 node and one V100 node (mesh ranks 0-15 stage 0 on nodes 0 and 2)."""
+
+
+def _mixed_stages(m, c) -> dict:
+    """Part 3: stages spanning both device types, EP over the stage's 16 ranks, experts even or ~ speed."""
+    print("3. stages spanning both device types (pp=2, each stage one A100 node + one V100 node, dp=16, ep=16, "
+          "ZeRO-1, micro-batch 1; samples even: uneven samples over one EP group are refused, their "
+          "all-to-alls would not pair up):")
+    best: dict = {}
+    for rc in ("none", "selective", "full"):
+        for a in (8, 10, 11, 12):
+            sh = "" if a == 8 else ",experts=" + "/".join([str(a)] * 8 + [str(16 - a)] * 8)
+            p = dataclasses.replace(parse_inline(f"dp=16,pp=2,ep=16,mbs=1,zero=1,recompute={rc},dtype=fp16{sh}"),
+                                    placement=MIXED).resolve(m, c, SEQ, BATCH)
+            r = _price(p, m, c)
+            key = "even" if a == 8 else "speed"
+            if r["feasible"] and (key not in best or r["step"] < best[key][1]["step"]):
+                best[key] = (p, r)
+    for key, (p, r) in sorted(best.items()):
+        print(f"   best, experts {key:5s}: {r['step']:.3f} s/step  {_describe(p)}")
+    if len(best) == 2:
+        print(f"   experts ~ speed / even: {best['even'][1]['step'] / best['speed'][1]['step']:.3f}x; "
+              f"where (even -> ~ speed): {_differ(best['even'][1], best['speed'][1])}")
+    return best
+
+
+def _one_group(m, c) -> dict:
+    """Part 4: one EP group over all 32 ranks, experts even or ~ speed."""
+    print("4. one EP group over both device types (dp=32, ep=32, ZeRO-1, full recomputation):")
     rows = {}
     for label, sh in (("even", None), ("~ speed", "5/" * 16 + "3/" * 15 + "3"), ("~ speed, 6/2", "6/" * 16 + "2/" * 15 + "2")):
-        p = parse_inline(f"dp=32,ep=32,zero=1,recompute=full,dtype=fp16{',experts=' + sh if sh else ''}")
-        rows[label] = r = _price(p.resolve(m, c, SEQ, BATCH), m, c)
+        p = parse_inline(f"dp=32,ep=32,zero=1,recompute=full,dtype=fp16{',experts=' + sh if sh else ''}").resolve(
+            m, c, SEQ, BATCH)
+        rows[label] = (p, r := _price(p, m, c))
         x = r["moe"]
         print(f"   experts {label:13s} {r['step']:.3f} s/step: routed experts {x['experts_s']:.2f} s "
               f"(tokens/expert {x['tokens_per_expert']:.0f} on the pace-setting rank), exchange {x['ep_comm_s']:.2f} s, "
               f"fits {r['feasible']}")
-    print(f"   gain of expert shares ~ speed: {rows['even']['step'] / rows['~ speed']['step']:.3f}x; "
-          f"where (even -> ~ speed): {_differ(rows['even'], rows['~ speed'])}")
-    print("4. HeterMoE-like: attention on the A100s, the V100s experts only, experts over all 32 ranks "
+    print(f"   gain of expert shares ~ speed: {rows['even'][1]['step'] / rows['~ speed'][1]['step']:.3f}x; "
+          f"where (even -> ~ speed): {_differ(rows['even'][1], rows['~ speed'][1])}")
+    return rows
+
+
+def _hetermoe(m, c, got: dict) -> tuple:
+    """Part 5: HeterMoE's disaggregation, the study's best and a hand-written one; the faster back."""
+    best = got["best"][1]
+    print("5. HeterMoE-like: attention on the A100s, the V100s experts only, experts over all 32 ranks "
           "(Plan.disaggregate, cost/disaggregation.py):")
     if got["dis"] is not None:
         _disagg_line("the study's best disaggregated plan", got["dis"][0], got["dis"][1], best)
@@ -187,7 +244,39 @@ def main() -> None:
     het = parse_inline("dp=32,ep=32,zero=1,recompute=full,dtype=fp16,disaggregate=1,samples=" + "8/" * 16 + "0/" * 15
                        + "0,experts=" + "5/" * 16 + "3/" * 15 + "3")
     hp = het.resolve(m, c, SEQ, BATCH)
-    _disagg_line("hand-written (samples 8 per A100, experts 5 per A100 / 3 per V100)", hp, _price(hp, m, c), best)
+    hand = (hp, _price(hp, m, c))
+    _disagg_line("hand-written (samples 8 per A100, experts 5 per A100 / 3 per V100)", hp, hand[1], best)
+    return min((x for x in (got["dis"], hand) if x is not None), key=lambda x: x[1]["step"])
+
+
+def _summary(got: dict, mixed: dict, one: dict, het: tuple) -> None:
+    """The lines issue 38 asks for, each plan's step and the bar."""
+    (bp, best), (ep_, even), (_, same) = got["best"], got["even"], got["same_even"]
+    cands = [x for x in (got["uneven"], mixed.get("speed"), one["~ speed"]) if x is not None and x[1]["feasible"]]
+    sp = min(cands, key=lambda x: x[1]["step"])
+    uneven = bp.shares.experts is not None and len(set(bp.shares.experts)) > 1
+    gain, evened = even["step"] / best["step"], same["step"] / best["step"]
+    print("Summary (predicted s/step; the study's plans less the disaggregation refusal, parts 3-5 hand-built):")
+    print(f"   best plan:                        {best['step']:.3f}  {_describe(bp)}")
+    print(f"   best even-split plan:             {even['step']:.3f}  ({gain:.3f}x slower; bar 1.15)  {_describe(ep_)}")
+    print(f"   best with experts ~ speed:        {sp[1]['step']:.3f}  ({sp[1]['step'] / best['step']:.3f}x slower)  "
+          f"{_describe(sp[0])}")
+    print(f"   best plan, its expert shares even: {same['step']:.3f}  ({evened:.3f}x slower; bar 1.05)")
+    print(f"   HeterMoE-like (disaggregated):    {het[1]['step']:.3f}  ({het[1]['step'] / best['step']:.3f}x slower)  "
+          f"{_describe(het[0])}")
+    met = uneven and gain >= 1.15 and evened >= 1.05
+    print(f"   issue 38's bar met: {met} (best plan's expert shares uneven: {uneven})")
+    print(f"   where the best plan's gain over the best even-split comes from: {_differ(even, best)}")
+
+
+def main() -> None:
+    m, c = load_model("qwen3-30b-a3b"), load_cluster(str(CLUSTER))
+    _device_ratios(m, c)
+    got = _study_part(m, c)
+    mixed = _mixed_stages(m, c)
+    one = _one_group(m, c)
+    het = _hetermoe(m, c, got)
+    _summary(got, mixed, one, het)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,8 @@ recomputation the forward's attention, dispatch, experts and combine again):
   the group routing the attention ranks' tokens only: N = attention ranks x tokens each;
 * ``x``: one all-to-all (dispatch; the combine moves as much back): attention rank q sends its
   copies for others' experts and receives from the other attention ranks, an expert-only rank sends
-  nothing in the dispatch and receives from every attention rank (``exchange_copies``).
+  nothing in the dispatch and receives from every attention rank (``expert_ranks.exchange_split``:
+  the pairs inside a node over its links, the others over the network).
 
 One micro-batch alone walks the chain ``a + x + max_q e_q + x`` per layer. HeterMoE's zebra overlap
 keeps two micro-batches in flight: the expert-only ranks compute micro-batch i's experts while the
@@ -115,19 +116,6 @@ def slot_seconds(p: LayerParts, layers: int, microbatches: int) -> float:
     return (pairs * zebra_seconds(p, layers, 2) + alone * zebra_seconds(p, layers, 1)) / max(microbatches, 1)
 
 
-def exchange_copies(moe: Any, tokens: float, shares: tuple[int, ...], attention: tuple[bool, ...],
-                    loads: tuple[ER.RankLoad, ...]) -> float:
-    """Token copies the rank moving the most sends or receives in one direction of the dispatch:
-    ``tokens`` each attention rank routes per micro-batch, ``attention[q]``: EP rank q routes tokens."""
-    k, n_exp, n_attn = moe.top_k, moe.experts, sum(attention)
-    out = 0.0
-    for e, is_attn, ld in zip(shares, attention, loads, strict=True):
-        peers = n_attn - 1 if is_attn else n_attn
-        send = tokens * k * (n_exp - e) / n_exp if is_attn else 0.0
-        out = max(out, send, peers * tokens * k * e / n_exp * ld.imbalance)
-    return out
-
-
 def _parts(ctxs: list[Any], attention: tuple[bool, ...]) -> tuple[LayerParts, LayerParts, dict[str, float]]:
     """(forward, backward) parts of one MoE layer and the attention ranks' other work per micro-batch."""
     a0 = ctxs[0]
@@ -139,8 +127,9 @@ def _parts(ctxs: list[Any], attention: tuple[bool, ...]) -> tuple[LayerParts, La
     peers = a0.expert_peers or ((a0.rates, a0.cf),) * x.ep
     width = e.expert_ffn_hidden
     secs = [cf * ER.expert_seconds(r, m, ld, width, s.bpe) for (r, cf), ld in zip(peers, loads, strict=True)]
-    copies = exchange_copies(e, n, x.shares, attention, loads)
-    a2a, _ = XD.exchange_times(a0.collectives, a0.expert_links, ep=x.ep, etp=1, copies=copies, hidden=m.hidden,
+    # an expert-only rank routes nothing: it sends nothing in the dispatch, receives from the attention ranks
+    copies = ER.exchange_split(e, tuple(n if a else 0.0 for a in attention), loads, a0.expert_links.ep_nodes)
+    a2a, _ = XD.exchange_times(a0.collectives, a0.expert_links, etp=1, split=copies, hidden=m.hidden,
                                bpe=s.bpe, received=max(ld.received for ld in loads))
     one_way = a0.mf * a2a
     att_f = att_b = 0.0
@@ -165,9 +154,9 @@ def overlapped(s: Any, groups: list[tuple[int, int, Any, Any]]) -> tuple[Any, li
     of slots, each slot the attention ranks' other work plus each MoE layer's overlapped seconds;
     and the terms for the breakdown."""
     m_att = max(s.microbatches)
-    attention = tuple(mb > 0 for mb in s.microbatches)  # ep == dp, tp == 1: EP rank q is replica q
+    attention = tuple(mb > 0 for mb in s.microbatches)  # tp == 1: EP rank q of each group is replica g * ep + q
     att_ctx = [ctx for _, d, ctx, _ in groups if attention[d]]
-    fwd, bwd, extra = _parts(att_ctx, attention)
+    fwd, bwd, extra = _parts(att_ctx, attention[:s.experts.ep])
     n_moe = int(sum(s.experts.chunk_moe_layers[0]))
     slot_f, slot_b = slot_seconds(fwd, n_moe, m_att), slot_seconds(bwd, n_moe, m_att)
     # the attention ranks' other work per micro-batch: their uniform chunk less its MoE layers

@@ -79,6 +79,9 @@ class ExpertLinks:
     ep_devices: tuple[str, ...] = ()
     """The device type of each EP rank of its group (at its etp index): each prices its own experts
     (``expert_ranks.py``)."""
+    ep_nodes: tuple[int, ...] = ()
+    """The node of each EP rank of its group (at its etp index): which pairs of the all-to-all stay on
+    the node's links and which cross the network (``expert_ranks.exchange_split``)."""
 
 
 _SELF_LINKS = ExpertLinks(ep_intra=C._SELF, ep_intra_n=0, ep_inter=C._SELF, ep_inter_n=0, etp=C._SELF, edp=C._SELF)
@@ -107,4 +110,5 @@ def expert_links(topo: C.Topology, devs: tuple[int, ...], d: Any, r0: int) -> Ex
     specs = topo.cluster.devices
     return ExpertLinks(ep_intra=topo.node_link(node, node) if inside else C._SELF, ep_intra_n=len(inside),
                        ep_inter=inter, ep_inter_n=len(outside), etp=etp_link, edp=edp_link, ep_index=ep_i,
-                       ep_devices=tuple(specs[devs[r]].spec.name for r in ep_ranks))
+                       ep_devices=tuple(specs[devs[r]].spec.name for r in ep_ranks),
+                       ep_nodes=tuple(topo.node_of[devs[r]] for r in ep_ranks))

@@ -9,9 +9,11 @@ what they hold and how fast they compute it, and the combine all-to-all waits fo
   group's ``ep`` normal deviations).
 * Its expert GEMMs run at its own device's grouped-GEMM rate at ``received_q / e_q`` tokens per
   expert (``grouped_gemm.py``): a device twice as fast given twice the experts takes as long.
-* In the dispatch rank q sends its copies for the other ranks' experts, ``tokens * top_k *
-  (E - e_q) / E``, and receives from each of its ``ep - 1`` peers ``tokens * top_k * e_q / E``
-  (at its imbalance); the all-to-all lasts as long as the rank that moves the most (send or receive).
+* In the dispatch rank q sends each peer j the copies of its tokens for j's experts, ``tokens_q *
+  top_k * e_j / E``, and receives from each peer ``tokens_j * top_k * e_q / E`` (at its imbalance):
+  a rank holding more experts receives more from every peer, and its peers send it more. The pairs
+  inside a node move over its links, the others over the network, each part paced by the rank that
+  sends or receives the most over it (``exchange_split``; ``expert_dispatch.py`` prices the parts).
 * The layer's pace is the slowest rank's expert compute (``pace``).
 
 Under even shares on one device type every rank is the same, and this is the busiest-rank pricing
@@ -62,11 +64,26 @@ def pace(seconds: Sequence[float]) -> int:
     return max(range(len(seconds)), key=lambda q: (seconds[q], -q))
 
 
-def exchange_copies(moe: Any, ep: int, tokens: float, rank_loads: Sequence[RankLoad]) -> float:
-    """Token copies the rank moving the most sends or receives in one direction of the all-to-all
-    (``tokens`` each rank routes)."""
-    if ep <= 1:
-        return 0.0
+def exchange_split(moe: Any, routed: Sequence[float], rank_loads: Sequence[RankLoad],
+                   nodes: Sequence[int]) -> tuple[float, float]:
+    """(inside a node, across nodes): the token copies the rank moving the most over each sends or
+    receives in one direction of the dispatch (the combine moves them back), from the per-pair volumes
+    (module docstring); ``routed[q]`` the tokens EP rank q routes (0: an expert-only rank),
+    ``nodes[q]`` its node. Summed per node, so O(ep)."""
+    if len(rank_loads) <= 1:
+        return 0.0, 0.0
     k, n_exp = moe.top_k, moe.experts
-    return max(max(tokens * k * (n_exp - r.share) / n_exp, (ep - 1) * tokens * k * r.share / n_exp * r.imbalance)
-               for r in rank_loads)
+    node_shares: dict[int, float] = {}
+    node_routed: dict[int, float] = {}
+    for r, t, nd in zip(rank_loads, routed, nodes, strict=True):
+        node_shares[nd] = node_shares.get(nd, 0.0) + r.share
+        node_routed[nd] = node_routed.get(nd, 0.0) + t
+    all_shares, all_routed = sum(node_shares.values()), sum(node_routed.values())
+    intra = inter = 0.0
+    for r, t, nd in zip(rank_loads, routed, nodes, strict=True):
+        send = t * k / n_exp  # copies per expert of a peer
+        recv = k * r.share / n_exp * r.imbalance  # copies per token a peer routes
+        s_in, r_in = send * (node_shares[nd] - r.share), recv * (node_routed[nd] - t)
+        s_out, r_out = send * (all_shares - node_shares[nd]), recv * (all_routed - node_routed[nd])
+        intra, inter = max(intra, s_in, r_in), max(inter, s_out, r_out)
+    return intra, inter

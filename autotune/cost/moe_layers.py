@@ -99,9 +99,9 @@ def moe_terms(ctx: RankContext, shared_fwd: float, shape: tuple[ER.RankLoad, ...
     slow = loads[ER.pace(secs)]
     own = loads[ctx.expert_links.ep_index]
     r_gemm, r_mem = MR.router_time(ctx.rates, m, n, s.bpe)
-    a2a, etp_t = XD.exchange_times(ctx.collectives, ctx.expert_links, ep=x.ep, etp=x.etp,
-                                   copies=ER.exchange_copies(e, x.ep, n, loads), hidden=m.hidden, bpe=s.bpe,
-                                   received=max(ld.received for ld in loads))
+    split = ER.exchange_split(e, (n,) * x.ep, loads, ctx.expert_links.ep_nodes)
+    a2a, etp_t = XD.exchange_times(ctx.collectives, ctx.expert_links, etp=x.etp, split=split, hidden=m.hidden,
+                                   bpe=s.bpe, received=max(ld.received for ld in loads))
     one_way = ctx.mf * (a2a + etp_t)  # dispatch; the combine moves as much back
     # the shared experts' forward runs beside the forward's dispatch and combine, their backward (twice
     # the GEMM work) beside the backward's

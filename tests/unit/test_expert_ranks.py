@@ -29,18 +29,49 @@ def _mixed(fast: str = "A100-80GB", slow: str = "V100", per_node: int = 2):
         {"count": 1, "devices_per_node": per_node, "device": slow, "intra_node": LINK}]})
 
 
+def _pair_reference(moe, routed, shares, loads, nodes):
+    """(inside, across) from the explicit per-pair matrix: rank i sends rank j its tokens' picks
+    landing on j's experts; j receives them at its load; per link class the rank moving the most."""
+    ep = len(shares)
+    pair = np.array([[0.0 if i == j else routed[i] * moe.top_k * shares[j] / moe.experts for j in range(ep)]
+                     for i in range(ep)])
+    imb = np.array([ld.imbalance for ld in loads])
+    out = []
+    for same in (True, False):
+        mask = np.array([[i != j and (nodes[i] == nodes[j]) == same for j in range(ep)] for i in range(ep)])
+        send, recv = (pair * mask).sum(axis=1), (pair * mask).sum(axis=0) * imb
+        out.append(max(send.max(), recv.max()))
+    return tuple(out)
+
+
 @pytest.mark.parametrize("shares", [(2, 2, 2, 2), (5, 1, 1, 1), (3, 3, 1, 1), (1, 2, 2, 3)])
+@pytest.mark.parametrize("nodes", [(0, 0, 0, 0), (0, 0, 1, 1), (0, 1, 0, 1), (0, 1, 2, 3)])
 @pytest.mark.parametrize("tokens", [64.0, 4096.0])
-def test_exchange_volume_against_the_pair_matrix(shares, tokens):
+def test_exchange_volume_against_the_pair_matrix(shares, nodes, tokens):
     moe = load_model("tiny-moe").moe
     ep = len(shares)
     loads = ER.loads(moe, ep, 1, tokens, shares)
-    # copies rank i sends rank j: its tokens' picks landing on j's experts; j receives them at its load
-    pair = np.array([[0.0 if i == j else tokens * moe.top_k * shares[j] / moe.experts for j in range(ep)]
-                     for i in range(ep)])
-    send = pair.sum(axis=1)
-    recv = pair.sum(axis=0) * np.array([ld.imbalance for ld in loads])
-    assert ER.exchange_copies(moe, ep, tokens, loads) == pytest.approx(max(send.max(), recv.max()), rel=1e-12)
+    routed = (tokens,) * ep
+    assert ER.exchange_split(moe, routed, loads, nodes) == pytest.approx(
+        _pair_reference(moe, routed, shares, loads, nodes), rel=1e-12)
+
+
+def test_expert_only_ranks_on_another_node_take_only_their_experts_copies_over_the_network():
+    """HeterMoE's layout on two nodes: attention ranks on the first holding most experts, expert-only
+    ranks (routing nothing) on the second. What crosses the network is the copies for the second
+    node's experts; an even split of the busiest rank's volume over its peers (the price before
+    per-pair volumes) put 8 of its 15 peers' share there, over three times as much."""
+    moe = load_model("qwen3-30b-a3b").moe
+    shares, nodes = (14,) * 8 + (2,) * 8, (0,) * 8 + (1,) * 8
+    routed = (4096.0,) * 8 + (0.0,) * 8
+    loads = ER.loads(moe, 16, 1, 4096.0 / 2, shares)
+    inside, across = ER.exchange_split(moe, routed, loads, nodes)
+    send_out = 4096.0 * moe.top_k * sum(shares[8:]) / moe.experts  # an attention rank, to the second node
+    recv_v = max(8 * 4096.0 * moe.top_k * 2 / moe.experts * ld.imbalance for ld in loads[8:])
+    assert across == pytest.approx(max(send_out, recv_v), rel=1e-12)
+    busiest = max(4096.0 * moe.top_k * (128 - 14) / 128,
+                  max(7 * 4096.0 * moe.top_k * 14 / 128 * ld.imbalance for ld in loads[:8]))
+    assert across < busiest * 8 / 15 / 3
 
 
 def test_even_shares_on_one_device_type_are_the_busiest_rank_formula():

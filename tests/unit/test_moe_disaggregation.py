@@ -4,6 +4,7 @@ priced step against its slots, each EP rank's experts against the grouped-GEMM c
 the attention ranks route, the dispatch against a per-pair send matrix; the plan's rules, the
 runtime's and exporters' refusals, and the search's points."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -16,9 +17,10 @@ from autotune.cost import expert_ranks as ER
 from autotune.cost import grouped_gemm as GG
 from autotune.cost import moe_imbalance as MI
 from autotune.cost.compute import rates_for
-from autotune.cost.disaggregation import LayerParts, chain, exchange_copies, overlapped_period, zebra_seconds
+from autotune.cost.disaggregation import LayerParts, chain, overlapped_period, zebra_seconds
 from autotune.export.common import unexpressed
 from autotune.plan import Plan, PlanError, parse_inline
+from autotune.plan_parts import Placement
 from autotune.runtime.trial import check_runtime_support
 from autotune.specs.cluster import cluster_from_dict
 from autotune.specs.model import load_model
@@ -65,16 +67,22 @@ def test_two_microbatches_between_the_bound_and_no_overlap(a, ea, eb, x, layers)
     assert 2 * layers * overlapped_period(p) - 1e-9 <= t <= 2 * layers * chain(p) + 1e-9
 
 
-def test_exchange_against_the_pair_matrix():
-    """Attention ranks send their tokens' picks for other ranks' experts; expert-only ranks route nothing."""
+@pytest.mark.parametrize("nodes", [(0, 0, 0, 0), (0, 0, 1, 1), (0, 1, 0, 1)])
+def test_exchange_against_the_pair_matrix(nodes):
+    """Attention ranks send their tokens' picks for other ranks' experts; expert-only ranks route
+    nothing; the pairs inside a node and across priced apart."""
     moe = load_model("tiny-moe").moe
     shares, attention, tokens = (3, 3, 1, 1), (True, True, False, False), 128.0
     loads = ER.loads(moe, 4, 1, tokens * 2 / 4, shares)
     pair = np.array([[0.0 if i == j or not attention[i] else tokens * moe.top_k * shares[j] / moe.experts
                       for j in range(4)] for i in range(4)])
-    recv = pair.sum(axis=0) * np.array([ld.imbalance for ld in loads])
-    assert exchange_copies(moe, tokens, shares, attention, loads) == pytest.approx(
-        max(pair.sum(axis=1).max(), recv.max()), rel=1e-12)
+    imb = np.array([ld.imbalance for ld in loads])
+    ref = []
+    for same in (True, False):
+        mask = np.array([[i != j and (nodes[i] == nodes[j]) == same for j in range(4)] for i in range(4)])
+        ref.append(max((pair * mask).sum(axis=1).max(), ((pair * mask).sum(axis=0) * imb).max()))
+    routed = tuple(tokens if a else 0.0 for a in attention)
+    assert ER.exchange_split(moe, routed, loads, nodes) == pytest.approx(tuple(ref), rel=1e-12)
 
 
 def test_expert_seconds_follow_the_shares_at_the_routed_tokens():
@@ -107,6 +115,27 @@ def test_step_is_the_attention_ranks_slots():
     assert e.predicted["step_time_s"] < d["step_unoverlapped_s"] + tail
 
 
+def test_ep_groups_folded_onto_the_replicas_price_as_one_group_alone():
+    """dp=4, ep=2 over two A100 + two V100 nodes of one device each, placed so that each EP group is
+    an A100 and a V100 (HeterMoE's pairing): its per-layer parts are those of the same group priced
+    alone (dp=2, ep=2 on one A100 and one V100, half the batch)."""
+    m = load_model("tiny-moe")
+    one = {"devices_per_node": 1, "intra_node": LINK}
+    four = cluster_from_dict({"name": "four", "inter_node": {"bandwidth": "200Gbit/s", "latency": "5us"}, "nodes": [
+        {"count": 2, "device": "A100-80GB", **one}, {"count": 2, "device": "V100", **one}]})
+    two = cluster_from_dict({"name": "two", "inter_node": {"bandwidth": "200Gbit/s", "latency": "5us"}, "nodes": [
+        {"count": 1, "device": "A100-80GB", **one}, {"count": 1, "device": "V100", **one}]})
+    placement = tuple(Placement(rank=r, node=(0, 2, 1, 3)[r], device=0) for r in range(4))
+    big = dataclasses.replace(parse_inline("dp=4,ep=2,dtype=fp16,disaggregate=1,samples=8/0/8/0,experts=5/3"),
+                              placement=placement).resolve(m, four, SEQ, BATCH)
+    alone = parse_inline("dp=2,ep=2,dtype=fp16,disaggregate=1,samples=8/0,experts=5/3").resolve(m, two, SEQ, BATCH // 2)
+    d_big = estimate(big, m, four, SEQ, BATCH).breakdown["disaggregation"]
+    d_alone = estimate(alone, m, two, SEQ, BATCH // 2).breakdown["disaggregation"]
+    for pas in ("forward", "backward"):
+        assert d_big[pas] == pytest.approx(d_alone[pas], rel=1e-9)
+    assert d_big["expert_s"] == pytest.approx(d_alone["expert_s"], rel=1e-9)
+
+
 def test_plan_rules_json_and_inline():
     m, c = load_model("tiny-moe"), _mixed()
     p = parse_inline(PLAN).resolve(m, c, SEQ, BATCH)
@@ -114,10 +143,12 @@ def test_plan_rules_json_and_inline():
     assert d["disaggregate"] is True and Plan.from_dict(json.loads(json.dumps(d))) == p
     assert "disaggregate" not in parse_inline("dp=4,ep=4").to_dict()
     for bad, field in (("dp=2,pp=2,ep=2,disaggregate=1,samples=16/0,experts=4/4", "degrees.pp"),
-                       ("dp=4,ep=2,disaggregate=1,samples=8/8/0/0", "degrees.ep"),
+                       ("dp=4,ep=2,disaggregate=1,samples=8/8/0/0", "shares.samples: every EP group"),
                        ("dp=4,ep=4,disaggregate=1,samples=4/4/4/4", "shares.samples")):
         with pytest.raises(PlanError, match=field):
             parse_inline(bad).resolve(m, c, SEQ, BATCH)
+    # EP groups of 2 replicas folded onto the 4, each an attention and an expert-only replica
+    assert parse_inline("dp=4,ep=2,disaggregate=1,samples=8/0/8/0").resolve(m, c, SEQ, BATCH).degrees.edp == 2
     with pytest.raises(PlanError, match="samples"):  # a replica with no samples needs disaggregate
         parse_inline("dp=4,ep=4,samples=8/8/0/0").resolve(m, c, SEQ, BATCH)
     with pytest.raises(PlanError, match="disaggregate: model"):
