@@ -5,24 +5,31 @@ Qwen3-30B-A3B (128 experts, top-8) in fp16 at 4096 tokens, global batch 128, on 
 nodes and two V100-32GB nodes (benchmarks/data/bench/a100-80x16-v100-32x16.yaml: NVLink 3 / NVLink 2
 inside, 200 Gbit/s per GPU across). Printed:
 
+0. What the cost model prices for one A100 against one V100 on this run's kernels: the routed
+   experts' grouped GEMMs at the per-expert tokens of ep=8, causal attention at 4096 tokens (the V100
+   has no FlashAttention-2: its memory-efficient kernel, ``datasheet.SizeModel.attention``), the
+   dense projections.
 1. ``search`` as the CLI runs it (``--target runtime``): the best plan the runtime can run here.
 2. The same search with the runtime's refusal of disaggregated plans set aside, so the cost model's
    answer is seen: the best plan, its expert shares, the best plan of the study whose shares are all
-   even, the best plan again with its expert shares made even, and the terms of the step that differ.
-3. Where uneven expert shares can pay: an EP group spanning both device types (dp=32, ep=32), even
-   experts against experts ~ each EP rank's device speed, with the terms that move (routed experts'
-   compute at the slowest EP rank, token exchange).
-4. HeterMoE-like (arXiv 2504.03871; ``Plan.disaggregate``, ``cost/disaggregation.py``): attention on
-   the A100s, the V100s experts only, experts over all 32 ranks, more on the A100s, two micro-batches
-   overlapped: the study's best such plan and a hand-written one, each with its per-layer terms
-   (attention, expert-only ranks' experts, exchange, the one-micro-batch chain and the overlapped
-   period) and its step without the overlap.
+   even, the best plan again with its expert shares made even, the study's best with uneven experts.
+3. Stages spanning both device types (pp=2, an A100 node and a V100 node per stage, EP over the
+   stage's 16 ranks), experts even and ~ speed: a layout the search does not place.
+4. One EP group spanning both device types (dp=32, ep=32), even experts against experts ~ each EP
+   rank's device speed, with the terms that move.
+5. HeterMoE-like (arXiv 2504.03871; ``Plan.disaggregate``, ``cost/disaggregation.py``): attention on
+   the A100s, the V100s experts only, two micro-batches overlapped: the study's best (one EP group over
+   all 32), a hand-written one, and EP groups of one A100 node and one V100 node (ep=16, experts even
+   and ~ speed; the search does not build it), each with its per-layer terms.
+6. Summary: best plan, best even-split, best with experts ~ speed, the best plan with its expert
+   shares evened, the best HeterMoE-like plan, whether issue 38's bar is met, where the gain comes from.
 
-    PYTHONPATH=. python benchmarks/bench_hetero_moe.py
+    PYTHONPATH=. python benchmarks/bench_hetero_moe.py [--volta-attention 1.8]
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import itertools
 import tempfile
@@ -31,9 +38,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import autotune.targets as T
+from autotune.cost import datasheet as D
 from autotune.cost import estimate
 from autotune.cost import grouped_gemm as GG
-from autotune.cost.datasheet import size_model
 from autotune.errors import AutotuneError
 from autotune.plan import Plan, parse_inline
 from autotune.plan_parts import Placement
@@ -56,6 +63,7 @@ def _price(plan: Plan, m, c) -> dict:
     e = estimate(plan, m, c, SEQ, BATCH)
     b = e.breakdown
     return {"step": e.predicted["step_time_s"], "feasible": e.predicted["feasible"], "moe": b["moe"],
+            "memory": e.predicted["memory_bytes"],
             "terms": {**{k: b[k] for k in TERMS}, **{k: b["moe"].get(k, 0.0) for k in MOE_TERMS}},
             "disagg": b.get("disaggregation")}
 
@@ -172,7 +180,7 @@ def _study_part(m, c) -> dict:
 def _device_ratios(m, c) -> None:
     """Part 0: what the cost model prices for one A100 against one V100 on this run's kernels."""
     a, v = (g.device for g in c.groups)  # the A100 nodes, then the V100 nodes
-    sa, sv = (size_model(d, "fp16", 2) for d in (a, v))
+    sa, sv = (D.size_model(d, "fp16", 2) for d in (a, v))
     e, per = m.moe.experts // 8, 8 * SEQ * m.moe.top_k // m.moe.experts  # ep=8: 16 experts per rank, 2048 tokens each
     experts = [GG.mlp_gemm_time(SimpleNamespace(size=x), m, e * per, m.moe.expert_ffn_hidden, e) for x in (sa, sv)]
     pairs = SEQ * (SEQ + 1) / 2
@@ -233,7 +241,8 @@ def _one_group(m, c) -> dict:
 
 
 def _hetermoe(m, c, got: dict) -> tuple:
-    """Part 5: HeterMoE's disaggregation, the study's best and a hand-written one; the faster back."""
+    """Part 5: HeterMoE's disaggregation, the study's best, a hand-written one and EP groups of one node
+    of each type; back: the fastest that fits, and the fastest of the last with experts ~ speed."""
     best = got["best"][1]
     print("5. HeterMoE-like: attention on the A100s, the V100s experts only, experts over all 32 ranks "
           "(Plan.disaggregate, cost/disaggregation.py):")
@@ -246,17 +255,49 @@ def _hetermoe(m, c, got: dict) -> tuple:
     hp = het.resolve(m, c, SEQ, BATCH)
     hand = (hp, _price(hp, m, c))
     _disagg_line("hand-written (samples 8 per A100, experts 5 per A100 / 3 per V100)", hp, hand[1], best)
-    return min((x for x in (got["dis"], hand) if x is not None), key=lambda x: x[1]["step"])
+    paired = _paired(m, c)
+    for key in ("even", "~ speed"):
+        if key in paired:
+            _disagg_line(f"EP groups of one A100 node + one V100 node (ep=16, the search does not build it), experts "
+                         f"{key}", *paired[key], best)
+    over = paired.get("~ speed, over memory")
+    if over is not None and over[1]["step"] < paired.get("~ speed", over)[1]["step"]:
+        mem = max(over[1]["memory"])
+        print(f"     the fastest with experts ~ speed does not fit: {over[1]['step']:.3f} s/step "
+              f"({paired['even'][1]['step'] / over[1]['step']:.3f}x the even one), {mem / 2**30:.1f} GiB on an A100; "
+              f"{_describe(over[0])}")
+    return min((x for x in (got["dis"], hand, paired.get("even"), paired.get("~ speed")) if x is not None),
+               key=lambda x: x[1]["step"]), paired.get("~ speed")
 
 
-def _summary(got: dict, mixed: dict, one: dict, het: tuple) -> None:
+def _paired(m, c) -> dict:
+    """The fastest feasible disaggregated plans with EP groups of one A100 node and one V100 node
+    (dp=32, ep=16, placement ``MIXED``), experts even and ~ speed, over recomputation and ZeRO."""
+    best: dict = {}
+    samples = "/".join((["8"] * 8 + ["0"] * 8) * 2)
+    for rc, z, a in itertools.product(("none", "selective", "full"), (1, 3), (8, 10, 11, 12, 13, 14)):
+        ex = "" if a == 8 else ",experts=" + "/".join([str(a)] * 8 + [str(16 - a)] * 8)
+        p = dataclasses.replace(parse_inline(f"dp=32,ep=16,mbs=1,zero={z},recompute={rc},dtype=fp16,disaggregate=1,"
+                                             f"samples={samples}{ex}"), placement=MIXED).resolve(m, c, SEQ, BATCH)
+        r = _price(p, m, c)
+        key = "even" if a == 8 else "~ speed"
+        if r["feasible"] and (key not in best or r["step"] < best[key][1]["step"]):
+            best[key] = (p, r)
+        if not r["feasible"] and (key + ", over memory" not in best or r["step"] < best[key + ", over memory"][1]["step"]):
+            best[key + ", over memory"] = (p, r)
+    return best
+
+
+def _summary(got: dict, mixed: dict, one: dict, hetermoe: tuple) -> None:
     """The lines issue 38 asks for, each plan's step and the bar."""
     (bp, best), (ep_, even), (_, same) = got["best"], got["even"], got["same_even"]
-    cands = [x for x in (got["uneven"], mixed.get("speed"), one["~ speed"]) if x is not None and x[1]["feasible"]]
+    het, het_speed = hetermoe
+    cands = [x for x in (got["uneven"], mixed.get("speed"), one["~ speed"], het_speed)
+             if x is not None and x[1]["feasible"]]
     sp = min(cands, key=lambda x: x[1]["step"])
     uneven = bp.shares.experts is not None and len(set(bp.shares.experts)) > 1
     gain, evened = even["step"] / best["step"], same["step"] / best["step"]
-    print("Summary (predicted s/step; the study's plans less the disaggregation refusal, parts 3-5 hand-built):")
+    print("6. Summary (predicted s/step; the study's plans less the disaggregation refusal, parts 3-5 hand-built):")
     print(f"   best plan:                        {best['step']:.3f}  {_describe(bp)}")
     print(f"   best even-split plan:             {even['step']:.3f}  ({gain:.3f}x slower; bar 1.15)  {_describe(ep_)}")
     print(f"   best with experts ~ speed:        {sp[1]['step']:.3f}  ({sp[1]['step'] / best['step']:.3f}x slower)  "
@@ -269,7 +310,27 @@ def _summary(got: dict, mixed: dict, one: dict, het: tuple) -> None:
     print(f"   where the best plan's gain over the best even-split comes from: {_differ(even, best)}")
 
 
+def _slower_volta_attention(factor: float) -> None:
+    """What-if (``--volta-attention F``): the memory-efficient attention of a GPU without
+    FlashAttention-2 F times the price (HeterMoE measured an A40 3.7x a V100 at attention at 64k
+    tokens where the price says 2.06x: F = 1.8). Set before anything is priced."""
+    base = D.SizeModel._memory_efficient_attention
+
+    def slower(self, *args):
+        fwd, bwd = base(self, *args)
+        return factor * fwd, factor * bwd
+
+    D.SizeModel._memory_efficient_attention = slower
+
+
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--volta-attention", type=float, default=1.0, metavar="F",
+                    help="what-if: the V100's attention F times its price (1.8: HeterMoE's measured ratio)")
+    args = ap.parse_args()
+    if args.volta_attention != 1.0:
+        _slower_volta_attention(args.volta_attention)
+        print(f"what-if: the V100's attention {args.volta_attention:g}x its price")
     m, c = load_model("qwen3-30b-a3b"), load_cluster(str(CLUSTER))
     _device_ratios(m, c)
     got = _study_part(m, c)
