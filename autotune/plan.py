@@ -56,6 +56,7 @@ from autotune.plan_parts import (  # noqa: F401  (every part is importable from 
     EXPERT_DIMS,
     FP8_RECIPES,
     GRAD_REDUCE_DTYPE,
+    GRAD_REDUCES,
     HELIX_FOLDS,
     MESH_ORDER,
     RECOMPUTE,
@@ -149,6 +150,13 @@ class Plan:
     or head work), the others take every sample; the EP group spans all of them, and the expert-only
     ranks compute micro-batch i's experts while the attention ranks run micro-batch i+1's attention
     (``cost/disaggregation.py``). Priced and searched; no runtime or exporter runs it yet."""
+    moe_a2a_overlap: bool = False
+    """A MoE model's token all-to-all run beside another micro-batch's compute: Megatron-Core's
+    ``--overlap-moe-expert-parallel-comm --delay-wgrad-compute`` (Megatron-Bridge's ``moe_a2a_overlap``),
+    which pairs each steady-state forward with a backward layer by layer and runs one's dispatch and
+    combine on a second stream while the other computes (``cost/expert_dispatch.py``)."""
+    grad_reduce: str = GRAD_REDUCE_DTYPE
+    """Precision gradients are accumulated and reduced in under 16-bit compute (``GRAD_REDUCES``)."""
     shares: Shares = field(default_factory=Shares)
     placement: tuple[Placement, ...] | None = None
     workload: Workload | None = None
@@ -166,7 +174,7 @@ class Plan:
         """The enumerated fields are checked here, so a Plan built in code is as safe as one read from
         JSON (a misspelt schedule must not be priced as another one)."""
         for name, choices in (("schedule", SCHEDULES), ("recompute", RECOMPUTE), ("cp_layout", CP_LAYOUTS),
-                              ("dtype", DTYPES), ("balance", BALANCES)):
+                              ("dtype", DTYPES), ("balance", BALANCES), ("grad_reduce", GRAD_REDUCES)):
             _check_choice(getattr(self, name), choices, name)
         for m in self.recompute_modules:
             _check_choice(m, RECOMPUTE_MODULES, "recompute_modules")
@@ -361,6 +369,10 @@ class Plan:
             d["recompute_modules"] = list(self.recompute_modules)
         if self.disaggregate:
             d["disaggregate"] = True
+        if self.moe_a2a_overlap:
+            d["moe_a2a_overlap"] = True
+        if self.grad_reduce != GRAD_REDUCE_DTYPE:
+            d["grad_reduce"] = self.grad_reduce
         return d
 
     def _base_dict(self) -> dict[str, Any]:
@@ -482,6 +494,8 @@ def _plan_from_dict(d: Any) -> Plan:
         doc_mask=F.get_bool(d, "doc_mask", "doc_mask", default=False),
         balance=F.get_str(d, "balance", "balance", default="count", choices=BALANCES),
         disaggregate=F.get_bool(d, "disaggregate", "disaggregate", default=False),
+        moe_a2a_overlap=F.get_bool(d, "moe_a2a_overlap", "moe_a2a_overlap", default=False),
+        grad_reduce=F.get_str(d, "grad_reduce", "grad_reduce", default=GRAD_REDUCE_DTYPE, choices=GRAD_REDUCES),
         shares=shares, placement=placement, workload=workload, stages=stages,
         uses=_uses_from(d.get("uses")),
     )
@@ -525,7 +539,8 @@ _INLINE_ALIASES = {"mbs": "micro_batch_size", "nmb": "num_microbatches", "vpp": 
 
 
 _INLINE_KEYS = (*_INLINE_DIMS, *_INLINE_ALIASES, "schedule", "recompute", "recompute_modules", "cp_layout", "dtype", "layers", "tokens",
-                "heads", "samples", "experts", "doc_mask", "balance", "uses", "disaggregate")
+                "heads", "samples", "experts", "doc_mask", "balance", "uses", "disaggregate", "moe_a2a_overlap",
+                "grad_reduce")
 """Every key an inline plan takes (the nearest is suggested for one it does not)."""
 
 
@@ -559,9 +574,9 @@ def parse_inline(text: str) -> Plan:
             shares[key] = _counts(value, f"shares.{key}", f"{key}=13/19")
         elif key == "uses":  # node counts per node group of a pool, e.g. uses=1/0
             rest["uses"] = _counts(value, "uses", "uses=2/0", what="node counts")
-        elif key in ("sequence_parallel", "doc_mask", "disaggregate"):
+        elif key in ("sequence_parallel", "doc_mask", "disaggregate", "moe_a2a_overlap"):
             rest[key] = value.lower() in ("1", "true", "yes", "on")
-        elif key in ("schedule", "recompute", "cp_layout", "dtype", "balance", "recompute_modules"):
+        elif key in ("schedule", "recompute", "cp_layout", "dtype", "balance", "recompute_modules", "grad_reduce"):
             rest[key] = value
         else:
             raise PlanError(f"unknown inline plan key {key!r}" + suggest(key, _INLINE_KEYS), field="plan")

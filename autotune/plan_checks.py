@@ -11,7 +11,15 @@ from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
 from autotune import dims
-from autotune.plan_parts import HELIX_FOLDS, Degrees, Placement, Shares, lacks_dtype, mesh_groups
+from autotune.plan_parts import (
+    HELIX_FOLDS,
+    Degrees,
+    Placement,
+    Shares,
+    compute_dtype,
+    lacks_dtype,
+    mesh_groups,
+)
 from autotune.schedules import schedule_of
 
 if TYPE_CHECKING:  # annotations only: the Plan builds on these checks
@@ -113,6 +121,7 @@ def _check_resolved(plan: Plan, model: Any, cluster: Any, seq_len: int, global_b
         p += _sharding_problems(plan, counts)
     p += _expert_problems(plan, model)
     p += _disaggregation_problems(plan, model)
+    p += _option_problems(plan, model)
     p += schedule_of(plan).check_plan(plan, model)  # rules of its own (helixpipe: L % p, even layers, ...)
     p += _placement_problems(plan.placement or (), d, cluster)
     return p
@@ -168,6 +177,23 @@ def _disaggregation_problems(plan: Plan, model: Any) -> list[str]:
     if samples and (0 not in samples or not any(samples)):
         p.append(f"shares.samples: disaggregate needs replicas with samples (attention) and replicas with 0 "
                  f"(experts only), got {'/'.join(map(str, samples))}")
+    return p
+
+
+def _option_problems(plan: Plan, model: Any) -> list[str]:
+    """The MoE all-to-all overlap (``Plan.moe_a2a_overlap``) needs expert parallelism to overlap (and,
+    as Megatron-Core checks in ``TransformerConfig.__post_init__``, no full recomputation nor the
+    ``moe`` module: the overlapped layer is not re-run); bf16 gradient reduction (``Plan.grad_reduce``)
+    needs bf16 weights (bf16 or an FP8 recipe: what Megatron's ``--grad-reduce-in-bf16`` applies to)."""
+    p = []
+    if plan.moe_a2a_overlap:
+        if getattr(model, "moe", None) is None or plan.degrees.ep <= 1:
+            p.append(f"moe_a2a_overlap: needs a MoE model with ep > 1, got model {model.name!r}, ep({plan.degrees.ep})")
+        if plan.recompute == "full" or "moe" in plan.recompute_modules:
+            p.append("moe_a2a_overlap: the overlapped MoE layer is not recomputed (recompute full or the moe "
+                     "module), as Megatron-Core requires")
+    if plan.grad_reduce == "bf16" and compute_dtype(plan.dtype) != "bf16":
+        p.append(f"grad_reduce: bf16 reduction needs bf16 weights (dtype bf16 or FP8), got dtype {plan.dtype}")
     return p
 
 

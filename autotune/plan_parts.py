@@ -76,6 +76,10 @@ def lacks_dtype(peak_flops: Any, dtype: str) -> bool:
     """Whether a device with ``peak_flops`` cannot train in ``dtype``."""
     return any(k not in peak_flops for k in dtype_peaks(dtype))
 ZERO_STAGES = (0, 1, 2, 3)
+GRAD_REDUCES = ("fp32", "bf16")
+"""What ``Plan.grad_reduce`` takes: gradients accumulated and reduced in fp32 (``GRAD_REDUCE_DTYPE``,
+Megatron's default under --bf16) or in bf16 (Megatron's ``--grad-reduce-in-bf16``, Megatron-Bridge's
+``grad_reduce_in_fp32 = False``: half the gradient buffer and half the bytes reduced)."""
 GRAD_REDUCE_DTYPE = "fp32"
 """Mixed precision: the precision gradients are accumulated and reduced in over the data-parallel
 ranks, whatever the compute dtype (Megatron's default under --bf16; the runtime does this, the cost

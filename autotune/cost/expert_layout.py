@@ -17,9 +17,11 @@ from typing import Any
 from autotune.cost import comm as C
 from autotune.specs.cluster import Link
 
-MOE_OVERLAPS = ("none", "shared_experts")
-"""What a runtime runs beside the token all-to-all (``KernelCosts.moe_overlap``): nothing, or the
-shared experts' MLP (Megatron-Core ``--moe-shared-expert-overlap``)."""
+MOE_OVERLAPS = ("none", "shared_experts", "a2a_1f1b")
+"""What runs beside the token all-to-all: nothing, the shared experts' MLP (Megatron-Core
+``--moe-shared-expert-overlap``; the runtime's ``KernelCosts.moe_overlap``), or another micro-batch's
+layer (``Plan.moe_a2a_overlap``, Megatron-Core ``--overlap-moe-expert-parallel-comm``: it replaces
+the shared-expert overlap, which Megatron-Core refuses beside it)."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,8 @@ def expert_step(plan: Any, model: Any, chunks: tuple[tuple[int, ...], ...], kern
     moe_in_chunk = [sum(model.is_moe_layer(i) for i in range(starts[j], starts[j + 1]))
                     for j in range(len(plan.shares.layers))]
     overlap = getattr(kernels, "moe_overlap", "none") if kernels is not None else "none"
+    if plan.moe_a2a_overlap:
+        overlap = "a2a_1f1b"
     return ExpertStep(ep=d.ep, etp=d.etp, edp=d.edp, shares=tuple(plan.shares.experts),
                       chunk_moe_layers=tuple(tuple(moe_in_chunk[j] for j in mine) for mine in chunks),
                       overlap=overlap)

@@ -19,6 +19,7 @@ from autotune.cost import context_parallel as CP
 from autotune.cost import cpu as _cpu
 from autotune.cost import data_parallel as DP
 from autotune.cost import expert_data_parallel as EDP
+from autotune.cost import expert_dispatch as XD
 from autotune.cost import layers as LY
 from autotune.cost import memory as M
 from autotune.cost import moe_layers as ML
@@ -356,7 +357,26 @@ def moe_block(ctx: RankContext) -> tuple[BlockTimes, Any, LayerCompute, tuple[fl
     bm.comp_b += t.comp_b + (t.comp_f if full_rc else 0.0)
     bm.ep_f, bm.ep_b = t.ep_f, t.ep_b + (t.ep_f if full_rc else 0.0)
     bm.ep_raw = t.exchange_raw * (1.5 if full_rc else 1.0)
+    if ctx.step.experts.overlap == "a2a_1f1b":
+        _overlap_microbatches(ctx, bm, t, shared_fwd)
     return bm, t, lc_m, (km, fm, sm)
+
+
+def _overlap_microbatches(ctx: RankContext, bm: BlockTimes, t: Any, shared_fwd: float) -> None:
+    """``bm``'s exposed exchange under the cross-micro-batch overlap (``Plan.moe_a2a_overlap``;
+    ``expert_dispatch.paired_exposed``): the paired forwards and backwards share what their pair
+    leaves exposed, the warm-up's and cool-down's keep theirs (``expert_dispatch.paired_fraction``).
+    The experts between dispatch and combine are the routed ones and the shared experts; the rest
+    of the block (attention, router, permutation, host time) runs before the dispatch."""
+    s = ctx.step
+    mlp_f = t.experts_s / 3.0 + ctx.cf * shared_fwd
+    mlp_b = 2.0 * mlp_f
+    attn_f = max(0.0, bm.layer_f - bm.ep_f - mlp_f)
+    attn_b = max(0.0, bm.layer_b - bm.ep_b - mlp_b)
+    pair = XD.paired_exposed(t.exchange_raw / 4.0, attn_f, mlp_f, attn_b, mlp_b)
+    phi = XD.paired_fraction(s.pp, s.v, ctx.pp_index, ctx.microbatches)
+    bm.ep_f = phi * 0.5 * pair + (1.0 - phi) * bm.ep_f
+    bm.ep_b = phi * 0.5 * pair + (1.0 - phi) * bm.ep_b
 
 
 def _mix(bd: BlockTimes, bm: BlockTimes, n_dense: int, n_moe: int) -> BlockTimes:

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from autotune import __version__, dims
 from autotune.errors import InputError
-from autotune.plan import Degrees, Plan, Shares
+from autotune.plan import GRAD_REDUCE_DTYPE, Degrees, Plan, Shares
 from autotune.plan_record import PlanRecord
 
 
@@ -154,7 +154,19 @@ def unexpressed(plan: Plan, target: str, expresses: Iterable[str], why: dict[str
            for n in dims.WRITTEN if getattr(d, n) > 1 and n not in known]
     if plan.disaggregate:
         out.append(f"disaggregate: {target} runs attention and routed experts on every rank (no expert-only ranks)")
+    out += [f"{name}: {why}" for name, (on, why) in _options(plan, target).items() if on and name not in known]
     return out
+
+
+def _options(plan: Plan, target: str) -> dict[str, tuple[bool, str]]:
+    """The plan options a target writes only where its exporter lists them in ``expresses``: whether
+    the plan sets each, and what a target without it does instead."""
+    return {
+        "moe_a2a_overlap": (plan.moe_a2a_overlap, f"{target} waits for each MoE all-to-all (no overlap with "
+                            "another micro-batch's compute)"),
+        "grad_reduce": (plan.grad_reduce != GRAD_REDUCE_DTYPE, f"{plan.grad_reduce}: {target} accumulates and "
+                        f"reduces gradients in {GRAD_REDUCE_DTYPE} as exported"),
+    }
 
 
 # ---- share rules every exporter uses ------------------------------------------------------------

@@ -24,7 +24,9 @@ Mapping (argument names from megatron/training/arguments.py):
 * ``recompute`` -> ``--recompute-granularity selective|full`` (selective with ``--recompute-modules`` from
   ``recompute_modules``) (full with ``--recompute-method
   uniform --recompute-num-layers 1``); ``zero_stage`` 1 -> ``--use-distributed-optimizer``;
-  ``sequence_parallel`` -> ``--sequence-parallel``.
+  ``sequence_parallel`` -> ``--sequence-parallel``; ``grad_reduce bf16`` -> ``--grad-reduce-in-bf16``;
+  ``moe_a2a_overlap`` -> ``--overlap-moe-expert-parallel-comm --delay-wgrad-compute`` (no
+  ``--moe-shared-expert-overlap`` then: Megatron-Core refuses the two together).
 
 HelixPipe (``schedule helixpipe``) is the variant of Megatron-LM that names the fork it needs
 (``HELIX_FORK``: upstream Megatron has no attention-parallel pipeline): ``--attention-pipeline
@@ -109,8 +111,8 @@ HELIX_FORK = ("HelixPipe's Megatron-LM fork (the code of arXiv 2507.00394, branc
               "has no --attention-pipeline")
 SUFFIX = ".sh"
 
-EXPRESSES = ("dp", "pp", "cp", "hp", "tp", "ep", "etp")
-"""The dimensions it runs (``export.common.unexpressed`` refuses the rest)."""
+EXPRESSES = ("dp", "pp", "cp", "hp", "tp", "ep", "etp", "moe_a2a_overlap", "grad_reduce")
+"""The dimensions and plan options it runs (``export.common.unexpressed`` refuses the rest)."""
 WHY = {
     "experts": "Megatron-Core gives every expert-parallel rank num_experts/ep experts",
     "tokens": "Megatron context parallelism cuts the sequence into 2*cp equal chunks",
@@ -161,6 +163,9 @@ def expert_reasons(plan: Plan, ctx: ExportContext) -> list[str]:
         return []
     d = plan.degrees
     r = Collected(even_share_reasons(plan, NAME, ("experts",), WHY))
+    r.add(plan.moe_a2a_overlap and d.pp > 1 and plan.virtual_stages == 1,
+          f"moe_a2a_overlap with pp({d.pp}) and one model chunk per rank: Megatron-Core's overlapped schedule "
+          "needs virtual pipeline stages when pp > 1 (TransformerConfig's own check)")
     r.add(d.tp > 1 and d.ep > 1 and not plan.sequence_parallel,
           f"sequence_parallel false with tp({d.tp}) and ep({d.ep}): Megatron-LM requires --sequence-parallel with "
           "expert and tensor parallelism together (megatron/training/arguments.py; its MoE README says the same)")
@@ -276,6 +281,8 @@ def arguments(plan: Plan, ctx: ExportContext) -> list[str]:
         a += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
     if plan.zero_stage == 1:
         a.append("--use-distributed-optimizer")
+    if plan.grad_reduce == "bf16":  # megatron/training/arguments.py: accumulate_allreduce_grads_in_fp32 = False
+        a.append("--grad-reduce-in-bf16")
     if plan.sequence_parallel and d.tp > 1:
         a.append("--sequence-parallel")
     if plan.dtype == "bf16" or plan.dtype in FP8_RECIPES:
@@ -322,7 +329,8 @@ def moe_arguments(plan: Plan, m: Any) -> list[str]:
          "--moe-aux-loss-coeff", repr(router.aux_loss_coeff)]
     if moe.shared_experts:
         a += ["--moe-shared-expert-intermediate-size", str(moe.shared_width)]
-        if KERNELS.moe_overlap == "shared_experts":  # as the cost model prices Megatron (KERNELS)
+        # as the cost model prices Megatron (KERNELS); the a2a overlap replaces it (Megatron-Core refuses both)
+        if KERNELS.moe_overlap == "shared_experts" and not plan.moe_a2a_overlap:
             a.append("--moe-shared-expert-overlap")
     if moe.dense_layers:
         a += ["--moe-layer-freq", layer_pattern([int(m.is_moe_layer(i)) for i in range(m.layers)])]
@@ -331,6 +339,8 @@ def moe_arguments(plan: Plan, m: Any) -> list[str]:
               "--moe-token-drop-policy", "probs"]
     if router.force_balance:
         a.append("--moe-router-force-load-balancing")
+    if plan.moe_a2a_overlap:  # one micro-batch's dispatch and combine beside another's compute (Plan.moe_a2a_overlap)
+        a += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
     if plan.dtype in FP8_RECIPES:  # each expert's token count padded to the FP8 GEMM's alignment (16 or 32 rows)
         a.append("--moe-router-padding-for-quantization")
     return a

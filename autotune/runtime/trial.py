@@ -23,7 +23,7 @@ from typing import Any
 
 from autotune import machine_load
 from autotune.errors import InputError
-from autotune.plan import FP8_RECIPES, Plan, PlanError
+from autotune.plan import FP8_RECIPES, GRAD_REDUCE_DTYPE, Plan, PlanError
 from autotune.plan_record import PlanRecord
 from autotune.specs.model import ModelSpec, load_model
 from autotune.stages import on_local_devices
@@ -80,6 +80,11 @@ def check_runtime_support(plan: Plan, spec: ModelSpec) -> None:
     if plan.dtype in FP8_RECIPES:
         p.append(f"dtype {plan.dtype}: autotune's runtime trains in bf16, fp16 or fp32; FP8 GEMMs need Transformer "
                  "Engine or torchao on a GPU with FP8 tensor cores (price it, or export it to Megatron or torchtitan)")
+    if plan.grad_reduce != GRAD_REDUCE_DTYPE:
+        p.append(f"grad_reduce: {plan.grad_reduce}: the runtime accumulates and reduces gradients in "
+                 f"{GRAD_REDUCE_DTYPE} (price it, or export it to Megatron)")
+    if plan.moe_a2a_overlap:
+        p.append("moe_a2a_overlap: the runtime waits for each MoE all-to-all (price it, or export it to Megatron)")
     p += _moe_problems(plan, spec)
     if p:
         raise PlanError("; ".join(p), field="plan")

@@ -72,10 +72,11 @@ RENAMES = {"num_experts": "num_moe_experts", "fp8_format": "fp8", "tensor_model_
 """megatron/training/arguments.py's flags whose TransformerConfig field has another name."""
 SHAPE_FLAGS = ("--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads")
 MOE_PREFIXES = ("--moe-", "--num-experts", "--expert-", "--q-lora-rank", "--kv-lora-rank", "--qk-", "--v-head-dim",
-                "--multi-latent-attention", "--tensor-model-parallel-size", "--sequence-parallel")
+                "--multi-latent-attention", "--tensor-model-parallel-size", "--sequence-parallel",
+                "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute")
 
 
-def megatron_config(args: list[str], pp: int = 1):
+def megatron_config(args: list[str], pp: int = 1, vpp: int | None = None):
     """What megatron/training makes of the flags: each MoE/MLA flag sets the config field of its name
     (converted by the field's default's type); ``--moe-layer-freq`` evaluated as a Python list, as
     arguments.py's moe_freq_type does. ``pp`` 1: the whole model on one stage (every layer's spec)."""
@@ -89,7 +90,8 @@ def megatron_config(args: list[str], pp: int = 1):
             f[key].append(a)
     cls = MLATransformerConfig if "--multi-latent-attention" in f else TransformerConfig
     fields = {x.name: x for x in dataclasses.fields(cls)}
-    kw = {"pipeline_model_parallel_size": pp, "bf16": True, "params_dtype": torch.bfloat16}
+    kw = {"pipeline_model_parallel_size": pp, "virtual_pipeline_model_parallel_size": vpp, "bf16": True,
+          "params_dtype": torch.bfloat16, "pipeline_dtype": torch.bfloat16}
     for flag in SHAPE_FLAGS:
         kw[flag[2:].replace("-", "_")] = int(f[flag][0])
     for flag, vals in f.items():
