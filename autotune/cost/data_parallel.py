@@ -50,12 +50,13 @@ ADAM_BYTES_PER_PARAM = 30.0
 weight, master, m, v (14 B)."""
 
 
-def grad_reduce_dtype(dtype: str) -> str:
+def grad_reduce_dtype(dtype: str, grad_reduce: str = GRAD_REDUCE_DTYPE) -> str:
     """The precision gradients are accumulated and reduced in over the data-parallel ranks for a plan
-    computing in ``dtype``: ``autotune.plan.GRAD_REDUCE_DTYPE`` (fp32, Megatron's default under
-    ``--bf16``/``--fp16``, what the runtime's mixed precision does; the exporters emit the matching
-    flag) under 16-bit compute, the compute dtype itself otherwise."""
-    return GRAD_REDUCE_DTYPE if DTYPE_BYTES[dtype] < DTYPE_BYTES[GRAD_REDUCE_DTYPE] else dtype
+    computing in ``dtype``: under 16-bit compute the plan's ``grad_reduce`` (``Plan.grad_reduce``:
+    ``autotune.plan.GRAD_REDUCE_DTYPE``, fp32, by default, Megatron's default under ``--bf16``/``--fp16``
+    and what the runtime's mixed precision does; bf16 as Megatron's ``--grad-reduce-in-bf16`` keeps and
+    reduces them), the compute dtype itself otherwise."""
+    return grad_reduce if DTYPE_BYTES[dtype] < DTYPE_BYTES[GRAD_REDUCE_DTYPE] else dtype
 
 
 def stage_params(model: Any, plan: Plan, chunks: tuple[tuple[int, ...], ...] | None = None
@@ -156,7 +157,7 @@ def step_transfers(ctx: RankContext) -> list[Transfer]:
     s = ctx.step
     if s.shard_n <= 1:
         return []
-    g, w = DTYPE_BYTES[grad_reduce_dtype(s.dtype)], s.bpe
+    g, w = DTYPE_BYTES[grad_reduce_dtype(s.dtype, s.grad_reduce)], s.bpe
     # replicas of different tp (per-stage plans) reduce piece by piece: every rank waits for the
     # replica of the smallest tp, which holds the most pieces (autotune/stages.py ``pieces``)
     tp = ctx.links.dp_tp or s.tp

@@ -4,7 +4,7 @@ rank's expert shard.
 
 A rank holds, per MoE layer of its pipeline rank, its EP rank's experts split over etp: ``expert
 params * share / etp``. Their gradients are reduced once a step over the edp group, in the
-gradient-reduction dtype (fp32 under 16-bit compute, ``data_parallel.grad_reduce_dtype``), as the
+gradient-reduction dtype (the plan's, fp32 by default, under 16-bit compute: ``data_parallel.grad_reduce_dtype``), as the
 dense ones are over dp: an all-reduce under ZeRO-0, a reduce-scatter from ZeRO-1 on (Megatron-Core's
 distributed optimizer shards the expert optimizer states over edp), then under ZeRO-1 the all-gather
 of the updated weights in the compute dtype. As for the dense gradients, the reduction may overlap
@@ -38,7 +38,7 @@ def grad_sync(ctx: RankContext) -> tuple[float, float]:
         return 0.0, 0.0
     p = expert_params_on_rank(ctx)
     link, coll = ctx.expert_links.edp, ctx.collectives
-    grads = p * DTYPE_BYTES[grad_reduce_dtype(s.dtype)]
+    grads = p * DTYPE_BYTES[grad_reduce_dtype(s.dtype, s.grad_reduce)]
     if s.zero == 0:
         red, fixed = coll.all_reduce(link, x.edp, grads), 0.0
     else:

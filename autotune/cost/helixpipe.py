@@ -315,7 +315,7 @@ def rank_memory(ctx, t: HelixRankTimes) -> tuple[float, dict[str, float]]:
     if r == 0:
         params += float(model.embedding_params()) + float(model.head_params())
     states = M.model_states(params / tp, s.dtype, s.zero, s.shard_n, ctx.layer_params / tp,
-                            framework=M.framework_of(s))
+                            framework=M.framework_of(s), grad_reduce=s.grad_reduce)
     _, full0, scores = M.block_activations(ctx)
     # on the layer profile's scale where it measured activation bytes (layers.measured_activations)
     full = LY.measured_activations(ctx, full0, full0, scores)[1]

@@ -67,7 +67,7 @@ from autotune.cost.activations import layer_activation_bytes
 from autotune.cost.compute import DTYPE_BYTES
 from autotune.cost.data_parallel import grad_reduce_dtype, grads_accumulate_unsharded, zero3_weights_gathered
 from autotune.cost.pipeline import peak_in_flight
-from autotune.plan_parts import FP8_RECIPES
+from autotune.plan_parts import FP8_RECIPES, GRAD_REDUCE_DTYPE
 
 if TYPE_CHECKING:  # typing only: context.py builds on the dimension modules
     from autotune.cost.context import RankContext
@@ -78,7 +78,7 @@ TERM_NAMES = ("weights", "gradients", "optimizer", "activations", "logits", "res
 RESERVE_FRACTION = 0.05
 
 
-def state_bytes_per_param(dtype: str) -> tuple[float, float, float]:
+def state_bytes_per_param(dtype: str, grad_reduce: str = GRAD_REDUCE_DTYPE) -> tuple[float, float, float]:
     """(weights, gradients, optimizer states) bytes per parameter with Adam: the one rule every
     figure of model states asks (``model_states``; the stage program's ZeRO-1 share, ``optimizer_share``;
     the pool's smallest subset, ``sharded_bytes_per_param``). Under 16-bit compute: weights in the
@@ -90,7 +90,7 @@ def state_bytes_per_param(dtype: str) -> tuple[float, float, float]:
     if master_is_weight(dtype):
         return 4.0, 4.0, 8.0
     weights = 4.0 if dtype in FP8_RECIPES else 2.0
-    return weights, float(DTYPE_BYTES[grad_reduce_dtype(dtype)]), 12.0
+    return weights, float(DTYPE_BYTES[grad_reduce_dtype(dtype, grad_reduce)]), 12.0
 
 
 def master_is_weight(dtype: str) -> bool:
@@ -119,7 +119,8 @@ FRAMEWORKS = ("runtime", "megatron", "torchtitan", "deepspeed", "accelerate")
 an export target; each keeps its own copies (``state_bytes``)."""
 
 
-def state_bytes(dtype: str, framework: str = "runtime", zero_stage: int = 0) -> tuple[float, float, float, float]:
+def state_bytes(dtype: str, framework: str = "runtime", zero_stage: int = 0,
+                grad_reduce: str = GRAD_REDUCE_DTYPE) -> tuple[float, float, float, float]:
     """(weights, gradients, optimizer states, the sharded weight copy ZeRO-3 keeps beyond them) bytes
     per parameter with Adam, as ``framework`` allocates them: the one table of model-state bytes.
 
@@ -130,7 +131,9 @@ def state_bytes(dtype: str, framework: str = "runtime", zero_stage: int = 0) -> 
       bf16 parameters with fp32 gradients 18 (= 6 + 12/d under the distributed optimizer: the
       runtime's figures); fp16 parameters with fp16 gradients 20 (4 + 16/d: the optimizer keeps fp32
       main parameters and main gradients, Float16OptimizerWithFloat16Params), since Megatron
-      accumulates in fp32 only under --bf16 (arguments.py).
+      accumulates in fp32 only under --bf16 (arguments.py); with ``--grad-reduce-in-bf16``
+      (``grad_reduce`` bf16) its gradient buffer is bf16: 2 + 2 + 12 (the distributed optimizer's fp32
+      copy of a shard's gradient lives only inside the step, as its main parameters' ``.grad``).
     - deepspeed: its ZeRO optimizer (runtime/zero/stage_1_and_2.py ``single_partition_of_fp32_groups``
       and their ``.grad``; stage3.py ``fp32_partitioned_groups_flat``) and, at ZeRO-0, FP16_Optimizer
       / BF16_Optimizer keep an fp32 copy of the parameters AND an fp32 copy of the gradients beside
@@ -152,7 +155,7 @@ def state_bytes(dtype: str, framework: str = "runtime", zero_stage: int = 0) -> 
         return w, w, 8.0 if fp32 and zero_stage == 0 else 16.0, w
     if framework == "megatron" and dtype == "fp16":
         return 2.0, 2.0, 16.0, 0.0
-    w, g, o = state_bytes_per_param(dtype)
+    w, g, o = state_bytes_per_param(dtype, grad_reduce)
     return w, g, o, (w if fp32 else 0.0)
 
 
@@ -163,14 +166,14 @@ def framework_of(step: Any) -> str:
 
 def model_states(params: float, dtype: str, zero_stage: int, shard: int, layer_params: float,
                  grads_unsharded: bool = False, weights_gathered: bool = False,
-                 framework: str = "runtime") -> dict[str, float]:
+                 framework: str = "runtime", grad_reduce: str = GRAD_REDUCE_DTYPE) -> dict[str, float]:
     """Weights, gradients and optimizer states of ``params`` parameters on one rank, as ``framework``
     allocates them (``state_bytes``).
     ``grads_unsharded``: under ZeRO-2/3 the rank accumulates whole gradients over its micro-batches
     (``data_parallel.grads_accumulate_unsharded``), so they are not divided by the shard count;
     ``weights_gathered``: under ZeRO-3 the rank holds all its weights gathered at some point of the
     step (``data_parallel.zero3_weights_gathered``), as ZeRO-2 does."""
-    w, g, o, kept = state_bytes(dtype, framework, zero_stage)
+    w, g, o, kept = state_bytes(dtype, framework, zero_stage, grad_reduce)
     n = max(shard, 1)
     sharded_weights = zero_stage >= 3 and not weights_gathered and n > 1
     if sharded_weights:
@@ -225,7 +228,8 @@ def rank_memory(ctx: RankContext, kept: float, full: float) -> tuple[float, dict
     s = ctx.step
     states = model_states(ctx.params / s.tp, s.dtype, s.zero, s.shard_n, ctx.layer_params / s.tp,
                           grads_unsharded=grads_accumulate_unsharded(s.zero, s.pp, ctx.microbatches),
-                          weights_gathered=zero3_weights_gathered(s), framework=framework_of(s))
+                          weights_gathered=zero3_weights_gathered(s), framework=framework_of(s),
+                          grad_reduce=s.grad_reduce)
     inflight, last_inflight = peak_in_flight(s.schedule, s.pp, s.v, ctx.microbatches, ctx.pp_index, ctx.layers)
     acts = kept * inflight + (full - kept if s.recompute != "none" else 0.0)
     logits = 0.0

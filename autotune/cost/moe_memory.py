@@ -65,7 +65,7 @@ def add_expert_memory(ctx: RankContext, total: float, terms: dict[str, float], b
     n_moe = max(1, sum(x.chunk_moe_layers[ctx.pp_index]))
     st = M.model_states(p, s.dtype, min(s.zero, 2), x.edp, p / n_moe,
                         grads_unsharded=grads_accumulate_unsharded(s.zero, s.pp, ctx.microbatches),
-                        framework=M.framework_of(s))
+                        framework=M.framework_of(s), grad_reduce=s.grad_reduce)
     out = dict(terms)
     for k in ("weights", "gradients", "optimizer"):
         out[k] = terms[k] + st[k]

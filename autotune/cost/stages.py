@@ -63,7 +63,7 @@ def staged_step_context(rp: Any, model: Any, cluster: Any, seq_len: int, global_
         kv_ratio=model.kv_heads / model.heads, a2a_heads=U.busiest_heads(1, (model.heads,), model.heads),
         cp_max_tokens=seq_len, keysums=(causal_keys((seq_len,), 0, False, seq_len),), ring=(None,),
         stage_params=DP.stage_params(model, rp, chunks), dp_links=dp_links, schedule=sched, chunks=chunks,
-        hop_peers=hop_peers, group_links=(), kernels=kernels)
+        hop_peers=hop_peers, group_links=(), kernels=kernels, grad_reduce=rp.grad_reduce)
 
 
 def staged_tp_groups(s: Any) -> list[tuple[int, int, Any]]:
