@@ -187,14 +187,16 @@ def _block_gather(ctx: RankContext) -> float:
     return _seconds(ctx, "all_gather", s.bpe * ctx.layer_params / s.tp)
 
 
-def zero3_block_exposed(ctx: RankContext, comp_f: float, comp_b: float) -> tuple[float, float]:
+def zero3_block_exposed(ctx: RankContext, comp_f: float, comp_b: float, extra: float = 0.0) -> tuple[float, float]:
     """(forward, backward) seconds of one block's ZeRO-3 weight gather per micro-batch beyond the
     compute it is prefetched behind (``comp_f``, ``comp_b``: a block's forward and backward compute,
-    recomputation included); 0 below ZeRO-3, without sharding, or when the gathers are per step."""
+    recomputation included); 0 below ZeRO-3, without sharding, or when the gathers are per step.
+    ``extra``: seconds of the block's other gathers (a MoE layer's experts over edp,
+    ``expert_data_parallel.zero3_gather``), prefetched with it."""
     s = ctx.step
-    if s.zero < 3 or s.shard_n <= 1 or not gathers_per_microbatch(s):
+    if s.zero < 3 or not gathers_per_microbatch(s) or (s.shard_n <= 1 and extra <= 0.0):
         return 0.0, 0.0
-    gather = _block_gather(ctx)
+    gather = (_block_gather(ctx) if s.shard_n > 1 else 0.0) + extra
     return _beyond(ctx, gather, comp_f), _beyond(ctx, gather, comp_b)
 
 

@@ -50,6 +50,18 @@ def grad_sync(ctx: RankContext) -> tuple[float, float]:
     return red, fixed
 
 
+def zero3_gather(ctx: RankContext) -> float:
+    """Seconds to all-gather one MoE layer's routed experts of the rank over edp under ZeRO-3 (FSDP
+    shards the experts' weights over the ranks that hold the same experts: torchtitan's
+    ``dp_shard_mod_ep`` mesh), once before the forward and once before the backward of each
+    micro-batch, as the dense blocks' (``data_parallel.zero3_block_exposed``)."""
+    s, x = ctx.step, ctx.step.experts
+    if s.zero < 3 or x.edp <= 1:
+        return 0.0
+    per_layer = x.shares[ctx.expert_links.ep_index] * s.model.expert_params() / x.etp
+    return ctx.mf * ctx.collectives.all_gather(ctx.expert_links.edp, x.edp, per_layer * s.bpe)
+
+
 def optimizer_time(ctx: RankContext) -> float:
     """Seconds of the Adam step over the rank's expert parameters (sharded over edp from ZeRO-1 on)."""
     s = ctx.step

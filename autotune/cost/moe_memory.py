@@ -4,7 +4,9 @@ states, the activations the experts keep for backward, and the dispatch buffers.
 * Expert states: the rank's expert parameters (``expert_data_parallel.expert_params_on_rank``: its
   MoE layers, its EP rank's experts, its etp slice) at the dense states' bytes per parameter
   (``memory.model_states``), the optimizer states (and from ZeRO-2 the gradients) sharded over edp,
-  as Megatron-Core's distributed optimizer shards them; expert weights stay whole on their rank.
+  as Megatron-Core's distributed optimizer shards them; expert weights stay whole on their rank
+  except under ZeRO-3 (torchtitan's FSDP shards them over the edp ranks, ``dp_shard_mod_ep``, and
+  gathers them per layer as it does the dense blocks; ``expert_data_parallel.zero3_gather``).
 * Routed activations, per MoE layer and micro-batch, kept for backward: the permuted input of every
   token copy the busiest rank's experts process (hidden), their up/gate projection and activation
   outputs (as the dense MLP's ``matrices * width`` count, at the expert width over etp), and the
@@ -22,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.cost import expert_data_parallel as EDP
 from autotune.cost import memory as M
 from autotune.cost import recompute_modules as RMOD
-from autotune.cost.data_parallel import grads_accumulate_unsharded
+from autotune.cost.data_parallel import grads_accumulate_unsharded, zero3_weights_gathered
 from autotune.plan_parts import FP8_RECIPES
 
 if TYPE_CHECKING:
@@ -63,8 +65,11 @@ def add_expert_memory(ctx: RankContext, total: float, terms: dict[str, float], b
     s, x = ctx.step, ctx.step.experts
     p = EDP.expert_params_on_rank(ctx)
     n_moe = max(1, sum(x.chunk_moe_layers[ctx.pp_index]))
-    st = M.model_states(p, s.dtype, min(s.zero, 2), x.edp, p / n_moe,
+    # ZeRO-3 shards the experts' weights over edp too (FSDP over torchtitan's dp_shard_mod_ep mesh),
+    # holding two MoE layers' gathered at once as the dense blocks' (memory.model_states)
+    st = M.model_states(p, s.dtype, s.zero, x.edp, p / n_moe,
                         grads_unsharded=grads_accumulate_unsharded(s.zero, s.pp, ctx.microbatches),
+                        weights_gathered=zero3_weights_gathered(s),
                         framework=M.framework_of(s), grad_reduce=s.grad_reduce)
     out = dict(terms)
     for k in ("weights", "gradients", "optimizer"):

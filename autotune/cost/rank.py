@@ -359,6 +359,8 @@ def moe_block(ctx: RankContext) -> tuple[BlockTimes, Any, LayerCompute, tuple[fl
     bm.ep_raw = t.exchange_raw * (1.5 if full_rc else 1.0)
     if ctx.step.experts.overlap == "a2a_1f1b":
         _overlap_microbatches(ctx, bm, t, shared_fwd)
+    # ZeRO-3 (FSDP) gathers the layer's experts over edp with its dense weights, behind the same compute
+    bm.z3_f, bm.z3_b = DP.zero3_block_exposed(ctx, bm.comp_f, bm.comp_b, EDP.zero3_gather(ctx))
     return bm, t, lc_m, (km, fm, sm)
 
 
