@@ -50,6 +50,7 @@ from autotune.plan_checks import (  # noqa: F401  (_PLACEMENT_CHECKS: benchmarks
 from autotune.plan_parts import (  # noqa: F401  (every part is importable from autotune.plan)
     BALANCES,
     CP_LAYOUTS,
+    CUDA_GRAPH_SCOPES,
     DIMS,
     DTYPE_CHOICES,
     DTYPES,
@@ -157,6 +158,9 @@ class Plan:
     combine on a second stream while the other computes (``cost/expert_dispatch.py``)."""
     grad_reduce: str = GRAD_REDUCE_DTYPE
     """Precision gradients are accumulated and reduced in under 16-bit compute (``GRAD_REDUCES``)."""
+    cuda_graph_scope: tuple[str, ...] = ()
+    """The parts of each layer captured in CUDA graphs (``CUDA_GRAPH_SCOPES``; empty: none, every
+    kernel issued eagerly). Priced for a MoE model's MoE layers (``cost/kernels.moe_layer_host``)."""
     shares: Shares = field(default_factory=Shares)
     placement: tuple[Placement, ...] | None = None
     workload: Workload | None = None
@@ -178,6 +182,8 @@ class Plan:
             _check_choice(getattr(self, name), choices, name)
         for m in self.recompute_modules:
             _check_choice(m, RECOMPUTE_MODULES, "recompute_modules")
+        for m in self.cuda_graph_scope:
+            _check_choice(m, CUDA_GRAPH_SCOPES, "cuda_graph_scope")
         if self.recompute_modules and self.recompute != "selective":
             raise PlanError(f"needs recompute=selective, got recompute={self.recompute}", field="recompute_modules")
         z = self.zero_stage
@@ -373,6 +379,8 @@ class Plan:
             d["moe_a2a_overlap"] = True
         if self.grad_reduce != GRAD_REDUCE_DTYPE:
             d["grad_reduce"] = self.grad_reduce
+        if self.cuda_graph_scope:
+            d["cuda_graph_scope"] = list(self.cuda_graph_scope)
         return d
 
     def _base_dict(self) -> dict[str, Any]:
@@ -496,6 +504,7 @@ def _plan_from_dict(d: Any) -> Plan:
         disaggregate=F.get_bool(d, "disaggregate", "disaggregate", default=False),
         moe_a2a_overlap=F.get_bool(d, "moe_a2a_overlap", "moe_a2a_overlap", default=False),
         grad_reduce=F.get_str(d, "grad_reduce", "grad_reduce", default=GRAD_REDUCE_DTYPE, choices=GRAD_REDUCES),
+        cuda_graph_scope=_names_from(d.get("cuda_graph_scope"), CUDA_GRAPH_SCOPES, "cuda_graph_scope"),
         shares=shares, placement=placement, workload=workload, stages=stages,
         uses=_uses_from(d.get("uses")),
     )
@@ -503,16 +512,20 @@ def _plan_from_dict(d: Any) -> Plan:
 
 def _modules_from(v: Any) -> tuple[str, ...]:
     """``recompute_modules``: a list of ``RECOMPUTE_MODULES`` names (inline: ``moe_act/layernorm``)."""
+    return _names_from(v, RECOMPUTE_MODULES, "recompute_modules")
+
+
+def _names_from(v: Any, choices: tuple[str, ...], field: str) -> tuple[str, ...]:
+    """A list of names from ``choices`` (inline: ``a/b``), each once, in the order given."""
     if v is None:
         return ()
     if isinstance(v, str):
         v = [x.strip() for x in v.split("/") if x.strip()]
     if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
-        raise InputError(f"expected a list of module names, got {v!r}", field="recompute_modules")
+        raise InputError(f"expected a list of module names, got {v!r}", field=field)
     for x in v:
-        if x not in RECOMPUTE_MODULES:
-            raise InputError(f"unknown module {x!r}; one of {', '.join(RECOMPUTE_MODULES)}" + suggest(x, RECOMPUTE_MODULES),
-                             field="recompute_modules")
+        if x not in choices:
+            raise InputError(f"unknown module {x!r}; one of {', '.join(choices)}" + suggest(x, choices), field=field)
     return tuple(dict.fromkeys(v))
 
 
@@ -540,7 +553,7 @@ _INLINE_ALIASES = {"mbs": "micro_batch_size", "nmb": "num_microbatches", "vpp": 
 
 _INLINE_KEYS = (*_INLINE_DIMS, *_INLINE_ALIASES, "schedule", "recompute", "recompute_modules", "cp_layout", "dtype", "layers", "tokens",
                 "heads", "samples", "experts", "doc_mask", "balance", "uses", "disaggregate", "moe_a2a_overlap",
-                "grad_reduce")
+                "grad_reduce", "cuda_graph_scope")
 """Every key an inline plan takes (the nearest is suggested for one it does not)."""
 
 
@@ -576,7 +589,8 @@ def parse_inline(text: str) -> Plan:
             rest["uses"] = _counts(value, "uses", "uses=2/0", what="node counts")
         elif key in ("sequence_parallel", "doc_mask", "disaggregate", "moe_a2a_overlap"):
             rest[key] = value.lower() in ("1", "true", "yes", "on")
-        elif key in ("schedule", "recompute", "cp_layout", "dtype", "balance", "recompute_modules", "grad_reduce"):
+        elif key in ("schedule", "recompute", "cp_layout", "dtype", "balance", "recompute_modules", "grad_reduce",
+                     "cuda_graph_scope"):
             rest[key] = value
         else:
             raise PlanError(f"unknown inline plan key {key!r}" + suggest(key, _INLINE_KEYS), field="plan")

@@ -181,7 +181,8 @@ def _disaggregation_problems(plan: Plan, model: Any) -> list[str]:
 
 
 def _option_problems(plan: Plan, model: Any) -> list[str]:
-    """The MoE all-to-all overlap (``Plan.moe_a2a_overlap``) needs expert parallelism to overlap (and,
+    """CUDA graph scopes (``Plan.cuda_graph_scope``) as Megatron Core takes them, priced on MoE models;
+    the MoE all-to-all overlap (``Plan.moe_a2a_overlap``) needs expert parallelism to overlap (and,
     as Megatron-Core checks in ``TransformerConfig.__post_init__``, no full recomputation nor the
     ``moe`` module: the overlapped layer is not re-run); bf16 gradient reduction (``Plan.grad_reduce``)
     needs bf16 weights (bf16 or an FP8 recipe: what Megatron's ``--grad-reduce-in-bf16`` applies to)."""
@@ -192,6 +193,11 @@ def _option_problems(plan: Plan, model: Any) -> list[str]:
         if plan.recompute == "full" or "moe" in plan.recompute_modules:
             p.append("moe_a2a_overlap: the overlapped MoE layer is not recomputed (recompute full or the moe "
                      "module), as Megatron-Core requires")
+    g = plan.cuda_graph_scope
+    if g and getattr(model, "moe", None) is None:
+        p.append(f"cuda_graph_scope: priced for a MoE model's layers only, got model {model.name!r}")
+    if "moe_preprocess" in g and "moe_router" not in g:
+        p.append("cuda_graph_scope: moe_preprocess is captured only with moe_router (Megatron Core's own rule)")
     if plan.grad_reduce == "bf16" and compute_dtype(plan.dtype) != "bf16":
         p.append(f"grad_reduce: bf16 reduction needs bf16 weights (dtype bf16 or FP8), got dtype {plan.dtype}")
     return p

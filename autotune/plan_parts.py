@@ -34,6 +34,11 @@ RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "moe_act", "mlp", 
 the attention core (its scores; the default), the two norms' outputs, MLA's up-projections (q, k, v),
 the routed experts' activation function, a dense layer's MLP, the shared experts, the whole MoE layer.
 What each keeps and costs: ``autotune/cost/recompute_modules.py``."""
+CUDA_GRAPH_SCOPES = ("attn", "moe_router", "moe_preprocess")
+"""The parts of each layer a Megatron run captures in CUDA graphs (``--cuda-graph-impl transformer_engine
+--cuda-graph-scope ...``, megatron.core.transformer.enums.CudaGraphScope): the attention sub-block,
+the MoE router, the dispatcher's preprocessing (which Megatron Core captures only with the router).
+Their kernels replay from the graph instead of being issued one by one (``cost/kernels.py``)."""
 HELIX_FOLDS = FOLDS  # HelixPipe's fold counts (autotune/schedules/helixpipe.py)
 CP_LAYOUTS = ("zigzag", "contiguous")
 BALANCES = ("count", "cost")

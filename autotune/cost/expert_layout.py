@@ -37,6 +37,8 @@ class ExpertStep:
     """Per pipeline rank, per model chunk it holds (``StepContext.chunks`` order): its MoE layers."""
     overlap: str
     """What the target runtime overlaps the all-to-all with (``MOE_OVERLAPS``)."""
+    graphed: tuple[str, ...] = ()
+    """The parts of each layer captured in CUDA graphs (``Plan.cuda_graph_scope``)."""
 
     @property
     def busiest_share(self) -> int:
@@ -60,7 +62,7 @@ def expert_step(plan: Any, model: Any, chunks: tuple[tuple[int, ...], ...], kern
         overlap = "a2a_1f1b"
     return ExpertStep(ep=d.ep, etp=d.etp, edp=d.edp, shares=tuple(plan.shares.experts),
                       chunk_moe_layers=tuple(tuple(moe_in_chunk[j] for j in mine) for mine in chunks),
-                      overlap=overlap)
+                      overlap=overlap, graphed=tuple(plan.cuda_graph_scope))
 
 
 @dataclass(frozen=True)

@@ -92,6 +92,9 @@ class KernelCosts:
     moe_syncs: int = 0
     """Device-to-host synchronisations per MoE layer forward (the dropless dispatcher waits for the
     token counts before it can size the all-to-all), each priced ``MOE_SYNC_S``."""
+    graph_scopes: tuple[tuple[str, int, int], ...] = ()
+    """(scope, forward kernels, backward kernels) of each part of a layer the runtime can capture in a
+    CUDA graph (``Plan.cuda_graph_scope``); empty: it captures none."""
 
     def block_time(self, gpu_s: float, kernels: float) -> float:
         """Seconds of ``kernels`` kernels whose GPU work takes ``gpu_s``: the work plus each kernel's
@@ -99,21 +102,43 @@ class KernelCosts:
         return gpu_s + kernels * self.host_s
 
 
-MOE_SYNC_S = 1.3e-3
+GRAPH_REPLAY_S = 1.03e-6
+"""Seconds per kernel replayed from a CUDA graph: a tiny kernel replayed from a graph with no host in
+the loop took 1.03 us per kernel on an H200 (benchmarks/gpu_gemm.py, 2026-12-04, ``launch.graph_add_s``;
+module docstring). Measured, not fitted."""
+
+MOE_SYNC_S = 1.6e-3
 """Exposed seconds of one device-to-host synchronisation inside a MoE layer (the host blocks until the
 GPU has drained its queue, then the GPU idles while the host issues again): FITTED by
 ``benchmarks/bench_published_moe.py --fit`` on the rows its ``FITTED`` names, every other row held out."""
 
 
-def moe_layer_host(k: KernelCosts, local_experts: int, fp8: bool) -> tuple[float, float]:
+def moe_layer_host(k: KernelCosts, local_experts: int, fp8: bool, graphed: tuple[str, ...] = ()
+                   ) -> tuple[float, float]:
     """(forward, backward) host seconds one MoE layer adds on the busiest rank: its kernels beyond the
     dense block at the runtime's ``host_s`` each (counted in full, as ``block_time`` counts a block's)
-    and its synchronisations at ``MOE_SYNC_S``."""
+    and its synchronisations at ``MOE_SYNC_S``; less what its CUDA-graphed scopes (``graphed``) save:
+    their kernels replay at ``GRAPH_REPLAY_S`` each instead of ``host_s``, for one graph launch
+    (``host_s``) per scope and pass (``graph_saving``)."""
     per_expert_f = k.expert_fwd + (k.expert_fp8 if fp8 else 0)
     per_expert_b = k.expert_bwd + (k.expert_fp8 if fp8 else 0)
     fwd = (k.moe_fwd + local_experts * per_expert_f) * k.host_s + k.moe_syncs * MOE_SYNC_S
     bwd = (k.moe_bwd + local_experts * per_expert_b) * k.host_s
-    return fwd, bwd
+    save_f, save_b = graph_saving(k, graphed)
+    return fwd - save_f, bwd - save_b
+
+
+def graph_saving(k: KernelCosts, graphed: tuple[str, ...]) -> tuple[float, float]:
+    """(forward, backward) host seconds a layer saves with ``graphed`` scopes captured in CUDA graphs
+    (the attention's kernels are its dense block's, the router's and the preprocessing's its MoE part's:
+    all credited here, on the MoE layer): each captured kernel costs ``GRAPH_REPLAY_S`` instead of
+    ``host_s``, and each scope's graph is launched once per pass. A scope the runtime cannot capture
+    (not in ``graph_scopes``) saves nothing."""
+    counts = {name: (f, b) for name, f, b in k.graph_scopes}
+    per = k.host_s - GRAPH_REPLAY_S
+    f = sum(counts[g][0] * per - k.host_s for g in graphed if g in counts and counts[g][0])
+    b = sum(counts[g][1] * per - k.host_s for g in graphed if g in counts and counts[g][1])
+    return max(0.0, f), max(0.0, b)
 
 
 def eager_bytes(model: Any, tp: int) -> float:

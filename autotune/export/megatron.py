@@ -26,7 +26,9 @@ Mapping (argument names from megatron/training/arguments.py):
   uniform --recompute-num-layers 1``); ``zero_stage`` 1 -> ``--use-distributed-optimizer``;
   ``sequence_parallel`` -> ``--sequence-parallel``; ``grad_reduce bf16`` -> ``--grad-reduce-in-bf16``;
   ``moe_a2a_overlap`` -> ``--overlap-moe-expert-parallel-comm --delay-wgrad-compute`` (no
-  ``--moe-shared-expert-overlap`` then: Megatron-Core refuses the two together).
+  ``--moe-shared-expert-overlap`` then: Megatron-Core refuses the two together); ``cuda_graph_scope`` ->
+  ``--cuda-graph-impl transformer_engine --cuda-graph-scope ...`` (Megatron-LM's later versions name it
+  ``--cuda-graph-modules`` and still read the old flag).
 
 HelixPipe (``schedule helixpipe``) is the variant of Megatron-LM that names the fork it needs
 (``HELIX_FORK``: upstream Megatron has no attention-parallel pipeline): ``--attention-pipeline
@@ -74,6 +76,14 @@ as megatron-core's ``moe_utils`` runs them unfused (counted by benchmarks/count_
 MOE_PERMUTATION = (11, 13)
 """(forward, backward) kernels of ``permute``, the two ``sort_chunks_by_idxs`` and ``unpermute`` with
 the routing probabilities applied (counted by benchmarks/count_moe_kernels.py)."""
+MOE_PREPROCESS = (7, 0)
+"""(forward, backward) kernels of the alltoall dispatcher's ``preprocess`` (the token counts, splits and
+the all-gather of the counts: 7 of MOE_DISPATCHER's forward), what ``--cuda-graph-scope moe_preprocess``
+captures (its device-to-host copies move after it, ``cuda_dtoh_point = before_ep_alltoall``)."""
+ATTENTION_KERNELS = (6, 12)
+"""(forward, backward) kernels of a block's attention sub-block as KERNELS counts them (layer norm + QKV
+GEMM 2, fused RoPE 1, flash attention 1, output GEMM 1, bias-dropout-add 1; backward twice), what
+``--cuda-graph-scope attn`` captures."""
 MOE_DISPATCHER = (16, 4)
 """(forward, backward) kernels of the alltoall dispatcher's own work, counted from its code
 (``MoEAlltoAllTokenDispatcher.preprocess`` and ``_maybe_dtoh_and_synchronize``): forward the token
@@ -90,7 +100,8 @@ KERNELS = KernelCosts(
            "grouped GEMM, unfused router and permutation as Megatron defaults them): MOE_KERNELS",
     moe_overlap="shared_experts", moe_fwd=MOE_ROUTING[0] + MOE_PERMUTATION[0] + MOE_DISPATCHER[0],
     moe_bwd=MOE_ROUTING[1] + MOE_PERMUTATION[1] + MOE_DISPATCHER[1], expert_fwd=2, expert_bwd=4, expert_fp8=2,
-    moe_syncs=1)
+    moe_syncs=1, graph_scopes=(("attn", *ATTENTION_KERNELS), ("moe_router", *MOE_ROUTING),
+                               ("moe_preprocess", *MOE_PREPROCESS)))
 """How Megatron runs a plan: the cost model's kernel costs for ``estimate --target megatron`` (a MoE
 layer's shared experts overlap its all-to-all: ``--moe-shared-expert-overlap``).
 
@@ -111,7 +122,7 @@ HELIX_FORK = ("HelixPipe's Megatron-LM fork (the code of arXiv 2507.00394, branc
               "has no --attention-pipeline")
 SUFFIX = ".sh"
 
-EXPRESSES = ("dp", "pp", "cp", "hp", "tp", "ep", "etp", "moe_a2a_overlap", "grad_reduce")
+EXPRESSES = ("dp", "pp", "cp", "hp", "tp", "ep", "etp", "moe_a2a_overlap", "grad_reduce", "cuda_graph_scope")
 """The dimensions and plan options it runs (``export.common.unexpressed`` refuses the rest)."""
 WHY = {
     "experts": "Megatron-Core gives every expert-parallel rank num_experts/ep experts",
@@ -283,6 +294,8 @@ def arguments(plan: Plan, ctx: ExportContext) -> list[str]:
         a.append("--use-distributed-optimizer")
     if plan.grad_reduce == "bf16":  # megatron/training/arguments.py: accumulate_allreduce_grads_in_fp32 = False
         a.append("--grad-reduce-in-bf16")
+    if plan.cuda_graph_scope:  # Transformer Engine's graphs of these parts (Plan.cuda_graph_scope)
+        a += ["--cuda-graph-impl", "transformer_engine", "--cuda-graph-scope", *plan.cuda_graph_scope]
     if plan.sequence_parallel and d.tp > 1:
         a.append("--sequence-parallel")
     if plan.dtype == "bf16" or plan.dtype in FP8_RECIPES:

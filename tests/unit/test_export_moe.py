@@ -73,7 +73,7 @@ RENAMES = {"num_experts": "num_moe_experts", "fp8_format": "fp8", "tensor_model_
 SHAPE_FLAGS = ("--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads")
 MOE_PREFIXES = ("--moe-", "--num-experts", "--expert-", "--q-lora-rank", "--kv-lora-rank", "--qk-", "--v-head-dim",
                 "--multi-latent-attention", "--tensor-model-parallel-size", "--sequence-parallel",
-                "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute")
+                "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute", "--cuda-graph-")
 
 
 def megatron_config(args: list[str], pp: int = 1, vpp: int | None = None):
@@ -102,6 +102,8 @@ def megatron_config(args: list[str], pp: int = 1, vpp: int | None = None):
         default = fields[name].default
         if not vals:
             kw[name] = True
+        elif name == "cuda_graph_scope":  # nargs='+' (arguments.py)
+            kw[name] = list(vals)
         elif name == "moe_layer_freq":
             kw[name] = eval(vals[0], {"__builtins__": {}})  # noqa: S307  (Megatron evaluates it this way)
         elif isinstance(default, bool):
