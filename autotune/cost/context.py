@@ -463,9 +463,10 @@ def tp_groups(s: StepContext, replicas: ReplicaTemplates | None = None) -> list[
     the same step (same coordinates along pp/cp/hp, device type, links and micro-batches: DP replicas
     of equal shares on equal devices) share one context object, so the cost of each is computed once (identity names them: links come from the
     topology's caches). With documents (``s.doc_work``) every replica has its own attention work,
-    so its own context (``ReplicaTemplates``: pass one per estimate, its drawn steps share it)."""
+    so its own context (``ReplicaTemplates``: pass one per estimate, its drawn steps share it),
+    unless the work is uniform (``DocWork.uniform``: a summarised step, shared as without documents)."""
     plan, cal = s.plan, s.calibration
-    if s.doc_work is not None:
+    if s.doc_work is not None and not s.doc_work.uniform:
         return (replicas or ReplicaTemplates()).groups(s)
     contexts: dict[tuple, RankContext] = {}
     out = []
@@ -522,6 +523,8 @@ def _rank_context(s: StepContext, c: Mapping[str, int], spec: Any, links: Links,
                   cal: Mapping[str, float]) -> RankContext:
     tokens = s.plan.shares.tokens[c["cp"]]
     tok = s.mbs * tokens / s.hp
+    w = s.doc_work
+    d = 0 if w is None or w.uniform else c["dp"]  # a uniform work holds one replica's, every replica's
     params, layer_params, rest = s.stage_params[c["pp"]]
     return RankContext(
         step=s, coords=c, spec=spec, rates=cached_rates(spec, s.dtype, s.model.head_dim, s.kernels),
@@ -529,9 +532,9 @@ def _rank_context(s: StepContext, c: Mapping[str, int], spec: Any, links: Links,
         links=links, tokens=tokens, heads=s.plan.shares.heads[c["hp"]], microbatches=m_d,
         layers=tuple(s.plan.shares.layers[j] for j in s.chunks[c["pp"]]),  # Plan.layers_of_stage
         params=params, layer_params=layer_params, rest_params=rest,
-        keysum=s.keysums[c["cp"]] if s.doc_work is None else s.doc_work.keysums[c["dp"]][c["cp"]],
-        ring=s.ring[c["cp"]] if s.doc_work is None else s.doc_work.ring[c["dp"]][c["cp"]],
-        attn_seq=None if s.doc_work is None else s.doc_work.attn_seq[c["dp"]][c["cp"]],
+        keysum=s.keysums[c["cp"]] if w is None else w.keysums[d][c["cp"]],
+        ring=s.ring[c["cp"]] if w is None else w.ring[d][c["cp"]],
+        attn_seq=None if w is None else w.attn_seq[d][c["cp"]],
         tokens_local=tok, hidden_bytes=s.bpe * tok * s.model.hidden,
         expert_peers=None if links.experts is None else _expert_peers(s, links.experts.ep_devices))
 

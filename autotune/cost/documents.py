@@ -36,7 +36,6 @@ Without a distribution, or with ``doc_mask`` off, nothing here runs: old plans p
 from __future__ import annotations
 
 import dataclasses
-import statistics
 from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
@@ -133,6 +132,9 @@ class DocWork:
     """Per replica and CP shard, the length its attention kernels run at: the mean document piece
     weighted by its pairs (where the work is), at most the shard (GPU kernel efficiency falls at
     short lengths; the CPU prices each call at its own length instead)."""
+    uniform: bool = False
+    """Every replica has the same work (``documents_summary``'s works): the tuples hold one
+    replica's, and replicas of a place share one context, as without documents (``context.tp_groups``)."""
 
 
 def step_work(step: tuple[tuple[int, ...], ...], plan: Any, seq_len: int, on_cpu: bool) -> DocWork:
@@ -276,33 +278,6 @@ _WORK: dict[tuple[Any, ...], DocWork] = {}
 _WORK_LIMIT = 8192
 
 
-def bottleneck(step: tuple[tuple[int, ...], ...], plan: Any) -> float:
-    """The control variate of one step: the largest attention pairs per window over its replicas (as
-    ``documents.assign_windows`` weighs a replica: its load over its sample count)."""
-    return _bottleneck([_pairs(w) for w in step], plan.shares.samples, plan.balance)
-
-
-def _bottleneck(costs: list[int], samples: tuple[int, ...], balance: str) -> float:
-    if balance == "cost":
-        rows = W.assign_windows(costs, samples)
-    else:
-        rows, start = [], 0
-        for n in samples:
-            rows.append(range(start, start + n))
-            start += n
-    return max(sum(costs[r] for r in rs) / len(rs) for rs in rows if rs)
-
-
-@lru_cache(maxsize=1024)
-def bottlenecks(dist: W.LengthDistribution, seq_len: int, global_batch: int, samples: tuple[int, ...], balance: str,
-                seed: int = SEED) -> tuple[tuple[float, ...], float]:
-    """``bottleneck`` of each of the ``DRAWS`` dealt steps and their mean, once per distribution,
-    window, batch, replicas' sample counts and balance (the control variate's points)."""
-    costs = _draw_pairs(dist, seq_len, global_batch, seed)
-    xs = tuple(_bottleneck(c, samples, balance) for c in costs)
-    return xs, statistics.fmean(xs)
-
-
 @lru_cache(maxsize=64)
 def _draw_pairs(dist: W.LengthDistribution, seq_len: int, global_batch: int, seed: int) -> list[list[int]]:
     """The causal pairs of every window of the ``DRAWS`` drawn steps (what both balances weigh)."""
@@ -314,34 +289,24 @@ def _pairs(docs: tuple[int, ...]) -> int:
     return W.attention_pairs(docs)
 
 
-def expected(times: list[float], xs: list[float], mean_x: float) -> float:
-    """Control-variate estimate of the mean step time: ``mean(times) + b (mean_x - mean(xs))`` with
-    ``b`` the least-squares slope of the times on ``xs`` (0 where the xs do not spread or the slope is
-    negative, i.e. the priced steps say nothing about it)."""
-    mt, mx = statistics.fmean(times), statistics.fmean(xs)
-    var = sum((x - mx) ** 2 for x in xs)
-    b = sum((x - mx) * (t - mt) for x, t in zip(xs, times, strict=True)) / var if var > 0 else 0.0
-    return max(mt + max(b, 0.0) * (mean_x - mx), min(times))
-
-
 def combine(times: list[float], report: Callable[[int], tuple[dict[str, Any], dict[str, Any]]], dist: Any,
-            plan: Any, model: Any, seq_len: int, global_batch: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(predicted, breakdown) of the priced steps, whose step times are ``times``: the step time is
-    their control-variate mean (``expected``; given windows: their plain mean, and ``step_times_s``
-    each). One figure per plan: the breakdown is the priced step nearest that mean (``report(i)``:
-    the (predicted, breakdown) of step i, asked of that step only), its seconds scaled to the mean
-    (``_scaled``), so its terms add up to the headline as they add up to a drawn step; memory is that
-    step's. The model FLOPs are the masked workload's (``masked_keys``): MFU counts the attention the
-    mask keeps, not the whole causal window's. A ``documents`` entry says how it was priced."""
+            plan: Any, model: Any, seq_len: int, global_batch: int, mean: float
+            ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(predicted, breakdown) of the priced steps, whose step times are ``times``, for the expected
+    step ``mean`` (a distribution: ``documents_summary.expected_step`` over its summary's two priced
+    works; given windows: their plain mean, and ``step_times_s`` each). One figure per plan: the
+    breakdown is the priced step nearest that mean (``report(i)``: the (predicted, breakdown) of step
+    i, asked of that step only), its seconds scaled to the mean (``_scaled``), so its terms add up to
+    the headline as they add up to a priced step; memory is that step's. The model FLOPs are the
+    masked workload's (``masked_keys``): MFU counts the attention the mask keeps, not the whole
+    causal window's. A ``documents`` entry says how it was priced."""
     times = [float(t) for t in times]
     if isinstance(dist, GivenWindows):
-        mean = statistics.fmean(times)
         how = f"mean over {len(times)} given steps ({dist.source})"
     else:
-        xs, mean_x = bottlenecks(dist, seq_len, global_batch, plan.shares.samples, plan.balance)
-        mean = expected(times, list(xs[:len(times)]), mean_x)
-        how = (f"{len(times)} drawn steps (seed {SEED}) priced, their mean moved by a control variate (the slowest "
-               f"replica's pairs per window, mean over {DRAWS} dealt steps)")
+        how = (f"{len(times)} summarised step{'s' if len(times) > 1 else ''} priced (a replica's mean work and each "
+               f"step's heaviest replica's, over {DRAWS} steps dealt with seed {SEED}), the expected step the mean "
+               f"over those {DRAWS} steps of the slowest replica on its line between them")
     pred, bd = report(min(range(len(times)), key=lambda i: abs(times[i] - mean)))  # the first nearest
     drawn = float(pred["step_time_s"])
     scale = mean / drawn if drawn > 0 else 1.0
@@ -359,16 +324,26 @@ def combine(times: list[float], report: Callable[[int], tuple[dict[str, Any], di
     if isinstance(pred.get("mfu"), (int, float)):
         peak = flops["cluster_peak_per_s"]
         pred["mfu"] = flops["model_per_step"] / (mean * peak) if mean > 0 and peak > 0 else 0.0
-    info = ({"source": dist.source} if isinstance(dist, GivenWindows) else
-            {"source": dist.source, "digest": dist.digest(), "mean_length": round(dist.mean(), 2),
-             "documents": dist.documents, "p50": dist.quantile(0.5), "p90": dist.quantile(0.9)})
-    bd["documents"] = {**info, "packing": "order", "balance": plan.balance, "drawn_steps_s": times,
+    info = {"source": dist.source} if isinstance(dist, GivenWindows) else _info(dist)
+    bd["documents"] = {**info, "packing": "order", "balance": plan.balance, "priced_steps_s": times,
                        "step_time_s": mean, "breakdown_scaled_from_s": drawn, "masked_keys_per_query": keys,
                        "unmasked_keys_per_query": (seq_len + 1) / 2,
-                       "how": how + f"; the breakdown is the drawn step of {drawn:.4g} s scaled to it"}
+                       "how": how + f"; the breakdown is the priced step of {drawn:.4g} s scaled to it"}
     return pred, bd
 
 
+def _info(dist: W.LengthDistribution) -> dict[str, Any]:
+    """What a breakdown says of a distribution, once per distribution (its digest and source)."""
+    key = (dist.digest(), dist.source)
+    got = _INFO.get(key)
+    if got is None:
+        got = _INFO[key] = {"source": dist.source, "digest": dist.digest(),
+                                      "mean_length": round(dist.mean(), 2), "documents": dist.documents,
+                                      "p50": dist.quantile(0.5), "p90": dist.quantile(0.9)}
+    return got
+
+
+_INFO: dict[tuple[str, str], dict[str, Any]] = {}
 _SCALED = ("stages", "ranks")
 
 
@@ -405,7 +380,14 @@ def masked_keys(dist: Any, seq_len: int, global_batch: int) -> float:
     if isinstance(dist, GivenWindows):
         windows = [w for st in dist.steps for w in st]
         return sum(_pairs(w) for w in windows) / (len(windows) * seq_len)
-    return _drawn_keys(dist, seq_len, global_batch)
+    key = (dist.digest(), seq_len, global_batch)
+    got = _KEYS.get(key)
+    if got is None:
+        got = _KEYS[key] = _drawn_keys(dist, seq_len, global_batch)
+    return got
+
+
+_KEYS: dict[tuple, float] = {}
 
 
 @lru_cache(maxsize=64)

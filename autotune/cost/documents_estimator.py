@@ -20,14 +20,14 @@ the attention is not all of a rank's time, so the best split lies between them."
 
 
 SCREEN = 1.10
-"""A plan whose first price (windows dealt in order, its own CP shares) is slower than the best plan
-this estimator has priced by more than this factor, or does not fit, is not priced again with the
-other balance and CP shares: they move attention work between ranks and gained at most 1.1% on 126
-plans of the benchmark setups (llama3-8b on 8 H100 + 8 A100, log-normal documents at 32k and the
-two-mode file at 8k; the largest gain measured in trials is 5%, README: whole-window files among
-snippets), and neither frees memory (every window is S tokens; CP shares by cost are uneven, so
-some rank holds more). The plan keeps the price it was given (a true price of the plan it
-records). A search prices 14.6 steps per plan without this (measured: 9,368 for 638 plans)."""
+"""A plan whose first price (its own CP shares, the faster balance) is slower than the best plan
+this estimator has priced by more than this factor, or does not fit, is not priced again with
+other CP shares: they move attention work between ranks and gained at most 1.1% on 126 plans of
+the benchmark setups (llama3-8b on 8 H100 + 8 A100, log-normal documents at 32k and the two-mode
+file at 8k; the largest gain measured in trials is 5%, README: whole-window files among snippets),
+and do not free memory (every window is S tokens; CP shares by cost are uneven, so some rank holds
+more). The plan keeps the price it was given (a true price of the plan it records). Both balances
+are priced on every plan: they share the priced steps (``estimate``'s ``balances``)."""
 
 
 def cp_balanced(plan: Any, model: Any, cluster: Any, seq_len: int, global_batch: int, dist: W.LengthDistribution,
@@ -36,7 +36,8 @@ def cp_balanced(plan: Any, model: Any, cluster: Any, seq_len: int, global_batch:
     own shares and ``CP_STEPS`` of the way to the shares whose expected masked attention stands in
     their ratio (``cp_shares.cost_tokens``), each priced by the cost model with the distribution.
     A plan without CP, or whose shares cannot move by a granule, prices as it is. ``base``: the
-    ``Estimate`` of ``plan`` as it is, when already priced."""
+    ``Estimate`` of ``plan`` as it is, when already priced; ``kw`` reaches ``estimate`` (``balances``
+    among them: each share's fastest balance)."""
     if base is None:
         base = estimate(plan, model, cluster, seq_len, global_batch, documents=dist, **kw)
     rp = base.plan
@@ -63,12 +64,6 @@ def cp_balanced(plan: Any, model: Any, cluster: Any, seq_len: int, global_batch:
     return best
 
 
-def _count_shares(plan: Any, model: Any, cluster: Any, seq_len: int, global_batch: int, dist: W.LengthDistribution,
-                  base: Any = None, **kw: Any) -> Any:
-    """The ``Estimate`` of ``plan`` with its own CP token shares (``cp_balanced``'s signature)."""
-    return base if base is not None else estimate(plan, model, cluster, seq_len, global_batch, documents=dist, **kw)
-
-
 class DocumentsEstimator:
     """The search's estimator for a workload of documents: prices every plan with ``doc_mask`` on,
     both balances where there are replicas to balance (the search may choose either: the faster
@@ -82,22 +77,16 @@ class DocumentsEstimator:
     def __call__(self, plan, model, cluster, seq_len, global_batch, *, calibration=None, timeline=False,
                  kernels=None):
         """``estimate``'s signature: ``kernels`` (the target runtime's kernel costs, ``--target``) reach
-        every drawn step's price, as they reach a plain estimate's."""
+        every priced step, as they reach a plain estimate's."""
         choices = ("count", "cost") if self.balance == "auto" else (self.balance,)
         if plan.degrees.dp == 1:
             choices = choices[:1]
-        kw = {"calibration": calibration, "timeline": timeline, "kernels": kernels}
+        kw = {"calibration": calibration, "timeline": timeline, "kernels": kernels, "balances": choices}
         first = estimate(plan.replace(doc_mask=True, balance=choices[0]), model, cluster, seq_len, global_batch,
                          documents=self.dist, **kw)
         best = first
-        feasible = first.predicted.get("feasible", True)
-        if feasible and self._tps(first) * SCREEN >= self.best:
-            price = cp_balanced if self.cp_balance else _count_shares
-            for i, b in enumerate(choices):
-                est = price(plan.replace(doc_mask=True, balance=b), model, cluster, seq_len, global_batch, self.dist,
-                            base=first if i == 0 else None, **kw)
-                if self._tps(est) > self._tps(best):
-                    best = est
+        if self.cp_balance and first.predicted.get("feasible", True) and self._tps(first) * SCREEN >= self.best:
+            best = cp_balanced(first.plan, model, cluster, seq_len, global_batch, self.dist, base=first, **kw)
         if best.predicted.get("feasible", True):
             self.best = max(self.best, self._tps(best))
         return best

@@ -60,7 +60,7 @@ class Estimate:
 
 def estimate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: int, *,
              calibration: dict[str, dict[str, float]] | None = None, timeline: bool = False,
-             documents: Any = None, kernels: Any = None) -> Estimate:
+             documents: Any = None, kernels: Any = None, balances: tuple[str, ...] = ()) -> Estimate:
     """Predict one training step of ``plan`` (resolved here; PlanError when it does not fit).
 
     ``timeline=True`` also fills ``breakdown["timeline"]`` with the simulated events (None
@@ -69,16 +69,17 @@ def estimate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: i
     the windows, priced by ``cost/documents.py`` when the plan masks documents (``doc_mask``).
     A plan with ``uses`` runs on that subset of ``cluster`` (autotune/specs/pool.py). ``kernels``: the
     per-kernel costs of the runtime that will run the plan (``cost/kernels.py``,
-    ``targets.kernel_costs``; None: autotune's own runtime)."""
+    ``targets.kernel_costs``; None: autotune's own runtime). ``balances``: with documents, price the
+    plan with each of these ways of dealing windows to replicas (``Plan.balance``) and return the
+    fastest (the first among equals): they share the priced steps, so each costs little more."""
     if plan.uses is not None:
         from autotune.specs.pool import subset
 
         cluster = subset(cluster, plan.uses)
     s = step_context(plan, model, cluster, seq_len, global_batch, calibration, kernels)
     if documents is not None and s.plan.doc_mask:
-        predicted, breakdown = _documents(s, cluster, documents, timeline)
-    else:
-        predicted, breakdown = _price(s, timeline)
+        return _documents(s, cluster, documents, timeline, balances or (s.plan.balance,))
+    predicted, breakdown = _price(s, timeline)
     return Estimate(plan=s.plan, predicted=predicted, breakdown=breakdown)
 
 
@@ -87,21 +88,70 @@ def _price(s: Any, timeline: bool) -> tuple[dict[str, Any], dict[str, Any]]:
     return _report(_step(s), timeline)
 
 
-def _documents(s: Any, cluster: Any, documents: Any, timeline: bool) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(predicted, breakdown) of a plan with document masks: every drawn step's time (``_step``; the
-    replicas' contexts copied from one template per place, ``context.ReplicaTemplates``), then the report of
-    the one step ``documents.combine`` keeps (the nearest the expected step), not of every step."""
+def _documents(s: Any, cluster: Any, documents: Any, timeline: bool, balances: tuple[str, ...]) -> Estimate:
+    """The ``Estimate`` of a plan with document masks, the fastest of ``balances``. Drawn from a
+    distribution: the two works of its CP layout (``documents_summary.works``: the mean window's and
+    each step's heaviest window's, each given to every replica) priced as steps (``_step``), their
+    replicas' ends read, and per balance the expected step over the dealt steps from them
+    (``documents_summary.expected_step``: how windows are dealt moves only which replica gets which
+    work); given windows: every step priced as it is (``_given``). Then the report of the one priced
+    step ``documents.combine`` keeps (the nearest the expected step), not of every step."""
+    from dataclasses import replace
+
+    from autotune.cost import documents as DOC
+    from autotune.cost import documents_summary as SUM
+
+    on_cpu = any(g.device.kind == "cpu" for g in cluster.groups)
+    plans = [s.plan if b == s.plan.balance else s.plan.replace(balance=b) for b in balances]
+    if isinstance(documents, DOC.GivenWindows):
+        given = [_given(replace(s, plan=p), documents, on_cpu, timeline) for p in plans]
+        return max(given, key=lambda e: e.predicted["tokens_per_s"])  # max keeps the first of equals
+    wk = SUM.works(s.plan, documents, s.seq_len, s.global_batch, on_cpu)
+    sims = [_step(replace(s, doc_work=w)) for w in ((wk.typical, wk.heavy) if wk.varies else (wk.typical,))]
+    steps = [sim.step for sim in sims]
+    ends = [_replica_ends(x) for x in sims] if wk.varies else []
+    means = [SUM.expected_step(wk, SUM.replica_pairs(p, documents, s.seq_len, s.global_batch, wk) if wk.varies
+                               else None, ends, steps) for p in plans]
+    i = means.index(min(means))
+    predicted, breakdown = DOC.combine(steps, lambda k: _report(sims[k], timeline), documents, plans[i], s.model,
+                                       s.seq_len, s.global_batch, means[i])
+    return Estimate(plan=plans[i], predicted=predicted, breakdown=breakdown)
+
+
+def _given(s: Any, documents: Any, on_cpu: bool, timeline: bool) -> Estimate:
+    """(predicted, breakdown) of given windows (``documents.GivenWindows``): every step's time
+    (``_step``; the replicas' contexts copied from one template per place, ``context.ReplicaTemplates``),
+    their mean, the report of the step nearest it."""
+    import statistics
     from dataclasses import replace
 
     from autotune.cost import documents as DOC
     from autotune.cost.context import ReplicaTemplates
 
-    on_cpu = any(g.device.kind == "cpu" for g in cluster.groups)
-    replicas = ReplicaTemplates()  # shared by the drawn steps: they differ only in their work
+    replicas = ReplicaTemplates()  # shared by the steps: they differ only in their work
     steps = [replace(s, doc_work=w) for w in DOC.drawn_work(s.plan, documents, s.seq_len, s.global_batch, on_cpu)]
     sims = [_step(st, replicas) for st in steps]
-    return DOC.combine([sim.step for sim in sims], lambda i: _report(sims[i], timeline), documents,
-                       s.plan, s.model, s.seq_len, s.global_batch)
+    times = [sim.step for sim in sims]
+    predicted, breakdown = DOC.combine(times, lambda i: _report(sims[i], timeline), documents, s.plan, s.model,
+                                       s.seq_len, s.global_batch, statistics.fmean(times))
+    return Estimate(plan=s.plan, predicted=predicted, breakdown=breakdown)
+
+
+def _replica_ends(sim: Any) -> Any:
+    """Each DP replica's end of step in ``sim``: over the pipeline stages, its last rank's finish plus
+    its own DP exposure and optimizer step (``data_parallel.exposure``, which ends a stage at the
+    latest finish plus the largest of these)."""
+    import numpy as np
+
+    ends = []
+    for d, rep in enumerate(sim.sims):
+        end = 0.0
+        for st, finish in enumerate(rep.rank_finish):
+            costs = sim.per_rep_stage.get((d, st), {})
+            tail = max((sim.exposed_of[(d, cid)] + c.optimizer for cid, c in costs.items()), default=0.0)
+            end = max(end, finish + tail)
+        ends.append(end)
+    return np.asarray(ends, dtype=float)
 
 
 class _Simulated(NamedTuple):

@@ -42,13 +42,16 @@ def test_masked_pairs_count_what_the_mask_keeps(tokens, zigzag):
 
 
 def test_one_document_per_window_prices_as_the_window_on_an_accelerator():
+    """Documents of 10**6 tokens: a window of 4096 is one document but where one ends inside it (about
+    0.4% of windows; the 128 drawn steps' 1,024 windows hold a few), so the price is the plain one
+    within a hundred-thousandth."""
     cluster = _gpu_cluster()
     one = W.LengthDistribution((10**6,), (1,), "one long document")
     for deg in ({"dp": 4}, {"cp": 4}, {"tp": 4}, {"pp": 2, "dp": 2}, {"cp": 2, "hp": 2}):
         p = Plan.from_dict({"degrees": deg})
         a = estimate(p, TINY, cluster, 4096, 8)
         b = estimate(p.replace(doc_mask=True), TINY, cluster, 4096, 8, documents=one)
-        assert b.predicted["step_time_s"] == pytest.approx(a.predicted["step_time_s"], rel=1e-9), deg
+        assert b.predicted["step_time_s"] == pytest.approx(a.predicted["step_time_s"], rel=1e-5), deg
         assert b.predicted["memory_bytes"] == a.predicted["memory_bytes"]
 
 
@@ -131,23 +134,39 @@ def test_attention_runs_at_the_documents_length_not_the_windows():
     assert all(0 < x < 2048 / 16 for row in short.attn_seq for x in row)
 
 
-@pytest.mark.parametrize("deg,cpu", [({"dp": 2}, True), ({"tp": 4}, False), ({"dp": 4}, False),
-                                     ({"dp": 2, "cp": 2}, False)])
-def test_expected_step_follows_the_mean_over_many_priced_steps(deg, cpu):
-    """The control-variate estimate (STEPS priced, DRAWS dealt) against the reference: every one of
-    DRAWS // 2 steps priced by the whole model (``GivenWindows``). Heavy-tailed windows: the plain
-    mean of the STEPS priced steps may miss it by far more."""
+def _mixed_cluster():
+    from autotune.specs.cluster import cluster_from_dict
+
+    return cluster_from_dict({"name": "mix", "inter_node": {"bandwidth": "25GB/s"},
+                              "nodes": [{"count": 1, "devices_per_node": 4, "device": "H100-SXM",
+                                         "intra_node": {"bandwidth": "450GB/s"}},
+                                        {"count": 1, "devices_per_node": 4, "device": "A100-80GB",
+                                         "intra_node": {"bandwidth": "300GB/s"}}]})
+
+
+@pytest.mark.parametrize("deg,cluster,rel", [
+    ({"dp": 2}, "cpu", 1e-4), ({"tp": 4}, "gpu", 1e-4), ({"dp": 4}, "gpu", 1e-4), ({"dp": 2, "cp": 2}, "gpu", 1e-4),
+    ({"dp": 4, "tp": 2}, "mixed", 1e-3), ({"dp": 2, "pp": 2, "tp": 2}, "mixed", 1e-3),
+    ({"dp": 2, "cp": 2, "tp": 2}, "mixed", 1e-3)])
+@pytest.mark.parametrize("balance", ["count", "cost"])
+def test_summarised_step_is_the_mean_over_every_drawn_step_priced(deg, cluster, rel, balance):
+    """The summarised price (two works priced, each replica on its line, ``documents_summary``) against
+    the drawn-step reference: every one of the DRAWS steps priced by the whole model, replica by
+    replica (``GivenWindows``), and their mean. Exact where a replica's time is linear in its pairs
+    (one device type: within 1e-4 here); with H100 and A100 replicas each replica's line is a secant
+    through two works whose attention lengths differ: within 0.1% here (0.04% at most measured), 1%
+    on llama3-8b at 32k on 8 H100 + 8 A100 (docs/figures.md)."""
     dist = W.lognormal(5.5, 1.3, n=20000, seed=0, max_len=65536)
-    cluster = local_cluster(2) if cpu else _gpu_cluster()
+    cl = {"cpu": local_cluster(2), "gpu": _gpu_cluster(), "mixed": _mixed_cluster()}[cluster]
     seq, gb = 2048, 8
-    plan = Plan.from_dict({"degrees": deg, "doc_mask": True})
-    est = estimate(plan, TINY, cluster, seq, gb, documents=dist)
-    n = DOC.DRAWS // 2
-    ref = estimate(plan, TINY, cluster, seq, gb,
-                   documents=DOC.GivenWindows(DOC.drawn_steps(dist, seq, gb, DOC.DRAWS, DOC.SEED)[:n]))
+    plan = Plan.from_dict({"degrees": deg, "doc_mask": True, "balance": balance})
+    est = estimate(plan, TINY, cl, seq, gb, documents=dist)
+    ref = estimate(plan, TINY, cl, seq, gb,
+                   documents=DOC.GivenWindows(DOC.drawn_steps(dist, seq, gb, DOC.DRAWS, DOC.SEED)))
     got, want = est.predicted["step_time_s"], ref.predicted["step_time_s"]
-    assert got == pytest.approx(want, rel=0.05), (got, want, est.breakdown["documents"]["drawn_steps_s"])
-    assert len(ref.breakdown["documents"]["drawn_steps_s"]) == n
+    assert got == pytest.approx(want, rel=rel), (got, want)
+    assert len(ref.breakdown["documents"]["priced_steps_s"]) == DOC.DRAWS
+    assert len(est.breakdown["documents"]["priced_steps_s"]) == 2
 
 
 def test_trial_windows_are_the_runtime_feeds():

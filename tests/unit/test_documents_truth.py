@@ -95,14 +95,18 @@ def test_vectorised_step_work_is_the_loops_figures(tokens, zig, samples, balance
 
 
 def test_a_distribution_is_worked_once_per_window_shape():
-    """Two plans that differ only where the documents do not reach (tp) share their drawn work and
-    the control variate's points; the distribution's draw arrays are built once."""
+    """Two plans that differ only where the documents do not reach (tp) share their drawn work, their
+    summarised works and their replicas' pairs; the distribution's draw arrays are built once."""
     c = _gpus()
     a = Plan.from_dict({"degrees": {"dp": 2, "tp": 4}}).resolve(TINY, c, 2048, 8)
     b = Plan.from_dict({"degrees": {"dp": 2, "tp": 2, "pp": 2}}).resolve(TINY, c, 2048, 8)
     first, second = DOC.drawn_work(a, SHORT, 2048, 8, False), DOC.drawn_work(b, SHORT, 2048, 8, False)
     assert all(x is y for x, y in zip(first, second, strict=True))
-    assert DOC.bottlenecks(SHORT, 2048, 8, (4, 4), "cost") is DOC.bottlenecks(SHORT, 2048, 8, (4, 4), "cost")
+    from autotune.cost import documents_summary as SUM
+
+    assert SUM.works(a, SHORT, 2048, 8, False) is SUM.works(b, SHORT, 2048, 8, False)
+    x = SUM.replica_pairs(a, SHORT, 2048, 8, SUM.works(a, SHORT, 2048, 8, False))
+    assert x is SUM.replica_pairs(b, SHORT, 2048, 8, SUM.works(b, SHORT, 2048, 8, False))
     assert SHORT.sampler is SHORT.sampler
 
 

@@ -1,0 +1,200 @@
+"""A length distribution summarised once per window shape and CP layout (``cost/documents.py`` prices
+with it): the search prices each plan with documents in two steps, not several drawn ones.
+
+A step waits for its slowest DP replica, and a replica's time is close to linear in its attention
+work (pairs per window: the GEMMs, the communication and the memory do not move with the documents;
+the attention's FLOPs are its pairs). So the expected step is summarised by:
+
+* ``x``: every one of the ``DRAWS`` dealt steps' (seed ``SEED``, as the runtime deals them:
+  ``documents.replica_rows``) pairs per window of each replica (the control variate the drawn-step
+  price regressed on, ``documents.bottleneck``), as one ``[DRAWS, replicas]`` array;
+* two **uniform works** (``DocWork.uniform``: every replica the same, so replicas of a place share
+  one context and one rank cost, as without documents): ``typical``, the mean work of a replica
+  over the ``DRAWS`` steps (per CP rank: its masked pairs with the ring's synchronisation, the
+  pair-weighted attention length, on a CPU its kernel calls), and ``slowest``, the mean work of
+  each step's heaviest replica (where the step's slowest replica sits; heavy windows hold long
+  documents, so its attention runs at its own length).
+
+``estimate`` prices the two works, reads each replica's end of step in both (``replica_ends``) and
+draws a line through them per replica; ``expected_step`` is the mean over the ``DRAWS`` steps of
+the slowest replica on its line at its own ``x`` (numpy, no pricing). Exact where a replica's time
+is linear in its pairs (one device type, no overlap changing sides); a work that does not vary
+(one window-long document per window) prices one step, exactly as without documents.
+
+Computed once per (distribution, window, batch, replicas' sample counts, balance, CP token shares,
+layout, CPU or not) and kept for the process (``summary``): a search prices hundreds of plans on a
+few dozen such shapes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from autotune import documents as W
+from autotune.cost import documents as DOC
+from autotune.cost.ring import segments
+
+
+@dataclasses.dataclass(frozen=True)
+class Works:
+    """The two uniform works of one CP layout (module docstring): what ``estimate`` prices. They do
+    not depend on how windows are dealt, so both balances of a plan share them."""
+
+    typical: DOC.DocWork
+    heavy: DOC.DocWork
+    x_typical: float
+    """Causal pairs per window of ``typical``: the mean over every window of the ``DRAWS`` steps."""
+    x_heavy: float
+    """Causal pairs per window of ``heavy``: the mean over the steps of each step's heaviest window."""
+    pairs: np.ndarray
+    """``[DRAWS, global_batch]``: every drawn window's causal pairs."""
+
+    @property
+    def varies(self) -> bool:
+        """False when every window has the typical work (then one step is priced)."""
+        return self.x_heavy > self.x_typical * (1 + 1e-12)
+
+
+def works(plan: Any, dist: W.LengthDistribution, seq_len: int, global_batch: int, on_cpu: bool) -> Works:
+    """``Works`` of ``dist`` for ``plan``'s CP layout (resolved: shares filled in), kept per what it
+    reads of the plan (the CP token shares and layout)."""
+    zig = plan.cp_layout == "zigzag" and plan.degrees.cp > 1
+    key = (dist.digest(), seq_len, global_batch, plan.shares.tokens, zig, on_cpu)
+    got = _WORKS.get(key)
+    if got is None:
+        if len(_WORKS) >= _LIMIT:  # a long-lived process pricing many workloads: start again
+            _WORKS.clear()
+        got = _WORKS[key] = _works(dist, seq_len, global_batch, plan.shares.tokens, zig, on_cpu)
+    return got
+
+
+_WORKS: dict[tuple, Works] = {}
+_LIMIT = 1024
+
+
+def _works(dist: W.LengthDistribution, seq_len: int, global_batch: int, tokens: tuple[int, ...], zig: bool,
+           on_cpu: bool) -> Works:
+    """The mean work of every window and of each step's heaviest window, per CP rank: its masked
+    pairs with the ring's synchronisation over the windows it averages (``mean_w max_c / max_c
+    mean_w``, as ``documents._step_work`` weighs a replica's windows), the pair-weighted attention
+    length, on a CPU the kernel calls."""
+    pairs, num, den, whole = _layout(dist, seq_len, global_batch, tokens, zig)
+    total = pairs.sum(axis=0).reshape(-1, global_batch)
+    heavy = total.argmax(axis=1) + np.arange(total.shape[0]) * global_batch
+    every = np.arange(total.size)
+
+    def work(rows: np.ndarray) -> DOC.DocWork:
+        mean = pairs[:, rows].mean(axis=1)
+        sync = float(pairs[:, rows].max(axis=0).mean() / mean.max()) if len(tokens) > 1 and mean.max() > 0 else 1.0
+        ks = tuple(float(v) * sync for v in mean)
+        seqs = tuple(_seq(num[c, rows].sum(), den[c, rows].sum(), whole[c], tokens[c]) for c in range(len(tokens)))
+        ring = _ring(dist, seq_len, global_batch, rows, sync, tokens, zig) if on_cpu else (None,) * len(tokens)
+        return DOC.DocWork((ks,), (ring,), (seqs,), uniform=True)
+
+    total.flags.writeable = False
+    return Works(work(every), work(heavy), float(total.mean()), float(total.ravel()[heavy].mean()), total)
+
+
+def replica_pairs(plan: Any, dist: W.LengthDistribution, seq_len: int, global_batch: int, wk: Works) -> np.ndarray:
+    """``[DRAWS, replicas]``: each replica's causal pairs per window in each drawn step, dealt as
+    ``plan.balance`` deals (``documents.replica_rows``; a replica without rows: 0); kept per
+    distribution, window, batch, sample counts and balance (a window's pairs do not depend on the
+    CP layout)."""
+    samples = plan.shares.samples
+    key = (dist.digest(), seq_len, global_batch, samples, plan.balance)
+    got = _PAIRS.get(key)
+    if got is None:
+        if len(_PAIRS) >= _LIMIT:
+            _PAIRS.clear()
+        lab = _labels(dist, seq_len, global_batch, samples, plan.balance)
+        draws, reps = lab.shape[0], len(samples)
+        idx = (np.arange(draws)[:, None] * reps + lab).ravel()
+        sums = np.bincount(idx, weights=wk.pairs.ravel(), minlength=draws * reps).reshape(draws, reps)
+        counts = np.asarray(samples, dtype=float)
+        got = _PAIRS[key] = np.divide(sums, counts[None, :], out=np.zeros_like(sums), where=counts[None, :] > 0)
+        got.flags.writeable = False
+    return got
+
+
+_PAIRS: dict[tuple, np.ndarray] = {}
+
+
+def _seq(num: float, den: float, whole: tuple[float, float], shard: int) -> float:
+    """``documents._attn_seq`` on summed weights: the shard times the pair-weighted mean piece over
+    that of one window-long document, at most the shard."""
+    one = whole[0] / whole[1] if whole[1] else 0.0
+    mine = num / den if den else 0.0
+    return min(float(shard), shard * mine / one) if one else float(shard)
+
+
+@lru_cache(maxsize=4)
+def _pieces(dist: W.LengthDistribution, seq_len: int, global_batch: int) -> DOC._Pieces:
+    """Every document piece of the ``DRAWS`` drawn steps' windows (flattened in step order)."""
+    steps = DOC.drawn_steps(dist, seq_len, global_batch, DOC.DRAWS, DOC.SEED)
+    return DOC._Pieces.of(tuple(w for st in steps for w in st))
+
+
+@lru_cache(maxsize=64)
+def _layout(dist: W.LengthDistribution, seq_len: int, global_batch: int, tokens: tuple[int, ...], zig: bool
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[tuple[float, float], ...]]:
+    """Per CP rank, per window of the ``DRAWS`` drawn steps: its masked pairs and attention-length
+    weights (``documents._Pieces.of_ranks``, ``[cp, windows]`` in float64), once per CP layout;
+    and the weights of one window-long document per CP rank."""
+    pieces, whole = _pieces(dist, seq_len, global_batch), DOC._Pieces.of(((seq_len,),))
+    segs = segments(tokens, zig, seq_len)
+    ranks = [pieces.of_ranks(sg) for sg in segs]
+    ones = [whole.of_ranks(sg) for sg in segs]
+    return (np.stack([r[0] for r in ranks]).astype(float), np.stack([r[1] for r in ranks]).astype(float),
+            np.stack([r[2] for r in ranks]).astype(float),
+            tuple((float(o[1][0]), float(o[2][0])) for o in ones))
+
+
+@lru_cache(maxsize=256)
+def _labels(dist: W.LengthDistribution, seq_len: int, global_batch: int, samples: tuple[int, ...], balance: str
+            ) -> np.ndarray:
+    """``[DRAWS, global_batch]``: the replica each window of each drawn step is dealt to."""
+    steps = DOC.drawn_steps(dist, seq_len, global_batch, DOC.DRAWS, DOC.SEED)
+    out = np.empty((len(steps), global_batch), dtype=np.int64)
+    for d, st in enumerate(steps):
+        for r, rows in enumerate(W.replica_rows(st, samples, balance)):
+            out[d, rows] = r
+    out.flags.writeable = False
+    return out
+
+
+def _ring(dist: W.LengthDistribution, seq_len: int, global_batch: int, rows: np.ndarray, sync: float,
+          tokens: tuple[int, ...], zig: bool) -> tuple[Any, ...]:
+    """Per CP rank, the CPU kernel calls (``documents.masked_blocks``) of the windows ``rows`` (flat
+    indices of the drawn steps' windows), per window and times the synchronisation (as
+    ``documents._step_work`` weighs a drawn replica's)."""
+    steps = DOC.drawn_steps(dist, seq_len, global_batch, DOC.DRAWS, DOC.SEED)
+    segs = segments(tokens, zig, seq_len)
+    calls: list[dict[tuple[int, int, bool], float]] = [{} for _ in tokens]
+    w = sync / len(rows)
+    for i in rows:
+        d, b = divmod(int(i), global_batch)
+        for c in range(len(tokens)):
+            for blk in DOC.masked_blocks(steps[d][b], segs, c):
+                calls[c][blk] = calls[c].get(blk, 0.0) + w
+    return tuple(tuple(sorted((q, k, causal, n) for (q, k, causal), n in cs.items())) for cs in calls)
+
+
+def expected_step(wk: Works, x: np.ndarray, ends: list[np.ndarray], steps: list[float]) -> float:
+    """The mean over the dealt steps of the step time: each replica on the line through its end of
+    step in the two priced works (``ends``: per replica, ``typical`` then ``heavy``) at its own pairs
+    per window (``x``, ``replica_pairs``); what the step adds after the last replica (``steps`` less
+    the latest end: the exposure every replica waits for) on the same line at the step's largest
+    ``x``. A slope below zero (more pairs, no more time: the attention hidden) counts as zero."""
+    if not wk.varies:
+        return steps[0]
+    span = wk.x_heavy - wk.x_typical
+    a, b = ends
+    slope = np.maximum((b - a) / span, 0.0)
+    lead = (a[None, :] + slope[None, :] * (x - wk.x_typical)).max(axis=1)
+    extra = (steps[0] - a.max(), steps[1] - b.max())
+    tail = extra[0] + (extra[1] - extra[0]) / span * (x.max(axis=1) - wk.x_typical)
+    return float(np.mean(lead + np.maximum(tail, 0.0)))
