@@ -463,10 +463,11 @@ def tp_groups(s: StepContext, replicas: ReplicaTemplates | None = None) -> list[
     the same step (same coordinates along pp/cp/hp, device type, links and micro-batches: DP replicas
     of equal shares on equal devices) share one context object, so the cost of each is computed once (identity names them: links come from the
     topology's caches). With documents (``s.doc_work``) every replica has its own attention work,
-    so its own context (``ReplicaTemplates``: pass one per estimate, its drawn steps share it),
-    unless the work is uniform (``DocWork.uniform``: a summarised step, shared as without documents)."""
+    so its own context (``ReplicaTemplates``: pass one per estimate, its drawn steps share it); a
+    uniform work (``DocWork.uniform``: a summarised step) is one context per place, as without
+    documents (through ``replicas`` when given: the summary's two works share its templates)."""
     plan, cal = s.plan, s.calibration
-    if s.doc_work is not None and not s.doc_work.uniform:
+    if s.doc_work is not None and (replicas is not None or not s.doc_work.uniform):
         return (replicas or ReplicaTemplates()).groups(s)
     contexts: dict[tuple, RankContext] = {}
     out = []
@@ -481,11 +482,12 @@ def tp_groups(s: StepContext, replicas: ReplicaTemplates | None = None) -> list[
 
 
 class ReplicaTemplates:
-    """The tp groups of an estimate's drawn steps of documents. The steps differ only in their work
+    """The tp groups of an estimate's steps of documents. The steps differ only in their work
     (``StepContext.doc_work``), so which groups share a context (same place, micro-batches and DP
-    index: with documents replicas differ) and each place's context (a template: ``_rank_context``,
-    with its ``place_token``) are found once, at the first step; every step then copies each
-    template per replica with the replica's own attention work (``RankContext.with_work``)."""
+    index: with documents replicas differ; a uniform work: same place and micro-batches) and each
+    place's context (a template: ``_rank_context``, with its ``place_token``) are found once, at the
+    first step; every step then copies each template per replica (or per place, a uniform work)
+    with its attention work (``RankContext.with_work``). One object serves steps of one kind."""
 
     def __init__(self) -> None:
         self.layout: list[tuple[int, int, int]] = []
@@ -497,8 +499,8 @@ class ReplicaTemplates:
         if not self.layout:
             self._find(s)
         w = s.doc_work
-        ctxs = [t.with_work(s, c, w.keysums[dp][cp], w.ring[dp][cp], w.attn_seq[dp][cp])
-                for t, dp, cp, c in self.uniques]
+        ctxs = [t.with_work(s, c, w.keysums[d][cp], w.ring[d][cp], w.attn_seq[d][cp])
+                for t, dp, cp, c in self.uniques for d in (0 if w.uniform else dp,)]
         return [(r0, dp, ctxs[i]) for r0, dp, i in self.layout]
 
     def _find(self, s: StepContext) -> None:
@@ -507,7 +509,7 @@ class ReplicaTemplates:
         index: dict[tuple, int] = {}
         for (r0, c), (spec, place, links) in zip(_tp_group_coords(s.plan.degrees), s.group_links, strict=True):
             m_d = s.microbatches[c["dp"]]
-            key = (place, m_d, c["dp"])
+            key = (place, m_d) if s.doc_work.uniform else (place, m_d, c["dp"])
             i = index.get(key)
             if i is None:
                 t = templates.get((place, m_d))

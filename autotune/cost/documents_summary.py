@@ -131,11 +131,27 @@ def _seq(num: float, den: float, whole: tuple[float, float], shard: int) -> floa
     return min(float(shard), shard * mine / one) if one else float(shard)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Tiles:
+    """Every document piece of the ``DRAWS`` drawn steps' windows (flattened in step order) at global
+    positions (window ``i`` at ``i * seq_len``: ascending), with the prefix sums of each whole
+    piece's pairs and pairs * length (``_rank_sums``)."""
+
+    gs: np.ndarray
+    ge: np.ndarray
+    cum_pp: np.ndarray
+    cum_num: np.ndarray
+    rows: int
+
+
 @lru_cache(maxsize=4)
-def _pieces(dist: W.LengthDistribution, seq_len: int, global_batch: int) -> DOC._Pieces:
-    """Every document piece of the ``DRAWS`` drawn steps' windows (flattened in step order)."""
+def _pieces(dist: W.LengthDistribution, seq_len: int, global_batch: int) -> _Tiles:
     steps = DOC.drawn_steps(dist, seq_len, global_batch, DOC.DRAWS, DOC.SEED)
-    return DOC._Pieces.of(tuple(w for st in steps for w in st))
+    p = DOC._Pieces.of(tuple(w for st in steps for w in st))
+    n = (p.end - p.start).astype(float)
+    full = n * (n + 1) / 2  # a whole piece: its pairs, and its pair weights
+    return _Tiles(p.start + p.row * seq_len, p.end + p.row * seq_len, np.concatenate(([0.0], np.cumsum(full))),
+                  np.concatenate(([0.0], np.cumsum(full * n))), p.rows)
 
 
 @lru_cache(maxsize=64)
@@ -146,21 +162,54 @@ def _layout(dist: W.LengthDistribution, seq_len: int, global_batch: int, tokens:
     and the weights of one window-long document per CP rank."""
     pieces, whole = _pieces(dist, seq_len, global_batch), DOC._Pieces.of(((seq_len,),))
     segs = segments(tokens, zig, seq_len)
-    ranks = [pieces.of_ranks(sg) for sg in segs]
+    ranks = [_rank_sums(pieces, sg, seq_len) for sg in segs]
     ones = [whole.of_ranks(sg) for sg in segs]
-    return (np.stack([r[0] for r in ranks]).astype(float), np.stack([r[1] for r in ranks]).astype(float),
-            np.stack([r[2] for r in ranks]).astype(float),
+    return (np.stack([r[0] for r in ranks]), np.stack([r[1] for r in ranks]), np.stack([r[2] for r in ranks]),
             tuple((float(o[1][0]), float(o[2][0])) for o in ones))
+
+
+def _rank_sums(t: _Tiles, segs: list[tuple[int, int]], seq_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``documents._Pieces.of_ranks`` (per window: the causal same-document pairs of the queries in
+    ``segs``, and the sums of pairs * piece and of pairs over the pieces inside each segment) in
+    float64, in time of the windows and segments rather than of the pieces: a window's pieces tile
+    it in order, so those a segment cuts are a run of them, and only the run's two ends are cut
+    (the pieces between lie whole inside: prefix sums of their whole figures)."""
+    rows, gs, ge, cum_pp, cum_num = t.rows, t.gs, t.ge, t.cum_pp, t.cum_num
+    base = np.arange(rows, dtype=np.int64) * seq_len
+    pairs, num, den = np.zeros(rows), np.zeros(rows), np.zeros(rows)
+    for a, width in segs:
+        if width <= 0:
+            continue
+        qlo, qhi = base + a, base + a + width
+        first = np.searchsorted(ge, qlo, side="right")  # the first piece ending after the segment starts
+        last = np.searchsorted(gs, qhi, side="left") - 1  # the last piece starting before it ends
+        inner = np.maximum(last - first - 1, 0)  # whole pieces strictly between the two ends
+        lo_i, hi_i = first + 1, first + 1 + inner
+        pairs += cum_pp[hi_i] - cum_pp[lo_i]
+        den += cum_pp[hi_i] - cum_pp[lo_i]
+        num += cum_num[hi_i] - cum_num[lo_i]
+        for end_piece, keep in ((first, np.ones(rows, dtype=bool)), (last, last > first)):
+            s0 = gs[end_piece].astype(float)
+            lo = np.maximum(qlo, gs[end_piece]).astype(float)
+            hi = np.minimum(qhi, ge[end_piece]).astype(float)
+            cut = np.where(keep & (hi > lo), hi - lo, 0.0)
+            pairs += cut * (2 * lo + cut - 2 * s0 + 1) / 2  # sum over p in [lo, lo + cut) of (p - s0 + 1)
+            pp = cut * (cut + 1) / 2
+            den += pp
+            num += pp * cut
+    return pairs, num, den
 
 
 @lru_cache(maxsize=256)
 def _labels(dist: W.LengthDistribution, seq_len: int, global_batch: int, samples: tuple[int, ...], balance: str
             ) -> np.ndarray:
-    """``[DRAWS, global_batch]``: the replica each window of each drawn step is dealt to."""
-    steps = DOC.drawn_steps(dist, seq_len, global_batch, DOC.DRAWS, DOC.SEED)
-    out = np.empty((len(steps), global_batch), dtype=np.int64)
-    for d, st in enumerate(steps):
-        for r, rows in enumerate(W.replica_rows(st, samples, balance)):
+    """``[DRAWS, global_batch]``: the replica each window of each drawn step is dealt to
+    (``documents.replica_rows`` on the windows' pairs, counted once per distribution)."""
+    costs = DOC._draw_pairs(dist, seq_len, global_batch, DOC.SEED)
+    out = np.empty((len(costs), global_batch), dtype=np.int64)
+    for d, cs in enumerate(costs):
+        deal = W.assign_windows(cs, samples) if balance == "cost" else W.replica_rows(cs, samples, balance)
+        for r, rows in enumerate(deal):
             out[d, rows] = r
     out.flags.writeable = False
     return out

@@ -100,6 +100,7 @@ def _documents(s: Any, cluster: Any, documents: Any, timeline: bool, balances: t
 
     from autotune.cost import documents as DOC
     from autotune.cost import documents_summary as SUM
+    from autotune.cost.context import ReplicaTemplates
 
     on_cpu = any(g.device.kind == "cpu" for g in cluster.groups)
     plans = [s.plan if b == s.plan.balance else s.plan.replace(balance=b) for b in balances]
@@ -107,7 +108,8 @@ def _documents(s: Any, cluster: Any, documents: Any, timeline: bool, balances: t
         given = [_given(replace(s, plan=p), documents, on_cpu, timeline) for p in plans]
         return max(given, key=lambda e: e.predicted["tokens_per_s"])  # max keeps the first of equals
     wk = SUM.works(s.plan, documents, s.seq_len, s.global_batch, on_cpu)
-    sims = [_step(replace(s, doc_work=w)) for w in ((wk.typical, wk.heavy) if wk.varies else (wk.typical,))]
+    replicas = ReplicaTemplates()  # the two works' contexts: copies of one template per place
+    sims = [_step(replace(s, doc_work=w), replicas) for w in ((wk.typical, wk.heavy) if wk.varies else (wk.typical,))]
     steps = [sim.step for sim in sims]
     ends = [_replica_ends(x) for x in sims] if wk.varies else []
     means = [SUM.expected_step(wk, SUM.replica_pairs(p, documents, s.seq_len, s.global_batch, wk) if wk.varies
