@@ -303,10 +303,13 @@ def combine(times: list[float], report: Callable[[int], tuple[dict[str, Any], di
     times = [float(t) for t in times]
     if isinstance(dist, GivenWindows):
         how = f"mean over {len(times)} given steps ({dist.source})"
+    elif len(times) > 1:
+        how = (f"2 summarised works priced (the mean window's and each step's heaviest window's, over {DRAWS} steps "
+               f"drawn with seed {SEED}), the expected step the mean over those steps, as dealt, of the slowest "
+               f"replica on its line between them")
     else:
-        how = (f"{len(times)} summarised step{'s' if len(times) > 1 else ''} priced (a replica's mean work and each "
-               f"step's heaviest replica's, over {DRAWS} steps dealt with seed {SEED}), the expected step the mean "
-               f"over those {DRAWS} steps of the slowest replica on its line between them")
+        how = (f"the mean window's work priced (over {DRAWS} steps drawn with seed {SEED}): every window alike, "
+               f"or the plan over memory whatever the windows")
     pred, bd = report(min(range(len(times)), key=lambda i: abs(times[i] - mean)))  # the first nearest
     drawn = float(pred["step_time_s"])
     scale = mean / drawn if drawn > 0 else 1.0

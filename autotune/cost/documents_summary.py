@@ -238,7 +238,7 @@ def expected_step(wk: Works, x: np.ndarray, ends: list[np.ndarray], steps: list[
     per window (``x``, ``replica_pairs``); what the step adds after the last replica (``steps`` less
     the latest end: the exposure every replica waits for) on the same line at the step's largest
     ``x``. A slope below zero (more pairs, no more time: the attention hidden) counts as zero."""
-    if not wk.varies:
+    if not wk.varies or len(steps) < 2:
         return steps[0]
     span = wk.x_heavy - wk.x_typical
     a, b = ends

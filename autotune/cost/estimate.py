@@ -94,7 +94,8 @@ def _documents(s: Any, cluster: Any, documents: Any, timeline: bool, balances: t
     each step's heaviest window's, each given to every replica) priced as steps (``_step``), their
     replicas' ends read, and per balance the expected step over the dealt steps from them
     (``documents_summary.expected_step``: how windows are dealt moves only which replica gets which
-    work); given windows: every step priced as it is (``_given``). Then the report of the one priced
+    work); a plan over its devices' memory at the typical work is priced at that work alone (memory
+    is every work's: each window is S tokens); given windows: every step priced as it is (``_given``). Then the report of the one priced
     step ``documents.combine`` keeps (the nearest the expected step), not of every step."""
     from dataclasses import replace
 
@@ -109,11 +110,17 @@ def _documents(s: Any, cluster: Any, documents: Any, timeline: bool, balances: t
         return max(given, key=lambda e: e.predicted["tokens_per_s"])  # max keeps the first of equals
     wk = SUM.works(s.plan, documents, s.seq_len, s.global_batch, on_cpu)
     replicas = ReplicaTemplates()  # the two works' contexts: copies of one template per place
-    sims = [_step(replace(s, doc_work=w), replicas) for w in ((wk.typical, wk.heavy) if wk.varies else (wk.typical,))]
+    sims = [_step(replace(s, doc_work=wk.typical), replicas)]
+    # memory does not move with the documents (every window is S tokens): a plan that does not fit is
+    # ruled out at its typical work, whatever its expected step
+    fits = all(c.memory_total <= c.spec.memory_bytes for *_, c in sims[0].groups)
+    varies = wk.varies and fits
+    if varies:
+        sims.append(_step(replace(s, doc_work=wk.heavy), replicas))
     steps = [sim.step for sim in sims]
-    ends = [_replica_ends(x) for x in sims] if wk.varies else []
-    means = [SUM.expected_step(wk, SUM.replica_pairs(p, documents, s.seq_len, s.global_batch, wk) if wk.varies
-                               else None, ends, steps) for p in plans]
+    ends = [_replica_ends(x) for x in sims] if varies else []
+    means = [SUM.expected_step(wk, SUM.replica_pairs(p, documents, s.seq_len, s.global_batch, wk), ends, steps)
+             if varies else steps[0] for p in plans]
     i = means.index(min(means))
     predicted, breakdown = DOC.combine(steps, lambda k: _report(sims[k], timeline), documents, plans[i], s.model,
                                        s.seq_len, s.global_batch, means[i])

@@ -94,6 +94,26 @@ def test_vectorised_step_work_is_the_loops_figures(tokens, zig, samples, balance
                                          for c in range(len(tokens)))
 
 
+@pytest.mark.parametrize("tokens,zig", [((2048,), False), ((1024, 1024), True), ((768, 1280), False),
+                                        ((320, 192, 512, 1024), True)])
+def test_run_sums_are_the_per_piece_figures(tokens, zig):
+    """The summary's per-window sums over runs of pieces (``documents_summary._rank_sums``) against
+    ``documents._Pieces.of_ranks`` piece by piece on the same drawn windows: equal pairs, the
+    attention-length weights to float64 rounding."""
+    from autotune.cost import documents_summary as SUM
+    from autotune.cost.ring import segments
+
+    for dist in (SHORT, W.LengthDistribution((32, 2048), (6400, 50)), W.lognormal(7.6, 1.0, n=3000, seed=2)):
+        steps = DOC.drawn_steps(dist, 2048, 8, DOC.DRAWS, DOC.SEED)
+        pieces = DOC._Pieces.of(tuple(w for st in steps for w in st))
+        for sg in segments(tokens, zig, 2048):
+            want = pieces.of_ranks(sg)
+            got = SUM._rank_sums(SUM._pieces(dist, 2048, 8), sg, 2048)
+            assert np.array_equal(got[0], want[0].astype(float))
+            for g, w in zip(got[1:], want[1:], strict=True):
+                assert np.allclose(g, w.astype(float), rtol=1e-12, atol=0)
+
+
 def test_a_distribution_is_worked_once_per_window_shape():
     """Two plans that differ only where the documents do not reach (tp) share their drawn work, their
     summarised works and their replicas' pairs; the distribution's draw arrays are built once."""
