@@ -6,17 +6,19 @@ communication volumes, memory) is per token and a window always holds S tokens, 
 before. Windows differ, so:
 
 * **Expected step, not mean work.** A step waits for its slowest DP replica and, inside a replica,
-  for its slowest CP rank. ``STEPS`` steps are drawn from the distribution with a fixed seed
-  (``documents.sample_window``: data-order packing), each step's windows are dealt to the replicas
-  as the runtime deals them (``documents.replica_rows``: in order, or by cost), and each drawn step
-  is priced by the whole cost model with every replica's own attention work (so mixed devices,
-  uneven shares and pipeline bubbles act as usual). Window costs are heavy-tailed (a window is one
-  document in ~9% of draws of a log-normal corpus, a fifth of its pairs in the median one), so the
-  mean over ``STEPS`` priced steps alone is a noisy estimate (+-25% on 8 windows). The prediction
-  corrects it with a control variate (``expected``): ``DRAWS`` further steps are dealt (cheap: no
-  pricing), and the priced steps' times are regressed on each step's slowest replica's pairs per
-  window (``bottleneck``); the estimate is the priced mean moved along that line to the mean
-  bottleneck of all ``DRAWS`` steps (exact where the step time is linear in it, as with one replica).
+  for its slowest CP rank. ``DRAWS`` steps are drawn from the distribution with a fixed seed
+  (``documents.sample_window``: data-order packing) and each step's windows dealt to the replicas as
+  the runtime deals them (``documents.replica_rows``: in order, or by cost). Window costs are
+  heavy-tailed (a window is one document in ~9% of draws of a log-normal corpus, a fifth of its
+  pairs in the median one), so a few priced steps are a noisy estimate (+-25% on 8 windows); pricing
+  every drawn step replica by replica is the reference, but costs a hundred estimates. The
+  distribution is summarised instead (``documents_summary``): two works (the mean window's and each
+  drawn step's heaviest window's, per CP rank) are each given to every replica and priced by the
+  whole cost model (so mixed devices, uneven shares and pipeline bubbles act as usual), each
+  replica's end of step is a line through the two, and the expected step is the mean over all
+  ``DRAWS`` dealt steps of the slowest replica on its line at its own pairs per window (exact where a
+  replica's time is linear in its pairs; within 0.3% of the reference on the benchmark plans that
+  fit, ``tests/unit/test_cost_documents.py``).
 * **Given windows.** ``estimate(..., documents=GivenWindows(steps))`` prices exactly these steps
   (the windows a trial ran, ``trial_windows``): predicted against measured step by step, with no
   sampling error on either side.
@@ -45,11 +47,9 @@ import numpy as np
 from autotune import documents as W
 from autotune.cost.ring import segments
 
-STEPS = 4
-"""Steps priced per estimate (each by the whole model); the draws are fixed (SEED), so a plan's price
-is deterministic."""
 DRAWS = 128
-"""Steps dealt (not priced) for the control variate's mean: the first ``STEPS`` of them are priced."""
+"""Steps drawn and dealt for the expected step (``documents_summary``); the draws are fixed (SEED), so
+a plan's price is deterministic."""
 SEED = 0
 
 
@@ -252,10 +252,11 @@ def _attn_seq(work: tuple[np.ndarray, np.ndarray, np.ndarray], rows: list[int],
 
 
 def drawn_work(plan: Any, dist: Any, seq_len: int, global_batch: int, on_cpu: bool,
-               steps: int = STEPS, seed: int = SEED) -> list[DocWork]:
-    """The work of the steps to price: the first ``steps`` draws, or every step of ``GivenWindows``.
-    Drawn steps' work is kept per (distribution, window, batch, seed, step) and what ``_step_work``
-    reads of the plan, so a search prices each replica and CP layout's masked windows once."""
+               steps: int = 4, seed: int = SEED) -> list[DocWork]:
+    """The work of every step of ``GivenWindows`` (what ``estimate`` prices for them), or of the first
+    ``steps`` drawn steps of a distribution, replica by replica (a reference: ``estimate`` prices a
+    distribution's summary, ``documents_summary``). Drawn steps' work is kept per (distribution,
+    window, batch, seed, step) and what ``_step_work`` reads of the plan."""
     if isinstance(dist, GivenWindows):
         return [step_work(st, plan, seq_len, on_cpu) for st in dist.steps]
     zig = plan.cp_layout == "zigzag" and plan.degrees.cp > 1
