@@ -1,28 +1,29 @@
-"""A length distribution summarised once per window shape and CP layout (``cost/documents.py`` prices
-with it): the search prices each plan with documents in two steps, not several drawn ones.
+"""A length distribution summarised once per window shape and CP layout (``estimate`` prices a plan
+with documents from it): two priced steps per plan, not every drawn step replica by replica.
 
 A step waits for its slowest DP replica, and a replica's time is close to linear in its attention
-work (pairs per window: the GEMMs, the communication and the memory do not move with the documents;
-the attention's FLOPs are its pairs). So the expected step is summarised by:
+work (pairs per window): the GEMMs, the communication and the memory do not move with the
+documents, the attention's FLOPs are its pairs. So the expected step over the ``DRAWS`` drawn steps
+(seed ``SEED``) is summarised by:
 
-* ``x``: every one of the ``DRAWS`` dealt steps' (seed ``SEED``, as the runtime deals them:
-  ``documents.replica_rows``) pairs per window of each replica (the control variate the drawn-step
-  price regressed on, ``documents.bottleneck``), as one ``[DRAWS, replicas]`` array;
-* two **uniform works** (``DocWork.uniform``: every replica the same, so replicas of a place share
-  one context and one rank cost, as without documents): ``typical``, the mean work of a replica
-  over the ``DRAWS`` steps (per CP rank: its masked pairs with the ring's synchronisation, the
-  pair-weighted attention length, on a CPU its kernel calls), and ``slowest``, the mean work of
-  each step's heaviest replica (where the step's slowest replica sits; heavy windows hold long
-  documents, so its attention runs at its own length).
+* two **works** (``Works``: per CP rank the masked pairs with the ring's synchronisation, the
+  pair-weighted attention length, on a CPU the kernel calls): ``typical``, the mean over every drawn
+  window, and ``heavy``, the mean over the steps of each step's heaviest window (where a step's
+  slowest replica comes from; heavy windows hold long documents, so its attention runs at their
+  length). Each is given to every replica (``DocWork.uniform``: replicas of a place share one
+  context and one rank cost, as without documents). They do not depend on how windows are dealt,
+  so both balances of a plan share them;
+* ``replica_pairs``: every dealt step's (as the runtime deals them, ``documents.replica_rows``)
+  pairs per window of each replica, one ``[DRAWS, replicas]`` array per sample counts and balance.
 
-``estimate`` prices the two works, reads each replica's end of step in both (``replica_ends``) and
-draws a line through them per replica; ``expected_step`` is the mean over the ``DRAWS`` steps of
-the slowest replica on its line at its own ``x`` (numpy, no pricing). Exact where a replica's time
-is linear in its pairs (one device type, no overlap changing sides); a work that does not vary
-(one window-long document per window) prices one step, exactly as without documents.
+``estimate`` prices the two works, reads each replica's end of step in both
+(``estimate._replica_ends``) and ``expected_step`` draws a line through them per replica: the mean
+over the dealt steps of the slowest replica on its line at its own pairs per window (numpy, no
+pricing). Exact where a replica's time is linear in its pairs (one device type, no overlap changing
+sides); a work that does not vary (every window alike) prices one step.
 
-Computed once per (distribution, window, batch, replicas' sample counts, balance, CP token shares,
-layout, CPU or not) and kept for the process (``summary``): a search prices hundreds of plans on a
+Kept for the process: the works per (distribution, window, batch, CP token shares, layout, CPU or
+not), the replicas' pairs per sample counts and balance; a search prices hundreds of plans on a
 few dozen such shapes.
 """
 

@@ -241,6 +241,47 @@ def test_prepared_windows_are_the_feeds_and_draw_nothing_in_the_step(monkeypatch
     assert feed.docs(1, 2, 5, 8, 1024) == want[1][2:5]
 
 
+def test_a_trial_draws_its_windows_before_the_timed_steps(monkeypatch, tmp_path):
+    """``worker.train`` (one rank on a gloo group of one) finds every step's windows before its first
+    step: no window is drawn while a step runs, where calibration would read the host's drawing as
+    compute; the steps run on the windows the feed draws."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    from autotune.runtime import worker
+    from autotune.specs import local_cluster
+
+    inside = {"step": False, "drawn_in_step": 0, "drawn": 0, "steps": 0}
+    real_draw, real_step = W.sample_window, worker.RankTrainer.step
+
+    def draw(*a, **k):
+        inside["drawn"] += 1
+        inside["drawn_in_step"] += inside["step"]
+        return real_draw(*a, **k)
+
+    def step(self, i):
+        inside["step"], inside["steps"] = True, inside["steps"] + 1
+        try:
+            return real_step(self, i)
+        finally:
+            inside["step"] = False
+
+    monkeypatch.setattr(W, "sample_window", draw)
+    monkeypatch.setattr(worker.RankTrainer, "step", step)
+    plan = Plan.from_dict({"degrees": {}, "dtype": "fp32"}).resolve(TINY, local_cluster(1), 64, 4)
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=60))
+    try:
+        out = worker.train(plan, TINY, 64, 4, steps=2, warmup=1, seed=0, device=torch.device("cpu"),
+                           documents=W.LengthDistribution((5, 40), (3, 1)).to_payload())
+    finally:
+        dist.destroy_process_group()
+    assert inside["steps"] == 3 and len(out["step_times"]) == 2
+    assert inside["drawn"] == 3 * 4 and inside["drawn_in_step"] == 0
+
+
 def test_the_dashboard_says_why_its_best_is_not_the_fastest_row():
     from types import SimpleNamespace as NS
 
