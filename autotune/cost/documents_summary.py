@@ -204,15 +204,39 @@ def _rank_sums(t: _Tiles, segs: list[tuple[int, int]], seq_len: int) -> tuple[np
 @lru_cache(maxsize=256)
 def _labels(dist: W.LengthDistribution, seq_len: int, global_batch: int, samples: tuple[int, ...], balance: str
             ) -> np.ndarray:
-    """``[DRAWS, global_batch]``: the replica each window of each drawn step is dealt to
-    (``documents.replica_rows`` on the windows' pairs, counted once per distribution)."""
-    costs = DOC._draw_pairs(dist, seq_len, global_batch, DOC.SEED)
-    out = np.empty((len(costs), global_batch), dtype=np.int64)
-    for d, cs in enumerate(costs):
-        deal = W.assign_windows(cs, samples) if balance == "cost" else W.replica_rows(cs, samples, balance)
-        for r, rows in enumerate(deal):
-            out[d, rows] = r
+    """``[DRAWS, global_batch]``: the replica each window of each drawn step is dealt to, as
+    ``documents.replica_rows`` deals (in order; by cost: ``assign_windows``, run for every step at
+    once on the windows' pairs, counted once per distribution)."""
+    costs = np.asarray(DOC._draw_pairs(dist, seq_len, global_batch, DOC.SEED), dtype=float)
+    draws = costs.shape[0]
+    if balance != "cost":
+        out = np.broadcast_to(np.repeat(np.arange(len(samples)), samples), (draws, global_batch)).copy()
+    else:
+        out = _deal_by_cost(costs, np.asarray(samples, dtype=float))
     out.flags.writeable = False
+    return out
+
+
+def _deal_by_cost(costs: np.ndarray, samples: np.ndarray) -> np.ndarray:
+    """``documents.assign_windows`` of every row of ``costs`` ([steps, windows]) at once: windows in
+    decreasing cost (ties by position), each to the replica whose load per sample would be lowest
+    among those with room (ties to the lowest index), in the same float arithmetic."""
+    draws, n = costs.shape
+    order = np.argsort(-costs, axis=1, kind="stable")
+    load = np.zeros((draws, len(samples)))
+    count = np.zeros((draws, len(samples)))
+    out = np.empty((draws, n), dtype=np.int64)
+    steps = np.arange(draws)
+    for k in range(n):
+        i = order[:, k]
+        c = costs[steps, i]
+        with np.errstate(divide="ignore", invalid="ignore"):  # a replica of no samples: never has room
+            score = (load + c[:, None]) / samples[None, :]
+        score[count >= samples[None, :]] = np.inf
+        r = score.argmin(axis=1)  # the first of equal scores: the lowest replica
+        out[steps, i] = r
+        load[steps, r] += c
+        count[steps, r] += 1
     return out
 
 

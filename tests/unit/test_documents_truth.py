@@ -114,6 +114,20 @@ def test_run_sums_are_the_per_piece_figures(tokens, zig):
                 assert np.allclose(g, w.astype(float), rtol=1e-12, atol=0)
 
 
+@pytest.mark.parametrize("samples", [(4, 4), (3, 5), (1, 1, 6), (0, 8), (8,), (2, 1, 3, 2)])
+@pytest.mark.parametrize("balance", ["count", "cost"])
+def test_every_step_is_dealt_as_the_runtime_deals_it(samples, balance):
+    """The summary's dealing of all drawn steps at once (``documents_summary._labels``) against
+    ``documents.replica_rows`` step by step (what every rank of a trial computes)."""
+    from autotune.cost import documents_summary as SUM
+
+    for dist in (SHORT, W.LengthDistribution((32, 2048), (6400, 50))):
+        lab = SUM._labels(dist, 2048, 8, samples, balance)
+        for d, step in enumerate(DOC.drawn_steps(dist, 2048, 8, DOC.DRAWS, DOC.SEED)):
+            for r, rows in enumerate(W.replica_rows(step, samples, balance)):
+                assert list(np.flatnonzero(lab[d] == r)) == sorted(rows)
+
+
 def test_a_distribution_is_worked_once_per_window_shape():
     """Two plans that differ only where the documents do not reach (tp) share their drawn work, their
     summarised works and their replicas' pairs; the distribution's draw arrays are built once."""
