@@ -45,7 +45,7 @@ def cp_balanced(plan: Any, model: Any, cluster: Any, seq_len: int, global_batch:
         return base
     zig, g = rp.cp_layout == "zigzag", rp.token_granule()
     start = rp.shares.tokens
-    target = CPS.cost_tokens(CPS.key_profile(dist, seq_len), start, zig, g)
+    target = _target(dist, seq_len, start, zig, g)
     best = base
     tried = {start}
     for frac in CP_STEPS:
@@ -62,6 +62,21 @@ def cp_balanced(plan: Any, model: Any, cluster: Any, seq_len: int, global_batch:
                                                     "attention_balanced": list(target),
                                                     "count_shares_step_s": base.predicted["step_time_s"]}
     return best
+
+
+def _target(dist: W.LengthDistribution, seq_len: int, start: tuple[int, ...], zig: bool, granule: int
+            ) -> tuple[int, ...]:
+    """``cp_shares.cost_tokens`` of the distribution's key profile, once per distribution (digest),
+    window, count shares, layout and granule: the profile is a window long (131,072 floats at 128k),
+    and a search asks for a few dozen targets hundreds of times."""
+    key = (dist.digest(), seq_len, start, zig, granule)
+    got = _TARGETS.get(key)
+    if got is None:
+        got = _TARGETS[key] = CPS.cost_tokens(CPS.key_profile(dist, seq_len), start, zig, granule)
+    return got
+
+
+_TARGETS: dict[tuple, tuple[int, ...]] = {}
 
 
 class DocumentsEstimator:
