@@ -221,11 +221,11 @@ class Plan:
         return tuple(getattr(self.degrees, d) for d in MESH_ORDER)
 
     def coords(self, rank: int) -> dict[str, int]:
-        """Mesh coordinate of ``rank`` as {dim: index} (of a per-stage plan: its stage, replica and
-        index in its replica's tp group)."""
+        """Mesh coordinate of ``rank`` as {dim: index} (of a per-stage plan: its stage, replica, cp and
+        hp index in the replica and index in its tp group)."""
         if self.stages is not None:
             x = layout_of(self.stages).slots[rank]
-            return dims.origin(pp=x.stage, dp=x.replica, tp=x.tp_index)
+            return dims.origin(pp=x.stage, dp=x.replica, cp=x.cp_index, hp=x.hp_index, tp=x.tp_index)
         return dims.coords(self.degrees, rank)
 
     def rank_of(self, **coords: int) -> int:

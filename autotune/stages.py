@@ -14,10 +14,15 @@ runtime, the search and the exporters ask it. A uniform plan is the special case
 has the same replicas; ``as_stages`` writes any uniform 1-D-pipeline plan in this form, and the cost
 model prices both forms alike (tests/unit/test_stages_cost.py).
 
-Ranks of a per-stage plan are numbered stage by stage, replica by replica, tp rank innermost
-(``rank_table``): the uniform mesh order (pp outermost, tp innermost) with cp = hp = 1. Devices are
-named by their index in the cluster's device order (``ClusterSpec.devices``, the order of the
-node-order placement).
+A replica may also split the sequence (context parallelism, ``cp``: ring attention) and the heads
+(Ulysses, ``hp``) over cp x hp tp groups of its own: its devices are then cp * hp * tp, cp outermost
+and tp innermost (the uniform mesh order inside the replica). Every replica of the plan has the same cp
+and hp (``degrees.cp``/``degrees.hp``): the hop between stages passes each CP/HP shard of the
+sequence to the same shard of the next stage, which stages of different cp would have to re-split.
+
+Ranks of a per-stage plan are numbered stage by stage, replica by replica, then cp, hp, tp rank
+innermost (``layout_of``): the uniform mesh order (pp, dp, cp, hp, tp). Devices are named by their
+index in the cluster's device order (``ClusterSpec.devices``, the order of the node-order placement).
 """
 
 from __future__ import annotations
@@ -43,15 +48,27 @@ _SCHEDULE_REASONS = {
 
 @dataclass(frozen=True, kw_only=True)
 class Replica:
-    """One data-parallel replica of a stage: a tensor-parallel group on devices of one node."""
+    """One data-parallel replica of a stage: cp x hp tensor-parallel groups, each on devices of one node."""
 
     tp: int
     """Tensor-parallel degree of this replica."""
     devices: tuple[int, ...]
-    """Cluster device indices (``ClusterSpec.devices`` order), one per tp rank, in tp-rank order."""
+    """Cluster device indices (``ClusterSpec.devices`` order), cp * hp * tp of them in mesh order (cp
+    outermost, tp rank innermost): each run of ``tp`` is one tp group."""
+    cp: int = 1
+    """Context-parallel degree (ring attention over the sequence's shards): the plan's, in every replica."""
+    hp: int = 1
+    """Ulysses head-parallel degree: the plan's, in every replica."""
+
+    @property
+    def tp_groups(self) -> tuple[tuple[int, ...], ...]:
+        """The devices of each tp group, in (cp, hp) order."""
+        t = self.tp
+        return tuple(self.devices[i:i + t] for i in range(0, len(self.devices), t))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"tp": self.tp, "devices": list(self.devices)}
+        more = {k: getattr(self, k) for k in ("cp", "hp") if getattr(self, k) > 1}  # files without them read alike
+        return {"tp": self.tp, **more, "devices": list(self.devices)}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,6 +106,8 @@ class RankSlot:
     tp: int
     device: int
     """Cluster device index."""
+    cp_index: int = 0
+    hp_index: int = 0
 
 
 @dataclass(frozen=True)
@@ -102,21 +121,29 @@ class StageLayout:
         out = []
         for s, st in enumerate(self.stages):
             for r, rep in enumerate(st.replicas):
+                t = rep.tp
                 for i, dev in enumerate(rep.devices):
-                    out.append(RankSlot(rank=len(out), stage=s, replica=r, tp_index=i, tp=rep.tp, device=dev))
+                    out.append(RankSlot(rank=len(out), stage=s, replica=r, tp_index=i % t, tp=t, device=dev,
+                                        cp_index=i // (t * rep.hp), hp_index=i // t % rep.hp))
         return tuple(out)
 
     @cached_property
     def first_rank(self) -> dict[tuple[int, int], int]:
-        """{(stage, replica): its tp rank 0}."""
-        return {(x.stage, x.replica): x.rank for x in self.slots if x.tp_index == 0}
+        """{(stage, replica): its first rank (cp, hp and tp index 0)}."""
+        return {(x.stage, x.replica): x.rank for x in self.slots if x.tp_index == x.cp_index == x.hp_index == 0}
+
+    @cached_property
+    def cell_first(self) -> dict[tuple[int, int, int, int], int]:
+        """{(stage, replica, cp index, hp index): the first rank of that tp group}, in rank order."""
+        return {(x.stage, x.replica, x.cp_index, x.hp_index): x.rank for x in self.slots if x.tp_index == 0}
 
     @property
     def world(self) -> int:
         return len(self.slots)
 
-    def cell_ranks(self, stage: int, replica: int) -> list[int]:
-        r0 = self.first_rank[(stage, replica)]
+    def cell_ranks(self, stage: int, replica: int, cp: int = 0, hp: int = 0) -> list[int]:
+        """The ranks of one tp group: replica ``replica`` of ``stage`` at cp index ``cp``, hp index ``hp``."""
+        r0 = self.cell_first[(stage, replica, cp, hp)]
         return list(range(r0, r0 + self.stages[stage].replicas[replica].tp))
 
 
@@ -182,12 +209,37 @@ def schedule_problem(schedule: str) -> str | None:
             f"{', '.join(STAGED_SCHEDULES)}")
 
 
-def tp_problems(tp: int, model: Any) -> list[str]:
-    """What a tp degree must divide (the uniform rule of ``autotune.divisibility``)."""
+def tp_problems(tp: int, model: Any, hp: int = 1) -> list[str]:
+    """What a tp degree (with ``hp`` Ulysses ranks beside it) must divide: the uniform rules of
+    ``autotune.divisibility`` for tp and hp."""
     from autotune.divisibility import degree_problems
     from autotune.plan_parts import Degrees
 
-    return [t for f, t in degree_problems(Degrees(tp=tp), model, 1) if f == "degrees.tp"]
+    return [t for f, t in degree_problems(Degrees(tp=tp, hp=hp), model, hp) if f in ("degrees.tp", "degrees.hp")]
+
+
+def split_problem(stages: tuple[Stage, ...]) -> str | None:
+    """Every replica of a per-stage plan splits the sequence alike (one cp, one hp): a stage's CP/HP
+    shard of each micro-batch goes to the same shard of the next stage (``hop_source`` within it), and
+    the gradient group of a stage spans its replicas' shards (``dims.SHARED_BY``). Stages of different
+    cp or hp (HexiSeq's Ulysses groups of different sizes) would re-split the sequence at the hop: not built."""
+    splits = sorted({(r.cp, r.hp) for st in stages for r in st.replicas})
+    if len(splits) > 1:
+        return ("stages: every replica needs the same cp and hp (the hop between stages passes each sequence "
+                f"shard to the same shard; re-splitting it between stages is not built), got (cp, hp) {splits}")
+    return None
+
+
+def runtime_problems(plan: Any) -> list[str]:
+    """What autotune's runtime does not run of a per-stage plan (empty for a plan of one mesh):
+    ``runtime/trial.check_runtime_support`` asks it, so the search aimed at the runtime offers none."""
+    if plan.stages is None:
+        return []
+    d = plan.degrees
+    if d.cp > 1 or d.hp > 1:
+        return [f"degrees: cp({d.cp}) and hp({d.hp}) inside the stages of a per-stage plan are priced, not run by "
+                "autotune's runtime (runtime/stages.py has no ring attention or Ulysses groups yet)"]
+    return []
 
 
 def problems(plan: Any, model: Any, cluster: Any) -> list[str]:
@@ -195,9 +247,8 @@ def problems(plan: Any, model: Any, cluster: Any) -> list[str]:
     stages, d, p = plan.stages, plan.degrees, []
     if not stages:
         return ["stages: a per-stage plan needs at least one stage"]
-    if d.cp != 1 or d.hp != 1:
-        p.append(f"degrees: cp({d.cp}) and hp({d.hp}) must be 1 in a per-stage plan (per-stage context and "
-                 "head parallelism are not built)")
+    if (split := split_problem(stages)) is not None:
+        p.append(split)
     if plan.sequence_parallel:
         p.append("sequence_parallel: not run with per-stage degrees (the hop between stages of different tp "
                  "would re-split the sequence)")
@@ -222,7 +273,7 @@ def problems(plan: Any, model: Any, cluster: Any) -> list[str]:
         p.append(f"stages: layers {[st.layers for st in stages]} add up to {total}, expected {model.layers}")
     n = cluster.num_devices
     seen: dict[int, str] = {}
-    tps_seen: set[int] = set()
+    tps_seen: set[tuple[int, int]] = set()
     for s, st in enumerate(stages):
         where = f"stages[{s}]"
         if st.layers < v:
@@ -235,21 +286,20 @@ def problems(plan: Any, model: Any, cluster: Any) -> list[str]:
             p.append(f"{where}: {nest}")
         for r, rep in enumerate(st.replicas):
             w = f"{where}.replicas[{r}]"
-            if len(rep.devices) != rep.tp:
-                p.append(f"{w}: {len(rep.devices)} devices for tp({rep.tp})")
-            if rep.tp not in tps_seen:
-                tps_seen.add(rep.tp)
-                p += [f"{w}.tp: {t}" for t in tp_problems(rep.tp, model)]
-            nodes = set()
-            for dev in rep.devices:
-                if not 0 <= dev < n:
-                    p.append(f"{w}.devices: device {dev} is not in the cluster (0..{n - 1})")
-                    continue
-                nodes.add(cluster.devices[dev].node)
+            if len(rep.devices) != rep.tp * rep.cp * rep.hp:
+                split = f"cp({rep.cp}) x hp({rep.hp}) x " if rep.cp * rep.hp > 1 else ""
+                p.append(f"{w}: {len(rep.devices)} devices for {split}tp({rep.tp})")
+            if (rep.tp, rep.hp) not in tps_seen:
+                tps_seen.add((rep.tp, rep.hp))
+                p += [f"{w}.tp: {t}" for t in tp_problems(rep.tp, model, rep.hp)]
+            bad = [dev for dev in rep.devices if not 0 <= dev < n]
+            p += [f"{w}.devices: device {dev} is not in the cluster (0..{n - 1})" for dev in bad]
             p += _shared(w, [d for d in rep.devices if 0 <= d < n], seen)
-            if len(nodes) > 1:
-                p.append(f"{w}: tp group on devices {list(rep.devices)} crosses nodes {sorted(nodes)}; "
-                         "tp must stay inside a node")
+            for group in rep.tp_groups:
+                nodes = {cluster.devices[dev].node for dev in group if 0 <= dev < n}
+                if len(nodes) > 1:
+                    p.append(f"{w}: tp group on devices {list(group)} crosses nodes {sorted(nodes)}; "
+                             "tp must stay inside a node")
     return p
 
 
@@ -280,12 +330,14 @@ def _used_twice(where: str, other: str, devices: list[int]) -> str:
     return f"{where}.devices: {named} used twice ({also})"
 
 
-def envelope(stages: tuple[Stage, ...], cp: int = 1, hp: int = 1) -> Any:
+def envelope(stages: tuple[Stage, ...]) -> Any:
     """The plan's ``degrees`` for these stages: pp stages, dp replicas per stage (the first stage's),
-    tp the largest of any replica. Their product is no device count: ``Plan.world`` counts devices."""
+    cp and hp the first replica's (every replica's: ``split_problem``), tp the largest of any replica.
+    Their product is no device count: ``Plan.world`` counts devices."""
     from autotune.plan_parts import Degrees
 
-    return Degrees(pp=len(stages), dp=stages[0].dp if stages else 1, cp=cp, hp=hp,
+    first = stages[0].replicas[0] if stages and stages[0].replicas else Replica(tp=1, devices=(0,))
+    return Degrees(pp=len(stages), dp=stages[0].dp if stages else 1, cp=first.cp, hp=first.hp,
                    tp=max(tp_degrees(stages), default=1))
 
 
@@ -313,10 +365,10 @@ def resolve(plan: Any, model: Any, cluster: Any, seq_len: int, global_batch: int
     if p:  # each line names its own field (stages[1].layers, degrees, ...)
         raise PlanError("; ".join(p))
     stages = plan.stages
-    env = envelope(stages, plan.degrees.cp, plan.degrees.hp)
+    env = envelope(stages)
     if plan.degrees != env and plan.degrees.world != 1:
         raise PlanError(f"degrees {plan.degrees.inline()} disagree with the stages' ({env.inline()}: pp stages, "
-                        "dp replicas, tp the largest)", field="degrees")
+                        "dp replicas, the replicas' cp and hp, tp the largest)", field="degrees")
     sh, mbs, v = plan.shares, plan.micro_batch_size, plan.virtual_stages
     layers = chunk_layers(stages, v)
     if sh.layers is not None and tuple(sh.layers) != layers:
@@ -325,7 +377,14 @@ def resolve(plan: Any, model: Any, cluster: Any, seq_len: int, global_batch: int
     if samples is None:
         samples = tuple(x * mbs for x in even_split(global_batch // mbs, env.dp)) if global_batch % mbs == 0 \
             else tuple(even_split(global_batch, env.dp))
+    # the sequence's CP shards: even in units of the uniform plan's granule (zigzag halves, hp slices;
+    # no sequence parallelism here), as Plan._with_defaults splits them
+    g = plan.replace(degrees=env).token_granule()
+    tokens = sh.tokens or tuple(x * g for x in even_split(seq_len // g, env.cp))
     probs = []
+    if seq_len % g or len(tokens) != env.cp or sum(tokens) != seq_len or any(t < 1 or t % g for t in tokens):
+        probs.append(f"shares.tokens: {list(tokens)} must be {env.cp} multiples of {g} (the CP shards: zigzag "
+                     f"halves, hp slices) adding up to seq_len({seq_len})")
     if env.dp > global_batch:
         probs.append(f"degrees.dp: dp({env.dp}) > global_batch({global_batch})")
     if len(samples) != env.dp or sum(samples) != global_batch or any(s < mbs or s % mbs for s in samples):
@@ -347,7 +406,7 @@ def resolve(plan: Any, model: Any, cluster: Any, seq_len: int, global_batch: int
         degrees=env, num_microbatches=nmb, placement=placement,
         # no heads share: each cell's tp ranks attend heads / its own tp (cost/stages.py, runtime/stages.py),
         # so the largest tp's figure would be wrong for every other cell
-        shares=Shares(layers=layers, tokens=(seq_len,), heads=None, samples=tuple(samples)),
+        shares=Shares(layers=layers, tokens=tuple(tokens), heads=None, samples=tuple(samples)),
         workload=Workload(model=model.name, seq_len=seq_len, global_batch=global_batch,
                           cluster=getattr(cluster, "name", "")))
     sched = schedule_of(out)
@@ -358,17 +417,18 @@ def resolve(plan: Any, model: Any, cluster: Any, seq_len: int, global_batch: int
 
 
 def as_stages(plan: Any, cluster: Any) -> tuple[Stage, ...]:
-    """A resolved uniform plan (cp = hp = 1) written as stages: stage s holds its chunks' layers,
-    replica r the devices its placement gives tp group (s, r)."""
+    """A resolved uniform plan written as stages: stage s holds its chunks' layers, replica r the
+    devices its placement gives ranks (s, r, *, *, *) (its cp x hp tp groups, in mesh order: the
+    uniform rank order is the per-stage one)."""
     d = plan.degrees
-    if d.cp != 1 or d.hp != 1:
-        raise InputError("only plans with cp = hp = 1 have a per-stage form", field="degrees")
     out = []
+    n = d.cp * d.hp * d.tp
     for s in range(d.pp):
         reps = []
         for r in range(d.dp):
             r0 = plan.rank_of(pp=s, dp=r)
-            reps.append(Replica(tp=d.tp, devices=tuple(plan.device_index(r0 + i, cluster) for i in range(d.tp))))
+            reps.append(Replica(tp=d.tp, cp=d.cp, hp=d.hp,
+                                devices=tuple(plan.device_index(r0 + i, cluster) for i in range(n))))
         out.append(Stage(layers=sum(plan.layers_of_stage(s)), replicas=tuple(reps)))
     return tuple(out)
 
@@ -398,8 +458,9 @@ def renumbered(stages: tuple[Stage, ...]) -> tuple[Stage, ...]:
     for st in stages:
         reps = []
         for rep in st.replicas:
-            reps.append(Replica(tp=rep.tp, devices=tuple(range(n, n + rep.tp))))
-            n += rep.tp
+            k = len(rep.devices)
+            reps.append(Replica(tp=rep.tp, cp=rep.cp, hp=rep.hp, devices=tuple(range(n, n + k))))
+            n += k
         out.append(Stage(layers=st.layers, replicas=tuple(reps)))
     return tuple(out)
 
@@ -468,13 +529,15 @@ def is_uniform(stages: tuple[Stage, ...]) -> bool:
 
 def inline(stages: tuple[Stage, ...]) -> str:
     """One line per plan for tables: ``6L(tp4x2) | 7L(tp1x2) ...`` (replicas of one tp grouped;
-    parentheses, not brackets, which rich would read as markup)."""
+    ``cp2.tp1x4``: four replicas of two tp1 groups each splitting the sequence; parentheses, not
+    brackets, which rich would read as markup)."""
     parts = []
     for st in stages:
-        groups: dict[int, int] = {}
-        for t in st.tps:
-            groups[t] = groups.get(t, 0) + 1
-        parts.append(f"{st.layers}L(" + "+".join(f"tp{t}x{n}" for t, n in groups.items()) + ")")
+        groups: dict[str, int] = {}
+        for r in st.replicas:  # a replica that splits the sequence: cp2.tp1 (its cp and hp, then tp)
+            name = "".join(f"{k}{getattr(r, k)}." for k in ("cp", "hp") if getattr(r, k) > 1) + f"tp{r.tp}"
+            groups[name] = groups.get(name, 0) + 1
+        parts.append(f"{st.layers}L(" + "+".join(f"{g}x{n}" for g, n in groups.items()) + ")")
     return " | ".join(parts)
 
 
@@ -518,12 +581,15 @@ def stages_from(v: Any) -> tuple[Stage, ...] | None:
             w = f"{where}.replicas[{r}]"
             if not isinstance(rep, dict):
                 raise InputError(f"expected a mapping of tp and devices, got {rep!r}", field=w)
-            F.reject_unknown(rep, {"tp", "devices"}, w)
+            F.reject_unknown(rep, {"tp", "cp", "hp", "devices"}, w)
             devs = rep.get("devices")
             if not isinstance(devs, list) or not devs or not all(
                     isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in devs):
                 raise InputError(f"expected a list of device indices, got {devs!r}", field=f"{w}.devices")
-            tp = F.get_int(rep, "tp", f"{w}.tp", default=len(devs))
-            rs.append(Replica(tp=tp, devices=tuple(devs)))
+            cp, hp = (F.get_int(rep, k, f"{w}.{k}", default=1) for k in ("cp", "hp"))
+            if cp < 1 or hp < 1:
+                raise InputError(f"cp({cp}) and hp({hp}) must be >= 1", field=w)
+            tp = F.get_int(rep, "tp", f"{w}.tp", default=max(1, len(devs) // (cp * hp)))
+            rs.append(Replica(tp=tp, cp=cp, hp=hp, devices=tuple(devs)))
         out.append(Stage(layers=F.get_int(st, "layers", f"{where}.layers"), replicas=tuple(rs)))
     return tuple(out)

@@ -39,10 +39,14 @@ def knobs(u):
 
 @pytest.mark.parametrize("txt", ["dp=2,pp=2,tp=2", "pp=2,tp=4,mbs=2", "dp=4,pp=2,zero=1", "dp=8",
                                  "pp=2,dp=2,tp=2,schedule=interleaved_1f1b,vpp=2,recompute=full",
-                                 "pp=4,dp=2,schedule=gpipe,layers=1/1/1/1"])
+                                 "pp=4,dp=2,schedule=gpipe,layers=1/1/1/1",
+                                 # cp and hp inside the stages: the uniform plan's ring and Ulysses terms
+                                 "dp=2,cp=2,tp=2", "pp=2,cp=2,hp=2", "pp=2,dp=2,cp=2,zero=1", "pp=2,hp=2,tp=2",
+                                 "pp=2,cp=4,schedule=gpipe", "pp=2,dp=2,cp=2,cp_layout=contiguous",
+                                 "pp=2,dp=2,hp=2,schedule=interleaved_1f1b,vpp=2,recompute=full"])
 def test_uniform_plan_as_stages_prices_identically(txt):
     u = parse_inline(txt + ",dtype=fp16").resolve(M, C, SEQ, GB)
-    s = Plan(stages=ST.as_stages(u, C), **knobs(u))
+    s = Plan(stages=ST.as_stages(u, C), **knobs(u), cp_layout=u.cp_layout)
     a, b = estimate(u, M, C, SEQ, GB, timeline=True), estimate(s, M, C, SEQ, GB, timeline=True)
     assert a.predicted == b.predicted
     assert a.breakdown == b.breakdown
@@ -50,6 +54,25 @@ def test_uniform_plan_as_stages_prices_identically(txt):
 
 def _row(e, rank):
     return e.breakdown["ranks"][rank]
+
+
+def test_a_cp_cell_costs_what_the_uniform_cp_cell_of_its_tp_costs():
+    # stage 0: the V100s as one replica of tp 2 x cp 2; stage 1: two A100s as tp 1 x cp 2
+    def split(*stages):
+        return Plan(stages=tuple(ST.Stage(layers=n, replicas=(ST.Replica(tp=t, cp=2, devices=tuple(d)),))
+                                 for n, t, d in stages), dtype="fp16")
+    e = estimate(split((2, 2, [4, 5, 6, 7]), (2, 1, [0, 1])), M, C, SEQ, GB)
+    e2 = estimate(split((2, 2, [4, 5, 6, 7]), (2, 2, [0, 1, 2, 3])), M, C, SEQ, GB)  # tp 2 x cp 2 everywhere
+    e1 = estimate(split((2, 1, [4, 5]), (2, 1, [0, 1])), M, C, SEQ, GB)              # tp 1 x cp 2 everywhere
+    for k in ("compute_s", "tp_comm_s", "cp_comm_s", "memory_bytes", "optimizer_s", "dp_comm_s"):
+        for r in range(4):
+            assert _row(e, r)[k] == _row(e2, r)[k], (k, r)        # the tp 2 V100 cells, both CP shards
+        for r in range(2):
+            assert _row(e, 4 + r)[k] == _row(e1, 2 + r)[k], (k, r)  # the tp 1 A100 cells
+    assert _row(e, 0)["cp_comm_s"] > 0 and _row(e, 4)["cp_comm_s"] > 0
+    # the hop from tp 2 to tp 1 moves each CP shard: half the tokens of a cp = 1 plan's hop
+    one = estimate(Plan(stages=cells((2, [(2, [4, 5])]), (2, [(1, [0])])), dtype="fp16"), M, C, SEQ, GB)
+    assert _row(e, 0)["pp_comm_s"] < _row(one, 0)["pp_comm_s"]
 
 
 def test_a_cell_costs_what_the_uniform_cell_of_its_tp_costs():

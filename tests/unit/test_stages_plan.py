@@ -60,9 +60,8 @@ def test_uniform_plans_keep_their_json():
     (((2, [(1, [0])]), (2, [(1, [1])])), {"schedule": "zbv"}, "does not run per-stage plans"),
     (((2, [(1, [0])]), (2, [(1, [1])])), {"zero_stage": 2}, "zero_stage"),
     (((2, [(2, [0])]), (2, [(1, [1])])), {}, r"1 devices for tp\(2\)"),
-    # context parallelism inside a stage is not priced or run yet (issue 40 item 4): one line saying so
-    (((2, [(1, [0])]), (2, [(1, [1])])), {"degrees": Degrees(pp=2, cp=2)},
-     r"^degrees: cp\(2\) and hp\(1\) must be 1 in a per-stage plan \(per-stage context"),
+    # degrees that disagree with the stages' cp (a plan's degrees are its stages' envelope)
+    (((2, [(1, [0])]), (2, [(1, [1])])), {"degrees": Degrees(pp=2, cp=2)}, r"disagree with the stages'"),
 ])
 def test_rules_name_what_is_wrong(stages, kw, match):
     with pytest.raises(PlanError, match=match) as e:
@@ -173,3 +172,55 @@ def test_a_local_trial_refuses_devices_used_twice_as_estimate_does(stages, once)
         plan.resolve(load_model("tiny"), local_cluster(4), 128, 4)
     assert once in e.value.message and e.value.message.count("used twice") == 1, e.value.message
     assert e.value.message in ref.value.message
+
+
+def split(*stages, cp=1, hp=1, **kw) -> Plan:
+    """stages: (layers, [(tp, devices), ...]), every replica at ``cp`` and ``hp`` (devices cp*hp*tp each)."""
+    return Plan(stages=tuple(ST.Stage(layers=n, replicas=tuple(ST.Replica(tp=t, cp=cp, hp=hp, devices=tuple(d))
+                                                                for t, d in reps)) for n, reps in stages),
+                dtype="fp16", **kw)
+
+
+def test_a_stage_splits_the_sequence_over_cp_and_hp():
+    # stage 0: one V100 replica of tp 2 x cp 2; stage 1: one A100 replica of tp 1 x cp 2
+    p = split((2, [(2, [4, 5, 6, 7])]), (2, [(1, [0, 1])]), cp=2).resolve(TINY, MIXED, 64, 8)
+    assert p.degrees == Degrees(pp=2, cp=2, tp=2) and p.world == 6
+    assert p.shares.tokens == (32, 32)  # zigzag halves: even in units of 2, as the uniform plan's
+    assert [p.coords(r)["cp"] for r in range(6)] == [0, 0, 1, 1, 0, 1]
+    assert [p.coords(r)["tp"] for r in range(6)] == [0, 1, 0, 1, 0, 0]
+    assert ST.inline(p.stages) == "2L(cp2.tp2x1) | 2L(cp2.tp1x1)"
+    d = p.to_dict()
+    assert d["stages"][0]["replicas"][0] == {"tp": 2, "cp": 2, "devices": [4, 5, 6, 7]}
+    check_schema(d)
+    assert Plan.from_json(json.dumps(d)) == p
+    h = split((2, [(1, [0, 1])]), (2, [(2, [4, 5, 6, 7])]), hp=2).resolve(TINY, MIXED, 64, 8)
+    assert h.degrees == Degrees(pp=2, hp=2, tp=2) and [h.coords(r)["hp"] for r in range(6)] == [0, 1, 0, 0, 1, 1]
+
+
+@pytest.mark.parametrize("stages,match", [
+    # every replica splits the sequence alike: the hop passes each shard to the same shard
+    ((ST.Stage(layers=2, replicas=(ST.Replica(tp=1, cp=2, devices=(0, 1)),)),
+      ST.Stage(layers=2, replicas=(ST.Replica(tp=1, devices=(4,)),))), r"same cp and hp .* \[\(1, 1\), \(2, 1\)\]"),
+    ((ST.Stage(layers=4, replicas=(ST.Replica(tp=2, cp=2, devices=(0, 1, 2)),)),), r"3 devices for cp\(2\) x hp\(1\) x tp\(2\)"),
+    # each tp group stays inside a node; the cp ring may cross nodes
+    ((ST.Stage(layers=4, replicas=(ST.Replica(tp=2, cp=2, devices=(0, 1, 3, 4)),)),), r"\[3, 4\] crosses nodes"),
+    ((ST.Stage(layers=4, replicas=(ST.Replica(tp=4, hp=4, devices=tuple(range(16))),)),), r"hp\(4\) > heads per tp rank\(2\)"),
+])
+def test_split_rules_name_what_is_wrong(stages, match):
+    with pytest.raises(PlanError, match=match) as e:
+        Plan(stages=stages, dtype="fp16").resolve(TINY, MIXED, 64, 8)
+    assert "\n" not in str(e.value)
+
+
+def test_a_cp_ring_may_cross_nodes():
+    p = split((4, [(1, [0, 4])]), cp=2).resolve(TINY, MIXED, 64, 8)
+    assert p.world == 2 and p.shares.tokens == (32, 32)
+    with pytest.raises(PlanError, match="shares.tokens"):  # 63 tokens do not split into zigzag halves
+        split((4, [(1, [0, 4])]), cp=2).resolve(TINY, MIXED, 63, 8)
+
+
+def test_uniform_cp_plan_as_stages_resolves_to_the_same_mesh():
+    u = parse_inline("pp=2,cp=2,hp=2,dtype=fp16").resolve(TINY, MIXED, 64, 8)
+    s = Plan(stages=ST.as_stages(u, MIXED), dtype="fp16").resolve(TINY, MIXED, 64, 8)
+    assert s.placement == u.placement and s.degrees == u.degrees and s.shares.tokens == u.shares.tokens
+    assert [s.coords(r) for r in range(8)] == [u.coords(r) for r in range(8)]
