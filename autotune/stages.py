@@ -230,21 +230,9 @@ def split_problem(stages: tuple[Stage, ...]) -> str | None:
     return None
 
 
-def runtime_problems(plan: Any) -> list[str]:
-    """What autotune's runtime does not run of a per-stage plan (empty for a plan of one mesh):
-    ``runtime/trial.check_runtime_support`` asks it, so the search aimed at the runtime offers none."""
-    if plan.stages is None:
-        return []
-    d = plan.degrees
-    if d.cp > 1 or d.hp > 1:
-        return [f"degrees: cp({d.cp}) and hp({d.hp}) inside the stages of a per-stage plan are priced, not run by "
-                "autotune's runtime (runtime/stages.py has no ring attention or Ulysses groups yet)"]
-    return []
-
-
 def problems(plan: Any, model: Any, cluster: Any) -> list[str]:
     """Every broken rule of ``plan.stages`` against the model and the cluster, one line each."""
-    stages, d, p = plan.stages, plan.degrees, []
+    stages, p = plan.stages, []
     if not stages:
         return ["stages: a per-stage plan needs at least one stage"]
     if (split := split_problem(stages)) is not None:

@@ -90,15 +90,16 @@ class Routed:
 
 def as_uniform(plan: Plan, ctx: Any) -> Plan | None:
     """The uniform plan a resolved per-stage ``plan`` is, when it is one: every replica at one tp,
-    every device of ``ctx.cluster`` used; ranks are numbered alike (stage, replica, tp rank), so the
-    placement carries over. None otherwise."""
+    every device of ``ctx.cluster`` used; ranks are numbered alike (stage, replica, cp, hp, tp rank),
+    so the placement carries over, and the cp/hp split with its token shards. None otherwise."""
     if not plan.is_uniform or plan.world != ctx.cluster.num_devices:
         return None
     d = plan.degrees
-    u = Plan(degrees=Degrees(pp=d.pp, dp=d.dp, tp=d.tp), micro_batch_size=plan.micro_batch_size,
+    u = Plan(degrees=Degrees(pp=d.pp, dp=d.dp, cp=d.cp, hp=d.hp, tp=d.tp), micro_batch_size=plan.micro_batch_size,
              schedule=plan.schedule, virtual_stages=plan.virtual_stages, recompute=plan.recompute,
-             zero_stage=plan.zero_stage, dtype=plan.dtype,
-             shares=Shares(layers=plan.shares.layers, samples=plan.shares.samples), placement=plan.placement)
+             zero_stage=plan.zero_stage, dtype=plan.dtype, cp_layout=plan.cp_layout,
+             shares=Shares(layers=plan.shares.layers, tokens=plan.shares.tokens, samples=plan.shares.samples),
+             placement=plan.placement)
     try:
         return u.resolve(ctx.model, ctx.cluster, ctx.seq_len, ctx.global_batch)
     except InputError:

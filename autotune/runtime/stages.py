@@ -68,35 +68,62 @@ class StagedMesh:
     """``stages.RankSlot`` of this rank."""
     tp: Axis
     pieces: list[tuple[int, Axis]] = field(default_factory=list)
-    """(piece index, gradient group of that piece over the stage's replicas) for each piece held."""
+    """(piece index, gradient group of that piece over the stage's replicas and their cp x hp cells)
+    for each piece held."""
     finest: int = 1
     """The stage's largest tp: pieces per tp-split tensor."""
+    cp: Axis = field(default_factory=lambda: _single())
+    """The ring of this rank's replica: its tp index in every cp shard (same hp index)."""
+    hp: Axis = field(default_factory=lambda: _single())
+    """The Ulysses group of this rank's replica: its tp index at every hp index (same cp shard)."""
+
+
+def _single() -> Axis:
+    return Axis(size=1, index=0, ranks=[0], group=None)
+
+
+def _axis(ranks: list[int], rank: int, timeout_s: float | None, mine: Axis | None) -> Axis | None:
+    """Create the group of ``ranks`` (collective: every rank calls it for every group, in one order);
+    this rank's ``Axis`` when it is a member, else ``mine`` unchanged."""
+    group = _new_group(ranks, timeout_s) if len(ranks) > 1 else None
+    if rank in ranks:
+        return Axis(size=len(ranks), index=ranks.index(rank), ranks=ranks, group=group)
+    return mine
 
 
 def build_staged_mesh(plan: Any, rank: int, device: torch.device, timeout_s: float | None = None) -> StagedMesh:
-    """Create every group of the plan (collective: all ranks call ``new_group`` in the same order)."""
+    """Create every group of the plan (collective: all ranks call ``new_group`` in the same order):
+    each cell's tp group, each replica's cp rings and hp groups (at one tp index: a cell's tp rank k
+    talks to tp rank k of the replica's other cells, which share its tp), each stage's piece groups."""
     lay = ST.layout_of(plan.stages)
     if lay.world != dist.get_world_size():
         raise RuntimeError(f"plan world {lay.world} != process group world {dist.get_world_size()}")
     me = lay.slots[rank]
-    tp_axis = None
-    for (s, r), r0 in lay.first_rank.items():
-        ranks = lay.cell_ranks(s, r)
-        g = _new_group(ranks, timeout_s) if len(ranks) > 1 else None
-        if rank in ranks:
-            tp_axis = Axis(size=len(ranks), index=rank - r0, ranks=ranks, group=g)
+    cp, hp = plan.degrees.cp, plan.degrees.hp
+    tp_axis = cp_axis = hp_axis = None
+    for s, r, c, h in lay.cell_first:
+        tp_axis = _axis(lay.cell_ranks(s, r, c, h), rank, timeout_s, tp_axis)
+    for s, st in enumerate(plan.stages):
+        for r, rep in enumerate(st.replicas):
+            first = {key[2:]: r0 for key, r0 in lay.cell_first.items() if key[:2] == (s, r)}
+            for k in range(rep.tp):
+                for h in range(hp):
+                    cp_axis = _axis([first[(c, h)] + k for c in range(cp)], rank, timeout_s, cp_axis)
+                for c in range(cp):
+                    hp_axis = _axis([first[(c, h)] + k for h in range(hp)], rank, timeout_s, hp_axis)
     mine: list[tuple[int, Axis]] = []
     finest = 1
     for s, st in enumerate(plan.stages):
         top = max(st.tps)
         for g in range(top):
-            ranks = [lay.first_rank[(s, r)] + g * rep.tp // top for r, rep in enumerate(st.replicas)]
-            group = _new_group(ranks, timeout_s) if len(ranks) > 1 else None
-            if rank in ranks:
-                mine.append((g, Axis(size=len(ranks), index=ranks.index(rank), ranks=ranks, group=group)))
+            ranks = [r0 + g * st.replicas[r].tp // top for (q, r, _, _), r0 in lay.cell_first.items() if q == s]
+            got = _axis(ranks, rank, timeout_s, None)
+            if got is not None:
+                mine.append((g, got))
         if s == me.stage:
             finest = top
-    return StagedMesh(plan=plan, rank=rank, device=device, slot=me, tp=tp_axis, pieces=mine, finest=finest)
+    return StagedMesh(plan=plan, rank=rank, device=device, slot=me, tp=tp_axis, pieces=mine, finest=finest,
+                      cp=cp_axis, hp=hp_axis)
 
 
 class PieceOptimizer:
@@ -218,6 +245,23 @@ class PieceOptimizer:
         return out
 
 
+def _attention_context(plan: Any, spec: Any, mesh: StagedMesh, seq_len: int) -> Any:
+    """The CP/HP ``AttentionContext`` of this rank (the uniform runtime's, ``worker.attention_context``,
+    over the replica's own groups; the heads of one tp rank split evenly over hp, as the cost model
+    prices them: ``cost/stages.cell_heads``); None when the sequence is whole."""
+    if mesh.cp.size == 1 and mesh.hp.size == 1:
+        return None
+    from autotune.plan_parts import even_split
+    from autotune.runtime.attention import AttentionContext
+
+    t = mesh.tp.size
+    return AttentionContext(
+        cp_group=mesh.cp.group, cp_ranks=mesh.cp.ranks, cp_index=mesh.cp.index, cp_tokens=plan.shares.tokens,
+        cp_layout=plan.cp_layout, hp_group=mesh.hp.group, hp_ranks=mesh.hp.ranks, hp_index=mesh.hp.index,
+        hp_heads=tuple(even_split(spec.heads // t, mesh.hp.size)), heads=spec.heads // t,
+        kv_heads=spec.kv_heads // t, seq_len=seq_len)
+
+
 class StagedTrainer:
     """This rank's chunks, its ``PieceOptimizer`` and the schedule's op order (module docstring)."""
 
@@ -234,7 +278,14 @@ class StagedTrainer:
         self.sched = schedule_of(plan)
         self.p, self.v = len(plan.stages), plan.virtual_stages
         self.n_chunks = self.p * self.v
-        layout = Layout(tp=mesh.tp, sp=False, attn_ctx=None, positions=None, recompute=plan.recompute)
+        self.attn = _attention_context(plan, spec, mesh, seq_len)
+        self.positions = None  # this rank's tokens of each window (its CP shard's hp slice), on the host
+        if self.attn is not None:
+            from autotune.runtime.attention import local_token_positions
+
+            self.positions = local_token_positions(self.attn, seq_len)
+        layout = Layout(tp=mesh.tp, sp=False, attn_ctx=self.attn, recompute=plan.recompute,
+                        positions=None if self.positions is None else self.positions.to(self.device))
         ids = stage_layer_ids(plan)
         from autotune.runtime.model import StageModel
 
@@ -255,15 +306,17 @@ class StagedTrainer:
         self.dp_index = slot.replica
         self.n_micro = plan.microbatches_of_replica(self.dp_index)
         self.total_tokens = global_batch * seq_len
-        self.local_tokens = seq_len
+        self.local_tokens = seq_len if self.positions is None else int(self.positions.numel())
         self.last = self.chunks.get(self.n_chunks - 1)
         self._sends: list[Any] = []
 
     # ---- who talks to whom --------------------------------------------------------------------
     def _cell(self, stage: int) -> tuple[int, int]:
-        """(first rank, tp) of this replica's cell in ``stage``."""
-        r = self.mesh.slot.replica
-        return self.lay.first_rank[(stage, r)], self.plan.stages[stage].replicas[r].tp
+        """(first rank, tp) of this rank's cell's counterpart in ``stage``: the same replica, cp shard
+        and hp index (a hop carries this rank's tokens of the sequence to the ranks holding the same)."""
+        x = self.mesh.slot
+        return (self.lay.cell_first[(stage, x.replica, x.cp_index, x.hp_index)],
+                self.plan.stages[stage].replicas[x.replica].tp)
 
     def _source(self, chunk: int) -> int:
         """The rank this rank receives the input (forward) or output gradient (backward) of a hop from:
@@ -300,12 +353,12 @@ class StagedTrainer:
         return self.clock.compute_region() if self.clock is not None else contextlib.nullcontext()
 
     def step(self, step_index: int) -> float:
-        inputs, targets = D.replica_batch(self.data, step_index, self.plan, self.dp_index, None,
+        inputs, targets = D.replica_batch(self.data, step_index, self.plan, self.dp_index, self.positions,
                                           self.global_batch, self.seq_len)
         xs = D.split_microbatches(inputs.to(self.device), self.n_micro)
         ys = D.split_microbatches(targets.to(self.device), self.n_micro)
         self.opt.begin_step()
-        shape = (self.plan.micro_batch_size, self.seq_len, self.spec.hidden)
+        shape = (self.plan.micro_batch_size, self.local_tokens, self.spec.hidden)
         held: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         losses: list[float] = []
         order = self.sched.op_order(self.p, self.v, self.n_micro, self.mesh.slot.stage)

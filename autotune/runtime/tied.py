@@ -101,7 +101,7 @@ def staged_tied_segments(stages: tuple, rank: int, vocab: int, first_stage: int,
         return []
     other = last_stage if me.stage == first_stage else first_stage
     lo, hi = vocab_rows(vocab, me.tp, me.tp_index)
-    r0 = lay.first_rank[(other, me.replica)]
+    r0 = lay.cell_first[(other, me.replica, me.cp_index, me.hp_index)]  # the same tokens' cell
     t = stages[other].replicas[me.replica].tp
     out = []
     for j in range(t):

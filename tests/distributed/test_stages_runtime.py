@@ -31,6 +31,12 @@ def stages(*st):
     return [{"layers": n, "replicas": [{"tp": len(d), "devices": list(d)} for d in reps]} for n, reps in st]
 
 
+def split(cp, hp, *st):
+    """st: (layers, [(tp, devices) of each replica]); every replica at ``cp`` x ``hp`` (cp*hp*tp devices)."""
+    return [{"layers": n, "replicas": [{"tp": t, "cp": cp, "hp": hp, "devices": list(d)} for t, d in reps]}
+            for n, reps in st]
+
+
 CASES = {
     "tp2-then-tp1-then-tp1": {"stages": stages((2, [[0, 1]]), (3, [[2]]), (3, [[3]]))},
     "tp1-then-tp2-gpipe": {"stages": stages((5, [[0]]), (3, [[1, 2]])), "schedule": "gpipe"},
@@ -40,10 +46,16 @@ CASES = {
     "replicas-tp1-tp2-zero1": {"stages": stages((8, [[0], [1, 2]])), "zero_stage": 1},
     "replicas-tp1-tp2-then-tp1": {"stages": stages((3, [[0], [1, 2]]), (5, [[3], [4]])), "zero_stage": 1,
                                   "schedule": "gpipe"},
+    # the sequence split inside the stages (issue 40 item 4): ring attention over cp, Ulysses over hp,
+    # each CP shard's hop to the same shard of the next stage, gradients summed over dp x cp x hp
+    "cp2-then-cp2": {"stages": split(2, 1, (3, [(1, [0, 1])]), (5, [(1, [2, 3])]))},
+    "hp2-replicas-zero1": {"stages": split(1, 2, (8, [(1, [0, 1]), (1, [2, 3])])), "zero_stage": 1},
+    "cp2-tp2-then-tp1-gpipe": {"stages": split(2, 1, (3, [(2, [0, 1, 2, 3])]), (5, [(1, [4, 5])])),
+                               "schedule": "gpipe"},
 }
 WORLD = {name: sum(len(r["devices"]) for s in item["stages"] for r in s["replicas"]) for name, item in CASES.items()}
 OPT_CASES = ("tp2-then-tp1-then-tp1", "replicas-tp1-tp1-tp2", "tp1-then-tp2-gpipe", "tp2-tp1-interleaved",
-             "replicas-tp1-tp2-then-tp1")  # launches of 4, 3 and 5
+             "replicas-tp1-tp2-then-tp1", "cp2-tp2-then-tp1-gpipe")  # launches of 4, 3, 5 and 6
 
 
 @functools.cache

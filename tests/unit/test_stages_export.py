@@ -108,3 +108,24 @@ def test_a_studys_per_stage_plan_is_refused_with_the_studys_best_plan_the_target
 
     theirs, _ = predict(found.plan, ctx, megatron.KERNELS)
     assert near is not None and near.tokens_per_s() >= theirs.tokens_per_s() / 1.01
+
+
+def split(*st, cp=1, hp=1):
+    """stages of (layers, tp, [devices of each replica]), every replica at ``cp`` and ``hp``."""
+    return Plan(stages=tuple(ST.Stage(layers=n, replicas=tuple(ST.Replica(tp=t, cp=cp, hp=hp, devices=tuple(d))
+                                                                for d in reps)) for n, t, reps in st),
+                dtype="fp16").resolve(M, C, 128, 16)
+
+
+@pytest.mark.parametrize("fmt", ["megatron", "torchtitan", "deepspeed"])
+def test_a_uniform_cp_mesh_written_as_stages_exports_as_itself(fmt):
+    u = parse_inline("dp=2,pp=2,cp=2,dtype=fp16,layers=1/3").resolve(M, C, 128, 16)
+    s = Plan(stages=ST.as_stages(u, C), dtype="fp16").resolve(M, C, 128, 16)
+    assert s.degrees.cp == 2 and refusals(fmt, s, CTX) == refusals(fmt, u, CTX)
+
+
+@pytest.mark.parametrize("fmt", FRAMEWORKS)
+def test_frameworks_refuse_mixed_tp_stages_with_cp_in_one_line(fmt):
+    p = split((1, 2, [[4, 5, 6, 7]]), (3, 1, [[0, 1]]), cp=2)
+    reasons = refusals(fmt, p, CTX)
+    assert len(reasons) == 1 and "--target runtime" in reasons[0] and "\n" not in reasons[0]
