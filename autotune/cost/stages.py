@@ -3,17 +3,23 @@
 A per-stage plan is priced by the same dimension modules as a uniform one; only the contexts differ
 (``docs/architecture.md``, "Per-stage degrees"):
 
-- every replica of every stage (a tp group: a "cell") gets a ``RankContext`` whose ``step`` is the
-  plan's ``StepContext`` with the cell's own ``tp`` (so compute, TP collectives, memory and the
-  optimizer step are priced at that tp, on that cell's device and links); cells of one tp and device
-  that see the same links share one context, hence one rank cost;
+- every tp group of every replica of every stage (a "cell": stage, replica, cp index, hp index) gets
+  a ``RankContext`` whose ``step`` is the plan's ``StepContext`` with the cell's own ``tp`` (so
+  compute, TP collectives, memory and the optimizer step are priced at that tp, on that cell's device
+  and links); cells of one tp and device that see the same links share one context, hence one rank
+  cost;
+- context and head parallelism inside the stages (every replica at the plan's cp and hp,
+  ``stages.split_problem``) are the uniform plan's terms: the same ``StepContext`` fields (the CP
+  shards' causal work and ring blocks, the Ulysses exchange of the busiest hp rank) and the same
+  ``RankContext`` fields per cell (its shard's tokens, its heads, its cp and hp links among its
+  replica's cells), read by ``context_parallel``, ``ulysses``, ``compute`` and ``memory`` unchanged;
 - the hop between stages (``pipeline_parallel.hop_bytes``) as ``runtime/stages.py`` sends it: each
   receiving tp rank takes the whole activation (backward: its gradient) from one sending tp rank, so
   the busiest sender of a stage at tp a sends it ceil(b / a) times to a stage at tp b
   (``stages.hop_copies``; ``Links.hop_tps`` gives each chunk's next and previous stage's tp);
 - the gradient reduction over replicas whose shards differ (``data_parallel.step_transfers``): the
-  reduction goes piece by piece (``stages.pieces``), so every rank waits for the rank holding the most
-  pieces, the replica of the smallest tp: it moves parameters / tp_min;
+  reduction goes piece by piece (``stages.pieces``) over the stage's dp x cp x hp cells, so every rank
+  waits for the rank holding the most pieces, the replica of the smallest tp: it moves parameters / tp_min;
 - the pipeline simulation (``pipeline_parallel.simulate_replicas``) runs per replica over each stage's
   own chunk times, so stages of different speed are what it already takes.
 

@@ -26,6 +26,13 @@ arithmetic as the uniform runtime (elementwise, so the pieces' update is the who
 to the replica's other tp ranks after the step. Overflow under fp16 is agreed over the world once
 per step (one ``LossScale`` for the rank).
 
+Context and head parallelism inside the stages (every replica at the plan's cp and hp): a replica is
+cp x hp tp groups ("cells"); tp rank k of its cells forms its cp rings and hp groups
+(``StagedMesh.cp``/``hp``), over which the uniform runtime's ring attention and Ulysses all-to-alls
+run (``attention.AttentionContext``); each rank reads its own tokens of every window, a hop goes to
+the cell of the next stage with the same replica, cp and hp index (it holds the same tokens), and the
+piece groups span every cell of the stage (cp and hp ranks saw other tokens: their gradients sum).
+
 Tied embeddings: the first stage's embedding and the last stage's copy of it (the LM head) swap
 the gradients of the rows they share before the reduction over replicas, matched row by row since
 the two stages may split the vocabulary over different tp (``runtime/tied.py``).
