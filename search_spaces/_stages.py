@@ -162,8 +162,8 @@ def option_costs(ctx: Any, knobs: tuple, cache: dict) -> list[Option]:
 def mixed_option(a: Option, na: int, b: Option, nb: int) -> Option:
     """A stage of ``na`` replicas of ``a`` and ``nb`` of ``b`` (Sailor's stages of replicas of several
     device types and tp; their shards nest, ``stages.nesting_problem``). Its figures are the slower
-    and the larger of the two (the replicas run the same micro-batches, the slowest paces the
-    pipeline; every device must hold its layers), so the split is one that both parts take."""
+    and the larger of the two (every replica runs as many micro-batches, so the slowest paces the
+    step; every device must hold its layers), so the layer split is one that both parts take."""
     worst = max(a, b, key=lambda o: o.layer_s)
     tight = min(a, b, key=lambda o: o.capacity - o.fixed)
     return dataclasses.replace(
@@ -359,35 +359,28 @@ def best_plans(ctx: Any, *, mbs: int, schedule: str, vs: int, recompute: str, ze
     cands.sort(key=lambda x: x[0])
     # the approximate-best composition of each kind of alternative (``KINDS``), priced too when the
     # best few have none: the runners-up then hold one of each (one more alternative, not one more of a kind)
-    picked = cands[:TOP]
+    kinds = [stage_kinds(assign(c, n, False)) for _, c, n in cands]
+    picked = list(range(min(TOP, len(cands))))
     for kind in KINDS:
-        if not any(kind in _kinds(x[1]) for x in picked):
-            picked += [x for x in cands if kind in _kinds(x[1])][:1]
+        if not any(kind in kinds[i] for i in picked):
+            picked += [i for i, k in enumerate(kinds) if kind in k][:1]
+    picked = [cands[i] for i in picked]
     return _fastest(ctx, picked, est, keep, mbs=mbs, schedule=schedule, vs=vs, recompute=recompute, zero=zero)
 
 
 KINDS = ("stages", "replicas", "split")
 """The alternatives a program run keeps one of where the faster plans have none: ``stages``, a plan
-whose stages run different tp; ``replicas``, one with a stage whose replicas run different tp;
-``split``, one whose replicas split the sequence (cp or hp > 1)."""
+whose stages run different tp (the tp of their replicas); ``replicas``, one with a stage whose replicas
+run different tp; ``split``, one whose replicas split the sequence (cp or hp > 1)."""
 
 
-def _kinds(c: Composition) -> set[str]:
-    """Which of ``KINDS`` a composition is."""
-    out = {"split"} if c.stages[0].split != (1, 1) else set()
-    if any(len(o.tps) > 1 for o in c.stages):
+def stage_kinds(stages: tuple[ST.Stage, ...]) -> set[str]:
+    """Which of ``KINDS`` a plan of these stages is (the program's compositions are asked through the
+    stages ``assign`` gives them)."""
+    out = {"split"} if stages[0].replicas[0].cp * stages[0].replicas[0].hp > 1 else set()
+    if any(len(set(st.tps)) > 1 for st in stages):
         out.add("replicas")
-    if len({o.tp for o in c.stages}) > 1:
-        out.add("stages")
-    return out
-
-
-def plan_kinds(q: Plan) -> set[str]:
-    """``_kinds`` of a per-stage plan."""
-    out = {"split"} if q.degrees.cp * q.degrees.hp > 1 else set()
-    if any(len(set(st.tps)) > 1 for st in q.stages):
-        out.add("replicas")
-    if len({max(st.tps) for st in q.stages} | {min(st.tps) for st in q.stages}) > 1:
+    if len({frozenset(st.tps) for st in stages}) > 1:
         out.add("stages")
     return out
 
@@ -459,14 +452,17 @@ def _fastest(ctx: Any, cands: list[tuple[float, Composition, list[int]]], est: A
 def _kept(priced: dict[Plan, float], keep: int) -> list[Plan]:
     """Up to ``keep`` plans, fastest first: the fastest, the fastest plan of each of ``KINDS`` (one
     whose stages run different tp, one whose replicas do, one that splits the sequence), then the
-    fastest of the rest (a stable sort: ties stay in pricing order, so the first is the one a single
-    best took). A plan of several kinds stands for each of them."""
+    fastest of the rest, those of a shape not kept yet first (the same stages on other devices is
+    a lesser alternative); stable sorts: ties stay in pricing order, so the first is the one a single
+    best took. A plan of several kinds stands for each of them."""
     ranked = sorted(priced, key=priced.__getitem__)
     out = ranked[:1]
     for kind in KINDS:
-        if not any(kind in plan_kinds(q) for q in out):
-            out += [q for q in ranked if kind in plan_kinds(q)][:1]
-    out += [q for q in ranked if q not in out][:max(0, keep - len(out))]
+        if not any(kind in stage_kinds(q.stages) for q in out):
+            out += [q for q in ranked if kind in stage_kinds(q.stages)][:1]
+    shapes = {ST.inline(q.stages) for q in out}  # the next fastest of another shape first, then the rest
+    rest = sorted((q for q in ranked if q not in out), key=lambda q: ST.inline(q.stages) in shapes)
+    out += rest[:max(0, keep - len(out))]
     return sorted(out[:keep], key=priced.__getitem__)
 
 
