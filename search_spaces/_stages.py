@@ -24,8 +24,8 @@ monotone in them). Given those, this program chooses what decomposes along the p
    each other, or a replica's stages next to each other), are priced by the real cost model
    (``autotune.cost.estimate``) and the fastest that fits is the point's plan; with it are kept the
    fastest plan of each of ``KINDS`` (stages of different tp, a stage of replicas of different tp,
-   replicas that split the sequence; the approximate best of a kind is priced too when the best few
-   have none) and the next fastest, up to ``KEEP`` distinct ones that fit: its runners-up
+   replicas that split the sequence; the approximate best ``KIND_TOP`` of a kind are priced too
+   when the best few have none) and the next fastest, up to ``KEEP`` distinct ones that fit: its runners-up
    (``best_plans``; the space's ``stage_rank`` knob).
 """
 
@@ -44,6 +44,10 @@ from autotune.schedules import get_schedule
 
 TOP = 3
 """Compositions priced exactly per point (each in two device assignments)."""
+KIND_TOP = 2
+"""Compositions of a kind of alternative (``KINDS``) priced exactly per point where the best ``TOP``
+hold none of it: the approximate step of a stage of replicas of different tp (its slower part's
+time) can misorder the first two by 8% (GPT-Neo-2.7B on 8 A100 + 8 V100, micro-batch 2)."""
 KEEP = 5
 """Distinct feasible plans kept per knob set, fastest first (``best_plans``): the best and four
 runners-up, so where the best does not fit a framework's own memory the next plan is at hand, up to
@@ -97,8 +101,9 @@ class Option:
 
 def replica_options(ctx: Any) -> list[tuple[int, int, int, int, str, tuple[tuple[int, ...], ...]]]:
     """(node group, tp, cp, hp, device type, replica slots) for every tp x cp x hp that divides the
-    group's nodes and that the model allows (``stages.tp_problems``; cp and hp powers of two, the
-    replica's devices inside one node: its ring and all-to-alls on the node's links)."""
+    group's nodes and that the model allows (``stages.tp_problems``; cp or hp a power of two, not
+    both: inside a node the two split the sequence over the same links, and each option costs the
+    program a set of compositions; the replica's devices inside one node)."""
     out = []
     cl = ctx.cluster
     for gi, g in enumerate(cl.groups):
@@ -107,7 +112,7 @@ def replica_options(ctx: Any) -> list[tuple[int, int, int, int, str, tuple[tuple
         for d in devs:
             nodes.setdefault(d.node, []).append(d.index)
         n = g.devices_per_node
-        splits = [(c, h) for c in _powers(n) for h in _powers(n) if n % (c * h) == 0]
+        splits = [(c, 1) for c in _powers(n)] + [(1, h) for h in _powers(n)[1:]]  # ring or Ulysses, not both
         for t in range(1, n + 1):
             for c, h in splits:
                 w = t * c * h
@@ -177,7 +182,8 @@ def mixed_option(a: Option, na: int, b: Option, nb: int) -> Option:
 def mixed_compositions(opts: list[Option], dp: int, max_stages: int) -> list[Composition]:
     """Compositions with stages whose replicas run different tp: for two options of one split on two
     device types (tp a and b nesting), ``k`` stages of ``na`` replicas of the first and ``dp - na`` of
-    the second, and each type's slots left over in whole stages of its own option (every device used
+    the second, as many as one of the two types' slots fill (Sailor's shape: a type whole in mixed
+    stages), and the other type's slots left over in whole stages of its own option (every device used
     where they divide), slow stages first and fast first."""
     out: list[Composition] = []
     for a, b in itertools.permutations(opts, 2):
@@ -187,9 +193,10 @@ def mixed_compositions(opts: list[Option], dp: int, max_stages: int) -> list[Com
         for na in range(max(1, dp - len(b.slots)), min(dp - 1, len(a.slots)) + 1):  # a stage's share of each
             nb = dp - na
             mixed = mixed_option(a, na, b, nb)
-            for k in range(1, min(len(a.slots) // na, len(b.slots) // nb) + 1):
+            kmax = min(len(a.slots) // na, len(b.slots) // nb)
+            for k in {kmax, len(a.slots) // na, len(b.slots) // nb} - {0}:  # one type's slots all in mixed stages
                 rest = [(o, (len(o.slots) - k * n) // dp) for o, n in ((a, na), (b, nb))
-                        if (len(o.slots) - k * n) % dp == 0]
+                        if len(o.slots) >= k * n and (len(o.slots) - k * n) % dp == 0]
                 if len(rest) < 2 or k + sum(r for _, r in rest) > max_stages:
                     continue
                 chosen = [(mixed, k), *((o, r) for o, r in rest if r)]
@@ -357,13 +364,13 @@ def best_plans(ctx: Any, *, mbs: int, schedule: str, vs: int, recompute: str, ze
                     f"enough micro-batches for {schedule}")
         return "divisibility: no device group splits into stages of whole replicas"
     cands.sort(key=lambda x: x[0])
-    # the approximate-best composition of each kind of alternative (``KINDS``), priced too when the
+    # the approximate-best compositions of each kind of alternative (``KINDS``), priced too when the
     # best few have none: the runners-up then hold one of each (one more alternative, not one more of a kind)
-    kinds = [stage_kinds(assign(c, n, False)) for _, c, n in cands]
+    kinds = [kinds_of([o.tps for o in c.stages], c.stages[0].split) for _, c, n in cands]
     picked = list(range(min(TOP, len(cands))))
     for kind in KINDS:
         if not any(kind in kinds[i] for i in picked):
-            picked += [i for i, k in enumerate(kinds) if kind in k][:1]
+            picked += [i for i, k in enumerate(kinds) if kind in k][:KIND_TOP]
     picked = [cands[i] for i in picked]
     return _fastest(ctx, picked, est, keep, mbs=mbs, schedule=schedule, vs=vs, recompute=recompute, zero=zero)
 
@@ -375,12 +382,18 @@ run different tp; ``split``, one whose replicas split the sequence (cp or hp > 1
 
 
 def stage_kinds(stages: tuple[ST.Stage, ...]) -> set[str]:
-    """Which of ``KINDS`` a plan of these stages is (the program's compositions are asked through the
-    stages ``assign`` gives them)."""
-    out = {"split"} if stages[0].replicas[0].cp * stages[0].replicas[0].hp > 1 else set()
-    if any(len(set(st.tps)) > 1 for st in stages):
+    """Which of ``KINDS`` a plan of these stages is (``kinds_of``)."""
+    first = stages[0].replicas[0]
+    return kinds_of([frozenset(st.tps) for st in stages], (first.cp, first.hp))
+
+
+def kinds_of(stage_tps: list[frozenset[int]], split: tuple[int, int]) -> set[str]:
+    """The one rule of ``KINDS`` for a plan whose stages' replicas run ``stage_tps`` and split the
+    sequence ``split`` = (cp, hp); a composition is asked with its options' ``tps`` and ``split``."""
+    out = {"split"} if split != (1, 1) else set()
+    if any(len(t) > 1 for t in stage_tps):
         out.add("replicas")
-    if len({frozenset(st.tps) for st in stages}) > 1:
+    if len(set(stage_tps)) > 1:
         out.add("stages")
     return out
 
