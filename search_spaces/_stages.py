@@ -371,8 +371,9 @@ def best_plans(ctx: Any, *, mbs: int, schedule: str, vs: int, recompute: str, ze
     for kind in KINDS:
         if not any(kind in kinds[i] for i in picked):
             picked += [i for i, k in enumerate(kinds) if kind in k][:KIND_TOP]
-    picked = [cands[i] for i in picked]
-    return _fastest(ctx, picked, est, keep, mbs=mbs, schedule=schedule, vs=vs, recompute=recompute, zero=zero)
+    top = min(TOP, len(cands))  # the best few in both device assignments, the kinds' in one
+    return _fastest(ctx, [cands[i] for i in picked], est, keep, mbs=mbs, schedule=schedule, vs=vs,
+                    recompute=recompute, zero=zero, both=top)
 
 
 KINDS = ("stages", "replicas", "split")
@@ -434,15 +435,15 @@ def _candidates(ctx: Any, opts: list[Option], sched: Any, *, mbs: int, schedule:
 
 
 def _fastest(ctx: Any, cands: list[tuple[float, Composition, list[int]]], est: Any, keep: int, *, mbs: int,
-             schedule: str, vs: int, recompute: str, zero: int) -> list[Plan] | str:
-    """The ``keep`` fastest distinct plans of these candidates priced exactly (both replica orders
-    each; equal step times keep the pricing order, so the first is the one a single best took), or
-    why none is feasible."""
+             schedule: str, vs: int, recompute: str, zero: int, both: int | None = None) -> list[Plan] | str:
+    """The ``keep`` fastest distinct plans of these candidates priced exactly (the first ``both``, all
+    by default, in both replica orders, the rest a stage's replicas side by side; equal step times
+    keep the pricing order, so the first is the one a single best took), or why none is feasible."""
     model, gbs = ctx.model, ctx.global_batch
     priced: dict[Plan, float] = {}  # resolved plan -> step time (dp = 1 gives one plan for both orders)
     reason = "memory: no per-stage plan fits"
-    for _, c, n in cands:
-        for major in (False, True):
+    for i, (_, c, n) in enumerate(cands):
+        for major in (False, True) if both is None or i < both else (False,):
             one = len(c.stages) == 1  # no pipeline: the schedule does not apply (the uniform space's rule)
             plan = Plan(stages=assign(c, n, major), micro_batch_size=mbs, schedule="1f1b" if one else schedule,
                         virtual_stages=1 if one else vs,
