@@ -457,19 +457,20 @@ def scaled(stages: tuple[Stage, ...], n: int, model: Any) -> tuple[Stage, ...]:
     """The same shape on ``n`` local devices (``trial --nproc N`` of a plan made for a larger
     cluster): adjacent stages merged (their layers added), fewer replicas, each replica's tp shrunk
     to a power of two the model allows; of the ways to do so, the one that keeps what distinguishes
-    the plan (a stage wider in tp than another, replicas of different tp in one stage), then the
-    most stages, then every device used."""
+    the plan (a stage wider in tp than another, replicas of different tp in one stage, the sequence
+    split with its cp and hp), then the most stages, then every device used."""
     wide = not is_uniform(stages)
     mixed = any(len(set(st.tps)) > 1 for st in stages)
+    split = (stages[0].replicas[0].cp, stages[0].replicas[0].hp)
     best: tuple[tuple, tuple[Stage, ...]] | None = None
     for p in range(1, min(len(stages), n) + 1):
         groups = [list(range(len(stages)))[i * len(stages) // p:(i + 1) * len(stages) // p] for i in range(p)]
-        for dp in range(1, min(stages[0].dp, n // p) + 1):
-            out = _shrink(stages, groups, dp, n, model)
+        for dp, (c, h) in ((d, x) for d in range(1, min(stages[0].dp, n // p) + 1) for x in {split, (1, 1)}):
+            out = _shrink(stages, groups, dp, n, model, c, h)
             if out is None:
                 continue
             score = (not is_uniform(out) or not wide,
-                     any(len(set(st.tps)) > 1 for st in out) or not mixed, p,
+                     any(len(set(st.tps)) > 1 for st in out) or not mixed, (c, h) == split, p,
                      sum(len(st.devices) for st in out))
             if best is None or score > best[0]:
                 best = (score, out)
@@ -477,9 +478,13 @@ def scaled(stages: tuple[Stage, ...], n: int, model: Any) -> tuple[Stage, ...]:
     return renumbered(best[1])
 
 
-def _shrink(stages: tuple[Stage, ...], groups: list[list[int]], dp: int, n: int, model: Any) -> tuple[Stage, ...] | None:
+def _shrink(stages: tuple[Stage, ...], groups: list[list[int]], dp: int, n: int, model: Any, cp: int = 1,
+            hp: int = 1) -> tuple[Stage, ...] | None:
+    """``groups`` of stages merged, ``dp`` replicas each at ``cp`` x ``hp``, on ``n`` devices; None
+    when they do not fit."""
     p = len(groups)
-    budget = [n // p + (1 if i < n % p else 0) for i in range(p)]
+    w = cp * hp  # devices per unit of tp
+    budget = [(n // p + (1 if i < n % p else 0)) // w for i in range(p)]
     out = []
     for g, b in zip(groups, budget, strict=True):
         first = stages[g[0]]
@@ -494,9 +499,9 @@ def _shrink(stages: tuple[Stage, ...], groups: list[list[int]], dp: int, n: int,
             if cap < 1:
                 return None
             t = 1
-            while t * 2 <= min(order[r % len(order)], cap) and not tp_problems(t * 2, model):
+            while t * 2 <= min(order[r % len(order)], cap) and not tp_problems(t * 2, model, hp):
                 t *= 2
-            reps.append(Replica(tp=t, devices=tuple(range(t))))
+            reps.append(Replica(tp=t, cp=cp, hp=hp, devices=tuple(range(t * w))))
         st = Stage(layers=sum(stages[i].layers for i in g), replicas=tuple(reps))
         if nesting_problem(st.tps):
             return None

@@ -224,3 +224,16 @@ def test_uniform_cp_plan_as_stages_resolves_to_the_same_mesh():
     s = Plan(stages=ST.as_stages(u, MIXED), dtype="fp16").resolve(TINY, MIXED, 64, 8)
     assert s.placement == u.placement and s.degrees == u.degrees and s.shares.tokens == u.shares.tokens
     assert [s.coords(r) for r in range(8)] == [u.coords(r) for r in range(8)]
+
+
+def test_scaled_keeps_the_sequence_split_where_it_fits():
+    # two stages of one replica each at tp 2 x cp 2 (8 devices) on 4 local processes: cp 2 kept, tp 1
+    big = tuple(ST.Stage(layers=2, replicas=(ST.Replica(tp=2, cp=2, devices=tuple(range(4 * s, 4 * s + 4))),))
+                for s in range(2))
+    small = ST.scaled(big, 4, TINY)
+    assert [(r.tp, r.cp, r.hp) for st in small for r in st.replicas] == [(1, 2, 1), (1, 2, 1)]
+    p = Plan(stages=small, dtype="fp16").resolve(TINY, local_cluster(4), 64, 8)
+    assert p.degrees.cp == 2 and p.world == 4
+    # on 1 process the split cannot stay: one replica of tp 1, the whole sequence
+    one = ST.scaled(big, 1, TINY)
+    assert [(r.tp, r.cp, len(r.devices)) for st in one for r in st.replicas] == [(1, 1, 1)]
