@@ -142,7 +142,7 @@ def coords(degrees: Any, rank: int) -> dict[str, int]:
 
 def origin(**known: int) -> dict[str, int]:
     """A mesh coordinate with the ``known`` indices and 0 along every other dimension (a per-stage
-    plan.s cell names its stage, replica, cp, hp and tp index)."""
+    plan's cell names its stage, replica, cp, hp and tp index)."""
     unknown = set(known) - set(MESH_ORDER)
     if unknown:
         raise KeyError(f"not a dimension of the mesh: {sorted(unknown)}")
