@@ -57,6 +57,24 @@ def refusals(target: str, plan: Plan, ctx: ExportContext) -> list[str]:
     return list(exporter(target).reasons(plan, ctx))
 
 
+OPTION_PROBES: dict[str, dict[str, Any]] = {
+    "moe_a2a_overlap": {"moe_a2a_overlap": True},
+    "cuda_graph_scope": {"cuda_graph_scope": ("attn",)},
+    "grad_reduce": {"grad_reduce": "bf16"},
+}
+"""A plan option and the fields of a plan that sets it (``expresses`` asks the target about that plan)."""
+
+
+def expresses(target: str, option: str, ctx: ExportContext) -> bool:
+    """Whether ``target`` runs plans that set ``option`` (a key of ``OPTION_PROBES``), asked of its own
+    rules (``refusals``) rather than copied: every refusal of a plan option starts with the option's
+    field name (``export.common.unexpressed``, the runtime's ``check_runtime_support``), so a target
+    expresses the option when no refusal of a plan that sets it names it. The search space asks this
+    to decide which recipe knobs a study has (``search_spaces/_recipe.py``)."""
+    plan = Plan().replace(**OPTION_PROBES[option])
+    return not any(r.startswith(option + ":") for r in refusals(target, plan, ctx))
+
+
 def model_problems(target: str, model: Any) -> str | None:
     """Why ``target`` cannot build ``model`` at all, whatever the plan (the runtime builds every
     architecture the model spec accepts; what is left is a shape it cannot take, e.g. rotary

@@ -49,7 +49,8 @@ def main() -> None:
     b = res.best
     print(f"search best:             {b.predicted['step_time_s']:.3f} s/step, MFU {b.predicted['mfu']:.1%} "
           f"({b.plan.degrees.inline()},mbs={b.plan.micro_batch_size},{b.plan.schedule},vpp={b.plan.virtual_stages},"
-          f"recompute={b.plan.recompute},zero={b.plan.zero_stage}); ep {b.plan.degrees.ep}; "
+          f"recompute={b.plan.recompute},zero={b.plan.zero_stage},moe_a2a_overlap={int(b.plan.moe_a2a_overlap)},"
+          f"cuda_graph_scope={'/'.join(b.plan.cuda_graph_scope) or 'none'}); ep {b.plan.degrees.ep}; "
           f"{res.trials} trials in {time.monotonic() - t:.1f} s")
     print(f"best / NeMo fitting: {b.predicted['step_time_s'] / fit[1]['step_time_s']:.3f}; "
           f"best / NeMo bare: {b.predicted['step_time_s'] / bare['step_time_s']:.3f}")

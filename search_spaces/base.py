@@ -28,6 +28,10 @@ class SearchContext:
     seq_len: int
     global_batch: int
     dtype: str = "bf16"
+    target: str = "runtime"
+    """Who will run the plans (``autotune/targets.py``): the space has the recipe knobs it runs."""
+    grad_reduce: str = "fp32"
+    """The gradient reduction every plan takes (``Plan.grad_reduce``; the user's call: ``_recipe.py``)."""
 
     @cached_property
     def speeds(self) -> list[float]:

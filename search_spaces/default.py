@@ -48,7 +48,7 @@ from autotune.schedules import get_schedule
 from autotune.stages import STAGED_SCHEDULES
 from search_spaces import _balance as B
 from search_spaces import _disaggregated as _DG
-from search_spaces import _fill, _stages
+from search_spaces import _fill, _recipe, _stages
 from search_spaces.base import Infeasible, SearchContext, family_of
 
 NAME = "default"
@@ -149,6 +149,8 @@ class DefaultSpace:
         """Every float share knob of this study (the expert shares' on a MoE model)."""
         self.disaggregates = _DG.applies(self.moe, ctx.heterogeneous)
         """Whether the study has HeterMoE's ``disaggregate`` knob (``_disaggregated.py``)."""
+        self.recipe = _recipe.knobs(ctx, self.moe, self.ep_divs)
+        """The recipe knobs of this study and their choices (``_recipe.py``: MoE models, the target's own)."""
 
     # ---- the distributions ------------------------------------------------------------------
     def distributions(self) -> dict[str, Any]:
@@ -170,13 +172,17 @@ class DefaultSpace:
             d["ep_exp"], d["etp_exp"] = Int(0, len(self.ep_divs) - 1), Int(0, len(self.etp_divs) - 1)
         if self.disaggregates:
             d[_DG.KNOB] = Cat((False, True))
+        for name, choices in self.recipe.items():
+            d[name] = Cat(choices)
         return d
 
     def params(self, *, mbs: int = 1, schedule: str = "1f1b", vpp: int = 2, recompute: str = "none", zero: int = 0,
                sp: bool = False, placement: str = "node", balance: float = 0.0, tilt: int = 0, folds: int = 1,
-               stages: str = "uniform", ep: int = 1, etp: int = 1, rank: int = 0, **degrees: int) -> dict[str, Any]:
+               stages: str = "uniform", ep: int = 1, etp: int = 1, rank: int = 0, recipe: dict[str, Any] | None = None,
+               **degrees: int) -> dict[str, Any]:
         """The parameter dict of a plan given by its degrees (``tp=2, pp=4``: each knob's dimension,
-        1 where not given; dp is what is left) and options (for baselines and tests)."""
+        1 where not given; dp is what is left) and options (for baselines and tests); ``recipe``: the
+        values of the study's recipe knobs (``_recipe.py``), each off where not given."""
         unknown = set(degrees) - set(DEGREE_KNOBS)
         if unknown:
             raise TypeError(f"params() takes the degrees {', '.join(DEGREE_KNOBS)}, not {', '.join(sorted(unknown))}")
@@ -190,10 +196,20 @@ class DefaultSpace:
             p["ep_exp"], p["etp_exp"] = self.ep_divs.index(ep), self.etp_divs.index(etp)
         if self.disaggregates:
             p[_DG.KNOB] = False
+        for name in self.recipe:
+            p[name] = (recipe or {}).get(name, _recipe.OFF[name])
         return p
 
     # ---- params -> plan ---------------------------------------------------------------------
     def build(self, p: dict[str, Any]) -> Plan | Infeasible:
+        """The point ``p`` as a resolved Plan (``_build``), with the study's gradient reduction (the
+        user's choice, ``--grad-reduce``: no knob, ``_recipe.py``)."""
+        got = self._build(p)
+        if isinstance(got, Infeasible) or self.ctx.grad_reduce == got.grad_reduce:
+            return got
+        return got.replace(grad_reduce=self.ctx.grad_reduce)
+
+    def _build(self, p: dict[str, Any]) -> Plan | Infeasible:
         """The point ``p`` as a resolved Plan, or the Infeasible limit that rules it out. The cheap
         limits come first (the degrees and schedule, then the batch and sequence units): most points
         of a grid or a hill climb that are no plan fail there, before the placement and the shares
@@ -316,6 +332,7 @@ class DefaultSpace:
             degrees=deg, micro_batch_size=sh.mbs, schedule=sh.schedule, virtual_stages=vs, recompute=p["recompute"],
             helix_folds=sh.folds, helix_attention=attention,
             zero_stage=sh.zero, sequence_parallel=sh.sp, cp_layout="zigzag", dtype=ctx.dtype,
+            **_recipe.plan_fields(p, deg.ep),
             shares=Shares(layers=tuple(layers), tokens=tuple(t * u.granule for t in tokens), heads=tuple(heads),
                           samples=tuple(s * u.unit for s in samples), experts=experts),
             placement=placement)
@@ -436,9 +453,10 @@ class DefaultSpace:
                     dp = self.n // (tp * pp)
                     for rc in RECOMPUTE:
                         for ep, etp in self._start_experts(self.n // pp):
-                            out.append(("megatron" if ep == 1 else "megatron-moe",
-                                        self.params(tp=tp, pp=pp, recompute=rc, zero=1 if dp > 1 else 0, ep=ep,
-                                                    etp=etp, sp=tp > 1 and self.moe is not None)))
+                            for recipe in self._recipes(ep):
+                                out.append(("megatron" if ep == 1 else "megatron-moe",
+                                            self.params(tp=tp, pp=pp, recompute=rc, zero=1 if dp > 1 else 0, ep=ep,
+                                                        etp=etp, sp=tp > 1 and self.moe is not None, recipe=recipe)))
         tp_max = max(t for t in self.tp_divs if heads % t == 0 and self.ctx.model.kv_heads % t == 0)
         for cp in self.divs:
             if cp > 1 and self.n % (tp_max * cp) == 0:
@@ -473,6 +491,17 @@ class DefaultSpace:
                 out.append(how)
         return out
 
+    def _recipes(self, ep: int) -> list[dict[str, Any]]:
+        """A MoE baseline's recipe knobs: off, and also every option the study
+        has on (the all-to-all overlap and all three graph scopes, as the Megatron-Bridge recipes run)."""
+        on = {n: c[-1] for n, c in self.recipe.items() if n != "moe_a2a_overlap" or ep > 1}
+        return [{}, on] if on else [{}]
+
+    def _recipe_grid(self, ep: int) -> list[dict[str, Any]]:
+        """Every combination of the study's recipe knobs that can change a plan with ``ep``."""
+        names = [n for n in self.recipe if n != "moe_a2a_overlap" or ep > 1]
+        return [dict(zip(names, c, strict=True)) for c in itertools.product(*(self.recipe[n] for n in names))]
+
     def expert_choices(self, stage_ranks: int) -> list[tuple[int, int]]:
         """(ep, etp) pairs that fold onto a stage of ``stage_ranks`` ranks ([(1, 1)] for a dense model)."""
         return [(e, t) for e in self.ep_divs for t in self.etp_divs if stage_ranks % (e * t) == 0]
@@ -499,11 +528,13 @@ class DefaultSpace:
         places = self.distinct_placements(deg)
         balances = [0.0, 1.0] if (het or pp > 1) else [0.0]
         scheds = [(n, v, f) for n, v in scheds for f in get_schedule(n).fold_choices]
+        recipes = self._recipe_grid(ep)
         for mbs_e in range(self.mbs_max_exp + 1):
-            for (sched, vpp, f), rc, z, sp, pl, bal in itertools.product(scheds, RECOMPUTE, zeros, sps, places,
-                                                                         balances):
+            for (sched, vpp, f), rc, z, sp, pl, bal, rec in itertools.product(scheds, RECOMPUTE, zeros, sps, places,
+                                                                              balances, recipes):
                 yield self.params(tp=tp, pp=pp, cp=cp, hp=hp, mbs=2 ** mbs_e, schedule=sched, vpp=vpp,
-                                  recompute=rc, zero=z, sp=sp, placement=pl, balance=bal, folds=f, ep=ep, etp=etp)
+                                  recompute=rc, zero=z, sp=sp, placement=pl, balance=bal, folds=f, ep=ep, etp=etp,
+                                  recipe=rec)
 
     def _staged_grid(self):
         """The per-stage points: one per knob set the stage program takes."""
@@ -648,6 +679,8 @@ class DefaultSpace:
             idle.add("sp")
         if dims.shard_size(d) == 1:
             idle.add("zero_stage")
+        if d.ep == 1:
+            idle.add("moe_a2a_overlap")
         return idle
 
     def _with_virtual_stages(self, p: dict[str, Any], schedule: str, vpp: Any) -> list[dict[str, Any]]:
@@ -670,6 +703,8 @@ class DefaultSpace:
         out += [{**p, "recompute": r} for r in RECOMPUTE[rc + 1:]]
         if p["mbs_exp"] > 0:
             out.append({**p, "mbs_exp": p["mbs_exp"] - 1})
+        if p.get("moe_a2a_overlap"):  # full recomputation only without the overlap (Megatron-Core's rule)
+            out.append({**p, "moe_a2a_overlap": False, "recompute": "full"})
         return out
 
     def _trades(self, p: dict[str, Any]) -> list[dict[str, Any]]:
@@ -693,8 +728,11 @@ class DefaultSpace:
         return [self.knob_pairs, self.degree_pairs]
 
     def knob_pairs(self, p: dict[str, Any]) -> list[dict[str, Any]]:
-        """Two of recomputation, ZeRO stage and micro-batch size at once."""
-        out = []
+        """Two of recomputation, ZeRO stage and micro-batch size at once; a recipe knob with the
+        recomputation (the all-to-all overlap rules out full recomputation: a climb with it on never
+        reaches full recomputation one knob at a time)."""
+        out = [{**p, name: c, "recompute": rc} for name, choices in self.recipe.items() for c in choices
+               for rc in RECOMPUTE if c != p.get(name) and rc != p["recompute"]]
         for rc, z in itertools.product(RECOMPUTE, range(4)):
             if rc != p["recompute"] and z != p["zero_stage"]:
                 out.append({**p, "recompute": rc, "zero_stage": z})

@@ -58,6 +58,10 @@ TargetOpt = Annotated[str, typer.Option("--target", help="Who will run the plan:
                                                          "everything the space holds), megatron, torchtitan, "
                                                          "deepspeed or accelerate (only what it can express).")]
 
+GradReduceOpt = Annotated[str, typer.Option("--grad-reduce", help="Gradient reduction of every plan: fp32 (the "
+                                                                  "default) or bf16 (Megatron's --grad-reduce-in-bf16: "
+                                                                  "cheaper, other numerics; --target megatron).")]
+
 
 def command(
     model: ModelOpt,
@@ -76,6 +80,7 @@ def command(
     wide: WideOpt = False,
     dtype: DtypeOpt = "auto",
     target: TargetOpt = "runtime",
+    grad_reduce: GradReduceOpt = "fp32",
     objective: ObjectiveOpt = "time",
     budget: BudgetOpt = None,
     max_step_time: MaxStepOpt = None,
@@ -88,7 +93,7 @@ def command(
 ) -> None:
     """Search parallel plans with Optuna over degrees and uneven shares using the cost model.
 
-    Longer than a screen: its options are declared in the signature (typer, 28 lines); the body
+    Longer than a screen: its options are declared in the signature (typer, 29 lines); the body
     builds ``SearchOptions``, hands the work to ``autotune.search`` and prints."""
     from autotune.documents import documents_from_options
     from autotune.objective import make_objective
@@ -100,7 +105,7 @@ def command(
     from autotune.study import default_study_name
 
     opts = SearchOptions(trials=trials, timeout_s=timeout, sampler=sampler, workers=workers, seed=seed, top=top,
-                         space=space, target=target)
+                         space=space, target=target, grad_reduce=grad_reduce)
     check_options(opts, storage)
     m = load_model(model)
     c = load_cluster(cluster, storage=storage)
@@ -119,7 +124,7 @@ def command(
     opts = dataclasses.replace(opts, dtype="auto" if chosen == "auto" else choose_dtype(dtype, c))
     # a study holds one precision and one target: another one is another default study
     name = study or (default_study_name(m, c, seq_len, global_batch) + ("" if chosen == "bf16" else f"-{chosen}")
-                     + ("" if target == "runtime" else f"-{target}")
+                     + ("" if target == "runtime" else f"-{target}") + ("" if grad_reduce == "fp32" else "-gradbf16")
                      + ("" if docs is None else f"-docs{docs.dist.digest()[:8]}" + ("" if opts.doc_mask else "-nomask")))
     opening = (f"searching {m.name} on {c.name} ({c.num_devices} devices), seq {seq_len}, batch {global_batch}: "
                f"study {name!r} in {storage}")  # printed once the study is open (Progress.opened)

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.errors import InputError
+from autotune.plan import GRAD_REDUCE_DTYPE, GRAD_REDUCES
+from autotune.plan_parts import compute_dtype
 from autotune.plan_record import PlanRecord
 from autotune.search.spaces import load_space, space_names  # noqa: F401  (their old home)
 from autotune.study import worker_count_ok
@@ -40,6 +42,9 @@ class SearchOptions:
     device of the cluster has it, else fp16, else fp32 (``plan.choose_dtype``, asked by ``search``)."""
     target: str = "runtime"
     """Who will run the plan (autotune/targets.py): the search explores only what it can run."""
+    grad_reduce: str = "fp32"
+    """The gradient reduction of every plan (``plan.GRAD_REDUCES``): bf16 changes the numerics, so it is
+    the user's choice, not a knob (``search_spaces/_recipe.py``); the target must run it."""
     documents: dict[str, Any] | None = None
     """The workload's documents (``autotune.documents.DocumentSource.record``), recorded with the
     study; the plans are priced with their masks by ``cost/documents_estimator.DocumentsEstimator``."""
@@ -93,6 +98,21 @@ class SearchResult:
                 "objective": self.objective}
 
 
+def check_grad_reduce(opts: SearchOptions, model: Any, cluster: Any, seq_len: int, global_batch: int) -> None:
+    """``--grad-reduce bf16`` needs bf16 weights (the precision chosen) and a target that runs it (its
+    own rules: ``targets.expresses``); one line naming the flag otherwise."""
+    if opts.grad_reduce == GRAD_REDUCE_DTYPE:
+        return
+    if compute_dtype(opts.dtype) != "bf16":
+        raise InputError(f"{opts.grad_reduce} reduction needs bf16 weights (--dtype bf16 or FP8), got {opts.dtype}",
+                         field="--grad-reduce")
+    from autotune.targets import context, expresses
+
+    if not expresses(opts.target, "grad_reduce", context(model, cluster, seq_len, global_batch)):
+        raise InputError(f"{opts.grad_reduce}: --target {opts.target} reduces gradients in {GRAD_REDUCE_DTYPE} "
+                         "(Megatron runs --grad-reduce-in-bf16)", field="--grad-reduce")
+
+
 def check_options(opts: SearchOptions, storage: str) -> None:
     if opts.sampler not in SAMPLERS:
         from autotune.errors import suggest
@@ -105,6 +125,11 @@ def check_options(opts: SearchOptions, storage: str) -> None:
     from autotune.targets import check_target
 
     check_target(opts.target)
+    if opts.grad_reduce not in GRAD_REDUCES:
+        from autotune.errors import suggest
+
+        raise InputError(f"unknown gradient reduction {opts.grad_reduce!r}" + suggest(opts.grad_reduce, GRAD_REDUCES),
+                         field="--grad-reduce")
     if opts.workers < 1:
         raise InputError(f"must be >= 1, got {opts.workers}", field="--workers")
     if opts.top < 1:

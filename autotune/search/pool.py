@@ -219,7 +219,8 @@ class _PoolRun:
 
         sub = P.subset(self.pool, uses)
         ctx = SearchContext(model=self.model, cluster=sub, seq_len=self.seq_len, global_batch=self.global_batch,
-                            dtype=subset_dtype(self.opts.dtype, sub))
+                            dtype=subset_dtype(self.opts.dtype, sub), target=self.opts.target,
+                            grad_reduce=self.opts.grad_reduce)
         return build_space(load_space(self.opts.space), ctx, self.opts.space)
 
     def _setup(self, uses: tuple[int, ...]) -> tuple[Any, Any]:

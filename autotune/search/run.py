@@ -18,6 +18,7 @@ from autotune.search.options import (
     SAMPLER_PATIENCE,
     SearchOptions,
     SearchResult,
+    check_grad_reduce,
     check_options,
 )
 from autotune.search.phases import run_baselines, run_polish, run_sampler, run_starts
@@ -160,6 +161,7 @@ def search(model: Any, cluster: Any, seq_len: int, global_batch: int, *, study_n
     # the precision is chosen (and a device that lacks it refused) before any point is priced, as the
     # CLI does: an API caller's default ``auto`` means the same as ``--dtype``'s
     opts = dataclasses.replace(opts, dtype=choose_dtype(opts.dtype, cluster))
+    check_grad_reduce(opts, model, cluster, seq_len, global_batch)
     t0 = time.monotonic()
     estimator = documents_estimator(opts, estimator)
     _ctx, space, ev = setup(model, cluster, seq_len, global_batch, opts, estimator)

@@ -31,7 +31,8 @@ def setup(model: Any, cluster: Any, seq_len: int, global_batch: int, opts: Searc
     """The search context, the space built on it and an Evaluator (what every search process needs)."""
     from search_spaces.base import SearchContext
 
-    ctx = SearchContext(model=model, cluster=cluster, seq_len=seq_len, global_batch=global_batch, dtype=opts.dtype)
+    ctx = SearchContext(model=model, cluster=cluster, seq_len=seq_len, global_batch=global_batch, dtype=opts.dtype,
+                        target=opts.target, grad_reduce=opts.grad_reduce)
     space = build_space(load_space(opts.space), ctx, opts.space)
     return ctx, space, Evaluator(space, estimator or default_estimator(), target=opts.target)
 

@@ -125,7 +125,8 @@ def test_search_beats_nemo_qwen3_30b_layout(qwen3_search):
 def even_enumeration_best(m, c, target: str) -> tuple[float, str]:
     """Every even-split plan of the workload's degrees (tp, pp, ep, etp folded onto each stage), 1F1B
     and interleaved 1F1B with 2 and 4 chunks, micro-batches 1-4, each recomputation and ZeRO stage,
-    that ``target`` can run (its own rules, as the search asks them), priced one by one: the
+    the all-to-all overlap off and on, CUDA graphs off and over all three scopes (the graph saving has no
+    other price, so the partial scopes are never faster), that ``target`` can run (its own rules, as the search asks them), priced one by one: the
     exhaustive optimum of the plans a Megatron user writes by hand."""
     from autotune.targets import context, refusals
 
@@ -137,9 +138,10 @@ def even_enumeration_best(m, c, target: str) -> tuple[float, str]:
             if (dp * tp) % (ep * etp):
                 continue
             scheds = [("1f1b", 1)] + ([("interleaved_1f1b", 2), ("interleaved_1f1b", 4)] if pp > 1 else [])
-            for (s, v), mbs, rc, z in itertools.product(scheds, (1, 2, 4), ("none", "selective", "full"), (0, 1, 2, 3)):
+            for (s, v), mbs, rc, z, a2a, g in itertools.product(scheds, (1, 2, 4), ("none", "selective", "full"),
+                                                                 (0, 1, 2, 3), (0, 1), ("", "attn/moe_router/moe_preprocess")):
                 p = (f"dp={dp},tp={tp},pp={pp},ep={ep},etp={etp},schedule={s},vpp={v},mbs={mbs},recompute={rc},"
-                     f"zero={z},sp={int(tp > 1)}")
+                     f"zero={z},sp={int(tp > 1)},moe_a2a_overlap={a2a}" + (f",cuda_graph_scope={g}" if g else ""))
                 try:
                     plan = parse_inline(p).resolve(m, c, 4096, 512)
                 except InputError:  # a plan the rules refuse is no candidate (a crash fails the test)
