@@ -50,7 +50,9 @@ at a time (one block's full activations as working set). fp32 activations double
 
 In flight: the schedule decides how many micro-batches' activations a rank holds
 (``pipeline.peak_in_flight``: min(p - s, m) under 1F1B, m under GPipe). The last stage also keeps
-the logits (compute dtype plus an fp32 copy for the loss) of its micro-batches in flight.
+the logits (compute dtype plus an fp32 copy for the loss) of its micro-batches in flight. With the MoE
+all-to-all overlap one layer-micro-batch more (``paired_layer``: Megatron-Core's combined step stores
+the next micro-batch's forward layers while it frees the backward's one pair later).
 
 Reserve: the runtime's buffers (CUDA/ROCm context, NCCL and cuBLAS workspaces), the device's
 named ``framework_reserve`` (``DeviceSpec.framework_reserve()``: autotune/specs/catalogue.py
@@ -221,6 +223,20 @@ def micro_batches_that_fit(terms: dict[str, float], capacity: float) -> int | No
     return int(((capacity - fixed) / (1 + RESERVE_FRACTION) - states) // per)
 
 
+def paired_layer(ctx: RankContext, inflight: int) -> int:
+    """The layer-micro-batch the all-to-all overlap (``Plan.moe_a2a_overlap``) keeps beyond the
+    schedule's peak: Megatron-Core's combined step (``MultiTransformerLayerSchedulePlan.run``) runs
+    micro-batch i+1's forward layer j beside micro-batch i's backward layer L-1-j and frees the
+    backward's layer only after the pair (its first layer, ``is_last_layer_in_bwd``, after the whole
+    step), so while a forward stores its layers the backward has one more of its own than the plain
+    order (forward, then backward) ever holds beside them: 1 where the rank runs such steps (its peak
+    is below all its layer-micro-batches), else 0 (one micro-batch, or every one in the warm-up)."""
+    x = ctx.step.experts
+    if x is None or x.overlap != "a2a_1f1b" or not sum(x.chunk_moe_layers[ctx.pp_index]):
+        return 0
+    return 1 if inflight < sum(ctx.layers) * ctx.microbatches else 0
+
+
 def rank_memory(ctx: RankContext, kept: float, full: float) -> tuple[float, dict[str, float]]:
     """(bytes, terms) on the rank of ``ctx``: its model states (ZeRO-sharded), the activations of
     the layer-micro-batches its schedule holds at once (plus one block rebuilt under recompute),
@@ -231,6 +247,7 @@ def rank_memory(ctx: RankContext, kept: float, full: float) -> tuple[float, dict
                           weights_gathered=zero3_weights_gathered(s), framework=framework_of(s),
                           grad_reduce=s.grad_reduce)
     inflight, last_inflight = peak_in_flight(s.schedule, s.pp, s.v, ctx.microbatches, ctx.pp_index, ctx.layers)
+    inflight += paired_layer(ctx, inflight)
     acts = kept * inflight + (full - kept if s.recompute != "none" else 0.0)
     logits = 0.0
     if s.n_chunks - 1 in s.chunks[ctx.pp_index]:
