@@ -32,6 +32,7 @@ a constant, so the front's points are the best plan of each subset that no other
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import time
@@ -46,6 +47,7 @@ from autotune.search.options import (
     SAMPLER_PATIENCE,
     SearchOptions,
     SearchResult,
+    check_grad_reduce,
     check_options,
 )
 from autotune.search.phases import run_baselines, run_polish, run_sampler, run_starts
@@ -192,6 +194,8 @@ def pool_search(model: Any, pool: Any, seq_len: int, global_batch: int, *, study
 
     if opts.dtype != "auto":  # an explicit precision is refused up front where a device lacks it; ``auto``
         choose_dtype(opts.dtype, pool)  # is chosen per subset (subset_dtype), as --dtype's auto means
+    # --grad-reduce bf16 needs bf16 weights on every subset: the whole pool's precision is asked
+    check_grad_reduce(dataclasses.replace(opts, dtype=choose_dtype(opts.dtype, pool)), model, pool, seq_len, global_batch)
     if opts.workers > 1 or opts.sampler == "grid":
         raise InputError("a pool search runs one process with the tpe or random sampler", field="--workers/--sampler")
     from autotune.search.run import documents_estimator

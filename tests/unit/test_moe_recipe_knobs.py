@@ -83,3 +83,15 @@ def test_bf16_gradient_reduction_is_the_users_choice():
         with pytest.raises(InputError, match=says) as e:
             search(m, c, 512, 64, study_name="gr", storage=":memory:", options=opts)
         assert e.value.field == "--grad-reduce"
+
+
+def test_a_pool_search_refuses_bf16_reduction_where_a_device_has_no_bf16():
+    from autotune.search.pool import pool_search
+
+    pool = cluster_from_dict({"name": "p", "inter_node": {"bandwidth": "100Gbit/s", "latency": "5us"}, "nodes": [
+        {"devices_per_node": 2, "device": "H100-SXM", "available": 1},
+        {"devices_per_node": 2, "device": "V100-16GB", "available": 1}]})
+    with pytest.raises(InputError, match="needs bf16 weights") as e:
+        pool_search(load_model("tiny-moe"), pool, 512, 64, study_name="gp", storage=":memory:",
+                    options=SearchOptions(target="megatron", grad_reduce="bf16"))
+    assert e.value.field == "--grad-reduce"
