@@ -65,16 +65,18 @@ def single_groups(experts: int) -> ExpertGroups:
     return ExpertGroups(shares=(experts,), ep=_solo(), etp=_solo(), edp=_solo(), route=_solo(), token_split=_solo())
 
 
-def shard_groups(experts: int, ep: int, tp: int) -> ExpertGroups:
-    """One process timing the work of EP rank 0 of ``ep`` under even shares, with ``tp`` ranks that
-    hold the same tokens (``profile --layers``): axes of their sizes and no process group. The
-    exchanges loop back (``_loopback``): the rank routes its ``1/tp`` of the tokens, and the rows it
-    sends to EP rank ``j`` stand for the rows it receives from ``j``, as when every EP rank routes as
-    this one does; what would travel is priced by the link model, not timed here."""
+def shard_groups(experts: int, ep: int, tp: int, etp: int = 1) -> ExpertGroups:
+    """One process timing the work of EP rank 0 of ``ep`` (and expert-TP rank 0 of ``etp``) under even
+    shares, with ``tp`` ranks that hold the same tokens (``profile --layers``): axes of their sizes and
+    no process group. The exchanges loop back (``_loopback``): the rank routes its ``1/tp`` of the
+    tokens, the rows it sends to EP rank ``j`` stand for the rows it receives from ``j``, as when every
+    EP rank routes as this one does, and under etp every etp rank's rows stand for its own (the slice
+    computes ``etp`` copies of them at ``1/etp`` of each expert's width); what would travel is priced
+    by the link model, not timed here."""
     if ep < 1 or experts % ep:
         raise ValueError(f"ep({ep}) does not divide the {experts} experts evenly")
     return ExpertGroups(shares=(experts // ep,) * ep, ep=Axis(size=ep, index=0, ranks=list(range(ep)), group=None),
-                        etp=_solo(), edp=_solo(), route=_solo(),
+                        etp=Axis(size=etp, index=0, ranks=list(range(etp)), group=None), edp=_solo(), route=_solo(),
                         token_split=Axis(size=tp, index=0, ranks=list(range(tp)), group=None))
 
 
@@ -216,7 +218,7 @@ def _gather_counts(counts: torch.Tensor, axis: Axis) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
-class _Exchange:
+class Exchange:
     """The row counts of one dispatch seen from this rank."""
 
     send: list[int]  # rows to each EP rank
@@ -224,19 +226,19 @@ class _Exchange:
     per_expert: torch.Tensor  # [sources, local experts]: rows received for each local expert, by source
 
 
-def _plan_exchange(counts: torch.Tensor, groups: ExpertGroups) -> _Exchange:
+def plan_exchange(counts: torch.Tensor, groups: ExpertGroups) -> Exchange:
     """``counts`` ``[E]``: this rank's rows per global expert."""
     first, n = expert_range(groups.shares, groups.ep.index)
     bounds = [expert_range(groups.shares, j) for j in range(len(groups.shares))]
     send = [int(counts[a:a + c].sum()) for a, c in bounds]
     if _loopback(groups.ep):  # the rows sent to EP rank j (sorted by expert) come back as j's rows
-        return _Exchange(send=send, recv=send, per_expert=counts.view(groups.ep.size, n))
+        return Exchange(send=send, recv=send, per_expert=counts.view(groups.ep.size, n))
     every = _gather_counts(counts, groups.ep)  # [ep, E]
     per_expert = every[:, first:first + n]
-    return _Exchange(send=send, recv=[int(v) for v in per_expert.sum(dim=1)], per_expert=per_expert)
+    return Exchange(send=send, recv=[int(v) for v in per_expert.sum(dim=1)], per_expert=per_expert)
 
 
-def _run_experts(rows: torch.Tensor, per_expert: torch.Tensor, experts: nn.ModuleDict, first: int) -> torch.Tensor:
+def run_experts(rows: torch.Tensor, per_expert: torch.Tensor, experts: nn.ModuleDict, first: int) -> torch.Tensor:
     """Rows arriving as blocks (source, then local expert, counts ``per_expert``) through their
     experts; the outputs in the same order."""
     n_local = per_expert.shape[1]
@@ -250,27 +252,43 @@ def _run_experts(rows: torch.Tensor, per_expert: torch.Tensor, experts: nn.Modul
     return out[torch.argsort(order)]
 
 
-def _through_experts(rows: torch.Tensor, ex: _Exchange, experts: nn.ModuleDict, first: int,
-                     etp: Axis) -> torch.Tensor:
+def through_experts(rows: torch.Tensor, ex: Exchange, experts: nn.ModuleDict, first: int,
+                    etp: Axis) -> torch.Tensor:
     """The experts' outputs of the rows this rank received, with their etp slices summed."""
-    if etp.group is None:
-        return _run_experts(rows, ex.per_expert, experts, first)
+    if etp.size == 1:
+        return run_experts(rows, ex.per_expert, experts, first)
     mine = rows.shape[0]
+    if _loopback(etp):  # every etp rank's rows taken to be this one's (``shard_groups``)
+        partial = run_experts(rows.repeat(etp.size, 1), ex.per_expert.repeat(etp.size, 1), experts, first)
+        return partial.view(etp.size, mine, -1).sum(dim=0)
     sizes = [int(v) for v in _gather_counts(torch.tensor([mine], device=rows.device), etp).reshape(-1)]
     per_expert = _gather_counts(ex.per_expert, etp).reshape(-1, ex.per_expert.shape[1])
     # all-gather of unequal sizes as an all-to-all: send my rows to every etp rank
     together = _all_to_all(rows.repeat(etp.size, 1), [mine] * etp.size, sizes, etp)
-    partial = _run_experts(together, per_expert, experts, first)
+    partial = run_experts(together, per_expert, experts, first)
     # each slice's partial sums back to the rows' owner, then summed over the slices
     back = _all_to_all(partial, sizes, [mine] * etp.size, etp)
     return back.view(etp.size, mine, -1).sum(dim=0)
 
 
-def dispatch_and_combine(tokens: torch.Tensor, experts_idx: torch.Tensor, weights: torch.Tensor,
-                         keep: torch.Tensor | None, experts: nn.ModuleDict, first: int,
-                         groups: ExpertGroups) -> torch.Tensor:
-    """``sum_j weights[t, j] * expert_{idx[t, j]}(tokens[t])`` for every token ``t`` ``[N, H]``, the
-    choices ``keep`` drops left out."""
+@dataclass(frozen=True)
+class Permuted:
+    """A micro-batch's routed copies in expert order (the dispatch's permutation)."""
+
+    rows: torch.Tensor
+    """``[copies, H]``: each kept (token, choice) pair's hidden state, sorted by expert."""
+    token_of: torch.Tensor
+    """``[copies]``: the token each row came from."""
+    weights: torch.Tensor
+    """``[copies]``: each row's routing weight."""
+    counts: torch.Tensor
+    """``[E]``: rows per global expert."""
+
+
+def permute(tokens: torch.Tensor, experts_idx: torch.Tensor, weights: torch.Tensor, keep: torch.Tensor | None,
+            n_experts: int) -> Permuted:
+    """Each kept choice's copy of its token, sorted by expert, so the rows bound for each expert (hence
+    each EP rank) are contiguous."""
     n, k = experts_idx.shape
     flat_e = experts_idx.reshape(-1)
     token_of = torch.arange(n, device=tokens.device).repeat_interleave(k)
@@ -278,15 +296,29 @@ def dispatch_and_combine(tokens: torch.Tensor, experts_idx: torch.Tensor, weight
     if keep is not None:
         kept = keep.reshape(-1)
         flat_e, token_of, flat_w = flat_e[kept], token_of[kept], flat_w[kept]
-    order = torch.argsort(flat_e, stable=True)  # rows bound for each expert, hence each EP rank, contiguous
+    order = torch.argsort(flat_e, stable=True)
     token_of, flat_w = token_of[order], flat_w[order]
-    counts = torch.bincount(flat_e, minlength=sum(groups.shares))
-    rows = tokens[token_of]
-    ex = _plan_exchange(counts, groups)
+    return Permuted(rows=tokens[token_of], token_of=token_of, weights=flat_w,
+                    counts=torch.bincount(flat_e, minlength=n_experts))
+
+
+def combine(tokens: torch.Tensor, token_of: torch.Tensor, out: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Each row's expert output weighted by its routing weight and added to its token ``[N, H]``."""
+    return tokens.new_zeros(tokens.shape).index_add(0, token_of, out * weights.unsqueeze(-1))
+
+
+def dispatch_and_combine(tokens: torch.Tensor, experts_idx: torch.Tensor, weights: torch.Tensor,
+                         keep: torch.Tensor | None, experts: nn.ModuleDict, first: int,
+                         groups: ExpertGroups) -> torch.Tensor:
+    """``sum_j weights[t, j] * expert_{idx[t, j]}(tokens[t])`` for every token ``t`` ``[N, H]``, the
+    choices ``keep`` drops left out: ``permute``, the exchange over ep, ``through_experts``, the
+    exchange back, ``combine`` (``profilers/moe_parts.py`` times each of these steps)."""
+    p = permute(tokens, experts_idx, weights, keep, sum(groups.shares))
+    ex = plan_exchange(p.counts, groups)
+    rows = p.rows
     if groups.ep.group is not None:
         rows = _all_to_all(rows, ex.send, ex.recv, groups.ep)
-    out = _through_experts(rows, ex, experts, first, groups.etp)
+    out = through_experts(rows, ex, experts, first, groups.etp)
     if groups.ep.group is not None:
         out = _all_to_all(out, ex.recv, ex.send, groups.ep)
-    y = tokens.new_zeros(tokens.shape)
-    return y.index_add(0, token_of, out * flat_w.unsqueeze(-1))
+    return combine(tokens, p.token_of, out, p.weights)
