@@ -12,7 +12,11 @@ over micro-batch sizes, sequence lengths and tensor-parallel shards:
   (attention, router, the dispatch's permutation, the routed experts, the combine, the shared
   experts) as one EP rank of each ``ep`` degree runs it: ``moe.experts / ep`` experts taking the rows
   every EP rank would send them when all route as this one does (``shard_groups``), its ``1/tp`` of
-  the tokens under tp. The all-to-alls are not timed (the link model prices them).
+  the tokens under tp, and at each ``etp`` the slice etp rank 0 computes of every etp rank's rows.
+  The all-to-alls are not timed (the link model prices them). Each point also carries ``parts``: the
+  MoE FFN's steps timed apart (``profilers/moe_parts.py``: router, dispatch, experts, combine, and
+  shared where the model has shared experts; ``ffn``, the whole FFN at once, their reference), the
+  terms a CPU rank's MoE block is priced from (``autotune/cost/cpu_moe.py``).
 
 A tp shard is timed as *the shard's weights on one device*: the layers are built with a tp axis of
 size ``t`` and no process group, so every weight has its shard's shape (heads / t, ffn / t, vocab / t)
@@ -91,11 +95,20 @@ class LayerSweep:
     notes: list[str] = field(default_factory=list)
     ep: tuple[int, ...] = (1,)
     """EP degrees the ``moe`` piece is timed at (one shard of each)."""
+    etp: tuple[int, ...] = (1,)
+    """Expert-TP degrees the ``moe`` piece is timed at (etp rank 0's slice of each EP shard)."""
+    moe_world: int = 0
+    """The most ranks an (ep, etp) shard may fold onto (0: no limit): ``ep * etp`` beyond it is not timed."""
 
-    def keys(self) -> list[tuple[str, int, int, int, int]]:
-        """Every (piece, tp, micro_batch, seq, ep) point, in the order they are timed (ep 1 but for ``moe``)."""
-        return [(piece, t, b, s, e) for piece in self.pieces for t in self.tp for b in self.micro_batches
-                for s in self.seq_lens for e in (self.ep if piece == "moe" else (1,))]
+    def moe_shards(self) -> list[tuple[int, int]]:
+        """The (ep, etp) shards the ``moe`` piece is timed at."""
+        return [(e, t) for e in self.ep for t in self.etp if not self.moe_world or e * t <= self.moe_world]
+
+    def keys(self) -> list[tuple[str, int, int, int, int, int]]:
+        """Every (piece, tp, micro_batch, seq, ep, etp) point, in the order they are timed (ep = etp = 1
+        but for ``moe``)."""
+        return [(piece, t, b, s, e, et) for piece in self.pieces for t in self.tp for b in self.micro_batches
+                for s in self.seq_lens for e, et in (self.moe_shards() if piece == "moe" else [(1, 1)])]
 
 
 def model_pieces(model: Any) -> tuple[str, ...]:
@@ -112,6 +125,14 @@ def ep_sizes(model: Any, wanted: tuple[int, ...]) -> tuple[int, ...]:
     if getattr(model, "moe", None) is None:
         return (1,)
     return tuple(e for e in wanted if e >= 1 and model.moe.experts % e == 0) or (1,)
+
+
+def etp_sizes(model: Any, wanted: tuple[int, ...]) -> tuple[int, ...]:
+    """The expert-TP degrees of ``wanted`` that split an MoE model's expert width evenly ((1,) for a
+    dense model), as ``runtime/moe.py`` ``Expert`` requires."""
+    if getattr(model, "moe", None) is None:
+        return (1,)
+    return tuple(e for e in wanted if e >= 1 and model.moe.expert_ffn_hidden % e == 0) or (1,)
 
 
 def shard_sizes(model: Any, wanted: tuple[int, ...]) -> tuple[tuple[int, ...], list[str]]:
@@ -149,7 +170,8 @@ def default_sweep(model: Any, device: str, dtype: str = "fp32", threads: int | N
     seqs, too_long = seq_lens_within(model, seqs)
     notes += [f"seq {s} skipped: > max_positions({model.max_positions})" for s in too_long]
     return LayerSweep(micro_batches=mbs, seq_lens=seqs, tp=tps, dtype=dtype, notes=notes,
-                      threads=threads or (1 if cpu else 1), pieces=model_pieces(model), ep=ep_sizes(model, tps))
+                      threads=threads or (1 if cpu else 1), pieces=model_pieces(model), ep=ep_sizes(model, tps),
+                      etp=etp_sizes(model, tps), moe_world=max(tps))
 
 
 def parse_grid(text: str | None, name: str) -> tuple[int, ...] | None:
@@ -212,24 +234,30 @@ def _measure(model, device, sweep, dtype, clock, progress) -> list[dict[str, Any
     done = 0
     pieces, meters, reps = {}, {}, {}
     for key in keys:  # build and warm every point once, and size its rounds
-        p = pieces[key] = _Piece(key[0], model, key[1], key[2], key[3], device, dtype, ep=key[4])
-        for kind, fn in (("fwd", p.fwd), ("fwd_bwd", p.fwd_bwd)):
-            m = meters[key, kind] = Meter(fn, device=device, clock=clock)
-            reps[key, kind] = repeats_for(m.warm(1), sweep.round_s, sweep.min_repeats, sweep.max_repeats)
+        p = pieces[key] = _Piece(key[0], model, key[1], key[2], key[3], device, dtype, ep=key[4], etp=key[5])
+        calls = {"": (p.fwd, p.fwd_bwd)}
+        if key[0] == "moe":  # the MoE FFN's steps apart (profilers/moe_parts.py)
+            calls.update(p.moe_parts().calls())
+        for part, (f, fb) in calls.items():
+            for kind, fn in (("fwd", f), ("fwd_bwd", fb)):
+                m = meters[key, kind, part] = Meter(fn, device=device, clock=clock)
+                reps[key, kind, part] = repeats_for(m.warm(1), sweep.round_s, sweep.min_repeats, sweep.max_repeats)
         done += 1
         if progress:
-            progress(done, total, f"warm {key[0]} tp{key[1]} b{key[2]} s{key[3]}" + (f" ep{key[4]}" if key[4] > 1 else ""))
+            progress(done, total, f"warm {key[0]} tp{key[1]} b{key[2]} s{key[3]}"
+                     + (f" ep{key[4]}" if key[4] > 1 else "") + (f" etp{key[5]}" if key[5] > 1 else ""))
     for r in range(sweep.rounds):  # interleaved rounds: a burst of load spoils one round, not a point
         for key in keys:
-            for kind in ("fwd", "fwd_bwd"):
-                meters[key, kind].take(reps[key, kind])
+            for mkey, m in meters.items():
+                if mkey[0] == key:
+                    m.take(reps[mkey])
             done += 1
             if progress:
                 progress(done, total, f"round {r + 1}/{sweep.rounds}")
     out = []
     for key in keys:
-        piece, t, b, s, e = key
-        tf, tfb = meters[key, "fwd"].timing(), meters[key, "fwd_bwd"].timing()
+        piece, t, b, s, e, et = key
+        tf, tfb = meters[key, "fwd", ""].timing(), meters[key, "fwd_bwd", ""].timing()
         saved = pieces[key].saved()
         pt = {"piece": piece, "tp": t, "micro_batch": b, "seq": s,
               "fwd_s": tf.median_s, "fwd_bwd_s": tfb.median_s, "bwd_s": max(0.0, tfb.median_s - tf.median_s),
@@ -240,7 +268,21 @@ def _measure(model, device, sweep, dtype, clock, progress) -> list[dict[str, Any
             pt["attention"] = "materialized" if saved.scores else "fused"
         if piece == "moe":
             pt["ep"] = e
+            if et > 1:
+                pt["etp"] = et
+            pt["parts"] = _parts(meters, key)
         out.append(pt)
+    return out
+
+
+def _parts(meters: dict, key: tuple) -> dict[str, list[float]]:
+    """{step: [fwd_s, bwd_s]} of a ``moe`` point's FFN steps (``profilers/moe_parts.py``), as the
+    piece's own: the median forward, and the backward as fwd+bwd less it."""
+    out = {}
+    for mkey in meters:
+        if mkey[0] == key and mkey[1] == "fwd" and mkey[2]:
+            f, fb = meters[mkey].timing().median_s, meters[key, "fwd_bwd", mkey[2]].timing().median_s
+            out[mkey[2]] = [f, max(0.0, fb - f)]
     return out
 
 
@@ -268,7 +310,8 @@ def layer_profile_doc(model: Any, device: str, sweep: LayerSweep, points: list[d
                      "attention": _attention_ran(points, sweep.attention), "attention_asked": sweep.attention,
                      "cores": os.cpu_count(), "measure_s": measure_s, "notes": sweep.notes,
                      "grid": {"micro_batch": list(sweep.micro_batches), "seq": list(sweep.seq_lens),
-                              "tp": list(sweep.tp), **({"ep": list(sweep.ep)} if "moe" in sweep.pieces else {})}},
+                              "tp": list(sweep.tp),
+                              **({"ep": list(sweep.ep), "etp": list(sweep.etp)} if "moe" in sweep.pieces else {})}},
             "points": points}
 
 

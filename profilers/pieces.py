@@ -2,8 +2,9 @@
 shape, with its timed calls.
 
 An MoE model's ``block`` is its first dense layer and ``moe`` its first MoE layer (attention, router,
-the dispatch's permutation, the routed experts of EP rank 0 of ``ep`` and the combine, the shared
-experts), timed as one process stands for its ep shard (``runtime.expert_parallel.shard_groups``).
+the dispatch's permutation, the routed experts of EP rank 0 of ``ep`` (at etp rank 0's slice of
+``etp``) and the combine, the shared experts), timed as one process stands for its ep and etp shard
+(``runtime.expert_parallel.shard_groups``); ``moe_parts`` gives its FFN's steps apart.
 
 Shared by the per-layer profiles (``profilers/layers.py``) and the kernel profile's reference block
 (``profilers/block_ref.py``); its own module so that neither imports the other.
@@ -66,14 +67,14 @@ class Piece:
     """One piece at one (tp, micro_batch, seq[, ep]): its module, inputs and the two timed calls."""
 
     def __init__(self, piece: str, model: Any, t: int, b: int, s: int, device: str, dtype: Any, seed: int = 0,
-                 ep: int = 1):
+                 ep: int = 1, etp: int = 1):
         import torch
 
         from autotune.runtime.expert_parallel import shard_groups
         from autotune.runtime.model import Layout, StageModel, build_on_meta, materialize
         from autotune.runtime.moe import MoEContext
 
-        moe = MoEContext(groups=shard_groups(model.moe.experts, ep, t)) if piece == "moe" else None
+        moe = MoEContext(groups=shard_groups(model.moe.experts, ep, t, etp)) if piece == "moe" else None
         layout = Layout(tp=_tp_axis(t), moe=moe)
         first, last, layers = piece == "embed", piece == "head", piece_layers(piece, model)
         dev = torch.device(device)
@@ -88,6 +89,21 @@ class Piece:
         self.target = torch.randint(0, vocab_shard, (b, s), generator=g).to(dev) if last else None
         self.piece = piece
         self.param_bytes = sum(p.numel() * p.element_size() for p in self.module.parameters())
+
+    def moe_parts(self) -> Any:
+        """A ``moe`` piece's MoE FFN steps (``profilers/moe_parts.py``), on the input its block's
+        attention hands the FFN (drawn once here, under no gradient)."""
+        import torch
+
+        from profilers.moe_parts import MoEParts, moe_layer
+
+        layer = moe_layer(self.module)
+        seen = {}
+        hook = layer.register_forward_pre_hook(lambda _m, args: seen.setdefault("x", args[0].detach()))
+        with torch.no_grad():
+            self.module(self.x)
+        hook.remove()
+        return MoEParts(layer, seen["x"])
 
     def _out(self):
         x = self.x

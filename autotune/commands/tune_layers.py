@@ -66,11 +66,20 @@ def layer_grid(model: Any, global_batch: int, world: int) -> tuple[tuple[int, ..
     return mbs, tps, ep_sizes(model, divisors)
 
 
+def etp_grid(model: Any, world: int) -> tuple[int, ...]:
+    """The expert-TP degrees the search on ``world`` local ranks can price: every divisor of the world
+    that splits an MoE model's expert width ((1,) for a dense model)."""
+    from profilers.layers import etp_sizes
+
+    return etp_sizes(model, tuple(t for t in range(1, world + 1) if world % t == 0))
+
+
 def _sweep(mbs: tuple[int, ...], seq: int, tps: tuple[int, ...], dtype: str, pieces: tuple[str, ...],
-           eps: tuple[int, ...] = (1,)) -> Any:
+           eps: tuple[int, ...] = (1,), etps: tuple[int, ...] = (1,), world: int = 0) -> Any:
     from profilers.layers import LayerSweep
 
-    return LayerSweep(micro_batches=mbs, seq_lens=(seq,), tp=tps, dtype=dtype, pieces=pieces, threads=1, ep=eps)
+    return LayerSweep(micro_batches=mbs, seq_lens=(seq,), tp=tps, dtype=dtype, pieces=pieces, threads=1, ep=eps,
+                      etp=etps, moe_world=world)
 
 
 def per_token_s(doc: dict[str, Any], layers: int, update: dict[str, Any] | None = None,
@@ -136,11 +145,12 @@ def measure_layers(model: Any, seq: int, global_batch: int, world: int, dtype: s
     from profilers.store import save_layer_profile
 
     mbs, tps, eps = layer_grid(model, global_batch, world)
+    etps = etp_grid(model, world)
     say(f"timing {model.name}'s layers in {dtype} (micro-batches {', '.join(map(str, mbs))}; "
-        f"tp {', '.join(map(str, tps))}" + (f"; MoE block at ep {', '.join(map(str, eps))}" if model.moe else "")
-        + ") ...")
+        f"tp {', '.join(map(str, tps))}" + (f"; MoE block at ep {', '.join(map(str, eps))}, etp "
+                                            f"{', '.join(map(str, etps))}" if model.moe else "") + ") ...")
     t0 = time.perf_counter()
-    doc, update = _timed(model, _sweep(mbs, seq, tps, dtype, model_pieces(model), eps), world)
+    doc, update = _timed(model, _sweep(mbs, seq, tps, dtype, model_pieces(model), eps, etps, world), world)
     meta = {**(doc.get("meta") or {}), "update": update}
     if world >= 2:  # ZeRO-2/3 shard over at least two ranks: what FSDP2 adds to their step
         from profilers.fsdp_costs import measure_fsdp

@@ -136,8 +136,9 @@ class LayerTable:
     def __init__(self, doc: dict[str, Any]):
         self.ref = f"layers:{doc.get('id')}"
         self.origin = str(doc.get("origin") or "measured")
-        self.rows: dict[tuple[str, int], dict[int, list[tuple[int, int, float, float]]]] = {}
-        """By (piece, ep: 1 but for an MoE model's ``moe`` piece), then tp shard."""
+        self.rows: dict[tuple[str, int, int], dict[int, list[tuple[int, int, float, float]]]] = {}
+        """By (piece, ep, etp: 1 but for an MoE model's ``moe`` piece), then tp shard; a ``moe`` point's
+        FFN steps (``parts``, ``profilers/moe_parts.py``) as pieces of their own, ``moe.<step>``."""
         self.act: dict[tuple[str, int], dict[int, list[tuple[int, int, float, float]]]] = {}
         """Points with measured activation bytes (as (mbs, seq, bytes, bytes): the time rows' shape)."""
         meta = doc.get("meta") or {}
@@ -159,18 +160,24 @@ class LayerTable:
                 if meta["fsdp"].get(z) is not None:
                     self.fsdp[int(z)] = _rates(meta["fsdp"][z], f"meta.fsdp.{z}", FSDP_KEYS, self.ref)
         for p in doc.get("points") or []:
-            key, piece_ep = (int(p["micro_batch"]), int(p["seq"])), (p["piece"], int(p.get("ep", 1)))
-            self.rows.setdefault(piece_ep, {}).setdefault(int(p["tp"]), []).append(
+            key, shard = (int(p["micro_batch"]), int(p["seq"])), (int(p.get("ep", 1)), int(p.get("etp", 1)))
+            self.rows.setdefault((p["piece"], *shard), {}).setdefault(int(p["tp"]), []).append(
                 (*key, float(p["fwd_s"]), float(p["bwd_s"])))
+            for step, fb in (p.get("parts") or {}).items():
+                pair = fb if isinstance(fb, (list, tuple)) and len(fb) == 2 else (fb, None)
+                f, b = _rates(dict(zip(("fwd_s", "bwd_s"), pair, strict=True)), f"points.parts.{step}",
+                              ("fwd_s", "bwd_s"), self.ref).values()
+                self.rows.setdefault((f"{p['piece']}.{step}", *shard), {}).setdefault(int(p["tp"]), []).append(
+                    (*key, f, b))
             if p.get("activation_bytes"):
                 a = float(p["activation_bytes"])
-                self.act.setdefault(piece_ep, {}).setdefault(int(p["tp"]), []).append((*key, a, a))
+                self.act.setdefault((p["piece"], *shard), {}).setdefault(int(p["tp"]), []).append((*key, a, a))
 
     def lookup_bytes(self, piece: str, mbs: int, seq: int, tp: int) -> tuple[float, str] | None:
         """(activation bytes one call of ``piece`` keeps for backward, how) at (mbs, seq, tp), or None
         when the profile measured none. Interpolated as the times are; beyond the measured shards the
         nearest one scaled by t0 / tp (the split tensors dominate)."""
-        shards = self.act.get((piece, 1))
+        shards = self.act.get((piece, 1, 1))
         if not shards:
             return None
         tps = sorted(shards)
@@ -180,10 +187,11 @@ class LayerTable:
             a, exact = a * t0 / tp, False
         return a, f"{self.ref} ({self.origin}), {'measured' if exact else 'interpolated'}"
 
-    def lookup(self, piece: str, mbs: int, seq: int, tp: int, ep: int = 1) -> Lookup | None:
-        """Seconds of ``piece`` at (mbs, seq, tp), and for ``moe`` at the EP degree ``ep`` (only one
-        measured: an EP shard holds other experts and takes other rows, not interpolated)."""
-        shards = self.rows.get((piece, ep))
+    def lookup(self, piece: str, mbs: float, seq: int, tp: int, ep: int = 1, etp: int = 1) -> Lookup | None:
+        """Seconds of ``piece`` at (mbs, seq, tp), and for ``moe`` (and its steps) at the EP and
+        expert-TP degrees ``ep``, ``etp`` (only those measured: a shard holds other experts and takes
+        other rows, not interpolated)."""
+        shards = self.rows.get((piece, ep, etp))
         if not shards:
             return None
         tps = sorted(shards)
@@ -289,14 +297,28 @@ def piece(ctx: Any, name: str) -> Lookup | None:
 
 def moe_piece(ctx: Any) -> Lookup | None:
     """Seconds (fwd, bwd) of one MoE block's compute on this rank for its micro-batch, measured at
-    its EP degree under even shares (``profile --layers``' ``moe`` piece: attention, router,
-    permutation, this EP rank's experts on their mean load, combine, shared experts; no exchange),
-    or None: no such point, a rank the profile cannot price (``applies``), or expert-TP (not timed)."""
+    its EP and expert-TP degrees under even shares (``profile --layers``' ``moe`` piece: attention,
+    router, permutation, this EP rank's experts on their mean load (etp rank 0's slice of every etp
+    rank's rows), combine, shared experts; no exchange), or None: no such point, or a rank the
+    profile cannot price (``applies``)."""
     table = applies(ctx)
     x = ctx.step.experts
-    if table is None or x is None or x.etp > 1:
+    if table is None or x is None:
         return None
-    return table.lookup(MOE_PIECE, ctx.step.mbs, ctx.tokens, ctx.step.tp, x.ep)
+    return table.lookup(MOE_PIECE, ctx.step.mbs, ctx.tokens, ctx.step.tp, x.ep, x.etp)
+
+
+def moe_step(ctx: Any, step: str) -> Lookup | None:
+    """Seconds (fwd, bwd) of one step of this rank's MoE FFN (``profilers/moe_parts.py``: router,
+    dispatch, experts, combine, shared; ``ffn``: all of them at once) for its micro-batch at its EP and
+    expert-TP degrees, or None where the profile did not time it. The FFN works on the rank's tokens
+    alone, so a cp or hp shard is priced too: at the micro-batch of whole sequences holding as many
+    tokens (``tokens_local / seq_len``)."""
+    s, x = ctx.step, ctx.step.experts
+    table = table_for(ctx.spec, s.model, s.dtype)
+    if table is None or x is None:
+        return None
+    return table.lookup(f"{MOE_PIECE}.{step}", ctx.tokens_local / s.seq_len, s.seq_len, s.tp, x.ep, x.etp)
 
 
 def shard_piece(ctx: Any, name: str) -> Lookup | None:
@@ -370,7 +392,7 @@ def activation_scale(ctx: Any) -> tuple[float, str] | None:
 
     s = ctx.step
     table = table_for(ctx.spec, s.model, s.dtype)
-    if table is None or not table.act.get(("block", 1)):
+    if table is None or not table.act.get(("block", 1, 1)):
         return None
     seq = ctx.tokens if applies(ctx) is not None else s.seq_len
     got = table.lookup_bytes("block", s.mbs, seq, s.tp)
