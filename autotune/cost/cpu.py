@@ -441,16 +441,81 @@ def sync_waits(ctx: RankContext, comp_f: float, comp_b: float, z3: int = 0) -> t
     an all-gather and a reduce-scatter each), Ulysses 2 all-to-alls, the ring's cp - 1 K/V passes
     forward; backward the same, plus the ring's cp dK/dV passes and the recomputed forward's calls;
     ``z3`` (``data_parallel.zero3_gathers``) more each way: ZeRO-3's block gathers."""
+    calls_f, calls_b = block_sync_calls(ctx, z3)
+    if not calls_f:
+        return 0.0, 0.0
+    cpu = ctx.rates.cpu
+    return (ctx.mf * (calls_f * cpu.sync_call_s + cpu.sync_skew * comp_f),
+            ctx.mf * (calls_b * cpu.sync_call_s + cpu.sync_skew * comp_b))
+
+
+def block_sync_calls(ctx: RankContext, z3: int = 0) -> tuple[int, int]:
+    """(forward, backward) blocking collectives of one block and micro-batch (``sync_waits``)."""
     s = ctx.step
     tp, hp, cp = s.tp, s.hp, s.cp
     calls_f = (4 if s.sp else 2) * (tp > 1) + 2 * (hp > 1) + (cp - 1)
     if not calls_f + z3:
+        return 0, 0
+    return calls_f + z3, calls_f + cp * (cp > 1) + (calls_f if s.recompute == "full" else 0) + z3
+
+
+def moe_sync_calls(step: Any) -> tuple[int, int]:
+    """(forward, backward) blocking collectives one MoE layer issues per micro-batch in the runtime
+    (``runtime/moe.py``, ``runtime/expert_parallel.py``): with ep > 1 the per-expert counts'
+    all-gather and the dispatch and combine all-to-alls forward, the two all-to-alls back; with
+    etp > 1 two counts' all-gathers and the rows' gather and partial sums' return (all-to-alls) forward,
+    their two back; where a sequence is split at the router (cp, hp, tp under sequence parallelism)
+    the per-sequence counts' all-reduce forward; with tp ranks holding the same tokens (no sequence
+    parallelism) the output's all-gather forward, and back the gathers of the input's and the routing
+    weights' gradients (each rank kept its part of both). A layer whose
+    forward runs again in the backward (full recomputation, the ``moe`` module) issues its forward's
+    calls there too."""
+    x = step.experts
+    route = step.cp * step.hp * (step.tp if step.sp else 1)
+    split = int(step.tp > 1 and not step.sp)
+    calls_f = 3 * (x.ep > 1) + 4 * (x.etp > 1) + (route > 1) + split
+    calls_b = 2 * (x.ep > 1) + 2 * (x.etp > 1) + 2 * split
+    if step.recompute == "full" or "moe" in step.recompute_modules:
+        calls_b += calls_f
+    return calls_f, calls_b
+
+
+def moe_sync_waits(ctx: RankContext, comp_f: float, comp_b: float) -> tuple[float, float]:
+    """(forward, backward) seconds one MoE layer waits at its blocking collectives
+    (``moe_sync_calls``): ``sync_call_s`` each, and ``sync_skew`` of ``comp_f`` / ``comp_b``, the
+    layer's compute no earlier wait of the block covered (``sync_waits``' rule)."""
+    calls_f, calls_b = moe_sync_calls(ctx.step)
+    if not calls_f + calls_b:
         return 0.0, 0.0
-    calls_b = calls_f + cp * (cp > 1) + (calls_f if s.recompute == "full" else 0) + z3
-    calls_f += z3
     cpu = ctx.rates.cpu
     return (ctx.mf * (calls_f * cpu.sync_call_s + cpu.sync_skew * comp_f),
             ctx.mf * (calls_b * cpu.sync_call_s + cpu.sync_skew * comp_b))
+
+
+def moe_comm(ctx: RankContext) -> tuple[float, float]:
+    """(forward, backward) seconds of one MoE layer's small collectives on a CPU rank, from the gloo
+    table (the dispatch's and the experts' all-to-alls are ``expert_dispatch.py``'s): the counts'
+    all-gathers (ep: ``experts`` int64 per rank; etp: one int64, then the EP rank's sources x local
+    experts), the per-sequence counts' all-reduce over the router's split (``[mbs, seq, experts]``
+    fp32), and with tp ranks holding the same tokens the output's all-gather forward, the input's
+    and the routing weights' gradients' back (``runtime/expert_parallel.py``). A GPU finishes these
+    in microseconds beside the exchange; on gloo each costs ~0.1-0.3 ms."""
+    s, K, x, e = ctx.step, ctx.collectives, ctx.step.experts, ctx.step.model.moe
+    xl = ctx.expert_links
+    f = K.all_gather(xl.ep_intra, x.ep, 8.0 * e.experts) if x.ep > 1 else 0.0
+    if x.etp > 1:
+        f += K.all_gather(xl.etp, x.etp, 8.0) + K.all_gather(xl.etp, x.etp, 8.0 * e.experts)
+    route = s.cp * s.hp * (s.tp if s.sp else 1)
+    if route > 1:
+        link = ctx.links.cp if s.cp > 1 else (ctx.links.hp if s.hp > 1 else ctx.links.tp)
+        f += K.all_reduce(link, route, 4.0 * s.mbs * s.seq_len * e.experts)
+    b = 0.0
+    if s.tp > 1 and not s.sp:
+        gather = K.all_gather(ctx.links.tp, s.tp, ctx.hidden_bytes)
+        f, b = f + gather, gather + K.all_gather(ctx.links.tp, s.tp, 4.0 * ctx.tokens_local * e.top_k)
+    if s.recompute == "full" or "moe" in s.recompute_modules:
+        b += f
+    return ctx.mf * f, ctx.mf * b
 
 
 def zero_step_sync(ctx: RankContext, comp_f: float, comp_b: float, n_blocks: int) -> float:

@@ -62,6 +62,8 @@ class MoETerms:
     routed_kept: float
     routed_full: float
     buffers: float
+    recompute_b: float = 0.0
+    """Of ``comp_b``: the named ``recompute_modules``' routed work run again (``recompute_modules.py``)."""
 
 
 def tokens_in(ctx: RankContext) -> float:
@@ -117,12 +119,12 @@ def moe_terms(ctx: RankContext, shared_fwd: float, shape: tuple[ER.RankLoad, ...
     full = MM.routed_activation_bytes(m, received=own.received, tokens=n, etp=x.etp, bpe=s.bpe, recompute="none",
                                       dtype=s.dtype)
     # the named modules' forward work again in the backward (the whole layer under ``moe``: the caller)
-    comp_b += cf * RMOD.routed_seconds(m, ctx.rates, s.recompute_modules, received=slow.received, etp=x.etp,
-                                       bpe=s.bpe)
-    return MoETerms(comp_f=comp_f, comp_b=comp_b, ep_f=exp_f, ep_b=exp_b, exchange_raw=4.0 * one_way,
+    again = cf * RMOD.routed_seconds(m, ctx.rates, s.recompute_modules, received=slow.received, etp=x.etp,
+                                     bpe=s.bpe)
+    return MoETerms(comp_f=comp_f, comp_b=comp_b + again, ep_f=exp_f, ep_b=exp_b, exchange_raw=4.0 * one_way,
                     router_s=cf * (3.0 * r_gemm + 2.0 * r_mem), host_s=host_f + host_b, experts_s=3.0 * g,
                     imbalance=slow.imbalance, tokens_per_expert=slow.received / slow.share, routed_kept=kept,
-                    routed_full=full, buffers=MM.dispatch_buffer_bytes(m, own.received, s.bpe))
+                    routed_full=full, buffers=MM.dispatch_buffer_bytes(m, own.received, s.bpe), recompute_b=again)
 
 
 def layer_host(ctx: RankContext, local_experts: int) -> tuple[float, float]:
@@ -142,6 +144,16 @@ def shared_gemm_fwd(ctx: RankContext) -> float:
     return GG.mlp_gemm_time(ctx.rates, m, ctx.tokens_local, m.moe.shared_width / s.tp)
 
 
+def even_terms(ctx: RankContext, shared_fwd: float) -> MoETerms:
+    """``moe_terms`` of the shape a layer profile times: every EP rank at ``experts / ep`` experts on
+    its mean load (imbalance 1), on this rank's device."""
+    x, e = ctx.step.experts, ctx.step.model.moe
+    share = e.experts // x.ep
+    routed = x.ep * x.etp * tokens_in(ctx)
+    mean = ER.RankLoad(share=share, imbalance=1.0, received=routed * e.top_k * share / e.experts)
+    return moe_terms(ctx, shared_fwd, shape=(mean,) * x.ep)
+
+
 def measured_moe(ctx: RankContext, lc: LayerCompute, t: MoETerms, fwd: float, bwd: float,
                  shared_fwd: float) -> tuple[LayerCompute, MoETerms]:
     """The MoE block (``lc``: attention and shared experts; ``t``: router and routed experts) on the
@@ -151,11 +163,7 @@ def measured_moe(ctx: RankContext, lc: LayerCompute, t: MoETerms, fwd: float, bw
     shape (``share = experts / ep``, imbalance 1). On that shape the price is the measurement; the
     busiest rank's extra experts or load (uneven shares, the dropless spread, capacity padding) keep
     their modelled share on the measured scale. Exchange terms are left as they are (not timed)."""
-    x, e = ctx.step.experts, ctx.step.model.moe
-    share = e.experts // x.ep
-    routed = x.ep * x.etp * tokens_in(ctx)
-    mean = ER.RankLoad(share=share, imbalance=1.0, received=routed * e.top_k * share / e.experts)
-    even = moe_terms(ctx, shared_fwd, shape=(mean,) * x.ep)
+    even = even_terms(ctx, shared_fwd)
     cf = ctx.cf
     rf = fwd / max(lc.fwd + even.comp_f / cf, 1e-30)
     rb = bwd / max(lc.bwd + even.comp_b / cf, 1e-30)

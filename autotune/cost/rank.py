@@ -24,6 +24,7 @@ from autotune.cost import layers as LY
 from autotune.cost import memory as M
 from autotune.cost import moe_layers as ML
 from autotune.cost import moe_memory as MM
+from autotune.cost import moe_steps as MS
 from autotune.cost import pipeline_parallel as PP
 from autotune.cost import recompute_modules as RMOD
 from autotune.cost import tensor_parallel as TP
@@ -344,10 +345,14 @@ def moe_block(ctx: RankContext) -> tuple[BlockTimes, Any, LayerCompute, tuple[fl
     lc_m, km, fm, sm = ML.base_block(ctx, m.moe.shared_width)
     shared_fwd = ML.shared_gemm_fwd(ctx)
     t = ML.moe_terms(ctx, shared_fwd)
-    moe_hit = LY.moe_piece(ctx)  # the profile's ``moe`` piece at this EP degree: the layer on its scale
-    if moe_hit is not None:
+    steps = MS.measured_steps(ctx)  # the profile's FFN steps at this ep and etp: the layer from them
+    moe_hit = LY.moe_piece(ctx) if steps is None else None  # else its ``moe`` piece: the layer on its scale
+    if steps is not None:
+        lc_m, t = MS.priced(ctx, t, shared_fwd, steps)
+    elif moe_hit is not None:
         lc_m, t = ML.measured_moe(ctx, lc_m, t, moe_hit.fwd, moe_hit.bwd, shared_fwd)
     bm = block_times(ctx, lc_m)
+    charged = (bm.comp_f, bm.comp_b) if _cpu_block_synced(ctx) else (0.0, 0.0)
     if not m.moe.shared_width:  # tp's second gather/scatter pair is the FFN's: routed tokens leave in their
         bm.tp_f, bm.tp_b = 0.5 * bm.tp_f, 0.5 * bm.tp_b  # sequence-parallel slices (expert_dispatch.py)
     full_rc = reruns_moe_forward(ctx.step)
@@ -359,6 +364,8 @@ def moe_block(ctx: RankContext) -> tuple[BlockTimes, Any, LayerCompute, tuple[fl
     bm.ep_raw = t.exchange_raw * (1.5 if full_rc else 1.0)
     if ctx.step.experts.overlap == "a2a_1f1b":
         _overlap_microbatches(ctx, bm, t, shared_fwd)
+    if ctx.rates.cpu is not None:
+        _cpu_moe_waits(ctx, bm, charged)
     # ZeRO-3 (FSDP) gathers the layer's experts over edp with its dense weights, behind the same compute
     bm.z3_f, bm.z3_b = DP.zero3_block_exposed(ctx, bm.comp_f, bm.comp_b, EDP.zero3_gather(ctx))
     return bm, t, lc_m, (km, fm, sm)
@@ -379,6 +386,22 @@ def _overlap_microbatches(ctx: RankContext, bm: BlockTimes, t: Any, shared_fwd: 
     phi = XD.paired_fraction(s.pp, s.v, ctx.pp_index, ctx.microbatches)
     bm.ep_f = phi * 0.5 * pair + (1.0 - phi) * bm.ep_f
     bm.ep_b = phi * 0.5 * pair + (1.0 - phi) * bm.ep_b
+
+
+def _cpu_block_synced(ctx: RankContext) -> bool:
+    """Whether ``block_times`` charged a CPU block's waits at its own blocking collectives (then a
+    MoE layer's add their calls, and the skew only on the compute those did not cover)."""
+    return ctx.rates.cpu is not None and _cpu.block_sync_calls(ctx, DP.zero3_gathers(ctx))[0] > 0
+
+
+def _cpu_moe_waits(ctx: RankContext, bm: BlockTimes, charged: tuple[float, float]) -> None:
+    """A CPU rank's MoE layer: the runtime's small collectives around the exchange and the waits at
+    its blocking calls (``cpu.moe_comm``, ``cpu.moe_sync_waits``), on ``bm``'s exposed exchange;
+    ``charged``: the compute whose skew the block's own waits already took."""
+    comm_f, comm_b = _cpu.moe_comm(ctx)
+    wait_f, wait_b = _cpu.moe_sync_waits(ctx, bm.comp_f - charged[0], bm.comp_b - charged[1])
+    bm.ep_f, bm.ep_b = bm.ep_f + comm_f + wait_f, bm.ep_b + comm_b + wait_b
+    bm.ep_raw += comm_f + comm_b + wait_f + wait_b
 
 
 def _mix(bd: BlockTimes, bm: BlockTimes, n_dense: int, n_moe: int) -> BlockTimes:

@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 from autotune.cost import layers as LY
+from autotune.cost import moe_steps as MS
 from autotune.cost.compute import cached_rates
 from autotune.cost.context import StepContext
 from autotune.cost.memory import TERM_NAMES
@@ -175,6 +176,8 @@ def _compute_sources(groups: list) -> dict[str, dict[str, str]]:
     for _, _, ctx, _ in groups:
         if ctx.spec.name not in out:
             out[ctx.spec.name] = LY.rank_sources(ctx)
+            if ctx.step.experts is not None and (steps := MS.source(ctx)) is not None:
+                out[ctx.spec.name][LY.MOE_PIECE] = steps  # the MoE layers priced from their steps
     return out
 
 

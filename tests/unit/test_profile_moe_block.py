@@ -163,7 +163,7 @@ def test_an_ep_the_profile_did_not_time_falls_back_to_the_model():
     m = _balanced()
     assert LY.moe_piece(_ctx(m, "dp=2,ep=2", eps=(1,))) is None
     assert LY.moe_piece(_ctx(m, "dp=2,ep=2", eps=(1, 2))) is not None
-    assert LY.moe_piece(_ctx(m, "dp=2,etp=2", eps=(1, 2))) is None  # expert-TP is not timed
+    assert LY.moe_piece(_ctx(m, "dp=2,etp=2", eps=(1, 2))) is None  # an etp the profile did not time
 
 
 def test_a_profile_of_other_experts_is_not_used():

@@ -19,8 +19,9 @@ def test_grid_is_every_micro_batch_the_batch_allows_and_every_tp_the_model_split
 
 @pytest.mark.parametrize("world", [1, 2, 4, 8])
 def test_an_moe_models_grid_times_every_ep_the_search_can_choose(world):
-    """The moe piece is timed at every EP degree the default space offers on ``world`` local ranks
-    (its own list, ``ep_divs``), so no searched MoE plan falls back for want of its ep."""
+    """The moe piece is timed at every EP and expert-TP degree the default space offers on ``world``
+    local ranks (its own lists, ``ep_divs`` and ``etp_divs``), so no searched MoE plan falls back for
+    want of its ep or etp."""
     from autotune.specs import load_cluster
     from search_spaces.base import SearchContext
     from search_spaces.default import DefaultSpace
@@ -29,6 +30,7 @@ def test_an_moe_models_grid_times_every_ep_the_search_can_choose(world):
     space = DefaultSpace(SearchContext(model=moe, cluster=load_cluster(f"local:{world}"), seq_len=64,
                                        global_batch=8))
     assert TL.layer_grid(moe, 8, world)[2] == tuple(space.ep_divs)
+    assert TL.etp_grid(moe, world) == tuple(space.etp_divs)  # and every etp (one node here)
 
 
 def test_per_token_cost_of_an_moe_model_counts_its_dense_and_moe_blocks():
