@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,13 +32,25 @@ def _twin(model: Any, sweep: Any, ready: Any, stop: Any) -> None:
     from profilers.layers import DTYPES
 
     dtype = getattr(torch, DTYPES[sweep.dtype])
-    pieces = [Piece(pc, model, t, b, s, "cpu", dtype, ep=e) for pc, t, b, s, e in sweep.keys()]
+    pieces = [Piece(pc, model, t, b, s, "cpu", dtype, ep=e, etp=et) for pc, t, b, s, e, et in sweep.keys()]
     ready.release()
     while not stop.is_set():
         for p in pieces:
             p.fwd_bwd()
             if stop.is_set():
                 return
+
+
+def _wait_ready(procs: list[Any], ready: Any) -> int:
+    """How many of ``procs`` said they are ready within ``READY_TIMEOUT_S``; a helper that died
+    first (it cannot build its pieces) is not waited for."""
+    up, deadline = 0, time.monotonic() + READY_TIMEOUT_S
+    while up < len(procs) and time.monotonic() < deadline:
+        if ready.acquire(timeout=0.5):
+            up += 1
+        elif up + sum(p.exitcode is not None for p in procs) >= len(procs):
+            break
+    return up
 
 
 @contextlib.contextmanager
@@ -52,7 +65,7 @@ def twins(model: Any, sweep: Any, n: int) -> Iterator[int]:
     procs = [ctx.Process(target=_twin, args=(model, sweep, ready, stop), daemon=True) for _ in range(n)]
     for p in procs:
         p.start()
-    up = sum(1 for _ in range(n) if ready.acquire(timeout=READY_TIMEOUT_S))
+    up = _wait_ready(procs, ready)
     try:
         yield up
     finally:

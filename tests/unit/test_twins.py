@@ -24,3 +24,13 @@ def test_a_twin_runs_beside_the_timing_and_stops_after_it():
         assert len(kids) == 1 and kids[0].is_alive()
         time.sleep(0.2)
     assert not kids[0].is_alive()
+
+
+def test_a_twin_of_an_moe_sweep_builds_every_ep_and_etp_shard():
+    """The helpers build the sweep's own points (an MoE model's moe piece at each (ep, etp)): a
+    helper that cannot is not waited for, and none comes up."""
+    sweep = LayerSweep(micro_batches=(1,), seq_lens=(16,), tp=(1,), dtype="fp32", pieces=("moe",), threads=1,
+                       ep=(1, 2), etp=(1, 2), moe_world=2)
+    t0 = time.perf_counter()
+    with twins(load_model("tiny-moe"), sweep, 1) as up:
+        assert up == 1, f"the twin did not come up ({time.perf_counter() - t0:.0f} s)"
