@@ -173,11 +173,13 @@ class LayerTable:
                 a = float(p["activation_bytes"])
                 self.act.setdefault((p["piece"], *shard), {}).setdefault(int(p["tp"]), []).append((*key, a, a))
 
-    def lookup_bytes(self, piece: str, mbs: int, seq: int, tp: int) -> tuple[float, str] | None:
-        """(activation bytes one call of ``piece`` keeps for backward, how) at (mbs, seq, tp), or None
-        when the profile measured none. Interpolated as the times are; beyond the measured shards the
-        nearest one scaled by t0 / tp (the split tensors dominate)."""
-        shards = self.act.get((piece, 1, 1))
+    def lookup_bytes(self, piece: str, mbs: float, seq: int, tp: int, ep: int = 1,
+                     etp: int = 1) -> tuple[float, str] | None:
+        """(activation bytes one call of ``piece`` keeps for backward, how) at (mbs, seq, tp) (a
+        ``moe`` piece at its (ep, etp) shard), or None when the profile measured none. Interpolated as
+        the times are; beyond the measured shards the nearest one scaled by t0 / tp (the split
+        tensors dominate)."""
+        shards = self.act.get((piece, ep, etp))
         if not shards:
             return None
         tps = sorted(shards)
@@ -405,6 +407,25 @@ def activation_scale(ctx: Any) -> tuple[float, str] | None:
     how = got[1] if seq == ctx.tokens and applies(ctx) is not None and not s.sp else \
         f"formula x {ratio:.2f} ({got[1].split(',')[0]} at cp=hp=1, seq {seq}, no sequence parallelism)"
     return ratio, how
+
+
+def moe_activation_ratio(ctx: Any, formula_full: float) -> float:
+    """How much an MoE layer's activations scale unlike the dense block's: (measured / formula of
+    the ``moe`` piece) over ``activation_scale``'s ratio, so that ``measured_activations`` puts each
+    MoE layer on its own measurement (``formula_full``: the layer's bytes without recomputation on
+    this rank, attention and routed). The piece is looked up at the rank's (ep, etp) and tokens (a
+    cp or hp shard at the micro-batch of whole sequences holding as many); 1 where the profile
+    measured no ``moe`` bytes there."""
+    s, x = ctx.step, ctx.step.experts
+    table = table_for(ctx.spec, s.model, s.dtype)
+    if table is None or x is None or formula_full <= 0:
+        return 1.0
+    mbs, seq = (s.mbs, ctx.tokens) if applies(ctx) is not None else (ctx.tokens_local / s.seq_len, s.seq_len)
+    got = table.lookup_bytes(MOE_PIECE, mbs, seq, s.tp, x.ep, x.etp)
+    if got is None:
+        return 1.0
+    dense = activation_scale(ctx)
+    return got[0] / formula_full / (dense[0] if dense is not None and dense[0] > 0 else 1.0)
 
 
 def measured_activations(ctx: Any, kept: float, full: float, scores: float) -> tuple[float, float]:

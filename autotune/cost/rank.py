@@ -323,7 +323,11 @@ def _moe_blocks(ctx: RankContext) -> tuple[tuple[BlockTimes, ...], tuple[float, 
         w.append(((n - k) * lc_d.gemm_fwd + k * (lc_m.gemm_fwd + t.experts_s / (3.0 * ctx.cf))) / n)
     nl, nm = sum(ctx.layers), sum(n_moe)
     mean = lambda a, b: ((nl - nm) * a + nm * b) / nl  # noqa: E731
-    acts = (mean(kd, km + t.routed_kept), mean(fd, fm + t.routed_full), mean(sd, sm))
+    # each MoE layer on its own measurement where the profile has the moe piece's bytes (the dense
+    # block's ratio scales the mean below, in ``_fixed``); full recomputation keeps the block input alone
+    q = LY.moe_activation_ratio(ctx, fm + t.routed_full)
+    kq = 1.0 if ctx.step.recompute == "full" else q
+    acts = (mean(kd, kq * (km + t.routed_kept)), mean(fd, q * (fm + t.routed_full)), mean(sd, q * sm))
     terms = {"router_s": nm * t.router_s, "moe_host_s": nm * t.host_s, "experts_s": nm * t.experts_s,
              "ep_exposed_s": nm * (bm.ep_f + bm.ep_b), "imbalance": t.imbalance,
              "tokens_per_expert": t.tokens_per_expert, "moe_layers": float(nm), "buffers": t.buffers,

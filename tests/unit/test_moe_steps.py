@@ -98,6 +98,11 @@ def _steps(scale: float) -> dict[str, list[float]]:
     return {**{k: [v[0] * scale, v[1] * scale] for k, v in STEPS.items()}, "ffn": [FFN[0] * scale, FFN[1] * scale]}
 
 
+BLOCK_BYTES = 1.0e6
+"""Activation bytes the dense block keeps per sequence (the profile's saved tensors)."""
+MOE_BYTES = {(1, 1): 1.5e6, (1, 2): 1.7e6, (2, 1): 1.4e6}
+
+
 def _doc(m, with_steps: bool = True):
     from profilers.layers import model_dict
 
@@ -105,11 +110,13 @@ def _doc(m, with_steps: bool = True):
         return {"piece": piece, "tp": 1, "micro_batch": b, "seq": 64, "fwd_s": fb[0] * b / 2, "bwd_s": fb[1] * b / 2,
                 **kw}
 
-    pts = [pt(p, fb, b) for p, fb in (("embed", (1e-4, 0.0)), ("block", BLOCK), ("head", HEAD)) for b in (1, 2)]
+    pts = [pt(p, fb, b) for p, fb in (("embed", (1e-4, 0.0)), ("head", HEAD)) for b in (1, 2)]
+    pts += [pt("block", BLOCK, b, activation_bytes=BLOCK_BYTES * b) for b in (1, 2)]
     for (ep, etp), fb in MOE.items():
         for b in (1, 2):  # the steps of micro-batch 1 half those of 2: a cp=2 shard of mbs 2 is priced at 1
             extra = {"parts": _steps(b / 2)} if with_steps else {}
-            pts.append(pt("moe", fb, b, ep=ep, **({"etp": etp} if etp > 1 else {}), **extra))
+            pts.append(pt("moe", fb, b, ep=ep, **({"etp": etp} if etp > 1 else {}), **extra,
+                          activation_bytes=MOE_BYTES[ep, etp] * b))
     return {"kind": "autotune-layer-profile", "schema_version": 1, "device_kind": "cpu", "device_name": "test",
             "model": model_dict(m), "dtype": "fp32", "origin": "measured", "meta": {}, "points": pts}
 
@@ -153,6 +160,20 @@ def test_a_cp_shard_takes_its_steps_at_the_micro_batch_of_as_many_tokens():
     got = MS.measured_steps(ctx)
     assert got["experts"].fwd == pytest.approx(STEPS["experts"][0] / 2, rel=1e-9)
     assert LY.moe_piece(ctx) is None and "one scale" in MS.attention_side(ctx)[1]
+
+
+@pytest.mark.parametrize(("inline", "shard"), [("dp=2", (1, 1)), ("dp=2,ep=2", (2, 1)), ("dp=2,etp=2", (1, 2))])
+def test_each_layer_keeps_the_activations_its_own_piece_measured(inline, shard):
+    """No recomputation, on the shape the profile timed: the activations a layer keeps per
+    micro-batch are the dense block's measured bytes for the dense layer and the ``moe`` piece's at
+    the plan's (ep, etp) for each MoE layer (not the dense block's ratio applied to the MoE layers)."""
+    from autotune.cost.rank import rank_cost
+
+    m = _balanced()
+    n, n_moe = m.layers, m.moe_layer_count
+    per_layer = rank_cost(_ctx(m, inline)).memory_terms["activation_per_layer_microbatch"]
+    want = ((n - n_moe) * BLOCK_BYTES * 2 + n_moe * MOE_BYTES[shard] * 2) / n
+    assert per_layer == pytest.approx(want, rel=1e-9)
 
 
 def test_without_steps_the_block_keeps_the_measured_pieces_scale():
