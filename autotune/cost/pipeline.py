@@ -161,36 +161,26 @@ def simulate(schedule: Schedule | str, p: int, v: int, m: int, fwd: tuple[float,
 @dataclass(frozen=True)
 class _Program:
     """A chain schedule's operations for one (p, v, m), in one order that respects every
-    dependency, each with what it needs: ``ops[k]`` = (pipeline rank, kind, model chunk, index of
-    the operation whose end it waits for or -1, index into the hop times: ``j`` forward out of chunk
-    j, ``n - 1`` none, ``n + j`` the gradient back from chunk j + 1).
-    ``f_at`` / ``b_at`` / ``w_at``: the index in ``ops`` of each chunk's and micro-batch's F, B-or-I
-    and W."""
+    dependency, as ``simulate_chain`` walks them: ``walk[k]`` = (1 + the index of the same rank's
+    previous operation or 0, 1 + the index of the operation whose end it waits for or 0, the hop
+    index: ``j`` forward out of chunk j, ``n - 1`` none, ``n + j`` the gradient back from chunk
+    j + 1, ``kind * p * v + chunk``: its seconds' index in the concatenated per-kind times);
+    ``last_of``: per rank 1 + the index of its last operation (0: none); ``rank_durs``: per rank
+    the seconds' indices of its operations in the order it runs them. ``f_at`` / ``b_at`` /
+    ``w_at``: the index in ``walk`` of each chunk's and micro-batch's F, B-or-I and W."""
 
-    ops: tuple[tuple[int, int, int, int, int], ...]
+    walk: tuple[tuple[int, int, int, int], ...]
+    last_of: tuple[int, ...]
+    rank_durs: tuple[tuple[int, ...], ...]
     f_at: tuple[tuple[int, ...], ...]
     b_at: tuple[tuple[int, ...], ...]
     w_at: tuple[tuple[int, ...], ...] | None
     rank_of: tuple[int, ...]
 
-    @cached_property
+    @property
     def steps(self) -> tuple[tuple[tuple[int, int, int, int], ...], tuple[int, ...], tuple[tuple[int, ...], ...]]:
-        """What ``simulate_chain`` walks, derived once per shape: per operation (1 + the index of the
-        rank's previous operation or 0, 1 + the index of the operation it waits for or 0, the hop
-        index, ``kind * p * v + chunk``: its seconds' index in the concatenated per-kind times); per
-        rank 1 + the index of its last operation (0: none); per rank the seconds' indices of its
-        operations in order."""
-        n = len(self.rank_of)
-        prev: dict[int, int] = {}
-        walk = []
-        durs: dict[int, list[int]] = {}
-        for k, (s, kind, j, dep, h) in enumerate(self.ops):
-            walk.append((prev.get(s, 0), dep + 1, h, kind * n + j))
-            prev[s] = k + 1
-            durs.setdefault(s, []).append(kind * n + j)
-        ranks = max(self.rank_of) + 1
-        return (tuple(walk), tuple(prev.get(s, 0) for s in range(ranks)),
-                tuple(tuple(durs.get(s, ())) for s in range(ranks)))
+        """(walk, last_of, rank_durs): what ``simulate_chain`` walks."""
+        return self.walk, self.last_of, self.rank_durs
 
 
 @lru_cache(maxsize=256)
@@ -201,23 +191,29 @@ def _program(sched: Schedule, p: int, v: int, m: int) -> _Program:
     operation waits for which does not, so every simulation of this shape reuses the order.
 
     A search builds one per pipeline shape it prices (tens, at up to a thousand micro-batches and
-    eight chunks each): the placed operations are kept in flat lists indexed ``chunk * m +
-    micro-batch``, and each rank's order is walked as three columns (kind, chunk, micro-batch)."""
+    eight chunks each; a baseline at micro-batch 1 of a 2,048-sample batch on 16 stages has 65,536
+    operations): the placed operations are kept in flat lists indexed ``chunk * m + micro-batch``,
+    each rank's order is walked as three columns (kind, chunk, micro-batch), and each operation is
+    written once, as the step ``simulate_chain`` walks."""
     n = p * v
     last = n - 1
     f_at = [-1] * (n * m)
     b_at = [-1] * (n * m)
     w_at = [-1] * (n * m) if sched.splits_backward else None
     cols = _columns(sched, p, v, m)
-    ops: list[tuple[int, int, int, int, int]] = []
-    add = ops.append
+    walk: list[tuple[int, int, int, int]] = []
+    add = walk.append
     ptr = [0] * p
+    prev = [0] * p  # 1 + the index of each rank's last placed operation (0: none yet)
+    durs: list[list[int]] = [[] for _ in range(p)]
     remaining = sum(len(c[1]) for c in cols)
     while remaining:
         advanced = 0
         for s, kinds, chunks, mbs in cols:
             k = k0 = ptr[s]
             size = len(kinds)
+            before = prev[s]
+            mine = durs[s].append
             while k < size:
                 kind, j = kinds[k], chunks[k]
                 at = j * m + mbs[k]
@@ -229,21 +225,27 @@ def _program(sched: Schedule, p: int, v: int, m: int) -> _Program:
                     dep, hop = b_at[at], last  # type: ignore[index]
                 if dep == -1:
                     break
+                here = len(walk)
                 if kind == F:
-                    f_at[at] = len(ops)
+                    f_at[at] = here
                 elif kind != W:
-                    b_at[at] = len(ops)
+                    b_at[at] = here
                 else:
-                    w_at[at] = len(ops)  # type: ignore[index]
-                add((s, kind, j, dep if dep >= 0 else -1, hop))
+                    w_at[at] = here  # type: ignore[index]
+                d = kind * n + j
+                add((before, dep + 1 if dep >= 0 else 0, hop, d))
+                mine(d)
+                before = here + 1
                 k += 1
             advanced += k - k0
-            ptr[s] = k
+            ptr[s], prev[s] = k, before
         if not advanced:  # pragma: no cover - a schedule whose order deadlocks is a bug here
             raise RuntimeError(f"pipeline schedule {sched.name} deadlocked (p={p}, v={v}, m={m})")
         remaining -= advanced
-    return _Program(tuple(ops), _rows(f_at, m), _rows(b_at, m), _rows(w_at, m) if w_at is not None else None,
-                    tuple(sched.stage_rank(j, p, v) for j in range(n)))
+    rank_of = tuple(sched.stage_rank(j, p, v) for j in range(n))
+    ranks = range(max(rank_of) + 1)
+    return _Program(tuple(walk), tuple(prev[s] for s in ranks), tuple(tuple(durs[s]) for s in ranks),
+                    _rows(f_at, m), _rows(b_at, m), _rows(w_at, m) if w_at is not None else None, rank_of)
 
 
 def _columns(sched: Schedule, p: int, v: int, m: int) -> list[tuple[int, list, list, list]]:
@@ -251,7 +253,8 @@ def _columns(sched: Schedule, p: int, v: int, m: int) -> list[tuple[int, list, l
     cols = []
     for s in range(p):
         order = sched.op_order(p, v, m, s)
-        cols.append((s, [o[0] for o in order], [o[1] for o in order], [o[2] for o in order]))
+        kinds, chunks, mbs = (list(c) for c in zip(*order, strict=True)) if order else ([], [], [])
+        cols.append((s, kinds, chunks, mbs))
     return cols
 
 

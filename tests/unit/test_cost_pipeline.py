@@ -177,3 +177,26 @@ def test_every_operation_ends_where_its_definition_puts_it(schedule, p, m, rng):
         got = sim.f_end[j][i] if kind == F else (sim.w_end[j][i] if kind == W else sim.b_end[j][i])
         assert got == pytest.approx(t, rel=1e-12, abs=1e-12), (kind, j, i)
     assert sim.makespan == pytest.approx(max(ref.values()), rel=1e-12)
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe", "interleaved_1f1b", "zbv", "interleaved_zb"])
+def test_program_walks_each_rank_in_its_order_after_what_it_waits_for(schedule):
+    # pipeline._program writes each operation once, as the step simulate_chain walks: each rank's
+    # operations in op_order, each after its rank's previous one and the one it waits for
+    from autotune.cost.pipeline import _program
+    from autotune.schedules import as_schedule
+
+    sched = as_schedule(schedule)
+    for p in (1, 2, 4):
+        v = sched.virtual_stage_choices(p)[-1]
+        for m in (4, 8, 12):
+            if sched.check_shape(p, v) or sched.check_microbatches(p, v, [m]):
+                continue
+            prog = _program(sched, p, v, m)
+            n = p * v
+            for s in range(p):
+                assert prog.rank_durs[s] == tuple(k * n + j for k, j, _i in sched.op_order(p, v, m, s))
+            for k, (before, dep, _h, _d) in enumerate(prog.walk):
+                assert before <= k and dep <= k  # 1-based indices of earlier operations (0: none)
+            assert sorted(x for row in prog.f_at for x in row) == [
+                k for k, w in enumerate(prog.walk) if w[3] < n]  # every forward placed once
