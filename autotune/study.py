@@ -69,6 +69,7 @@ def storage_for(url: str, *, create: bool = True) -> Any:
     if cached is not None and (not url.startswith("sqlite:///") or Path(engine_url[len("sqlite:///"):]).exists()):
         return cached
     engine_kwargs: dict[str, Any] = {}
+    fresh = False  # a SQLite file this call creates: Optuna writes its schema now, at its own version
     if url.startswith("sqlite:///"):
         path = url[len("sqlite:///"):]
         if path and path != ":memory:":
@@ -76,9 +77,12 @@ def storage_for(url: str, *, create: bool = True) -> Any:
                 raise InputError(f"no such database file {path!r}; run `autotune search` first or pass --storage",
                                  field="--storage")
             Path(path).parent.mkdir(parents=True, exist_ok=True)
+            fresh = not Path(path).exists()
         engine_kwargs = {"connect_args": {"timeout": SQLITE_TIMEOUT_S}}
     try:
-        st = optuna.storages.RDBStorage(engine_url, engine_kwargs=engine_kwargs)
+        # the schema check (alembic reading its ~30 migration scripts again) can only pass on a
+        # schema this process just created: skipped there (a tenth of a 16-device search's start)
+        st = optuna.storages.RDBStorage(engine_url, engine_kwargs=engine_kwargs, skip_compatibility_check=fresh)
         if url.startswith("sqlite:///"):
             _sqlite_wal(st)
         _RDB_STORAGES[(engine_url, os.getpid())] = st

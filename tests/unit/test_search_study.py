@@ -186,3 +186,21 @@ def test_a_relative_sqlite_url_names_the_file_in_todays_working_directory(tmp_pa
         monkeypatch.chdir(tmp_path / name)
         assert optuna.get_all_study_names(storage=storage_for(url, create=False)) == [name]
         assert (tmp_path / name / "results" / "autotune.db").exists()
+
+
+def test_a_fresh_sqlite_file_passes_optunas_own_schema_check(tmp_path):
+    # storage_for skips Optuna's schema check on a file it creates (the schema is Optuna's own,
+    # written now); Optuna opening it with the check must find it current, and a file that already
+    # exists is opened with the check
+    from autotune.study import storage_for
+
+    url = f"sqlite:///{tmp_path}/fresh.db"
+    st = storage_for(url)
+    optuna.create_study(study_name="s", storage=st)
+    checked = optuna.storages.RDBStorage(url, skip_compatibility_check=False)
+    assert checked.get_current_version() == checked.get_head_version()
+    assert st.skip_compatibility_check is True
+    from autotune import study as S
+
+    S._RDB_STORAGES.clear()  # opened again, not from this process's cache
+    assert storage_for(url).skip_compatibility_check is False
