@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 
@@ -79,8 +80,10 @@ def dimension(name: str) -> Dimension:
     return _BY_NAME[name]
 
 
+@cache
 def mesh_names(mesh: str = "attention") -> tuple[str, ...]:
-    """The dimensions ordered in ``mesh``, outermost first."""
+    """The dimensions ordered in ``mesh``, outermost first (memoised: the declarations are constant,
+    and ``stride`` asks for every tp group of every plan a search prices)."""
     return tuple(d.name for d in DIMENSIONS if d.mesh == mesh)
 
 
@@ -106,8 +109,14 @@ def shard_size(degrees: Any) -> int:
 
 def stride(degrees: Any, name: str) -> int:
     """Rank stride of ``name``'s groups in its mesh: the product of the degrees inside it."""
+    return math.prod(getattr(degrees, n) for n in _inside(name))
+
+
+@cache
+def _inside(name: str) -> tuple[str, ...]:
+    """The dimensions inside ``name`` in its mesh (whose degrees make its stride)."""
     mesh = mesh_names(dimension(name).mesh)
-    return math.prod(getattr(degrees, n) for n in mesh[mesh.index(name) + 1:])
+    return mesh[mesh.index(name) + 1:]
 
 
 def groups(degrees: Any, name: str, world_size: int | None = None) -> list[list[int]]:
