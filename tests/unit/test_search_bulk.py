@@ -88,3 +88,18 @@ def test_processes_writing_at_once_number_every_trial_once(tmp_path):
     got = optuna.load_study(study_name="race", storage=url).get_trials()
     assert sorted(t.number for t in got) == list(range(3 * 6 * 26))
     assert len({t.user_attrs["origin"] for t in got}) == len(got)
+
+
+def test_encoded_attrs_are_json_dumps_text():
+    # encode_attrs uses one shared encoder without the circular-reference check and splices a
+    # placement's JSON in (EncodedList): the text must be json.dumps's, compact, key by key
+    import json
+
+    from autotune.search.bulk import EncodedList
+
+    placement = EncodedList({"rank": r, "node": r // 4, "device": r % 4} for r in range(8))
+    attrs = {"plan": {"degrees": {"dp": 4, "pp": 2}, "placement": placement, "x": [1.5, float("inf"), None]},
+             "breakdown": {"stages": [{"stage": 0, "fwd_s": [0.1, 0.2]}], "text": "ü\n\"q\""}, "none": None}
+    got = encode_attrs(attrs)
+    assert got == {k: json.dumps(v, separators=(",", ":")) for k, v in attrs.items()}
+    assert placement.json == json.dumps(list(placement), separators=(",", ":"))
