@@ -200,3 +200,28 @@ def test_program_walks_each_rank_in_its_order_after_what_it_waits_for(schedule):
                 assert before <= k and dep <= k  # 1-based indices of earlier operations (0: none)
             assert sorted(x for row in prog.f_at for x in row) == [
                 k for k, w in enumerate(prog.walk) if w[3] < n]  # every forward placed once
+
+
+@pytest.mark.parametrize("schedule,p,m", [("1f1b", 4, 200), ("interleaved_1f1b", 4, 64), ("zbv", 2, 100),
+                                          ("interleaved_zb", 2, 48), ("gpipe", 3, 70), ("1f1b", 2, 3)])
+def test_busy_seconds_are_the_running_total_in_the_order_each_rank_runs(schedule, p, m):
+    # pipeline._busy sums a rank of many operations with numpy's accumulate: the same additions in the
+    # same order as a running total (float ==, no tolerance)
+    import random
+    from functools import reduce
+    from operator import add
+
+    from autotune.schedules import F, W, as_schedule
+
+    sched = as_schedule(schedule)
+    v = sched.virtual_stage_choices(p)[-1]
+    n = p * v
+    rng = random.Random(p * 1000 + m)
+    fwd = tuple(rng.uniform(1e-4, 3.0) for _ in range(n))
+    bwd = tuple(f * rng.uniform(1.5, 2.5) for f in fwd)
+    wgt = tuple(b * rng.uniform(0.2, 0.6) for b in bwd) if sched.splits_backward else None
+    sim = simulate(schedule, p, v, m, fwd, bwd, tuple(rng.uniform(0, 0.1) for _ in range(n - 1)), wgt)
+    for s in range(p):
+        durs = [fwd[j] if k == F else (wgt[j] if k == W else (bwd[j] - wgt[j] if wgt is not None and k != 1 else bwd[j]))
+                for k, j, _i in sched.op_order(p, v, m, s)]
+        assert sim.rank_busy[s] == reduce(add, durs, 0.0)
