@@ -26,6 +26,8 @@ import json
 from functools import cached_property
 from typing import Any
 
+from autotune.cost.report import RankRows
+
 
 def rdb_backend(study: Any) -> Any | None:
     """The RDBStorage under an Optuna study (directly or under its cache), else None."""
@@ -60,18 +62,28 @@ _ENCODER = json.JSONEncoder(separators=_SEPARATORS, check_circular=False)
 """``json.dumps(v, separators=_SEPARATORS)``'s text, one encoder for every trial and without the
 check for circular references (a trial's attrs are trees the search built): the same text in ~10%
 less CPU (each trial's plan and breakdown, ~0.6 ms a trial at 16 devices, were 4-7% of a search)."""
-_MARK = "\x00placement\x00"
-_MARK_JSON = json.dumps(_MARK)
+_MARKS = {k: f"\x00{k}\x00" for k in ("placement", "ranks")}
+_MARKS_JSON = {k: json.dumps(m) for k, m in _MARKS.items()}
 
 
 def _dumps(v: Any) -> str:
-    """``json.dumps(v)``, compact, with a plan's EncodedList placement spliced in as already encoded
-    (the same text: a mark string stands in its place, in its place in the key order)."""
-    pl = v.get("placement") if isinstance(v, dict) else None
-    if type(pl) is not EncodedList:
+    """``json.dumps(v)``, compact, with what is already encoded spliced in (the same text: a mark
+    string stands in its place, in its place in the key order): a plan's EncodedList placement, a
+    breakdown's per-rank rows (``cost.report.RankRows``, encoded once per template)."""
+    if not isinstance(v, dict):
         return _ENCODER.encode(v)
-    text = _ENCODER.encode({**v, "placement": _MARK})
-    return text.replace(_MARK_JSON, pl.json, 1)
+    done = {}
+    pl, rows = v.get("placement"), v.get("ranks")
+    if type(pl) is EncodedList:
+        done["placement"] = pl.json
+    if type(rows) is RankRows:
+        done["ranks"] = rows.encoded(_ENCODER.encode)
+    if not done:
+        return _ENCODER.encode(v)
+    text = _ENCODER.encode({**v, **{k: _MARKS[k] for k in done}})
+    for k, js in done.items():
+        text = text.replace(_MARKS_JSON[k], js, 1)
+    return text
 
 
 def _child_rows(tid: int, t: Any, user_json: dict[str, str] | None, models: Any,

@@ -103,3 +103,30 @@ def test_encoded_attrs_are_json_dumps_text():
     got = encode_attrs(attrs)
     assert got == {k: json.dumps(v, separators=(",", ":")) for k, v in attrs.items()}
     assert placement.json == json.dumps(list(placement), separators=(",", ":"))
+
+
+def test_trial_attrs_of_real_estimates_encode_as_json_dumps():
+    # a breakdown's per-rank rows (cost.report.RankRows) are encoded once per template and spliced
+    # in: the text of every trial's attrs must stay json.dumps's (uniform and per-stage plans, a
+    # plan over memory, 16 ranks of two device types)
+    import json
+    from pathlib import Path
+
+    from autotune.cost.report import RankRows
+    from autotune.search import SearchOptions
+    from autotune.search.workers import setup
+    from autotune.specs import load_cluster, load_model
+
+    bench = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "bench"
+    _ctx, space, ev = setup(load_model(str(bench / "gpt-neo-2.7b.yaml")),
+                            load_cluster(str(bench / "sailor-a100-40x8-v100-16x8.yaml")), 2048, 256,
+                            SearchOptions(dtype="fp16"), None)
+    points = [p for _, p in space.baselines()[::9]] + [p for p in space.starts() if p["stages"] == "program"]
+    seen = 0
+    for p in points:
+        attrs = ev.evaluate(p).attrs
+        rows = (attrs.get("breakdown") or {}).get("ranks")
+        if type(rows) is RankRows:
+            seen += 1
+        assert encode_attrs(attrs) == {k: json.dumps(v, separators=(",", ":")) for k, v in attrs.items()}
+    assert seen >= 3
