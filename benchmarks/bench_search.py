@@ -240,7 +240,9 @@ def _cli_env() -> dict[str, str]:
     """The environment ``autotune search`` runs in, with Python's bytecode cache as an installed
     autotune has it: a development shell that sets PYTHONDONTWRITEBYTECODE (this machine's does) makes
     every run compile autotune's ~150 modules again (measured 0.3 CPU s of a 16-device search). The
-    cache goes to a directory of this run (PYTHONPYCACHEPREFIX), filled once by an untimed import."""
+    cache goes to a directory of this run (PYTHONPYCACHEPREFIX), filled once, untimed, by compiling
+    the autotune and search_spaces packages on the path (switch PYTHONPATH to another tree between
+    runs and the first run of that tree compiles its own)."""
     import os
     import subprocess
     import sys
@@ -250,8 +252,9 @@ def _cli_env() -> dict[str, str]:
     if not _PYCACHE:
         _PYCACHE.append(tempfile.mkdtemp(prefix="autotune-pycache-"))
         env["PYTHONPYCACHEPREFIX"] = _PYCACHE[0]
-        subprocess.run([sys.executable, "-c", "import autotune.cli, autotune.commands.search, autotune.search, "
-                        "autotune.cost.estimate, search_spaces.default"], env=env, check=True)
+        subprocess.run([sys.executable, "-c", "import compileall, os, autotune, search_spaces\n"
+                        "for m in (autotune, search_spaces): compileall.compile_dir(os.path.dirname(m.__file__), "
+                        "quiet=1)"], env=env, check=True)
     env["PYTHONPYCACHEPREFIX"] = _PYCACHE[0]
     return env
 
