@@ -44,7 +44,6 @@ _RDB_STORAGES: dict[tuple[str, int], Any] = {}
 def storage_for(url: str, *, create: bool = True) -> Any:
     """An Optuna storage object for ``url`` (RDB URL, ``*.log`` journal file or ``:memory:``)."""
     import optuna
-    from optuna.storages.journal import JournalFileBackend, JournalStorage
 
     _quiet()
     if not isinstance(url, str) or not url.strip():
@@ -52,11 +51,7 @@ def storage_for(url: str, *, create: bool = True) -> Any:
     if url == MEMORY_URL:
         return _MEMORY_STORAGES.setdefault(url, optuna.storages.InMemoryStorage())
     if url.endswith(".log") and "://" not in url:
-        path = Path(url)
-        if not create and not path.exists():
-            raise InputError(f"no such journal file {url!r}; run `autotune search` first", field="--storage")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return JournalStorage(JournalFileBackend(str(path)))
+        return _journal_storage(url, create)
     if "://" not in url:
         raise InputError(f"bad storage {url!r}; write a SQLAlchemy URL such as sqlite:///results/autotune.db, "
                          "a journal file path ending in .log, or :memory:", field="--storage")
@@ -93,6 +88,17 @@ def storage_for(url: str, *, create: bool = True) -> Any:
     except Exception as exc:  # noqa: BLE001 - sqlalchemy raises many kinds for a bad URL
         raise InputError(f"cannot open storage {url!r}: {type(exc).__name__}: {exc}".splitlines()[0],
                          field="--storage") from None
+
+
+def _journal_storage(url: str, create: bool) -> Any:
+    """Optuna's journal storage on the file ``url`` (a path ending in ``.log``)."""
+    from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+    path = Path(url)
+    if not create and not path.exists():
+        raise InputError(f"no such journal file {url!r}; run `autotune search` first", field="--storage")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return JournalStorage(JournalFileBackend(str(path)))
 
 
 def _sqlite_wal(st: Any) -> None:

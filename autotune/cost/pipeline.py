@@ -225,7 +225,10 @@ def _program(sched: Schedule, p: int, v: int, m: int) -> _Program:
     eight chunks each; a baseline at micro-batch 1 of a 2,048-sample batch on 16 stages has 65,536
     operations): the placed operations are kept in flat lists indexed ``chunk * m + micro-batch``,
     each rank's order is walked as three columns (kind, chunk, micro-batch), and each operation is
-    written once, as the step ``simulate_chain`` walks."""
+    written once, as the step ``simulate_chain`` walks.
+
+    It is longer than a screen on purpose: the sweep is the search's hottest loop (once per operation,
+    up to 65,536 per shape), and each helper split out of it would be a Python call per operation."""
     n = p * v
     last = n - 1
     f_at = [-1] * (n * m)
