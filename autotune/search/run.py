@@ -123,8 +123,10 @@ def _main_phase(run: _Run, b: Budget) -> GridCount | None:
     if run.opts.workers > 1:
         run.enter(f"{'grid' if b.grid is not None else 'sampler'} ({run.opts.workers} workers)")
         run.ws.flush()
+        before = len(run.ws.rows)
         run_workers(run.name, run.storage, *run.workload, run.opts, run.estimator, b.n_main, b.grid, run.deadline)
         run.ws.pull()
+        run.counts[run.phase] += len(run.ws.rows) - before  # the workers' trials, recorded in their processes
         return None
     if b.grid is not None:
         run.enter("grid")

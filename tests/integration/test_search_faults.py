@@ -107,6 +107,10 @@ def test_a_worker_ended_with_sigterm_flushes_and_the_search_goes_on(in_tmp):
     assert p.returncode == 0, err
     res = json.loads(out)
     assert res["trials"] == len(trials_of(url, "t"))
+    # the note's trials per phase count the workers' trials too: its phases add up to the study
+    phases = next(n for n in res["notes"] if "trials per phase" in n).split("trials per phase: ")[1]
+    counts = [int(part.split(" of ")[0].split()[-1]) for part in phases.split(", ")]
+    assert sum(counts) == res["trials"], (phases, res["trials"])
     assert_no_gaps(trials_of(url, "t"))
 
 
