@@ -34,6 +34,7 @@ from autotune.cost.collectives import collectives_for
 from autotune.cost.compute import DTYPE_BYTES, Rates, cached_rates, causal_keys
 from autotune.cost.expert_layout import expert_links, expert_step
 from autotune.cost.ring import ring_blocks
+from autotune.cost.windows import window_work
 from autotune.plan import Degrees, Plan
 from autotune.schedules import schedule_of
 from autotune.specs.cluster import Link
@@ -270,6 +271,8 @@ class RankContext:
     attn_seq: float | None = None
     """With documents: the length the attention kernels run at (the pair-weighted mean document
     piece, ``cost/documents.py``); None: the CP shard (``tokens``)."""
+    window: Any = None
+    """Its sliding-window layers' work (``windows.WindowWork``); None for a model without windows."""
 
     @property
     def block_seq(self) -> float:
@@ -330,7 +333,7 @@ STEP_INPUTS = ("a2a_heads", "bpe", "chunks", "cp", "cp_max_tokens", "dtype", "ex
 STEP_OBJECTS = ("model", "schedule")
 """The StepContext fields ``rank_cost`` reads, compared by identity."""
 RANK_INPUTS = ("attn_seq", "block_seq", "cf", "mf", "heads", "hidden_bytes", "keysum", "layer_params", "layers", "links", "microbatches",
-               "params", "pp_index", "rest_params", "ring", "tokens", "tokens_local")
+               "params", "pp_index", "rest_params", "ring", "tokens", "tokens_local", "window")
 """The RankContext fields ``rank_cost`` reads by value; ``step`` it reads through STEP_INPUTS and
 STEP_OBJECTS."""
 RANK_OBJECTS = ("spec", "rates", "collectives", "expert_peers")
@@ -537,6 +540,7 @@ def _rank_context(s: StepContext, c: Mapping[str, int], spec: Any, links: Links,
         keysum=s.keysums[c["cp"]] if w is None else w.keysums[d][c["cp"]],
         ring=s.ring[c["cp"]] if w is None else w.ring[d][c["cp"]],
         attn_seq=None if w is None else w.attn_seq[d][c["cp"]],
+        window=window_work(s, c["cp"], s.chunks[c["pp"]]),
         tokens_local=tok, hidden_bytes=s.bpe * tok * s.model.hidden,
         expert_peers=None if links.experts is None else _expert_peers(s, links.experts.ep_devices))
 

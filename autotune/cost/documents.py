@@ -46,6 +46,7 @@ import numpy as np
 
 from autotune import documents as W
 from autotune.cost.ring import segments
+from autotune.specs.windows import query_keys
 
 DRAWS = 128
 """Steps drawn and dealt for the expected step (``documents_summary``); the draws are fixed (SEED), so
@@ -72,15 +73,16 @@ def trial_windows(dist: W.LengthDistribution, seq_len: int, global_batch: int, s
                                                                          f"{first + count - 1})")
 
 
-def masked_pairs(docs: tuple[int, ...], segs: list[tuple[int, int]]) -> float:
+def masked_pairs(docs: tuple[int, ...], segs: list[tuple[int, int]], window: int | None = None) -> float:
     """Causal same-document (query, key) pairs of the queries in ``segs``: a query at p in the
-    document starting at s attends p - s + 1 keys."""
+    document starting at s attends p - s + 1 keys, at most ``window`` (a windowed layer,
+    ``specs/windows.query_keys``)."""
     total = 0.0
     for s, e in W_starts(docs):
         for a, n in segs:
             lo, hi = max(a, s), min(a + n, e)
-            if lo < hi:  # sum over p in [lo, hi) of (p - s + 1)
-                total += (hi - lo) * ((lo - s + 1) + (hi - s)) / 2.0
+            if lo < hi:  # sum over p in [lo, hi) of (p - s + 1), at most ``window`` each
+                total += query_keys(lo, hi, s, window)
     return total
 
 

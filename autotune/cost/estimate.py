@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from autotune.cost import disaggregation, helixpipe, report
+from autotune.cost import windows as WIN
 from autotune.cost.data_parallel import ADAM_BYTES_PER_PARAM, exposure  # noqa: F401  (ADAM_*: its old home)
 from autotune.cost.memory import TERM_NAMES  # noqa: F401  (its old home)
 from autotune.cost.pipeline_parallel import replica_stages, simulate_replicas
@@ -78,6 +79,7 @@ def estimate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: i
         cluster = subset(cluster, plan.uses)
     s = step_context(plan, model, cluster, seq_len, global_batch, calibration, kernels)
     if documents is not None and s.plan.doc_mask:
+        WIN.check(s.plan, model)
         return _documents(s, cluster, documents, timeline, balances or (s.plan.balance,))
     predicted, breakdown = _price(s, timeline)
     return Estimate(plan=s.plan, predicted=predicted, breakdown=breakdown)

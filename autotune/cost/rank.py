@@ -29,6 +29,7 @@ from autotune.cost import pipeline_parallel as PP
 from autotune.cost import recompute_modules as RMOD
 from autotune.cost import tensor_parallel as TP
 from autotune.cost import ulysses as U
+from autotune.cost import windows as WIN
 from autotune.cost.compute import LayerCompute, head_compute, layer_compute
 from autotune.cost.context import RankContext
 
@@ -218,7 +219,13 @@ def rank_cost(ctx: RankContext, fixed: _Fixed | None = None) -> RankCost:
         return _composed(ctx, blocks, blocks[0], tuple(ctx.cf * g for g in lc), _fixed(ctx, acts), moe)
     f = fixed if fixed is not None else _fixed(ctx, dense_activations(ctx))
     b, layer_w = _dense_block(ctx, f.acts, f.block_comm)
-    return _composed(ctx, b, b, layer_w, f, None)
+    if ctx.window is None:
+        return _composed(ctx, b, b, layer_w, f, None)
+    # sliding-window layers (cost/windows.py): the same block at the windowed attention work, each
+    # chunk the mean of its full and windowed layers
+    bw, _ = _dense_block(WIN.windowed(ctx), f.acts, f.block_comm)
+    blocks = tuple(_mean_block(((b, n - k), (bw, k))) for n, k in zip(ctx.layers, ctx.window.chunk_layers, strict=True))
+    return _composed(ctx, blocks, blocks[0], (layer_w,) * len(blocks), f, None)
 
 
 def _composed(ctx: RankContext, blocks: Any, b: BlockTimes, layer_w: Any, f: _Fixed, moe: dict | None) -> RankCost:
@@ -305,22 +312,16 @@ def _moe_blocks(ctx: RankContext) -> tuple[tuple[BlockTimes, ...], tuple[float, 
     times (a chunk's layers times it is their sum); per chunk the weight-gradient GEMM seconds of one
     layer; the activations kept per layer and micro-batch (mean over the rank's layers); the MoE
     terms per micro-batch over the rank's layers (``moe_layers.py``)."""
-    x, m = ctx.step.experts, ctx.step.model
-    lc_d, kd, fd, sd = ML.base_block(ctx, m.dense_ffn_width)
-    # measured layers first (cost/layers.py): the dense layers from the profile's ``block`` (an MoE
-    # model's first dense layer), the MoE layers on the scale of its ``moe`` piece (``moe_block``)
-    blk = LY.piece(ctx, "block")
-    if blk is not None:
-        lc_d = LY.measured_block(lc_d, blk)
-    bd = block_times(ctx, lc_d)
-    kd -= module_saving(ctx, m.dense_ffn_width, moe_layer=False)
-    bd.comp_b += module_seconds(ctx, m.dense_ffn_width, moe_layer=False)
+    x = ctx.step.experts
+    bd, lc_d, (kd, fd, sd) = _moe_dense_layer(ctx)
     bm, t, lc_m, (km, fm, sm) = moe_block(ctx)
     n_moe = x.chunk_moe_layers[ctx.pp_index]
     blocks, w = [], []
     for n, k in zip(ctx.layers, n_moe, strict=True):
         blocks.append(_mix(bd, bm, n - k, k))
         w.append(((n - k) * lc_d.gemm_fwd + k * (lc_m.gemm_fwd + t.experts_s / (3.0 * ctx.cf))) / n)
+    if ctx.window is not None:  # sliding-window layers (cost/windows.py): each chunk's four kinds of layer
+        blocks, bm = _windowed_moe_blocks(ctx, n_moe, bd, bm)
     nl, nm = sum(ctx.layers), sum(n_moe)
     mean = lambda a, b: ((nl - nm) * a + nm * b) / nl  # noqa: E731
     # each MoE layer on its own measurement where the profile has the moe piece's bytes (the dense
@@ -333,6 +334,35 @@ def _moe_blocks(ctx: RankContext) -> tuple[tuple[BlockTimes, ...], tuple[float, 
              "tokens_per_expert": t.tokens_per_expert, "moe_layers": float(nm), "buffers": t.buffers,
              "ep_inter_peers": float(ctx.expert_links.ep_inter_n)}
     return tuple(blocks), tuple(w), acts, terms
+
+
+def _moe_dense_layer(ctx: RankContext) -> tuple[BlockTimes, LayerCompute, tuple[float, float, float]]:
+    """A MoE model's dense layer on this rank: its block times, compute and activations (kept, full,
+    of which the scores)."""
+    m = ctx.step.model
+    lc_d, kd, fd, sd = ML.base_block(ctx, m.dense_ffn_width)
+    # measured layers first (cost/layers.py): the dense layers from the profile's ``block`` (an MoE
+    # model's first dense layer), the MoE layers on the scale of its ``moe`` piece (``moe_block``)
+    blk = LY.piece(ctx, "block")
+    if blk is not None:
+        lc_d = LY.measured_block(lc_d, blk)
+    bd = block_times(ctx, lc_d)
+    kd -= module_saving(ctx, m.dense_ffn_width, moe_layer=False)
+    bd.comp_b += module_seconds(ctx, m.dense_ffn_width, moe_layer=False)
+    return bd, lc_d, (kd, fd, sd)
+
+
+def _windowed_moe_blocks(ctx: RankContext, n_moe: tuple[int, ...], bd: BlockTimes, bm: BlockTimes
+                         ) -> tuple[list[BlockTimes], BlockTimes]:
+    """Each chunk's mean block over its full and windowed dense and MoE layers (the windowed ones
+    priced on ``windows.windowed``'s context), and the mean MoE layer (its exposed exchange)."""
+    cw = WIN.windowed(ctx)
+    bd_w, bm_w = _moe_dense_layer(cw)[0], moe_block(cw)[0]
+    win = ctx.window
+    blocks = [_mean_block(((bd, n - k - (kw - kwm)), (bd_w, kw - kwm), (bm, k - kwm), (bm_w, kwm)))
+              for n, k, kw, kwm in zip(ctx.layers, n_moe, win.chunk_layers, win.chunk_moe, strict=True)]
+    nm, nwm = sum(n_moe), sum(win.chunk_moe)
+    return blocks, _mean_block(((bm, nm - nwm), (bm_w, nwm)))
 
 
 def reruns_moe_forward(step: Any) -> bool:
@@ -413,6 +443,15 @@ def _mix(bd: BlockTimes, bm: BlockTimes, n_dense: int, n_moe: int) -> BlockTimes
     n = n_dense + n_moe
     return BlockTimes(**{f: (n_dense * getattr(bd, f) + n_moe * getattr(bm, f)) / n
                          for f in BlockTimes.__dataclass_fields__})
+
+
+def _mean_block(parts: tuple[tuple[BlockTimes, int], ...]) -> BlockTimes:
+    """The mean block of ``count`` blocks of each ``(block, count)``; a chunk without layers takes the
+    first block (it multiplies by its zero layers)."""
+    n = sum(k for _, k in parts)
+    if n == 0:
+        return parts[0][0]
+    return BlockTimes(**{f: sum(k * getattr(b, f) for b, k in parts) / n for f in BlockTimes.__dataclass_fields__})
 
 
 def _optimizer(ctx: RankContext) -> float:

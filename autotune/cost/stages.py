@@ -160,6 +160,7 @@ def _cell_context(s: Any, step: Any, cell: tuple[int, int, int, int], spec: Any,
     rule for a cell of the uniform mesh)."""
     from autotune.cost.compute import cached_rates
     from autotune.cost.context import RankContext
+    from autotune.cost.windows import window_work
 
     rp, t = s.plan, step.tp
     st, r, c, h = cell
@@ -174,4 +175,4 @@ def _cell_context(s: Any, step: Any, cell: tuple[int, int, int, int], spec: Any,
         heads=cell_heads(s.model, t, s.hp)[h], microbatches=s.microbatches[r],
         layers=tuple(rp.shares.layers[j] for j in s.chunks[st]),
         params=params, layer_params=layer_params, rest_params=rest, keysum=s.keysums[c], ring=s.ring[c],
-        tokens_local=tok, hidden_bytes=s.bpe * tok * s.model.hidden)
+        window=window_work(s, c, s.chunks[st]), tokens_local=tok, hidden_bytes=s.bpe * tok * s.model.hidden)

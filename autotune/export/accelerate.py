@@ -85,6 +85,8 @@ def reasons(plan: Plan, ctx: ExportContext) -> list[str]:
     r.add(plan.dtype in FP8_RECIPES and FP8_RECIPES[plan.dtype] not in FP8,
           f"dtype {plan.dtype}: Accelerate's FP8 backends (Transformer Engine, torchao) have no "
           f"{FP8_RECIPES.get(plan.dtype)} scaling recipe")
+    r.add(d.cp > 1 and bool(ctx.model.window), f"cp({d.cp}): model {ctx.model.name} has sliding-window layers and "
+          "Accelerate's context parallelism (torch's context_parallel) shards causal SDPA, which takes no window mask")
     r.items += placement_reasons(plan)
     return r.items
 

@@ -45,6 +45,7 @@ from autotune.export.common import (
 from autotune.plan import FP8_RECIPES, Plan, even_split
 from autotune.plan_record import PlanRecord
 from autotune.schedules import schedule_of
+from autotune.specs.windows import hf_attention
 
 NAME = "deepspeed"
 
@@ -184,11 +185,13 @@ def render(record: PlanRecord, ctx: ExportContext) -> Export:
                      "parts": bounds}
     out = dict(cfg)
     moe = moe_layer(plan, ctx)
+    attention = hf_attention(ctx.model)
     out["autotune"] = {"provenance": prov, "pipeline_module": partition, "world_size": plan.world,
-                       "nodes": node_order(plan), **({"moe_layer": moe} if moe else {})}
+                       "nodes": node_order(plan), **({"moe_layer": moe} if moe else {}),
+                       **({"attention": attention} if attention else {})}
     return Export(format=NAME, text=json.dumps(out, indent=2) + "\n",
-                  data={"config": cfg, "pipeline_module": partition, "provenance": prov, "moe_layer": moe},
-                  suffix=SUFFIX)
+                  data={"config": cfg, "pipeline_module": partition, "provenance": prov, "moe_layer": moe,
+                        "attention": attention}, suffix=SUFFIX)
 
 
 def moe_layer(plan: Plan, ctx: ExportContext) -> dict[str, Any] | None:

@@ -67,6 +67,7 @@ from autotune.export.common import (
 from autotune.plan import FP8_RECIPES, Plan
 from autotune.plan_record import PlanRecord
 from autotune.schedules import schedule_of
+from autotune.specs.windows import megatron_pattern
 
 NAME = "megatron"
 
@@ -310,7 +311,7 @@ def arguments(plan: Plan, ctx: ExportContext) -> list[str]:
           "--num-attention-heads", str(m.heads), "--seq-length", str(ctx.seq_len),
           "--max-position-embeddings", str(max(ctx.seq_len, m.max_positions or 0)),
           "--vocab-size", str(m.vocab)]
-    a += moe_arguments(plan, m) + mla_arguments(m)
+    a += moe_arguments(plan, m) + mla_arguments(m) + attention_arguments(m)
     if m.kv_heads < m.heads:
         a += ["--group-query-attention", "--num-query-groups", str(m.kv_heads)]
     if m.activation == "swiglu":
@@ -321,6 +322,25 @@ def arguments(plan: Plan, ctx: ExportContext) -> list[str]:
         a.append("--untie-embeddings-and-output-weights")
     if not m.bias:
         a.append("--disable-bias-linear")
+    return a
+
+
+def attention_arguments(m: Any) -> list[str]:
+    """The attention's shape beyond heads (megatron/training/arguments.py): ``--kv-channels`` where a
+    head is not hidden / heads wide (Qwen3, GPT-OSS); sliding windows as ``--window-size`` (keys to
+    the left of the query, to the right: ``window - 1,0``, since the query sees itself) and
+    ``--window-attn-skip-freq`` (``specs/windows.py``: the same rule, Megatron Core's
+    ``is_layer_window_attention``); learned sinks as ``--softmax-type learnable``."""
+    a = []
+    if m.mla is None and m.head_dim * m.heads != m.hidden:
+        a += ["--kv-channels", str(m.head_dim)]
+    if m.window:
+        a += ["--window-size", f"{m.window - 1},0"]
+        freq = megatron_pattern(m.window_skip_freq)
+        if freq is not None:
+            a += ["--window-attn-skip-freq", freq]
+    if m.sinks:
+        a += ["--softmax-type", "learnable"]
     return a
 
 

@@ -103,8 +103,22 @@ def reasons(plan: Plan, ctx: ExportContext) -> list[str]:
     why = schedule_of(plan).refusal(NAME)
     r.add(d.pp > 1 and why is not None, why or "")
     r.items += expert_reasons(plan, ctx)
+    r.items += window_reasons(plan, ctx)
     r.items += placement_reasons(plan)
     return r.items
+
+
+def window_reasons(plan: Plan, ctx: ExportContext) -> list[str]:
+    """Sliding windows and sinks are the model flavor's (torchtitan's ``gpt_oss`` model, as experts
+    are), not job keys; that model runs FSDP/HSDP, TP, EP and ETP, with CP and PP on its to-do list
+    (torchtitan/models/gpt_oss/README.md)."""
+    m = ctx.model
+    if not (m.window or m.sinks):
+        return []
+    d = plan.degrees
+    used = [f"{k}({getattr(d, k)})" for k in ("pp", "cp") if getattr(d, k) > 1]
+    return [f"{', '.join(used)}: model {m.name} has sliding-window layers or sinks, which torchtitan runs in its "
+            "gpt_oss model, and that model has no pipeline or context parallelism"] if used else []
 
 
 def expert_reasons(plan: Plan, ctx: ExportContext) -> list[str]:

@@ -162,11 +162,30 @@ def gqa_index(heads: int, kv_heads: int, first: int, count: int, kv_first: int, 
     return torch.arange(first, first + count, device=device) // rep - kv_first
 
 
+def window_mask(seq: int, window: int, device: torch.device) -> torch.Tensor:
+    """SDPA's boolean mask (True: attend) of a causal sliding window: key j for query i where
+    0 <= i - j < window (Megatron's ``get_sliding_window_causal_mask`` with ``(window - 1, 0)``,
+    negated: its True masks out)."""
+    i = torch.arange(seq, device=device)
+    gap = i[:, None] - i[None, :]
+    return (gap >= 0) & (gap < window)
+
+
+def causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int = 0) -> torch.Tensor:
+    """Causal SDPA over a whole sequence, through a sliding-window mask where ``window`` is set and
+    shorter than the sequence (a window that covers it is the causal mask)."""
+    s = q.shape[2]
+    if window and window < s:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=window_mask(s, window, q.device))
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
 def sharded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttentionContext,
-                      docs=None) -> torch.Tensor:
+                      docs=None, window: int = 0) -> torch.Tensor:
     """Causal attention over global positions on this rank's tokens (``docs``: each row's document
     lengths over the whole window, ``documents.Docs``, when attention stops at document boundaries;
-    every rank has them, so the ring and the all-to-all carry nothing extra).
+    every rank has them, so the ring and the all-to-all carry nothing extra; ``window``: a sliding-window
+    layer's, run where the shard is the whole sequence, cp 1: the ring refuses it).
 
     q ``[B, heads, S_local, D]``, k/v ``[B, kv_heads, S_local, D]``; returns ``[B, heads, S_local, D]``.
     Ulysses (all-to-all over hp) turns the shard's token slices into head slices, the ring over cp
@@ -193,6 +212,8 @@ def sharded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: At
         q, k, v = tokens_to_heads([q, k, v], ctx, [q_ranges, kv_ranges, kv_ranges], nseg)
     # GQA: the local kv head of each local query head (kv heads start at kv_ranges[h][0] after Ulysses)
     index = gqa_index(heads, kv_heads, first, ctx.hp_heads[h], kv_ranges[h][0] if ctx.hp > 1 else 0, q.device)
+    if window and (ctx.cp > 1 or docs is not None):  # trial.check_runtime_support refuses these first
+        raise ValueError("sharded_attention: a sliding window runs with cp 1 and no documents")
     if ctx.cp > 1:
         segs = shard_segments(ctx.cp_tokens, ctx.layout)
         o = ring_attention(q, k, v, index, segs, ctx.cp_index, ctx.cp_group, ctx.cp_ranks, docs)
@@ -201,7 +222,7 @@ def sharded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: At
 
         o = doc_attention(q, k.index_select(1, index), v.index_select(1, index), docs)
     else:  # the whole sequence is in this shard: plain causal SDPA on this rank's heads
-        o = F.scaled_dot_product_attention(q, k.index_select(1, index), v.index_select(1, index), is_causal=True)
+        o = causal_sdpa(q, k.index_select(1, index), v.index_select(1, index), window)
     if ctx.hp > 1:
         o = heads_to_tokens(o, ctx, nseg)
     return o

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from autotune.runtime.attention import causal_sdpa
 from autotune.runtime.expert_parallel import single_groups
 from autotune.runtime.mesh import Axis
 from autotune.runtime.moe import MoEContext, MoELayer
@@ -156,10 +157,14 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
-def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: Any, docs: Any = None) -> torch.Tensor:
+def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: Any, docs: Any = None,
+                   window: int = 0) -> torch.Tensor:
     """Causal attention over global positions: plain SDPA when the sequence is whole on this rank,
     the CP ring / Ulysses ``sharded_attention`` otherwise; ``docs`` (``documents.Docs``, each row's
-    document lengths) stops it at document boundaries (None: one causal sequence per row)."""
+    document lengths) stops it at document boundaries (None: one causal sequence per row); ``window``
+    (a sliding-window layer, ``specs/windows.py``): each query attends itself and the ``window - 1``
+    positions before it (0: no window; the sequence is whole on the rank's heads,
+    ``trial.check_runtime_support`` refuses the ring and documents with it)."""
     if ctx is None:
         rep = q.shape[1] // k.shape[1]
         if rep > 1:  # GQA: each kv head serves ``rep`` consecutive query heads
@@ -168,15 +173,16 @@ def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: Any, 
             from autotune.runtime.documents import doc_attention
 
             return doc_attention(q, k, v, docs)
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return causal_sdpa(q, k, v, window)
     from autotune.runtime.attention import sharded_attention
 
-    return sharded_attention(q, k, v, ctx, docs)
+    return sharded_attention(q, k, v, ctx, docs, window)
 
 
 class Attention(nn.Module):
-    def __init__(self, spec: ModelSpec, layout: Layout):
+    def __init__(self, spec: ModelSpec, layout: Layout, layer: int = 0):
         super().__init__()
+        self.window = spec.window if spec.is_window_layer(layer) else 0  # layer ``layer`` of the model
         h, d = spec.hidden, spec.head_dim
         tp, sp = layout.tp, layout.sp
         self.layout, self.head_dim = layout, d
@@ -200,9 +206,9 @@ class Attention(nn.Module):
         if cos is not None:
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if self.layout.recompute == "selective":  # Korthikanti et al.: recompute the attention core only
-            o = checkpoint(attention_core, q, k, v, self.layout.attn_ctx, docs, use_reentrant=False)
+            o = checkpoint(attention_core, q, k, v, self.layout.attn_ctx, docs, self.window, use_reentrant=False)
         else:
-            o = attention_core(q, k, v, self.layout.attn_ctx, docs)
+            o = attention_core(q, k, v, self.layout.attn_ctx, docs, self.window)
         o = o.transpose(1, 2).reshape(b, s, self.heads * self.head_dim)
         return self.wo(o)
 
@@ -239,7 +245,7 @@ class Block(nn.Module):
         super().__init__()
         self.layout = layout
         self.attn_norm = make_norm(spec)
-        self.attn = Attention(spec, layout)
+        self.attn = Attention(spec, layout, layer)
         self.mlp_norm = make_norm(spec)
         self.mlp = make_ffn(spec, layout, layer)
 

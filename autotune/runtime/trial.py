@@ -87,9 +87,32 @@ def check_runtime_support(plan: Plan, spec: ModelSpec) -> None:
         p.append("moe_a2a_overlap: the runtime waits for each MoE all-to-all (price it, or export it to Megatron)")
     if plan.cuda_graph_scope:
         p.append("cuda_graph_scope: the runtime issues every kernel eagerly (price it, or export it to Megatron)")
-    p += _moe_problems(plan, spec)
+    p += _moe_problems(plan, spec) + _window_problems(plan, spec)
     if p:
         raise PlanError("; ".join(p), field="plan")
+
+
+def _window_problems(plan: Plan, spec: ModelSpec) -> list[str]:
+    """What the runtime's sliding-window layers (``runtime/attention.causal_sdpa``: a mask over the
+    whole sequence) and its attention do not run, each with its reason."""
+    from autotune.schedules import schedule_of
+
+    p = []
+    if spec.sinks:
+        p.append(f"model {spec.name}: the runtime's attention has no learned sinks (priced and exported; set "
+                 "sinks: false to run its windows)")
+    if not spec.window:
+        return p
+    if plan.degrees.cp > 1:
+        p.append(f"degrees.cp: model {spec.name} has sliding-window layers and the runtime's ring attention "
+                 f"takes no window (run cp 1, or price and export cp {plan.degrees.cp})")
+    if plan.doc_mask:
+        p.append(f"doc_mask: model {spec.name} has sliding-window layers; the runtime masks documents or a "
+                 "window, not both")
+    if not schedule_of(plan).chain:
+        p.append(f"schedule {plan.schedule}: its trainer runs attention outside the blocks (runtime/helix.py), "
+                 "without sliding windows")
+    return p
 
 
 def _moe_problems(plan: Plan, spec: ModelSpec) -> list[str]:

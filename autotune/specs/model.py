@@ -17,6 +17,7 @@ from typing import Any
 
 from autotune.errors import InputError, suggest
 from autotune.specs import fields as F
+from autotune.specs import windows as WIN
 from autotune.specs.moe import MLASpec, MoESpec, mla_from_dict, moe_from_dict
 
 ATTENTION_BWD_FLOPS = 2.5
@@ -74,6 +75,16 @@ class ModelSpec:
     """Experts (``autotune/specs/moe.py``); None: a dense model."""
     mla: MLASpec | None = None
     """Multi-head Latent Attention; None: standard multi-head / grouped-query attention."""
+    window: int = 0
+    """Sliding-window attention: the keys a windowed layer's query attends, itself included (HF's
+    ``sliding_window``; Megatron ``--window-size window-1,0``); 0: every layer full causal
+    (``autotune/specs/windows.py``)."""
+    window_skip_freq: int | tuple[int, ...] | None = None
+    """Which layers are windowed, as Megatron's ``--window-attn-skip-freq``: None every layer, an
+    integer N every layer but each Nth (layer numbers from 1), or 1/0 per layer."""
+    sinks: bool = False
+    """Learned attention sinks: one logit per head and layer in the softmax's denominator (GPT-OSS;
+    Megatron ``--softmax-type learnable``)."""
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab"):
@@ -104,6 +115,9 @@ class ModelSpec:
                                  field="moe.dense_layers")
             if len(self.moe.dense_layers) == self.layers:
                 raise InputError("every layer is dense: drop the moe block or a dense layer", field="moe.dense_layers")
+        WIN.check_window(self.window, self.window_skip_freq, self.layers)
+        if not isinstance(self.sinks, bool):
+            raise InputError(f"expected true or false, got {self.sinks!r}", field="sinks")
 
     # ---- shapes -------------------------------------------------------------------------------
     @property
@@ -155,13 +169,38 @@ class ModelSpec:
                     (m.kv_lora_rank, a * (m.qk_nope_head_dim + m.v_head_dim), True), (a * m.v_head_dim, h, True))
 
     def attention_params(self) -> int:
+        sinks = self.heads if self.sinks else 0  # one learned logit per head
         if self.mla is not None:  # the matrices plus the two latent RMSNorms
-            return sum(i * o for i, o, _ in self.attention_gemms()) + self.mla.q_lora_rank + self.mla.kv_lora_rank
+            return sum(i * o for i, o, _ in self.attention_gemms()) + self.mla.q_lora_rank + self.mla.kv_lora_rank + sinks
         h, kv, q = self.hidden, self.kv_dim, self.q_dim
-        n = h * q + 2 * h * kv + q * h  # Wq, Wk, Wv, Wo
+        n = h * q + 2 * h * kv + q * h + sinks  # Wq, Wk, Wv, Wo
         if self.bias:
             n += q + 2 * kv + h
         return n
+
+    # ---- sliding windows ----------------------------------------------------------------------
+    def is_window_layer(self, i: int) -> bool:
+        """Whether layer ``i`` (from 0) attends a sliding window (``specs/windows.py``)."""
+        return WIN.is_window_layer(self.window, self.window_skip_freq, i)
+
+    @property
+    def window_layer_count(self) -> int:
+        return sum(self.is_window_layer(i) for i in range(self.layers)) if self.window else 0
+
+    def window_keys(self, seq_len: int) -> float:
+        """Mean keys a query of a windowed layer attends over a causal sequence of ``seq_len``
+        (``windows.query_keys``: (s+1)/2 when the window covers the sequence)."""
+        return WIN.query_keys(0, seq_len, 0, self.window) / seq_len
+
+    def attention_flops_fwd(self, seq_len: int, keys: float | None = None) -> float:
+        """Forward FLOPs per token of every layer's QK^T and AV: the full layers at ``keys`` (default
+        causal), the windowed ones at ``window_keys`` (documents and windows together are refused
+        where they are priced, ``cost/windows.py``)."""
+        full = self.layer_attention_flops_fwd(seq_len, keys=keys)
+        n_win = self.window_layer_count
+        if not n_win:
+            return self.layers * full
+        return (self.layers - n_win) * full + n_win * self.layer_attention_flops_fwd(seq_len, keys=self.window_keys(seq_len))
 
     def mlp_params(self, width: int | None = None) -> int:
         """One FFN of ``width`` (default ``ffn_hidden``)."""
@@ -197,7 +236,8 @@ class ModelSpec:
         return self.moe.shared_width if self.is_moe_layer(i) else self.dense_ffn_width
 
     def router_params(self) -> int:
-        return 0 if self.moe is None else self.moe.experts * self.hidden
+        """The router's weight, and its bias with ``bias`` (GPT-OSS's router is a Linear with bias)."""
+        return 0 if self.moe is None else self.moe.experts * (self.hidden + (1 if self.bias else 0))
 
     def expert_params(self) -> int:
         """One routed expert."""
@@ -261,7 +301,7 @@ class ModelSpec:
         if self.moe is None or (i is not None and not self.is_moe_layer(i)):
             return 2.0 * (attn + self.mlp_matrices * self.hidden * self.dense_ffn_width)
         m = self.moe
-        ffn = self.mlp_matrices * self.hidden * (m.shared_width + m.top_k * m.expert_ffn_hidden) + self.router_params()
+        ffn = self.mlp_matrices * self.hidden * (m.shared_width + m.top_k * m.expert_ffn_hidden) + self.moe.experts * self.hidden
         return 2.0 * (attn + ffn)
 
     def matmul_flops_fwd(self) -> float:
@@ -288,10 +328,10 @@ class ModelSpec:
         return 2.0 * self.hidden * self.vocab
 
     def forward_flops_per_token(self, seq_len: int, keys: float | None = None) -> float:
-        attention = self.layer_attention_flops_fwd(seq_len, keys=keys)
-        if self.moe is None:
+        if self.moe is None and not self.window:
+            attention = self.layer_attention_flops_fwd(seq_len, keys=keys)
             return self.layers * (self.layer_matmul_flops_fwd() + attention) + self.head_flops_fwd()
-        return self.matmul_flops_fwd() + self.layers * attention + self.head_flops_fwd()
+        return self.matmul_flops_fwd() + self.attention_flops_fwd(seq_len, keys) + self.head_flops_fwd()
 
     def model_flops_per_token(self, seq_len: int, keys: float | None = None) -> float:
         """Training FLOPs per token without recomputation (forward + 2x backward): what MFU counts
@@ -309,19 +349,28 @@ class ModelSpec:
             raise InputError(f"must be one of {', '.join(RECOMPUTE)}, got {recompute!r}", field="recompute")
         base = self.model_flops_per_token(seq_len, keys)
         if recompute == "full":
-            attention = self.layer_attention_flops_fwd(seq_len, keys=keys)
-            if self.moe is None:
+            if self.moe is None and not self.window:
+                attention = self.layer_attention_flops_fwd(seq_len, keys=keys)
                 return base + self.layers * (self.layer_matmul_flops_fwd() + attention)
-            return base + self.matmul_flops_fwd() + self.layers * attention
+            return base + self.matmul_flops_fwd() + self.attention_flops_fwd(seq_len, keys)
         if recompute == "selective":
-            return base + self.layers * self.layer_attention_flops_fwd(seq_len, keys=keys)
+            if not self.window:
+                return base + self.layers * self.layer_attention_flops_fwd(seq_len, keys=keys)
+            return base + self.attention_flops_fwd(seq_len, keys)
         return base
 
     def to_dict(self) -> dict[str, Any]:
         """The model file's keys; the optional blocks only where set, so a dense model's dict (and the
         studies that store it) reads as before."""
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-             if f.name not in ("explicit_head_dim", "moe", "mla")}
+             if f.name not in ("explicit_head_dim", "moe", "mla", "window", "window_skip_freq", "sinks")}
+        if self.window:
+            d["window"] = self.window
+            if self.window_skip_freq is not None:
+                wsf = self.window_skip_freq
+                d["window_skip_freq"] = wsf if isinstance(wsf, int) else list(wsf)
+        if self.sinks:
+            d["sinks"] = True
         if self.explicit_head_dim:
             d["head_dim"] = self.explicit_head_dim
         if self.moe is not None:
@@ -335,6 +384,8 @@ class ModelSpec:
         d["params"] = self.param_count()
         if self.moe is not None:
             d["active_params"] = self.active_params()
+        if self.window:
+            d["window_layers"] = f"{self.window_layer_count} of {self.layers}"
         d["head_dim"] = self.head_dim
         return d
 
@@ -391,6 +442,9 @@ def model_from_dict(d: dict[str, Any], source: str | None = None) -> ModelSpec:
             explicit_head_dim=F.get_int(d, "head_dim", "head_dim", default=0, minimum=0),
             moe=moe_from_dict(d["moe"]) if d.get("moe") is not None else None,
             mla=mla_from_dict(d["mla"]) if d.get("mla") is not None else None,
+            window=F.get_int(d, "window", "window", default=0, minimum=0),
+            window_skip_freq=WIN.skip_freq_from(d.get("window_skip_freq")),
+            sinks=F.get_bool(d, "sinks", "sinks", default=False),
         )
         return ModelSpec(**kw)
     except InputError as e:

@@ -33,6 +33,7 @@ PRESET_PLANS = {
     "qwen3-235b-a22b": (256, "dp=16,tp=2,pp=8,ep=32,etp=1,vpp=4,schedule=interleaved_1f1b", 4096, 2048),
     "deepseek-v3": (1024, "dp=64,tp=2,pp=8,ep=64,sp=1,recompute=full", 4096, 4096),
     "gpt-oss-120b": (64, "dp=32,pp=2,ep=8,recompute=full", 4096, 512),
+    "gpt-oss-20b": (16, "dp=8,pp=2,ep=8", 4096, 128),
     "grok-1": (256, "dp=16,tp=4,pp=4,ep=8,sp=1,recompute=full", 4096, 1024),
     "tiny-moe": (8, "dp=4,tp=2,ep=4,sp=1", 128, 16),
     "tiny-moe-shared": (8, "dp=4,tp=2,ep=2,etp=2,sp=1", 128, 16),

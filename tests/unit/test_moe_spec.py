@@ -19,6 +19,7 @@ CARDS = {
     "deepseek-v3": (671e9, 1e9, 37e9, 1e9, "DeepSeek-V3 Technical Report (arXiv 2412.19437) abstract", "all"),
     # the gpt-oss card's Table 1 lists active = attention + 4 of 128 experts + the unembedding only
     "gpt-oss-120b": (116.83e9, 0.01e9, 5.13e9, 0.01e9, "OpenAI gpt-oss model card (2025-08-05) Table 1", "no input embedding"),
+    "gpt-oss-20b": (20.91e9, 0.01e9, 3.61e9, 0.01e9, "OpenAI gpt-oss model card (2025-08-05) Table 1", "no input embedding"),
     # xAI gives no active count ("25% of the weights active on a given token")
     "grok-1": (314e9, 1e9, None, None, "x.ai/news/grok-os: '314B parameter Mixture-of-Experts'", "all"),
 }
@@ -45,26 +46,33 @@ def _count_by_matrices(m) -> tuple[int, int]:
     if m.mla is None:
         hd = m.explicit_head_dim or h // a
         attn = [(h, a * hd), (h, m.kv_heads * hd), (h, m.kv_heads * hd), (a * hd, h)]
-        attn_n = sum(x * y for x, y in attn)
+        # HF's q/k/v/o projections carry a bias of their output width (GPT-OSS: attention_bias)
+        attn_n = sum(x * y + (y if m.bias else 0) for x, y in attn)
     else:
         x = m.mla
         qk = x.qk_nope_head_dim + x.qk_rope_head_dim
         q = h * x.q_lora_rank + x.q_lora_rank + x.q_lora_rank * a * qk if x.q_lora_rank else h * a * qk
         attn_n = q + h * (x.kv_lora_rank + x.qk_rope_head_dim) + x.kv_lora_rank \
             + x.kv_lora_rank * a * (x.qk_nope_head_dim + x.v_head_dim) + a * x.v_head_dim * h
+    attn_n += a if m.sinks else 0  # GPT-OSS: one learned sink logit per head
     mats = 3 if m.activation == "swiglu" else 2
+
+    def ffn(f):  # HF GptOssExperts: gate_up_proj_bias (2f) and down_proj_bias (h) per expert
+        return mats * h * f + (((mats - 1) * f + h) if m.bias else 0)
+
     total = active = 0
     e = m.moe
+    router = e.experts * h + (e.experts if m.bias else 0)  # GptOssTopKRouter: a Linear with bias
     for i in range(m.layers):
         base = attn_n + 2 * h
         if i in e.dense_layers:
-            f = mats * h * (e.dense_ffn_hidden or m.ffn_hidden)
+            f = ffn(e.dense_ffn_hidden or m.ffn_hidden)
             total, active = total + base + f, active + base + f
         else:
-            shared = e.shared_experts * mats * h * e.shared_ffn_hidden
-            one = mats * h * e.expert_ffn_hidden
-            total += base + shared + e.experts * h + e.experts * one
-            active += base + shared + e.experts * h + e.top_k * one
+            shared = e.shared_experts * ffn(e.shared_ffn_hidden) if e.shared_experts else 0
+            one = ffn(e.expert_ffn_hidden)
+            total += base + shared + router + e.experts * one
+            active += base + shared + router + e.top_k * one
     rest = m.vocab * h * (1 if m.tied_embeddings else 2) + h
     return total + rest, active + rest
 
