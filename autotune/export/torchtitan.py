@@ -163,6 +163,9 @@ def candidates(plan: Plan, ctx: ExportContext) -> list[Plan]:
     if d.hp > 1:
         out = [fold(base, "hp", "cp"), fold(base, "hp", "dp"), fold(base, "hp", "tp")]
         out = [p.replace(sequence_parallel=p.degrees.tp > 1 or p.sequence_parallel) for p in out]
+    if window_reasons(plan, ctx):  # its gpt_oss model: the pipeline and the ring folded into the data ranks
+        out = [fold(p, "pp", "dp") if p.degrees.pp > 1 else p for p in out]
+        out = [fold(p, "cp", "dp") if p.degrees.cp > 1 else p for p in out]
     return [q for p in out for q in even_experts(p, ctx, etps=(1, p.degrees.tp))]
 
 

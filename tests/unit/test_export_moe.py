@@ -28,7 +28,7 @@ from autotune.specs.cluster import cluster_from_dict
 from autotune.specs.model import load_model
 
 MOE_PRESETS = ("tiny-moe", "tiny-moe-shared", "mixtral-8x7b", "mixtral-8x22b", "qwen2-57b-a14b", "qwen3-30b-a3b",
-               "qwen3-235b-a22b", "deepseek-v3", "gpt-oss-120b", "grok-1")
+               "qwen3-235b-a22b", "deepseek-v3", "gpt-oss-120b", "gpt-oss-20b", "grok-1")
 
 
 def ctx_for(model: str, nodes: int = 2, seq: int = 4096, batch: int = 512) -> ExportContext:

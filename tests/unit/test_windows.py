@@ -220,7 +220,9 @@ def test_torchtitan_and_accelerate_refuse_what_their_windowed_models_cannot_run_
     with pytest.raises(ExportRefused) as e:
         export(piped, ctx, "torchtitan")
     assert any("pp(2)" in r and "gpt_oss" in r for r in e.value.reasons)
-    assert e.value.nearest is None or e.value.nearest.plan.degrees.pp == 1
+    near = e.value.nearest.plan  # the pipeline folded into the data ranks
+    assert (near.degrees.pp, near.degrees.cp, near.world) == (1, 1, piped.world)
+    export(near, ctx, "torchtitan")
     dense = _ctx(dataclasses.replace(TINY_W, window=16), nodes=1, seq=256)
     cp = Plan(degrees=Degrees(dp=4, cp=2), micro_batch_size=1, zero_stage=3).resolve(
         dense.model, dense.cluster, dense.seq_len, dense.global_batch)
@@ -267,3 +269,33 @@ def test_runtime_refuses_what_it_does_not_run_with_the_reason():
         assert field in str(e.value) and "\n" not in str(e.value)
     with pytest.raises(PlanError, match="sinks"):
         check_runtime_support(resolved(degrees={"dp": 4}), dataclasses.replace(TINY_W, sinks=True))
+
+
+def test_the_rank_cost_memo_is_exact_for_windowed_ranks(monkeypatch):
+    """Windowed work differs where nothing else in the memo's key does: between the zigzag CP shards
+    (equal causal work, but only shard 0 holds the sequence's start) and between middle pipeline
+    stages of equal layer counts that start at another layer (8/7/9 against 9/7/8: 4 windowed layers
+    against 3). The key carries it (``RankContext.window``): every plan priced with the memo, after
+    all the others, is priced as ``rank_cost`` prices it without one."""
+    import sys
+
+    from autotune.cost import rank as RK
+
+    moe = load_model("gpt-oss-20b")
+    dense = dataclasses.replace(moe, name="gpt-oss-dense", moe=None)  # no expert layout in the step's key
+    cases = [(m, p) for m in (moe, dense) for p in (
+        "dp=2,cp=4,pp=3,ep=8", "dp=8,pp=3,ep=8,layers=8/7/9", "dp=8,pp=3,ep=8,layers=9/7/8",
+        "dp=4,cp=2,pp=3,ep=8,layers=9/7/8", "dp=4,pp=3,tp=2,sp=1,ep=8,layers=8/7/9")]
+
+    def prices():
+        return [estimate(parse_inline(p if m.moe else p.replace(",ep=8", "")), m, _h100(24), 8192, 48
+                         ).predicted["step_time_s"] for m, p in cases]
+
+    est_mod = sys.modules["autotune.cost.estimate"]
+    with monkeypatch.context() as mp:
+        mp.setattr(est_mod, "rank_cost_memo", RK.rank_cost)  # no memo: every rank priced on its own
+        alone = prices()
+    RK._MEMO.clear()
+    prices()
+    assert prices() == alone
+    assert len(set(alone)) == len(alone)
