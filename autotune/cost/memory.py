@@ -136,6 +136,9 @@ def state_bytes(dtype: str, framework: str = "runtime", zero_stage: int = 0,
       accumulates in fp32 only under --bf16 (arguments.py); with ``--grad-reduce-in-bf16``
       (``grad_reduce`` bf16) its gradient buffer is bf16: 2 + 2 + 12 (the distributed optimizer's fp32
       copy of a shard's gradient lives only inside the step, as its main parameters' ``.grad``).
+      Under an FP8 dtype with the distributed optimizer (``zero_stage`` >= 1) the weights are
+      ``MEGATRON_FP8_PARAM_BYTES`` (``megatron_fp8_params``): Megatron runs ``--fp8-param-gather``
+      there (the exporter writes it, as Megatron-Bridge's FP8 recipes set it).
     - deepspeed: its ZeRO optimizer (runtime/zero/stage_1_and_2.py ``single_partition_of_fp32_groups``
       and their ``.grad``; stage3.py ``fp32_partitioned_groups_flat``) and, at ZeRO-0, FP16_Optimizer
       / BF16_Optimizer keep an fp32 copy of the parameters AND an fp32 copy of the gradients beside
@@ -157,8 +160,33 @@ def state_bytes(dtype: str, framework: str = "runtime", zero_stage: int = 0,
         return w, w, 8.0 if fp32 and zero_stage == 0 else 16.0, w
     if framework == "megatron" and dtype == "fp16":
         return 2.0, 2.0, 16.0, 0.0
+    if framework == "megatron" and megatron_fp8_params(dtype, zero_stage):
+        _, g, o = state_bytes_per_param(dtype, grad_reduce)
+        return MEGATRON_FP8_PARAM_BYTES, g, o, 0.0
     w, g, o = state_bytes_per_param(dtype, grad_reduce)
     return w, g, o, (w if fp32 else 0.0)
+
+
+MEGATRON_FP8_PARAM_BYTES = 2.0
+"""Bytes a parameter's weights take on the device under Megatron's ``--fp8-param-gather``: "keep the
+compute param in fp8 (do not use any other intermediate dtype) and perform the param all-gather in fp8"
+(megatron/core/distributed/distributed_data_parallel_config.py ``fp8_param_gather``). Each linear
+weight is Transformer Engine's quantised tensor alone, with no bf16 copy: its row-wise FP8 data (1 byte,
+what the forward GEMM reads) and its column-wise copy (1 byte: the Hopper transpose, or MXFP8's
+column-scaled data, what the backward's data-gradient GEMM reads), the block scales' 1/32 (MXFP8) left
+out; the parameters outside the linear layers (embeddings, norms, router) stay bf16, 2 bytes too. The
+fp32 master copy is the distributed optimizer's (its 12 bytes), the gradient buffer as without FP8
+(megatron/core/distributed/param_and_grad_buffer.py: FP8 weights are remapped into the param buffer, or
+under ``--reuse-grad-buf-for-mxfp8-param-ag`` gathered through the gradient buffer)."""
+
+
+def megatron_fp8_params(dtype: str, zero_stage: int) -> bool:
+    """Whether Megatron keeps the weights of a plan in FP8 (``--fp8-param-gather``): under an FP8 dtype
+    with the distributed optimizer, which the flag requires (megatron/training/arguments.py: "only
+    supported with distributed optimizer"); Megatron-Bridge's FP8 recipes set it
+    (src/megatron/bridge/training/mixed_precision.py: ``bf16_with_fp8_current_scaling_mixed``,
+    ``bf16_with_mxfp8_mixed`` and the delayed recipes ``fp8_param_gather = True``)."""
+    return dtype in FP8_RECIPES and zero_stage >= 1
 
 
 def framework_of(step: Any) -> str:

@@ -15,7 +15,9 @@ Mapping (argument names from megatron/training/arguments.py):
 * virtual stages: ``--num-layers-per-virtual-pipeline-stage`` when every virtual stage is equal;
 * batch: ``--micro-batch-size``, ``--global-batch-size`` (Megatron derives micro-batches per
   replica as global / (micro * dp));
-* ``dtype``: ``--bf16`` / ``--fp16``; an FP8 dtype adds ``--fp8-format`` and ``--fp8-recipe`` (``FP8_ARGS``);
+* ``dtype``: ``--bf16`` / ``--fp16``; an FP8 dtype adds ``--fp8-format`` and ``--fp8-recipe`` (``FP8_ARGS``),
+  and with the distributed optimizer ``--fp8-param-gather`` (``--reuse-grad-buf-for-mxfp8-param-ag``
+  under MXFP8), the FP8 weights ``cost/memory.state_bytes`` prices;
 * experts (``moe_arguments``): ``--num-experts``, ``--moe-router-topk``, ``--moe-ffn-hidden-size``,
   ``--expert-model-parallel-size ep``, ``--expert-tensor-parallel-size etp`` (Megatron-Core's parallel
   folding: the expert mesh tp-ep-dp-pp over the same ranks, as ``plan_parts.expert_groups`` orders it),
@@ -48,6 +50,7 @@ import shlex
 from typing import Any
 
 from autotune.cost.kernels import EAGER_HOST_S, KernelCosts
+from autotune.cost.memory import megatron_fp8_params
 from autotune.divisibility import even_heads_problem
 from autotune.export.common import (
     Collected,
@@ -306,6 +309,10 @@ def arguments(plan: Plan, ctx: ExportContext) -> list[str]:
     if plan.dtype in FP8_RECIPES:
         fmt, recipe = FP8_ARGS[FP8_RECIPES[plan.dtype]]
         a += ["--fp8-format", fmt, "--fp8-recipe", recipe]
+        if megatron_fp8_params(plan.dtype, plan.zero_stage):  # FP8 weights, as memory.state_bytes prices them
+            a.append("--fp8-param-gather")
+            if recipe == "mxfp8":  # arguments.py: MXFP8 params gather through the gradient buffer
+                a.append("--reuse-grad-buf-for-mxfp8-param-ag")
     # model shape (the dense layers' FFN width: Megatron's --ffn-hidden-size is theirs under MoE)
     a += ["--num-layers", str(m.layers), "--hidden-size", str(m.hidden), "--ffn-hidden-size", str(m.dense_ffn_width),
           "--num-attention-heads", str(m.heads), "--seq-length", str(ctx.seq_len),

@@ -94,6 +94,38 @@ def test_fp8_keeps_weights_twice_and_nothing_else_changes_in_memory():
         assert rb[term] == pytest.approx(ra[term])
 
 
+def test_megatron_keeps_fp8_weights_under_the_distributed_optimizer_and_exports_the_flag():
+    """Megatron's ``--fp8-param-gather`` ("keep the compute param in fp8, do not use any other
+    intermediate dtype": megatron-core's DistributedDataParallelConfig) replaces the bf16 weight and its
+    FP8 cache by the FP8 weight and its column-wise copy, one byte each: under ``--target megatron`` with
+    the distributed optimizer an FP8 plan's weights take what its bf16 weights take (2 bytes a
+    parameter), the gradients and the optimizer's fp32 master and moments unchanged; without the
+    distributed optimizer (which the flag needs) the dual-precision count stays. The exported script
+    names the flag exactly where it is priced, each a field of megatron-core's own configs."""
+    pytest.importorskip("megatron.core", reason="megatron-core not installed")
+    from megatron.core.distributed import DistributedDataParallelConfig
+
+    from autotune.export import megatron as M
+
+    plan = Plan(degrees=Degrees(dp=4, tp=2, pp=2), micro_batch_size=1, zero_stage=1)
+    mem = {(dt, z): estimate(plan.replace(dtype=dt, zero_stage=z), PRESETS["llama3-8b"], _cluster(H100), 4096, 64,
+                             kernels=M.KERNELS).breakdown["ranks"][0]["memory"]
+           for dt in ("bf16", "fp8-current") for z in (0, 1)}
+    assert mem["fp8-current", 1]["weights"] == pytest.approx(mem["bf16", 1]["weights"])
+    assert mem["fp8-current", 0]["weights"] == pytest.approx(2 * mem["bf16", 0]["weights"])
+    for term in ("gradients", "optimizer"):
+        assert mem["fp8-current", 1][term] == pytest.approx(mem["bf16", 1][term])
+    fields = {f.name for f in dataclasses.fields(DistributedDataParallelConfig)}
+    for dtype, dev in (("fp8-current", H100), ("fp8-mx", CATALOGUE["B200"])):
+        ctx = _ctx(dev)
+        for z in (0, 1):
+            args = export(_resolved(ctx, dtype, zero_stage=z), ctx, "megatron").data["args"]
+            flags = {a[2:].replace("-", "_") for a in args if a.startswith("--") and ("fp8" in a or "reuse" in a)}
+            want = {"fp8_param_gather"} | ({"reuse_grad_buf_for_mxfp8_param_ag"} if dtype == "fp8-mx" else set())
+            assert (want <= flags) == (z == 1) and want <= fields
+            assert ("--use-distributed-optimizer" in args) == (z == 1)
+
+
 def test_auto_never_picks_fp8_and_devices_without_it_refuse_in_one_line():
     h100 = _cluster(H100)
     assert choose_dtype("auto", h100) == "bf16"
