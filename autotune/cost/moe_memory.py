@@ -13,6 +13,8 @@ states, the activations the experts keep for backward, and the dispatch buffers.
   router's fp32 probabilities over the rank's tokens; under FP8 the GEMM inputs in FP8. Full
   recomputation keeps none of them (the block input is all it keeps); selective keeps them, less
   what its named modules drop (``moe_act``, ``moe``: ``recompute_modules.py``).
+* torchtitan's ``selective`` (per-op checkpointing) keeps no grouped-GEMM output: the routed experts'
+  forward runs again in the backward (``recomputes_routed_gemms``, ``op_sac_routed_bytes``).
 * Dispatch buffers: one send and one receive buffer of the busiest rank's token copies, alive while
   a layer runs (once per rank, not per layer).
 """
@@ -50,6 +52,27 @@ def routed_activation_bytes(model: Any, *, received: float, tokens: float, etp: 
     copies = received * (model.hidden * gemm_in + (model.mlp_matrices - 1) * w * bpe + w * gemm_in)
     copies -= RMOD.routed_saving(model, modules, received=received, etp=etp, act_bytes=gemm_in)
     return copies + tokens * e.experts * 4.0
+
+
+def recomputes_routed_gemms(framework: str, recompute: str) -> bool:
+    """Whether the runtime's ``selective`` recomputation keeps no routed GEMM output and runs the routed
+    experts' forward again in the backward: torchtitan's per-op selective checkpointing (the exporter's
+    ``selective_ac_option = "op"``) saves the outputs of the ops on its save list alone
+    (torchtitan/distributed/activation_checkpoint.py ``_get_default_save_ops``: linear, the attention
+    kernels, topk, max, all_to_all_single, reduce_scatter, and PyTorch's compute-intensive ops
+    ``mm``/``bmm``/``addmm``/``_scaled_mm``), which ``_grouped_mm``, the experts' GEMMs, is not on; the
+    token gather, the activation and the combine are recomputed as every op off the list."""
+    return framework == "torchtitan" and recompute == "selective"
+
+
+def op_sac_routed_bytes(model: Any, *, received: float, tokens: float, ep: int, bpe: int) -> float:
+    """Bytes one MoE layer keeps for backward per micro-batch under torchtitan's per-op selective
+    checkpointing (``recomputes_routed_gemms``): the dispatched tokens where they came through an
+    ``all_to_all_single`` (ep > 1: its output is saved, ``received`` copies of ``hidden``), and the
+    router's scores over the rank's tokens (its gate is a saved ``linear``; counted in fp32 as
+    ``routed_activation_bytes`` counts them); nothing of the grouped GEMMs."""
+    dispatched = received * model.hidden * bpe if ep > 1 else 0.0
+    return dispatched + tokens * model.moe.experts * 4.0
 
 
 def dispatch_buffer_bytes(model: Any, received: float, bpe: int) -> float:

@@ -44,3 +44,38 @@ def test_the_expert_gathers_are_priced_over_edp():
     s1 = step_context(parse_inline("dp=16,ep=2,mbs=1,zero=1,dtype=bf16"), ctx.model, ctx.cluster,
                       ctx.seq_len, ctx.global_batch, None, kernel_costs("torchtitan"))
     assert EDP.zero3_gather(tp_groups(s1)[0][2]) == 0.0
+
+
+def test_torchtitan_selective_keeps_no_grouped_gemm_output_and_runs_the_experts_forward_again(monkeypatch):
+    """torchtitan's per-op selective checkpointing (what the exporter writes for ``recompute=selective``)
+    saves the outputs of the ops on its list: PyTorch's compute-intensive ops, linear, attention, topk,
+    max and the all-to-all, and ``_grouped_mm`` (the routed experts' GEMMs) is not among PyTorch's (the
+    list torchtitan starts from). So, against the same plan with the routed experts kept as Megatron's
+    selective keeps them, a MoE layer keeps per routed token copy exactly the grouped GEMMs' outputs
+    less (gate and up 2 x width, the activation's width, at 2 bytes: the hand count of torchtitan's
+    GroupedExperts forward; the dispatched input stays, an all-to-all output), and its backward runs the
+    experts' forward (a third of their forward + backward seconds) once more per micro-batch."""
+    import torch
+    from torch._functorch.partitioners import get_default_op_list
+
+    from autotune.cost import moe_memory as MM
+    from autotune.cost import rank
+
+    saved = {op.default for op in get_default_op_list().compute_intensive_ops}
+    assert torch.ops.aten.mm.default in saved and torch.ops.aten._grouped_mm.default not in saved
+
+    ctx = ctx_for("qwen3-30b-a3b", nodes=1, seq=4096, batch=64)
+    text = "dp=8,ep=2,mbs=1,zero=3,recompute=selective,dtype=bf16"
+    rank._MEMO.clear()
+    op_sac = _est(ctx, text)
+    monkeypatch.setattr(MM, "recomputes_routed_gemms", lambda framework, recompute: False)
+    rank._MEMO.clear()
+    kept_all = _est(ctx, text)
+    rank._MEMO.clear()
+    x = op_sac.breakdown["moe"]
+    received = x["tokens_per_expert"] * x["experts_per_rank"][0]
+    mem_o, mem_k = (e.breakdown["ranks"][0]["memory"] for e in (op_sac, kept_all))
+    dropped = mem_k["activation_per_layer_microbatch"] - mem_o["activation_per_layer_microbatch"]
+    assert dropped == pytest.approx(received * 3 * ctx.model.moe.expert_ffn_hidden * 2.0, rel=1e-9)
+    again = op_sac.breakdown["compute_s"] - kept_all.breakdown["compute_s"]
+    assert again == pytest.approx(x["experts_s"] / 3.0, rel=1e-6)  # experts_s: the step's, every micro-batch
