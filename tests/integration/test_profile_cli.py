@@ -133,9 +133,14 @@ def test_measured_call_costs_reach_the_cost_model(profiled):
     kinds = {smp["kind"] for smp in doc["samples"] if smp["rank"] == 0}
     assert {"gemm_call", "op", "attention_trial_fwd", "attention_trial_fwd_bwd"} <= kinds
     # Clamped at 0: fp32's call cost (~1-3 us) and the op intercept (~2 us) are differences of close
-    # numbers and can come out 0 on a loaded machine; the bf16/fp16 packing cost (~20 us) cannot.
+    # numbers and can come out 0 on a loaded machine, and where the CPU has no native bf16 (CI:
+    # ONEDNN_MAX_CPU_ISA=AVX2) fp32 is the only dtype measured, so no figure here must be above 0 (it
+    # read 0.0 once in a full run). What the comparison below needs is that each measured figure
+    # differs from the default the model falls back to, so that it tells which of the two was used.
+    # (The fit itself is checked against known costs in tests/unit/test_profile_sweeps.py.)
     assert set(over["gemm_call_s"]) == set(dev.profile["gemm"]) and over["op_s"] >= 0
-    assert max(over["gemm_call_s"].values()) > 0
+    assert over["op_s"] != CPU_OP_S
+    assert all(call != CPU_GEMM_CALL_S[dt] for dt, call in over["gemm_call_s"].items())
     import dataclasses
 
     plain = dataclasses.replace(dev, profile={k: v for k, v in dev.profile.items() if k != "overheads"})
