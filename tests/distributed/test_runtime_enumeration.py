@@ -12,17 +12,18 @@ All plans of one world run inside ONE launch of workers (process start-up domina
 comparing its weights with the single-process reference run in the same precision with the same
 mixed-precision recipe (reference_run).
 
-What runs by default, on 2 and on 4 workers (163 and 702 combinations x precisions, about 1-3 s
+What runs by default, on 2 and on 4 workers (168 and 891 combinations x precisions, about 1-3 s
 each on a loaded 2-core machine, the time going to the steps' many small collectives, whatever the
 precision): a cover of the combinations, chosen greedily so that every (degrees, ZeRO stage,
-precision), every (schedule, recomputation, precision) and every pair of values of the five factors
-(degrees, schedule, recomputation, ZeRO stage, precision: pairwise coverage, as combinatorial
-testing uses it) that some runnable combination has is run (77 plans on 2 workers, 159 on 4; one plan
-for every combination of the first four, 79 and 292 plans, took about twice as long). ``AUTOTUNE_ENUMERATION=full`` runs the
-complete cross product on both. A combination that one of the fp32 parity tests
-(PARITY_TESTS: test_runtime_equivalence, test_pipeline_schedules, test_helix_equivalence) already
-runs on the same number of workers against one process, at the same tolerances, is counted as run
-(with what it covers) and not run a second time here. ``fp32-strict`` is enumerated, priced and admitted
+precision path), every (schedule, recomputation, precision path) and every pair of values of the five
+factors (degrees, schedule, recomputation, ZeRO stage, precision: pairwise coverage, as combinatorial
+testing uses it) that some runnable combination has is run; the precision paths are fp32 and low
+precision (bf16 and fp16 run the same code but for fp16's loss scale: ``PATH``). That is 35 plans on
+2 workers and 83 on 4 (with a triple per precision, not per path, 61 and 132).
+``AUTOTUNE_ENUMERATION=full`` runs the complete cross product on both. A combination that one of the
+fp32 parity tests (PARITY_TESTS: test_runtime_equivalence, test_pipeline_schedules,
+test_helix_equivalence) already runs on the same number of workers against one process, at the same
+tolerances, is counted as run (with what it covers) and not run a second time here. ``fp32-strict`` is enumerated, priced and admitted
 like the others but runs as ``fp32`` (the two differ only in CUDA's TF32 switch), so it is not run
 twice on CPU.
 
@@ -100,10 +101,23 @@ def run_elsewhere(world: int) -> frozenset[tuple]:
     """The combinations that PARITY_TESTS run on WORLD workers (each test's own model and plans)."""
     keys = set()
     for test in PARITY_TESTS:
-        for _, item in test.CASES.get(world, ()):
-            plan = Plan.from_dict({k: v for k, v in item.items() if not k.startswith("_")})
-            keys.add(combination(plan.resolve(test.SPEC, local_cluster(world), test.SEQ, test.BATCH)))
+        for spec, items in parity_cases(test, world):
+            for _, item in items:
+                plan = Plan.from_dict({k: v for k, v in item.items() if not k.startswith("_")})
+                keys.add(combination(plan.resolve(spec, local_cluster(world), test.SEQ, test.BATCH)))
     return frozenset(keys)
+
+
+def parity_cases(test, world: int) -> list:
+    """[(model, [(name, plan dict)])] that TEST runs on WORLD workers: its ``CASES`` keyed by the world
+    size, or by (model name, world size) where it runs several models (``SPECS``)."""
+    specs = getattr(test, "SPECS", {test.SPEC.name: test.SPEC})
+    out = []
+    for key, items in test.CASES.items():
+        name, w = key if isinstance(key, tuple) else (test.SPEC.name, key)
+        if w == world:
+            out.append((specs[name], items))
+    return out
 
 
 _ENUM: dict[int, dict] = {}
@@ -162,17 +176,26 @@ def representatives(world: int) -> list[tuple[tuple, Plan]]:
     return out
 
 
+PATH = {"fp32": "fp32", "bf16": "low", "fp16": "low"}
+"""The runtime's code path per precision: bf16 and fp16 run the same mixed-precision path
+(autotune/runtime/precision.py: low-precision weight copies, fp32 accumulators and master weights);
+fp16 adds only the dynamic loss scale, one world-wide overflow flag that each optimizer (one per ZeRO
+stage) and the loss divisor see whatever the degrees or the schedule. So the triples (degrees, ZeRO,
+path) and (schedule, recomputation, path) are run once per path, and every pair of factor values
+with each precision itself (``marks``), so that fp16 meets every degree layout, ZeRO stage,
+schedule and recomputation at least once."""
+
 FACTORS = (slice(0, 5), slice(5, 7), slice(7, 8), slice(8, 9), slice(9, 10))
 """A combination's five factors: degrees, schedule (with its virtual stages), recomputation, ZeRO
 stage, precision."""
 
 
 def marks(key: tuple) -> set:
-    """What one run of a combination covers: its (degrees, ZeRO, precision), its (schedule,
-    recomputation, precision), and every pair of its five factors' values."""
+    """What one run of a combination covers: its (degrees, ZeRO, precision path), its (schedule,
+    recomputation, precision path) (``PATH``), and every pair of its five factors' values."""
     f = [key[s] for s in FACTORS]
     pairs = {("p", i, f[i], j, f[j]) for i in range(5) for j in range(i + 1, 5)}
-    return {("z", key[:5], key[8], key[9]), ("s", key[5:8], key[9])} | pairs
+    return {("z", key[:5], key[8], PATH[key[9]]), ("s", key[5:8], PATH[key[9]])} | pairs
 
 
 def _cover(items: list[tuple[tuple, list]], elsewhere: frozenset) -> list[tuple[tuple, list]]:
@@ -255,12 +278,14 @@ def test_every_sampled_plan_is_priced_infeasible_or_accepted_by_the_runtime(worl
     for zero in (2, 3):
         for dim in (range(5) if world == 4 else (0, 2, 3)):
             assert any(k[8] == zero and k[dim] > 1 for k in keys), (zero, dim)
-    # what runs (here or in a parity test) covers every (degrees, ZeRO, precision) and (schedule,
-    # recomputation, precision)
+    # the parity tests' plans are read (their CASES keys once changed form and none were counted)
+    assert parity_cases(test_runtime_equivalence, world) and run_elsewhere(world)
+    # what runs (here or in a parity test) covers every (degrees, ZeRO, precision path) and (schedule,
+    # recomputation, precision path)
     runnable = {k for k in keys if k[-1] in RUN_DTYPES}
     ran = {key for key, _ in representatives(world)} | (run_elsewhere(world) & runnable)
-    assert {(k[:5], k[8], k[9]) for k in runnable} == {(k[:5], k[8], k[9]) for k in ran}
-    assert {(k[5:8], k[9]) for k in runnable} == {(k[5:8], k[9]) for k in ran}
+    assert {(k[:5], k[8], PATH[k[9]]) for k in runnable} == {(k[:5], k[8], PATH[k[9]]) for k in ran}
+    assert {(k[5:8], PATH[k[9]]) for k in runnable} == {(k[5:8], PATH[k[9]]) for k in ran}
     assert set().union(*map(marks, runnable)) == set().union(*map(marks, ran))  # and every pair of factors
     assert ran == runnable or not FULL
 
