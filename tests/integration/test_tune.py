@@ -9,16 +9,25 @@ import sys
 import pytest
 
 
+def assert_priced_on_this_machines_profile(out: dict) -> None:
+    """The search ran on this machine's measured profile, not on a fallback to the catalogue figures."""
+    assert out["profile"] is not None and not any("not usable" in n for n in out["notes"]), out["notes"]
+
+
 @pytest.mark.slow
 def test_tune_prints_best_with_predicted_and_measured(in_tmp):
+    """The loop on a dense model. Without its layer-timing step (``--no-layers``, about half of this
+    test's time): the loop with every step, the layer profile included, is the MoE test below, and
+    tests/unit/test_tune_layers.py covers a dense model's layer grid and the search priced from its
+    measured layers. Two plans validated, not three: the best measured is still chosen among several."""
     r = subprocess.run([sys.executable, "-m", "autotune", "tune", "--model", "tiny", "--seq-len", "64",
-                        "--global-batch", "4", "--trials", "30", "--steps", "2", "--json"],
-                       capture_output=True, text=True, timeout=900)
+                        "--global-batch", "4", "--trials", "30", "--top", "2", "--steps", "2", "--no-layers",
+                        "--json"], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     best = out["best"]
-    # the search ran on this machine's measured profile, not on a fallback to the catalogue figures
-    assert out["profile"] is not None and not any("not usable" in n for n in out["notes"]), out["notes"]
+    assert_priced_on_this_machines_profile(out)
+    assert len(out["validate"]["validated"]) == 2  # --top 2: both run for real
     assert best["predicted"]["tokens_per_s"] > 0 and best["measured"]["tokens_per_s"] > 0
     from autotune.plan import load_plan
 
@@ -28,7 +37,7 @@ def test_tune_prints_best_with_predicted_and_measured(in_tmp):
 
 @pytest.mark.slow
 def test_tune_of_an_moe_model_measures_its_moe_block_and_prices_from_it(in_tmp):
-    """`tune -m tiny-moe` runs the whole loop; its layer profile times the MoE block and its FFN's
+    """`tune -m tiny-moe` runs the whole loop (the README's first command, every step); its layer profile times the MoE block and its FFN's
     steps at every (ep, etp) the search on this machine's ranks can choose, and every validated plan's
     MoE layers were priced from those steps (cp and etp plans too)."""
     r = subprocess.run([sys.executable, "-m", "autotune", "tune", "--model", "tiny-moe", "--seq-len", "64",
@@ -36,6 +45,7 @@ def test_tune_of_an_moe_model_measures_its_moe_block_and_prices_from_it(in_tmp):
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
+    assert_priced_on_this_machines_profile(out)  # every step of the loop: profile, layers, search, validate
     from autotune.commands.tune_layers import etp_grid, layer_grid
     from autotune.cost import estimate
     from autotune.plan_record import PlanRecord
