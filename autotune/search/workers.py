@@ -41,11 +41,20 @@ def _to_monotonic(wall: float) -> float:
     return time.monotonic() + (wall - time.time())
 
 
+def take_stop_signals() -> None:
+    """A worker's handlers: SIGTERM and Ctrl-C ask it to flush and stop. A search started with Ctrl-C
+    ignored (a background job: ``&``, nohup, some CI runners) keeps it ignored in its workers too, as
+    the parent's Python does: else a group Ctrl-C stopped the workers while the parent went on and
+    exited 0 without their trials."""
+    signal.signal(signal.SIGTERM, request_stop)
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # spawn's exec keeps an inherited ignore
+        signal.signal(signal.SIGINT, request_stop)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by the parent around start()
+
+
 def _worker(args: dict[str, Any]) -> None:
     """One of --workers K processes: the sampler (or a slice of the grid) on the shared study."""
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by the parent around start()
+    take_stop_signals()
     _ctx, space, ev = setup(args["model"], args["cluster"], args["seq_len"], args["global_batch"], args["opts"],
                             args["estimator"])
     opts: SearchOptions = args["opts"]
