@@ -63,22 +63,19 @@ def storage_for(url: str, *, create: bool = True) -> Any:
     cached = _RDB_STORAGES.get((engine_url, os.getpid()))
     if cached is not None and (not url.startswith("sqlite:///") or Path(engine_url[len("sqlite:///"):]).exists()):
         return cached
-    engine_kwargs: dict[str, Any] = {}
-    fresh = False  # a SQLite file this call creates: Optuna writes its schema now, at its own version
-    if url.startswith("sqlite:///"):
-        path = url[len("sqlite:///"):]
-        if path and path != ":memory:":
-            if not create and not Path(path).exists():
-                raise InputError(f"no such database file {path!r}; run `autotune search` first or pass --storage",
-                                 field="--storage")
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            fresh = not Path(path).exists()
-        engine_kwargs = {"connect_args": {"timeout": SQLITE_TIMEOUT_S}}
+    sqlite = url.startswith("sqlite:///")
+    fresh, known = _sqlite_file(engine_url, create) if sqlite else (False, False)
+    engine_kwargs: dict[str, Any] = {"connect_args": {"timeout": SQLITE_TIMEOUT_S}} if sqlite else {}
     try:
-        # the schema check (alembic reading its ~30 migration scripts again) can only pass on a
-        # schema this process just created: skipped there (a tenth of a 16-device search's start)
-        st = optuna.storages.RDBStorage(engine_url, engine_kwargs=engine_kwargs, skip_compatibility_check=fresh)
-        if url.startswith("sqlite:///"):
+        if known:  # the schema Optuna wrote and its check would pass: opened without Alembic
+            from autotune.study_sqlite import KnownSchemaStorage
+
+            st = KnownSchemaStorage(engine_url, engine_kwargs)
+        else:
+            # the schema check (alembic reading its ~30 migration scripts again) can only pass on a
+            # schema this process just created: skipped there
+            st = optuna.storages.RDBStorage(engine_url, engine_kwargs=engine_kwargs, skip_compatibility_check=fresh)
+        if sqlite:
             _sqlite_wal(st)
         _RDB_STORAGES[(engine_url, os.getpid())] = st
         return st
@@ -88,6 +85,33 @@ def storage_for(url: str, *, create: bool = True) -> Any:
     except Exception as exc:  # noqa: BLE001 - sqlalchemy raises many kinds for a bad URL
         raise InputError(f"cannot open storage {url!r}: {type(exc).__name__}: {exc}".splitlines()[0],
                          field="--storage") from None
+
+
+def _sqlite_file(engine_url: str, create: bool) -> tuple[bool, bool]:
+    """(fresh: a file Optuna's constructor creates now, known: a file whose schema is current) for a
+    ``sqlite:///`` URL, the file SQLAlchemy will open; its folder is made, a missing file refused
+    when not ``create``."""
+    from sqlalchemy.engine import make_url
+
+    path = make_url(engine_url).database
+    if not path or path == ":memory:":
+        return False, False
+    if not create and not Path(path).exists():
+        raise InputError(f"no such database file {path!r}; run `autotune search` first or pass --storage",
+                         field="--storage")
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    known = _known_schema(path)
+    return not known and not Path(path).exists(), known
+
+
+def _known_schema(path: str) -> bool:
+    """A new SQLite file made as a copy of Optuna's empty template, or an existing one whose schema
+    is the one Optuna's check passes (autotune/study_sqlite.py); False: Optuna's own constructor."""
+    from autotune.study_sqlite import create_from_template, current
+
+    if not Path(path).exists() and create_from_template(path):
+        return True
+    return Path(path).exists() and current(path)
 
 
 def _journal_storage(url: str, create: bool) -> Any:

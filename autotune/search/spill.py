@@ -22,6 +22,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from autotune.search.pricing import Shared
+
 SUFFIX = ".jsonl"
 
 
@@ -63,15 +65,32 @@ def _dist_json(d: Any) -> str:
     return hit[1]
 
 
+_DISTS_JSON: dict[int, tuple[Any, str]] = {}  # id -> (a Shared distributions dict, its JSON object's text)
+_DISTS_MARK = "\x00distributions\x00"
+
+
+def _dists_json(dists: Any) -> str:
+    """The ``distributions`` object of a line: encoded once per Shared dict (every trial of a search
+    carries the same one, never mutated: search/pricing.Shared), else each time."""
+    if type(dists) is not Shared:
+        return json.dumps({k: _dist_json(d) for k, d in dists.items()}, separators=(",", ":"))
+    hit = _DISTS_JSON.get(id(dists))
+    if hit is None or hit[0] is not dists:
+        if len(_DISTS_JSON) > 4096:
+            _DISTS_JSON.clear()
+        hit = _DISTS_JSON[id(dists)] = (dists, json.dumps({k: _dist_json(d) for k, d in dists.items()},
+                                                          separators=(",", ":")))
+    return hit[1]
+
+
 def trial_to_json(t: Any, user_json: dict[str, str] | None = None) -> str:
     """One line; ``user_json``: the user attrs already encoded, key by key (search/bulk.encode_attrs),
-    spliced in rather than encoded twice."""
+    spliced in rather than encoded twice, as are the distributions (``_dists_json``)."""
     head = json.dumps({
-        "state": t.state.name, "value": t.value, "params": t.params,
-        "distributions": {k: _dist_json(d) for k, d in t.distributions.items()},
+        "state": t.state.name, "value": t.value, "params": t.params, "distributions": _DISTS_MARK,
         "constraints": dict(getattr(t, "constraints", None) or {}),
         **({"user_attrs": t.user_attrs} if user_json is None else {}),
-    }, separators=(",", ":"), default=str)
+    }, separators=(",", ":"), default=str).replace(json.dumps(_DISTS_MARK), _dists_json(t.distributions), 1)
     if user_json is None:
         return head
     attrs = ",".join(f"{json.dumps(k)}:{v}" for k, v in user_json.items())
