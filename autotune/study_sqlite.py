@@ -29,6 +29,7 @@ import os
 import shutil
 import sqlite3
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -133,9 +134,44 @@ def create_from_template(path: str) -> bool:
 
 
 def current(path: str) -> bool:
-    """Whether the file at ``path`` carries the schema Optuna's check passes (its stamp is the head)."""
+    """Whether the file at ``path`` carries the schema Optuna's check passes (its stamp is the head),
+    once another process that is writing Optuna's schema into it has done so (``_being_created``):
+    running Optuna's constructor beside it, both stamp the file and one fails ("UNIQUE constraint
+    failed: alembic_version.version_num"; a poller of tests/integration/test_search_faults.py did)."""
     tpl = template()
-    return tpl is not None and _stamp(path) == tpl[1]
+    if tpl is None:
+        return False
+    stamp = _stamp(path)
+    while stamp is None and _being_created(path):
+        time.sleep(0.05)
+        stamp = _stamp(path)
+    return stamp == tpl[1]
+
+
+CREATING_S = 30.0
+"""A file without the stamp that changed this recently may be Optuna's, half written (its tables,
+its version row and the stamp are three transactions); an older one is left to Optuna's constructor."""
+
+
+def _being_created(path: str) -> bool:
+    """Empty, or with Optuna's ``studies`` table and no stamp yet, and written in the last CREATING_S."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    if time.time() - st.st_mtime > CREATING_S:
+        return False
+    if st.st_size == 0:
+        return True
+    try:
+        con = sqlite3.connect(Path(path).absolute().as_uri() + "?mode=ro", uri=True, timeout=5)
+        try:
+            tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return False
+    return "studies" in tables
 
 
 class KnownSchemaStorage(RDBStorage):

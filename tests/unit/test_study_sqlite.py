@@ -121,3 +121,34 @@ def test_a_file_another_process_made_meanwhile_is_kept(tmp_path):
     assert Q.create_from_template(str(path)) is False
     assert path.read_bytes() == b"someone else's"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "there.db"]  # no temporary copy left behind
+
+
+def test_a_file_optuna_is_writing_is_waited_for_and_an_old_unstamped_one_is_not(tmp_path):
+    """Optuna's constructor running beside another one on a half-written file stamps it twice and
+    one of them fails: a file with Optuna's tables and no stamp yet, written just now, is waited for."""
+    import os
+    import threading
+    import time
+
+    import sqlalchemy
+    from optuna.storages._rdb import models
+
+    path = tmp_path / "half.db"
+    engine = sqlalchemy.create_engine(f"sqlite:///{path}")
+    models.BaseModel.metadata.create_all(engine)  # Optuna's first step; no version row, no stamp
+    engine.dispose()
+    assert Q._stamp(path) is None and Q._being_created(str(path))
+    finish = threading.Timer(0.5, lambda: optuna.storages.RDBStorage(f"sqlite:///{path}").engine.dispose())
+    finish.start()
+    t = time.monotonic()
+    assert Q.current(str(path))  # after the other writer stamped it
+    assert time.monotonic() - t >= 0.4
+    finish.join()
+    old = tmp_path / "old.db"
+    engine = sqlalchemy.create_engine(f"sqlite:///{old}")
+    models.BaseModel.metadata.create_all(engine)
+    engine.dispose()
+    os.utime(old, (time.time() - 2 * Q.CREATING_S,) * 2)
+    assert not Q._being_created(str(old)) and not Q.current(str(old))
+    assert type(S.storage_for(f"sqlite:///{old}")) is optuna.storages.RDBStorage  # Optuna completes it
+    assert Q.current(str(old))
