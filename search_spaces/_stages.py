@@ -285,7 +285,8 @@ def _bottleneck(c: Composition, layers: int, v: int, cap: list[int], ext: list[f
     a binary search over those candidate times (sorted) for the first whose greedy ``_take`` gives
     every stage at least ``v`` layers and all of them in total; the test is monotone in the bound.
     Exact, and ~log2(stages x layers) tests where a bisection of the real line took 60."""
-    cands = sorted({k * o.layer_s + ext[s] for s, o in enumerate(c.stages) for k in range(v, min(cap[s], layers) + 1)})
+    kinds = {(o.layer_s, ext[s], min(cap[s], layers)) for s, o in enumerate(c.stages)}  # stages alike: one set
+    cands = sorted({k * t + e for t, e, top in kinds for k in range(v, top + 1)})
 
     def fits(bound: float) -> bool:
         n = _take(c, cap, ext, bound)
@@ -373,7 +374,7 @@ def best_plans(ctx: Any, *, mbs: int, schedule: str, vs: int, recompute: str, ze
             picked += [i for i, k in enumerate(kinds) if kind in k][:KIND_TOP]
     top = min(TOP, len(cands))  # the best few in both device assignments, the kinds' in one
     return _fastest(ctx, [cands[i] for i in picked], est, keep, mbs=mbs, schedule=schedule, vs=vs,
-                    recompute=recompute, zero=zero, both=top)
+                    recompute=recompute, zero=zero, both=top, memo=cache.setdefault(("exact", est), {}))
 
 
 KINDS = ("stages", "replicas", "split")
@@ -406,13 +407,15 @@ def _candidates(ctx: Any, opts: list[Option], sched: Any, *, mbs: int, schedule:
     model, gbs = ctx.model, ctx.global_batch
     cands: list[tuple[float, Composition, list[int]]] = []
     rejected = {"batch": 0, "memory": 0}
-    for dp in range(1, gbs // mbs + 1):
+    sync: dict[tuple, float] = {}  # a stage's gradient sync, by its devices and layers (``_sync_s``)
+    # a stage holds dp replicas of at least one slot each: no dp above every slot of every option
+    # has a composition (``compositions``, ``mixed_compositions``), so those are not walked
+    most_dp = sum(len(o.slots) for o in opts)
+    for dp in range(1, min(gbs // mbs, most_dp) + 1):
         if (gbs // mbs) % dp:
             continue
         m = gbs // mbs // dp
-        # ZeRO-1 shards the optimizer states over the stage's dp x cp x hp ranks (dims.SHARED_BY)
-        scaled = [dataclasses.replace(o, layer_states=o.layer_states - (1 - 1 / (dp * o.cp * o.hp)) * _opt_share(o)
-                                      if zero == 1 else o.layer_states) for o in opts]
+        scaled = _scaled(opts, zero, dp)
         # a layer must fit a device with one micro-batch in flight; 1F1B-like schedules need m >= stages
         fits = [o for o in scaled if o.capacity - o.fixed >= o.layer_states * vs + o.layer_act]
         most = min(model.layers // vs, m if schedule != "gpipe" else model.layers)
@@ -429,18 +432,22 @@ def _candidates(ctx: Any, opts: list[Option], sched: Any, *, mbs: int, schedule:
                 rejected["memory"] += 1
                 continue
             n, approx = got
-            approx += _sync_s(ctx, c, n, zero)
+            approx += _sync_s(ctx, c, n, zero, sync)
             cands.append((approx, c, n))
     return cands, rejected
 
 
 def _fastest(ctx: Any, cands: list[tuple[float, Composition, list[int]]], est: Any, keep: int, *, mbs: int,
-             schedule: str, vs: int, recompute: str, zero: int, both: int | None = None) -> list[Plan] | str:
+             schedule: str, vs: int, recompute: str, zero: int, both: int | None = None,
+             memo: dict | None = None) -> list[Plan] | str:
     """The ``keep`` fastest distinct plans of these candidates priced exactly (the first ``both``, all
     by default, in both replica orders, the rest a stage's replicas side by side; equal step times
-    keep the pricing order, so the first is the one a single best took), or why none is feasible."""
-    model, gbs = ctx.model, ctx.global_batch
-    priced: dict[Plan, float] = {}  # resolved plan -> step time (dp = 1 gives one plan for both orders)
+    keep the pricing order, so the first is the one a single best took), or why none is feasible.
+    ``memo``: what ``est`` said of each plan, kept across the program's runs (a plan with one stage
+    or one replica a stage is the same plan under several schedules or ZeRO stages: priced once)."""
+    gbs = ctx.global_batch
+    priced: dict[Plan, float] = {}  # resolved plan -> step time
+    tried: set[Plan] = set()  # dp = 1 gives one plan for both orders: priced once
     reason = "memory: no per-stage plan fits"
     for i, (_, c, n) in enumerate(cands):
         for major in (False, True) if both is None or i < both else (False,):
@@ -449,18 +456,33 @@ def _fastest(ctx: Any, cands: list[tuple[float, Composition, list[int]]], est: A
                         virtual_stages=1 if one else vs,
                         recompute=recompute, zero_stage=zero if c.dp > 1 else 0, dtype=ctx.dtype,
                         shares=_samples(gbs, mbs, c.dp))
-            try:
-                e = est(plan, model, ctx.cluster, ctx.seq_len, gbs)
-            except PlanError as exc:
-                reason = "divisibility: " + exc.message
+            if plan in tried:  # the same plan gives the same estimate (and the same reason)
                 continue
-            if not e.predicted["feasible"]:
-                reason = "memory: " + str(e.predicted["infeasible_reason"])
+            tried.add(plan)
+            got = memo.get(plan) if memo is not None else None
+            if got is None:
+                got = _exact(ctx, plan, est)
+                if memo is not None:
+                    memo[plan] = got
+            if isinstance(got, str):
+                reason = got
                 continue
-            priced.setdefault(e.plan, e.predicted["step_time_s"])
+            priced.setdefault(*got)
     if not priced:
         return reason
     return _kept(priced, keep)
+
+
+def _exact(ctx: Any, plan: Plan, est: Any) -> tuple[Plan, float] | str:
+    """``plan`` priced by ``est``: (the resolved plan, its step time), or why it is not a plan
+    (``kind: reason``: divisibility, or memory when it does not fit)."""
+    try:
+        e = est(plan, ctx.model, ctx.cluster, ctx.seq_len, ctx.global_batch)
+    except PlanError as exc:
+        return "divisibility: " + exc.message
+    if not e.predicted["feasible"]:
+        return "memory: " + str(e.predicted["infeasible_reason"])
+    return e.plan, e.predicted["step_time_s"]
 
 
 def _kept(priced: dict[Plan, float], keep: int) -> list[Plan]:
@@ -501,6 +523,25 @@ def _samples(gbs: int, mbs: int, dp: int) -> Any:
     return Shares(samples=tuple(x * mbs for x in even_split(gbs // mbs, dp)))
 
 
+_SCALED: dict[tuple, tuple[list[Option], list[Option]]] = {}
+
+
+def _scaled(opts: list[Option], zero: int, dp: int) -> list[Option]:
+    """``opts`` with the states one rank holds under ``zero`` over ``dp`` replicas: ZeRO-1 shards the
+    optimizer states over the stage's dp x cp x hp ranks (dims.SHARED_BY). Memoised per options list
+    (``option_costs`` hands out one list per knobs): the program meets the same dp under every
+    schedule and ZeRO stage, and equal options keep the compositions' ``id`` keys stable."""
+    key = (id(opts), zero, dp)
+    hit = _SCALED.get(key)
+    if hit is None or hit[0] is not opts:
+        if len(_SCALED) > 4096:
+            _SCALED.clear()
+        hit = _SCALED[key] = (opts, [dataclasses.replace(o, layer_states=o.layer_states - (1 - 1 / (dp * o.cp * o.hp))
+                                                         * _opt_share(o) if zero == 1 else o.layer_states)
+                                     for o in opts])
+    return hit[1]
+
+
 def _opt_share(o: Option) -> float:
     """The optimizer states' part of a layer's states (ZeRO-1 shards it over the replicas): the cost
     model's own optimizer term of the layer (``memory.state_bytes_per_param``: 12 of 18 bytes a
@@ -508,24 +549,29 @@ def _opt_share(o: Option) -> float:
     return o.layer_optimizer
 
 
-def _sync_s(ctx: Any, c: Composition, n: list[int], zero: int) -> float:
-    """Seconds of the slowest stage's gradient reduction after the pipeline (fp32 gradients)."""
+def _sync_s(ctx: Any, c: Composition, n: list[int], zero: int, memo: dict | None = None) -> float:
+    """Seconds of the slowest stage's gradient reduction after the pipeline (fp32 gradients).
+    ``memo``: each stage's time by what it depends on (its parts' devices and tp, the replicas, its
+    layers), so a run of the program prices a stage met in many compositions once."""
     from autotune.cost.collectives import collectives_for
 
     if c.dp == 1:
         return 0.0
 
-    topo = C.topology(ctx.cluster)
+    memo = {} if memo is None else memo
     worst = 0.0
     for s, o in enumerate(c.stages):
         parts = o.parts or ((o, c.dp),)
-        # the ring over the stage's dp x cp x hp cells (each replica's cp x hp tp groups)
-        devs = [slot[k * p.tp] for p, r in parts for slot in p.slots[:r] for k in range(p.cp * p.hp)]
-        link = topo.ring_link(devs)  # the cost model's link for a ring over replicas (multi-rail across nodes)
-        slow = min((p for p, _ in parts), key=lambda p: p.tp)  # replicas of different tp: paced by the smallest
-        nbytes = 4 * n[s] * ctx.model.layer_params() / slow.tp
-        coll = collectives_for(ctx.cluster.groups[slow.group].device)
-        t = coll.all_reduce(link, c.dp * o.cp * o.hp, nbytes)
+        key = (tuple((p.group, p.tp, p.cp, p.hp, p.slots[:r]) for p, r in parts), c.dp, n[s])
+        t = memo.get(key)
+        if t is None:
+            # the ring over the stage's dp x cp x hp cells (each replica's cp x hp tp groups)
+            devs = [slot[k * p.tp] for p, r in parts for slot in p.slots[:r] for k in range(p.cp * p.hp)]
+            link = C.topology(ctx.cluster).ring_link(devs)  # the cost model's link for a ring over replicas
+            slow = min((p for p, _ in parts), key=lambda p: p.tp)  # replicas of different tp: paced by the smallest
+            nbytes = 4 * n[s] * ctx.model.layer_params() / slow.tp
+            coll = collectives_for(ctx.cluster.groups[slow.group].device)
+            t = memo[key] = coll.all_reduce(link, c.dp * o.cp * o.hp, nbytes)
         worst = max(worst, t)
     return worst
 

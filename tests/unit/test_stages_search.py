@@ -275,3 +275,61 @@ def test_a_per_stage_point_of_a_study_made_before_runners_up_moves_to_them():
     assert sp.build(old) == sp.build({**old, "stage_rank": 0})
     ranks = {q["stage_rank"] for q in sp.neighbours(old) if all(q[k] == v for k, v in old.items())}
     assert ranks == set(range(1, P.KEEP))
+
+
+_KNOBS = [(mbs, sched, vs, rc, zero) for mbs in (1, 2) for sched, vs in (("1f1b", 1), ("gpipe", 1), ("zbv", 2))
+          for rc in ("none", "selective") for zero in (0, 1)]
+
+
+def test_the_programs_memos_change_no_plan_and_price_a_plan_once():
+    """The program's memos (the exact prices kept across runs, the scaled options, the stage syncs)
+    against a fresh run for each knob set: the same plans (or the same reason) in the same order,
+    walked forwards and backwards through one shared cache; and a second walk prices nothing."""
+    ctx = SearchContext(model=M, cluster=C, seq_len=SEQ, global_batch=GB, dtype="fp16")
+    calls: list[Plan] = []
+
+    def counted(plan, *a, **kw):
+        calls.append(plan)
+        return estimate(plan, *a, **kw)
+
+    fresh = {}
+    for k in _KNOBS:
+        calls.clear()
+        fresh[k] = P.best_plans(ctx, mbs=k[0], schedule=k[1], vs=k[2], recompute=k[3], zero=k[4], cache={},
+                                estimator=counted)
+        assert len(calls) == len(set(calls))  # no plan priced twice in a run (dp = 1: one plan, two orders)
+    assert any(isinstance(v, list) for v in fresh.values())
+    shared: dict = {}
+    for order in (_KNOBS, _KNOBS[::-1]):
+        for k in order:
+            got = P.best_plans(ctx, mbs=k[0], schedule=k[1], vs=k[2], recompute=k[3], zero=k[4], cache=shared,
+                               estimator=counted)
+            assert got == fresh[k], k
+        if order is _KNOBS:
+            calls.clear()
+    assert calls == []  # the second walk found every price in the cache
+
+
+def test_no_dp_above_the_options_slots_has_a_composition():
+    """``_candidates`` walks dp only up to the slots of all options together: above that neither
+    ``compositions`` nor ``mixed_compositions`` has one (a stage holds dp replicas of a slot each)."""
+    ctx = SearchContext(model=M, cluster=C, seq_len=SEQ, global_batch=GB, dtype="fp16")
+    opts = P.option_costs(ctx, (1, "none", "fp16"), {})
+    top = sum(len(o.slots) for o in opts)
+    assert top < GB
+    for dp in range(top + 1, GB + 1):
+        for split in {o.split for o in opts}:
+            same = [o for o in opts if o.split == split]
+            assert P.compositions(same, dp, M.layers) == [] and P.mixed_compositions(same, dp, M.layers) == []
+
+
+def test_the_stage_sync_memo_is_the_unmemoised_sync():
+    """``_sync_s`` with one memo over every candidate of a run equals it without (float ==)."""
+    ctx = SearchContext(model=M, cluster=C, seq_len=SEQ, global_batch=GB, dtype="fp16")
+    opts = P.option_costs(ctx, (1, "none", "fp16"), {})
+    memo: dict = {}
+    for zero in (0, 1):
+        cands, _ = P._candidates(ctx, opts, P.get_schedule("1f1b"), mbs=1, schedule="1f1b", vs=1, zero=zero)
+        assert cands
+        for _, c, n in cands:
+            assert P._sync_s(ctx, c, n, zero, memo) == P._sync_s(ctx, c, n, zero)
