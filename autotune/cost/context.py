@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
@@ -123,8 +124,8 @@ def _dimension_properties(cls: type) -> type:
     """Each declared dimension (``autotune/dims.py``) as a read-only attribute of the step, its
     degree in ``step.degrees``: the dimension modules read ``ctx.step.tp`` and a new declaration
     needs no new field here."""
-    for name in dims.NAMES:
-        setattr(cls, name, property(lambda self, n=name: getattr(self.degrees, n), doc=dims.dimension(name).doc))
+    for name in dims.NAMES:  # attrgetter reads the degree in C (a lambda was a Python call per read)
+        setattr(cls, name, property(operator.attrgetter(f"degrees.{name}"), doc=dims.dimension(name).doc))
     return cls
 
 
@@ -220,11 +221,30 @@ class _LinksDoc:
     __slots__ = ()
 
 
+_LINKS_FIELDS = (*dims.MESH_ORDER, "pp_hops", "hop_tps", "dp_tp", "experts")
+
+
+def _links_hash(self: Any) -> int:
+    """The dataclass's hash (of its fields' tuple), computed once per object: the rank-cost memo's key
+    holds a rank's links by value (``RankContext.place_token``), and hashing its nested links again for
+    every tp group of every estimate was a tenth of an estimate at 1,024 devices."""
+    h = self.__dict__.get("_hash")
+    if h is None:
+        h = self.__dict__["_hash"] = hash(tuple(getattr(self, f) for f in _LINKS_FIELDS))
+    return h
+
+
+def _links_state(self: Any) -> dict[str, Any]:
+    """Pickled without the kept hash: a string's hash differs between processes (PYTHONHASHSEED)."""
+    return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
+
 Links = dataclasses.make_dataclass(
     "Links", [*((n, Link, dataclasses.field(default=C._SELF)) for n in dims.MESH_ORDER),
               ("pp_hops", tuple, dataclasses.field(default=())), ("hop_tps", tuple, dataclasses.field(default=())),
               ("dp_tp", int, dataclasses.field(default=0)), ("experts", Any, dataclasses.field(default=None))],
-    bases=(_LinksDoc,), frozen=True, namespace={"__module__": __name__, "__doc__": _LinksDoc.__doc__})
+    bases=(_LinksDoc,), frozen=True, namespace={"__module__": __name__, "__doc__": _LinksDoc.__doc__,
+                                                "__hash__": _links_hash, "__getstate__": _links_state})
 
 
 @dataclass(frozen=True)
@@ -309,7 +329,7 @@ class RankContext:
         from its template (``with_work``) costs a lookup of four values, not of its whole key."""
         s = self.step
         objs = (s.model, s.schedule, self.spec, self.rates, self.collectives, self.expert_peers)
-        return _place_token(objs, (s.cost_token, *(getattr(self, f) for f in PLACE_INPUTS)))
+        return _place_token(objs, (s.cost_token, *_PLACE_VALUES(self)))
 
     def cost_key(self) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
         """(objects, values): everything ``cost.rank.rank_cost`` reads from this context and its
@@ -345,6 +365,8 @@ DOC_INPUTS = ("attn_seq", "block_seq", "keysum", "ring")
 ``block_seq`` follows ``attn_seq``)."""
 PLACE_INPUTS = tuple(f for f in RANK_INPUTS if f not in DOC_INPUTS)
 """The RANK_INPUTS a replica shares with its place (``RankContext.place_token``)."""
+_PLACE_VALUES = operator.attrgetter(*PLACE_INPUTS)
+"""The PLACE_INPUTS of a context as one tuple (read in C: a generator of getattr was most of the token)."""
 
 _PLACE_TOKENS: dict[tuple, tuple[tuple[Any, ...], int]] = {}
 
@@ -354,7 +376,7 @@ def _place_token(objs: tuple[Any, ...], values: tuple[Any, ...]) -> int:
     reused while it is cached, and a number is never given twice (``_NEXT_TOKEN``)."""
     key = (tuple(map(id, objs)), values)
     hit = _PLACE_TOKENS.get(key)
-    if hit is None or any(a is not b for a, b in zip(hit[0], objs, strict=True)):
+    if hit is None or not all(map(operator.is_, hit[0], objs)):
         if len(_PLACE_TOKENS) > 100_000:
             _PLACE_TOKENS.clear()
         hit = _PLACE_TOKENS[key] = (objs, next(_NEXT_TOKEN))
@@ -398,9 +420,11 @@ def _mesh_links(topo: C.Topology, devs: tuple[int, ...], d: Degrees, v: int, hop
         cache: dict[tuple[str, int], Link] = {}
         links_of: dict[tuple, Any] = {}
         groups = []
+        inner = _inner_dims(d)
+        specs = topo.cluster.devices
         for r0, c in _tp_group_coords(d):
-            own, hops = _group_links(topo, devs, d, hop_peers, v, r0, c, cache)
-            spec = topo.cluster.devices[devs[r0]].spec
+            own, hops = _group_links(topo, devs, d, hop_peers, v, r0, c, cache, inner)
+            spec = specs[devs[r0]].spec
             place = (*(c[n] for n in _PLACE_DIMS), id(spec), *(id(x) for x in own.values()),
                      tuple([id(h) for h, _, _ in hops]))
             el = None
@@ -421,20 +445,24 @@ _PLACE_DIMS = tuple(n for n in dims.MESH_ORDER if n != "dp")
 dp index, which ``tp_groups`` keys by the replica's micro-batches."""
 
 
+def _inner_dims(d: Degrees) -> tuple[tuple[str, int, int], ...]:
+    """(name, degree, stride) of every dimension of degree > 1 but pp and dp, in mesh order: what
+    ``_group_links`` walks for each tp group (the strides once per mesh, not once per group)."""
+    return tuple((name, getattr(d, name), dims.stride(d, name)) for name in dims.MESH_ORDER
+                 if getattr(d, name) > 1 and name not in ("pp", "dp"))
+
+
 def _group_links(topo: C.Topology, devs: tuple[int, ...], d: Degrees, hop_peers: tuple, v: int, r0: int,
-                 c: Mapping[str, int], cache: dict) -> tuple[dict[str, Link], tuple]:
+                 c: Mapping[str, int], cache: dict, inner: tuple[tuple[str, int, int], ...] | None = None
+                 ) -> tuple[dict[str, Link], tuple]:
     """({dimension: link} of the groups the tp group starting at rank ``r0`` belongs to, pp hops).
-    Every dimension of degree > 1 but pp and dp: the slowest link of its group (at its stride,
-    ``dims.stride``; cached by the group's first rank); pp: the link to the next pipeline rank; dp:
-    the pipeline rank's (``_mesh_links``)."""
+    Every dimension of degree > 1 but pp and dp (``inner``: ``_inner_dims(d)``): the slowest link of
+    its group (at its stride, ``dims.stride``; cached by the group's first rank); pp: the link to the
+    next pipeline rank; dp: the pipeline rank's (``_mesh_links``)."""
     node_of = topo.node_of
     d0 = devs[r0]
     own: dict[str, Link] = {}
-    for name in dims.MESH_ORDER:
-        n = getattr(d, name)
-        if n == 1 or name in ("pp", "dp"):
-            continue
-        st = dims.stride(d, name)
+    for name, n, st in inner if inner is not None else _inner_dims(d):
         base = r0 - c[name] * st
         lk = cache.get((name, base))
         if lk is None:
@@ -531,7 +559,7 @@ def _rank_context(s: StepContext, c: Mapping[str, int], spec: Any, links: Links,
     w = s.doc_work
     d = 0 if w is None or w.uniform else c["dp"]  # a uniform work holds one replica's, every replica's
     params, layer_params, rest = s.stage_params[c["pp"]]
-    return RankContext(
+    return _new_rank_context(
         step=s, coords=c, spec=spec, rates=cached_rates(spec, s.dtype, s.model.head_dim, s.kernels),
         collectives=collectives_for(spec), cf=float(cal.get("compute", 1.0)), mf=float(cal.get("comm", 1.0)),
         links=links, tokens=tokens, heads=s.plan.shares.heads[c["hp"]], microbatches=m_d,
@@ -544,6 +572,25 @@ def _rank_context(s: StepContext, c: Mapping[str, int], spec: Any, links: Links,
         tokens_local=tok, hidden_bytes=s.bpe * tok * s.model.hidden,
         expert_peers=None if links.experts is None else _expert_peers(s, links.experts.ep_devices))
 
+
+_RANK_DEFAULTS = {f.name: f.default for f in dataclasses.fields(RankContext)
+                  if f.default is not dataclasses.MISSING}
+
+
+def _new_rank_context(**fields: Any) -> RankContext:
+    """``RankContext(**fields)`` without the frozen dataclass's ``__init__`` (one ``object.__setattr__``
+    per field: half of building a context, and an estimate at 1,024 devices builds hundreds): the same
+    instance dictionary, each field given or its default; a missing or unknown field raises as
+    ``__init__`` would."""
+    if fields.keys() - _RANK_FIELDS or _RANK_REQUIRED - fields.keys():
+        return RankContext(**fields)  # raises TypeError naming the field
+    new = object.__new__(RankContext)
+    new.__dict__.update(_RANK_DEFAULTS, **fields)
+    return new
+
+
+_RANK_FIELDS = frozenset(f.name for f in dataclasses.fields(RankContext))
+_RANK_REQUIRED = _RANK_FIELDS - _RANK_DEFAULTS.keys()
 
 _PEERS: dict[tuple, tuple] = {}
 

@@ -393,9 +393,9 @@ def activation_scale(ctx: Any) -> tuple[float, str] | None:
     from autotune.cost import memory as M
 
     s = ctx.step
-    table = table_for(ctx.spec, s.model, s.dtype)
-    if table is None or not table.act.get(("block", 1, 1)):
+    if not measures_activations(ctx.spec, s.model, s.dtype):
         return None
+    table = table_for(ctx.spec, s.model, s.dtype)
     seq = ctx.tokens if applies(ctx) is not None else s.seq_len
     got = table.lookup_bytes("block", s.mbs, seq, s.tp)
     if got is None:
@@ -407,6 +407,13 @@ def activation_scale(ctx: Any) -> tuple[float, str] | None:
     how = got[1] if seq == ctx.tokens and applies(ctx) is not None and not s.sp else \
         f"formula x {ratio:.2f} ({got[1].split(',')[0]} at cp=hp=1, seq {seq}, no sequence parallelism)"
     return ratio, how
+
+
+def measures_activations(spec: Any, model: Any, dtype: str) -> bool:
+    """Whether ``spec`` has a layer profile for ``model`` and ``dtype`` that measured a block's
+    activation bytes: without one ``activation_scale`` is None on every rank of that device."""
+    table = table_for(spec, model, dtype)
+    return table is not None and bool(table.act.get(("block", 1, 1)))
 
 
 def moe_activation_ratio(ctx: Any, formula_full: float) -> float:

@@ -17,6 +17,7 @@ are priced as the runtime sends them (``hop_bytes``): each tp rank its whole cop
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from autotune import stages as ST
@@ -104,8 +105,11 @@ def hop_bytes(ctx: RankContext) -> tuple[tuple[float, float, float], ...]:
     s = ctx.step
     held = ctx.hidden_bytes / s.tp if s.sp else ctx.hidden_bytes
     a, tps = s.tp, ctx.links.hop_tps or ((s.tp, s.tp),) * len(ctx.links.pp_hops)
-    return tuple((held * ST.hop_copies(a, nxt), held * ST.hop_copies(nxt, a), held * ST.hop_copies(a, prv))
-                 for nxt, prv in tps)
+    return tuple((held * _copies(a, nxt), held * _copies(nxt, a), held * _copies(a, prv)) for nxt, prv in tps)
+
+
+_copies = lru_cache(maxsize=1024)(ST.hop_copies)
+"""``stages.hop_copies`` of two tp degrees, once per pair (it counts each sender's receivers)."""
 
 
 def chunk_send_times(ctx: RankContext) -> tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]]:
@@ -146,7 +150,13 @@ def simulate_replicas(s: StepContext, per_rep_stage: dict[tuple[int, int], dict[
     p, v, n_chunks = s.pp, s.v, s.n_chunks
     split = s.schedule.splits_backward
     sims = []
+    seen: dict[tuple, Any] = {}  # a replica whose stages hold the same cost objects: the same simulation
     for d in range(s.dp):
+        same = (s.microbatches[d], *(tuple(per_rep_stage[(d, st)]) for st in range(p)))
+        hit = seen.get(same)
+        if hit is not None:
+            sims.append(hit)
+            continue
         fwd, bwd, p2p = [0.0] * n_chunks, [0.0] * n_chunks, [0.0] * max(n_chunks - 1, 0)
         wgt, back = [0.0] * n_chunks, [0.0] * max(n_chunks - 1, 0)
         for st in range(p):
@@ -162,6 +172,7 @@ def simulate_replicas(s: StepContext, per_rep_stage: dict[tuple[int, int], dict[
                         p2p[j], back[j] = max(p2p[j], cp_[ci]), max(back[j], ck_[ci])
         sims.append(simulate_cached(s.schedule, p, v, s.microbatches[d], tuple(fwd), tuple(bwd), tuple(p2p),
                                     tuple(wgt) if split else None, None if back == p2p else tuple(back)))
+        seen[same] = sims[-1]
     return sims
 
 

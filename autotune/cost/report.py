@@ -73,12 +73,14 @@ def rank_rows(s: StepContext, groups: list, exposed_of: dict, step: float) -> tu
                 "capacity_bytes": spec.memory_bytes, "memory": c.memory_terms,
                 **({"moe": c.moe} if c.moe is not None else {})}
         total = c.memory_total
-        for r in range(r0, r0 + ctx.step.tp):  # a per-stage plan's cells differ in tp
-            memory[r] = total
-            capacity[r] = spec.memory_bytes
+        tp = ctx.step.tp  # a per-stage plan's cells differ in tp
+        end = r0 + tp
+        memory[r0:end] = [total] * tp
+        capacity[r0:end] = [spec.memory_bytes] * tp
+        rows.templates[r0:end] = [tmpl] * tp
+        for r in range(r0, end):
             row = rows[r] = tmpl.copy()
             row["rank"] = r
-            rows.templates[r] = tmpl
         if total > stage_mem[pp_i]:
             stage_mem[pp_i] = total
         if total > spec.memory_bytes and infeasible is None:
@@ -220,11 +222,16 @@ def _activation_sources(groups: list) -> dict[str, Any]:
     (``layers.measured_activations``); nothing otherwise (every other estimate's breakdown keeps its
     keys)."""
     out: dict[str, str] = {}
+    unmeasured: set[int] = set()  # device specs without activation bytes: None for every group on them
     for _, _, ctx, _ in groups:
-        if ctx.spec.name not in out:
+        spec = ctx.spec
+        if spec.name not in out and id(spec) not in unmeasured:
+            if not LY.measures_activations(spec, ctx.step.model, ctx.step.dtype):
+                unmeasured.add(id(spec))
+                continue
             got = LY.activation_scale(ctx)
             if got is not None:
-                out[ctx.spec.name] = got[1]
+                out[spec.name] = got[1]
     return {"activation_source": out} if out else {}
 
 

@@ -159,7 +159,7 @@ def _cell_context(s: Any, step: Any, cell: tuple[int, int, int, int], spec: Any,
     its CP shard's tokens and causal work, its hp rank's heads and tokens (``context._rank_context``'s
     rule for a cell of the uniform mesh)."""
     from autotune.cost.compute import cached_rates
-    from autotune.cost.context import RankContext
+    from autotune.cost.context import _new_rank_context
     from autotune.cost.windows import window_work
 
     rp, t = s.plan, step.tp
@@ -168,7 +168,7 @@ def _cell_context(s: Any, step: Any, cell: tuple[int, int, int, int], spec: Any,
     params, layer_params, rest = s.stage_params[st]
     tokens = rp.shares.tokens[c]
     tok = s.mbs * tokens / s.hp
-    return RankContext(
+    return _new_rank_context(
         step=step, coords=MappingProxyType(dims.origin(pp=st, dp=r, cp=c, hp=h)), spec=spec,
         rates=cached_rates(spec, s.dtype, s.model.head_dim, s.kernels), collectives=collectives_for(spec),
         cf=float(cal.get("compute", 1.0)), mf=float(cal.get("comm", 1.0)), links=links, tokens=tokens,
