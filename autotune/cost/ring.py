@@ -6,6 +6,7 @@ sits apart from both device models."""
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Any
 
 
 def segments(tokens: tuple[int, ...], zigzag: bool, seq_len: int) -> list[list[tuple[int, int]]]:
@@ -37,13 +38,48 @@ def ring_blocks(tokens: tuple[int, ...], index: int, zigzag: bool, seq_len: int)
     own, keys = _layout(tokens, zigzag, seq_len)
     out: list[tuple[int, int, bool]] = []
     intern = _BLOCKS.setdefault
+    arrays = _key_arrays(keys) if len(keys) > _NUMPY_KEYS else None
     for qs, ql in own[index]:
         if ql:  # a key is visible when it starts before the query segment ends; causal unless all before it
             end, first = qs + ql, qs + 1
-            out += [intern(b, b) for b in [(ql, kl, ks + kl > first) for ks, kl in keys if ks < end]]
+            if arrays is None:
+                blocks = [(ql, kl, ks + kl > first) for ks, kl in keys if ks < end]
+                out += map(intern, blocks, blocks)
+            else:
+                out += _visible(arrays, ql, end, first)
     if len(_BLOCKS) > 100_000:
         _BLOCKS.clear()
     return tuple(out)
+
+
+def _visible(arrays: tuple[Any, Any], ql: int, end: int, first: int) -> list[tuple[int, int, bool]]:
+    """``ring_blocks``' blocks of one query segment (length ``ql``, ending at ``end``, its first key
+    ``first``) over many key segments, in the same order and of the same values and types: the
+    visibility and causality compared over arrays, and each distinct (key length, causal) one
+    interned tuple (``_BLOCKS``), given to every block that has it."""
+    import numpy as np
+
+    ks_a, kl_a = arrays
+    seen = ks_a < end
+    kl_v = kl_a[seen]
+    code = kl_v * 2 + (ks_a[seen] + kl_v > first)  # (key length, causal) as one int: kl > 0
+    distinct, which = np.unique(code, return_inverse=True)
+    intern = _BLOCKS.setdefault
+    objs = [intern(b, b) for b in ((ql, x // 2, x % 2 == 1) for x in distinct.tolist())]
+    return list(map(objs.__getitem__, which.tolist()))
+
+
+_NUMPY_KEYS = 64
+"""Key segments above which ``ring_blocks`` compares them with numpy (below, the calls cost more)."""
+
+
+@lru_cache(maxsize=64)
+def _key_arrays(keys: tuple[tuple[int, int], ...]) -> tuple[Any, Any]:
+    """(start, length) of every key segment as two int64 arrays (``ring_blocks``' numpy path)."""
+    import numpy as np
+
+    a = np.asarray(keys, dtype=np.int64).reshape(-1, 2)
+    return a[:, 0], a[:, 1]
 
 
 _BLOCKS: dict[tuple[int, int, bool], tuple[int, int, bool]] = {}

@@ -77,14 +77,16 @@ def _reference_blocks(tokens, index, zigzag, seq_len):
     return tuple((ql, kl, ks + kl > qs + 1) for qs, ql in segs[index] if ql for ks, kl in keys if ks < qs + ql)
 
 
-@pytest.mark.parametrize("tokens", [(64, 64), (32, 32, 32, 32), (48, 16, 40, 24), (8,) * 16])
+@pytest.mark.parametrize("tokens", [(64, 64), (32, 32, 32, 32), (48, 16, 40, 24), (8,) * 16,
+                                    (4,) * 96, tuple(2 * (1 + k % 5) for k in range(80))])  # numpy past 64 keys
 @pytest.mark.parametrize("zigzag", [False, True])
 def test_ring_blocks_are_the_runtime_rule(tokens, zigzag):
     seq = sum(tokens)
     RG.ring_blocks.cache_clear()
     for i in range(len(tokens)):
         got = RG.ring_blocks(tokens, i, zigzag, seq)
-        assert got == _reference_blocks(tokens, i, zigzag, seq)
+        ref = _reference_blocks(tokens, i, zigzag, seq)
+        assert got == ref and [tuple(map(type, b)) for b in got] == [tuple(map(type, b)) for b in ref]
         # equal blocks are one object (a cached layout costs a pointer per block)
         firsts = {}
         assert all(firsts.setdefault(b, b) is b for b in got)
