@@ -30,6 +30,7 @@ import shutil
 import sqlite3
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -105,7 +106,9 @@ def _build(path: Path) -> str | None:
             return None
         os.replace(tmp, path)
         return head
-    except Exception:  # noqa: BLE001 - the template only saves time: whatever failed, Optuna's own path
+    except Exception as e:  # noqa: BLE001 - the template only saves time: Optuna's own path opens the study
+        warnings.warn(f"autotune: could not build the study template in {path.parent} ({type(e).__name__}: {e}); "
+                      "study files open through Optuna's own (slower) path", stacklevel=2)
         return None
     finally:
         if os.path.exists(tmp):
