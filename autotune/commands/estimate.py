@@ -113,16 +113,18 @@ def _subset(p: Any, cluster: Any, source: str, predicted: dict[str, Any], seq_le
             "left_out": [{"group": g, "devices": n, "device": name} for g, n, name in left_out(cluster, p.uses)]}
 
 
-def _rank_ranges(rows: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
-    """Consecutive ranks with the same figures as one line ("0-7"), so 128 ranks stay readable."""
-    keyf = ("stage", "device", "memory_bytes", "compute_s", "comm_s", "exposed_comm_s", "bubble_s")
-    out: list[tuple[int, int, dict[str, Any]]] = []
-    for r in rows:
-        if out and all(out[-1][2][k] == r[k] for k in keyf):
-            out[-1] = (out[-1][0], r["rank"], out[-1][2])
+def _rank_ranges(rows: list[list[Any]]) -> list[list[Any]]:
+    """Consecutive ranks whose figures print the same as one line ("0-7"), so 128 ranks stay readable:
+    compared as printed, since ranks that differ below the printed digits (a CP shard with a little less
+    windowed work) would otherwise each take a line of the same figures. ``rows``: [rank, cells...]."""
+    printed = lambda cells: [(str(c), getattr(c, "style", "")) for c in cells]  # noqa: E731 - a red memory stays apart
+    out: list[tuple[int, int, list[Any]]] = []
+    for rank, *cells in rows:
+        if out and printed(out[-1][2]) == printed(cells):
+            out[-1] = (out[-1][0], rank, out[-1][2])
         else:
-            out.append((r["rank"], r["rank"], r))
-    return [(f"{a}" if a == b else f"{a}-{b}", r) for a, b, r in out]
+            out.append((rank, rank, cells))
+    return [[f"{a}" if a == b else f"{a}-{b}", *cells] for a, b, cells in out]
 
 
 def _print(est: Any, model: Any, cluster: Any, wide: bool = False) -> None:
@@ -200,12 +202,12 @@ def _rank_table(bd: dict[str, Any], wide: bool) -> Table:
             Col("weights+grads+optim", priority=4), Col("activations", priority=4), Col("logits", priority=5),
             Col("reserve", priority=5), Col("memory", priority=0), Col("capacity", priority=0)]
     rows = []
-    for label, r in _rank_ranges(bd["ranks"]):
+    for r in bd["ranks"]:
         t = r["memory"]
         over = r["memory_bytes"] > r["capacity_bytes"]
-        rows.append([label, str(r["stage"]), r["device"], fmt_time(r["compute_s"]), fmt_time(r["comm_s"]),
+        rows.append([r["rank"], str(r["stage"]), r["device"], fmt_time(r["compute_s"]), fmt_time(r["comm_s"]),
                      fmt_time(r["exposed_comm_s"] + r["dp_exposed_s"]), fmt_time(r["bubble_s"]),
                      fmt_bytes(t["weights"] + t["gradients"] + t["optimizer"]), fmt_bytes(t["activations"]),
                      fmt_bytes(t["logits"]), fmt_bytes(t["reserve"]),
                      Text(fmt_bytes(r["memory_bytes"]), style="red" if over else ""), fmt_bytes(r["capacity_bytes"])])
-    return fit(console, cols, rows, wide=wide, title="Per rank (per step)")
+    return fit(console, cols, _rank_ranges(rows), wide=wide, title="Per rank (per step)")
