@@ -54,13 +54,17 @@ def _tp_axis(t: int):
 
 def piece_layers(piece: str, model: Any) -> list[int]:
     """The layer a ``block`` or ``moe`` piece builds (none for ``embed`` and ``head``): a dense
-    model's layer 0; an MoE model's first dense layer, or its first MoE layer."""
+    model's layer 0; an MoE model's first dense layer, or its first MoE layer. Of those, the first
+    with full causal attention where the model has sliding-window layers (GPT-OSS starts with a
+    windowed one): the cost model reads a piece as the full layer and prices windowed layers apart
+    (``cost.layers.applies``)."""
     if piece not in ("block", "moe"):
         return []
     found = [i for i in range(model.layers) if model.is_moe_layer(i) == (piece == "moe")]
     if not found:
         raise ValueError(f"model {model.name} has no {'MoE' if piece == 'moe' else 'dense'} layer")
-    return found[:1]
+    full = [i for i in found if not model.is_window_layer(i)]
+    return (full or found)[:1]
 
 
 class Piece:

@@ -50,6 +50,7 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from autotune.errors import InputError
@@ -282,11 +283,23 @@ def update_time(ctx: Any) -> tuple[float, str] | None:
 
 def applies(ctx: Any) -> LayerTable | None:
     """The layer table for this rank when its pieces are what the profile timed (cp = hp = 1, even
-    heads), else None."""
+    heads, causal attention over the whole sequence), else None. A sliding-window layer's attention
+    (``windows.windowed``) does less work than the full layer the profile timed
+    (``profilers.pieces.piece_layers`` builds a full one): it is priced as a cp/hp shard is, the
+    kernel model on the profile's scale (``block_scale``, ``reconciled_block``)."""
     s = ctx.step
     if s.cp > 1 or s.hp > 1 or ctx.heads != s.model.heads // s.tp:
         return None
+    if ctx.window is not None and ctx.keysum < ctx.tokens * (ctx.tokens + 1) / 2.0 and _has_full_layer(s.model):
+        return None
     return table_for(ctx.spec, s.model, s.dtype)
+
+
+@lru_cache(maxsize=64)
+def _has_full_layer(model: Any) -> bool:
+    """Whether a windowed model has a full-attention layer, the one its profile timed (else every
+    layer is windowed and the profile timed a windowed one, as the rank's)."""
+    return any(not model.is_window_layer(i) for i in range(model.layers))
 
 
 def piece(ctx: Any, name: str) -> Lookup | None:

@@ -258,3 +258,44 @@ def test_activation_memory_of_a_split_is_on_the_measured_scale():
             continue
         assert got["activation_per_layer_microbatch"] == pytest.approx(0.6 * ref["activation_per_layer_microbatch"],
                                                                        rel=1e-6), inline
+
+
+# ---- sliding-window layers under a layer profile -------------------------------------------------
+def test_windowed_layers_are_priced_below_the_full_layer_the_profile_timed():
+    """The profile times a full-attention layer (``piece_layers``); a windowed layer's attention does
+    less work, so it is priced on the profile's scale at the kernel model's windowed/full ratio: the
+    saving per windowed layer is the measured layer times the saving the datasheet prices for it.
+    Before, every windowed layer was priced at the full layer's measurement (no saving at all)."""
+    from autotune.cost.layers import matches
+
+    seq, g, n_win = 512, 4, SMALL.layers // 2
+    win = dataclasses.replace(SMALL, window=64, window_skip_freq=2)
+    fewer = dataclasses.replace(SMALL, layers=SMALL.layers - 2)
+    assert matches(_doc(), win, "bf16")  # the window is not a shape field: the same profile applies
+
+    def compute(model, cl):
+        return estimate(parse_inline("dp=1"), model, cl, seq, g).breakdown["ranks"][0]["compute_s"]
+
+    ds = one_node(1)
+    per_layer = (compute(SMALL, ds) - compute(fewer, ds)) / 2
+    saving = (compute(SMALL, ds) - compute(win, ds)) / n_win
+    assert 0 < saving < per_layer
+    prof = _small_cluster(_doc())
+    measured_layer = g * 3 * law("block", 1, seq, 1, 1.5)  # fwd + 2x bwd, one micro-batch of 1 each
+    got = (compute(SMALL, prof) - compute(win, prof)) / n_win
+    assert got == pytest.approx(measured_layer * saving / per_layer, rel=0.02)
+    # a window that covers the sequence is the full layer: the measurement as it is
+    assert compute(dataclasses.replace(SMALL, window=seq, window_skip_freq=2), prof) == pytest.approx(
+        compute(SMALL, prof), rel=1e-12)
+
+
+def test_the_profile_times_a_full_attention_layer_of_a_windowed_model():
+    from autotune.specs.model import load_model as lm
+    from profilers.pieces import piece_layers
+
+    gpt = lm("gpt-oss-20b")
+    assert gpt.is_window_layer(0)  # GPT-OSS starts with a windowed layer
+    (i,) = piece_layers("moe", gpt)
+    assert gpt.is_moe_layer(i) and not gpt.is_window_layer(i)
+    every = dataclasses.replace(SMALL, window=64, window_skip_freq=None)  # all windowed: the first one
+    assert piece_layers("block", every) == [0]
