@@ -60,6 +60,8 @@ from autotune.plan_parts import (  # noqa: F401  (every part is importable from 
     GRAD_REDUCES,
     HELIX_FOLDS,
     MESH_ORDER,
+    MOMENTS,
+    MOMENTS_DTYPE,
     RECOMPUTE,
     RECOMPUTE_MODULES,
     ZERO_STAGES,
@@ -158,6 +160,9 @@ class Plan:
     combine on a second stream while the other computes (``cost/expert_dispatch.py``)."""
     grad_reduce: str = GRAD_REDUCE_DTYPE
     """Precision gradients are accumulated and reduced in under 16-bit compute (``GRAD_REDUCES``)."""
+    moments: str = MOMENTS_DTYPE
+    """Precision Adam's two moments are kept in (``MOMENTS``): bf16 is Megatron's precision-aware
+    optimizer (``cost/memory.state_bytes_per_param``)."""
     cuda_graph_scope: tuple[str, ...] = ()
     """The parts of each layer captured in CUDA graphs (``CUDA_GRAPH_SCOPES``; empty: none, every
     kernel issued eagerly). Priced for a MoE model's MoE layers (``cost/kernels.moe_layer_host``)."""
@@ -178,7 +183,8 @@ class Plan:
         """The enumerated fields are checked here, so a Plan built in code is as safe as one read from
         JSON (a misspelt schedule must not be priced as another one)."""
         for name, choices in (("schedule", SCHEDULES), ("recompute", RECOMPUTE), ("cp_layout", CP_LAYOUTS),
-                              ("dtype", DTYPES), ("balance", BALANCES), ("grad_reduce", GRAD_REDUCES)):
+                              ("dtype", DTYPES), ("balance", BALANCES), ("grad_reduce", GRAD_REDUCES),
+                              ("moments", MOMENTS)):
             _check_choice(getattr(self, name), choices, name)
         for m in self.recompute_modules:
             _check_choice(m, RECOMPUTE_MODULES, "recompute_modules")
@@ -379,6 +385,8 @@ class Plan:
             d["moe_a2a_overlap"] = True
         if self.grad_reduce != GRAD_REDUCE_DTYPE:
             d["grad_reduce"] = self.grad_reduce
+        if self.moments != MOMENTS_DTYPE:
+            d["moments"] = self.moments
         if self.cuda_graph_scope:
             d["cuda_graph_scope"] = list(self.cuda_graph_scope)
         return d
@@ -504,6 +512,7 @@ def _plan_from_dict(d: Any) -> Plan:
         disaggregate=F.get_bool(d, "disaggregate", "disaggregate", default=False),
         moe_a2a_overlap=F.get_bool(d, "moe_a2a_overlap", "moe_a2a_overlap", default=False),
         grad_reduce=F.get_str(d, "grad_reduce", "grad_reduce", default=GRAD_REDUCE_DTYPE, choices=GRAD_REDUCES),
+        moments=F.get_str(d, "moments", "moments", default=MOMENTS_DTYPE, choices=MOMENTS),
         cuda_graph_scope=_names_from(d.get("cuda_graph_scope"), CUDA_GRAPH_SCOPES, "cuda_graph_scope"),
         shares=shares, placement=placement, workload=workload, stages=stages,
         uses=_uses_from(d.get("uses")),
@@ -553,7 +562,7 @@ _INLINE_ALIASES = {"mbs": "micro_batch_size", "nmb": "num_microbatches", "vpp": 
 
 _INLINE_KEYS = (*_INLINE_DIMS, *_INLINE_ALIASES, "schedule", "recompute", "recompute_modules", "cp_layout", "dtype", "layers", "tokens",
                 "heads", "samples", "experts", "doc_mask", "balance", "uses", "disaggregate", "moe_a2a_overlap",
-                "grad_reduce", "cuda_graph_scope")
+                "grad_reduce", "moments", "cuda_graph_scope")
 """Every key an inline plan takes (the nearest is suggested for one it does not)."""
 
 
@@ -590,7 +599,7 @@ def parse_inline(text: str) -> Plan:
         elif key in ("sequence_parallel", "doc_mask", "disaggregate", "moe_a2a_overlap"):
             rest[key] = value.lower() in ("1", "true", "yes", "on")
         elif key in ("schedule", "recompute", "cp_layout", "dtype", "balance", "recompute_modules", "grad_reduce",
-                     "cuda_graph_scope"):
+                     "moments", "cuda_graph_scope"):
             rest[key] = value
         else:
             raise PlanError(f"unknown inline plan key {key!r}" + suggest(key, _INLINE_KEYS), field="plan")

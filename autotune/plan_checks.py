@@ -185,7 +185,10 @@ def _option_problems(plan: Plan, model: Any) -> list[str]:
     the MoE all-to-all overlap (``Plan.moe_a2a_overlap``) needs expert parallelism to overlap (and,
     as Megatron-Core checks in ``TransformerConfig.__post_init__``, no full recomputation nor the
     ``moe`` module: the overlapped layer is not re-run); bf16 gradient reduction (``Plan.grad_reduce``)
-    needs bf16 weights (bf16 or an FP8 recipe: what Megatron's ``--grad-reduce-in-bf16`` applies to)."""
+    needs bf16 weights (bf16 or an FP8 recipe: what Megatron's ``--grad-reduce-in-bf16`` applies to);
+    bf16 Adam moments (``Plan.moments``) are Megatron's precision-aware optimizer, which
+    megatron/core/optimizer/optimizer_config.py allows only with the distributed optimizer (zero >= 1)
+    and which keeps its master as the remainder of a bf16 weight (bf16 weights again)."""
     p = []
     if plan.moe_a2a_overlap:
         if getattr(model, "moe", None) is None or plan.degrees.ep <= 1:
@@ -200,6 +203,10 @@ def _option_problems(plan: Plan, model: Any) -> list[str]:
         p.append("cuda_graph_scope: moe_preprocess is captured only with moe_router (Megatron Core's own rule)")
     if plan.grad_reduce == "bf16" and compute_dtype(plan.dtype) != "bf16":
         p.append(f"grad_reduce: bf16 reduction needs bf16 weights (dtype bf16 or FP8), got dtype {plan.dtype}")
+    if plan.moments == "bf16" and (compute_dtype(plan.dtype) != "bf16" or plan.zero_stage < 1):
+        p.append(f"moments: bf16 moments are Megatron's precision-aware optimizer, which needs bf16 weights (dtype "
+                 f"bf16 or FP8) and the distributed optimizer (zero >= 1), got dtype {plan.dtype}, zero "
+                 f"{plan.zero_stage}")
     return p
 
 

@@ -89,6 +89,14 @@ GRAD_REDUCE_DTYPE = "fp32"
 """Mixed precision: the precision gradients are accumulated and reduced in over the data-parallel
 ranks, whatever the compute dtype (Megatron's default under --bf16; the runtime does this, the cost
 model prices these bytes, the exporters emit the matching flag)."""
+MOMENTS = ("fp32", "bf16")
+"""What ``Plan.moments`` takes: Adam's two moments kept in fp32 (``MOMENTS_DTYPE``, every framework's
+default) or in bf16 (Megatron's precision-aware optimizer, ``--use-precision-aware-optimizer
+--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16``, as DeepSeek-V3 trained: "the AdamW optimizer ... we
+adopt the BF16 data format instead of FP32 to track the first and second moments", arXiv 2412.19437
+section 3.3.3)."""
+MOMENTS_DTYPE = "fp32"
+"""Adam's moments in fp32 unless a plan says otherwise (``Plan.moments``)."""
 
 
 class PlanError(InputError):

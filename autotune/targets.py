@@ -61,6 +61,7 @@ OPTION_PROBES: dict[str, dict[str, Any]] = {
     "moe_a2a_overlap": {"moe_a2a_overlap": True},
     "cuda_graph_scope": {"cuda_graph_scope": ("attn",)},
     "grad_reduce": {"grad_reduce": "bf16"},
+    "moments": {"moments": "bf16", "zero_stage": 1},
 }
 """A plan option and the fields of a plan that sets it (``expresses`` asks the target about that plan)."""
 

@@ -112,6 +112,8 @@ class StepContext:
     """A MoE model's expert layout (``expert_layout.ExpertStep``); None for a dense model."""
     grad_reduce: str = "fp32"
     """``Plan.grad_reduce``: the precision gradients are kept and reduced in under 16-bit compute."""
+    moments: str = "fp32"
+    """``Plan.moments``: the precision Adam's moments are kept in (``memory.state_bytes_per_param``)."""
 
     @cached_property
     def cost_token(self) -> int:
@@ -164,7 +166,8 @@ def step_context(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batc
         ring=tuple(ring_blocks(tokens, i, zig, seq_len) if d.cp > 1 else None for i in range(d.cp)),
         stage_params=DP.stage_params(model, rp, chunks),
         dp_links=dp_links, schedule=sched, chunks=chunks, hop_peers=hop_peers, group_links=group_links,
-        kernels=kernels, experts=expert_step(rp, model, chunks, kernels), grad_reduce=rp.grad_reduce)
+        kernels=kernels, experts=expert_step(rp, model, chunks, kernels), grad_reduce=rp.grad_reduce,
+        moments=rp.moments)
 
 
 _DEVICES: dict[tuple[int, int], tuple[C.Topology, tuple, tuple[int, ...]]] = {}
@@ -347,7 +350,7 @@ class RankContext:
 
 STEP_INPUTS = ("a2a_heads", "bpe", "chunks", "cp", "cp_max_tokens", "dtype", "experts", "grad_reduce", "hp", "kernels",
                "kv_ratio",
-               "mbs", "microbatches", "n_chunks", "pp", "recompute",
+               "mbs", "microbatches", "moments", "n_chunks", "pp", "recompute",
                "recompute_modules", "seq_len", "shard_n", "sp", "tp", "v", "zero")
 """The StepContext fields ``rank_cost`` reads by value (``RankContext.cost_key``)."""
 STEP_OBJECTS = ("model", "schedule")

@@ -69,7 +69,7 @@ from autotune.cost.activations import layer_activation_bytes
 from autotune.cost.compute import DTYPE_BYTES
 from autotune.cost.data_parallel import grad_reduce_dtype, grads_accumulate_unsharded, zero3_weights_gathered
 from autotune.cost.pipeline import peak_in_flight
-from autotune.plan_parts import FP8_RECIPES, GRAD_REDUCE_DTYPE
+from autotune.plan_parts import FP8_RECIPES, GRAD_REDUCE_DTYPE, MOMENTS_DTYPE
 
 if TYPE_CHECKING:  # typing only: context.py builds on the dimension modules
     from autotune.cost.context import RankContext
@@ -80,19 +80,35 @@ TERM_NAMES = ("weights", "gradients", "optimizer", "activations", "logits", "res
 RESERVE_FRACTION = 0.05
 
 
-def state_bytes_per_param(dtype: str, grad_reduce: str = GRAD_REDUCE_DTYPE) -> tuple[float, float, float]:
+def state_bytes_per_param(dtype: str, grad_reduce: str = GRAD_REDUCE_DTYPE,
+                          moments: str = MOMENTS_DTYPE) -> tuple[float, float, float]:
     """(weights, gradients, optimizer states) bytes per parameter with Adam: the one rule every
     figure of model states asks (``model_states``; the stage program's ZeRO-1 share, ``optimizer_share``;
     the pool's smallest subset, ``sharded_bytes_per_param``). Under 16-bit compute: weights in the
     compute dtype, gradients in ``grad_reduce_dtype`` (fp32), optimizer states the fp32 master and
-    Adam's two moments (12); in fp32 the weights are the master (optimizer: the two moments, 8).
+    Adam's two moments (12; ``moments`` bf16: ``precision_aware_optimizer_bytes``); in fp32 the
+    weights are the master (optimizer: the two moments, 8).
     Under an FP8 dtype the weights are kept twice (Transformer Engine's default "dual precision"
     weights: the bf16 weight plus its FP8 copy and that copy's transpose for the backward, cached
     over a step's micro-batches, as Megatron runs TE with ``is_first_microbatch``): 2 + 1 + 1 bytes."""
     if master_is_weight(dtype):
         return 4.0, 4.0, 8.0
     weights = 4.0 if dtype in FP8_RECIPES else 2.0
-    return weights, float(DTYPE_BYTES[grad_reduce_dtype(dtype, grad_reduce)]), 12.0
+    opt = 12.0 if moments == MOMENTS_DTYPE else precision_aware_optimizer_bytes(dtype)
+    return weights, float(DTYPE_BYTES[grad_reduce_dtype(dtype, grad_reduce)]), opt
+
+
+def precision_aware_optimizer_bytes(dtype: str) -> float:
+    """Optimizer-state bytes per parameter under Megatron's precision-aware optimizer with both of
+    Adam's moments in bf16 (``Plan.moments`` bf16: ``--use-precision-aware-optimizer --exp-avg-dtype
+    bf16 --exp-avg-sq-dtype bf16``): the moments 2 + 2 (megatron/core/optimizer/distrib_optimizer.py
+    allocates ``exp_avg`` and ``exp_avg_sq`` in ``exp_avg_dtype`` / ``exp_avg_sq_dtype``) and the master
+    copy: where Transformer Engine's FusedAdam keeps it (``use_precision_aware_optimizer_no_fp8_or_ds_fp8``
+    in megatron/core/optimizer/optimizer_config.py: no FP8 recipe, or the delayed one) only the 16 bits
+    of each fp32 master the bf16 weight does not already hold (``store_param_remainders``, on by default:
+    an int16 shard, 2 bytes); under the other FP8 recipes Megatron-Core keeps the fp32 master itself (4)."""
+    master = 2.0 if dtype not in FP8_RECIPES or FP8_RECIPES[dtype] == "delayed" else 4.0
+    return master + 2.0 + 2.0
 
 
 def master_is_weight(dtype: str) -> bool:
@@ -122,7 +138,8 @@ an export target; each keeps its own copies (``state_bytes``)."""
 
 
 def state_bytes(dtype: str, framework: str = "runtime", zero_stage: int = 0,
-                grad_reduce: str = GRAD_REDUCE_DTYPE) -> tuple[float, float, float, float]:
+                grad_reduce: str = GRAD_REDUCE_DTYPE, moments: str = MOMENTS_DTYPE
+                ) -> tuple[float, float, float, float]:
     """(weights, gradients, optimizer states, the sharded weight copy ZeRO-3 keeps beyond them) bytes
     per parameter with Adam, as ``framework`` allocates them: the one table of model-state bytes.
 
@@ -161,9 +178,9 @@ def state_bytes(dtype: str, framework: str = "runtime", zero_stage: int = 0,
     if framework == "megatron" and dtype == "fp16":
         return 2.0, 2.0, 16.0, 0.0
     if framework == "megatron" and megatron_fp8_params(dtype, zero_stage):
-        _, g, o = state_bytes_per_param(dtype, grad_reduce)
+        _, g, o = state_bytes_per_param(dtype, grad_reduce, moments)
         return MEGATRON_FP8_PARAM_BYTES, g, o, 0.0
-    w, g, o = state_bytes_per_param(dtype, grad_reduce)
+    w, g, o = state_bytes_per_param(dtype, grad_reduce, moments)
     return w, g, o, (w if fp32 else 0.0)
 
 
@@ -196,14 +213,15 @@ def framework_of(step: Any) -> str:
 
 def model_states(params: float, dtype: str, zero_stage: int, shard: int, layer_params: float,
                  grads_unsharded: bool = False, weights_gathered: bool = False,
-                 framework: str = "runtime", grad_reduce: str = GRAD_REDUCE_DTYPE) -> dict[str, float]:
+                 framework: str = "runtime", grad_reduce: str = GRAD_REDUCE_DTYPE,
+                 moments: str = MOMENTS_DTYPE) -> dict[str, float]:
     """Weights, gradients and optimizer states of ``params`` parameters on one rank, as ``framework``
     allocates them (``state_bytes``).
     ``grads_unsharded``: under ZeRO-2/3 the rank accumulates whole gradients over its micro-batches
     (``data_parallel.grads_accumulate_unsharded``), so they are not divided by the shard count;
     ``weights_gathered``: under ZeRO-3 the rank holds all its weights gathered at some point of the
     step (``data_parallel.zero3_weights_gathered``), as ZeRO-2 does."""
-    w, g, o, kept = state_bytes(dtype, framework, zero_stage, grad_reduce)
+    w, g, o, kept = state_bytes(dtype, framework, zero_stage, grad_reduce, moments)
     n = max(shard, 1)
     sharded_weights = zero_stage >= 3 and not weights_gathered and n > 1
     if sharded_weights:
@@ -273,7 +291,7 @@ def rank_memory(ctx: RankContext, kept: float, full: float) -> tuple[float, dict
     states = model_states(ctx.params / s.tp, s.dtype, s.zero, s.shard_n, ctx.layer_params / s.tp,
                           grads_unsharded=grads_accumulate_unsharded(s.zero, s.pp, ctx.microbatches),
                           weights_gathered=zero3_weights_gathered(s), framework=framework_of(s),
-                          grad_reduce=s.grad_reduce)
+                          grad_reduce=s.grad_reduce, moments=s.moments)
     inflight, last_inflight = peak_in_flight(s.schedule, s.pp, s.v, ctx.microbatches, ctx.pp_index, ctx.layers)
     inflight += paired_layer(ctx, inflight)
     acts = kept * inflight + (full - kept if s.recompute != "none" else 0.0)

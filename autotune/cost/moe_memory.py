@@ -93,7 +93,7 @@ def add_expert_memory(ctx: RankContext, total: float, terms: dict[str, float], b
     st = M.model_states(p, s.dtype, s.zero, x.edp, p / n_moe,
                         grads_unsharded=grads_accumulate_unsharded(s.zero, s.pp, ctx.microbatches),
                         weights_gathered=zero3_weights_gathered(s),
-                        framework=M.framework_of(s), grad_reduce=s.grad_reduce)
+                        framework=M.framework_of(s), grad_reduce=s.grad_reduce, moments=s.moments)
     out = dict(terms)
     for k in ("weights", "gradients", "optimizer"):
         out[k] = terms[k] + st[k]

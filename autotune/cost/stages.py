@@ -77,7 +77,8 @@ def staged_step_context(rp: Any, model: Any, cluster: Any, seq_len: int, global_
         cp_max_tokens=max(tokens), keysums=tuple(causal_keys(tokens, i, zig, seq_len) for i in range(d.cp)),
         ring=tuple(ring_blocks(tokens, i, zig, seq_len) if d.cp > 1 else None for i in range(d.cp)),
         stage_params=DP.stage_params(model, rp, chunks), dp_links=dp_links, schedule=sched, chunks=chunks,
-        hop_peers=hop_peers, group_links=(), kernels=kernels, grad_reduce=rp.grad_reduce)
+        hop_peers=hop_peers, group_links=(), kernels=kernels, grad_reduce=rp.grad_reduce,
+        moments=rp.moments)
 
 
 def cell_heads(model: Any, tp: int, hp: int) -> tuple[int, ...]:

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from autotune import __version__, dims
 from autotune.errors import InputError
-from autotune.plan import GRAD_REDUCE_DTYPE, Degrees, Plan, Shares
+from autotune.plan import GRAD_REDUCE_DTYPE, MOMENTS_DTYPE, Degrees, Plan, Shares
 from autotune.plan_record import PlanRecord
 
 
@@ -166,6 +166,8 @@ def _options(plan: Plan, target: str) -> dict[str, tuple[bool, str]]:
                             "another micro-batch's compute)"),
         "grad_reduce": (plan.grad_reduce != GRAD_REDUCE_DTYPE, f"{plan.grad_reduce}: {target} accumulates and "
                         f"reduces gradients in {GRAD_REDUCE_DTYPE} as exported"),
+        "moments": (plan.moments != MOMENTS_DTYPE, f"{plan.moments}: {target} keeps Adam's moments in "
+                    f"{MOMENTS_DTYPE} as exported"),
         "cuda_graph_scope": (bool(plan.cuda_graph_scope), f"{'/'.join(plan.cuda_graph_scope)}: {target} issues "
                              "every kernel eagerly as exported (no CUDA graphs)"),
     }

@@ -27,6 +27,7 @@ Mapping (argument names from megatron/training/arguments.py):
   ``recompute_modules``) (full with ``--recompute-method
   uniform --recompute-num-layers 1``); ``zero_stage`` 1 -> ``--use-distributed-optimizer``;
   ``sequence_parallel`` -> ``--sequence-parallel``; ``grad_reduce bf16`` -> ``--grad-reduce-in-bf16``;
+  ``moments bf16`` -> ``--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16``;
   ``moe_a2a_overlap`` -> ``--overlap-moe-expert-parallel-comm --delay-wgrad-compute`` (no
   ``--moe-shared-expert-overlap`` then: Megatron-Core refuses the two together); ``cuda_graph_scope`` ->
   ``--cuda-graph-impl transformer_engine --cuda-graph-scope ...`` (Megatron-LM's later versions name it
@@ -126,7 +127,7 @@ HELIX_FORK = ("HelixPipe's Megatron-LM fork (the code of arXiv 2507.00394, branc
               "has no --attention-pipeline")
 SUFFIX = ".sh"
 
-EXPRESSES = ("dp", "pp", "cp", "hp", "tp", "ep", "etp", "moe_a2a_overlap", "grad_reduce", "cuda_graph_scope")
+EXPRESSES = ("dp", "pp", "cp", "hp", "tp", "ep", "etp", "moe_a2a_overlap", "grad_reduce", "moments", "cuda_graph_scope")
 """The dimensions and plan options it runs (``export.common.unexpressed`` refuses the rest)."""
 WHY = {
     "experts": "Megatron-Core gives every expert-parallel rank num_experts/ep experts",
@@ -298,6 +299,8 @@ def arguments(plan: Plan, ctx: ExportContext) -> list[str]:
         a.append("--use-distributed-optimizer")
     if plan.grad_reduce == "bf16":  # megatron/training/arguments.py: accumulate_allreduce_grads_in_fp32 = False
         a.append("--grad-reduce-in-bf16")
+    if plan.moments == "bf16":  # megatron/core/optimizer/optimizer_config.py: TE FusedAdam's state dtypes
+        a += ["--use-precision-aware-optimizer", "--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16"]
     if plan.cuda_graph_scope:  # Transformer Engine's graphs of these parts (Plan.cuda_graph_scope)
         a += ["--cuda-graph-impl", "transformer_engine", "--cuda-graph-scope", *plan.cuda_graph_scope]
     if plan.sequence_parallel and d.tp > 1:

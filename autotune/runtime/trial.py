@@ -23,7 +23,7 @@ from typing import Any
 
 from autotune import machine_load
 from autotune.errors import InputError
-from autotune.plan import FP8_RECIPES, GRAD_REDUCE_DTYPE, Plan, PlanError
+from autotune.plan import FP8_RECIPES, GRAD_REDUCE_DTYPE, MOMENTS_DTYPE, Plan, PlanError
 from autotune.plan_record import PlanRecord
 from autotune.specs.model import ModelSpec, load_model
 from autotune.stages import on_local_devices
@@ -83,6 +83,9 @@ def check_runtime_support(plan: Plan, spec: ModelSpec) -> None:
     if plan.grad_reduce != GRAD_REDUCE_DTYPE:
         p.append(f"grad_reduce: {plan.grad_reduce}: the runtime accumulates and reduces gradients in "
                  f"{GRAD_REDUCE_DTYPE} (price it, or export it to Megatron)")
+    if plan.moments != MOMENTS_DTYPE:
+        p.append(f"moments: {plan.moments}: the runtime's Adam keeps its moments in {MOMENTS_DTYPE} (price it, or "
+                 "export it to Megatron)")
     if plan.moe_a2a_overlap:
         p.append("moe_a2a_overlap: the runtime waits for each MoE all-to-all (price it, or export it to Megatron)")
     if plan.cuda_graph_scope:
