@@ -71,6 +71,9 @@ class Row:
     assumed: str = ""
     recipe: str = ""
     """The configuration that states what the row ran beyond its table (its per-module recomputation)."""
+    checked: str = ""
+    """Where the price is far off: what was read in the framework's own code or recipe about the run,
+    with its source, and what that leaves unexplained (no constant is chosen from it)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
 
