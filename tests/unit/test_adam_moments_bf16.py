@@ -91,3 +91,14 @@ def test_other_targets_refuse_it(target):
     plan = resolved(ctx, degrees=Degrees(dp=16), micro_batch_size=1, zero_stage=1, moments="bf16")
     with pytest.raises(ExportRefused, match="moments: bf16"):
         export(plan, ctx, target)
+
+
+def test_only_megatron_expresses_it_and_the_runtime_refuses_it():
+    from autotune.targets import context, expresses, refusals
+
+    ctx = ctx_for("qwen3-30b-a3b")
+    tctx = context(ctx.model, ctx.cluster, ctx.seq_len, ctx.global_batch)
+    assert [t for t in ("megatron", "torchtitan", "deepspeed", "accelerate", "runtime")
+            if expresses(t, "moments", tctx)] == ["megatron"]
+    plan = resolved(ctx, degrees=Degrees(dp=16), micro_batch_size=1, zero_stage=1, moments="bf16")
+    assert any(r.startswith("moments: bf16: the runtime's Adam") for r in refusals("runtime", plan, tctx))
