@@ -37,6 +37,7 @@ from torch.utils.checkpoint import checkpoint
 
 from autotune.plan import Plan
 from autotune.runtime import data as D
+from autotune.runtime import grad_norm as GN
 from autotune.runtime.documents import doc_attention_backward, doc_attention_with_lse
 from autotune.runtime.mesh import Mesh
 from autotune.runtime.model import (
@@ -464,13 +465,15 @@ class HelixTrainer:
         layout = Layout(tp=tp, sp=self.sp, recompute="none")
         self.model = build_model(spec, plan, mesh, layout, seq_len, seed, self.device, self.dtype)
         self.params = list(self.model.parameters())
-        # under sequence parallelism: the parameters every tp rank holds whole (model.tp_replicated)
-        norms = tp_replicated([self.model]) if self.sp else set()
+        # the parameters every tp rank holds whole (model.tp_replicated): summed over tp under sequence
+        # parallelism, counted once in the gradient norm (runtime/grad_norm.py)
+        whole = tp_replicated([self.model])
+        held_whole = {i for i, p in enumerate(self.params) if id(p) in whole}
         clk = clock()
         # mixed precision and the tp sum of the sequence-parallel norms' gradients: the optimizer's
         self.opt = TrainOptimizer(self.params, mesh.grad, plan.zero_stage, overlap=False, wait_clock=clk.timed_call,
-                                  dtype=plan.dtype, replicated=[i for i, p in enumerate(self.params) if id(p) in norms],
-                                  tp_axis=tp)
+                                  dtype=plan.dtype, replicated=sorted(held_whole) if self.sp else [], tp_axis=tp,
+                                  counted=GN.counted(len(self.params), held_whole, tp, [], None))
         self.dp_index = mesh["dp"].index
         self.n_micro = plan.microbatches_of_replica(self.dp_index)
         self.holds_ends = mesh["pp"].index == 0
@@ -533,10 +536,11 @@ def helix_plans_job(payload: dict[str, Any], rank: int, world: int, device: torc
         mesh = build_mesh(plan, rank, device, timeout_s=payload.get("timeout_s"))
         trainer = HelixTrainer(plan, spec, mesh, payload["seq_len"], payload["global_batch"], payload["seed"],
                                data=payload.get("data"))
-        losses = []
+        losses, grad_norms = [], []
         for i in range(payload["steps"]):
-            t = torch.tensor([trainer.step(i)], dtype=torch.float64, device=device)
+            t = torch.tensor([trainer.step(i), trainer.opt.grad_sq], dtype=torch.float64, device=device)
             dist.all_reduce(t)
-            losses.append(float(t.item()))
-        out.append({"rank": rank, "losses": losses, "state": trainer.export_state()})
+            losses.append(float(t[0].item()))
+            grad_norms.append(GN.norm_of(float(t[1].item())))
+        out.append({"rank": rank, "losses": losses, "grad_norms": grad_norms, "state": trainer.export_state()})
     return out

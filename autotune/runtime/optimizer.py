@@ -25,6 +25,7 @@ from contextlib import nullcontext
 import torch
 import torch.distributed as dist
 
+from autotune.runtime import grad_norm as GN
 from autotune.runtime.mesh import Axis
 from autotune.runtime.precision import REDUCE_DTYPE, LossScale
 from autotune.runtime.tied import reduce_tied
@@ -192,17 +193,21 @@ class TrainOptimizer:
 
     ``replicated``: indices of parameters whose gradients are also summed over ``tp_axis``;
     ``tied``: indices of this rank's copies of a tied embedding, summed with the other holders' over
-    ``tied_axis`` (``runtime/tied.py``)."""
+    ``tied_axis`` (``runtime/tied.py``); ``counted``: which parameters this rank counts in the
+    global gradient norm (``runtime/grad_norm.py``; default all), which ``reduce_and_step`` leaves
+    in ``grad_sq`` (this rank's part of its square)."""
 
     def __init__(self, params: list[torch.nn.Parameter], grad_axis: Axis | None, zero_stage: int = 0,
                  overlap: bool = False, wait_clock=None, *, dtype: str = "fp32",
                  replicated: list[int] | None = None, tp_axis: Axis | None = None,
                  masters: list[torch.Tensor] | None = None, tied: list[int] | None = None,
-                 tied_axis: Axis | None = None):
+                 tied_axis: Axis | None = None, counted: list[bool] | None = None):
         """``masters``: the fp32 initial values of low-precision ``params`` (default: their values)."""
         if zero_stage not in (0, 1):
             raise ValueError(f"zero_stage {zero_stage} is sharded by ShardedOptimizer, not here")
         self.params = params
+        self.counted = list(counted) if counted is not None else [True] * len(params)
+        self.grad_sq = 0.0
         self.axis = grad_axis if grad_axis is not None and grad_axis.group is not None else None
         self.zero = zero_stage == 1 and self.axis is not None
         self.replicated, self.tp_axis = list(replicated or []), tp_axis
@@ -298,8 +303,21 @@ class TrainOptimizer:
 
     def reduce_and_step(self, step_region) -> None:
         """``step_region``: a context manager timing the optimizer arithmetic as compute."""
-        if self.loss_scale.unscale_and_check(self.reduce()):
+        grads = self.reduce()
+        if self.loss_scale.unscale_and_check(grads):
+            self.grad_sq = self.sq_norm(grads)
             self.step(step_region)
+        else:
+            self.grad_sq = GN.SKIPPED
+
+    def sq_norm(self, grads: list[torch.Tensor]) -> float:
+        """This rank's part of the squared global gradient norm, from what ``reduce`` returned (once
+        unscaled): the ``counted`` gradients if this rank is its replicas' first, or under ZeRO-1
+        the ``counted`` elements of its own slice (``runtime/grad_norm.py``)."""
+        if self.zero:
+            sizes = [p.numel() for p in self.params]
+            return GN.slice_sq_sum(grads[0], self.axis.index * self.shard_len, sizes, self.counted)
+        return GN.replica_sq_sum(grads, self.counted, self.axis)
 
     def reduce(self) -> list[torch.Tensor]:
         """Sum the step's gradients over the group (reduce-scatter under ZeRO-1); returns the fp32
@@ -392,6 +410,7 @@ class ExpertSplitOptimizer:
     def __init__(self, dense: TrainOptimizer, expert: TrainOptimizer, is_expert: list[bool]):
         self.dense, self.expert, self.is_expert = dense, expert, is_expert
         self.loss_scale = expert.loss_scale = dense.loss_scale
+        self.grad_sq = 0.0
 
     def begin_step(self) -> None:
         self.dense.begin_step()
@@ -409,10 +428,13 @@ class ExpertSplitOptimizer:
         self.expert.finish_overlap()
 
     def reduce_and_step(self, step_region) -> None:
-        grads = self.dense.reduce() + self.expert.reduce()
-        if self.loss_scale.unscale_and_check(grads):  # one flag, MAX-reduced over the world, for both groups
+        dense, expert = self.dense.reduce(), self.expert.reduce()
+        if self.loss_scale.unscale_and_check(dense + expert):  # one flag, MAX-reduced over the world, for both groups
+            self.grad_sq = self.dense.sq_norm(dense) + self.expert.sq_norm(expert)
             self.dense.step(step_region)
             self.expert.step(step_region)
+        else:
+            self.grad_sq = GN.SKIPPED
 
     def master_weights(self) -> list[torch.Tensor]:
         """fp32 master weights in the rank's parameter order (collective under ZeRO-1, as each part's)."""
@@ -436,8 +458,12 @@ class ShardedOptimizer:
     def __init__(self, modules: list[torch.nn.Module], params: list[torch.nn.Parameter], *, dtype: str,
                  replicated: list[int] | None = None, tp_axis: Axis | None = None, own_loop: bool = True,
                  zero_stage: int = 3, gather_per_microbatch: bool = True, tied: list[int] | None = None,
-                 tied_axis: Axis | None = None):
+                 tied_axis: Axis | None = None, counted: list[bool] | None = None):
+        """``counted``: as ``TrainOptimizer``'s (every rank counts its own FSDP2 shards: the root
+        ``fully_shard`` of each module leaves no parameter whole)."""
         self.modules, self.params = modules, params
+        self.counted = list(counted) if counted is not None else [True] * len(params)
+        self.grad_sq = 0.0
         self.zero_stage, self.gather_per_microbatch = zero_stage, gather_per_microbatch
         self.replicated, self.tp_axis = list(replicated or []), tp_axis
         self.tied, self.tied_axis = list(tied or []), tied_axis  # on FSDP2's shards (runtime/tied.py)
@@ -481,7 +507,9 @@ class ShardedOptimizer:
         _reduce_replicated([local[i] for i in self.replicated], self.tp_axis)
         reduce_tied([local[i] for i in self.tied], self.tied_axis)
         if not self.loss_scale.unscale_and_check(local):
+            self.grad_sq = GN.SKIPPED
             return
+        self.grad_sq = GN.sq_sum([g for g, c in zip(local, self.counted, strict=True) if c])
         with step_region() if step_region is not None else nullcontext():
             self.opt.step()
 

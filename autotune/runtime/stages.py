@@ -52,6 +52,7 @@ import torch.distributed as dist
 
 from autotune import stages as ST
 from autotune.runtime import data as D
+from autotune.runtime import grad_norm as GN
 from autotune.runtime.mesh import Axis, _new_group
 from autotune.runtime.model import Layout, build_on_meta, materialize, shard_info
 from autotune.runtime.optimizer import TrainOptimizer
@@ -138,11 +139,14 @@ class PieceOptimizer:
     docstring). Interface of ``TrainOptimizer`` as the trainer uses it."""
 
     def __init__(self, modules: list[torch.nn.Module], mesh: StagedMesh, zero_stage: int, dtype: str,
-                 tied_segments: list[tuple[int, int, int]] | None = None):
+                 tied_segments: list[tuple[int, int, int]] | None = None, tied_counted: bool = True):
         """``tied_segments``: ``tied.staged_tied_segments`` of this rank when the model ties its
-        embeddings (None: untied); the copies are the parameters named ``tied.TIED_NAME``."""
+        embeddings (None: untied); the copies are the parameters named ``tied.TIED_NAME``;
+        ``tied_counted``: this rank's stage holds the embedding (chunk 0), whose copy the gradient
+        norm counts (the last stage's holds the same rows' sum, runtime/grad_norm.py)."""
         self.mesh = mesh
         self.loss_scale = LossScale(dtype)
+        self.grad_sq = 0.0
         self.params: list[torch.nn.Parameter] = []
         self.infos: list[tuple[int, int] | None] = []
         for m in modules:
@@ -150,6 +154,13 @@ class PieceOptimizer:
             for name, p in m.named_parameters():
                 self.params.append(p)
                 self.infos.append(info[name])
+        names = [n for m in modules for n, _ in m.named_parameters()]
+        self.tied = [i for i, n in enumerate(names) if n == TIED_NAME] if tied_segments is not None else []
+        # the gradient norm counts every piece once: whole parameters go with piece 0 of tp rank 0
+        # only, a tied embedding's first copy on the embedding's stage only (runtime/grad_norm.py)
+        counted = [True] * len(self.params)
+        for j, i in enumerate(self.tied):
+            counted[i] = tied_counted and j == 0
         t, k, top = mesh.tp.size, mesh.tp.index, mesh.finest
         self.per = top // t  # pieces per tp shard
         self.whole: dict[int, torch.Tensor] = {}
@@ -172,7 +183,8 @@ class PieceOptimizer:
                 entries.append((i, dim, (g - k * self.per) * length, length))
             masters = [torch.nn.Parameter(self._piece(self.params[i], d, a, n).detach().to(REDUCE_DTYPE).clone())
                        for i, d, a, n in entries]
-            opt = TrainOptimizer(masters, axis if axis.group is not None else None, zero_stage, dtype="fp32")
+            opt = TrainOptimizer(masters, axis if axis.group is not None else None, zero_stage, dtype="fp32",
+                                 counted=[counted[i] for i, _, _, _ in entries])
             self.groups.append((axis, entries, opt))
             for (i, d, _, _), m in zip(entries, masters, strict=True):
                 if d is None:
@@ -183,8 +195,6 @@ class PieceOptimizer:
         # gradients accumulate over the micro-batches in fp32, as the uniform runtime's do
         self.low_precision = any(p.dtype != REDUCE_DTYPE for p in self.params)
         self.acc: list[torch.Tensor | None] = [None] * len(self.params)
-        names = [n for m in modules for n, _ in m.named_parameters()]
-        self.tied = [i for i, n in enumerate(names) if n == TIED_NAME] if tied_segments is not None else []
         self.tied_segments = tied_segments or []
         self.tied_start = (self.infos[self.tied[0]] or (0, 0))[1] if self.tied else 0
         """Global row of this rank's first embedding row (its copies are one cell's: the same rows)."""
@@ -222,14 +232,17 @@ class PieceOptimizer:
         grads = [a if a is not None else torch.zeros_like(p, dtype=REDUCE_DTYPE) for a, p in zip(self.acc, self.params,
                                                                                                   strict=True)]
         if not self.loss_scale.unscale_and_check(grads):  # every rank calls it once: a world MAX
+            self.grad_sq = GN.SKIPPED
             self.begin_step()
             return
+        self.grad_sq = 0.0
         # the tied copies' rows summed with the other stage's, before the replicas reduce them
         exchange_tied_rows([grads[i] for i in self.tied], self.tied_start, self.tied_segments)
         for _, entries, opt in self.groups:  # ascending piece index on every rank: collectives match
             for (i, d, a, n), m in zip(entries, opt.params, strict=True):
                 m.grad = self._piece(grads[i], d, a, n).contiguous()
             opt.reduce_and_step(step_region)
+            self.grad_sq += opt.grad_sq
             with torch.no_grad():
                 for (i, d, a, n), m in zip(entries, opt.params, strict=True):
                     self._piece(self.params[i], d, a, n).copy_(m)
@@ -302,11 +315,13 @@ class StagedTrainer:
                                              for j in chunks})
         for m in self.chunks.values():
             materialize(m, spec, seed, self.device, torch.float32)
-        tied = None
+        tied, tied_counted = None, True
         if spec.tied_embeddings:  # the stages holding the embedding (chunk 0) and the head (the last chunk)
             ends = (self.sched.stage_rank(0, self.p, self.v), self.sched.stage_rank(self.n_chunks - 1, self.p, self.v))
             tied = staged_tied_segments(plan.stages, mesh.rank, spec.vocab, *ends)
-        self.opt = PieceOptimizer(list(self.chunks.values()), mesh, plan.zero_stage, plan.dtype, tied_segments=tied)
+            tied_counted = slot.stage == ends[0]
+        self.opt = PieceOptimizer(list(self.chunks.values()), mesh, plan.zero_stage, plan.dtype, tied_segments=tied,
+                                  tied_counted=tied_counted)
         for m in self.chunks.values():
             m.to(dtype=self.dtype)
         self.opt.watch()

@@ -41,6 +41,7 @@ import torch.distributed as dist
 
 from autotune.plan import Plan
 from autotune.runtime import data as D
+from autotune.runtime import grad_norm as GN
 from autotune.runtime.documents import DocumentFeed, replica_step
 from autotune.runtime.helix import HelixTrainer
 from autotune.runtime.measure import (  # noqa: F401  (CommClock, the stopwatches: their old home)
@@ -190,12 +191,16 @@ class RankTrainer:
         # with sequence parallelism the parameters every tp rank holds whole (norms, row-parallel
         # biases, the position table) saw different tokens on each: their gradients are summed over
         # tp too (by the optimizer, on the fp32 gradients)
-        whole = tp_replicated(modules) if self.sp else set()
-        replicated = [i for i, p in enumerate(p for m in modules for p in m.parameters()) if id(p) in whole]
+        whole = tp_replicated(modules)
+        held_whole = {i for i, p in enumerate(p for m in modules for p in m.parameters()) if id(p) in whole}
+        replicated = sorted(held_whole) if self.sp else []
         # a tied embedding held by the first and the last stage: one weight in two copies (runtime/tied.py)
         tied_ax = tied_axis(plan, spec.tied_embeddings, mesh.rank, timeout_s=mesh.timeout_s)
         tied = [i for i, (name, _) in enumerate((n, p) for m in modules for n, p in m.named_parameters())
                 if name == TIED_NAME] if tied_ax is not None else []
+        # which parameters this rank counts in the global gradient norm (runtime/grad_norm.py)
+        n_params = sum(1 for m in modules for _ in m.parameters())
+        counted = GN.counted(n_params, held_whole, tp, tied, tied_ax)
         self.sharded = plan.zero_stage >= 2 and mesh.grad.group is not None
         if self.sharded and experts:  # plan checks refuse it first (trial.check_runtime_support)
             raise RuntimeError("ZeRO-2/3 would shard expert weights over the dense gradient group")
@@ -208,7 +213,7 @@ class RankTrainer:
             self.opt = ShardedOptimizer(roots, self.params, dtype=plan.dtype, replicated=replicated,
                                         tp_axis=tp, own_loop=plan.degrees.pp == 1, zero_stage=plan.zero_stage,
                                         gather_per_microbatch=self.gather_per_microbatch, tied=tied,
-                                        tied_axis=tied_ax)
+                                        tied_axis=tied_ax, counted=counted)
         else:  # low-precision module copies; the optimizer keeps the fp32 masters
             masters = [p.detach().clone() for m in modules for p in m.parameters()]
             for m in modules:
@@ -219,7 +224,7 @@ class RankTrainer:
                                      wait_clock=clock().timed_call, dtype=plan.dtype)
             if not experts:
                 self.opt = make(self.params, mesh.grad, replicated=replicated, tp_axis=tp, masters=masters, tied=tied,
-                                tied_axis=tied_ax)
+                                tied_axis=tied_ax, counted=counted)
                 return
             # expert weights sum their gradients over expert-DP, the rest over the gradient group
             is_expert = [id(p) in experts for p in self.params]
@@ -228,7 +233,9 @@ class RankTrainer:
             self.opt = ExpertSplitOptimizer(
                 make([p for p, e in zip(self.params, is_expert, strict=True) if not e], mesh.grad,
                      replicated=[dense_at[i] for i in replicated], tp_axis=tp, masters=split[0],
-                     tied=[dense_at[i] for i in tied], tied_axis=tied_ax),
+                     tied=[dense_at[i] for i in tied], tied_axis=tied_ax,
+                     counted=[c for c, e in zip(counted, is_expert, strict=True) if not e]),
+                # every rank holds its own experts' slices (ep x etp): only expert-DP replicates them
                 make([p for p, e in zip(self.params, is_expert, strict=True) if e], self.moe.groups.edp,
                      masters=split[1]),
                 is_expert)
@@ -352,7 +359,7 @@ def train(plan: Plan, spec: ModelSpec, seq_len: int, global_batch: int, *, steps
     trainer = trainer_of(plan, spec, mesh, seq_len, global_batch, seed, data=data, documents=documents)
     if (feed := getattr(trainer, "feed", None)) is not None:  # every step's documents, before any clock starts
         feed.prepare(range(warmup + steps), global_batch, seq_len)
-    losses, times, splits = [], [], []
+    losses, grad_norms, times, splits = [], [], [], []
     for i in range(warmup + steps):
         dist.barrier()
         clk.reset()
@@ -369,14 +376,16 @@ def train(plan: Plan, spec: ModelSpec, seq_len: int, global_batch: int, *, steps
         t1 = time.perf_counter()
         clk.comm = comm_before  # the end barrier is waiting, not communication
         idle = t1 - t_idle
-        loss = torch.tensor([contribution], dtype=torch.float64, device=device)  # NCCL needs device tensors
-        dist.all_reduce(loss)  # outside the timed step
-        losses.append(float(loss.item()))
+        # the global mean loss and the squared gradient norm, each rank's part summed (runtime/grad_norm.py)
+        sums = torch.tensor([contribution, trainer.opt.grad_sq], dtype=torch.float64, device=device)  # NCCL: device
+        dist.all_reduce(sums)  # outside the timed step
+        losses.append(float(sums[0].item()))
+        grad_norms.append(GN.norm_of(float(sums[1].item())))
         if i >= warmup:
             times.append(t1 - t0)
             splits.append(_split(clk, idle, cpu_s))
     report: dict[str, Any] = {
-        "rank": rank, "losses": losses, "step_times": times,
+        "rank": rank, "losses": losses, "grad_norms": grad_norms, "step_times": times,
         "peak_memory_bytes": max(0, peak_memory(device) - baseline),
         "memory_baseline_bytes": baseline,
         "time_split": _median_split(splits, times, rank),
@@ -428,8 +437,12 @@ def reference_run(spec: ModelSpec, seq_len: int, global_batch: int, *, steps: in
                               samples=(global_batch,)))
     trainer = RankTrainer(plan, spec, single_process_mesh(plan, torch.device("cpu")), seq_len, global_batch, seed,
                           data=data, documents=documents)
-    losses = [trainer.step(i) for i in range(steps)]
-    return {"losses": losses, "state": {k: v[0] for k, v in trainer.export_state().items()}}
+    losses, grad_norms = [], []
+    for i in range(steps):
+        losses.append(trainer.step(i))
+        grad_norms.append(GN.norm_of(trainer.opt.grad_sq))
+    return {"losses": losses, "grad_norms": grad_norms,
+            "state": {k: v[0] for k, v in trainer.export_state().items()}}
 
 
 def trial_job(payload: dict[str, Any], rank: int, world: int, device: torch.device) -> dict[str, Any]:

@@ -17,6 +17,10 @@ from autotune.specs import ModelSpec, local_cluster
 from .pool import run_in_pool
 
 LOSS_RTOL = 1e-5
+GRAD_NORM_RTOL = 1e-5
+"""The global gradient norm (runtime/grad_norm.py) at the losses' tolerance: both are sums over the
+same gradients in another order, and a reduction with a wrong factor moves the norm by that factor
+(tests/distributed/test_grad_norm_teeth.py) where the losses, through AdamW, barely move."""
 # AdamW divides by sqrt(v): an element whose gradient is ~0 moves by up to lr on rounding noise, so
 # weights are compared at an absolute tolerance well below lr * steps = 3e-3.
 WEIGHT_ATOL, WEIGHT_RTOL = 1e-4, 1e-4
@@ -49,13 +53,30 @@ def _reference(spec_json: str, seq: int, batch: int, steps: int, seed: int, docu
                          documents=json.loads(documents_json))
 
 
-def assert_matches_reference(per_rank: list[dict], ref: dict) -> None:
-    """Per-step losses (rtol LOSS_RTOL) and every rank's weights (its shard of each parameter) after
-    AdamW equal the single-process run's, and every parameter element is held by some rank."""
-    losses = per_rank[0]["losses"]
+def assert_losses_match(rep: dict, ref: dict) -> None:
+    """Per-step losses equal the single-process run's (rtol LOSS_RTOL)."""
+    losses = rep["losses"]
     assert len(losses) == len(ref["losses"])
     for a, b in zip(losses, ref["losses"], strict=True):
         assert a == pytest.approx(b, rel=LOSS_RTOL), (losses, ref["losses"])
+
+
+def assert_grad_norms_match(rep: dict, ref: dict) -> None:
+    """Per-step global gradient norms (every parameter counted once over the ranks' shards and
+    replicas) equal the single-process run's (rtol GRAD_NORM_RTOL)."""
+    norms = rep["grad_norms"]
+    assert len(norms) == len(ref["grad_norms"]) and None not in norms
+    for a, b in zip(norms, ref["grad_norms"], strict=True):
+        assert a == pytest.approx(b, rel=GRAD_NORM_RTOL), ("grad norms", norms, ref["grad_norms"])
+
+
+def assert_matches_reference(per_rank: list[dict], ref: dict) -> None:
+    """Per-step losses and gradient norms, and every rank's weights (its shard of each parameter)
+    after AdamW equal the single-process run's, and every parameter element is held by some rank."""
+    assert_losses_match(per_rank[0], ref)
+    for rep in per_rank:  # every rank reports the world's sums
+        assert rep["grad_norms"] == per_rank[0]["grad_norms"]
+    assert_grad_norms_match(per_rank[0], ref)
     seen: dict[str, int] = {}
     for rep in per_rank:
         for name, (local, shard) in rep["state"].items():
