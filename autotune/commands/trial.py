@@ -144,12 +144,13 @@ def _across_hosts(p, model, cluster, node_rank, seq_len, global_batch, steps, wa
     summary = L.run(cmd, Path("results/trial/out"), world=resolved.world, seq_len=seq_len,
                     global_batch=global_batch, steps=steps, timeout_s=timeout, nodes=len(cmds))
     if json_:
-        emit_json({"command": cmd.shell(), "measured": summary, "losses": summary["losses"]})
+        emit_json({"command": cmd.shell(), "measured": summary, "losses": summary["losses"],
+                   "grad_norms": summary["grad_norms"]})
         return
     console.print(f"node-rank {node_rank}: ranks {summary['ranks'][0]}-{summary['ranks'][-1]} of {resolved.world}, "
                   f"step time {fmt_time(summary['step_time_s'])}, {summary['tokens_per_s']:,.0f} tokens/s",
                   highlight=False)
-    show_losses(summary["losses"], warmup, data)
+    show_losses(summary["losses"], warmup, data, summary["grad_norms"])
 
 
 def _show(out: dict) -> None:
@@ -170,14 +171,16 @@ def _show(out: dict) -> None:
         from autotune.commands.common import documents_line
 
         console.print(documents_line(m["documents"]), highlight=False, soft_wrap=True)
-    show_losses(out["losses"], m.get("warmup", 0), m.get("data"))
+    show_losses(out["losses"], m.get("warmup", 0), m.get("data"), out.get("grad_norms"))
 
 
 SPARKS = "▁▂▃▄▅▆▇█"
 
 
-def show_losses(losses: list[float], warmup: int, data: str | None) -> None:
-    """The loss curve: a sparkline of every step (warm-up included), first and last, then the values."""
+def show_losses(losses: list[float], warmup: int, data: str | None, grad_norms: list[float | None] | None = None
+                ) -> None:
+    """The loss curve: a sparkline of every step (warm-up included), first and last, then the values,
+    and the global gradient norm of each step (a skipped fp16 step: -)."""
     if not losses:
         return
     lo, hi = min(losses), max(losses)
@@ -185,3 +188,6 @@ def show_losses(losses: list[float], warmup: int, data: str | None) -> None:
     console.print(f"loss curve ({len(losses)} steps, {warmup} warm-up; data: {data or 'synthetic'}): "
                   f"{spark}  {losses[0]:.4f} -> {losses[-1]:.4f}", highlight=False, soft_wrap=True)
     console.print("losses: " + ", ".join(f"{x:.4f}" for x in losses), highlight=False, soft_wrap=True)
+    if grad_norms:
+        console.print("grad norms: " + ", ".join("-" if x is None else f"{x:.4g}" for x in grad_norms),
+                      highlight=False, soft_wrap=True)

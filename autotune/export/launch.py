@@ -134,7 +134,7 @@ def run(cmd: NodeCommand, out: Path, *, world: int, seq_len: int, global_batch: 
             "ranks": [rep["rank"] for rep in reports], "step_time_s": step,
             "tokens_per_s": global_batch * seq_len / step if step > 0 else 0.0,
             "peak_memory_bytes": [rep["peak_memory_bytes"] for rep in reports],
-            "losses": reports[0]["losses"]}
+            "losses": reports[0]["losses"], "grad_norms": reports[0]["grad_norms"]}
 
 
 @dataclass(frozen=True)

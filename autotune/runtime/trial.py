@@ -9,7 +9,11 @@ that starts and fails is a result: ``TrialResult.failure`` = {"kind": oom|error|
 Aggregation: a step's time is the same on every rank (it ends at a barrier); ``step_time_s`` is the
 median over measured steps of the slowest rank's time, ``tokens_per_s`` = global tokens / that.
 ``losses`` holds the global mean loss of every step, warm-up steps first (the training is the
-same whatever the plan, so they are comparable across plans).
+same whatever the plan, so they are comparable across plans); ``grad_norms`` the global gradient
+norm of every step beside it (after the reduction and the fp16 unscaling, before the update; each
+parameter counted once over the ranks' shards and replicas, ``runtime/grad_norm.py``; None for a
+step the fp16 loss scale skipped), which a plan reducing its gradients with a wrong factor cannot
+match though its losses do.
 """
 
 from __future__ import annotations
@@ -37,13 +41,15 @@ class TrialResult:
     measured: dict[str, Any] | None
     losses: list[float] = field(default_factory=list)
     failure: dict[str, Any] | None = None
+    grad_norms: list[float | None] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return self.failure is None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"plan": self.plan, "measured": self.measured, "losses": self.losses, "failure": self.failure}
+        return {"plan": self.plan, "measured": self.measured, "losses": self.losses, "grad_norms": self.grad_norms,
+                "failure": self.failure}
 
 
 def _device_kind(device: str) -> str:
@@ -290,4 +296,4 @@ def result_from_reports(resolved: Plan, reports: list[dict[str, Any]], *, global
         "launch_wall_s": wall_s,
     }
     return TrialResult(plan=PlanRecord(resolved, measured=measured).to_dict(), measured=measured,
-                       losses=reports[0]["losses"], failure=None)
+                       losses=reports[0]["losses"], grad_norms=reports[0]["grad_norms"], failure=None)

@@ -70,11 +70,15 @@ def cmdline(pid: int) -> str:
         return ""
 
 
-def reference_losses(data: dict | None = None) -> list[float]:
+def reference_result(data: dict | None = None) -> dict:
     from autotune.runtime.worker import reference_run
     from autotune.specs.model import load_model
 
-    return reference_run(load_model("tiny"), SEQ, BATCH, steps=WARMUP + STEPS, seed=0, data=data)["losses"]
+    return reference_run(load_model("tiny"), SEQ, BATCH, steps=WARMUP + STEPS, seed=0, data=data)
+
+
+def reference_losses(data: dict | None = None) -> list[float]:
+    return reference_result(data)["losses"]
 
 
 def finish(procs) -> list[dict]:
@@ -115,9 +119,10 @@ def test_a_trial_on_two_agents_of_two_ranks_matches_one_process(tmp_path):
     outs = finish(agents(tmp_path, 2, 2, {"degrees": {"pp": 2, "dp": 2}}, how="trial",
                          extra=("--data", "train.bin")))
     assert [o["measured"]["ranks"] for o in outs] == [[0, 1], [2, 3]]
-    ref = reference_losses(prepare_data(tmp_path / "train.bin", 256, SEQ, BATCH, WARMUP + STEPS))
-    for o in outs:
-        assert_matches(o["losses"], ref)
+    ref = reference_result(prepare_data(tmp_path / "train.bin", 256, SEQ, BATCH, WARMUP + STEPS))
+    for o in outs:  # each node reports the world's losses and global gradient norms
+        assert_matches(o["losses"], ref["losses"])
+        assert_matches(o["grad_norms"], ref["grad_norms"])
 
 
 def test_a_dead_agent_fails_the_launch_cleanly(tmp_path):

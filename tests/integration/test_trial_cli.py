@@ -25,6 +25,7 @@ def test_trial_json_reports_the_contract_shape(in_tmp):
     assert [s["rank"] for s in m["time_split"]] == [0, 1]
     assert m["time_split"][1]["emulated_s"] > 0 and m["time_split"][0]["emulated_s"] == 0
     assert len(out["losses"]) == 3
+    assert len(out["grad_norms"]) == 3 and all(g > 0 for g in out["grad_norms"])  # the values: the parity tests
     assert out["plan"]["measured"]["step_time_s"] == m["step_time_s"]
 
 
