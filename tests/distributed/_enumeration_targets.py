@@ -37,7 +37,8 @@ def parity_job(payload, rank, world, device):
             upd2 += float(((want - start).double() ** 2).sum())
             if not torch.allclose(local, want, atol=payload["weight_atol"], rtol=payload["weight_rtol"]):
                 fp32_bad.append(name)
-        out.append({"losses": rep["losses"], "max_abs": max_abs, "diff2": diff2, "upd2": upd2,
+        out.append({"losses": rep["losses"], "grad_norms": rep["grad_norms"], "max_abs": max_abs, "diff2": diff2,
+                    "upd2": upd2,
                     "outside_fp32_tolerance": fp32_bad, "peak_memory_bytes": rep["peak_memory_bytes"],
                     "wall_s": time.perf_counter() - t0, "step_s": sum(rep["step_times"])})
     return out

@@ -27,7 +27,9 @@ tolerances, is counted as run (with what it covers) and not run a second time he
 like the others but runs as ``fp32`` (the two differ only in CUDA's TF32 switch), so it is not run
 twice on CPU.
 
-Tolerances. fp32: losses rtol 1e-5 and weights atol/rtol 1e-4 (as test_runtime_equivalence).
+Tolerances. fp32: losses and global gradient norms rtol 1e-5 and weights atol/rtol 1e-4 (as
+test_runtime_equivalence); the norms in bf16/fp16 within twice the dtype's unit roundoff
+(GRAD_NORM_RTOL).
 bf16/fp16 cannot match an fp32 process to 1e-5, and even against a reference in the same precision
 the parallel layouts sum partial products in other orders (tp partial sums, cp/hp softmax merges,
 micro-batch splits), each sum rounded to the compute dtype. Losses: relative difference within the
@@ -76,6 +78,12 @@ CPU_DTYPES = tuple(dt for dt in DTYPES if dt not in FP8_RECIPES)
 """The precisions a CPU cluster holds: every one but FP8 (it needs FP8 tensor cores; the local runtime
 refuses it), so the enumeration must meet each of these."""
 LOSS_RTOL = {"fp32": parity.LOSS_RTOL, "bf16": 2.0**-8, "fp16": 2.0**-11}
+# The global gradient norm (runtime/grad_norm.py) against the reference in the same precision: every
+# gradient element carries the compute dtype's roundings, so low precision gets twice its unit
+# roundoff (2^-7 bf16, 2^-10 fp16); measured 2026-12-07 over the 118 default plans: up to 1.1e-3
+# (bf16, tp4 1F1B with full recomputation), 2.8e-4 (fp16, pp2 x tp2 helixpipe), 8.6e-8 (fp32).
+# A reduction with a wrong factor moves it by that factor (tests/distributed/test_grad_norm_teeth.py).
+GRAD_NORM_RTOL = {"fp32": parity.GRAD_NORM_RTOL, "bf16": 2.0**-7, "fp16": 2.0**-10}
 WEIGHT_ATOL, WEIGHT_RTOL = parity.WEIGHT_ATOL, parity.WEIGHT_RTOL  # fp32, element-wise
 # The parity tests that run plans of local:2 and local:4 in fp32 against one process with the same
 # tolerances (helpers.parity): a combination one of them runs is not run a second time here.
@@ -255,6 +263,11 @@ def parity_problems(key: tuple, plan: Plan, per_rank: list[dict]) -> list[str]:
     for a, b in zip(losses, ref["losses"], strict=True):
         if not math.isclose(a, b, rel_tol=LOSS_RTOL[dtype]):
             out.append(f"loss {a} vs one process {b} (rtol {LOSS_RTOL[dtype]:.1e})")
+    norms = per_rank[0]["grad_norms"]
+    for a, b in zip(norms, ref["grad_norms"], strict=True):
+        # None: a step fp16's loss scale skipped, which one process must skip too
+        if (a is None) != (b is None) or (a is not None and not math.isclose(a, b, rel_tol=GRAD_NORM_RTOL[dtype])):
+            out.append(f"grad norm {a} vs one process {b} (rtol {GRAD_NORM_RTOL[dtype]:.1e})")
     if dtype == "fp32":
         bad = sorted({n for r in per_rank for n in r["outside_fp32_tolerance"]})
         if bad:
