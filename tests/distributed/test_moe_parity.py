@@ -15,7 +15,7 @@ import functools
 import math
 
 import pytest
-from helpers.parity import assert_matches_reference, reference, run_plans
+from helpers.parity import LOW_PRECISION_GRAD_NORM_RTOL, assert_matches_reference, reference, run_plans
 
 from autotune.plan import Plan, PlanError
 from autotune.runtime.trial import check_runtime_support
@@ -119,6 +119,10 @@ def test_fp16_moe_plan_trains_as_one_fp16_process(name):
     per_rank = runs[name]
     for a, b in zip(per_rank[0]["losses"], ref["losses"], strict=True):
         assert math.isclose(a, b, rel_tol=FP16_LOSS_RTOL), (per_rank[0]["losses"], ref["losses"])
+    for a, b in zip(per_rank[0]["grad_norms"], ref["grad_norms"], strict=True):  # both groups, one scale
+        assert (a is None) == (b is None), (per_rank[0]["grad_norms"], ref["grad_norms"])
+        assert a is None or math.isclose(a, b, rel_tol=LOW_PRECISION_GRAD_NORM_RTOL["fp16"]), (
+            per_rank[0]["grad_norms"], ref["grad_norms"])
     diff2 = upd2 = 0.0
     for rep in per_rank:
         for pname, (local, shard) in rep["state"].items():

@@ -21,6 +21,11 @@ GRAD_NORM_RTOL = 1e-5
 """The global gradient norm (runtime/grad_norm.py) at the losses' tolerance: both are sums over the
 same gradients in another order, and a reduction with a wrong factor moves the norm by that factor
 (tests/distributed/test_grad_norm_teeth.py) where the losses, through AdamW, barely move."""
+LOW_PRECISION_GRAD_NORM_RTOL = {"bf16": 2.0**-7, "fp16": 2.0**-10}
+"""The norm in bf16/fp16 against one process in the same precision: every gradient element carries
+the compute dtype's roundings, so twice its unit roundoff; measured 2026-12-07 over the 118 default
+plans of tests/distributed/test_runtime_enumeration.py: up to 1.1e-3 (bf16, tp4 1F1B with full
+recomputation) and 2.8e-4 (fp16, pp2 x tp2 helixpipe)."""
 # AdamW divides by sqrt(v): an element whose gradient is ~0 moves by up to lr on rounding noise, so
 # weights are compared at an absolute tolerance well below lr * steps = 3e-3.
 WEIGHT_ATOL, WEIGHT_RTOL = 1e-4, 1e-4
