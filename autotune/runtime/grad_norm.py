@@ -35,13 +35,17 @@ import torch
 
 from autotune.runtime.mesh import Axis
 
+Square = torch.Tensor | float
+"""A part of the squared norm: a 0-dim tensor on the gradients' device (read only after the step's
+one synchronisation, so nothing inside the step waits for a GPU), or a float (0, or SKIPPED)."""
 
-def sq_sum(tensors: list[torch.Tensor]) -> float:
+
+def sq_sum(tensors: list[torch.Tensor]) -> Square:
     """Sum of the squares of every element of ``tensors`` (torch's foreach norm; 0 for none)."""
     tensors = [t for t in tensors if t.numel()]
     if not tensors:
         return 0.0
-    return float(torch.nn.utils.get_total_norm(tensors, norm_type=2.0)) ** 2
+    return torch.nn.utils.get_total_norm(tensors, norm_type=2.0).double() ** 2
 
 
 def counted(n: int, whole: set[int], tp: Axis | None, tied: list[int], tied_axis: Axis | None) -> list[bool]:
@@ -55,7 +59,7 @@ def counted(n: int, whole: set[int], tp: Axis | None, tied: list[int], tied_axis
     return out
 
 
-def replica_sq_sum(grads: list[torch.Tensor], count: list[bool], replicas: Axis | None) -> float:
+def replica_sq_sum(grads: list[torch.Tensor], count: list[bool], replicas: Axis | None) -> Square:
     """The squares of ``grads`` (equal on every rank of ``replicas`` after their all-reduce) this rank
     counts: its ``count``-ed ones if it is the replicas' rank 0, else none."""
     if replicas is not None and replicas.index != 0:
@@ -63,7 +67,7 @@ def replica_sq_sum(grads: list[torch.Tensor], count: list[bool], replicas: Axis 
     return sq_sum([g for g, c in zip(grads, count, strict=True) if c])
 
 
-def slice_sq_sum(mine: torch.Tensor, start: int, sizes: list[int], count: list[bool]) -> float:
+def slice_sq_sum(mine: torch.Tensor, start: int, sizes: list[int], count: list[bool]) -> Square:
     """The squares of ``mine``, this rank's slice from element ``start`` of the parameters' gradients
     flattened one after another (``sizes`` elements each; ZeRO-1), over the ``count``-ed ones."""
     parts, off, end = [], 0, start + mine.numel()
@@ -79,6 +83,7 @@ SKIPPED = math.nan
 """``grad_sq`` of a step the fp16 loss scale skipped (an overflow: no finite norm; reported null)."""
 
 
-def norm_of(total_sq: float) -> float | None:
+def norm_of(total_sq: Square) -> float | None:
     """The global norm from the world's summed squares (None for a skipped step)."""
-    return math.sqrt(total_sq) if math.isfinite(total_sq) else None
+    total = float(total_sq)
+    return math.sqrt(total) if math.isfinite(total) else None

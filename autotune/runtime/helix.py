@@ -538,7 +538,9 @@ def helix_plans_job(payload: dict[str, Any], rank: int, world: int, device: torc
                                data=payload.get("data"))
         losses, grad_norms = [], []
         for i in range(payload["steps"]):
-            t = torch.tensor([trainer.step(i), trainer.opt.grad_sq], dtype=torch.float64, device=device)
+            t = torch.zeros(2, dtype=torch.float64, device=device)
+            t[0] = trainer.step(i)
+            t[1] = trainer.opt.grad_sq
             dist.all_reduce(t)
             losses.append(float(t[0].item()))
             grad_norms.append(GN.norm_of(float(t[1].item())))

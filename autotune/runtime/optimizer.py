@@ -310,7 +310,7 @@ class TrainOptimizer:
         else:
             self.grad_sq = GN.SKIPPED
 
-    def sq_norm(self, grads: list[torch.Tensor]) -> float:
+    def sq_norm(self, grads: list[torch.Tensor]) -> GN.Square:
         """This rank's part of the squared global gradient norm, from what ``reduce`` returned (once
         unscaled): the ``counted`` gradients if this rank is its replicas' first, or under ZeRO-1
         the ``counted`` elements of its own slice (``runtime/grad_norm.py``)."""

@@ -377,7 +377,8 @@ def train(plan: Plan, spec: ModelSpec, seq_len: int, global_batch: int, *, steps
         clk.comm = comm_before  # the end barrier is waiting, not communication
         idle = t1 - t_idle
         # the global mean loss and the squared gradient norm, each rank's part summed (runtime/grad_norm.py)
-        sums = torch.tensor([contribution, trainer.opt.grad_sq], dtype=torch.float64, device=device)  # NCCL: device
+        sums = torch.zeros(2, dtype=torch.float64, device=device)  # NCCL needs device tensors
+        sums[0], sums[1] = contribution, trainer.opt.grad_sq
         dist.all_reduce(sums)  # outside the timed step
         losses.append(float(sums[0].item()))
         grad_norms.append(GN.norm_of(float(sums[1].item())))

@@ -115,3 +115,4 @@ def test_an_moe_trial_on_cuda_gives_the_losses_of_one_cpu_process():
     assert res.failure is None, res.failure
     ref = reference_run(spec, 64, 4, steps=3, seed=0, dtype="fp32-strict")
     assert res.losses == pytest.approx(ref["losses"], rel=1e-4)
+    assert res.grad_norms == pytest.approx(ref["grad_norms"], rel=1e-4)  # experts counted once over edp
