@@ -128,6 +128,17 @@ def _powers(n: int) -> list[int]:
     return [1 << k for k in range(n.bit_length()) if 1 << k <= n]
 
 
+def kernels_of(ctx: Any) -> Any:
+    """The per-kernel costs every price of the program takes: those of the runtime that will run the
+    plans, ``autotune.targets.kernel_costs(ctx.target)``, the ones the search's Evaluator prices the
+    program's plans with (autotune/search/pricing.py). Priced with autotune's own runtime's instead,
+    a megatron or torchtitan search's program kept as its best a plan up to 2.2% slower under the
+    final price than a runner-up it had priced (OPT-350M on 8 A100 + 8 V100)."""
+    from autotune.targets import kernel_costs
+
+    return kernel_costs(ctx.target)
+
+
 def option_costs(ctx: Any, knobs: tuple, cache: dict) -> list[Option]:
     """Every replica option priced by the cost model (``knobs``: mbs, recompute, dtype), cached."""
     hit = cache.get(knobs)
@@ -136,6 +147,7 @@ def option_costs(ctx: Any, knobs: tuple, cache: dict) -> list[Option]:
     from autotune.cost.estimate import estimate
 
     mbs, recompute, dtype = knobs
+    kernels = kernels_of(ctx)
     out = []
     for gi, t, cp, hp, name, slots in replica_options(ctx):
         figs = []
@@ -144,7 +156,7 @@ def option_costs(ctx: Any, knobs: tuple, cache: dict) -> list[Option]:
             plan = Plan(stages=(ST.Stage(layers=n, replicas=(ST.Replica(tp=t, cp=cp, hp=hp, devices=slots[0]),)),),
                         micro_batch_size=mbs, recompute=recompute, dtype=dtype, schedule="1f1b")
             try:
-                e = estimate(plan, model, ctx.cluster, ctx.seq_len, mbs)
+                e = estimate(plan, model, ctx.cluster, ctx.seq_len, mbs, kernels=kernels)
             except (PlanError, InputError):
                 figs = None
                 break
@@ -374,7 +386,7 @@ def best_plans(ctx: Any, *, mbs: int, schedule: str, vs: int, recompute: str, ze
             picked += [i for i, k in enumerate(kinds) if kind in k][:KIND_TOP]
     top = min(TOP, len(cands))  # the best few in both device assignments, the kinds' in one
     return _fastest(ctx, [cands[i] for i in picked], est, keep, mbs=mbs, schedule=schedule, vs=vs,
-                    recompute=recompute, zero=zero, both=top, memo=cache.setdefault(("exact", est), {}))
+                    recompute=recompute, zero=zero, both=top, memo=cache.setdefault(("exact", est, ctx.target), {}))
 
 
 KINDS = ("stages", "replicas", "split")
@@ -477,7 +489,7 @@ def _exact(ctx: Any, plan: Plan, est: Any) -> tuple[Plan, float] | str:
     """``plan`` priced by ``est``: (the resolved plan, its step time), or why it is not a plan
     (``kind: reason``: divisibility, or memory when it does not fit)."""
     try:
-        e = est(plan, ctx.model, ctx.cluster, ctx.seq_len, ctx.global_batch)
+        e = est(plan, ctx.model, ctx.cluster, ctx.seq_len, ctx.global_batch, kernels=kernels_of(ctx))
     except PlanError as exc:
         return "divisibility: " + exc.message
     if not e.predicted["feasible"]:
