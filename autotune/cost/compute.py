@@ -197,9 +197,10 @@ def rates_for(spec: Any, dtype: str, head_dim: int, kernels: Any = None) -> Rate
     if r.cpu is None and r.size is None and r.source == "measured":
         r.host = kernels or RUNTIME
         measured = (prof.get("overheads") or {}).get("kernel_host_s")
-        if kernels is None and isinstance(measured, (int, float)) and measured > 0:
+        if (kernels is None or kernels is RUNTIME) and isinstance(measured, (int, float)) and measured > 0:
             # the profile timed eager PyTorch's host time per kernel on this machine (profilers/overheads.py
-            # launch_fns): autotune's runtime is eager PyTorch, so it issues its kernels at that rate
+            # launch_fns): autotune's runtime is eager PyTorch, so it issues its kernels at that rate (asked
+            # as None by library calls and as RUNTIME by the CLI: ``targets.kernel_costs("runtime")``)
             r.host = dataclasses.replace(RUNTIME, host_s=float(measured),
                                          source=RUNTIME.source + f"; host time measured by profile: {measured * 1e6:.1f} us")
     return r

@@ -118,6 +118,10 @@ def test_profile_measured_host_time_prices_the_runtime():
     host = rates_for(spec, "bf16", 64).host
     assert host.host_s == 7e-6 and host.block_fwd == RUNTIME.block_fwd and "measured by profile" in host.source
     assert rates_for(spec, "bf16", 64, EAGER).host is EAGER
+    # the CLI asks the runtime target's kernels by name (targets.kernel_costs): the same measured figure
+    from autotune.targets import kernel_costs
+
+    assert rates_for(spec, "bf16", 64, kernel_costs("runtime")).host.host_s == 7e-6
 
 
 def test_launch_samples_fit_the_median_host_time_per_kernel():
