@@ -54,14 +54,23 @@ def cp_balanced(plan: Any, model: Any, cluster: Any, seq_len: int, global_batch:
             continue
         tried.add(tokens)
         cand = rp.replace(shares=dataclasses.replace(rp.shares, tokens=tokens))
-        est = estimate(cand, model, cluster, seq_len, global_batch, documents=dist, **kw)
-        if est.predicted.get("tokens_per_s", 0) > best.predicted.get("tokens_per_s", 0):
+        est = estimate(cand, model, cluster, seq_len, global_batch, documents=dist, beat=_beat(best), **kw)
+        if est is not None and est.predicted.get("tokens_per_s", 0) > best.predicted.get("tokens_per_s", 0):
             best = est
     if best is not base:
         best.breakdown["documents"]["cp_tokens"] = {"by": "cost", "count_shares": list(start),
                                                     "attention_balanced": list(target),
                                                     "count_shares_step_s": base.predicted["step_time_s"]}
     return best
+
+
+def _beat(best: Any) -> float | None:
+    """The step time a candidate must get below to be kept (``estimate``'s ``beat``: a candidate at
+    or above it is not reported, nor, where the typical work's step already shows it, priced at the
+    heavy work): tokens/s is the batch's tokens over the step time, so a step no shorter has no
+    more tokens/s and is not kept. None (price and report it) where the best has no positive step."""
+    t = best.predicted.get("step_time_s")
+    return float(t) if isinstance(t, (int, float)) and t > 0 else None
 
 
 def _target(dist: W.LengthDistribution, seq_len: int, start: tuple[int, ...], zig: bool, granule: int

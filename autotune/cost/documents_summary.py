@@ -272,3 +272,20 @@ def expected_step(wk: Works, x: np.ndarray, ends: list[np.ndarray], steps: list[
     extra = (steps[0] - a.max(), steps[1] - b.max())
     tail = extra[0] + (extra[1] - extra[0]) / span * (x.max(axis=1) - wk.x_typical)
     return float(np.mean(lead + np.maximum(tail, 0.0)))
+
+
+def step_floor(wk: Works, x: np.ndarray, typical_ends: np.ndarray) -> float:
+    """A floor under ``expected_step`` from the typical work's step alone, whatever the heavy one
+    gives: the latest typical end among the replicas whose pairs per window, averaged over the dealt
+    steps, reach the typical work's (-inf where none does). Why: the expected step is the mean over
+    the steps of the slowest replica on its line plus a tail clamped at 0, so at least the mean of any
+    one replica's line, ``a + slope * (mean x - x_typical)``, and the slope is clamped at 0. Proved
+    in the reals; ``FLOOR_MARGIN`` covers the rounding of the float sums (~1e-15 of a step), so
+    a plan whose floor reaches a faster plan's step times ``1 + FLOOR_MARGIN`` has an expected step
+    no shorter (``documents_estimator.cp_balanced``: not priced at the heavy work)."""
+    above = x.mean(axis=0) >= wk.x_typical * (1 + FLOOR_MARGIN)
+    return float(typical_ends[above].max()) / (1 + FLOOR_MARGIN) if above.any() else float("-inf")
+
+
+FLOOR_MARGIN = 1e-9
+"""``step_floor``'s relative margin against rounding: the float sums it stands for are exact to ~1e-15."""

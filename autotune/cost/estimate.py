@@ -61,7 +61,8 @@ class Estimate:
 
 def estimate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: int, *,
              calibration: dict[str, dict[str, float]] | None = None, timeline: bool = False,
-             documents: Any = None, kernels: Any = None, balances: tuple[str, ...] = ()) -> Estimate:
+             documents: Any = None, kernels: Any = None, balances: tuple[str, ...] = (),
+             beat: float | None = None) -> Estimate | None:
     """Predict one training step of ``plan`` (resolved here; PlanError when it does not fit).
 
     ``timeline=True`` also fills ``breakdown["timeline"]`` with the simulated events (None
@@ -72,7 +73,9 @@ def estimate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: i
     per-kernel costs of the runtime that will run the plan (``cost/kernels.py``,
     ``targets.kernel_costs``; None: autotune's own runtime). ``balances``: with documents, price the
     plan with each of these ways of dealing windows to replicas (``Plan.balance``) and return the
-    fastest (the first among equals): they share the priced steps, so each costs little more."""
+    fastest (the first among equals): they share the priced steps, so each costs little more.
+    ``beat`` (a step time > 0; with a length distribution only): None instead of the ``Estimate``
+    when the plan's step time is no shorter (``_documents``: a plan that cannot win is not reported)."""
     if plan.uses is not None:
         from autotune.specs.pool import subset
 
@@ -80,7 +83,7 @@ def estimate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: i
     s = step_context(plan, model, cluster, seq_len, global_batch, calibration, kernels)
     if documents is not None and s.plan.doc_mask:
         WIN.check(s.plan, model)
-        return _documents(s, cluster, documents, timeline, balances or (s.plan.balance,))
+        return _documents(s, cluster, documents, timeline, balances or (s.plan.balance,), beat)
     predicted, breakdown = _price(s, timeline)
     return Estimate(plan=s.plan, predicted=predicted, breakdown=breakdown)
 
@@ -90,7 +93,8 @@ def _price(s: Any, timeline: bool) -> tuple[dict[str, Any], dict[str, Any]]:
     return _report(_step(s), timeline)
 
 
-def _documents(s: Any, cluster: Any, documents: Any, timeline: bool, balances: tuple[str, ...]) -> Estimate:
+def _documents(s: Any, cluster: Any, documents: Any, timeline: bool, balances: tuple[str, ...],
+               beat: float | None = None) -> Estimate | None:
     """The ``Estimate`` of a plan with document masks, the fastest of ``balances``. Drawn from a
     distribution: the two works of its CP layout (``documents_summary.works``: the mean window's and
     each step's heaviest window's, each given to every replica) priced as steps (``_step``), their
@@ -98,7 +102,9 @@ def _documents(s: Any, cluster: Any, documents: Any, timeline: bool, balances: t
     (``documents_summary.expected_step``: how windows are dealt moves only which replica gets which
     work); a plan over its devices' memory at the typical work is priced at that work alone (memory
     is every work's: each window is S tokens); given windows: every step priced as it is (``_given``). Then the report of the one priced
-    step ``documents.combine`` keeps (the nearest the expected step), not of every step."""
+    step ``documents.combine`` keeps (the nearest the expected step), not of every step. ``beat``:
+    None when the expected step cannot be below it (``documents_summary.step_floor`` reaches it
+    after the typical step: the heavy one is not priced), or is not (nothing reported)."""
     from dataclasses import replace
 
     from autotune.cost import documents as DOC
@@ -117,13 +123,18 @@ def _documents(s: Any, cluster: Any, documents: Any, timeline: bool, balances: t
     # ruled out at its typical work, whatever its expected step
     fits = all(c.memory_total <= c.spec.memory_bytes for *_, c in sims[0].groups)
     varies = wk.varies and fits
+    xs = [SUM.replica_pairs(p, documents, s.seq_len, s.global_batch, wk) for p in plans] if varies else []
+    ends = [_replica_ends(sims[0])] if varies else []
+    if beat is not None and varies and min(SUM.step_floor(wk, x, ends[0]) for x in xs) >= beat:
+        return None
     if varies:
         sims.append(_step(replace(s, doc_work=wk.heavy), replicas))
+        ends.append(_replica_ends(sims[1]))
     steps = [sim.step for sim in sims]
-    ends = [_replica_ends(x) for x in sims] if varies else []
-    means = [SUM.expected_step(wk, SUM.replica_pairs(p, documents, s.seq_len, s.global_batch, wk), ends, steps)
-             if varies else steps[0] for p in plans]
+    means = [SUM.expected_step(wk, x, ends, steps) for x in xs] if varies else [steps[0]] * len(plans)
     i = means.index(min(means))
+    if beat is not None and means[i] >= beat:
+        return None
     predicted, breakdown = DOC.combine(steps, lambda k: _report(sims[k], timeline), documents, plans[i], s.model,
                                        s.seq_len, s.global_batch, means[i])
     return Estimate(plan=plans[i], predicted=predicted, breakdown=breakdown)
