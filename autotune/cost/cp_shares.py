@@ -28,13 +28,20 @@ from autotune.cost.documents import DRAWS, SEED, drawn_steps
 @lru_cache(maxsize=32)
 def key_profile(dist: W.LengthDistribution, seq_len: int, draws: int = DRAWS, seed: int = SEED) -> tuple[float, ...]:
     """``E[k(p)]`` for p = 0 .. seq_len - 1: the mean over ``draws`` drawn windows of the keys the
-    query at p attends (p - the start of its document piece + 1)."""
-    acc = np.zeros(seq_len)
-    pos = np.arange(seq_len)
+    query at p attends (p - the start of its document piece + 1). Summed over the windows as
+    ``draws * (p + 1)`` less the sum of the piece starts covering p, a running sum of +start at each
+    piece's start and -start at its end: integers (exact), then one division."""
+    starts, ends = [], []
     for (docs,) in drawn_steps(dist, seq_len, 1, draws, seed):
-        starts = np.repeat(np.cumsum((0,) + docs[:-1]), docs)
-        acc += pos - starts + 1
-    return tuple(float(x) for x in acc / draws)
+        end = np.cumsum(np.asarray(docs, dtype=np.int64))
+        starts.append(end - docs)
+        ends.append(end)
+    a, e = np.concatenate(starts), np.concatenate(ends)
+    jumps = np.zeros(seq_len + 1, dtype=np.int64)
+    np.add.at(jumps, a, a)
+    np.add.at(jumps, e, -a)
+    acc = draws * (np.arange(seq_len, dtype=np.int64) + 1) - np.cumsum(jumps[:seq_len])
+    return tuple((acc / draws).tolist())
 
 
 def _snap(x: float, unit: int) -> int:

@@ -147,8 +147,7 @@ class _Tiles:
 
 @lru_cache(maxsize=4)
 def _pieces(dist: W.LengthDistribution, seq_len: int, global_batch: int) -> _Tiles:
-    steps = DOC.drawn_steps(dist, seq_len, global_batch, DOC.DRAWS, DOC.SEED)
-    p = DOC._Pieces.of(tuple(w for st in steps for w in st))
+    p = DOC.drawn_pieces(dist, seq_len, global_batch)
     n = (p.end - p.start).astype(float)
     full = n * (n + 1) / 2  # a whole piece: its pairs, and its pair weights
     return _Tiles(p.start + p.row * seq_len, p.end + p.row * seq_len, np.concatenate(([0.0], np.cumsum(full))),

@@ -84,3 +84,21 @@ def test_cp_balanced_keeps_the_fastest_priced_candidate():
     assert chosen.plan.shares.tokens == cp_balanced(fits, model, cl, seq, gb, dist).plan.shares.tokens != rp.shares.tokens
     assert DocumentsEstimator(dist, cp_balance=False)(fits, model, cl, seq, gb).plan.shares.tokens == rp.shares.tokens
     assert DocumentsEstimator(dist)(plan, model, cl, seq, gb).plan.shares.tokens == rp.shares.tokens
+
+
+@pytest.mark.parametrize("dist", [LOGNORMAL, W.LengthDistribution((32, 4096), (12800, 100)),
+                                  W.LengthDistribution((10**6,), (1,))], ids=("lognormal", "two-mode", "one"))
+def test_key_profile_is_each_positions_keys_counted_window_by_window(dist):
+    """``key_profile`` (running sums of the pieces' starts) against the keys each query of each drawn
+    window attends, position by position: the same floats."""
+    seq = 4096
+    acc = [0] * seq
+    for (docs,) in DOC.drawn_steps(dist, seq, 1, DOC.DRAWS, DOC.SEED):
+        p = 0
+        for n in docs:
+            for j in range(n):
+                acc[p + j] += j + 1
+            p += n
+    assert CPS.key_profile(dist, seq) == tuple(a / DOC.DRAWS for a in acc)
+    assert DOC._draw_pairs(dist, seq, 8, DOC.SEED) == [
+        [W.attention_pairs(w) for w in st] for st in DOC.drawn_steps(dist, seq, 8, DOC.DRAWS, DOC.SEED)]
