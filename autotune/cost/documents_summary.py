@@ -162,42 +162,51 @@ def _layout(dist: W.LengthDistribution, seq_len: int, global_batch: int, tokens:
     and the weights of one window-long document per CP rank."""
     pieces, whole = _pieces(dist, seq_len, global_batch), DOC._Pieces.of(((seq_len,),))
     segs = segments(tokens, zig, seq_len)
-    ranks = [_rank_sums(pieces, sg, seq_len) for sg in segs]
+    ranks = _rank_sums(pieces, segs, seq_len)
     ones = [whole.of_ranks(sg) for sg in segs]
     return (np.stack([r[0] for r in ranks]), np.stack([r[1] for r in ranks]), np.stack([r[2] for r in ranks]),
             tuple((float(o[1][0]), float(o[2][0])) for o in ones))
 
 
-def _rank_sums(t: _Tiles, segs: list[tuple[int, int]], seq_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``documents._Pieces.of_ranks`` (per window: the causal same-document pairs of the queries in
-    ``segs``, and the sums of pairs * piece and of pairs over the pieces inside each segment) in
-    float64, in time of the windows and segments rather than of the pieces: a window's pieces tile
-    it in order, so those a segment cuts are a run of them, and only the run's two ends are cut
-    (the pieces between lie whole inside: prefix sums of their whole figures)."""
+def _rank_sums(t: _Tiles, segs: list[list[tuple[int, int]]], seq_len: int
+               ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Per CP rank (``segs``: its segments), ``documents._Pieces.of_ranks`` (per window: the causal
+    same-document pairs of the queries in its segments, and the sums of pairs * piece and of pairs
+    over the pieces inside each segment) in float64, in time of the windows and segments rather than
+    of the pieces: a window's pieces tile it in order, so those a segment cuts are a run of them, and
+    only the run's two ends are cut (the pieces between lie whole inside: prefix sums of their whole
+    figures). Every rank's segments' terms at once (``[segments, windows]``), then each rank's added
+    up segment by segment in the order of a loop over them (the same floats)."""
     rows, gs, ge, cum_pp, cum_num = t.rows, t.gs, t.ge, t.cum_pp, t.cum_num
-    base = np.arange(rows, dtype=np.int64) * seq_len
-    pairs, num, den = np.zeros(rows), np.zeros(rows), np.zeros(rows)
-    for a, width in segs:
-        if width <= 0:
-            continue
-        qlo, qhi = base + a, base + a + width
-        first = np.searchsorted(ge, qlo, side="right")  # the first piece ending after the segment starts
-        last = np.searchsorted(gs, qhi, side="left") - 1  # the last piece starting before it ends
-        inner = np.maximum(last - first - 1, 0)  # whole pieces strictly between the two ends
-        lo_i, hi_i = first + 1, first + 1 + inner
-        pairs += cum_pp[hi_i] - cum_pp[lo_i]
-        den += cum_pp[hi_i] - cum_pp[lo_i]
-        num += cum_num[hi_i] - cum_num[lo_i]
-        for end_piece, keep in ((first, np.ones(rows, dtype=bool)), (last, last > first)):
-            s0 = gs[end_piece].astype(float)
-            lo = np.maximum(qlo, gs[end_piece]).astype(float)
-            hi = np.minimum(qhi, ge[end_piece]).astype(float)
-            cut = np.where(keep & (hi > lo), hi - lo, 0.0)
-            pairs += cut * (2 * lo + cut - 2 * s0 + 1) / 2  # sum over p in [lo, lo + cut) of (p - s0 + 1)
-            pp = cut * (cut + 1) / 2
-            den += pp
-            num += pp * cut
-    return pairs, num, den
+    flat = [(c, a, w) for c, sg in enumerate(segs) for a, w in sg if w > 0]
+    out = [(np.zeros(rows), np.zeros(rows), np.zeros(rows)) for _ in segs]
+    if not flat:
+        return out
+    qlo = np.arange(rows, dtype=np.int64)[None, :] * seq_len + np.asarray([a for _, a, _ in flat], dtype=np.int64)[:, None]
+    qhi = qlo + np.asarray([w for *_, w in flat], dtype=np.int64)[:, None]
+    first = np.searchsorted(ge, qlo, side="right")  # the first piece ending after the segment starts
+    last = np.searchsorted(gs, qhi, side="left") - 1  # the last piece starting before it ends
+    inner = np.maximum(last - first - 1, 0)  # whole pieces strictly between the two ends
+    lo_i, hi_i = first + 1, first + 1 + inner
+    whole_pp, whole_num = cum_pp[hi_i] - cum_pp[lo_i], cum_num[hi_i] - cum_num[lo_i]
+    ends = []
+    for end_piece, keep in ((first, np.ones(first.shape, dtype=bool)), (last, last > first)):
+        s0 = gs[end_piece].astype(float)
+        lo = np.maximum(qlo, gs[end_piece]).astype(float)
+        hi = np.minimum(qhi, ge[end_piece]).astype(float)
+        cut = np.where(keep & (hi > lo), hi - lo, 0.0)
+        pp = cut * (cut + 1) / 2
+        ends.append((cut * (2 * lo + cut - 2 * s0 + 1) / 2, pp, pp * cut))  # pairs: sum of (p - s0 + 1) over the cut
+    for q, (c, _, _) in enumerate(flat):
+        pairs, num, den = out[c]
+        pairs += whole_pp[q]
+        den += whole_pp[q]
+        num += whole_num[q]
+        for cut_pairs, pp, ppn in ends:
+            pairs += cut_pairs[q]
+            den += pp[q]
+            num += ppn[q]
+    return out
 
 
 @lru_cache(maxsize=256)

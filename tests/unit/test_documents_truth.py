@@ -106,9 +106,9 @@ def test_run_sums_are_the_per_piece_figures(tokens, zig):
     for dist in (SHORT, W.LengthDistribution((32, 2048), (6400, 50)), W.lognormal(7.6, 1.0, n=3000, seed=2)):
         steps = DOC.drawn_steps(dist, 2048, 8, DOC.DRAWS, DOC.SEED)
         pieces = DOC._Pieces.of(tuple(w for st in steps for w in st))
-        for sg in segments(tokens, zig, 2048):
+        segs = segments(tokens, zig, 2048)
+        for sg, got in zip(segs, SUM._rank_sums(SUM._pieces(dist, 2048, 8), segs, 2048), strict=True):
             want = pieces.of_ranks(sg)
-            got = SUM._rank_sums(SUM._pieces(dist, 2048, 8), sg, 2048)
             assert np.array_equal(got[0], want[0].astype(float))
             for g, w in zip(got[1:], want[1:], strict=True):
                 assert np.allclose(g, w.astype(float), rtol=1e-12, atol=0)
