@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -135,6 +136,7 @@ class DefaultSpace:
         self._minima_cache: dict[tuple[Any, str, str], tuple[np.ndarray, np.ndarray]] = {}
         self._staged_cache: dict[tuple, Plan | Infeasible] = {}
         self._option_cache: dict[tuple, Any] = {}
+        self._price: Callable[[Plan], Any] | None = None  # the search's pricing (``price_with``)
         self._place_cache: dict[tuple[Degrees, str], tuple[np.ndarray, tuple[Placement, ...]]] = {}
         m = ctx.model
         self._head_layers = m.head_flops_fwd() / (m.layer_matmul_flops_fwd()
@@ -228,6 +230,14 @@ class DefaultSpace:
             return units
         return self._plan(p, shape, units)
 
+    def price_with(self, price: Callable[[Plan], Any]) -> None:
+        """Price the stage program's plans exactly as the search does (``price``: a plan -> its
+        Estimate, the search's Evaluator.price): a search with its own estimator (documents, an API
+        caller's) chooses each knob set's stages and runners-up by the price it ranks them by.
+        The replica options the program screens first stay priced by the plain estimate."""
+        self._price = price
+        self._staged_cache.clear()
+
     def _staged(self, p: dict[str, Any]) -> Plan | Infeasible:
         """A per-stage plan (autotune/stages.py) for the knobs of point ``p``: the stage program
         (search_spaces/_stages.py) chooses the device groups, each stage's tp, dp and the layer split;
@@ -239,8 +249,10 @@ class DefaultSpace:
         key = (p["mbs_exp"], schedule, vs, p["recompute"], int(p["zero_stage"]))
         hit = self._staged_cache.get(key)
         if hit is None:
+            price = self._price
             got = _stages.best_plans(self.ctx, mbs=2 ** p["mbs_exp"], schedule=schedule, vs=vs,
-                                     recompute=p["recompute"], zero=int(p["zero_stage"]), cache=self._option_cache)
+                                     recompute=p["recompute"], zero=int(p["zero_stage"]), cache=self._option_cache,
+                                     estimator=None if price is None else lambda plan, *_a, **_k: price(plan))
             if isinstance(got, str):
                 kind, _, why = got.partition(": ")
                 got = Infeasible(kind, why, "per-stage")

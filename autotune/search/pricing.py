@@ -156,6 +156,11 @@ def outcome_of(built: Plan, est: Any) -> Outcome:
                                 "divisibility": 0.0 if kind == "memory" else 1.0})
 
 
+class PricingFailed(Exception):
+    """The cost model raised (not a PlanError) on a plan a space priced through ``Evaluator.price``
+    while building a point: the point is recorded as a failed trial with this message."""
+
+
 class Evaluator:
     """Prices points of a space, once per distinct plan."""
 
@@ -169,6 +174,7 @@ class Evaluator:
         self.failures = 0  # plans the cost model raised on (recorded as failed trials)
         self.best = 0.0
         self._primed: set[int] = set()
+        self._priced: dict[Plan, Any] = {}  # Estimates ``price`` made for a space (the stage program's)
         # The Gantt timeline costs a third of an estimate at scale: price without it, and draw it
         # again only for a plan that beats every plan so far (so the best plan always has one).
         try:
@@ -182,6 +188,25 @@ class Evaluator:
             from autotune.targets import kernel_costs
 
             self.kernels = kernel_costs(target)
+        # a space whose points are chosen by pricing plans of its own (the default space's stage
+        # program) prices them as this evaluator will: its estimator, calibration and kernels
+        if hasattr(space, "price_with"):
+            space.price_with(self.price)
+
+    def price(self, plan: Plan) -> Any:
+        """``plan``'s Estimate as this evaluator prices it (its estimator, calibration and kernels;
+        no timeline): PlanError where it is not a plan. Kept by the resolved plan until the search
+        prices that plan as a point (``_price`` takes it instead of estimating it again)."""
+        try:
+            est = self._estimate(plan, False)
+        except InputError:
+            raise
+        except Exception as e:  # a crash is not a limit: the point that asked is recorded as failed
+            raise PricingFailed(f"{type(e).__name__}: {e}") from e
+        if len(self._priced) >= 4096:
+            self._priced.clear()
+        self._priced[est.plan] = est
+        return est
 
     def _estimate(self, plan: Plan, timeline: bool) -> Any:
         ctx = self.space.ctx
@@ -199,7 +224,12 @@ class Evaluator:
         """The outcome and whether it was priced now (False: no plan, or a plan priced before)."""
         from search_spaces.base import Infeasible
 
-        built = self.space.build(params)
+        try:
+            built = self.space.build(params)
+        except PricingFailed as e:  # the space's own pricing (``price``) raised: as ``_price`` records it
+            self.failures += 1
+            return Outcome(0.0, {"failure": {"kind": "error", "rank": None, "message": str(e)},
+                                 "family": "per-stage", "baseline": None}, {}, failed=True), True
         if isinstance(built, Infeasible):
             return _no_plan(built.kind, built.reason, built.family), False
         hit = self.cache.get(built)
@@ -216,7 +246,7 @@ class Evaluator:
             return _no_plan("target", refused, family_of(built), built)
         self.calls += 1
         try:
-            est = self._estimate(built, timeline=not self.has_timeline)
+            est = self._priced.pop(built, None) or self._estimate(built, timeline=not self.has_timeline)
             if self.has_timeline and est.predicted.get("feasible", True) and \
                     float(est.predicted.get("tokens_per_s") or 0) > self.best:
                 self.best = float(est.predicted["tokens_per_s"])

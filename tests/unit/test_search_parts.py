@@ -41,6 +41,25 @@ def test_a_cost_model_that_sometimes_raises_is_said_in_the_notes():
     assert any("cost model raised" in n and "RuntimeError: flaky term" in n for n in res.notes), res.notes
 
 
+def test_a_cost_model_that_raises_inside_the_stage_program_is_a_failed_trial_with_its_message():
+    """The stage program prices its plans with the search's own estimator (Evaluator.price): where
+    that raises, the point that asked is recorded as a failed trial and said in the notes, as a
+    crash on any other point is; the search goes on with the points it can price."""
+    from autotune.cost.estimate import estimate
+
+    def no_stages(plan, *a, **kw):
+        if plan.stages:
+            raise ZeroDivisionError("no stage table")
+        return estimate(plan, *a, **kw)
+
+    bench = "benchmarks/data/bench/"
+    res = search(load_model(bench + "opt-350m.yaml"), load_cluster(bench + "sailor-a100-40x8-v100-16x8.yaml"), 2048,
+                 1024, study_name="stage-crash", storage=":memory:",
+                 options=SearchOptions(dtype="fp16"), estimator=no_stages)
+    assert any("cost model raised" in n and "ZeroDivisionError: no stage table" in n for n in res.notes), res.notes
+    assert not res.best.plan.stages
+
+
 @pytest.mark.parametrize("model", ["tiny", "llama3-8b"])
 def test_the_space_and_the_plan_reject_the_same_degrees(model):
     """Reference: Plan.resolve. Every degree layout the default space builds or rejects for

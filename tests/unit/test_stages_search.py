@@ -379,3 +379,37 @@ def test_the_programs_best_is_the_fastest_it_kept_under_the_searchs_price(target
     ev = _evaluator(ctx)
     steps = [ev._estimate(q, False).predicted["step_time_s"] for q in got]
     assert steps[0] == min(steps), steps
+
+
+def test_the_program_ranks_its_plans_by_the_searchs_own_estimator():
+    """A search with an estimator of its own (documents, an API caller's) has the stage program
+    price its exact plans with it (Evaluator.price): here an estimator that prices the plain
+    program's first plan four times slower. The program then keeps another plan first, and its
+    first plan is the fastest it kept under that price."""
+    from autotune.search.pricing import Evaluator
+    from autotune.search.spaces import build_space
+    from autotune.specs import load_cluster, load_model
+
+    bench = "benchmarks/data/bench/"
+    ctx = SearchContext(model=load_model(bench + "opt-350m.yaml"), seq_len=2048, global_batch=1024, dtype="fp16",
+                        cluster=load_cluster(bench + "sailor-a100-40x8-v100-16x8.yaml"))
+    plain = P.best_plans(ctx, mbs=1, schedule="1f1b", vs=1, recompute="none", zero=0, cache={})
+    assert isinstance(plain, list) and len(plain) > 1
+    asked = []
+
+    def skewed(plan, *a, **kw):
+        e = estimate(plan, *a, **kw)
+        asked.append(plan)
+        if e.plan == plain[0]:
+            e.predicted["step_time_s"] *= 4
+        return e
+
+    space = build_space(load_space("default"), ctx, "default")
+    ev = Evaluator(space, skewed, target=ctx.target)
+    params = {"mbs_exp": 0, "schedule": "1f1b", "vpp_exp": 0, "recompute": "none", "zero_stage": 0}
+    space._staged(dict(params, stage_rank=0))
+    kept = space._staged_cache[(0, "1f1b", 1, "none", 0)]
+    assert asked and isinstance(kept, list) and len(kept) > 1
+    assert kept[0] != plain[0]
+    steps = [ev.price(q).predicted["step_time_s"] for q in kept]
+    assert steps[0] == min(steps), steps
