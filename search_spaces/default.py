@@ -483,9 +483,10 @@ class DefaultSpace:
                 continue
             for rc in ("selective", "full"):
                 out.append((name, self.params(cp=cp, hp=hp, recompute=rc, zero=3)))
-        if self.ctx.heterogeneous:  # the same layouts with speed-balanced shares: starts for the search
-            out += [(f"{name}/balanced", {**p, **{k: 1.0 for k in self.share_floats if k.endswith("_speed")}})
-                    for name, p in out]
+        # No speed-balanced copies on a mixed cluster: they were starts for the search before it had
+        # its own (``starts``: one speed-balanced start per layout, grown to the micro-batch memory
+        # allows); the copies doubled the baselines (OPT-350M 8+8: 96 -> 48 prices), and without them
+        # the best plans of benchmarks/bench_search.py's setups and quality instances are the same.
         return out
 
     def distinct_placements(self, deg: Degrees) -> list[str]:
