@@ -207,10 +207,11 @@ def test_the_search_keeps_the_runners_up_of_its_best_per_stage_point_as_trials(t
               if t.params.get("stages") == "program" and t.state.name == "COMPLETE"
               and not t.user_attrs.get("infeasible_reason") and t.user_attrs.get("plan")]
     best = max(trials, key=lambda t: t.values[0])
-    knobs = {k: best.params[k] for k in ("mbs_exp", "schedule", "recompute", "zero_stage")}
+    knobs = {k: best.params[k] for k in ("mbs_exp", "schedule", "vpp_exp", "recompute", "zero_stage")}
     same = [t for t in trials if all(t.params[k] == v for k, v in knobs.items())]
     ctx = SearchContext(model=M, cluster=C, seq_len=SEQ, global_batch=GB, dtype="fp16")
-    want = P.best_plans(ctx, mbs=2 ** knobs["mbs_exp"], schedule=knobs["schedule"], vs=1,
+    vs = 2 ** knobs["vpp_exp"] if knobs["schedule"] == "interleaved_1f1b" else 1  # as the space reads them
+    want = P.best_plans(ctx, mbs=2 ** knobs["mbs_exp"], schedule=knobs["schedule"], vs=vs,
                         recompute=knobs["recompute"], zero=int(knobs["zero_stage"]), cache={})
     assert len(want) >= 2
     got = {t.params["stage_rank"]: Plan.from_dict(t.user_attrs["plan"]) for t in same}
