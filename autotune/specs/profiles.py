@@ -32,16 +32,15 @@ import datetime as _dt
 import math
 import os
 from pathlib import Path
-from typing import Any
-
-from sqlalchemy import JSON, Boolean, Float, ForeignKey, Integer, String, create_engine, select
-from sqlalchemy.exc import ArgumentError, SQLAlchemyError
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
-from sqlalchemy.pool import StaticPool
+from typing import TYPE_CHECKING, Any
 
 from autotune.errors import InputError
+from autotune.specs.profile_schema import SCHEMA_VERSION
 
-SCHEMA_VERSION = 1
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+    from autotune.specs.profile_tables import LayerProfileRow, ProfileRun
 
 
 DOC_KIND = "autotune-profile"
@@ -80,79 +79,19 @@ LAYER_UNITS = {"time": "s per call of the piece (fwd_s, bwd_s, fwd_bwd_s)",
                "ep": "expert-parallel ranks the moe piece's experts are split over (it times one)"}
 
 
-class Base(DeclarativeBase):
-    pass
+_TABLES = ("Base", "ProfileRun", "ProfileSample", "ProfileFit", "LayerProfileRow")
+"""The SQLAlchemy tables (``autotune/specs/profile_tables.py``), read from here when first asked for."""
 
 
-class ProfileRun(Base):
-    __tablename__ = "autotune_profile_runs"
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    label: Mapped[str | None] = mapped_column(String(200))
-    created_at: Mapped[str] = mapped_column(String(40))
-    device_kind: Mapped[str] = mapped_column(String(20))
-    device_name: Mapped[str] = mapped_column(String(200))
-    nproc: Mapped[int] = mapped_column(Integer)
-    quick: Mapped[bool] = mapped_column(Boolean, default=False)
-    hosts: Mapped[list] = mapped_column(JSON)
-    fingerprint: Mapped[dict] = mapped_column(JSON)
-    versions: Mapped[dict] = mapped_column(JSON)
-    emulated: Mapped[dict | None] = mapped_column(JSON, nullable=True)
-    """{rank: factor} when some rank emulated a slower device, else null."""
-    measure_s: Mapped[float | None] = mapped_column(Float, nullable=True)
-    wall_s: Mapped[float | None] = mapped_column(Float, nullable=True)
-    unstable: Mapped[int] = mapped_column(Integer, default=0)
-    origin: Mapped[str] = mapped_column(String(20), default="measured")
-    """``measured`` (here) or ``imported``."""
-    imported_from: Mapped[dict | None] = mapped_column(JSON, nullable=True)
-    schema_version: Mapped[int] = mapped_column(Integer, default=SCHEMA_VERSION)
-    samples: Mapped[list[ProfileSample]] = relationship(back_populates="run", cascade="all, delete-orphan")
-    fits: Mapped[list[ProfileFit]] = relationship(back_populates="run", cascade="all, delete-orphan")
+def __getattr__(name: str) -> Any:
+    """The tables by their old names, imported on first use (PEP 562): the cost model imports this
+    module for its constants on every search, and the tables' SQLAlchemy ORM is needed only where a
+    profile is read or written."""
+    if name in _TABLES:
+        from autotune.specs import profile_tables
 
-
-class ProfileSample(Base):
-    __tablename__ = "autotune_profile_samples"
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    run_id: Mapped[int] = mapped_column(ForeignKey("autotune_profile_runs.id", ondelete="CASCADE"), index=True)
-    rank: Mapped[int] = mapped_column(Integer)
-    kind: Mapped[str] = mapped_column(String(40))
-    params: Mapped[dict] = mapped_column(JSON)
-    work: Mapped[float] = mapped_column(Float)
-    median_s: Mapped[float] = mapped_column(Float)
-    spread: Mapped[float] = mapped_column(Float)
-    unstable: Mapped[bool] = mapped_column(Boolean)
-    timing: Mapped[dict] = mapped_column(JSON)
-    metrics: Mapped[dict] = mapped_column(JSON)
-    run: Mapped[ProfileRun] = relationship(back_populates="samples")
-
-
-class ProfileFit(Base):
-    __tablename__ = "autotune_profile_fits"
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    run_id: Mapped[int] = mapped_column(ForeignKey("autotune_profile_runs.id", ondelete="CASCADE"), index=True)
-    rank: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    """The rank for ``compute`` fits; null for ``links`` (a property of the whole run)."""
-    kind: Mapped[str] = mapped_column(String(20))
-    data: Mapped[dict] = mapped_column(JSON)
-    run: Mapped[ProfileRun] = relationship(back_populates="fits")
-
-
-class LayerProfileRow(Base):
-    __tablename__ = "autotune_layer_profiles"
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    label: Mapped[str | None] = mapped_column(String(200))
-    created_at: Mapped[str] = mapped_column(String(40))
-    device_kind: Mapped[str] = mapped_column(String(20))
-    device_name: Mapped[str] = mapped_column(String(200))
-    model_name: Mapped[str] = mapped_column(String(200))
-    model: Mapped[dict] = mapped_column(JSON)
-    """The model shape the points are valid for (``profilers.layers.model_dict``)."""
-    dtype: Mapped[str] = mapped_column(String(20))
-    origin: Mapped[str] = mapped_column(String(20), default="measured")
-    """``measured`` here, ``imported`` (an autotune export) or the foreign format it was read from."""
-    source: Mapped[str] = mapped_column(String(500), default="")
-    meta: Mapped[dict] = mapped_column(JSON)
-    points: Mapped[list] = mapped_column(JSON)
-    schema_version: Mapped[int] = mapped_column(Integer)
+        return getattr(profile_tables, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 _ENGINES: dict[str, Any] = {}
@@ -186,6 +125,10 @@ def absolute_sqlite(url: str) -> str:
 
 def engine_for(storage: str):
     """An engine for ``storage`` with the tables created; bad URLs are input errors on --storage."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+    from sqlalchemy.pool import StaticPool
+
     url = absolute_sqlite(profile_url(storage))
     if url in _ENGINES:
         return _ENGINES[url]
@@ -206,11 +149,22 @@ def engine_for(storage: str):
     return eng
 
 
+def _session(storage: str) -> Session:
+    """A session on the profile store of ``storage`` (SQLAlchemy's ORM imported here, not with the module)."""
+    from sqlalchemy.orm import Session
+
+    return Session(engine_for(storage))
+
+
 def _create_tables(eng: Any, attempts: int = 3) -> None:
     """``create_all``, safe when another process creates the same tables at the same moment: the
     agents of a profile across hosts open one fresh storage together, and ``create_all``'s check then
     create is not atomic (``table autotune_profile_samples already exists`` failed such a profile).
     A table that another process created in between is what we wanted: check again."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from autotune.specs.profile_tables import Base
+
     for left in range(attempts - 1, -1, -1):
         try:
             Base.metadata.create_all(eng)
@@ -251,6 +205,10 @@ def parse_ref(ref: str | int) -> tuple[int, int | None]:
 
 
 def _get_run(s: Session, pid: int, storage: str) -> ProfileRun:
+    from sqlalchemy import select
+
+    from autotune.specs.profile_tables import ProfileRun
+
     run = s.get(ProfileRun, pid)
     if run is None:
         known = [str(i) for i in s.scalars(select(ProfileRun.id).order_by(ProfileRun.id)).all()]
@@ -268,14 +226,18 @@ def _run_dict(run: ProfileRun) -> dict[str, Any]:
 
 
 def list_profiles(storage: str) -> list[dict[str, Any]]:
-    with Session(engine_for(storage)) as s:
+    from sqlalchemy import select
+
+    from autotune.specs.profile_tables import ProfileRun
+
+    with _session(storage) as s:
         return [_run_dict(r) for r in s.scalars(select(ProfileRun).order_by(ProfileRun.id)).all()]
 
 
 def load_profile(ref: str | int, storage: str) -> dict[str, Any]:
     """The export document of a profile: run, samples, fits, units, schema_version."""
     pid, _ = parse_ref(ref)
-    with Session(engine_for(storage)) as s:
+    with _session(storage) as s:
         run = _get_run(s, pid, storage)
         return {
             "schema_version": SCHEMA_VERSION, "kind": DOC_KIND, "units": UNITS, "run": _run_dict(run),
@@ -307,7 +269,7 @@ def device_spec_from_profile(ref: str | int, storage: str | None = None):
 
     storage = storage or DEFAULT_STORAGE
     pid, rank = parse_ref(ref)
-    with Session(engine_for(storage)) as s:
+    with _session(storage) as s:
         run = _get_run(s, pid, storage)
         compute = {f.rank: f.data for f in run.fits if f.kind == "compute"}
         links = next((f.data for f in run.fits if f.kind == "links"), {}) or {}
@@ -392,8 +354,12 @@ def _layer_doc(row: LayerProfileRow) -> dict[str, Any]:
 
 def load_layer_profile(ref: str | int, storage: str) -> dict[str, Any]:
     """The export document of layer profile ``layers:ID``."""
+    from sqlalchemy import select
+
+    from autotune.specs.profile_tables import LayerProfileRow
+
     lid = parse_layer_ref(ref)
-    with Session(engine_for(storage)) as s:
+    with _session(storage) as s:
         row = s.get(LayerProfileRow, lid)
         if row is None:
             known = [str(i) for i in s.scalars(select(LayerProfileRow.id).order_by(LayerProfileRow.id)).all()]
@@ -404,7 +370,11 @@ def load_layer_profile(ref: str | int, storage: str) -> dict[str, Any]:
 
 
 def list_layer_profiles(storage: str) -> list[dict[str, Any]]:
-    with Session(engine_for(storage)) as s:
+    from sqlalchemy import select
+
+    from autotune.specs.profile_tables import LayerProfileRow
+
+    with _session(storage) as s:
         rows = s.scalars(select(LayerProfileRow).order_by(LayerProfileRow.id)).all()
         return [{k: v for k, v in _layer_doc(r).items() if k not in ("points", "units")} | {"points": len(r.points)}
                 for r in rows]
