@@ -15,12 +15,13 @@ from autotune.study import worker_count_ok
 
 SAMPLERS = ("tpe", "random", "grid")
 DEFAULT_TRIALS = 100
-SAMPLER_PATIENCE = 5  # the default budget's sampler stops after this many trials in a row without a new
+SAMPLER_PATIENCE = 10  # the default budget's sampler stops after this many trials in a row without a new
 # best (an explicit --trials N runs its N: a longer search is asked for by name). 25 before the
 # balanced starts priced every layout: past them TPE's trials built 2-3 new plans in 25 and no new
 # best on the bench's mixed A100 + V100 setups, at ~30 ms an ask over the ~250-600 trials before it
-# (a sixth of a 16-device search); what it adds at 128 devices (a seed the polish climbs to the best
-# plan from) came within its first 5 trials
+# (a sixth of a 16-device search). What it adds at 128 devices (a seed from which the polish climbs
+# to the best plan) came within its first 5 trials at 128k (b=16) and within 10 at 32k (b=256: with
+# 5, 54,900 tok/s against 54,920)
 POLISH_FACTOR = 4  # the hill climb may price up to this many times the sampler's trials (it converges
 # sooner; each of its points costs one estimate, no sampler work, so it is the cheap part of the search;
 # the --trials help in commands/search.py says 4x). 8 before the starts grew to the micro-batch their
