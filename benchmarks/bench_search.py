@@ -154,7 +154,7 @@ def uneven() -> None:
               f"tok/s vs even {b.predicted['tokens_per_s']:,.0f} = {tps(r) / b.predicted['tokens_per_s']:.2f}x "
               f"({t:.1f} s)")
         print(f"  best: {r.best.plan.degrees.inline()} shares {r.best.plan.shares.to_dict()}")
-        print(f"  even: {b.degrees.inline()}; why: {r.why}")
+        print(f"  even: {b.plan.degrees.inline()}; why: {r.why}")
 
 
 def storage(quick: bool, pairs: int = 2) -> None:
