@@ -60,6 +60,8 @@ from autotune.plan_parts import (  # noqa: F401  (every part is importable from 
     GRAD_REDUCES,
     HELIX_FOLDS,
     MESH_ORDER,
+    MOE_DISPATCHER,
+    MOE_DISPATCHERS,
     MOMENTS,
     MOMENTS_DTYPE,
     RECOMPUTE,
@@ -158,6 +160,10 @@ class Plan:
     ``--overlap-moe-expert-parallel-comm --delay-wgrad-compute`` (Megatron-Bridge's ``moe_a2a_overlap``),
     which pairs each steady-state forward with a backward layer by layer and runs one's dispatch and
     combine on a second stream while the other computes (``cost/expert_dispatch.py``)."""
+    moe_dispatcher: str = MOE_DISPATCHER
+    """How a MoE model's tokens reach their experts (``MOE_DISPATCHERS``): ``flex`` is Megatron-Core's
+    DeepEP dispatcher, one network copy per remote node rather than per remote expert
+    (``cost/flex_dispatch.py``); only the Megatron target runs it."""
     grad_reduce: str = GRAD_REDUCE_DTYPE
     """Precision gradients are accumulated and reduced in under 16-bit compute (``GRAD_REDUCES``)."""
     moments: str = MOMENTS_DTYPE
@@ -184,7 +190,7 @@ class Plan:
         JSON (a misspelt schedule must not be priced as another one)."""
         for name, choices in (("schedule", SCHEDULES), ("recompute", RECOMPUTE), ("cp_layout", CP_LAYOUTS),
                               ("dtype", DTYPES), ("balance", BALANCES), ("grad_reduce", GRAD_REDUCES),
-                              ("moments", MOMENTS)):
+                              ("moments", MOMENTS), ("moe_dispatcher", MOE_DISPATCHERS)):
             _check_choice(getattr(self, name), choices, name)
         for m in self.recompute_modules:
             _check_choice(m, RECOMPUTE_MODULES, "recompute_modules")
@@ -383,6 +389,8 @@ class Plan:
             d["disaggregate"] = True
         if self.moe_a2a_overlap:
             d["moe_a2a_overlap"] = True
+        if self.moe_dispatcher != MOE_DISPATCHER:
+            d["moe_dispatcher"] = self.moe_dispatcher
         if self.grad_reduce != GRAD_REDUCE_DTYPE:
             d["grad_reduce"] = self.grad_reduce
         if self.moments != MOMENTS_DTYPE:
@@ -511,6 +519,8 @@ def _plan_from_dict(d: Any) -> Plan:
         balance=F.get_str(d, "balance", "balance", default="count", choices=BALANCES),
         disaggregate=F.get_bool(d, "disaggregate", "disaggregate", default=False),
         moe_a2a_overlap=F.get_bool(d, "moe_a2a_overlap", "moe_a2a_overlap", default=False),
+        moe_dispatcher=F.get_str(d, "moe_dispatcher", "moe_dispatcher", default=MOE_DISPATCHER,
+                                 choices=MOE_DISPATCHERS),
         grad_reduce=F.get_str(d, "grad_reduce", "grad_reduce", default=GRAD_REDUCE_DTYPE, choices=GRAD_REDUCES),
         moments=F.get_str(d, "moments", "moments", default=MOMENTS_DTYPE, choices=MOMENTS),
         cuda_graph_scope=_names_from(d.get("cuda_graph_scope"), CUDA_GRAPH_SCOPES, "cuda_graph_scope"),
@@ -562,7 +572,7 @@ _INLINE_ALIASES = {"mbs": "micro_batch_size", "nmb": "num_microbatches", "vpp": 
 
 _INLINE_KEYS = (*_INLINE_DIMS, *_INLINE_ALIASES, "schedule", "recompute", "recompute_modules", "cp_layout", "dtype", "layers", "tokens",
                 "heads", "samples", "experts", "doc_mask", "balance", "uses", "disaggregate", "moe_a2a_overlap",
-                "grad_reduce", "moments", "cuda_graph_scope")
+                "moe_dispatcher", "grad_reduce", "moments", "cuda_graph_scope")
 """Every key an inline plan takes (the nearest is suggested for one it does not)."""
 
 
@@ -599,7 +609,7 @@ def parse_inline(text: str) -> Plan:
         elif key in ("sequence_parallel", "doc_mask", "disaggregate", "moe_a2a_overlap"):
             rest[key] = value.lower() in ("1", "true", "yes", "on")
         elif key in ("schedule", "recompute", "cp_layout", "dtype", "balance", "recompute_modules", "grad_reduce",
-                     "moments", "cuda_graph_scope"):
+                     "moments", "cuda_graph_scope", "moe_dispatcher"):
             rest[key] = value
         else:
             raise PlanError(f"unknown inline plan key {key!r}" + suggest(key, _INLINE_KEYS), field="plan")

@@ -180,6 +180,21 @@ def _disaggregation_problems(plan: Plan, model: Any) -> list[str]:
     return p
 
 
+def _dispatcher_problems(plan: Plan, model: Any) -> list[str]:
+    """The flex dispatcher (``Plan.moe_dispatcher``) needs a MoE model, and dropless routing:
+    Megatron-Core's ``TransformerConfig.__post_init__`` refuses the DeepEP backend with
+    ``moe_pad_expert_input_to_capacity``, which a capacity-factor router exports."""
+    if plan.moe_dispatcher == "alltoall":
+        return []
+    moe = getattr(model, "moe", None)
+    if moe is None:
+        return [f"moe_dispatcher: {plan.moe_dispatcher} needs a MoE model, got model {model.name!r}"]
+    if not moe.router.dropless:
+        return [f"moe_dispatcher: {plan.moe_dispatcher} needs dropless routing: Megatron-Core's DeepEP backend does "
+                "not pad expert inputs to a capacity (TransformerConfig's own check)"]
+    return []
+
+
 def _option_problems(plan: Plan, model: Any) -> list[str]:
     """CUDA graph scopes (``Plan.cuda_graph_scope``) as Megatron Core takes them, priced on MoE models;
     the MoE all-to-all overlap (``Plan.moe_a2a_overlap``) needs expert parallelism to overlap (and,
@@ -196,6 +211,7 @@ def _option_problems(plan: Plan, model: Any) -> list[str]:
         if plan.recompute == "full" or "moe" in plan.recompute_modules:
             p.append("moe_a2a_overlap: the overlapped MoE layer is not recomputed (recompute full or the moe "
                      "module), as Megatron-Core requires")
+    p += _dispatcher_problems(plan, model)
     g = plan.cuda_graph_scope
     if g and getattr(model, "moe", None) is None:
         p.append(f"cuda_graph_scope: priced for a MoE model's layers only, got model {model.name!r}")

@@ -39,6 +39,15 @@ CUDA_GRAPH_SCOPES = ("attn", "moe_router", "moe_preprocess")
 --cuda-graph-scope ...``, megatron.core.transformer.enums.CudaGraphScope): the attention sub-block,
 the MoE router, the dispatcher's preprocessing (which Megatron Core captures only with the router).
 Their kernels replay from the graph instead of being issued one by one (``cost/kernels.py``)."""
+MOE_DISPATCHERS = ("alltoall", "flex")
+"""How a MoE layer's tokens reach their experts (``Plan.moe_dispatcher``): ``alltoall`` sends one copy
+per routed expert over each rank pair (Megatron-Core's ``--moe-token-dispatcher-type alltoall``, NCCL's
+all-to-all); ``flex`` with DeepEP (``--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend
+deepep``) sends a token across the network once per remote node holding one of its experts and
+forwards it over NVLink there (DeepSeek-V3 report, arXiv 2412.19437 section 3.2.2;
+``cost/flex_dispatch.py``)."""
+MOE_DISPATCHER = "alltoall"
+"""The dispatcher unless a plan says otherwise (what every target runs)."""
 HELIX_FOLDS = FOLDS  # HelixPipe's fold counts (autotune/schedules/helixpipe.py)
 CP_LAYOUTS = ("zigzag", "contiguous")
 BALANCES = ("count", "cost")

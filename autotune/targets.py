@@ -59,6 +59,7 @@ def refusals(target: str, plan: Plan, ctx: ExportContext) -> list[str]:
 
 OPTION_PROBES: dict[str, dict[str, Any]] = {
     "moe_a2a_overlap": {"moe_a2a_overlap": True},
+    "moe_dispatcher": {"moe_dispatcher": "flex"},
     "cuda_graph_scope": {"cuda_graph_scope": ("attn",)},
     "grad_reduce": {"grad_reduce": "bf16"},
     "moments": {"moments": "bf16", "zero_stage": 1},

@@ -128,7 +128,8 @@ def _parts(ctxs: list[Any], attention: tuple[bool, ...]) -> tuple[LayerParts, La
     width = e.expert_ffn_hidden
     secs = [cf * ER.expert_seconds(r, m, ld, width, s.bpe) for (r, cf), ld in zip(peers, loads, strict=True)]
     # an expert-only rank routes nothing: it sends nothing in the dispatch, receives from the attention ranks
-    copies = ER.exchange_split(e, tuple(n if a else 0.0 for a in attention), loads, a0.expert_links.ep_nodes)
+    copies = ER.exchange_split(e, tuple(n if a else 0.0 for a in attention), loads, a0.expert_links.ep_nodes,
+                               flex=x.flex)
     a2a, _ = XD.exchange_times(a0.collectives, a0.expert_links, etp=1, split=copies, hidden=m.hidden,
                                bpe=s.bpe, received=max(ld.received for ld in loads))
     one_way = a0.mf * a2a

@@ -39,6 +39,8 @@ class ExpertStep:
     """What the target runtime overlaps the all-to-all with (``MOE_OVERLAPS``)."""
     graphed: tuple[str, ...] = ()
     """The parts of each layer captured in CUDA graphs (``Plan.cuda_graph_scope``)."""
+    flex: bool = False
+    """The flex (DeepEP) token dispatcher (``Plan.moe_dispatcher``; ``flex_dispatch.py``)."""
 
     @property
     def busiest_share(self) -> int:
@@ -58,11 +60,14 @@ def expert_step(plan: Any, model: Any, chunks: tuple[tuple[int, ...], ...], kern
     moe_in_chunk = [sum(model.is_moe_layer(i) for i in range(starts[j], starts[j + 1]))
                     for j in range(len(plan.shares.layers))]
     overlap = getattr(kernels, "moe_overlap", "none") if kernels is not None else "none"
+    flex = plan.moe_dispatcher == "flex"
+    if flex and overlap == "shared_experts":  # TransformerConfig: the shared-expert overlap is alltoall's only
+        overlap = "none"
     if plan.moe_a2a_overlap:
         overlap = "a2a_1f1b"
     return ExpertStep(ep=d.ep, etp=d.etp, edp=d.edp, shares=tuple(plan.shares.experts),
                       chunk_moe_layers=tuple(tuple(moe_in_chunk[j] for j in mine) for mine in chunks),
-                      overlap=overlap, graphed=tuple(plan.cuda_graph_scope))
+                      overlap=overlap, graphed=tuple(plan.cuda_graph_scope), flex=flex)
 
 
 @dataclass(frozen=True)

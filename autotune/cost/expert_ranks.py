@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.cost import flex_dispatch as FD
 from autotune.cost import grouped_gemm as GG
 from autotune.cost import moe_imbalance as MI
 
@@ -65,11 +66,12 @@ def pace(seconds: Sequence[float]) -> int:
 
 
 def exchange_split(moe: Any, routed: Sequence[float], rank_loads: Sequence[RankLoad],
-                   nodes: Sequence[int]) -> tuple[float, float]:
+                   nodes: Sequence[int], flex: bool = False) -> tuple[float, float]:
     """(inside a node, across nodes): the token copies the rank moving the most over each sends or
     receives in one direction of the dispatch (the combine moves them back), from the per-pair volumes
     (module docstring); ``routed[q]`` the tokens EP rank q routes (0: an expert-only rank),
-    ``nodes[q]`` its node. Summed per node, so O(ep)."""
+    ``nodes[q]`` its node. Summed per node, so O(ep). ``flex``: the DeepEP dispatcher, one network
+    copy per remote node hit and the NVLink forwards inside it (``flex_dispatch.py``)."""
     if len(rank_loads) <= 1:
         return 0.0, 0.0
     k, n_exp = moe.top_k, moe.experts
@@ -85,5 +87,27 @@ def exchange_split(moe: Any, routed: Sequence[float], rank_loads: Sequence[RankL
         recv = k * r.share / n_exp * r.imbalance  # copies per token a peer routes
         s_in, r_in = send * (node_shares[nd] - r.share), recv * (node_routed[nd] - t)
         s_out, r_out = send * (all_shares - node_shares[nd]), recv * (all_routed - node_routed[nd])
+        if flex:
+            s_in, r_in, s_out, r_out = _flex_volumes(moe, r, t, nd, node_shares, node_routed, nodes,
+                                                     (s_in, r_in, r_out))
         intra, inter = max(intra, s_in, r_in), max(inter, s_out, r_out)
     return intra, inter
+
+
+def _flex_volumes(moe: Any, r: RankLoad, t: float, nd: int, node_shares: dict[int, float],
+                  node_routed: dict[int, float], nodes: Sequence[int],
+                  a2a: tuple[float, float, float]) -> tuple[float, float, float, float]:
+    """(NVLink send, NVLink receive, network send, network receive) of one EP rank under flex, from the
+    all-to-all's (NVLink send, NVLink receive, network receive) of the same rank (``flex_dispatch.py``):
+    it sends each token once to the same-index rank of every remote node its experts hit, receives
+    from the same-index rank of each remote node (that node's routed tokens over its ranks) the tokens
+    hitting its own node, at its pace-setting load, and forwards over NVLink what it received for its
+    node's other ranks' experts, as they forward to it what they received for its own."""
+    s_in, r_in, r_out_a2a = a2a
+    remote = [node_shares[m] for m in node_shares if m != nd]
+    s_out = t * FD.remote_node_copies(moe.experts, moe.top_k, remote)
+    ranks = {m: nodes.count(m) for m in node_shares}
+    from_peers = sum(node_routed[m] / ranks[m] for m in node_shares if m != nd)
+    r_out = from_peers * FD.node_hit(moe.experts, moe.top_k, node_shares[nd]) * r.imbalance
+    fwd = FD.forwarded(r_out_a2a, r.share, node_shares[nd])
+    return s_in + fwd, r_in + fwd, s_out, r_out

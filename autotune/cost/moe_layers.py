@@ -101,7 +101,7 @@ def moe_terms(ctx: RankContext, shared_fwd: float, shape: tuple[ER.RankLoad, ...
     slow = loads[ER.pace(secs)]
     own = loads[ctx.expert_links.ep_index]
     r_gemm, r_mem = MR.router_time(ctx.rates, m, n, s.bpe)
-    split = ER.exchange_split(e, (n,) * x.ep, loads, ctx.expert_links.ep_nodes)
+    split = ER.exchange_split(e, (n,) * x.ep, loads, ctx.expert_links.ep_nodes, flex=x.flex)
     a2a, etp_t = XD.exchange_times(ctx.collectives, ctx.expert_links, etp=x.etp, split=split, hidden=m.hidden,
                                    bpe=s.bpe, received=max(ld.received for ld in loads))
     one_way = ctx.mf * (a2a + etp_t)  # dispatch; the combine moves as much back

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from autotune import __version__, dims
 from autotune.errors import InputError
-from autotune.plan import GRAD_REDUCE_DTYPE, MOMENTS_DTYPE, Degrees, Plan, Shares
+from autotune.plan import GRAD_REDUCE_DTYPE, MOE_DISPATCHER, MOMENTS_DTYPE, Degrees, Plan, Shares
 from autotune.plan_record import PlanRecord
 
 
@@ -164,6 +164,8 @@ def _options(plan: Plan, target: str) -> dict[str, tuple[bool, str]]:
     return {
         "moe_a2a_overlap": (plan.moe_a2a_overlap, f"{target} waits for each MoE all-to-all (no overlap with "
                             "another micro-batch's compute)"),
+        "moe_dispatcher": (plan.moe_dispatcher != MOE_DISPATCHER, f"{plan.moe_dispatcher}: {target} sends MoE tokens "
+                           f"by {MOE_DISPATCHER} as exported (one copy per routed expert)"),
         "grad_reduce": (plan.grad_reduce != GRAD_REDUCE_DTYPE, f"{plan.grad_reduce}: {target} accumulates and "
                         f"reduces gradients in {GRAD_REDUCE_DTYPE} as exported"),
         "moments": (plan.moments != MOMENTS_DTYPE, f"{plan.moments}: {target} keeps Adam's moments in "

@@ -21,7 +21,8 @@ Mapping (argument names from megatron/training/arguments.py):
 * experts (``moe_arguments``): ``--num-experts``, ``--moe-router-topk``, ``--moe-ffn-hidden-size``,
   ``--expert-model-parallel-size ep``, ``--expert-tensor-parallel-size etp`` (Megatron-Core's parallel
   folding: the expert mesh tp-ep-dp-pp over the same ranks, as ``plan_parts.expert_groups`` orders it),
-  ``--moe-grouped-gemm``, ``--moe-token-dispatcher-type alltoall``, shared experts, the dense layers as
+  ``--moe-grouped-gemm``, ``--moe-token-dispatcher-type alltoall`` (``moe_dispatcher flex``: ``flex
+  --moe-flex-dispatcher-backend deepep``, and no ``--moe-shared-expert-overlap``), shared experts, the dense layers as
   a ``--moe-layer-freq`` pattern, the router, capacity and token dropping; MLA (``mla_arguments``);
 * ``recompute`` -> ``--recompute-granularity selective|full`` (selective with ``--recompute-modules`` from
   ``recompute_modules``) (full with ``--recompute-method
@@ -127,7 +128,7 @@ HELIX_FORK = ("HelixPipe's Megatron-LM fork (the code of arXiv 2507.00394, branc
               "has no --attention-pipeline")
 SUFFIX = ".sh"
 
-EXPRESSES = ("dp", "pp", "cp", "hp", "tp", "ep", "etp", "moe_a2a_overlap", "grad_reduce", "moments", "cuda_graph_scope")
+EXPRESSES = ("dp", "pp", "cp", "hp", "tp", "ep", "etp", "moe_a2a_overlap", "moe_dispatcher", "grad_reduce", "moments", "cuda_graph_scope")
 """The dimensions and plan options it runs (``export.common.unexpressed`` refuses the rest)."""
 WHY = {
     "experts": "Megatron-Core gives every expert-parallel rank num_experts/ep experts",
@@ -366,14 +367,14 @@ def moe_arguments(plan: Plan, m: Any) -> list[str]:
     a = ["--num-experts", str(moe.experts), "--moe-router-topk", str(moe.top_k),
          "--moe-ffn-hidden-size", str(moe.expert_ffn_hidden),
          "--expert-model-parallel-size", str(d.ep), "--expert-tensor-parallel-size", str(d.etp),
-         "--moe-grouped-gemm", "--moe-token-dispatcher-type", "alltoall",
+         "--moe-grouped-gemm", *dispatcher_arguments(plan),
          "--moe-router-score-function", router.score,
          "--moe-router-load-balancing-type", "aux_loss" if router.aux_loss_coeff > 0 else "none",
          "--moe-aux-loss-coeff", repr(router.aux_loss_coeff)]
     if moe.shared_experts:
         a += ["--moe-shared-expert-intermediate-size", str(moe.shared_width)]
         # as the cost model prices Megatron (KERNELS); the a2a overlap replaces it (Megatron-Core refuses both)
-        if KERNELS.moe_overlap == "shared_experts" and not plan.moe_a2a_overlap:
+        if shared_expert_overlap(plan):
             a.append("--moe-shared-expert-overlap")
     if moe.dense_layers:
         a += ["--moe-layer-freq", layer_pattern([int(m.is_moe_layer(i)) for i in range(m.layers)])]
@@ -387,6 +388,22 @@ def moe_arguments(plan: Plan, m: Any) -> list[str]:
     if plan.dtype in FP8_RECIPES:  # each expert's token count padded to the FP8 GEMM's alignment (16 or 32 rows)
         a.append("--moe-router-padding-for-quantization")
     return a
+
+
+def dispatcher_arguments(plan: Plan) -> list[str]:
+    """The token dispatcher (``Plan.moe_dispatcher``): ``alltoall``, or ``flex`` with the DeepEP backend
+    (megatron-core's ``moe_flex_dispatcher_backend``; ``--moe-enable-deepep`` is its deprecated form)."""
+    a = ["--moe-token-dispatcher-type", plan.moe_dispatcher]
+    if plan.moe_dispatcher == "flex":
+        a += ["--moe-flex-dispatcher-backend", "deepep"]
+    return a
+
+
+def shared_expert_overlap(plan: Plan) -> bool:
+    """Whether Megatron runs the shared experts beside the all-to-all (``--moe-shared-expert-overlap``), as
+    the cost model prices Megatron (KERNELS): not beside the a2a overlap, nor with the flex dispatcher
+    (TransformerConfig refuses both: "moe_shared_expert_overlap only works with alltoall token dispatcher")."""
+    return KERNELS.moe_overlap == "shared_experts" and not plan.moe_a2a_overlap and plan.moe_dispatcher == "alltoall"
 
 
 def layer_pattern(flags: list[int]) -> str:

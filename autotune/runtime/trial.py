@@ -94,6 +94,9 @@ def check_runtime_support(plan: Plan, spec: ModelSpec) -> None:
                  "export it to Megatron)")
     if plan.moe_a2a_overlap:
         p.append("moe_a2a_overlap: the runtime waits for each MoE all-to-all (price it, or export it to Megatron)")
+    if plan.moe_dispatcher != "alltoall":
+        p.append(f"moe_dispatcher: {plan.moe_dispatcher}: the runtime sends MoE tokens by all-to-all (price it, or "
+                 "export it to Megatron)")
     if plan.cuda_graph_scope:
         p.append("cuda_graph_scope: the runtime issues every kernel eagerly (price it, or export it to Megatron)")
     p += _moe_problems(plan, spec) + _window_problems(plan, spec)
