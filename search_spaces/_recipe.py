@@ -2,6 +2,8 @@
 
 * ``moe_a2a_overlap`` (False/True, ``Plan.moe_a2a_overlap``): a MoE model whose experts divide over
   more than one EP degree (the overlap needs ep > 1; a point with ep 1 leaves it idle);
+* ``moe_dispatcher`` (alltoall/flex, ``Plan.moe_dispatcher``): like the overlap, where ep > 1 can be
+  chosen, and only where the model routes dropless (Megatron-Core's DeepEP backend pads no capacity);
 * ``cuda_graph_scope`` (``GRAPH_SCOPES``, ``Plan.cuda_graph_scope``): a MoE model (the graph saving is
   priced on MoE layers only, ``plan_checks``); the scopes as Megatron-Bridge recipes set them.
 
@@ -23,7 +25,9 @@ GRAPH_SCOPES = ("none", "attn", "moe_router/moe_preprocess", "attn/moe_router/mo
 """The CUDA graph scopes searched: none, the attention, the router with the dispatcher's preprocessing
 (Megatron Core captures moe_preprocess only with moe_router), and all three (what the Megatron-Bridge
 recipes that capture graphs set)."""
-OFF = {"moe_a2a_overlap": False, "cuda_graph_scope": "none"}
+EP_KNOBS = ("moe_a2a_overlap", "moe_dispatcher")
+"""The knobs that change nothing at ep 1 (idle there)."""
+OFF = {"moe_a2a_overlap": False, "moe_dispatcher": "alltoall", "cuda_graph_scope": "none"}
 """Each knob's value that leaves its option off (a baseline's, a grid's first)."""
 
 
@@ -37,6 +41,8 @@ def knobs(ctx: Any, moe: Any, ep_divs: list[int]) -> dict[str, tuple[Any, ...]]:
     out: dict[str, tuple[Any, ...]] = {}
     if len(ep_divs) > 1 and expresses(ctx.target, "moe_a2a_overlap", tctx):
         out["moe_a2a_overlap"] = (False, True)
+    if len(ep_divs) > 1 and moe.router.dropless and expresses(ctx.target, "moe_dispatcher", tctx):
+        out["moe_dispatcher"] = ("alltoall", "flex")
     if expresses(ctx.target, "cuda_graph_scope", tctx):
         out["cuda_graph_scope"] = GRAPH_SCOPES
     return out
@@ -46,4 +52,5 @@ def plan_fields(p: dict[str, Any], ep: int) -> dict[str, Any]:
     """The Plan fields of point ``p``'s recipe knobs (absent knobs: the options off)."""
     scope = p.get("cuda_graph_scope", "none")
     return {"moe_a2a_overlap": bool(p.get("moe_a2a_overlap", False)) and ep > 1,
+            "moe_dispatcher": p.get("moe_dispatcher", "alltoall") if ep > 1 else "alltoall",
             "cuda_graph_scope": () if scope == "none" else tuple(scope.split("/"))}

@@ -507,12 +507,12 @@ class DefaultSpace:
     def _recipes(self, ep: int) -> list[dict[str, Any]]:
         """A MoE baseline's recipe knobs: off, and also every option the study
         has on (the all-to-all overlap and all three graph scopes, as the Megatron-Bridge recipes run)."""
-        on = {n: c[-1] for n, c in self.recipe.items() if n != "moe_a2a_overlap" or ep > 1}
+        on = {n: c[-1] for n, c in self.recipe.items() if n not in _recipe.EP_KNOBS or ep > 1}
         return [{}, on] if on else [{}]
 
     def _recipe_grid(self, ep: int) -> list[dict[str, Any]]:
         """Every combination of the study's recipe knobs that can change a plan with ``ep``."""
-        names = [n for n in self.recipe if n != "moe_a2a_overlap" or ep > 1]
+        names = [n for n in self.recipe if n not in _recipe.EP_KNOBS or ep > 1]
         return [dict(zip(names, c, strict=True)) for c in itertools.product(*(self.recipe[n] for n in names))]
 
     def expert_choices(self, stage_ranks: int) -> list[tuple[int, int]]:
@@ -693,7 +693,7 @@ class DefaultSpace:
         if dims.shard_size(d) == 1:
             idle.add("zero_stage")
         if d.ep == 1:
-            idle.add("moe_a2a_overlap")
+            idle |= set(_recipe.EP_KNOBS)
         return idle
 
     def _with_virtual_stages(self, p: dict[str, Any], schedule: str, vpp: Any) -> list[dict[str, Any]]:

@@ -59,15 +59,23 @@ def expert_step(plan: Any, model: Any, chunks: tuple[tuple[int, ...], ...], kern
         starts.append(starts[-1] + n)
     moe_in_chunk = [sum(model.is_moe_layer(i) for i in range(starts[j], starts[j + 1]))
                     for j in range(len(plan.shares.layers))]
-    overlap = getattr(kernels, "moe_overlap", "none") if kernels is not None else "none"
-    flex = plan.moe_dispatcher == "flex"
-    if flex and overlap == "shared_experts":  # TransformerConfig: the shared-expert overlap is alltoall's only
-        overlap = "none"
-    if plan.moe_a2a_overlap:
-        overlap = "a2a_1f1b"
     return ExpertStep(ep=d.ep, etp=d.etp, edp=d.edp, shares=tuple(plan.shares.experts),
                       chunk_moe_layers=tuple(tuple(moe_in_chunk[j] for j in mine) for mine in chunks),
-                      overlap=overlap, graphed=tuple(plan.cuda_graph_scope), flex=flex)
+                      overlap=moe_overlap(plan, kernels), graphed=tuple(plan.cuda_graph_scope),
+                      flex=plan.moe_dispatcher == "flex")
+
+
+def moe_overlap(plan: Any, kernels: Any) -> str:
+    """What runs beside the all-to-all of ``plan`` under the target's ``kernels`` (``MOE_OVERLAPS``): the
+    a2a overlap where the plan sets it; else the target's own, less the shared-expert overlap under the
+    flex dispatcher (Megatron-Core's TransformerConfig: "moe_shared_expert_overlap only works with alltoall
+    token dispatcher"). The Megatron exporter writes ``--moe-shared-expert-overlap`` by this."""
+    if plan.moe_a2a_overlap:
+        return "a2a_1f1b"
+    overlap = getattr(kernels, "moe_overlap", "none") if kernels is not None else "none"
+    if overlap == "shared_experts" and plan.moe_dispatcher != "alltoall":
+        return "none"
+    return overlap
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,7 @@ import re
 import shlex
 from typing import Any
 
+from autotune.cost.expert_layout import moe_overlap
 from autotune.cost.kernels import EAGER_HOST_S, KernelCosts
 from autotune.cost.memory import megatron_fp8_params
 from autotune.divisibility import even_heads_problem
@@ -400,10 +401,10 @@ def dispatcher_arguments(plan: Plan) -> list[str]:
 
 
 def shared_expert_overlap(plan: Plan) -> bool:
-    """Whether Megatron runs the shared experts beside the all-to-all (``--moe-shared-expert-overlap``), as
-    the cost model prices Megatron (KERNELS): not beside the a2a overlap, nor with the flex dispatcher
-    (TransformerConfig refuses both: "moe_shared_expert_overlap only works with alltoall token dispatcher")."""
-    return KERNELS.moe_overlap == "shared_experts" and not plan.moe_a2a_overlap and plan.moe_dispatcher == "alltoall"
+    """Whether Megatron runs the shared experts beside the all-to-all (``--moe-shared-expert-overlap``): as
+    the cost model prices Megatron (``expert_layout.moe_overlap`` under KERNELS; not beside the a2a overlap
+    nor with the flex dispatcher, which TransformerConfig refuses)."""
+    return moe_overlap(plan, KERNELS) == "shared_experts"
 
 
 def layer_pattern(flags: list[int]) -> str:

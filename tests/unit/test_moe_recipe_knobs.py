@@ -18,7 +18,7 @@ from search_spaces.default import DefaultSpace
 CLUSTER = {"name": "h100-1n", "inter_node": {"bandwidth": "400Gbit/s", "latency": "10us"},
            "nodes": [{"count": 1, "devices_per_node": 8, "device": "H100-SXM",
                       "intra_node": {"bandwidth": "450GB/s", "latency": "3us"}}]}
-KNOBS = ("moe_a2a_overlap", "cuda_graph_scope")
+KNOBS = ("moe_a2a_overlap", "moe_dispatcher", "cuda_graph_scope")
 
 
 def _space(model: str = "tiny-moe", target: str = "megatron", grad_reduce: str = "fp32") -> DefaultSpace:
@@ -28,7 +28,7 @@ def _space(model: str = "tiny-moe", target: str = "megatron", grad_reduce: str =
 
 def _on(sp: DefaultSpace, name: str):
     """A plan of ``sp`` with ``name`` on (ep 8, selective recomputation: what the overlap needs)."""
-    value = {"moe_a2a_overlap": True, "cuda_graph_scope": _recipe.GRAPH_SCOPES[-1]}[name]
+    value = {"moe_a2a_overlap": True, "moe_dispatcher": "flex", "cuda_graph_scope": _recipe.GRAPH_SCOPES[-1]}[name]
     return sp.build({**sp.params(ep=8, recompute="selective", zero=1), name: value})
 
 
