@@ -22,6 +22,7 @@ the layer had before (``moe_layers.py``).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -70,7 +71,7 @@ def exchange_split(moe: Any, routed: Sequence[float], rank_loads: Sequence[RankL
     """(inside a node, across nodes): the token copies the rank moving the most over each sends or
     receives in one direction of the dispatch (the combine moves them back), from the per-pair volumes
     (module docstring); ``routed[q]`` the tokens EP rank q routes (0: an expert-only rank),
-    ``nodes[q]`` its node. Summed per node, so O(ep). ``flex``: the DeepEP dispatcher, one network
+    ``nodes[q]`` its node. Summed per node, so O(ep) (O(ep x nodes) under flex). ``flex``: the DeepEP dispatcher, one network
     copy per remote node hit and the NVLink forwards inside it (``flex_dispatch.py``)."""
     if len(rank_loads) <= 1:
         return 0.0, 0.0
@@ -81,6 +82,7 @@ def exchange_split(moe: Any, routed: Sequence[float], rank_loads: Sequence[RankL
         node_shares[nd] = node_shares.get(nd, 0.0) + r.share
         node_routed[nd] = node_routed.get(nd, 0.0) + t
     all_shares, all_routed = sum(node_shares.values()), sum(node_routed.values())
+    node_ranks = Counter(nodes) if flex else None  # once, not per rank: the loop stays O(ep x nodes)
     intra = inter = 0.0
     for r, t, nd in zip(rank_loads, routed, nodes, strict=True):
         send = t * k / n_exp  # copies per expert of a peer
@@ -88,14 +90,14 @@ def exchange_split(moe: Any, routed: Sequence[float], rank_loads: Sequence[RankL
         s_in, r_in = send * (node_shares[nd] - r.share), recv * (node_routed[nd] - t)
         s_out, r_out = send * (all_shares - node_shares[nd]), recv * (all_routed - node_routed[nd])
         if flex:
-            s_in, r_in, s_out, r_out = _flex_volumes(moe, r, t, nd, node_shares, node_routed, nodes,
+            s_in, r_in, s_out, r_out = _flex_volumes(moe, r, t, nd, node_shares, node_routed, node_ranks,
                                                      (s_in, r_in, r_out))
         intra, inter = max(intra, s_in, r_in), max(inter, s_out, r_out)
     return intra, inter
 
 
 def _flex_volumes(moe: Any, r: RankLoad, t: float, nd: int, node_shares: dict[int, float],
-                  node_routed: dict[int, float], nodes: Sequence[int],
+                  node_routed: dict[int, float], node_ranks: Counter,
                   a2a: tuple[float, float, float]) -> tuple[float, float, float, float]:
     """(NVLink send, NVLink receive, network send, network receive) of one EP rank under flex, from the
     all-to-all's (NVLink send, NVLink receive, network receive) of the same rank (``flex_dispatch.py``):
@@ -106,8 +108,7 @@ def _flex_volumes(moe: Any, r: RankLoad, t: float, nd: int, node_shares: dict[in
     s_in, r_in, r_out_a2a = a2a
     remote = [node_shares[m] for m in node_shares if m != nd]
     s_out = t * FD.remote_node_copies(moe.experts, moe.top_k, remote)
-    ranks = {m: nodes.count(m) for m in node_shares}
-    from_peers = sum(node_routed[m] / ranks[m] for m in node_shares if m != nd)
+    from_peers = sum(node_routed[m] / node_ranks[m] for m in node_shares if m != nd)
     r_out = from_peers * FD.node_hit(moe.experts, moe.top_k, node_shares[nd]) * r.imbalance
     fwd = FD.forwarded(r_out_a2a, r.share, node_shares[nd])
     return s_in + fwd, r_in + fwd, s_out, r_out
