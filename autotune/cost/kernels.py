@@ -87,11 +87,16 @@ class KernelCosts:
     expert_bwd: int = 0
     """The same, backward (dgrad and wgrad of each projection)."""
     expert_fp8: int = 0
-    """Quantisation kernels per local expert, forward (and as many backward), under an FP8 dtype: each
+    """GEMM inputs quantised per local expert, forward (and as many backward), under an FP8 dtype: each
     expert's GEMM inputs cast on their own."""
+    fp8_quantize: tuple[tuple[str, int], ...] = ()
+    """Kernels one quantisation of an expert's GEMM input takes, per FP8 recipe (``plan_parts.FP8_RECIPES``
+    values; a recipe not named: 1); 0 for a recipe that quantises every expert's input of a GEMM in one
+    fused kernel (``fp8_quantize_kernels``)."""
     moe_syncs: int = 0
-    """Device-to-host synchronisations per MoE layer forward (the dropless dispatcher waits for the
-    token counts before it can size the all-to-all), each priced ``MOE_SYNC_S``."""
+    """Device-to-host synchronisations per dropless MoE layer forward (the dropless dispatcher waits for
+    the token counts before it can size the all-to-all), each priced ``MOE_SYNC_S``; none under a
+    capacity factor (``moe_layer_host``)."""
     graph_scopes: tuple[tuple[str, int, int], ...] = ()
     """(scope, forward kernels, backward kernels) of each part of a layer the runtime can capture in a
     CUDA graph (``Plan.cuda_graph_scope``); empty: it captures none."""
@@ -113,17 +118,34 @@ GPU has drained its queue, then the GPU idles while the host issues again): FITT
 ``benchmarks/bench_published_moe.py --fit`` on the rows its ``FITTED`` names, every other row held out."""
 
 
-def moe_layer_host(k: KernelCosts, local_experts: int, fp8: bool, graphed: tuple[str, ...] = ()
-                   ) -> tuple[float, float]:
+def fp8_quantize_kernels(k: KernelCosts, local_experts: int, recipe: str | None) -> int:
+    """Kernels one MoE layer pass (forward, and as many backward) issues to quantise its experts' GEMM
+    inputs under FP8 ``recipe`` (None: not FP8): ``expert_fp8`` inputs per expert, each at the recipe's
+    kernels per quantisation (``fp8_quantize``), or once per GEMM where the recipe fuses every expert's."""
+    if not recipe:
+        return 0
+    per = dict(k.fp8_quantize).get(recipe, 1)
+    return k.expert_fp8 * (per * local_experts if per else 1)
+
+
+def moe_layer_host(k: KernelCosts, local_experts: int, fp8: str | None, graphed: tuple[str, ...] = (),
+                   dropless: bool = True) -> tuple[float, float]:
     """(forward, backward) host seconds one MoE layer adds on the busiest rank: its kernels beyond the
     dense block at the runtime's ``host_s`` each (counted in full, as ``block_time`` counts a block's)
     and its synchronisations at ``MOE_SYNC_S``; less what its CUDA-graphed scopes (``graphed``) save:
     their kernels replay at ``GRAPH_REPLAY_S`` each instead of ``host_s``, for one graph launch
-    (``host_s``) per scope and pass (``graph_saving``)."""
-    per_expert_f = k.expert_fwd + (k.expert_fp8 if fp8 else 0)
-    per_expert_b = k.expert_bwd + (k.expert_fp8 if fp8 else 0)
-    fwd = (k.moe_fwd + local_experts * per_expert_f) * k.host_s + k.moe_syncs * MOE_SYNC_S
-    bwd = (k.moe_bwd + local_experts * per_expert_b) * k.host_s
+    (``host_s``) per scope and pass (``graph_saving``). ``fp8``: the FP8 recipe (``plan_parts.FP8_RECIPES``
+    value; None: not FP8), whose quantisation kernels ``fp8_quantize_kernels`` counts.
+
+    ``dropless`` False (a capacity factor, buffers padded to it): no synchronisation. Megatron-Core's
+    alltoall dispatcher sizes a drop-and-pad exchange from the capacity, known on the host, and returns
+    from ``MoEAlltoAllTokenDispatcher.preprocess`` before it sets any sync point (megatron-core
+    core_v0.15.0 ``transformer/moe/token_dispatcher.py``: ``if self.drop_and_pad: ... return``, the
+    sync point staying ``no_sync``); only the dropless path waits for the token counts."""
+    quantise = fp8_quantize_kernels(k, local_experts, fp8)
+    syncs = k.moe_syncs if dropless else 0
+    fwd = (k.moe_fwd + local_experts * k.expert_fwd + quantise) * k.host_s + syncs * MOE_SYNC_S
+    bwd = (k.moe_bwd + local_experts * k.expert_bwd + quantise) * k.host_s
     save_f, save_b = graph_saving(k, graphed)
     return fwd - save_f, bwd - save_b
 

@@ -139,7 +139,8 @@ def layer_host(ctx: RankContext, local_experts: int) -> tuple[float, float]:
     k = r.host if r.host is not None else (r.size.kernels if r.size is not None else None)
     if k is None:
         return 0.0, 0.0
-    return K.moe_layer_host(k, local_experts, ctx.step.dtype in FP8_RECIPES, ctx.step.experts.graphed)
+    return K.moe_layer_host(k, local_experts, FP8_RECIPES.get(ctx.step.dtype), ctx.step.experts.graphed,
+                            dropless=ctx.step.model.moe.router.dropless)
 
 
 def shared_gemm_fwd(ctx: RankContext) -> float:

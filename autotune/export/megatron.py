@@ -98,6 +98,16 @@ counts, splits and the all-gather of the counts (7), the device-to-host copies o
 all-to-alls of tokens and probabilities out and tokens back (3), the experts' fused activation (1);
 backward the three all-to-alls and the activation's gradient."""
 
+TE_FP8_QUANTIZE = (("current", 3), ("delayed", 0))
+"""Kernels Transformer Engine issues to quantise one expert's GEMM input, per FP8 recipe, in
+``GroupedLinear`` (``tex.split_quantize`` of the input forward and of the output gradient backward;
+Transformer Engine v2.9, what Megatron-Bridge 0.2 pins: ``transformer-engine>=2.9.0a0,<2.10.0``):
+``csrc/extensions/cast.cpp`` ``multi_tensor_quantize_impl`` runs one fused ``nvte_multi_cast_transpose``
+for all experts only with delayed-scaling quantizers (``IsFloat8Quantizers``), else each expert's
+``quantize`` on its own; current scaling's (``csrc/quantizer.cpp``
+``Float8CurrentScalingQuantizer::quantize_impl``) is three kernels, ``nvte_compute_amax_with_config``,
+``nvte_compute_scale_from_amax`` and ``nvte_quantize_v2``; MXFP8's and the blockwise recipe's one each."""
+
 KERNELS = KernelCosts(
     name="megatron", framework="megatron", host_s=EAGER_HOST_S, block_fwd=11, head_fwd=3,
     source="Megatron-Core with Transformer Engine issues per block forward: layer norm + QKV GEMM and layer norm "
@@ -107,7 +117,7 @@ KERNELS = KernelCosts(
            "grouped GEMM, unfused router and permutation as Megatron defaults them): MOE_KERNELS",
     moe_overlap="shared_experts", moe_fwd=MOE_ROUTING[0] + MOE_PERMUTATION[0] + MOE_DISPATCHER[0],
     moe_bwd=MOE_ROUTING[1] + MOE_PERMUTATION[1] + MOE_DISPATCHER[1], expert_fwd=2, expert_bwd=4, expert_fp8=2,
-    moe_syncs=1, graph_scopes=(("attn", *ATTENTION_KERNELS), ("moe_router", *MOE_ROUTING),
+    fp8_quantize=TE_FP8_QUANTIZE, moe_syncs=1, graph_scopes=(("attn", *ATTENTION_KERNELS), ("moe_router", *MOE_ROUTING),
                                ("moe_preprocess", *MOE_PREPROCESS)))
 """How Megatron runs a plan: the cost model's kernel costs for ``estimate --target megatron`` (a MoE
 layer's shared experts overlap its all-to-all: ``--moe-shared-expert-overlap``).
@@ -116,7 +126,8 @@ MOE_KERNELS: a MoE layer's kernels beyond its dense block (megatron-core, alltoa
 ``--moe-grouped-gemm``, router and permutation unfused as Megatron defaults them): MOE_ROUTING +
 MOE_PERMUTATION + MOE_DISPATCHER (47 forward, 30 backward). The grouped GEMM is Transformer Engine's ``GroupedLinear``, one cuBLAS GEMM per local expert: 2 forward
 (fc1, fc2), 4 backward (dgrad and wgrad of each), plus under FP8 each expert's GEMM input quantised on
-its own (2 forward, 2 backward). One device-to-host synchronisation per layer forward
+its own (2 forward, 2 backward), at TE_FP8_QUANTIZE's kernels each (current scaling 3; delayed scaling one
+fused kernel per GEMM for every expert). One device-to-host synchronisation per layer forward
 (``MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize``: the all-to-all needs the split sizes
 on the host)."""
 FP8_ARGS = {"delayed": ("hybrid", "delayed"), "current": ("hybrid", "tensorwise"), "blockwise": ("e4m3", "blockwise"),

@@ -30,8 +30,8 @@ def test_each_captured_kernel_replays_for_one_launch_per_scope():
     bwd = M.ATTENTION_KERNELS[1] + M.MOE_ROUTING[1]  # the preprocessing has no backward kernels
     assert f == pytest.approx(fwd * per - 3 * k.host_s) and b == pytest.approx(bwd * per - 2 * k.host_s)
     assert K.graph_saving(K.RUNTIME, ALL) == (0.0, 0.0)  # a runtime that captures nothing saves nothing
-    plain = K.moe_layer_host(k, 4, False)
-    graphed = K.moe_layer_host(k, 4, False, ALL)
+    plain = K.moe_layer_host(k, 4, None)
+    graphed = K.moe_layer_host(k, 4, None, ALL)
     assert plain[0] - graphed[0] == pytest.approx(K.graph_saving(k, ALL)[0])
 
 
