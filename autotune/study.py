@@ -68,7 +68,7 @@ def storage_for(url: str, *, create: bool = True) -> Any:
     engine_kwargs: dict[str, Any] = {"connect_args": {"timeout": SQLITE_TIMEOUT_S}} if sqlite else {}
     try:
         if known:  # the schema Optuna wrote and its check would pass: opened without Alembic
-            from autotune.study_sqlite import KnownSchemaStorage
+            from autotune.study_known import KnownSchemaStorage
 
             st = KnownSchemaStorage(engine_url, engine_kwargs)
         else:
@@ -191,12 +191,16 @@ def _mismatch(have: dict[str, Any], want: dict[str, Any]) -> list[str]:
     return out
 
 
-def create_or_open(name: str, storage: str, record: StudyRecord) -> Any:
-    """Create the study (maximise predicted tokens/s) or reopen it; refuse one made for something else."""
+def create_or_open(name: str, storage: str, record: StudyRecord, *, direct: bool = False) -> Any:
+    """Create the study (maximise predicted tokens/s) or reopen it; refuse one made for something else.
+    ``direct``: a new study in a SQLite file of the known schema is written without SQLAlchemy
+    (autotune/study_direct.py: a DirectStudy, for one search process); any other goes through Optuna."""
+    want = record.attrs()
+    if direct and (got := _create_direct(name, storage, want)) is not None:
+        return got
     import optuna
 
     st = storage_for(storage, create=True)
-    want = record.attrs()
     try:
         study = optuna.create_study(study_name=name, storage=st, direction="maximize", load_if_exists=True)
     except Exception as exc:  # noqa: BLE001 - a race or a study with another direction
@@ -213,6 +217,28 @@ def create_or_open(name: str, storage: str, record: StudyRecord) -> Any:
         raise InputError(f"study {name!r} belongs to " + "; ".join(problems) + "; pick another --study name",
                          field="--study")
     return study
+
+
+def _create_direct(name: str, storage: str, attrs: dict[str, Any]) -> Any | None:
+    """A new study ``name`` written by autotune/study_direct.py where ``storage`` is a SQLite file that
+    is new (made as a copy of Optuna's empty template) or of the known schema; None: Optuna's path
+    (another URL, a file of another schema, a study of that name already there)."""
+    if not isinstance(storage, str) or not storage.startswith("sqlite:///"):
+        return None
+    from autotune.specs.profiles import absolute_sqlite
+    from autotune.study_direct import create, sqlite_path
+
+    path = sqlite_path(absolute_sqlite(storage))
+    if path is None:
+        return None
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    except OSError:  # Optuna's path says why in its own words
+        return None
+    if not _known_schema(path):
+        return None
+    _quiet()  # as storage_for: the search's in-memory sampler study would log its creation
+    return create(path, name, attrs)
 
 
 def open_study(name: str, storage: str) -> Any:

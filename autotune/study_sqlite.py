@@ -14,8 +14,9 @@ file, the *template*, in the user's cache (``$XDG_CACHE_HOME/autotune/optuna-sch
   file at once get one file, not a half-written one);
 - an existing file whose ``alembic_version`` is the template's and that holds Optuna's version row
   is what Optuna's check would pass (it compares exactly these: current revision against head);
-- either is opened by ``KnownSchemaStorage``: ``RDBStorage`` less the table creation and the
-  Alembic check. Every other file (an older or newer Optuna's schema, one being created by Optuna
+- either is opened by ``KnownSchemaStorage`` (autotune/study_known.py): ``RDBStorage`` less the
+  table creation and the Alembic check; a new study in either is written by autotune/study_direct.py
+  without SQLAlchemy. Every other file (an older or newer Optuna's schema, one being created by Optuna
   right now, anything unreadable) goes through Optuna's own constructor, which upgrades, refuses
   or creates it as it always did.
 
@@ -32,11 +33,6 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
-from typing import Any
-
-import sqlalchemy
-import sqlalchemy.orm
-from optuna.storages import RDBStorage
 
 _TEMPLATES: dict[str, tuple[Path, str]] = {}  # this process's template: (path, head revision) per versions
 
@@ -48,9 +44,13 @@ def template_dir() -> Path:
 
 
 def _versions() -> str:
+    """The template's key: Optuna's and SQLAlchemy's versions (SQLAlchemy's read from its metadata, not
+    imported: a new study written by autotune/study_direct.py never imports it)."""
+    from importlib.metadata import version
+
     import optuna
 
-    return f"optuna-{optuna.__version__}-sqlalchemy-{sqlalchemy.__version__}"
+    return f"optuna-{optuna.__version__}-sqlalchemy-{version('sqlalchemy')}"
 
 
 def _stamp(path: Path | str) -> str | None:
@@ -175,30 +175,3 @@ def _being_created(path: str) -> bool:
     except sqlite3.Error:
         return False
     return "studies" in tables
-
-
-class KnownSchemaStorage(RDBStorage):
-    """Optuna's RDBStorage on a file whose schema is known current (``current`` or a template copy):
-    the attributes ``RDBStorage.__init__`` sets, without ``create_all`` and the Alembic version
-    manager; the manager (``upgrade``, ``get_current_version``) is made when asked for."""
-
-    def __init__(self, url: str, engine_kwargs: dict[str, Any]) -> None:
-        self.engine_kwargs = dict(engine_kwargs)
-        self.url = self._fill_storage_url_template(url)
-        self.skip_compatibility_check = True  # done: the file's stamp is the head (module docstring)
-        self.heartbeat_interval = self.grace_period = None
-        self.heartbeat_stale_trial_callback = self.failed_trial_callback = None
-        self.engine = sqlalchemy.engine.create_engine(self.url, **self.engine_kwargs)
-        self.scoped_session = sqlalchemy.orm.scoped_session(sqlalchemy.orm.sessionmaker(bind=self.engine))
-
-    def __getattr__(self, name: str) -> Any:
-        if name != "_version_manager":
-            raise AttributeError(name)
-        from optuna.storages._rdb.storage import _VersionManager
-
-        vm = self.__dict__["_version_manager"] = _VersionManager(self.url, self.engine, self.scoped_session)
-        return vm
-
-    def __getstate__(self) -> dict[Any, Any]:
-        self._version_manager  # noqa: B018 - RDBStorage.__getstate__ deletes it: it must exist
-        return super().__getstate__()

@@ -33,12 +33,12 @@ def rdb_backend(study: Any) -> Any | None:
     """The RDBStorage under an Optuna study (directly or under its cache), else None."""
     from optuna.storages import RDBStorage
 
-    st = study._storage
+    st = getattr(study, "_storage", None)  # autotune/study_direct.py's studies have none
     st = getattr(st, "_backend", st)
     return st if isinstance(st, RDBStorage) else None
 
 
-def _utc(t: datetime.datetime | None) -> datetime.datetime | None:
+def utc(t: datetime.datetime | None) -> datetime.datetime | None:
     # Optuna stores naive UTC and hands out naive local time (optuna.storages._rdb.models.TrialModel)
     return None if t is None else t.astimezone(datetime.timezone.utc).replace(tzinfo=None)
 
@@ -86,14 +86,17 @@ def _dumps(v: Any) -> str:
     return text
 
 
-def _child_rows(tid: int, t: Any, user_json: dict[str, str] | None, models: Any,
-                dist_json: dict[int, str]) -> dict[str, list[dict[str, Any]]]:
+def child_rows(tid: int, t: Any, user_json: dict[str, str] | None, value_repr: Any, step_repr: Any,
+               dist_json: dict[int, str]) -> dict[str, list[dict[str, Any]]]:
+    """Trial ``t``'s rows of each child table (as stored under trial id ``tid``), each a dict in the
+    table's column order; ``value_repr``/``step_repr``: Optuna's stored representation of a value and
+    of an intermediate value (its models' own here; autotune/study_direct.py's for sqlite3)."""
     from optuna.distributions import distribution_to_json
 
     out: dict[str, list[dict[str, Any]]] = {"values": [], "params": [], "user": [], "system": [], "steps": []}
     values = t.values if t.values is not None else []
     for objective, v in enumerate(values):
-        stored, kind = models.TrialValueModel.value_to_stored_repr(v)
+        stored, kind = value_repr(v)
         out["values"].append({"trial_id": tid, "objective": objective, "value": stored, "value_type": kind})
     for name, v in t.params.items():
         dist = t.distributions[name]
@@ -107,7 +110,7 @@ def _child_rows(tid: int, t: Any, user_json: dict[str, str] | None, models: Any,
     for key, v in t.system_attrs.items():
         out["system"].append({"trial_id": tid, "key": key, "value_json": json.dumps(v)})
     for step, v in t.intermediate_values.items():
-        stored, kind = models.TrialIntermediateValueModel.intermediate_value_to_stored_repr(v)
+        stored, kind = step_repr(v)
         out["steps"].append({"trial_id": tid, "step": step, "intermediate_value": stored,
                              "intermediate_value_type": kind})
     return out
@@ -135,14 +138,16 @@ def add_trials(rdb: Any, study_id: int, trials: list[Any], user_json: list[dict[
         assert all(t.state.is_finished() for t in trials), "only finished trials are bulk-written"
         ids = list(conn.execute(
             sa.insert(T).returning(T.c.trial_id, sort_by_parameter_order=True),
-            [{"study_id": study_id, "number": None, "state": t.state, "datetime_start": _utc(t.datetime_start),
-              "datetime_complete": _utc(t.datetime_complete)} for t in trials]).scalars())
+            [{"study_id": study_id, "number": None, "state": t.state, "datetime_start": utc(t.datetime_start),
+              "datetime_complete": utc(t.datetime_complete)} for t in trials]).scalars())
         base = conn.execute(sa.select(sa.func.count()).select_from(T)
                             .where(T.c.study_id == study_id, T.c.trial_id < ids[0])).scalar_one()
         conn.execute(sa.update(T).where(T.c.trial_id == sa.bindparam("tid")).values(number=sa.bindparam("n")),
                      [{"tid": tid, "n": base + k} for k, tid in enumerate(ids)])
         for i, (tid, t) in enumerate(zip(ids, trials, strict=True)):
-            for k, v in _child_rows(tid, t, user_json[i] if user_json else None, models, dist_json).items():
+            got = child_rows(tid, t, user_json[i] if user_json else None, models.TrialValueModel.value_to_stored_repr,
+                             models.TrialIntermediateValueModel.intermediate_value_to_stored_repr, dist_json)
+            for k, v in got.items():
                 rows[k] += v
         for k, table in tables.items():
             if rows[k]:

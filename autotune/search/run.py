@@ -28,6 +28,7 @@ from autotune.search.spill import recover
 from autotune.search.workers import run_workers, setup
 from autotune.search.workspace import Workspace, make_sampler
 from autotune.study import StudyRecord, create_or_open
+from autotune.study_direct import DirectStudy
 from autotune.units import counted
 
 if TYPE_CHECKING:
@@ -169,8 +170,10 @@ def search(model: Any, cluster: Any, seq_len: int, global_batch: int, *, study_n
     _ctx, space, ev = setup(model, cluster, seq_len, global_batch, opts, estimator)
     record = StudyRecord(model=model, cluster=cluster, seq_len=seq_len, global_batch=global_batch, space=opts.space,
                          target=opts.target, documents=opts.documents)
-    create_or_open(study_name, storage, record)  # once, in the parent, before any worker starts
-    ws = Workspace(study_name, storage, space.distributions(), make_sampler(opts.sampler, opts.seed), opts.batch_s)
+    # once, in the parent, before any worker starts; one process: a new SQLite study without SQLAlchemy
+    study = create_or_open(study_name, storage, record, direct=opts.workers == 1)
+    ws = Workspace(study_name, storage, space.distributions(), make_sampler(opts.sampler, opts.seed), opts.batch_s,
+                   study=study if isinstance(study, DirectStudy) else None)
     say = progress or (display.say if display is not None else (lambda _m: None))
     run = _Run(study_name, storage, (model, cluster, seq_len, global_batch), opts, estimator, space, ev, ws,
                t0 + opts.timeout_s if opts.timeout_s else None, say, display)

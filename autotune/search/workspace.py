@@ -19,6 +19,7 @@ from autotune.search.pricing import Outcome, Row, Shared  # noqa: F401  (Row: it
 from autotune.search.signals import signals_deferred
 from autotune.search.spill import Spill
 from autotune.study import MEMORY_URL, is_feasible, storage_for
+from autotune.study_direct import DirectStudy
 
 # A stored trial keeps its per-rank rows (21 KB of a 32-rank plan's 24 KB breakdown) when it is
 # feasible and within this fraction of the best plan this process had seen when it was recorded: the
@@ -72,7 +73,7 @@ class Workspace:
 
     def __init__(self, name: str, storage: str, distributions: dict[str, Any], sampler: Any, batch_s: float,
                  pull_each_batch: bool = False, keep: Callable[[Any], bool] | None = None,
-                 stored: list[Any] | None = None):
+                 stored: list[Any] | None = None, study: DirectStudy | None = None):
         import optuna
 
         # a worker pulls the others' trials before each batch so its sampler learns from them; the
@@ -88,8 +89,9 @@ class Workspace:
         self.dists = Shared(distributions)  # shared by every trial (never mutated; see Shared)
         self.origin = uuid.uuid4().hex[:12]
         self.local = 0
-        self.persistent = None if storage == MEMORY_URL else optuna.load_study(study_name=name,
-                                                                                storage=storage_for(storage))
+        # ``study``: the new study autotune/study_direct.py wrote (this process's only), else Optuna's
+        self.persistent = study if study is not None else None if storage == MEMORY_URL else \
+            optuna.load_study(study_name=name, storage=storage_for(storage))
         # where the full trials go: the shared storage, or the :memory: study itself
         self.dest = self.persistent if self.persistent is not None else \
             optuna.load_study(study_name=name, storage=storage_for(storage))
@@ -195,7 +197,8 @@ class Workspace:
             self.last_flush = time.monotonic()
             return
         rdb = rdb_backend(self.persistent)
-        if self.pull_each_batch or rdb is None:  # others' trials for TPE; or, trial by trial, ours
+        direct = isinstance(self.persistent, DirectStudy)  # a new study: no other process writes to it
+        if self.pull_each_batch or (rdb is None and not direct):  # others' trials for TPE; or, trial by trial, ours
             self.pull()
         keep = [i for i, t in enumerate(self.pending) if t.user_attrs["origin"] not in self.persisted_mine]
         batch = [self.pending[i] for i in keep]
@@ -205,6 +208,9 @@ class Workspace:
         with signals_deferred():  # the batch and the record that it is in the storage go together
             if rdb is not None:  # one transaction (bulk.py); numbers the trials as stored
                 add_trials(rdb, self.persistent._study_id, batch, encoded)
+                self.written += batch
+            elif direct:  # the same rows through sqlite3 (autotune/study_direct.py)
+                self.persistent.add_trials(batch, encoded)
                 self.written += batch
             else:  # the journal file: Optuna's own writes (pull() above skips what is already in)
                 self.persistent.add_trials(batch)
@@ -230,7 +236,8 @@ class Workspace:
         on an RDB storage those it found plus those it wrote (reading a study of thousands of
         trials back costs more than the search: measured 2x its time at 128 devices), else the
         study itself."""
-        if self.persistent is None or rdb_backend(self.persistent) is None:
+        if self.persistent is None or (rdb_backend(self.persistent) is None
+                                       and not isinstance(self.persistent, DirectStudy)):
             return self.dest
         return StudyView(self.dest, sorted(self.taken + self.written, key=lambda t: t.number))
 

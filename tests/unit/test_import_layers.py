@@ -28,7 +28,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("runtime", ("autotune.runtime",)),
     ("export", ("autotune.export",)),
     ("profilers", ("profilers", "autotune.machines")),
-    ("search", ("autotune.study", "autotune.study_sqlite", "autotune.targets", "search_spaces", "autotune.search")),
+    ("search", ("autotune.study", "autotune.study_sqlite", "autotune.study_known", "autotune.study_direct", "autotune.targets", "search_spaces", "autotune.search")),
     ("validate", ("autotune.validate", "autotune.runtime.control", "autotune.export.source",
                   "autotune.export.apply")),
     ("dashboard", ("autotune.dashboard",)),

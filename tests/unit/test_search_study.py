@@ -193,7 +193,7 @@ def test_a_fresh_sqlite_file_passes_optunas_own_schema_check(tmp_path, monkeypat
     # and opens it without Alembic; Optuna opening it with its check must find it current, and so
     # must storage_for when it opens the existing file again (tests/unit/test_study_sqlite.py: a
     # file of another revision goes through Optuna's check)
-    from autotune import study_sqlite
+    from autotune import study_known, study_sqlite
     from autotune.study import storage_for
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
@@ -202,9 +202,9 @@ def test_a_fresh_sqlite_file_passes_optunas_own_schema_check(tmp_path, monkeypat
     optuna.create_study(study_name="s", storage=st)
     checked = optuna.storages.RDBStorage(url, skip_compatibility_check=False)
     assert checked.get_current_version() == checked.get_head_version()
-    assert type(st) is study_sqlite.KnownSchemaStorage
+    assert type(st) is study_known.KnownSchemaStorage
     from autotune import study as S
 
     S._RDB_STORAGES.clear()  # opened again, not from this process's cache
     assert study_sqlite.current(f"{tmp_path}/fresh.db")
-    assert type(storage_for(url)) is study_sqlite.KnownSchemaStorage
+    assert type(storage_for(url)) is study_known.KnownSchemaStorage

@@ -17,6 +17,7 @@ from autotune import study as S
 from autotune import study_sqlite as Q
 from autotune.errors import InputError
 from autotune.search.bulk import add_trials, rdb_backend
+from autotune.study_known import KnownSchemaStorage
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -55,7 +56,7 @@ def test_a_template_copied_study_reads_back_as_one_optuna_created(tmp_path):
     ref = tmp_path / "ref.db"
     optuna.storages.RDBStorage(f"sqlite:///{ref}").engine.dispose()  # Optuna's own new file
     st = S.storage_for(f"sqlite:///{made}")
-    assert type(st) is Q.KnownSchemaStorage  # the fast path was taken
+    assert type(st) is KnownSchemaStorage  # the fast path was taken
     assert (Q.template_dir()).is_dir()
     assert schema(made) == schema(ref)
     batch = trials(40)
@@ -75,7 +76,7 @@ def test_an_existing_file_at_the_head_revision_is_opened_without_alembic_and_res
     url = f"sqlite:///{tmp_path}/old.db"
     optuna.create_study(study_name="s", storage=optuna.storages.RDBStorage(url)).add_trials(trials(5))
     st = S.storage_for(url, create=False)
-    assert type(st) is Q.KnownSchemaStorage
+    assert type(st) is KnownSchemaStorage
     study = optuna.load_study(study_name="s", storage=st)
     study.add_trials(trials(3, "more"))  # resumed: Optuna's numbering goes on
     assert [t.number for t in optuna.load_study(study_name="s", storage=url).get_trials()] == list(range(8))
@@ -96,7 +97,7 @@ def test_a_file_of_another_schema_revision_meets_optunas_check(tmp_path):
 def test_known_schema_storage_sets_what_rdbstorage_sets(tmp_path):
     url = f"sqlite:///{tmp_path}/a.db"
     own = optuna.storages.RDBStorage(url, skip_compatibility_check=True)  # checked: by its stamp
-    fast = Q.KnownSchemaStorage(url, {})
+    fast = KnownSchemaStorage(url, {})
     assert isinstance(fast, optuna.storages.RDBStorage)
     assert set(vars(fast)) | {"_version_manager"} == set(vars(own))  # an Optuna that sets more fails here
     assert {k: v for k, v in vars(fast).items() if k not in ("engine", "scoped_session")} == \
