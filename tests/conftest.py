@@ -17,6 +17,21 @@ def pytest_report_header(config):
             f"{'yes' if trial_dtype('cpu') == 'bf16' else 'no'} (local trials train in {trial_dtype('cpu')})")
 
 
+def pytest_configure(config):
+    """torch runs on one thread in the test process, as each rank of a local trial does (the launcher
+    gives a rank cores // world threads: one for every parity world here). The single-process
+    references, the layer and kernel tests and the cost model's CPU checks make the same checks, and
+    the tiny operators they run no longer pay OpenMP's fork and join on each call: on this 2-core
+    machine under load a reference run of tests/distributed/test_runtime_enumeration.py took 10x the
+    CPU on two threads (1.2 s against 0.12 s), nine runtime unit-test files 26 against 18 CPU s. The processes the
+    suite starts (trials, profiles, ``python -m autotune``) keep the product's own thread choice: this
+    sets no environment variable. A test that needs another count sets it and puts it back
+    (tests/unit/test_cost_cpu_context.py)."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
 def pytest_collection_modifyitems(config, items):
     import torch  # a dependency of the project: a broken torch fails the suite, it does not skip
 
