@@ -162,12 +162,25 @@ def step_context(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batc
         kv_ratio=model.kv_heads / model.heads,
         a2a_heads=U.busiest_heads(d.hp, rp.shares.heads, model.heads // d.tp),
         cp_max_tokens=max(tokens),
-        keysums=tuple(causal_keys(tokens, i, zig, seq_len) for i in range(d.cp)),
-        ring=tuple(ring_blocks(tokens, i, zig, seq_len) if d.cp > 1 else None for i in range(d.cp)),
+        keysums=shard_keysums(tokens, zig, seq_len), ring=shard_rings(tokens, zig, seq_len),
         stage_params=DP.stage_params(model, rp, chunks),
         dp_links=dp_links, schedule=sched, chunks=chunks, hop_peers=hop_peers, group_links=group_links,
         kernels=kernels, experts=expert_step(rp, model, chunks, kernels), grad_reduce=rp.grad_reduce,
         moments=rp.moments)
+
+
+@lru_cache(maxsize=1024)
+def shard_keysums(tokens: tuple[int, ...], zigzag: bool, seq_len: int) -> tuple[float, ...]:
+    """Causal (query, key) pairs of each CP shard of ``tokens`` (``compute.causal_keys``), once per
+    layout: each shard's sums the tokens before it, so cp shards cost O(cp^2) per estimate."""
+    return tuple(causal_keys(tokens, i, zigzag, seq_len) for i in range(len(tokens)))
+
+
+@lru_cache(maxsize=1024)
+def shard_rings(tokens: tuple[int, ...], zigzag: bool, seq_len: int) -> tuple[Any, ...]:
+    """Each CP shard's ring blocks (``ring.ring_blocks``; None for one shard), once per layout."""
+    n = len(tokens)
+    return tuple(ring_blocks(tokens, i, zigzag, seq_len) if n > 1 else None for i in range(n))
 
 
 _DEVICES: dict[tuple[int, int], tuple[C.Topology, tuple, tuple[int, ...]]] = {}
@@ -257,7 +270,8 @@ class RankContext:
     step: StepContext
     coords: Mapping[str, int]
     """Mesh coordinates (``Plan.coords``) of the first group with this context; the groups sharing
-    it differ at most in their DP index (``tp_groups`` gives each its own)."""
+    it share its pipeline rank (``pp_index``) and may differ in their DP index (``tp_groups`` gives
+    each its own) and in CP and hp indexes of equal shares (``tp_groups``)."""
     spec: Any
     """The DeviceSpec its ranks run on."""
     rates: Rates
@@ -407,8 +421,8 @@ def _mesh_links(topo: C.Topology, devs: tuple[int, ...], d: Degrees, v: int, hop
                 ) -> tuple[tuple, tuple]:
     """(dp link of each pipeline rank, (DeviceSpec, placement key, ``Links``) of every tp group).
     The placement key tells apart groups at different mesh coordinates along pp/cp/hp, on another
-    device type or other links (``tp_groups`` adds the micro-batches); groups of one key share one
-    Links object. Memoised per (topology object, devices, degrees, virtual stages, hop peers): a
+    device type or other links (``ReplicaTemplates`` adds the micro-batches); groups of one key share
+    one Links object, and so do groups of equal links at any coordinates (``tp_groups`` merges by it). Memoised per (topology object, devices, degrees, virtual stages, hop peers): a
     pure function of them (links and specs are the topology's and cluster's own objects, so the
     identities in the keys come out the same), and the search resolves plan after plan of one mesh
     onto the same devices; the entry holds the topology, so its id is not reused while cached."""
@@ -422,6 +436,7 @@ def _mesh_links(topo: C.Topology, devs: tuple[int, ...], d: Degrees, v: int, hop
                          for i in range(d.pp))
         cache: dict[tuple[str, int], Link] = {}
         links_of: dict[tuple, Any] = {}
+        equal: dict[Any, Any] = {}  # one Links object per value: tp_groups merges groups by its identity
         groups = []
         inner = _inner_dims(d)
         specs = topo.cluster.devices
@@ -436,8 +451,8 @@ def _mesh_links(topo: C.Topology, devs: tuple[int, ...], d: Degrees, v: int, hop
                 place = (*place, el)
             links = links_of.get(place)
             if links is None:
-                links = links_of[place] = Links(**own, dp=dp_links[c["pp"]], pp_hops=hops,
-                                                experts=el)
+                links = Links(**own, dp=dp_links[c["pp"]], pp_hops=hops, experts=el)
+                links = links_of[place] = equal.setdefault(links, links)
             groups.append((spec, place, links))
         hit = _MESH_LINKS[key] = (topo, dp_links, tuple(groups))
     return hit[1], hit[2]
@@ -494,25 +509,73 @@ def _tp_group_coords(degrees: Degrees) -> tuple[tuple[int, Mapping[str, int]], .
 
 def tp_groups(s: StepContext, replicas: ReplicaTemplates | None = None) -> list[tuple[int, int, RankContext]]:
     """(first rank, DP index, context) of every tensor-parallel group in rank order. Groups that see
-    the same step (same coordinates along pp/cp/hp, device type, links and micro-batches: DP replicas
-    of equal shares on equal devices) share one context object, so the cost of each is computed once (identity names them: links come from the
-    topology's caches). With documents (``s.doc_work``) every replica has its own attention work,
+    the same step share one context object, so the cost of each is computed once: the same pipeline
+    rank, device type, links (one object per value, ``_mesh_links``) and micro-batches, and CP and hp
+    indexes whose shares are alike (``_cp_classes``, ``_equal_classes``): DP replicas of equal shares
+    on equal devices, and the CP and hp ranks of an even split. They are merged before their contexts
+    are built: at 1,024 devices an estimate has ~600 tp groups and ~380 contexts keyed by coordinate,
+    of which ~20 distinct. A merged group's context carries the coordinates of the first group of its
+    kind: what reads a context reads its pipeline rank (``pp_index``), never its cp or hp index. With documents (``s.doc_work``) every replica has its own attention work,
     so its own context (``ReplicaTemplates``: pass one per estimate, its drawn steps share it); a
     uniform work (``DocWork.uniform``: a summarised step) is one context per place, as without
     documents (through ``replicas`` when given: the summary's two works share its templates)."""
     plan, cal = s.plan, s.calibration
     if s.doc_work is not None and (replicas is not None or not s.doc_work.uniform):
         return (replicas or ReplicaTemplates()).groups(s)
+    cps = _cp_classes(plan.shares.tokens, s.zigzag, s.seq_len, s.doc_work is None and not getattr(s.model, "window", 0))
+    hps = _equal_classes(plan.shares.heads)
     contexts: dict[tuple, RankContext] = {}
     out = []
-    for (r0, c), (spec, place, links) in zip(_tp_group_coords(plan.degrees), s.group_links, strict=True):
-        m_d = s.microbatches[c["dp"]]
-        key = (place, m_d)
+    for (r0, c), (pp, dp, cp, hp), (spec, _, links) in zip(_tp_group_coords(plan.degrees), _tp_group_index(plan.degrees),
+                                                           s.group_links, strict=True):
+        m_d = s.microbatches[dp]
+        key = (pp, cps[cp], hps[hp], id(spec), id(links), m_d)
         ctx = contexts.get(key)
         if ctx is None:
             ctx = contexts[key] = _rank_context(s, c, spec, links, m_d, cal.get(spec.name) or {})
-        out.append((r0, c["dp"], ctx))
+        out.append((r0, dp, ctx))
     return out
+
+
+@lru_cache(maxsize=512)
+def _tp_group_index(degrees: Degrees) -> tuple[tuple[int, int, int, int], ...]:
+    """(pp, dp, cp, hp) index of every tp group of a mesh (``_tp_group_coords``'s, as plain ints: what
+    ``tp_groups`` keys its merge by, read per group of every estimate)."""
+    return tuple((c["pp"], c["dp"], c["cp"], c["hp"]) for _, c in _tp_group_coords(degrees))
+
+
+@lru_cache(maxsize=1024)
+def _equal_classes(values: tuple) -> tuple[int, ...]:
+    """Per index of ``values``, the first index holding an equal value (a class per distinct value)."""
+    first: dict[Any, int] = {}
+    return tuple(first.setdefault(x, i) for i, x in enumerate(values))
+
+
+@lru_cache(maxsize=1024)
+def _cp_classes(tokens: tuple[int, ...], zigzag: bool, seq_len: int, merge: bool) -> tuple[int, ...]:
+    """Per CP index, the first CP index whose shard a rank prices alike: the same tokens, causal work
+    (``compute.causal_keys``) and ring blocks (``ring.ring_blocks``), the three things of a rank's
+    context its CP index gives it (``_rank_context``); with ``merge`` False (a step of documents, whose
+    work comes per shard from ``StepContext.doc_work``, or a model with sliding windows, whose windowed
+    work is per index too) each index its own. Zigzag shards of an even split are all alike: at 1,024
+    devices the search prices plans of cp 8 and more, and the groups of one pipeline rank, device and
+    links then share one context (one rank cost), where each CP index was a context of its own."""
+    n = len(tokens)
+    if not merge or n == 1:
+        return tuple(range(n))
+    reps: dict[tuple[int, float], list[tuple[int, Any]]] = {}
+    out = []
+    keysums, rings = shard_keysums(tokens, zigzag, seq_len), shard_rings(tokens, zigzag, seq_len)
+    for i in range(n):
+        ring = rings[i]
+        bucket = reps.setdefault((tokens[i], keysums[i]), [])
+        # rings of one bucket are compared by value; their blocks are interned, so == is a pointer walk
+        j = next((k for k, r in bucket if r is ring or r == ring), None)
+        if j is None:
+            bucket.append((i, ring))
+            j = i
+        out.append(j)
+    return tuple(out)
 
 
 class ReplicaTemplates:

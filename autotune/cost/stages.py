@@ -40,7 +40,7 @@ from autotune.cost import data_parallel as DP
 from autotune.cost import recompute_modules as RMOD
 from autotune.cost import ulysses as U
 from autotune.cost.collectives import collectives_for
-from autotune.cost.compute import DTYPE_BYTES, causal_keys
+from autotune.cost.compute import DTYPE_BYTES
 from autotune.schedules import schedule_of
 
 
@@ -50,8 +50,7 @@ def staged_step_context(rp: Any, model: Any, cluster: Any, seq_len: int, global_
     envelope's; each cell's context carries its own, ``staged_tp_groups``). The sequence's CP shards
     and their causal work are the uniform plan's (``context.step_context``'s rule, the same functions):
     every replica splits the sequence alike (``stages.split_problem``)."""
-    from autotune.cost.context import StepContext, _hop_peers
-    from autotune.cost.ring import ring_blocks
+    from autotune.cost.context import StepContext, _hop_peers, shard_keysums, shard_rings
 
     d, lay = rp.degrees, ST.layout_of(rp.stages)
     topo = C.topology(cluster)
@@ -74,8 +73,7 @@ def staged_step_context(rp: Any, model: Any, cluster: Any, seq_len: int, global_
         devs=devs, microbatches=tuple(x // rp.micro_batch_size for x in rp.shares.samples),
         kv_ratio=model.kv_heads / model.heads, a2a_heads=U.busiest_heads(d.hp, cell_heads(model, d.tp, d.hp),
                                                                         model.heads // d.tp),
-        cp_max_tokens=max(tokens), keysums=tuple(causal_keys(tokens, i, zig, seq_len) for i in range(d.cp)),
-        ring=tuple(ring_blocks(tokens, i, zig, seq_len) if d.cp > 1 else None for i in range(d.cp)),
+        cp_max_tokens=max(tokens), keysums=shard_keysums(tokens, zig, seq_len), ring=shard_rings(tokens, zig, seq_len),
         stage_params=DP.stage_params(model, rp, chunks), dp_links=dp_links, schedule=sched, chunks=chunks,
         hop_peers=hop_peers, group_links=(), kernels=kernels, grad_reduce=rp.grad_reduce,
         moments=rp.moments)
