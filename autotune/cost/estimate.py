@@ -62,7 +62,7 @@ class Estimate:
 def estimate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: int, *,
              calibration: dict[str, dict[str, float]] | None = None, timeline: bool = False,
              documents: Any = None, kernels: Any = None, balances: tuple[str, ...] = (),
-             beat: float | None = None) -> Estimate | None:
+             beat: float | None = None, rows_up_to: int | None = None) -> Estimate | None:
     """Predict one training step of ``plan`` (resolved here; PlanError when it does not fit).
 
     ``timeline=True`` also fills ``breakdown["timeline"]`` with the simulated events (None
@@ -75,26 +75,30 @@ def estimate(plan: Plan, model: Any, cluster: Any, seq_len: int, global_batch: i
     plan with each of these ways of dealing windows to replicas (``Plan.balance``) and return the
     fastest (the first among equals): they share the priced steps, so each costs little more.
     ``beat`` (a step time > 0; with a length distribution only): None instead of the ``Estimate``
-    when the plan's step time is no shorter (``_documents``: a plan that cannot win is not reported)."""
+    when the plan's step time is no shorter (``_documents``: a plan that cannot win is not reported).
+    ``rows_up_to``: the per-rank rows (``breakdown["ranks"]``) only up to this many ranks; above it
+    ``breakdown["ranks"]`` is None and ``breakdown["ranks_dropped"]`` the world, as a search stores a
+    trial (``search.pricing.trim_breakdown``), and the rows are never built (None: always built)."""
     if plan.uses is not None:
         from autotune.specs.pool import subset
 
         cluster = subset(cluster, plan.uses)
     s = step_context(plan, model, cluster, seq_len, global_batch, calibration, kernels)
+    rows = rows_up_to is None or s.plan.world <= rows_up_to
     if documents is not None and s.plan.doc_mask:
         WIN.check(s.plan, model)
-        return _documents(s, cluster, documents, timeline, balances or (s.plan.balance,), beat)
-    predicted, breakdown = _price(s, timeline)
+        return _documents(s, cluster, documents, timeline, balances or (s.plan.balance,), beat, rows)
+    predicted, breakdown = _price(s, timeline, rows)
     return Estimate(plan=s.plan, predicted=predicted, breakdown=breakdown)
 
 
-def _price(s: Any, timeline: bool) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(predicted, breakdown) of one step context."""
-    return _report(_step(s), timeline)
+def _price(s: Any, timeline: bool, rows: bool = True) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(predicted, breakdown) of one step context (``rows``: with its per-rank rows)."""
+    return _report(_step(s), timeline, rows)
 
 
 def _documents(s: Any, cluster: Any, documents: Any, timeline: bool, balances: tuple[str, ...],
-               beat: float | None = None) -> Estimate | None:
+               beat: float | None = None, rows: bool = True) -> Estimate | None:
     """The ``Estimate`` of a plan with document masks, the fastest of ``balances``. Drawn from a
     distribution: the two works of its CP layout (``documents_summary.works``: the mean window's and
     each step's heaviest window's, each given to every replica) priced as steps (``_step``), their
@@ -114,7 +118,7 @@ def _documents(s: Any, cluster: Any, documents: Any, timeline: bool, balances: t
     on_cpu = any(g.device.kind == "cpu" for g in cluster.groups)
     plans = [s.plan if b == s.plan.balance else s.plan.replace(balance=b) for b in balances]
     if isinstance(documents, DOC.GivenWindows):
-        given = [_given(replace(s, plan=p), documents, on_cpu, timeline) for p in plans]
+        given = [_given(replace(s, plan=p), documents, on_cpu, timeline, rows) for p in plans]
         return max(given, key=lambda e: e.predicted["tokens_per_s"])  # max keeps the first of equals
     wk = SUM.works(s.plan, documents, s.seq_len, s.global_batch, on_cpu)
     replicas = ReplicaTemplates()  # the two works' contexts: copies of one template per place
@@ -135,12 +139,12 @@ def _documents(s: Any, cluster: Any, documents: Any, timeline: bool, balances: t
     i = means.index(min(means))
     if beat is not None and means[i] >= beat:
         return None
-    predicted, breakdown = DOC.combine(steps, lambda k: _report(sims[k], timeline), documents, plans[i], s.model,
+    predicted, breakdown = DOC.combine(steps, lambda k: _report(sims[k], timeline, rows), documents, plans[i], s.model,
                                        s.seq_len, s.global_batch, means[i])
     return Estimate(plan=plans[i], predicted=predicted, breakdown=breakdown)
 
 
-def _given(s: Any, documents: Any, on_cpu: bool, timeline: bool) -> Estimate:
+def _given(s: Any, documents: Any, on_cpu: bool, timeline: bool, rows: bool = True) -> Estimate:
     """(predicted, breakdown) of given windows (``documents.GivenWindows``): every step's time
     (``_step``; the replicas' contexts copied from one template per place, ``context.ReplicaTemplates``),
     their mean, the report of the step nearest it."""
@@ -154,7 +158,7 @@ def _given(s: Any, documents: Any, on_cpu: bool, timeline: bool) -> Estimate:
     steps = [replace(s, doc_work=w) for w in DOC.drawn_work(s.plan, documents, s.seq_len, s.global_batch, on_cpu)]
     sims = [_step(st, replicas) for st in steps]
     times = [sim.step for sim in sims]
-    predicted, breakdown = DOC.combine(times, lambda i: _report(sims[i], timeline), documents, s.plan, s.model,
+    predicted, breakdown = DOC.combine(times, lambda i: _report(sims[i], timeline, rows), documents, s.plan, s.model,
                                        s.seq_len, s.global_batch, statistics.fmean(times))
     return Estimate(plan=s.plan, predicted=predicted, breakdown=breakdown)
 
@@ -211,10 +215,11 @@ def _step(s: Any, replicas: Any = None) -> _Simulated:
     return _Simulated(s, groups, per_rep_stage, sims, step, stage_end, exposed_of, disagg)
 
 
-def _report(sim: _Simulated, timeline: bool) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(predicted, breakdown) of one simulated step context."""
+def _report(sim: _Simulated, timeline: bool, per_rank: bool = True) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(predicted, breakdown) of one simulated step context; ``per_rank`` False: without its per-rank
+    rows (``breakdown["ranks"]`` None, ``"ranks_dropped"`` the world, as ``trim_breakdown`` leaves it)."""
     s, groups, sims, step = sim.context, sim.groups, sim.sims, sim.step
-    memory, capacity, rows, stage_mem, infeasible = report.rank_rows(s, groups, sim.exposed_of, step)
+    memory, capacity, rows, stage_mem, infeasible = report.rank_rows(s, groups, sim.exposed_of, step, per_rank)
     predicted, model_flops, peak = report.predicted_figures(s, groups, sims, step, memory, capacity, infeasible)
     stages = report.stage_rows(s, groups, sims, sim.per_rep_stage, rows, sim.stage_end, stage_mem)
     breakdown = report.breakdown(s, groups, sims, stages, rows, sim.stage_end, step, model_flops, peak)
@@ -222,4 +227,6 @@ def _report(sim: _Simulated, timeline: bool) -> tuple[dict[str, Any], dict[str, 
         breakdown["disaggregation"] = sim.disaggregation
     if timeline:
         breakdown["timeline"] = report.timeline(s, groups, sims, sim.per_rep_stage, sim.exposed_of)
+    if not per_rank:
+        breakdown["ranks"], breakdown["ranks_dropped"] = None, len(rows)
     return predicted, breakdown

@@ -48,8 +48,13 @@ class RankRows(list):
         return self._json
 
 
-def rank_rows(s: StepContext, groups: list, exposed_of: dict, step: float) -> tuple[list, list, list, list, Any]:
-    """(memory, capacity, row per rank, peak memory per stage, infeasible reason or None)."""
+def rank_rows(s: StepContext, groups: list, exposed_of: dict, step: float, per_rank: bool = True
+              ) -> tuple[list, list, list, list, Any]:
+    """(memory, capacity, row per rank, peak memory per stage, infeasible reason or None). Without
+    ``per_rank`` the rows are each rank's template (``RankRows.templates``: its row with ``rank``
+    None), not copies: what the stage rows and the breakdown read of them, for an estimate that
+    drops its per-rank rows (``estimate``'s ``rows_up_to``): 1,024 copies were a tenth of an
+    estimate at 1,024 devices, which a search then threw away."""
     world = s.plan.world
     memory, capacity, rows = [0.0] * world, [0.0] * world, RankRows([None] * world)
     rows.templates = [None] * world
@@ -78,9 +83,10 @@ def rank_rows(s: StepContext, groups: list, exposed_of: dict, step: float) -> tu
         memory[r0:end] = [total] * tp
         capacity[r0:end] = [spec.memory_bytes] * tp
         rows.templates[r0:end] = [tmpl] * tp
-        for r in range(r0, end):
-            row = rows[r] = tmpl.copy()
-            row["rank"] = r
+        if per_rank:
+            for r in range(r0, end):
+                row = rows[r] = tmpl.copy()
+                row["rank"] = r
         if total > stage_mem[pp_i]:
             stage_mem[pp_i] = total
         if total > spec.memory_bytes and infeasible is None:
@@ -88,7 +94,7 @@ def rank_rows(s: StepContext, groups: list, exposed_of: dict, step: float) -> tu
             worst_term = max(TERM_NAMES, key=lambda k: terms[k])
             infeasible = (f"rank {r0} ({spec.name}) memory {fmt_bytes(total)} > {fmt_bytes(spec.memory_bytes)}: "
                           f"{worst_term} {fmt_bytes(terms[worst_term])}")
-    return memory, capacity, rows, stage_mem, infeasible
+    return memory, capacity, rows if per_rank else rows.templates, stage_mem, infeasible
 
 
 def predicted_figures(s: StepContext, groups: list, sims: list, step: float, memory: list, capacity: list,

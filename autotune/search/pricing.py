@@ -182,6 +182,8 @@ class Evaluator:
         except (TypeError, ValueError):
             params = {}
         self.has_timeline = "timeline" in params
+        # rows a trial would drop (trim_breakdown) are not built: 1,024 per estimate at 1,024 devices
+        self.rows_up_to = RANKS_LIMIT if "rows_up_to" in params else None
         # a search aimed at a target prices plans as that framework runs them (targets.kernel_costs)
         self.kernels = None
         if target is not None and "kernels" in params:
@@ -215,6 +217,8 @@ class Evaluator:
             kw["timeline"] = timeline
         if self.kernels is not None:
             kw["kernels"] = self.kernels
+        if self.rows_up_to is not None:
+            kw["rows_up_to"] = self.rows_up_to
         return self.estimator(plan, ctx.model, ctx.cluster, ctx.seq_len, ctx.global_batch, **kw)
 
     def evaluate(self, params: dict[str, Any]) -> Outcome:
