@@ -435,32 +435,35 @@ def _mesh_links(topo: C.Topology, devs: tuple[int, ...], d: Degrees, v: int, hop
         dp_links = tuple(topo.ring_link([devs[r] for r in dims.ranks_along(d, dims.SHARED_BY, i * blk)])
                          for i in range(d.pp))
         cache: dict[tuple[str, int], Link] = {}
+        # a group's Links is a function of its pipeline rank (the dp link, the hops' directions), its
+        # own links and its hops' links (the topology's objects: ids, while this loop holds them) and
+        # its expert links: built once per such key, then one object per value (``equal``), by whose
+        # identity tp_groups merges groups
         links_of: dict[tuple, Any] = {}
-        equal: dict[Any, Any] = {}  # one Links object per value: tp_groups merges groups by its identity
+        equal: dict[Any, Any] = {}
         groups = []
         inner = _inner_dims(d)
         specs = topo.cluster.devices
+        coords_of = operator.itemgetter(*_PLACE_DIMS)
         for r0, c in _tp_group_coords(d):
-            own, hops = _group_links(topo, devs, d, hop_peers, v, r0, c, cache, inner)
+            own, hops = _group_links(topo, devs, d, hop_peers, v, r0, c, cache, inner, blk)
             spec = specs[devs[r0]].spec
-            place = (*(c[n] for n in _PLACE_DIMS), id(spec), *(id(x) for x in own.values()),
-                     tuple([id(h) for h, _, _ in hops]))
-            el = None
-            if moe:  # the expert groups' links tell groups apart too (an EP group may cross nodes)
-                el = expert_links(topo, devs, d, r0)
-                place = (*place, el)
-            links = links_of.get(place)
+            # the expert groups' links tell groups apart too (an EP group may cross nodes)
+            el = expert_links(topo, devs, d, r0) if moe else None
+            pp_i = c["pp"]
+            ids = (pp_i, *map(id, own.values()), *[id(h) for h, _, _ in hops], el)
+            links = links_of.get(ids)
             if links is None:
-                links = Links(**own, dp=dp_links[c["pp"]], pp_hops=hops, experts=el)
-                links = links_of[place] = equal.setdefault(links, links)
-            groups.append((spec, place, links))
+                links = Links(**own, dp=dp_links[pp_i], pp_hops=hops, experts=el)
+                links = links_of[ids] = equal.setdefault(links, links)
+            groups.append((spec, (*coords_of(c), id(spec), id(links)), links))
         hit = _MESH_LINKS[key] = (topo, dp_links, tuple(groups))
     return hit[1], hit[2]
 
 
 _PLACE_DIMS = tuple(n for n in dims.MESH_ORDER if n != "dp")
 """The coordinates that tell groups' contexts apart (their shares of layers, tokens, heads): not the
-dp index, which ``tp_groups`` keys by the replica's micro-batches."""
+dp index, which ``ReplicaTemplates`` keys by the replica's micro-batches."""
 
 
 def _inner_dims(d: Degrees) -> tuple[tuple[str, int, int], ...]:
@@ -471,12 +474,12 @@ def _inner_dims(d: Degrees) -> tuple[tuple[str, int, int], ...]:
 
 
 def _group_links(topo: C.Topology, devs: tuple[int, ...], d: Degrees, hop_peers: tuple, v: int, r0: int,
-                 c: Mapping[str, int], cache: dict, inner: tuple[tuple[str, int, int], ...] | None = None
-                 ) -> tuple[dict[str, Link], tuple]:
+                 c: Mapping[str, int], cache: dict, inner: tuple[tuple[str, int, int], ...] | None = None,
+                 blk: int | None = None) -> tuple[dict[str, Link], tuple]:
     """({dimension: link} of the groups the tp group starting at rank ``r0`` belongs to, pp hops).
     Every dimension of degree > 1 but pp and dp (``inner``: ``_inner_dims(d)``): the slowest link of
     its group (at its stride, ``dims.stride``; cached by the group's first rank); pp: the link to the
-    next pipeline rank; dp: the pipeline rank's (``_mesh_links``)."""
+    next pipeline rank; dp: the pipeline rank's (``_mesh_links``). ``blk``: the pp stride when known."""
     node_of = topo.node_of
     d0 = devs[r0]
     own: dict[str, Link] = {}
@@ -487,7 +490,7 @@ def _group_links(topo: C.Topology, devs: tuple[int, ...], d: Degrees, hop_peers:
             lk = cache[(name, base)] = topo.group_link([devs[base + k * st] for k in range(n)])
         own[name] = lk
     if d.pp > 1:
-        blk = dims.stride(d, "pp")
+        blk = blk or dims.stride(d, "pp")
         nxt = r0 + blk if c["pp"] < d.pp - 1 else r0 - (d.pp - 1) * blk
         own["pp"] = pp_link = topo.node_link(node_of[d0], node_of[devs[nxt]])
         base = r0 - c["pp"] * blk
