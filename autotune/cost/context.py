@@ -270,8 +270,8 @@ class RankContext:
     step: StepContext
     coords: Mapping[str, int]
     """Mesh coordinates (``Plan.coords``) of the first group with this context; the groups sharing
-    it share its pipeline rank (``pp_index``) and may differ in their DP index (``tp_groups`` gives
-    each its own) and in CP and hp indexes of equal shares (``tp_groups``)."""
+    it share its pipeline rank (``pp_index``) and CP index, and may differ in their DP index
+    (``tp_groups`` gives each its own) and in hp indexes of equal heads (``tp_groups``)."""
     spec: Any
     """The DeviceSpec its ranks run on."""
     rates: Rates
@@ -513,26 +513,27 @@ def _tp_group_coords(degrees: Degrees) -> tuple[tuple[int, Mapping[str, int]], .
 def tp_groups(s: StepContext, replicas: ReplicaTemplates | None = None) -> list[tuple[int, int, RankContext]]:
     """(first rank, DP index, context) of every tensor-parallel group in rank order. Groups that see
     the same step share one context object, so the cost of each is computed once: the same pipeline
-    rank, device type, links (one object per value, ``_mesh_links``) and micro-batches, and CP and hp
-    indexes whose shares are alike (``_cp_classes``, ``_equal_classes``): DP replicas of equal shares
-    on equal devices, and the CP and hp ranks of an even split. They are merged before their contexts
-    are built: at 1,024 devices an estimate has ~600 tp groups and ~380 contexts keyed by coordinate,
-    of which ~20 distinct. A merged group's context carries the coordinates of the first group of its
-    kind: what reads a context reads its pipeline rank (``pp_index``), never its cp or hp index. With documents (``s.doc_work``) every replica has its own attention work,
+    rank, CP index, device type, links (one object per value, ``_mesh_links``) and micro-batches, and
+    hp indexes of equal heads (``_equal_classes``): DP replicas of equal shares on equal devices, and
+    the hp ranks of an even split. They are merged before their contexts are built: at 1,024 devices
+    an estimate had ~613 tp groups and ~381 contexts keyed by coordinate, of which ~78 distinct
+    (the rank-cost memo's keys). A merged group's context carries the coordinates of the first group
+    of its kind: what reads a context reads its pipeline rank (``pp_index``) and CP index, never its
+    hp index. (CP indexes are not merged: two shards of one layout differ in their causal work or,
+    zigzag, in the order of their ring blocks, which the attention's price sums in.) With documents (``s.doc_work``) every replica has its own attention work,
     so its own context (``ReplicaTemplates``: pass one per estimate, its drawn steps share it); a
     uniform work (``DocWork.uniform``: a summarised step) is one context per place, as without
     documents (through ``replicas`` when given: the summary's two works share its templates)."""
     plan, cal = s.plan, s.calibration
     if s.doc_work is not None and (replicas is not None or not s.doc_work.uniform):
         return (replicas or ReplicaTemplates()).groups(s)
-    cps = _cp_classes(plan.shares.tokens, s.zigzag, s.seq_len, s.doc_work is None and not getattr(s.model, "window", 0))
     hps = _equal_classes(plan.shares.heads)
     contexts: dict[tuple, RankContext] = {}
     out = []
     for (r0, c), (pp, dp, cp, hp), (spec, _, links) in zip(_tp_group_coords(plan.degrees), _tp_group_index(plan.degrees),
                                                            s.group_links, strict=True):
         m_d = s.microbatches[dp]
-        key = (pp, cps[cp], hps[hp], id(spec), id(links), m_d)
+        key = (pp, cp, hps[hp], id(spec), id(links), m_d)
         ctx = contexts.get(key)
         if ctx is None:
             ctx = contexts[key] = _rank_context(s, c, spec, links, m_d, cal.get(spec.name) or {})
@@ -552,33 +553,6 @@ def _equal_classes(values: tuple) -> tuple[int, ...]:
     """Per index of ``values``, the first index holding an equal value (a class per distinct value)."""
     first: dict[Any, int] = {}
     return tuple(first.setdefault(x, i) for i, x in enumerate(values))
-
-
-@lru_cache(maxsize=1024)
-def _cp_classes(tokens: tuple[int, ...], zigzag: bool, seq_len: int, merge: bool) -> tuple[int, ...]:
-    """Per CP index, the first CP index whose shard a rank prices alike: the same tokens, causal work
-    (``compute.causal_keys``) and ring blocks (``ring.ring_blocks``), the three things of a rank's
-    context its CP index gives it (``_rank_context``); with ``merge`` False (a step of documents, whose
-    work comes per shard from ``StepContext.doc_work``, or a model with sliding windows, whose windowed
-    work is per index too) each index its own. Zigzag shards of an even split are all alike: at 1,024
-    devices the search prices plans of cp 8 and more, and the groups of one pipeline rank, device and
-    links then share one context (one rank cost), where each CP index was a context of its own."""
-    n = len(tokens)
-    if not merge or n == 1:
-        return tuple(range(n))
-    reps: dict[tuple[int, float], list[tuple[int, Any]]] = {}
-    out = []
-    keysums, rings = shard_keysums(tokens, zigzag, seq_len), shard_rings(tokens, zigzag, seq_len)
-    for i in range(n):
-        ring = rings[i]
-        bucket = reps.setdefault((tokens[i], keysums[i]), [])
-        # rings of one bucket are compared by value; their blocks are interned, so == is a pointer walk
-        j = next((k for k, r in bucket if r is ring or r == ring), None)
-        if j is None:
-            bucket.append((i, ring))
-            j = i
-        out.append(j)
-    return tuple(out)
 
 
 class ReplicaTemplates:

@@ -1,5 +1,5 @@
 """``context.tp_groups`` merges tp groups whose contexts would be equal before it builds them (same
-pipeline rank, device, links and micro-batches; CP and hp indexes of alike shares). The reference:
+pipeline rank, CP index, device, links and micro-batches; hp indexes of equal heads). The reference:
 each group's own context, built from its own coordinates as before the merge, priced without the
 memo, and a whole estimate whose every group has its own context."""
 
