@@ -92,6 +92,15 @@ class Rates:
     is the same on any GPU price (the datasheet path adds it in ``SizeModel.block``); None elsewhere."""
 
     @property
+    def reads_ring_blocks(self) -> bool:
+        """Whether a block's price (``layer_compute``) reads a CP rank's ring blocks (``blocks``): on a
+        CPU (one kernel call each, ``cpu.block_extras``) and on an unprofiled GPU whose attention
+        prices them (``SizeModel.prices_ring_blocks``); a measured GPU's attention reads the causal
+        pairs alone. The rank-cost memo keys by the blocks only where they are read
+        (``rank.rank_cost_memo``)."""
+        return self.cpu is not None or (self.size is not None and self.size.prices_ring_blocks)
+
+    @property
     def gemm_call_s(self) -> float:
         """Fixed seconds per GEMM call (CPU; 0 on accelerators)."""
         return self.cpu.gemm_call_s if self.cpu is not None else 0.0

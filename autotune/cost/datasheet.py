@@ -179,6 +179,12 @@ class SizeModel:
         """Seconds of ``kernels`` kernels doing ``gpu_s`` of GPU work, as the runtime issues them."""
         return self.kernels.block_time(gpu_s, kernels)
 
+    @property
+    def prices_ring_blocks(self) -> bool:
+        """Whether ``attention`` reads a CP rank's ring blocks: the materialised and memory-efficient
+        kernels price their squares; a FlashAttention-class kernel prices the causal pairs alone."""
+        return not (self.fused and self.flash)
+
     def attention(self, batch_heads: float, seq: float, head_dim: int, causal_pairs: float,
                   blocks: tuple[tuple[int, int, bool], ...] | None = None) -> tuple[float, float]:
         """GPU (fwd, bwd) seconds of attention for ``batch_heads`` (micro-batch x local heads) over
@@ -189,7 +195,7 @@ class SizeModel:
             return 0.0, 0.0
         if self.fused and not self.flash:
             return self._memory_efficient_attention(batch_heads, seq, head_dim, causal_pairs, blocks)
-        if self.fused:
+        if not self.prices_ring_blocks:  # FlashAttention-class: the causal pairs alone
             hds = sorted(ATTN_EFF_MAX)
             emax = self.kernels.attention_eff_max or ATTN_EFF_MAX[min(hds, key=lambda d: abs(d - head_dim))]
             eff = emax * seq / (seq + ATTN_SEQ_HALF)

@@ -475,8 +475,12 @@ def rank_cost_memo(ctx: RankContext) -> RankCost:
     replica of a drawn step is a context of its own (``context.tp_groups``): copies of one template
     per place, which carry its token, so each costs a lookup of four values, and a replica not seen
     before prices only what its attention moves (``_fixed_memo``: the rest once per place). A
-    RankCost is frozen, so sharing one is safe."""
-    key = (ctx.place_token, ctx.keysum, ctx.ring, ctx.attn_seq)
+    RankCost is frozen, so sharing one is safe. The ring blocks are in the key only where the block's
+    price reads them (``Rates.reads_ring_blocks``): zigzag CP shards of an even split have the same
+    causal work and the same blocks in another order, so on a FlashAttention-class GPU the cp ranks of
+    a place are one rank cost, not cp of them (measured at 1,024 devices: 60k rank costs priced in a
+    search, most of them cp-fold repeats)."""
+    key = (ctx.place_token, ctx.keysum, ctx.ring if ctx.rates.reads_ring_blocks else None, ctx.attn_seq)
     hit = _MEMO.get(key)
     if hit is not None:
         return hit
