@@ -5,11 +5,11 @@ memo, and a whole estimate whose every group has its own context."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 import sys
-from pathlib import Path
+
+from test_cost_corpus import DATA, _generator  # the corpus and its generator, loaded one way
 
 from autotune.cost import context as CX
 from autotune.cost import rank as RK
@@ -17,15 +17,6 @@ from autotune.cost.steps import step_context, tp_groups
 from autotune.plan import Plan, PlanError
 from autotune.specs.cluster import cluster_from_dict
 from autotune.specs.model import load_model
-
-DATA = Path(__file__).resolve().parents[1] / "data"
-
-
-def _corpus_module():
-    spec = importlib.util.spec_from_file_location("make_cost_corpus", DATA / "make_cost_corpus.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _own_contexts(s):
@@ -38,7 +29,7 @@ def _own_contexts(s):
 def _mixed_cases(n: int, seed: int):
     """(model, cluster, seq, batch, plan) drawn on a 64-device cluster of four device types with
     different node links, even and uneven shares, every dimension (the corpus generator's draws)."""
-    gen = _corpus_module()
+    gen = _generator()
     cluster = cluster_from_dict({"name": "four-64", "inter_node": {"bandwidth": "25GB/s", "latency": "10us"}, "nodes": [
         {"count": 2, "devices_per_node": 8, "device": "H100-SXM", "intra_node": {"bandwidth": "450GB/s"}},
         {"count": 2, "devices_per_node": 8, "device": "A100-80GB", "intra_node": {"bandwidth": "300GB/s"}},
@@ -94,7 +85,7 @@ def test_merged_estimate_equals_one_context_per_group(monkeypatch):
     whose every tp group has its own context: random mixed plans and the cost corpus's CPU and
     mixed-cluster entries."""
     est_mod = _estimate_module()
-    gen = _corpus_module()
+    gen = _generator()
     entries = json.loads((DATA / "cost_corpus.json").read_text())["entries"][::7]
     cases = [(m, c, seq, b, p, None, True) for m, c, seq, b, p in _mixed_cases(15, seed=11)]
     clusters = {}
