@@ -56,6 +56,11 @@ class EncodedList(list):
     def json(self) -> str:
         return _ENCODER.encode(self)
 
+    @cached_property
+    def sorted_json(self) -> str:
+        """``json.dumps(self, sort_keys=True)``: the text ``study.plan_key`` keys plans by."""
+        return json.dumps(self, sort_keys=True)
+
 
 _SEPARATORS = (",", ":")  # compact: ~15% fewer bytes
 _ENCODER = json.JSONEncoder(separators=_SEPARATORS, check_circular=False)
