@@ -335,7 +335,7 @@ def rank_memory(ctx, t: HelixRankTimes) -> tuple[float, dict[str, float]]:
     else:
         per_block, per_attn = full - attn, attn + x_bytes + w_bytes
         working = 0.0
-        logits_each = ctx.tokens_local * model.vocab / tp * (bpe + 4.0)
+        logits_each = ctx.tokens_local * model.vocab / tp * M.logit_bytes(s)
     ops_mb = held // m if m else 0  # operations of one micro-batch on this rank
     n_attn = shares[r] if shares is not None else L // p
     n_blocks = ops_mb - n_attn

@@ -50,7 +50,8 @@ at a time (one block's full activations as working set). fp32 activations double
 
 In flight: the schedule decides how many micro-batches' activations a rank holds
 (``pipeline.peak_in_flight``: min(p - s, m) under 1F1B, m under GPipe). The last stage also keeps
-the logits (compute dtype plus an fp32 copy for the loss) of its micro-batches in flight. With the MoE
+the logits (compute dtype plus an fp32 copy for the loss; torchtitan's compiled loss the compute dtype
+alone: ``logit_bytes``) of its micro-batches in flight. With the MoE
 all-to-all overlap one layer-micro-batch more (``paired_layer``: Megatron-Core's combined step stores
 the next micro-batch's forward layers while it frees the backward's one pair later).
 
@@ -206,6 +207,15 @@ def megatron_fp8_params(dtype: str, zero_stage: int) -> bool:
     return dtype in FP8_RECIPES and zero_stage >= 1
 
 
+def logit_bytes(step: Any) -> float:
+    """Bytes the loss keeps per logit for the backward: the compute dtype's logits and the fp32 copy
+    the loss's softmax reads (eager ``cross_entropy(logits.float())``, Megatron's fused one alike);
+    under torchtitan, which compiles its loss (``[compile] components = ["model", "loss"]``, what
+    the exporter writes), the bf16 logits alone: Inductor fuses the upcast into the softmax and
+    recomputes it in the backward (tests/unit/test_op_sac.py measures both on CPU)."""
+    return float(step.bpe) if framework_of(step) == "torchtitan" else step.bpe + 4.0
+
+
 def framework_of(step: Any) -> str:
     """Who allocates the step's model states: its runtime's ``framework`` (autotune's when None)."""
     return getattr(step.kernels, "framework", None) or "runtime"
@@ -297,7 +307,7 @@ def rank_memory(ctx: RankContext, kept: float, full: float) -> tuple[float, dict
     acts = kept * inflight + (full - kept if s.recompute != "none" else 0.0)
     logits = 0.0
     if s.n_chunks - 1 in s.chunks[ctx.pp_index]:
-        logits = ctx.tokens_local * s.model.vocab / s.tp * (s.bpe + 4.0) * last_inflight
+        logits = ctx.tokens_local * s.model.vocab / s.tp * logit_bytes(s) * last_inflight
     alloc = states["weights"] + states["gradients"] + states["optimizer"] + acts + logits
     res = reserve(ctx.spec, alloc)
     terms = {**states, "activations": acts, "logits": logits, "reserve": res,

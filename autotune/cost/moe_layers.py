@@ -122,9 +122,10 @@ def moe_terms(ctx: RankContext, shared_fwd: float, shape: tuple[ER.RankLoad, ...
     again = cf * RMOD.routed_seconds(m, ctx.rates, s.recompute_modules, received=slow.received, etp=x.etp,
                                      bpe=s.bpe)
     if MM.recomputes_routed_gemms(MM.M.framework_of(s), s.recompute):
-        # torchtitan's per-op checkpointing saves no grouped-GEMM output: the experts' forward again
+        # torchtitan's per-op checkpointing saves no grouped-GEMM output and recomputes the router's
+        # gate (op_sac.py): the experts' forward and the gate's GEMM again
         kept = MM.op_sac_routed_bytes(m, received=own.received, tokens=n, ep=x.ep, bpe=s.bpe)
-        again += g
+        again += g + cf * r_gemm
     return MoETerms(comp_f=comp_f, comp_b=comp_b + again, ep_f=exp_f, ep_b=exp_b, exchange_raw=4.0 * one_way,
                     router_s=cf * (3.0 * r_gemm + 2.0 * r_mem), host_s=host_f + host_b, experts_s=3.0 * g,
                     imbalance=slow.imbalance, tokens_per_expert=slow.received / slow.share, routed_kept=kept,

@@ -14,7 +14,8 @@ states, the activations the experts keep for backward, and the dispatch buffers.
   recomputation keeps none of them (the block input is all it keeps); selective keeps them, less
   what its named modules drop (``moe_act``, ``moe``: ``recompute_modules.py``).
 * torchtitan's ``selective`` (per-op checkpointing) keeps no grouped-GEMM output: the routed experts'
-  forward runs again in the backward (``recomputes_routed_gemms``, ``op_sac_routed_bytes``).
+  forward runs again in the backward, and of the router only its top-k (``recomputes_routed_gemms``,
+  ``op_sac_routed_bytes``; the attention side: ``op_sac.py``).
 * Dispatch buffers: one send and one receive buffer of the busiest rank's token copies, alive while
   a layer runs (once per rank, not per layer).
 """
@@ -65,14 +66,20 @@ def recomputes_routed_gemms(framework: str, recompute: str) -> bool:
     return framework == "torchtitan" and recompute == "selective"
 
 
+TOPK_BYTES = 4.0 + 8.0
+"""One routed copy's top-k entry as torchtitan's router keeps it: the fp32 score (its softmax or
+sigmoid runs in fp32) and the int64 expert index, both outputs of ``topk``."""
+
+
 def op_sac_routed_bytes(model: Any, *, received: float, tokens: float, ep: int, bpe: int) -> float:
     """Bytes one MoE layer keeps for backward per micro-batch under torchtitan's per-op selective
-    checkpointing (``recomputes_routed_gemms``): the dispatched tokens where they came through an
-    ``all_to_all_single`` (ep > 1: its output is saved, ``received`` copies of ``hidden``), and the
-    router's scores over the rank's tokens (its gate is a saved ``linear``; counted in fp32 as
-    ``routed_activation_bytes`` counts them); nothing of the grouped GEMMs."""
+    checkpointing (``recomputes_routed_gemms``, ``op_sac.py``): the dispatched tokens where they came
+    through an ``all_to_all_single`` (ep > 1: its output is saved, ``received`` copies of ``hidden``),
+    and the router's ``topk`` output over the rank's tokens (``TOPK_BYTES`` per copy); the gate's
+    scores are not kept (``force_recompute_mm_shapes_by_fqns = ["moe.router.gate"]``: the gate's
+    GEMM runs again), nor anything of the grouped GEMMs."""
     dispatched = received * model.hidden * bpe if ep > 1 else 0.0
-    return dispatched + tokens * model.moe.experts * 4.0
+    return dispatched + tokens * model.moe.top_k * TOPK_BYTES
 
 
 def dispatch_buffer_bytes(model: Any, received: float, bpe: int) -> float:

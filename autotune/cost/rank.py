@@ -25,6 +25,7 @@ from autotune.cost import memory as M
 from autotune.cost import moe_layers as ML
 from autotune.cost import moe_memory as MM
 from autotune.cost import moe_steps as MS
+from autotune.cost import op_sac as OS
 from autotune.cost import pipeline_parallel as PP
 from autotune.cost import recompute_modules as RMOD
 from autotune.cost import tensor_parallel as TP
@@ -119,7 +120,7 @@ def block_times(ctx: RankContext, lc: LayerCompute, comm: tuple[float, float] | 
         b.hp_b += b.hp_f
         b.cp_b += b.cp_f
         b.cp_raw_b += b.cp_raw_f
-    elif recompute == "selective":
+    elif recompute == "selective" and not OS.applies(ctx.step):  # torchtitan's keeps the attention's output
         b.comp_b += cf * lc.attn_fwd
     # ZeRO-3: the gathers hide behind the neighbouring block's compute, recomputation included
     b.z3_f, b.z3_b = DP.zero3_block_exposed(ctx, b.comp_f, b.comp_b)
@@ -288,7 +289,18 @@ def dense_activations(ctx: RankContext) -> tuple[float, float, float]:
     """A dense block's activations (kept per micro-batch, full, of which the scores), less what its
     ``recompute_modules`` no longer keep."""
     kept, full, scores = M.block_activations(ctx)
-    return kept - module_saving(ctx, ctx.step.model.ffn_hidden, moe_layer=False), full, scores
+    return attention_side_kept(ctx, kept, ctx.step.model.ffn_hidden, moe_layer=False), full, scores
+
+
+def attention_side_kept(ctx: RankContext, kept: float, ffn_width: float, moe_layer: bool) -> float:
+    """Bytes a layer's attention side (and its FFN of ``ffn_width``) keeps per micro-batch: ``kept``
+    (the block count) less what its ``recompute_modules`` drop, or what torchtitan's per-op
+    checkpointing keeps where it runs the plan (``op_sac.py``)."""
+    s = ctx.step
+    if OS.applies(s):
+        return OS.kept_bytes(s.model, ffn_width, tokens=s.mbs * ctx.tokens / s.hp, cp_tokens=s.mbs * ctx.tokens,
+                             heads_local=ctx.heads, tp=s.tp, bpe=s.bpe)
+    return kept - module_saving(ctx, ffn_width, moe_layer)
 
 
 def module_saving(ctx: RankContext, ffn_width: float, moe_layer: bool) -> float:
@@ -300,8 +312,11 @@ def module_saving(ctx: RankContext, ffn_width: float, moe_layer: bool) -> float:
 
 
 def module_seconds(ctx: RankContext, ffn_width: float, moe_layer: bool) -> float:
-    """Backward seconds a layer's attention side spends rebuilding its ``recompute_modules``."""
+    """Backward seconds a layer's attention side spends rebuilding its ``recompute_modules``, or the
+    GEMMs torchtitan's per-op checkpointing recomputes (``op_sac.py``)."""
     s = ctx.step
+    if OS.applies(s):
+        return ctx.cf * OS.rerun_seconds(s.model, ctx.rates, ffn_width, tokens=ctx.tokens_local, tp=s.tp)
     return ctx.cf * RMOD.block_seconds(s.model, ctx.rates, s.recompute_modules, tokens=ctx.tokens_local, tp=s.tp,
                                        sequence_parallel=s.sp, ffn_width=ffn_width, moe_layer=moe_layer, bpe=s.bpe)
 
@@ -347,7 +362,7 @@ def _moe_dense_layer(ctx: RankContext) -> tuple[BlockTimes, LayerCompute, tuple[
     if blk is not None:
         lc_d = LY.measured_block(lc_d, blk)
     bd = block_times(ctx, lc_d)
-    kd -= module_saving(ctx, m.dense_ffn_width, moe_layer=False)
+    kd = attention_side_kept(ctx, kd, m.dense_ffn_width, moe_layer=False)
     bd.comp_b += module_seconds(ctx, m.dense_ffn_width, moe_layer=False)
     return bd, lc_d, (kd, fd, sd)
 
@@ -390,7 +405,7 @@ def moe_block(ctx: RankContext) -> tuple[BlockTimes, Any, LayerCompute, tuple[fl
     if not m.moe.shared_width:  # tp's second gather/scatter pair is the FFN's: routed tokens leave in their
         bm.tp_f, bm.tp_b = 0.5 * bm.tp_f, 0.5 * bm.tp_b  # sequence-parallel slices (expert_dispatch.py)
     full_rc = reruns_moe_forward(ctx.step)
-    km -= module_saving(ctx, m.moe.shared_width, moe_layer=True)
+    km = attention_side_kept(ctx, km, m.moe.shared_width, moe_layer=True)
     bm.comp_b += module_seconds(ctx, m.moe.shared_width, moe_layer=True)
     bm.comp_f += t.comp_f
     bm.comp_b += t.comp_b + (t.comp_f if full_rc else 0.0)

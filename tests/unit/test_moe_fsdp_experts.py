@@ -54,11 +54,13 @@ def test_torchtitan_selective_keeps_no_grouped_gemm_output_and_runs_the_experts_
     selective keeps them, a MoE layer keeps per routed token copy exactly the grouped GEMMs' outputs
     less (gate and up 2 x width, the activation's width, at 2 bytes: the hand count of torchtitan's
     GroupedExperts forward; the dispatched input stays, an all-to-all output), and its backward runs the
-    experts' forward (a third of their forward + backward seconds) once more per micro-batch."""
+    experts' forward (a third of their forward + backward seconds) and the router's gate once more per
+    micro-batch."""
     import torch
     from torch._functorch.partitioners import get_default_op_list
 
     from autotune.cost import moe_memory as MM
+    from autotune.cost import moe_router as MR
     from autotune.cost import rank
 
     saved = {op.default for op in get_default_op_list().compute_intensive_ops}
@@ -76,6 +78,13 @@ def test_torchtitan_selective_keeps_no_grouped_gemm_output_and_runs_the_experts_
     received = x["tokens_per_expert"] * x["experts_per_rank"][0]
     mem_o, mem_k = (e.breakdown["ranks"][0]["memory"] for e in (op_sac, kept_all))
     dropped = mem_k["activation_per_layer_microbatch"] - mem_o["activation_per_layer_microbatch"]
-    assert dropped == pytest.approx(received * 3 * ctx.model.moe.expert_ffn_hidden * 2.0, rel=1e-9)
+    # and of the router the top-k's fp32 scores and int64 indices instead of the gate's fp32 scores (the
+    # gate is forced to recompute: ``force_recompute_mm_shapes_by_fqns = ["moe.router.gate"]``)
+    m, n = ctx.model, ctx.seq_len
+    router = n * (m.moe.experts * 4.0 - m.moe.top_k * MM.TOPK_BYTES)
+    assert dropped == pytest.approx(received * 3 * m.moe.expert_ffn_hidden * 2.0 + router, rel=1e-9)
+    rc = tp_groups(step_context(parse_inline(text), m, ctx.cluster, ctx.seq_len, ctx.global_batch, None,
+                                kernel_costs("torchtitan")))[0][2]
+    gate = rc.cf * MR.router_time(rc.rates, m, n, 2)[0] * m.moe_layer_count * rc.microbatches
     again = op_sac.breakdown["compute_s"] - kept_all.breakdown["compute_s"]
-    assert again == pytest.approx(x["experts_s"] / 3.0, rel=1e-6)  # experts_s: the step's, every micro-batch
+    assert again == pytest.approx(x["experts_s"] / 3.0 + gate, rel=1e-6)  # experts_s: the step's, every micro-batch
