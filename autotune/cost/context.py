@@ -29,11 +29,12 @@ from typing import Any
 from autotune import dims
 from autotune.cost import comm as C
 from autotune.cost import data_parallel as DP
+from autotune.cost import mesh_links
 from autotune.cost import recompute_modules as RMOD
 from autotune.cost import ulysses as U
 from autotune.cost.collectives import collectives_for
 from autotune.cost.compute import DTYPE_BYTES, Rates, cached_rates, causal_keys
-from autotune.cost.expert_layout import expert_links, expert_step
+from autotune.cost.expert_layout import expert_step
 from autotune.cost.ring import ring_blocks
 from autotune.cost.windows import window_work
 from autotune.plan import Degrees, Plan
@@ -431,75 +432,9 @@ def _mesh_links(topo: C.Topology, devs: tuple[int, ...], d: Degrees, v: int, hop
     if hit is None or hit[0] is not topo:
         if len(_MESH_LINKS) > 4096:  # 128 devices: ~260 layouts x 5 placements
             _MESH_LINKS.clear()
-        blk = dims.stride(d, "pp")
-        dp_links = tuple(topo.ring_link([devs[r] for r in dims.ranks_along(d, dims.SHARED_BY, i * blk)])
-                         for i in range(d.pp))
-        cache: dict[tuple[str, int], Link] = {}
-        # a group's Links is a function of its pipeline rank (the dp link, the hops' directions), its
-        # own links and its hops' links (the topology's objects: ids, while this loop holds them) and
-        # its expert links: built once per such key, then one object per value (``equal``), by whose
-        # identity tp_groups merges groups
-        links_of: dict[tuple, Any] = {}
-        equal: dict[Any, Any] = {}
-        groups = []
-        inner = _inner_dims(d)
-        specs = topo.cluster.devices
-        coords_of = operator.itemgetter(*_PLACE_DIMS)
-        for r0, c in _tp_group_coords(d):
-            own, hops = _group_links(topo, devs, d, hop_peers, v, r0, c, cache, inner, blk)
-            spec = specs[devs[r0]].spec
-            # the expert groups' links tell groups apart too (an EP group may cross nodes)
-            el = expert_links(topo, devs, d, r0) if moe else None
-            pp_i = c["pp"]
-            ids = (pp_i, *map(id, own.values()), *[id(h) for h, _, _ in hops], el)
-            links = links_of.get(ids)
-            if links is None:
-                links = Links(**own, dp=dp_links[pp_i], pp_hops=hops, experts=el)
-                links = links_of[ids] = equal.setdefault(links, links)
-            groups.append((spec, (*coords_of(c), id(spec), id(links)), links))
-        hit = _MESH_LINKS[key] = (topo, dp_links, tuple(groups))
+        dp_links, groups = mesh_links.build(topo, devs, d, v, hop_peers, moe, Links, _tp_group_coords(d))
+        hit = _MESH_LINKS[key] = (topo, dp_links, groups)
     return hit[1], hit[2]
-
-
-_PLACE_DIMS = tuple(n for n in dims.MESH_ORDER if n != "dp")
-"""The coordinates that tell groups' contexts apart (their shares of layers, tokens, heads): not the
-dp index, which ``ReplicaTemplates`` keys by the replica's micro-batches."""
-
-
-def _inner_dims(d: Degrees) -> tuple[tuple[str, int, int], ...]:
-    """(name, degree, stride) of every dimension of degree > 1 but pp and dp, in mesh order: what
-    ``_group_links`` walks for each tp group (the strides once per mesh, not once per group)."""
-    return tuple((name, getattr(d, name), dims.stride(d, name)) for name in dims.MESH_ORDER
-                 if getattr(d, name) > 1 and name not in ("pp", "dp"))
-
-
-def _group_links(topo: C.Topology, devs: tuple[int, ...], d: Degrees, hop_peers: tuple, v: int, r0: int,
-                 c: Mapping[str, int], cache: dict, inner: tuple[tuple[str, int, int], ...] | None = None,
-                 blk: int | None = None) -> tuple[dict[str, Link], tuple]:
-    """({dimension: link} of the groups the tp group starting at rank ``r0`` belongs to, pp hops).
-    Every dimension of degree > 1 but pp and dp (``inner``: ``_inner_dims(d)``): the slowest link of
-    its group (at its stride, ``dims.stride``; cached by the group's first rank); pp: the link to the
-    next pipeline rank; dp: the pipeline rank's (``_mesh_links``). ``blk``: the pp stride when known."""
-    node_of = topo.node_of
-    d0 = devs[r0]
-    own: dict[str, Link] = {}
-    for name, n, st in inner if inner is not None else _inner_dims(d):
-        base = r0 - c[name] * st
-        lk = cache.get((name, base))
-        if lk is None:
-            lk = cache[(name, base)] = topo.group_link([devs[base + k * st] for k in range(n)])
-        own[name] = lk
-    if d.pp > 1:
-        blk = blk or dims.stride(d, "pp")
-        nxt = r0 + blk if c["pp"] < d.pp - 1 else r0 - (d.pp - 1) * blk
-        own["pp"] = pp_link = topo.node_link(node_of[d0], node_of[devs[nxt]])
-        base = r0 - c["pp"] * blk
-        # most hops go to the next pipeline rank: its link is pp_link already (same lookup, same object)
-        hops = tuple((pp_link if base + q * blk == nxt else topo.node_link(node_of[d0], node_of[devs[base + q * blk]]),
-                      f, b) for q, f, b in hop_peers[c["pp"]])
-    else:
-        hops = ((C._SELF, False, False),) * v
-    return own, hops
 
 
 @lru_cache(maxsize=512)
