@@ -48,6 +48,28 @@ class RankRows(list):
         return self._json
 
 
+class RankValues(list):
+    """One figure per rank (``predicted``'s ``memory_bytes`` and ``capacity_bytes``): a few distinct
+    values, each repeated over the ranks of a tp group and of equal groups. ``encoded`` writes the
+    list's JSON from each distinct value's text: the C encoder's float repr of 2,048 values per trial
+    was ~0.7 of its ~1 ms plan JSON at 1,024 devices (a search stores ~850). Filled by ``rank_rows``,
+    never changed after."""
+
+    _json: str | None = None
+
+    def encoded(self, encode: Callable[[Any], str]) -> str:
+        """``encode(list(self))``'s text (``encode``: a compact JSON encoder), each value encoded once."""
+        if self._json is None:
+            # one text per value is the encoder's own only where equal values write alike: floats
+            # (1 == 1.0 == True would share a key), and no negative zero (-0.0 == 0.0)
+            if all(type(x) is float and (x or math.copysign(1.0, x) > 0) for x in self):
+                text = {x: encode(x) for x in set(self)}
+                self._json = "[" + ",".join([text[x] for x in self]) + "]"
+            else:
+                self._json = encode(list(self))
+        return self._json
+
+
 def rank_rows(s: StepContext, groups: list, exposed_of: dict, step: float, per_rank: bool = True
               ) -> tuple[list, list, list, list, Any]:
     """(memory, capacity, row per rank, peak memory per stage, infeasible reason or None). Without
@@ -56,7 +78,7 @@ def rank_rows(s: StepContext, groups: list, exposed_of: dict, step: float, per_r
     drops its per-rank rows (``estimate``'s ``rows_up_to``): 1,024 copies were a tenth of an
     estimate at 1,024 devices, which a search then threw away."""
     world = s.plan.world
-    memory, capacity, rows = [0.0] * world, [0.0] * world, RankRows([None] * world)
+    memory, capacity, rows = RankValues([0.0] * world), RankValues([0.0] * world), RankRows([None] * world)
     rows.templates = [None] * world
     infeasible = None
     templates: dict[tuple[int, float], dict[str, Any]] = {}

@@ -26,7 +26,7 @@ import json
 from functools import cached_property
 from typing import Any
 
-from autotune.cost.report import RankRows
+from autotune.cost.report import RankRows, RankValues
 
 
 def rdb_backend(study: Any) -> Any | None:
@@ -67,28 +67,52 @@ _ENCODER = json.JSONEncoder(separators=_SEPARATORS, check_circular=False)
 """``json.dumps(v, separators=_SEPARATORS)``'s text, one encoder for every trial and without the
 check for circular references (a trial's attrs are trees the search built): the same text in ~10%
 less CPU (each trial's plan and breakdown, ~0.6 ms a trial at 16 devices, were 4-7% of a search)."""
-_MARKS = {k: f"\x00{k}\x00" for k in ("placement", "ranks")}
-_MARKS_JSON = {k: json.dumps(m) for k, m in _MARKS.items()}
+_SPLICED_IN = ("predicted",)
+"""Keys of an attr whose dict value holds encoded lists too (a plan's ``predicted`` per-rank figures)."""
 
 
 def _dumps(v: Any) -> str:
     """``json.dumps(v)``, compact, with what is already encoded spliced in (the same text: a mark
     string stands in its place, in its place in the key order): a plan's EncodedList placement, a
-    breakdown's per-rank rows (``cost.report.RankRows``, encoded once per template)."""
+    breakdown's per-rank rows (``cost.report.RankRows``, encoded once per template), a plan's
+    predicted per-rank memory and capacity (``cost.report.RankValues``, once per distinct value)."""
     if not isinstance(v, dict):
         return _ENCODER.encode(v)
-    done = {}
-    pl, rows = v.get("placement"), v.get("ranks")
-    if type(pl) is EncodedList:
-        done["placement"] = pl.json
-    if type(rows) is RankRows:
-        done["ranks"] = rows.encoded(_ENCODER.encode)
+    done: list[tuple[str, str]] = []
+    marked = _marked(v, done)
     if not done:
         return _ENCODER.encode(v)
-    text = _ENCODER.encode({**v, **{k: _MARKS[k] for k in done}})
-    for k, js in done.items():
-        text = text.replace(_MARKS_JSON[k], js, 1)
+    text = _ENCODER.encode(marked)
+    for mark, js in done:
+        text = text.replace(mark, js, 1)
     return text
+
+
+def _marked(v: dict[str, Any], done: list[tuple[str, str]], depth: int = 0) -> dict[str, Any]:
+    """``v`` with each value already encoded replaced by a mark (a string no JSON text of the
+    trial's holds: NUL is written escaped, ``\\u0000``), its text appended to ``done`` as
+    (the mark's JSON, the value's JSON); ``v`` itself where none is."""
+    out = None
+    for k, x in v.items():
+        t = type(x)
+        if t is EncodedList:
+            js = x.json
+        elif t is RankRows or t is RankValues:
+            js = x.encoded(_ENCODER.encode)
+        elif depth == 0 and k in _SPLICED_IN and isinstance(x, dict):
+            inner = _marked(x, done, 1)
+            if inner is x:
+                continue
+            out = out if out is not None else dict(v)
+            out[k] = inner
+            continue
+        else:
+            continue
+        mark = f"\x00{len(done)}\x00"
+        done.append((_ENCODER.encode(mark), js))
+        out = out if out is not None else dict(v)
+        out[k] = mark
+    return v if out is None else out
 
 
 def child_rows(tid: int, t: Any, user_json: dict[str, str] | None, value_repr: Any, step_repr: Any,

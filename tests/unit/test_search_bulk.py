@@ -105,6 +105,25 @@ def test_encoded_attrs_are_json_dumps_text():
     assert placement.json == json.dumps(list(placement), separators=(",", ":"))
 
 
+def test_rank_values_encode_as_json_dumps():
+    # predicted's per-rank figures (cost.report.RankValues) are written from one text per distinct
+    # value: the text must be json.dumps's for every list, including values that compare equal but
+    # write differently (0.0 and -0.0, 1 and 1.0 and True), inf and nan, nested in a plan's predicted
+    import json
+
+    from autotune.cost.report import RankValues
+
+    lists = [[0.0] * 5, [1.5e12, 1.5e12, 3.0, 1.5e12], [0.0, -0.0, 0.0], [1, 1.0, True], [float("inf"), 2.0, float("nan")],
+             [], [85520809984.0] * 3 + [34359738368.0] * 2]
+    for values in lists:
+        rv = RankValues(values)
+        plan = {"degrees": {"dp": 2}, "predicted": {"step_time_s": 1.0, "memory_bytes": rv,
+                                                   "capacity_bytes": RankValues(values[::-1])}, "tail": [1]}
+        want = json.dumps(plan, separators=(",", ":"))
+        assert encode_attrs({"plan": plan})["plan"] == want
+        assert rv.encoded(json.JSONEncoder(separators=(",", ":")).encode) == json.dumps(values, separators=(",", ":"))
+
+
 def test_trial_attrs_of_real_estimates_encode_as_json_dumps():
     # a breakdown's per-rank rows (cost.report.RankRows) are encoded once per template and spliced
     # in: the text of every trial's attrs must stay json.dumps's (uniform and per-stage plans, a
@@ -112,7 +131,7 @@ def test_trial_attrs_of_real_estimates_encode_as_json_dumps():
     import json
     from pathlib import Path
 
-    from autotune.cost.report import RankRows
+    from autotune.cost.report import RankRows, RankValues
     from autotune.search import SearchOptions
     from autotune.search.workers import setup
     from autotune.specs import load_cluster, load_model
@@ -128,5 +147,6 @@ def test_trial_attrs_of_real_estimates_encode_as_json_dumps():
         rows = (attrs.get("breakdown") or {}).get("ranks")
         if type(rows) is RankRows:
             seen += 1
+        assert type(attrs["plan"]["predicted"]["memory_bytes"]) is RankValues
         assert encode_attrs(attrs) == {k: json.dumps(v, separators=(",", ":")) for k, v in attrs.items()}
     assert seen >= 3
