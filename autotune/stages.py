@@ -553,6 +553,48 @@ def degrees_text(plan: dict[str, Any] | None) -> str:
     return text + (",disaggregate" if plan.get("disaggregate") else "")  # expert-only ranks (docs/moe.md)
 
 
+def shares_text(plan: dict[str, Any] | None, sep: str = "  ") -> str:
+    """How tables show a plan dict's shares (one place for the CLI and the dashboard): layers per
+    pipeline rank always, a rank's model chunks joined by ``+`` with virtual stages (``12+12/4+4``:
+    rank 0 holds chunks of 12 and 12 layers, in the schedule's placement of chunks on ranks), and the
+    tokens, heads and samples where they are split unevenly (``layers 14/18  tokens 70000/61072``).
+    Equal neighbours run together (``12x4/4x4``); past 8 runs a list reads as its range and length."""
+    plan = plan or {}
+    shares = plan.get("shares") or {}
+    parts = []
+    layers = shares.get("layers")
+    pp, vs = int((plan.get("degrees") or {}).get("pp", 1)), int(plan.get("virtual_stages") or 1)
+    if layers and len(layers) > 1:
+        if vs > 1 and len(layers) == pp * vs:
+            from autotune.schedules import as_schedule
+
+            sched = as_schedule(plan.get("schedule") or "interleaved_1f1b")
+            ranks = ["+".join(str(layers[j]) for j in sched.stages_of_rank(r, pp, vs)) for r in range(pp)]
+            parts.append("layers " + ("/".join(ranks) if pp <= 8 else f"{min(layers)}..{max(layers)} x{len(layers)}"))
+        else:
+            parts.append("layers " + _runs(list(layers)))
+    for k in ("tokens", "heads", "samples"):
+        v = shares.get(k)
+        if v and len(v) > 1 and max(v) != min(v):
+            parts.append(f"{k} " + _runs(list(v)))
+    return sep.join(parts) or "even"
+
+
+def _runs(values: list[int]) -> str:
+    """``[12, 12, 12, 12, 4, 4, 4, 4]`` -> ``12x4/4x4``; ``[3, 5]`` -> ``3/5``; more than 8 runs
+    -> ``3..9 x64`` (the range and the count)."""
+    out: list[str] = []
+    i = 0
+    while i < len(values):
+        j = i
+        while j + 1 < len(values) and values[j + 1] == values[i]:
+            j += 1
+        n = j - i + 1
+        out.append(f"{values[i]}x{n}" if n > 2 else "/".join([str(values[i])] * n))
+        i = j + 1
+    return "/".join(out) if len(out) <= 8 else f"{min(values)}..{max(values)} x{len(values)}"
+
+
 # ---- JSON ---------------------------------------------------------------------------------------
 def stages_from(v: Any) -> tuple[Stage, ...] | None:
     """Parse ``stages`` of a plan JSON (None or a list of {layers, replicas: [{tp, devices}]})."""

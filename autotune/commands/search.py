@@ -31,7 +31,7 @@ from autotune.commands.common import (
 )
 from autotune.dashboard.tables import Col, fit
 from autotune.objective import Objective, cost_text
-from autotune.stages import degrees_text
+from autotune.stages import degrees_text, shares_text
 from autotune.units import counted, fmt_bytes, fmt_time
 
 HELP = "Search parallel plans with Optuna over degrees and uneven shares using the cost model."
@@ -162,24 +162,6 @@ def _pool_dtype(option: str, cluster: Any) -> str:
     return "auto" if len(each) > 1 else whole
 
 
-def _shares(p: dict[str, Any]) -> str:
-    """Uneven shares with their names; layers per stage always (``8+8`` when a stage holds two
-    model chunks of 8 layers, with virtual stages)."""
-    sh = p.get("shares") or {}
-    out = []
-    layers = sh.get("layers")
-    pp, vs = (p.get("degrees") or {}).get("pp", 1), p.get("virtual_stages") or 1
-    if layers and len(layers) > 1:
-        stages = ["+".join(str(layers[j]) for j in range(s, len(layers), pp)) for s in range(pp)] if vs > 1 \
-            else [str(x) for x in layers]
-        out.append("layers " + "/".join(stages) if len(stages) <= 8 else f"layers {min(layers)}..{max(layers)}")
-    for k in ("tokens", "heads", "samples"):
-        v = sh.get(k)
-        if v and len(v) > 1 and max(v) != min(v):
-            out.append(f"{k} " + ("/".join(map(str, v)) if len(v) <= 4 else f"{min(v)}..{max(v)} x{len(v)}"))
-    return " ".join(out) or "even"
-
-
 def _options(p: dict[str, Any]) -> str:
     vs = p.get("virtual_stages", 1)
     bits = [f"mbs{p['micro_batch_size']}x{p.get('num_microbatches')}"]
@@ -288,7 +270,7 @@ def plan_table(plans: list[dict[str, Any]], title: str, measured: bool = False, 
         mem, cap = pr.get("memory_bytes") or [], pr.get("capacity_bytes") or []
         j = max(range(len(mem)), key=lambda r: mem[r] / cap[r] if cap else mem[r]) if mem else None
         memtxt = f"{fmt_bytes(mem[j])} ({mem[j] / cap[j]:.0%})" if j is not None and cap else "-"
-        row = [str(i + 1), deg, _shares(p), _options(p), f"{pr.get('tokens_per_s', 0):,.0f}",
+        row = [str(i + 1), deg, shares_text(p, " "), _options(p), f"{pr.get('tokens_per_s', 0):,.0f}",
                f"{pr.get('mfu', 0):.1%}" if isinstance(pr.get("mfu"), (int, float)) else "-", memtxt]
         if priced:
             c = p.get("cost") or {}

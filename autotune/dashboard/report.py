@@ -19,7 +19,8 @@ from plotly.offline import get_plotlyjs
 from autotune import __version__
 from autotune.dashboard import charts
 from autotune.dashboard.data import StudyView, distinct, speedup
-from autotune.dashboard.terminal import per_mtok_text, shares_text
+from autotune.dashboard.terminal import per_mtok_text
+from autotune.stages import shares_text
 from autotune.dashboard.terms import stage_times
 from autotune.dashboard.timeline import timeline_of
 from autotune.errors import InputError
@@ -141,7 +142,7 @@ def _trials_table(view: StudyView, limit: int = 25) -> str:
     if priced:
         head = head.replace("<th>measured tok/s</th>", "<th>cost per Mtok</th><th>measured tok/s</th>")
     for r, members in groups[:limit]:
-        sh = shares_text(r.shares, "; ")
+        sh = shares_text(r.plan, "; ")
         mem = r.measured_memory_bytes or r.memory_bytes
         m = "-"
         if mem:

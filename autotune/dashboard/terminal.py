@@ -13,6 +13,7 @@ from rich.text import Text
 from autotune.dashboard.data import StudyView, TrialRow, distinct, load_view, speedup
 from autotune.dashboard.tables import Col, fit
 from autotune.objective import cost_of, cost_text
+from autotune.stages import shares_text
 from autotune.units import counted, fmt_bytes, fmt_count
 
 
@@ -24,31 +25,6 @@ def per_mtok_text(c: dict[str, Any] | None) -> str:
 
 def _tps(x: float | None) -> str:
     return fmt_count(x) if x is not None else "-"
-
-
-def _runs(values: list[int]) -> str:
-    """``[12, 12, 12, 12, 4, 4, 4, 4]`` -> ``12x4/4x4``; ``[3, 5]`` -> ``3/5``."""
-    out: list[str] = []
-    i = 0
-    while i < len(values):
-        j = i
-        while j + 1 < len(values) and values[j + 1] == values[i]:
-            j += 1
-        n = j - i + 1
-        out.append(f"{values[i]}x{n}" if n > 2 else "/".join([str(values[i])] * n))
-        i = j + 1
-    return "/".join(out)
-
-
-def shares_text(shares: dict, sep: str = "  ") -> str:
-    """Layers per stage, and the other dimensions where they are split unevenly, e.g.
-    ``layers 14/18  tokens 70000/61072`` (even splits of tokens, heads and samples say nothing)."""
-    parts = []
-    for k in ("layers", "tokens", "heads", "samples"):
-        v = shares.get(k)
-        if v and len(v) > 1 and (k == "layers" or max(v) != min(v)):
-            parts.append(f"{k} " + _runs(list(v)))
-    return sep.join(parts) or "even"
 
 
 def _memory(r: TrialRow) -> Text:
@@ -91,7 +67,7 @@ def table(view: StudyView, limit: int | None = None, console: Console | None = N
         tag = " (even best)" if any(m is view.even_best for m in members) else ""
         same = f" +{len(members) - 1}" if len(members) > 1 else ""
         err = Text(f"{r.error:+.1%}", style="yellow" if abs(r.error) > 0.2 else "") if r.error is not None else "-"
-        row = [f"{r.number}{mark}{same}", r.degrees_text() + tag, shares_text(r.shares, sep=" "),
+        row = [f"{r.number}{mark}{same}", r.degrees_text() + tag, shares_text(r.plan, sep=" "),
                r.settings_text(), _tps(r.predicted_tps), _tps(r.measured_tps), err, _memory(r), _state(r)]
         if priced:
             row.insert(5, per_mtok_text(r.cost))

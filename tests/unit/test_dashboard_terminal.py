@@ -34,11 +34,29 @@ def test_table_best_first_with_reasons(tmp_path):
     assert "layers 3/5" in out
 
 
+def _sh(shares, **plan):
+    return shares_text({"shares": shares, **plan})
+
+
 def test_shares_text_names_only_uneven_splits():
-    assert shares_text({"layers": [4, 4], "tokens": [128, 128], "samples": [3, 5]}) == "layers 4/4  samples 3/5"
-    assert shares_text({"layers": [8], "tokens": [256], "heads": [8], "samples": [16]}) == "even"
-    assert shares_text({"samples": [12, 12, 12, 12, 4, 4, 4, 4]}) == "samples 12x4/4x4"
-    assert shares_text({"layers": [2, 2, 3, 3, 3, 2, 2]}) == "layers 2/2/3x3/2/2"
+    assert _sh({"layers": [4, 4], "tokens": [128, 128], "samples": [3, 5]}) == "layers 4/4  samples 3/5"
+    assert _sh({"layers": [8], "tokens": [256], "heads": [8], "samples": [16]}) == "even"
+    assert _sh({"samples": [12, 12, 12, 12, 4, 4, 4, 4]}) == "samples 12x4/4x4"
+    assert _sh({"layers": [2, 2, 3, 3, 3, 2, 2]}) == "layers 2/2/3x3/2/2"
+    assert _sh({"samples": list(range(1, 65))}) == "samples 1..64 x64"
+
+
+def test_shares_text_shows_each_ranks_chunks_in_the_schedules_placement():
+    # chunk j of an interleaved plan runs on rank j % pp; a V schedule's chunks turn at the last rank
+    # (rank 0 holds the first and the last chunk): the text reads each rank's chunks from the
+    # schedule itself, so the search table and the dashboard say the same
+    from autotune.schedules import as_schedule
+
+    inter = {"degrees": {"pp": 2}, "virtual_stages": 2, "schedule": "interleaved_1f1b"}
+    assert _sh({"layers": [11, 2, 10, 1]}, **inter) == "layers 11+10/2+1"
+    v = {"degrees": {"pp": 2}, "virtual_stages": 2, "schedule": "zbv"}
+    assert as_schedule("zbv").stages_of_rank(0, 2, 2) == (0, 3)
+    assert _sh({"layers": [11, 2, 10, 1]}, **v) == "layers 11+1/2+10"
 
 
 def test_limit_says_how_many_are_hidden(tmp_path):
