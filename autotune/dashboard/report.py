@@ -20,11 +20,11 @@ from autotune import __version__
 from autotune.dashboard import charts
 from autotune.dashboard.data import StudyView, distinct, speedup
 from autotune.dashboard.terminal import per_mtok_text
-from autotune.stages import shares_text
 from autotune.dashboard.terms import stage_times
 from autotune.dashboard.timeline import timeline_of
 from autotune.errors import InputError
 from autotune.objective import cost_of, cost_text
+from autotune.stages import shares_text
 from autotune.units import fmt_bytes, fmt_count
 
 SECTIONS = (
