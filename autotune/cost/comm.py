@@ -78,6 +78,8 @@ class Topology:
         self.node_of = [d.node for d in cluster.devices]
         self._node_links: dict[tuple[int, int], Link] = {}
         self._groups: dict[tuple, Link] = {}
+        self.memo: dict[str, Any] = {}
+        """What modules above keep per topology (``cost/mesh_links.py``: its link codes)."""
 
     def node_link(self, a: int, b: int) -> Link:
         """Link between a device of node ``a`` and one of node ``b`` (a == b: inside the node)."""

@@ -95,15 +95,11 @@ class _Table:
         return c
 
 
-_TABLES: dict[int, _Table] = {}
-
-
 def _table(topo: C.Topology) -> _Table:
-    t = _TABLES.get(id(topo))
-    if t is None or t.topo is not topo:
-        if len(_TABLES) > 64:
-            _TABLES.clear()
-        t = _TABLES[id(topo)] = _Table(topo)
+    """The topology's table, kept on it (one per cluster object, ``comm.topology``)."""
+    t = topo.memo.get("mesh_links")
+    if t is None:
+        t = topo.memo["mesh_links"] = _Table(topo)
     return t
 
 
