@@ -117,7 +117,7 @@ def staged_tp_groups(s: Any) -> list[tuple[int, int, Any]]:
 def _cell_links(s: Any, lay: Any, cell: tuple[int, int, int, int], r0: int, t: int) -> Any:
     """The ``Links`` a cell (stage, replica, cp index, hp index; first rank ``r0``, tp ``t``) sees: its
     tp group inside a node, its cp and hp groups over the replica's other cells (the slowest link, as
-    the uniform mesh's ``_group_links``), its hops to the same (replica, cp, hp) cell of other stages."""
+    the uniform mesh's, ``cost/mesh_links.py``), its hops to the same (replica, cp, hp) cell of other stages."""
     from autotune.cost.context import Links
 
     rp, topo, node_of = s.plan, s.topo, s.topo.node_of
