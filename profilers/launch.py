@@ -122,17 +122,41 @@ def _explain(codes: list[int | None], errors: dict[int, str], timeout_s: float) 
     return f"rank {rank} failed: {text}"
 
 
+PORT_TRIES = 3
+"""Launches of a local profile when the rendezvous port was taken between ``free_port`` choosing it
+and rank 0 binding it (another launch on the machine: a test worker beside this one), as trials do
+(``runtime.launcher.launch``)."""
+
+
+class _PortClash(WorkError):
+    """A launch whose rank 0 found its rendezvous port taken: worth another port."""
+
+
 def launch_local(kind: str, nproc: int, *, quick: bool, emulate: dict[int, float] | None = None,
                  timeout_s: float = 60.0, progress: ProgressCb | None = None) -> dict[str, Any]:
-    """Run ``nproc`` ranks on this machine; return rank 0's result dict (see profilers.worker)."""
-    import multiprocessing as mp
-
-    from autotune.runtime.launcher import stop_all, supervise
-    from profilers.worker import _spawn_entry, free_port
-
+    """Run ``nproc`` ranks on this machine; return rank 0's result dict (see profilers.worker). A
+    rendezvous port taken by someone else is retried on another (``PORT_TRIES`` launches in all)."""
     bad = [r for r in (emulate or {}) if r >= nproc]
     if bad:
         raise InputError(f"rank {bad[0]} does not exist with --nproc {nproc}", field="--emulate-slowdown")
+    attempt = 1
+    while True:
+        try:
+            return _launch_once(kind, nproc, quick=quick, emulate=emulate, timeout_s=timeout_s, progress=progress)
+        except _PortClash as e:
+            if attempt == PORT_TRIES:
+                raise WorkError(f"{e} (the rendezvous port was taken {PORT_TRIES} times)") from None
+            attempt += 1
+
+
+def _launch_once(kind: str, nproc: int, *, quick: bool, emulate: dict[int, float] | None, timeout_s: float,
+                 progress: ProgressCb | None) -> dict[str, Any]:
+    """One launch of ``launch_local`` on a fresh port."""
+    import multiprocessing as mp
+
+    from autotune.runtime.launcher import PORT_CLASH, stop_all, supervise
+    from profilers.worker import _spawn_entry, free_port
+
     with tempfile.TemporaryDirectory(prefix="autotune-profile-") as tmp:
         out = Path(tmp)
         cfg = {"device": kind, "quick": quick, "timeout_s": timeout_s, "out": str(out),
@@ -163,8 +187,9 @@ def launch_local(kind: str, nproc: int, *, quick: bool, emulate: dict[int, float
         if any(c != 0 for c in codes):
             errors = {r: (out / f"rank{r}.err").read_text(encoding="utf-8")
                       for r in range(nproc) if (out / f"rank{r}.err").exists()}
-            raise WorkError(f"profile failed: {_explain(codes, errors, timeout_s)}; all ranks were "
-                            "stopped and nothing was stored")
+            kind_of = _PortClash if any(m in e.lower() for e in errors.values() for m in PORT_CLASH) else WorkError
+            raise kind_of(f"profile failed: {_explain(codes, errors, timeout_s)}; all ranks were "
+                          "stopped and nothing was stored")
         res = out / "result.json"
         if not res.exists():
             raise WorkError("profile failed: rank 0 wrote no result")
